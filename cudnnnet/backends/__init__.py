@@ -1,0 +1,61 @@
+"""Backend selection: ``host`` (NumPy) and ``cuda`` (cuBLAS, cuDNN, NVRTC).
+
+``get_backend("auto")`` returns the CUDA backend where a GPU and the CUDA libraries are usable and
+the host backend otherwise; ``get_backend("cuda")`` raises DeviceUnavailableError instead of
+falling back.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import DeviceError, DeviceUnavailableError, UsageError
+from .base import Backend
+
+log = logging.getLogger(__name__)
+
+DEVICES = ("auto", "cuda", "host")
+_instances: dict[str, Backend] = {}
+
+
+def get_backend(name: "str | Backend | None" = "host") -> Backend:
+    """The backend called ``name`` (one instance per process), or ``name`` itself if a Backend."""
+    if isinstance(name, Backend):
+        return name
+    name = "host" if name is None else name
+    if name not in DEVICES:
+        raise UsageError(f"unknown device {name!r}; valid devices are {', '.join(DEVICES)}")
+    if name == "auto":
+        return _auto()
+    if name not in _instances:
+        _instances[name] = _create(name)
+    return _instances[name]
+
+
+def _create(name: str) -> Backend:
+    if name == "host":
+        from .host import HostBackend
+
+        return HostBackend()
+    from .cuda import CudaBackend
+
+    return CudaBackend()
+
+
+def _auto() -> Backend:
+    try:
+        backend = get_backend("cuda")
+    except DeviceError as error:
+        log.info("device auto: no usable GPU (%s); running on the host", error)
+        return get_backend("host")
+    log.info("device auto: running on the GPU (%s)", backend.device_name)
+    return backend
+
+
+def cuda_available() -> bool:
+    """True where the CUDA backend can be created (a GPU, the driver and the CUDA libraries)."""
+    try:
+        get_backend("cuda")
+    except DeviceError:
+        return False
+    return True

@@ -1,0 +1,238 @@
+"""The call surface both backends implement, named and shaped after cuBLAS and cuDNN.
+
+A layer is written once against this surface. The ``cuda`` backend hands each call to cuBLAS,
+cuDNN or one of our NVRTC kernels; the ``host`` backend computes the same thing with NumPy and is
+the oracle the GPU is tested against.
+
+Conventions
+-----------
+* Arguments called ``x, y, dx, dy, w, dw, bias, A, B, C ...`` are :class:`cudnnnet.tensor.Tensor`
+  objects whose ``backend`` is this backend. Their ``data`` is the backend's storage: a flat
+  float32 ``numpy.ndarray`` on the host, a :class:`DeviceBuffer` on CUDA.
+* BLAS calls follow cuBLAS exactly: column-major matrices inside flat buffers, leading dimensions,
+  ``OP_N``/``OP_T`` transpose flags, ``C = alpha·op(A)·op(B) + beta·C``. A tensor of shape
+  (n, c, h, w) read as a column-major matrix with ``ld = c·h·w`` has one sample per column.
+* cuDNN calls follow cuDNN: NCHW float32 tensors whose descriptors are derived from the tensors'
+  shapes, ``y = alpha·op(x) + beta·y`` blending, cross-correlation convolution, softmax over
+  channels (mode CHANNEL, algorithm ACCURATE).
+* ``alpha``/``beta`` are Python floats, except where a docstring says a one-element tensor is
+  accepted (so that a learning rate can live in device memory and be changed under CUDA-graph
+  replay).
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Union
+
+OP_N = 0  # CUBLAS_OP_N
+OP_T = 1  # CUBLAS_OP_T
+
+
+class ActivationMode(enum.IntEnum):
+    """cudnnActivationMode_t values."""
+
+    SIGMOID = 0
+    RELU = 1
+    TANH = 2
+    CLIPPED_RELU = 3
+    ELU = 4
+
+
+ACTIVATION_MODES = {
+    "sigmoid": ActivationMode.SIGMOID,
+    "relu": ActivationMode.RELU,
+    "tanh": ActivationMode.TANH,
+    "clipped_relu": ActivationMode.CLIPPED_RELU,
+    "elu": ActivationMode.ELU,
+}
+
+
+class PoolingMode(enum.IntEnum):
+    """cudnnPoolingMode_t values. ``AVERAGE`` counts padding, as cuDNN's and PyTorch's default."""
+
+    MAX = 0
+    AVERAGE = 1  # CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
+
+
+POOLING_MODES = {"max": PoolingMode.MAX, "average": PoolingMode.AVERAGE}
+
+
+@dataclass(frozen=True)
+class ActivationDescriptor:
+    """cudnnActivationDescriptor_t: the mode and ``coef`` (clipping threshold, or ELU's alpha)."""
+
+    mode: ActivationMode
+    coef: float = 0.0
+
+
+@dataclass(frozen=True)
+class ConvolutionDescriptor:
+    """cudnnConvolutionDescriptor_t (2-D cross-correlation) with the filter shape beside it."""
+
+    out_channels: int
+    in_channels: int
+    kernel_size: int
+    stride: int = 1
+    padding: int = 0
+    dilation: int = 1
+
+    @property
+    def filter_shape(self) -> tuple[int, int, int, int]:
+        """(K, C, R, S) = (out_channels, in_channels, kernel, kernel)."""
+        return (self.out_channels, self.in_channels, self.kernel_size, self.kernel_size)
+
+    def output_shape(self, input_shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+        """cudnnGetConvolution2dForwardOutputDim: 1 + (H + 2p - ((k-1)d + 1)) // s."""
+        n, _, h, w = input_shape
+        span = (self.kernel_size - 1) * self.dilation + 1
+        out_h = (h + 2 * self.padding - span) // self.stride + 1
+        out_w = (w + 2 * self.padding - span) // self.stride + 1
+        return (n, self.out_channels, out_h, out_w)
+
+
+@dataclass(frozen=True)
+class PoolingDescriptor:
+    """cudnnPoolingDescriptor_t for square 2-D windows."""
+
+    mode: PoolingMode
+    window: int
+    padding: int = 0
+    stride: int = 1
+
+    def output_shape(self, input_shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+        """cudnnGetPooling2dForwardOutputDim: 1 + (H + 2p - window) // s."""
+        n, c, h, w = input_shape
+        out_h = (h + 2 * self.padding - self.window) // self.stride + 1
+        out_w = (w + 2 * self.padding - self.window) // self.stride + 1
+        return (n, c, out_h, out_w)
+
+
+Scalar = Union[float, "Tensor"]  # noqa: F821  (a one-element Tensor where documented)
+
+
+class Backend(ABC):
+    """What a layer may ask of a backend. One instance per device; ``host`` is a singleton."""
+
+    name: str = "abstract"
+
+    # ---- memory ---------------------------------------------------------------------------
+    @abstractmethod
+    def empty(self, size: int) -> Any:
+        """Storage for ``size`` float32 values, contents undefined."""
+
+    @abstractmethod
+    def upload(self, array) -> Any:
+        """New storage holding a copy of a flat, C-contiguous float32 NumPy array."""
+
+    @abstractmethod
+    def download(self, storage, size: int):
+        """A new flat float32 NumPy array with the first ``size`` values of ``storage``."""
+
+    @abstractmethod
+    def copy(self, src, dst, size: int) -> None:
+        """dst[:size] = src[:size], both this backend's storage (cudaMemcpyAsync D2D)."""
+
+    @abstractmethod
+    def fill(self, storage, value: float, size: int) -> None:
+        """storage[:size] = value."""
+
+    @abstractmethod
+    def view(self, storage, offset: int, size: int) -> Any:
+        """Storage aliasing ``storage[offset:offset + size]`` (no copy)."""
+
+    def synchronize(self) -> None:
+        """Wait until all queued work is done (no-op on the host)."""
+
+    # ---- cuBLAS -----------------------------------------------------------------------------
+    @abstractmethod
+    def sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
+        """cublasSgemm: C(m×n) = alpha·op(A)(m×k)·op(B)(k×n) + beta·C, column-major."""
+
+    @abstractmethod
+    def sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
+        """cublasSgemv: y = alpha·op(A)·x + beta·y with A m×n column-major."""
+
+    @abstractmethod
+    def saxpy(self, n, alpha: Scalar, x, incx, y, incy) -> None:
+        """cublasSaxpy: y = alpha·x + y. ``alpha`` may be a one-element tensor (device pointer mode)."""
+
+    @abstractmethod
+    def sscal(self, n, alpha: Scalar, x, incx) -> None:
+        """cublasSscal: x = alpha·x. ``alpha`` may be a one-element tensor."""
+
+    @abstractmethod
+    def scopy(self, n, x, incx, y, incy) -> None:
+        """cublasScopy: y = x."""
+
+    # ---- cuDNN ------------------------------------------------------------------------------
+    @abstractmethod
+    def activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
+        """cudnnActivationForward: y = alpha·f(x) + beta·y."""
+
+    @abstractmethod
+    def activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
+        """cudnnActivationBackward: dx = alpha·f'(x)·dy + beta·dx (f' may be computed from y)."""
+
+    @abstractmethod
+    def softmax_forward(self, alpha, x, beta, y) -> None:
+        """cudnnSoftmaxForward (ACCURATE, MODE_CHANNEL): softmax over c·h·w of each sample."""
+
+    @abstractmethod
+    def add_tensor(self, alpha, bias, beta, y) -> None:
+        """cudnnAddTensor: y = alpha·bias + beta·y, bias (1, C, 1, 1) broadcast over N, H, W."""
+
+    @abstractmethod
+    def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> Any:
+        """Choose algorithms and size a workspace for these shapes (cudnnFind*/Get*_v7).
+
+        Called again whenever the input shape (the batch size) changes; never inside a CUDA
+        graph capture. The returned plan is passed to the four convolution calls below.
+        """
+
+    @abstractmethod
+    def convolution_forward(self, plan, alpha, x, w, beta, y) -> None:
+        """cudnnConvolutionForward: y = alpha·(x ⋆ w) + beta·y."""
+
+    @abstractmethod
+    def convolution_backward_data(self, plan, alpha, w, dy, beta, dx) -> None:
+        """cudnnConvolutionBackwardData: dx = alpha·(dy ⋆ᵀ w) + beta·dx."""
+
+    @abstractmethod
+    def convolution_backward_filter(self, plan, alpha, x, dy, beta, dw) -> None:
+        """cudnnConvolutionBackwardFilter: dw = alpha·Σₙ (xₙ ⋆ dyₙ) + beta·dw."""
+
+    @abstractmethod
+    def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
+        """cudnnConvolutionBackwardBias: db(1, K, 1, 1) = alpha·Σ_{n,h,w} dy + beta·db."""
+
+    @abstractmethod
+    def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
+        """cudnnPoolingForward."""
+
+    @abstractmethod
+    def pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
+        """cudnnPoolingBackward: max routes dy to the first maximum of each window."""
+
+    # ---- our own kernels (NVRTC on CUDA) -------------------------------------------------------
+    @abstractmethod
+    def cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+        """loss[0] (+)= -(1/N)·Σₙ Σ_c target·log(max(predict, 1e-7)). Reads N from predict.shape."""
+
+    @abstractmethod
+    def squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+        """loss[0] (+)= (1/N)·Σₙ ½‖predictₙ - targetₙ‖²."""
+
+    @abstractmethod
+    def accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
+        """count[0] (+)= number of samples whose argmax(predict) equals argmax(target)."""
+
+    @abstractmethod
+    def sgd_update(self, param, grad, velocity, lr: Scalar, momentum: float, weight_decay: float) -> None:
+        """One SGD step on a parameter, PyTorch's formulation.
+
+        g = grad + weight_decay·param;  v = momentum·v + g  (skipped when momentum == 0, and
+        ``velocity`` may then be None);  param = param - lr·v.  ``lr`` may be a one-element tensor.
+        """

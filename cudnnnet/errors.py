@@ -1,0 +1,88 @@
+"""Exception types. Every error the package raises on purpose derives from CudnnnetError.
+
+The command-line tools turn a ``UsageError`` (bad config, bad data, bad checkpoint, bad image) into
+one line on stderr and exit code 2, and any other ``CudnnnetError`` into one line and exit code 1.
+"""
+
+
+class CudnnnetError(Exception):
+    """Base class of every error cudnnnet raises deliberately."""
+
+
+class UsageError(CudnnnetError):
+    """The user gave something invalid: a config, a data file, a checkpoint, an image, a flag."""
+
+
+class ConfigError(UsageError):
+    """A YAML config is malformed; the message names the file and the key."""
+
+
+class DataError(UsageError):
+    """A dataset file is missing, truncated, of the wrong format or has a wrong checksum."""
+
+
+class CheckpointError(UsageError):
+    """A checkpoint is missing, corrupt, pickled, or does not fit the network."""
+
+
+class ImageError(UsageError):
+    """An image file cannot be read or holds no usable digit."""
+
+
+class ShapeError(UsageError, ValueError):
+    """A tensor or layer received a shape it cannot take; the message names the layer and both shapes."""
+
+
+class TrainingError(CudnnnetError):
+    """Training cannot go on (for example the loss became NaN or infinite)."""
+
+
+class DeviceError(CudnnnetError):
+    """No usable GPU, a missing CUDA library, or a device-side failure."""
+
+
+class DeviceUnavailableError(DeviceError, UsageError):
+    """``--device cuda`` was asked for where no usable GPU or CUDA library is present."""
+
+
+class OutOfMemoryError(DeviceError):
+    """The GPU ran out of memory."""
+
+
+class _LibraryStatusError(DeviceError):
+    """A library call returned a failure status. Carries the function and the status name."""
+
+    library = "library"
+
+    def __init__(self, function: str, status: int, status_name: str, detail: str = ""):
+        self.function = function
+        self.status = status
+        self.status_name = status_name
+        message = f"{function} failed with {status_name} ({status})"
+        if detail:
+            message += f": {detail}"
+        super().__init__(message)
+
+
+class CudaError(_LibraryStatusError):
+    """A CUDA runtime or driver call failed."""
+
+    library = "CUDA"
+
+
+class CublasError(_LibraryStatusError):
+    """A cuBLAS call failed."""
+
+    library = "cuBLAS"
+
+
+class CudnnError(_LibraryStatusError):
+    """A cuDNN call failed."""
+
+    library = "cuDNN"
+
+
+class NvrtcError(_LibraryStatusError):
+    """NVRTC could not compile one of our kernels; the message carries the compile log."""
+
+    library = "NVRTC"

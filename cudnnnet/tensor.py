@@ -1,0 +1,145 @@
+"""Tensor: the Blob of the C++ design. NCHW float32 values held by one backend.
+
+On the host the storage is a flat float32 NumPy array; on CUDA it is a DeviceBuffer owning device
+memory (freed when the last tensor using it goes). ``to()`` moves values between backends,
+``numpy()`` returns a host copy shaped (n, c, h, w).
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Iterable
+
+import numpy as np
+
+from .errors import ShapeError
+
+
+def as_shape(shape: Iterable[int] | int) -> tuple[int, int, int, int]:
+    """Normalise 1 to 4 positive sizes to (n, c, h, w), padding missing trailing sizes with 1."""
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if not 1 <= len(dims) <= 4:
+        raise ShapeError(f"a tensor has 1 to 4 dimensions (n, c, h, w), got shape {dims!r}")
+    for size in dims:
+        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size <= 0:
+            raise ShapeError(f"tensor sizes must be positive integers, got shape {dims!r}")
+    return tuple(int(d) for d in dims) + (1,) * (4 - len(dims))
+
+
+def _resolve(backend):
+    from .backends import get_backend
+
+    return get_backend(backend) if backend is None or isinstance(backend, str) else backend
+
+
+class Tensor:
+    """A float32 NCHW tensor on one backend."""
+
+    __slots__ = ("shape", "backend", "data", "__weakref__")
+
+    def __init__(self, shape, backend=None, data=None):
+        self.shape = as_shape(shape)
+        self.backend = _resolve(backend)
+        self.data = self.backend.empty(self.size) if data is None else data
+
+    # ---- sizes -----------------------------------------------------------------------------
+    n = property(lambda self: self.shape[0])
+    c = property(lambda self: self.shape[1])
+    h = property(lambda self: self.shape[2])
+    w = property(lambda self: self.shape[3])
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def sample_size(self) -> int:
+        """c·h·w: the leading dimension of the tensor read as a column-major (features × n) matrix."""
+        return self.shape[1] * self.shape[2] * self.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __repr__(self) -> str:
+        return f"Tensor(shape={self.shape}, backend={self.backend.name!r})"
+
+    # ---- construction ----------------------------------------------------------------------
+    @classmethod
+    def zeros(cls, shape, backend=None) -> "Tensor":
+        tensor = cls(shape, backend)
+        tensor.fill_(0.0)
+        return tensor
+
+    @classmethod
+    def from_numpy(cls, array, backend=None) -> "Tensor":
+        """A tensor holding a float32 copy of ``array`` (1 to 4 dimensions, read as n, c, h, w)."""
+        array = np.asarray(array)
+        if array.ndim == 0:
+            array = array.reshape(1)
+        if not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array):
+            raise ShapeError(f"Tensor.from_numpy needs a real numeric array, got dtype {array.dtype}")
+        shape = as_shape(array.shape)
+        flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        backend = _resolve(backend)
+        return cls(shape, backend, backend.upload(flat))
+
+    # ---- movement --------------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """A host copy shaped (n, c, h, w)."""
+        return self.backend.download(self.data, self.size).reshape(self.shape)
+
+    def item(self) -> float:
+        """The first value, as a Python float (synchronises a GPU)."""
+        return float(self.backend.download(self.data, 1)[0])
+
+    def to(self, backend) -> "Tensor":
+        """This tensor on ``backend``: itself when already there, else a copy."""
+        backend = _resolve(backend)
+        if backend is self.backend:
+            return self
+        return Tensor(self.shape, backend, backend.upload(self.backend.download(self.data, self.size)))
+
+    def copy_(self, source: "Tensor") -> "Tensor":
+        """Overwrite this tensor's values with ``source``'s (same size; either backend)."""
+        if source.size != self.size:
+            raise ShapeError(f"cannot copy a tensor of shape {source.shape} into one of shape {self.shape}")
+        if source.backend is self.backend:
+            self.backend.copy(source.data, self.data, self.size)
+        else:
+            self.data = self.backend.upload(source.backend.download(source.data, source.size))
+        return self
+
+    def fill_(self, value: float) -> "Tensor":
+        self.backend.fill(self.data, float(value), self.size)
+        return self
+
+    def view(self, shape, offset: int = 0) -> "Tensor":
+        """A tensor of ``shape`` aliasing this one's values from element ``offset`` (no copy)."""
+        shape = as_shape(shape)
+        if offset < 0 or offset + prod(shape) > self.size:
+            raise ShapeError(f"a view of shape {shape} at offset {offset} does not fit in a tensor of shape {self.shape}")
+        return Tensor(shape, self.backend, self.backend.view(self.data, offset, prod(shape)))
+
+    def reshape(self, shape) -> "Tensor":
+        """The same values under another shape of the same size (no copy)."""
+        shape = as_shape(shape)
+        if prod(shape) != self.size:
+            raise ShapeError(f"cannot reshape a tensor of shape {self.shape} to {shape}")
+        return Tensor(shape, self.backend, self.data)
+
+    # ---- DLPack (CUDA tensors hand their memory to PyTorch or CuPy without a copy) ---------
+    def __dlpack__(self, stream=None, **kwargs):
+        return self.backend.dlpack(self, stream=stream, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.backend.dlpack_device()
+
+    @classmethod
+    def from_dlpack(cls, external, backend=None) -> "Tensor":
+        """A tensor sharing memory with a DLPack producer on this backend's device (copy on host)."""
+        backend = _resolve(backend)
+        return backend.from_dlpack(cls, external)
