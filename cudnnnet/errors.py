@@ -29,6 +29,10 @@ class ImageError(UsageError):
     """An image file cannot be read or holds no usable digit."""
 
 
+class InvalidArgumentError(UsageError, ValueError):
+    """A function or layer was given an argument outside its valid range; the message says what is valid."""
+
+
 class ShapeError(UsageError, ValueError):
     """A tensor or layer received a shape it cannot take; the message names the layer and both shapes."""
 

@@ -113,6 +113,14 @@ class Tensor:
             self.data = self.backend.upload(source.backend.download(source.data, source.size))
         return self
 
+    def write_(self, array) -> "Tensor":
+        """Overwrite the values in place from a host array of the same size (no new storage)."""
+        flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        if flat.size != self.size:
+            raise ShapeError(f"cannot write {flat.size} values into a tensor of shape {self.shape}")
+        self.backend.write(self.data, flat)
+        return self
+
     def fill_(self, value: float) -> "Tensor":
         self.backend.fill(self.data, float(value), self.size)
         return self

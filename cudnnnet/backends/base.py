@@ -131,6 +131,10 @@ class Backend(ABC):
     def download(self, storage, size: int):
         """A new flat float32 NumPy array with the first ``size`` values of ``storage``."""
 
+    def write(self, storage, array) -> None:
+        """storage[:array.size] = array, from a flat float32 host array, into existing storage."""
+        self.copy(self.upload(array), storage, array.size)
+
     @abstractmethod
     def copy(self, src, dst, size: int) -> None:
         """dst[:size] = src[:size], both this backend's storage (cudaMemcpyAsync D2D)."""

@@ -1,0 +1,22 @@
+"""Layers, one per file, each with forward and backward side by side."""
+
+from .activation import Activation
+from .base import Layer, Parameter
+from .conv2d import Conv2D
+from .dense import Dense
+from .loss import LossLayer
+from .mse import MSE
+from .pooling import Pooling
+from .softmax import Softmax
+
+LAYER_TYPES = {
+    "dense": Dense,
+    "activation": Activation,
+    "softmax": Softmax,
+    "mse": MSE,
+    "conv2d": Conv2D,
+    "pooling": Pooling,
+}
+
+__all__ = ["Activation", "Conv2D", "Dense", "Layer", "LossLayer", "MSE", "Parameter", "Pooling", "Softmax",
+           "LAYER_TYPES"]

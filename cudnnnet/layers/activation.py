@@ -1,0 +1,48 @@
+"""Activation layer on cuDNN: relu, sigmoid, tanh, clipped relu, elu.
+
+    forward   y  = f(x)                    cudnnActivationForward
+    backward  dx = f'(x) ⊙ dy              cudnnActivationBackward
+"""
+
+from __future__ import annotations
+
+from ..backends.base import ACTIVATION_MODES, ActivationDescriptor, ActivationMode
+from ..errors import InvalidArgumentError
+from ..tensor import Tensor
+from .base import Layer
+
+
+class Activation(Layer):
+    def __init__(self, name: str, mode: str = "relu", coef: float = 0.0):
+        super().__init__(name)
+        if mode not in ACTIVATION_MODES:
+            raise InvalidArgumentError(
+                f"layer {name!r}: unknown activation mode {mode!r}; valid modes are {', '.join(ACTIVATION_MODES)}"
+            )
+        if isinstance(coef, bool) or not isinstance(coef, (int, float)):
+            raise InvalidArgumentError(f"layer {name!r}: coef must be a number, got {coef!r}")
+        coef = float(coef)
+        if mode == "clipped_relu" and coef <= 0:
+            raise InvalidArgumentError(f"layer {name!r}: clipped_relu needs a clipping threshold coef > 0, got {coef}")
+        if mode == "elu" and coef == 0:
+            coef = 1.0  # ELU's alpha; 0 would make it a ReLU
+        self.mode = mode
+        self.coef = coef
+        self.descriptor = ActivationDescriptor(ActivationMode(ACTIVATION_MODES[mode]), coef)
+
+    def config(self):
+        return {"mode": self.mode, "coef": self.coef}
+
+    def forward(self, input: Tensor) -> Tensor:
+        self.prepare(input)
+        # y = f(x)
+        self.backend.activation_forward(self.descriptor, 1.0, input, 0.0, self.output)
+        return self.output
+
+    def backward(self, grad_output: Tensor) -> Tensor:
+        if not self.gradient_stop:
+            # dx = f'(x) ⊙ dy
+            self.backend.activation_backward(
+                self.descriptor, 1.0, self.output, grad_output, self.input, 0.0, self.grad_input
+            )
+        return self.grad_input

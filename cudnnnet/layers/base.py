@@ -1,0 +1,140 @@
+"""Layer: what every layer shares. Shapes are inferred from the input on first forward.
+
+A layer owns its output and grad_input buffers and re-allocates them only when the batch size
+changes, so a training step allocates nothing after its first run (which CUDA graphs need).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, ShapeError
+from ..tensor import Tensor
+
+SampleShape = tuple[int, int, int]  # (c, h, w) of one sample
+
+
+class Parameter(NamedTuple):
+    """A trainable tensor, its gradient, and its qualified name (``layer.weight``)."""
+
+    name: str
+    value: Tensor
+    grad: Tensor
+
+
+def positive_int(layer: str, key: str, value, minimum: int = 1) -> int:
+    """``value`` as an int ≥ minimum, else an error naming the layer and the key."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise InvalidArgumentError(f"layer {layer!r}: {key} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def he_uniform(rng: np.random.Generator, shape, fan_in: int) -> np.ndarray:
+    """U(-√(6/fan_in), √(6/fan_in)): He initialisation, as the original's Dense/Conv2D init."""
+    bound = math.sqrt(6.0 / fan_in)
+    return rng.uniform(-bound, bound, size=shape).astype(np.float32)
+
+
+class Layer:
+    """Base class. Subclasses implement ``output_sample_shape``, ``forward`` and ``backward``."""
+
+    is_loss = False
+
+    def __init__(self, name: str):
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"a layer name must be a non-empty string, got {name!r}")
+        self.name = name
+        self.backend = None
+        self.input_sample_shape: SampleShape | None = None
+        self.gradient_stop = False  # the first layer needs no grad_input
+        self.input: Tensor | None = None  # (N, C, H, W)
+        self.output: Tensor | None = None  # (N, C', H', W')
+        self.grad_input: Tensor | None = None  # (N, C, H, W)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    # ---- shapes and parameters ------------------------------------------------------------
+    def config(self) -> dict:
+        """The constructor arguments besides the name (what a checkpoint stores to rebuild the layer)."""
+        return {}
+
+    def output_sample_shape(self, input_shape: SampleShape) -> SampleShape:
+        """The (c, h, w) this layer produces from ``input_shape``; raise ShapeError if it cannot."""
+        return input_shape
+
+    def build(self, input_shape: SampleShape, backend, rng: np.random.Generator) -> SampleShape:
+        """Fix the input shape, create parameters on ``backend``; returns the output shape."""
+        output_shape = self.output_sample_shape(tuple(input_shape))
+        self.input_sample_shape = tuple(input_shape)
+        self.backend = backend
+        self.init_parameters(rng)
+        return output_shape
+
+    def init_parameters(self, rng: np.random.Generator) -> None:
+        """Create this layer's parameters (none by default)."""
+
+    def parameters(self) -> list[Parameter]:
+        return []
+
+    def to(self, backend) -> None:
+        """Move parameters to ``backend``; activations are re-allocated on the next forward."""
+        self.backend = backend
+        for attribute in self._parameter_attributes():
+            setattr(self, attribute, getattr(self, attribute).to(backend))
+        self.input = self.output = self.grad_input = None
+        self._batch_shape = self._buffers = None
+
+    def _parameter_attributes(self) -> tuple[str, ...]:
+        return ()
+
+    # ---- buffers ---------------------------------------------------------------------------
+    _batch_shape = None
+    _buffers = None  # batch shape -> {attribute: buffer}; kept so pointers stay fixed per shape
+
+    def check_input(self, input: Tensor) -> None:
+        """Raise a ShapeError naming this layer and both shapes if ``input`` does not fit."""
+        if input.shape[1:] != self.input_sample_shape:
+            raise ShapeError(
+                f"layer {self.name!r} expects input of shape (N, {', '.join(map(str, self.input_sample_shape))}), "
+                f"got {input.shape}"
+            )
+
+    def prepare(self, input: Tensor) -> None:
+        """Check ``input`` and switch to the buffers of its batch shape, allocating them the first time.
+
+        Buffers of every batch shape seen are kept, so alternating between the training batch, the
+        epoch's last short batch and the evaluation batch allocates nothing after the first pass
+        (and a captured CUDA graph's pointers stay valid).
+        """
+        self.check_input(input)
+        self.input = input
+        if input.shape == self._batch_shape:
+            return
+        if self._buffers is None:
+            self._buffers = {}
+        if input.shape not in self._buffers:
+            self._buffers[input.shape] = self._allocate_buffers(input)
+        self._batch_shape = input.shape
+        for attribute, buffer in self._buffers[input.shape].items():
+            setattr(self, attribute, buffer)
+
+    def _allocate_buffers(self, input: Tensor) -> dict:
+        out_shape = (input.n,) + self.output_sample_shape(self.input_sample_shape)
+        buffers = {"output": Tensor(out_shape, self.backend), "grad_input": Tensor(input.shape, self.backend)}
+        buffers.update(self.allocate(input.shape, out_shape))
+        return buffers
+
+    def allocate(self, input_shape, output_shape) -> dict:
+        """Further per-batch-shape buffers, as {attribute: value} (none by default)."""
+        return {}
+
+    # ---- computation -----------------------------------------------------------------------
+    def forward(self, input: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def backward(self, grad_output: Tensor) -> Tensor:
+        raise NotImplementedError

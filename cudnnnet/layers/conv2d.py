@@ -1,0 +1,91 @@
+"""2-D convolution layer on cuDNN (cross-correlation, NCHW, filters (K, C, k, k)).
+
+    forward   y  = x ⋆ w + b                 cudnnConvolutionForward + cudnnAddTensor
+    backward  db = Σ_{n,h,w} dy              cudnnConvolutionBackwardBias
+              dw = Σₙ xₙ ⋆ dyₙ               cudnnConvolutionBackwardFilter
+              dx = dy ⋆ᵀ w                   cudnnConvolutionBackwardData
+
+Algorithms and the workspace are chosen by the backend once per input shape (``plan``), so a
+new batch size (the test set's, say) gets a plan of its own.
+"""
+
+from __future__ import annotations
+
+from ..backends.base import ConvolutionDescriptor
+from ..errors import ShapeError
+from ..tensor import Tensor
+from .base import Layer, Parameter, he_uniform, positive_int
+
+
+class Conv2D(Layer):
+    def __init__(self, name: str, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0,
+                 dilation: int = 1):
+        super().__init__(name)
+        self.out_channels = positive_int(name, "out_channels", out_channels)
+        self.kernel_size = positive_int(name, "kernel_size", kernel_size)
+        self.stride = positive_int(name, "stride", stride)
+        self.padding = positive_int(name, "padding", padding, minimum=0)
+        self.dilation = positive_int(name, "dilation", dilation)
+        self.descriptor = None
+        self.plan = None
+        self.weight = self.bias = self.grad_weight = self.grad_bias = None
+
+    def _descriptor(self, in_channels: int) -> ConvolutionDescriptor:
+        return ConvolutionDescriptor(self.out_channels, in_channels, self.kernel_size, self.stride,
+                                     self.padding, self.dilation)
+
+    def config(self):
+        return {"out_channels": self.out_channels, "kernel_size": self.kernel_size, "stride": self.stride,
+                "padding": self.padding, "dilation": self.dilation}
+
+    def output_sample_shape(self, input_shape):
+        c, h, w = input_shape
+        span = (self.kernel_size - 1) * self.dilation + 1
+        if span > h + 2 * self.padding or span > w + 2 * self.padding:
+            hint = " (a Dense layer before it leaves no spatial size)" if h == w == 1 else ""
+            raise ShapeError(
+                f"layer {self.name!r}: kernel {self.kernel_size} (span {span} with dilation {self.dilation}) "
+                f"is larger than its padded input {h + 2 * self.padding}×{w + 2 * self.padding} "
+                f"from input shape ({c}, {h}, {w}){hint}"
+            )
+        return self._descriptor(c).output_shape((1, c, h, w))[1:]
+
+    def init_parameters(self, rng):
+        self.descriptor = self._descriptor(self.input_sample_shape[0])
+        fan_in = self.input_sample_shape[0] * self.kernel_size ** 2  # C·k·k
+        self.weight = Tensor.from_numpy(he_uniform(rng, self.descriptor.filter_shape, fan_in), self.backend)  # (K, C, k, k)
+        self.bias = Tensor.zeros((1, self.out_channels), self.backend)  # (1, K, 1, 1)
+        self.grad_weight = Tensor.zeros(self.weight.shape, self.backend)
+        self.grad_bias = Tensor.zeros(self.bias.shape, self.backend)
+
+    def _parameter_attributes(self):
+        return ("weight", "bias", "grad_weight", "grad_bias")
+
+    def parameters(self):
+        return [
+            Parameter(f"{self.name}.weight", self.weight, self.grad_weight),
+            Parameter(f"{self.name}.bias", self.bias, self.grad_bias),
+        ]
+
+    def allocate(self, input_shape, output_shape):
+        return {"plan": self.backend.convolution_plan(self.descriptor, input_shape, output_shape)}
+
+    def forward(self, input: Tensor) -> Tensor:
+        self.prepare(input)
+        b = self.backend
+        # y = x ⋆ w
+        b.convolution_forward(self.plan, 1.0, input, self.weight, 0.0, self.output)
+        # y += b            (bias (1, K, 1, 1) broadcast over N, H, W)
+        b.add_tensor(1.0, self.bias, 1.0, self.output)
+        return self.output
+
+    def backward(self, grad_output: Tensor) -> Tensor:
+        b, dy = self.backend, grad_output
+        # db = Σ_{n,h,w} dy
+        b.convolution_backward_bias(1.0, dy, 0.0, self.grad_bias)
+        # dw = Σₙ xₙ ⋆ dyₙ
+        b.convolution_backward_filter(self.plan, 1.0, self.input, dy, 0.0, self.grad_weight)
+        if not self.gradient_stop:
+            # dx = dy ⋆ᵀ w
+            b.convolution_backward_data(self.plan, 1.0, self.weight, dy, 0.0, self.grad_input)
+        return self.grad_input

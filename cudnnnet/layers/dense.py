@@ -1,0 +1,77 @@
+"""Dense (fully connected) layer on cuBLAS, as in the slides.
+
+The weight is the original's (in_size × out_size) column-major matrix W, stored in a tensor of
+shape (out_size, in_size, 1, 1) — the same bytes. Inputs and outputs are read as column-major
+matrices with one sample per column: x (in_size × N), y (out_size × N).
+
+    forward   y  = Wᵀ·x + b·1ᵀ
+    backward  db = dy·1,   dW = x·dyᵀ,   dx = W·dy
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from ..backends.base import OP_N, OP_T
+from ..tensor import Tensor
+from .base import Layer, Parameter, he_uniform, positive_int
+
+
+class Dense(Layer):
+    def __init__(self, name: str, out_size: int):
+        super().__init__(name)
+        self.out_size = positive_int(name, "out_size", out_size)
+        self.in_size = None
+        self.weight = self.bias = self.grad_weight = self.grad_bias = None
+        self.ones = None  # (N,) of 1.0: turns the bias into a rank-1 update
+
+    def config(self):
+        return {"out_size": self.out_size}
+
+    def output_sample_shape(self, input_shape):
+        return (self.out_size, 1, 1)
+
+    def init_parameters(self, rng):
+        self.in_size = prod(self.input_sample_shape)
+        self.weight = Tensor.from_numpy(
+            he_uniform(rng, (self.out_size, self.in_size, 1, 1), fan_in=self.in_size), self.backend
+        )  # W (in_size × out_size), column-major
+        self.bias = Tensor.zeros((self.out_size,), self.backend)  # b (out_size)
+        self.grad_weight = Tensor.zeros(self.weight.shape, self.backend)
+        self.grad_bias = Tensor.zeros(self.bias.shape, self.backend)
+
+    def _parameter_attributes(self):
+        return ("weight", "bias", "grad_weight", "grad_bias")
+
+    def parameters(self):
+        return [
+            Parameter(f"{self.name}.weight", self.weight, self.grad_weight),
+            Parameter(f"{self.name}.bias", self.bias, self.grad_bias),
+        ]
+
+    def allocate(self, input_shape, output_shape):
+        return {"ones": Tensor((input_shape[0],), self.backend).fill_(1.0)}
+
+    def forward(self, input: Tensor) -> Tensor:
+        self.prepare(input)
+        b, n = self.backend, input.n
+        # y = Wᵀ·x            (out_size × N) = (in_size × out_size)ᵀ · (in_size × N)
+        b.sgemm(OP_T, OP_N, self.out_size, n, self.in_size,
+                1.0, self.weight, self.in_size, input, self.in_size, 0.0, self.output, self.out_size)
+        # y += b·1ᵀ           (out_size × N) += (out_size × 1) · (1 × N)
+        b.sgemm(OP_N, OP_N, self.out_size, n, 1,
+                1.0, self.bias, self.out_size, self.ones, 1, 1.0, self.output, self.out_size)
+        return self.output
+
+    def backward(self, grad_output: Tensor) -> Tensor:
+        b, n, dy = self.backend, grad_output.n, grad_output
+        # db = dy·1           (out_size) = (out_size × N) · (N)
+        b.sgemv(OP_N, self.out_size, n, 1.0, dy, self.out_size, self.ones, 1, 0.0, self.grad_bias, 1)
+        # dW = x·dyᵀ          (in_size × out_size) = (in_size × N) · (N × out_size)
+        b.sgemm(OP_N, OP_T, self.in_size, self.out_size, n,
+                1.0, self.input, self.in_size, dy, self.out_size, 0.0, self.grad_weight, self.in_size)
+        if not self.gradient_stop:
+            # dx = W·dy       (in_size × N) = (in_size × out_size) · (out_size × N)
+            b.sgemm(OP_N, OP_N, self.in_size, n, self.out_size,
+                    1.0, self.weight, self.in_size, dy, self.out_size, 0.0, self.grad_input, self.in_size)
+        return self.grad_input

@@ -1,0 +1,40 @@
+"""What the two loss layers (Softmax with cross-entropy, MSE) share."""
+
+from __future__ import annotations
+
+from ..errors import ShapeError
+from ..tensor import Tensor
+from .base import Layer
+
+
+class LossLayer(Layer):
+    """A last layer that takes the target in ``backward`` and can report its loss."""
+
+    is_loss = True
+
+    def check_target(self, target: Tensor) -> None:
+        if self.output is None or target.shape != self.output.shape:
+            expected = None if self.output is None else self.output.shape
+            raise ShapeError(f"layer {self.name!r}: target has shape {target.shape}, the output has shape {expected}")
+
+    def backward(self, target: Tensor) -> Tensor:
+        """dx = (ŷ - y) / N — the gradient of both cross-entropy over softmax and ½‖ŷ - y‖²."""
+        self.check_target(target)
+        b, size = self.backend, self.output.size
+        # dx = ŷ
+        b.copy(self.output.data, self.grad_input.data, size)
+        # dx = -1·y + dx
+        b.saxpy(size, -1.0, target, 1, self.grad_input, 1)
+        # dx = (1/N)·dx
+        b.sscal(size, 1.0 / target.n, self.grad_input, 1)
+        return self.grad_input
+
+    def loss(self, target: Tensor, out: Tensor, accumulate: bool = False) -> Tensor:
+        """Write (or add) the mean loss of the last forward over the batch into ``out`` (1 element)."""
+        raise NotImplementedError
+
+    def correct(self, target: Tensor, out: Tensor, accumulate: bool = False) -> Tensor:
+        """Write (or add) the count of samples whose argmax matches the target's into ``out``."""
+        self.check_target(target)
+        self.backend.accuracy_count(self.output, target, out, accumulate)
+        return out

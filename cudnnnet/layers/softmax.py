@@ -1,0 +1,25 @@
+"""Softmax output layer with the cross-entropy loss, as in the slides.
+
+    forward   ŷ  = softmax(x)                        cudnnSoftmaxForward (ACCURATE, CHANNEL)
+    loss      J  = -(1/N) Σₙ Σ_c y·log ŷ             our NVRTC kernel (kernels/loss.cu)
+    backward  dx = (ŷ - y) / N                       cudaMemcpy + cublasSaxpy + cublasSscal
+"""
+
+from __future__ import annotations
+
+from ..tensor import Tensor
+from .loss import LossLayer
+
+
+class Softmax(LossLayer):
+    def forward(self, input: Tensor) -> Tensor:
+        self.prepare(input)
+        # ŷ = softmax(x) over the c·h·w values of each sample
+        self.backend.softmax_forward(1.0, input, 0.0, self.output)
+        return self.output
+
+    def loss(self, target: Tensor, out: Tensor, accumulate: bool = False) -> Tensor:
+        self.check_target(target)
+        # J = -(1/N) Σ y·log(max(ŷ, 1e-7))
+        self.backend.cross_entropy_loss(self.output, target, out, accumulate)
+        return out

@@ -1,0 +1,239 @@
+"""Network: an ordered list of layers ending in a loss layer, as the C++ design's Network.
+
+    model = Network(backend="cuda", seed=0)
+    model.add_layer(Dense("fc1", 500)); model.add_layer(Activation("relu1", "relu"))
+    model.add_layer(Dense("fc2", 10));  model.add_layer(Softmax("softmax"))
+    output = model.forward(images); model.backward(targets); model.update(0.01)
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from . import checkpoint
+from .backends import get_backend
+from .errors import CheckpointError, InvalidArgumentError, ShapeError
+from .layers import LAYER_TYPES, Layer, LossLayer, Parameter
+from .tensor import Tensor, as_shape
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT = "cudnnnet-checkpoint"
+CHECKPOINT_VERSION = 1
+OPTIMIZER_PREFIX = "optimizer."  # optimiser state saved beside the weights, e.g. optimizer.velocity.fc1.weight
+_TYPE_NAMES = {cls: name for name, cls in LAYER_TYPES.items()}
+
+
+class Network:
+    def __init__(self, layers=(), backend="host", seed: int = 0, input_shape=None):
+        self.layers: list[Layer] = []
+        self.backend = get_backend(backend)
+        self.seed = int(seed)
+        self.input_shape: tuple[int, int, int] | None = None  # (c, h, w) of one sample
+        self._scalars = None  # device scalars: loss, correct count
+        for layer in layers:
+            self.add_layer(layer)
+        if input_shape is not None:
+            self.build(input_shape)
+
+    # ---- structure ---------------------------------------------------------------------------
+    def add_layer(self, layer: Layer) -> "Network":
+        if not isinstance(layer, Layer):
+            raise InvalidArgumentError(f"add_layer takes a Layer, got {type(layer).__name__}")
+        if self.input_shape is not None:
+            raise InvalidArgumentError(f"cannot add layer {layer.name!r}: the network is already built")
+        if any(existing.name == layer.name for existing in self.layers):
+            raise InvalidArgumentError(f"a layer named {layer.name!r} is already in the network")
+        if self.layers and self.layers[-1].is_loss:
+            raise InvalidArgumentError(
+                f"cannot add layer {layer.name!r} after the loss layer {self.layers[-1].name!r}: the loss layer comes last"
+            )
+        self.layers.append(layer)
+        return self
+
+    @property
+    def loss_layer(self) -> LossLayer:
+        if not self.layers or not self.layers[-1].is_loss:
+            raise InvalidArgumentError("the network has no loss layer (softmax or mse) at its end")
+        return self.layers[-1]
+
+    def output_shapes(self, input_shape) -> list[tuple[int, int, int]]:
+        """Each layer's output (c, h, w) for a sample of ``input_shape``; raises ShapeError if one does not fit."""
+        shape = as_shape(input_shape)[:3]
+        shapes = []
+        for layer in self.layers:
+            shape = layer.output_sample_shape(shape)
+            shapes.append(shape)
+        return shapes
+
+    def build(self, input_shape) -> "Network":
+        """Infer every layer's shapes from a sample shape (c, h, w) and create the parameters (seeded)."""
+        if not self.layers:
+            raise InvalidArgumentError("the network has no layers")
+        self.loss_layer  # noqa: B018  (raises if missing)
+        input_shape = as_shape(input_shape)[:3]
+        self.output_shapes(input_shape)
+        shape = input_shape
+        for index, layer in enumerate(self.layers):
+            shape = layer.build(shape, self.backend, np.random.default_rng([self.seed, index]))
+        self.layers[0].gradient_stop = True
+        self.input_shape = input_shape
+        return self
+
+    def summary(self) -> str:
+        lines, shape = [], self.input_shape
+        for layer in self.layers:
+            shape = layer.output_sample_shape(shape)
+            count = sum(p.value.size for p in layer.parameters())
+            lines.append(f"{layer.name:<12} {type(layer).__name__:<10} -> {shape}  params {count}")
+        return "\n".join(lines)
+
+    # ---- computation -------------------------------------------------------------------------
+    def _as_input(self, x) -> Tensor:
+        if not isinstance(x, Tensor):
+            x = Tensor.from_numpy(np.asarray(x, dtype=np.float32), self.backend)
+        if self.input_shape is None:
+            self.build(x.shape[1:])
+        return x.to(self.backend)
+
+    def forward(self, x) -> Tensor:
+        """Run every layer; returns the last layer's output (probabilities for Softmax), (N, classes, 1, 1)."""
+        output = self._as_input(x)
+        for layer in self.layers:
+            output = layer.forward(output)
+        return output
+
+    def backward(self, target: Tensor) -> None:
+        """Back-propagate from the loss layer given the one-hot ``target`` of the last forward."""
+        grad = self.loss_layer.backward(target.to(self.backend))
+        for layer in reversed(self.layers[:-1]):
+            grad = layer.backward(grad)
+
+    def update(self, learning_rate: float) -> None:
+        """Plain SGD, the original's update: W = W - lr·dW for every parameter (cublasSaxpy)."""
+        for parameter in self.parameter_list():
+            self.backend.sgd_update(parameter.value, parameter.grad, None, learning_rate, 0.0, 0.0)
+
+    def predict(self, x) -> Tensor:
+        """The output of a forward pass (no gradients are needed or kept)."""
+        return self.forward(x)
+
+    def _scalar(self, index: int) -> Tensor:
+        if self._scalars is None or self._scalars.backend is not self.backend:
+            self._scalars = Tensor.zeros((2,), self.backend)
+        return self._scalars.view((1,), index)
+
+    def loss(self, target: Tensor) -> float:
+        """Mean loss of the last forward against ``target`` (synchronises a GPU)."""
+        return self.loss_layer.loss(target.to(self.backend), self._scalar(0)).item()
+
+    def accuracy(self, target: Tensor) -> float:
+        """Fraction of the last forward's samples whose argmax matches ``target``'s."""
+        target = target.to(self.backend)
+        return self.loss_layer.correct(target, self._scalar(1)).item() / target.n
+
+    # ---- parameters --------------------------------------------------------------------------
+    def parameter_list(self) -> list[Parameter]:
+        return [parameter for layer in self.layers for parameter in layer.parameters()]
+
+    def parameters(self) -> dict[str, Tensor]:
+        return {p.name: p.value for p in self.parameter_list()}
+
+    def gradients(self) -> dict[str, Tensor]:
+        return {p.name: p.grad for p in self.parameter_list()}
+
+    def to(self, backend) -> "Network":
+        """Move every parameter to ``backend`` (``host``, ``cuda`` or a Backend)."""
+        self.backend = get_backend(backend)
+        for layer in self.layers:
+            layer.to(self.backend)
+        self._scalars = None
+        return self
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Every parameter as a host array, by qualified name (``fc1.weight``)."""
+        return {name: value.numpy() for name, value in self.parameters().items()}
+
+    def load_state_dict(self, arrays: dict) -> None:
+        """Copy parameters in by name; checks every name and shape first, so a mismatch changes nothing."""
+        expected = {name: value.shape for name, value in self.parameters().items()}
+        checkpoint.check_compatible(arrays, expected)
+        for name, value in self.parameters().items():
+            value.copy_(Tensor.from_numpy(np.asarray(arrays[name], dtype=np.float32).reshape(value.shape)))
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def spec(self) -> list[dict]:
+        """The model as config mappings ({type, name, ...}): enough to rebuild it."""
+        return [{"type": _TYPE_NAMES[type(layer)], "name": layer.name, **layer.config()} for layer in self.layers]
+
+    def metadata(self) -> dict:
+        return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
+                "input_shape": list(self.input_shape), "model": self.spec()}
+
+    def save(self, path, extra_arrays: dict | None = None, **extra_metadata) -> Path:
+        """Write every weight and the model config to one ``.npz``, atomically."""
+        self._require_built("save")
+        arrays = self.state_dict()
+        arrays.update(extra_arrays or {})
+        metadata = {**self.metadata(), **extra_metadata}
+        checkpoint.save_npz(path, arrays, metadata)
+        log.info("saved checkpoint %s", path)
+        return Path(path)
+
+    def load_weights(self, path) -> dict:
+        """Load weights from a checkpoint into this (built) network; returns the checkpoint's metadata."""
+        self._require_built("load weights")
+        arrays, metadata = checkpoint.load_npz(path)
+        weights = {name: array for name, array in arrays.items() if not name.startswith(OPTIMIZER_PREFIX)}
+        try:
+            self.load_state_dict(weights)
+        except CheckpointError as error:
+            raise CheckpointError(f"{path}: {error}") from None
+        return metadata
+
+    @classmethod
+    def load(cls, path, backend="host") -> "Network":
+        """Rebuild the network a checkpoint describes and load its weights (ready for inference)."""
+        _, metadata = checkpoint.load_npz(path)
+        try:
+            network = cls.from_spec(_model_spec(metadata, path), _input_shape(metadata, path), backend)
+        except (TypeError, InvalidArgumentError, ShapeError) as error:
+            raise CheckpointError(f"{path}: its model description cannot be built: {error}") from None
+        network.load_weights(path)
+        network.checkpoint_metadata = metadata
+        return network
+
+    @classmethod
+    def from_spec(cls, model: list[dict], input_shape, backend="host", seed: int = 0) -> "Network":
+        """A network from config mappings ({type, name, ...params}) built for ``input_shape`` (c, h, w)."""
+        network = cls(backend=backend, seed=seed)
+        for entry in model:
+            params = {key: value for key, value in entry.items() if key not in ("type", "name")}
+            network.add_layer(LAYER_TYPES[entry["type"]](entry["name"], **params))
+        return network.build(input_shape)
+
+    def _require_built(self, action: str) -> None:
+        if self.input_shape is None:
+            raise InvalidArgumentError(f"cannot {action}: the network is not built yet (call build or forward first)")
+
+
+def _model_spec(metadata: dict, path) -> list[dict]:
+    model = metadata.get("model")
+    valid = isinstance(model, list) and all(
+        isinstance(entry, dict) and entry.get("type") in LAYER_TYPES and isinstance(entry.get("name"), str)
+        for entry in model
+    )
+    if metadata.get("format") != CHECKPOINT_FORMAT or not valid:
+        raise CheckpointError(f"{path}: not a cudnnnet checkpoint (no valid model description in its metadata)")
+    return model
+
+
+def _input_shape(metadata: dict, path) -> tuple[int, int, int]:
+    shape = metadata.get("input_shape")
+    try:
+        return as_shape(shape)[:3]
+    except (ShapeError, TypeError):
+        raise CheckpointError(f"{path}: invalid input_shape {shape!r} in the checkpoint's metadata") from None

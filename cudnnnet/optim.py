@@ -1,0 +1,104 @@
+"""SGD with optional momentum and weight decay, and learning-rate schedules.
+
+The learning rate lives in a one-element tensor on the network's backend, so that a captured CUDA
+graph of the training step reads the current rate at every replay.
+
+Schedules (``step`` counts optimiser steps from 0, ``epoch`` counts epochs from 0):
+    constant   lr = lr0
+    inverse    lr = lr0 / (1 + decay·step)            (the original's intent, without compounding)
+    step       lr = lr0 · gamma^(epoch // step_size)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import CheckpointError, InvalidArgumentError
+from .tensor import Tensor
+
+SCHEDULES = ("constant", "inverse", "step")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str = "constant"
+    decay: float = 0.0
+    step_size: int = 1
+    gamma: float = 1.0
+
+    def __post_init__(self):
+        if self.name not in SCHEDULES:
+            raise InvalidArgumentError(f"unknown schedule {self.name!r}; valid schedules are {', '.join(SCHEDULES)}")
+
+    def learning_rate(self, lr0: float, step: int, epoch: int) -> float:
+        if self.name == "inverse":
+            return lr0 / (1.0 + self.decay * step)
+        if self.name == "step":
+            return lr0 * self.gamma ** (epoch // self.step_size)
+        return lr0
+
+
+class SGD:
+    """v = momentum·v + (dW + weight_decay·W);  W = W - lr·v   (PyTorch's formulation)."""
+
+    def __init__(self, network, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                 schedule: Schedule | None = None):
+        if not lr > 0:
+            raise InvalidArgumentError(f"learning rate must be > 0, got {lr!r}")
+        if not 0 <= momentum < 1:
+            raise InvalidArgumentError(f"momentum must be in [0, 1), got {momentum!r}")
+        if not weight_decay >= 0:
+            raise InvalidArgumentError(f"weight decay must be >= 0, got {weight_decay!r}")
+        self.network = network
+        self.lr0, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
+        self.schedule = schedule or Schedule()
+        self.step_count = 0
+        self.lr = Tensor((1,), network.backend).fill_(self.lr0)  # the current rate, on the device
+        self.velocity = self._zero_velocity()
+
+    def _zero_velocity(self) -> dict[str, Tensor]:
+        if self.momentum == 0:
+            return {}
+        return {p.name: Tensor.zeros(p.value.shape, self.network.backend) for p in self.network.parameter_list()}
+
+    def current_lr(self, epoch: int) -> float:
+        return self.schedule.learning_rate(self.lr0, self.step_count, epoch)
+
+    def set_lr(self, epoch: int) -> float:
+        """Write the scheduled rate for the next step into the device scalar; returns it."""
+        value = self.current_lr(epoch)
+        self.lr.fill_(value)
+        return value
+
+    def step(self) -> None:
+        """Apply one update to every parameter with the rate in ``self.lr``."""
+        backend = self.network.backend
+        for parameter in self.network.parameter_list():
+            backend.sgd_update(parameter.value, parameter.grad, self.velocity.get(parameter.name), self.lr,
+                               self.momentum, self.weight_decay)
+        self.step_count += 1
+
+    def to(self, backend) -> None:
+        self.lr = self.lr.to(backend)
+        self.velocity = {name: value.to(backend) for name, value in self.velocity.items()}
+
+    # ---- state for checkpoints -----------------------------------------------------------------
+    def state_arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        arrays = {f"{prefix}velocity.{name}": value.numpy() for name, value in self.velocity.items()}
+        arrays[f"{prefix}step"] = np.array([self.step_count], dtype=np.float32)
+        return arrays
+
+    def load_state_arrays(self, arrays: dict, prefix: str) -> None:
+        """Restore velocities and the step count (a checkpoint of the same network and momentum)."""
+        step = arrays.get(f"{prefix}step")
+        if step is None or step.size != 1:
+            raise CheckpointError("the checkpoint holds no optimiser state (it cannot be resumed from)")
+        for name, value in self.velocity.items():
+            saved = arrays.get(f"{prefix}velocity.{name}")
+            if saved is None or saved.size != value.size:
+                raise CheckpointError(f"the checkpoint's optimiser state has no velocity of shape {value.shape} for {name}")
+        for name, value in self.velocity.items():
+            value.copy_(Tensor.from_numpy(arrays[f"{prefix}velocity.{name}"].reshape(value.shape)))
+        self.step_count = int(step.reshape(-1)[0])

@@ -1,0 +1,398 @@
+"""Training and evaluation from a Config: the C++ design's ``Network::train / test`` loop, made safe.
+
+``Trainer(config, output_dir).run()`` trains, evaluates on the full test set after each epoch and
+writes into ``output_dir``: ``model.npz`` (weights, optimiser state and position, so a run can be
+resumed), ``metrics.json``, ``history.csv`` and, when matplotlib is installed, ``curves.png``.
+Nothing outside ``output_dir`` is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import checkpoint
+from .backends import get_backend
+from .config import Config
+from .data.loader import BatchLoader
+from .data.mnist import load_mnist
+from .errors import CheckpointError, TrainingError
+from .network import OPTIMIZER_PREFIX, Network
+from .optim import SGD, Schedule
+from .tensor import Tensor
+
+log = logging.getLogger(__name__)
+
+HISTORY_FIELDS = ("epoch", "steps", "learning_rate", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
+                  "epoch_seconds")
+
+
+class Interrupted(Exception):
+    """Training stopped on a signal after saving an ``interrupted.npz`` checkpoint."""
+
+    def __init__(self, signum: int, checkpoint_path: Path):
+        self.signum = signum
+        self.checkpoint_path = checkpoint_path
+        super().__init__(f"interrupted by {signal.Signals(signum).name}; saved {checkpoint_path} (resume with --resume)")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def input_shape(config: Config) -> tuple[int, int, int]:
+    side = 28 + 2 * config.data.pad
+    return (1, side, side)
+
+
+def build_network(config: Config, backend) -> Network:
+    model = [{"type": spec.type, "name": spec.name, **spec.params} for spec in config.model]
+    return Network.from_spec(model, input_shape(config), backend, seed=config.train.seed)
+
+
+def load_split(config: Config, split: str):
+    normalize = config.data.normalize
+    return load_mnist(config.data.dir, split, normalize=normalize, pad=config.data.pad)
+
+
+@dataclass
+class Evaluation:
+    loss: float
+    accuracy: float
+    predictions: np.ndarray | None = None  # (N,) argmax per sample, when asked for
+
+
+class Accumulator:
+    """Loss sum and correct count on the device, read only when a figure is needed."""
+
+    def __init__(self, backend):
+        self.values = Tensor.zeros((2,), backend)  # [Σ batch mean losses, Σ correct]
+        self.loss_sum = self.values.view((1,), 0)
+        self.correct = self.values.view((1,), 1)
+
+    def reset(self) -> None:
+        self.values.fill_(0.0)
+
+    def add(self, network: Network, target: Tensor) -> None:
+        network.loss_layer.loss(target, self.loss_sum, accumulate=True)
+        network.loss_layer.correct(target, self.correct, accumulate=True)
+
+    def read(self) -> tuple[float, float]:
+        loss_sum, correct = self.values.numpy().reshape(-1)
+        return float(loss_sum), float(correct)
+
+
+class BatchFeed:
+    """Host batches copied into device tensors kept per batch size (no allocation per step)."""
+
+    def __init__(self, backend, sample_shape, classes: int):
+        self.backend, self.sample_shape, self.classes = backend, tuple(sample_shape), classes
+        self._tensors: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def __call__(self, images: np.ndarray, onehot: np.ndarray) -> tuple[Tensor, Tensor]:
+        size = images.shape[0]
+        if size not in self._tensors:
+            self._tensors[size] = (Tensor((size,) + self.sample_shape, self.backend),
+                                   Tensor((size, self.classes), self.backend))
+        x, target = self._tensors[size]
+        return x.write_(images), target.write_(onehot)
+
+
+def evaluate(network: Network, images: np.ndarray, labels: np.ndarray, batch_size: int = 1000,
+             keep_predictions: bool = False) -> Evaluation:
+    """Mean loss and accuracy over a whole set (and, if asked, each sample's predicted class)."""
+    loader = BatchLoader(images, labels, batch_size, shuffle=False)
+    feed = BatchFeed(network.backend, images.shape[1:], loader.classes)
+    totals = Accumulator(network.backend)
+    predictions = []
+    loss_sum = 0.0
+    for batch_images, onehot, _ in loader.epoch_batches(0):
+        x, target = feed(batch_images, onehot)
+        output = network.forward(x)
+        network.loss_layer.loss(target, totals.loss_sum)
+        loss_sum += totals.loss_sum.item() * x.n
+        network.loss_layer.correct(target, totals.correct, accumulate=True)
+        if keep_predictions:
+            predictions.append(output.numpy().reshape(x.n, -1).argmax(axis=1))
+    correct = totals.correct.item()
+    count = loader.num_samples
+    return Evaluation(loss_sum / count, correct / count, np.concatenate(predictions) if keep_predictions else None)
+
+
+@dataclass
+class Position:
+    """Where training stands: the next batch to run is ``batch`` of ``epoch``; ``step`` counts all steps."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+    history: list = field(default_factory=list)
+
+
+class Trainer:
+    def __init__(self, config: Config, output_dir, resume=None, progress: bool = True):
+        self.config = config
+        self.output_dir = Path(output_dir)
+        self.progress = progress
+        self.backend = get_backend(config.device)
+        if hasattr(self.backend, "set_math"):
+            self.backend.set_math(config.math)
+        self.network = build_network(config, self.backend)
+        train = config.train
+        opt = train.optimizer
+        schedule = Schedule(train.schedule.name, train.schedule.decay, train.schedule.step_size, train.schedule.gamma)
+        self.optimizer = SGD(self.network, opt.lr, opt.momentum, opt.weight_decay, schedule)
+        self.train_images, self.train_labels = load_split(config, "train")
+        self.test_images, self.test_labels = load_split(config, "test")
+        self.loader = BatchLoader(self.train_images, self.train_labels, train.batch_size, seed=train.seed)
+        self.feed = BatchFeed(self.backend, self.train_images.shape[1:], self.loader.classes)
+        self.totals = Accumulator(self.backend)
+        self.position = Position()
+        self.stop_signal: int | None = None
+        self.train_seconds = 0.0
+        self.images_trained = 0
+        if resume is not None:
+            self._resume(Path(resume))
+
+    # ---- the plan ------------------------------------------------------------------------------
+    @property
+    def total_steps(self) -> int:
+        train = self.config.train
+        return train.steps if train.steps is not None else train.epochs * self.loader.steps_per_epoch
+
+    @property
+    def total_epochs(self) -> int:
+        return math.ceil(self.total_steps / self.loader.steps_per_epoch)
+
+    # ---- one step --------------------------------------------------------------------------------
+    def train_step(self, images: np.ndarray, onehot: np.ndarray) -> None:
+        """forward → loss and accuracy (on the device) → backward → SGD update."""
+        x, target = self.feed(images, onehot)
+        self.network.forward(x)
+        self.totals.add(self.network, target)
+        self.network.backward(target)
+        self.optimizer.set_lr(self.position.epoch)
+        self.optimizer.step()
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def run(self) -> dict:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        log.info("training %s on %s: %d steps of batch %d (%d epochs)", self.config.source,
+                 self.backend.device_name, self.total_steps, self.config.train.batch_size, self.total_epochs)
+        with _signals_to(self):
+            while self.position.step < self.total_steps:
+                self._run_epoch()
+        self._save("model.npz")
+        return self._finish()
+
+    def _run_epoch(self) -> None:
+        position, epoch = self.position, self.position.epoch
+        steps = min(self.loader.steps_per_epoch, position.batch + self.total_steps - position.step)
+        self.totals.reset()
+        started, first_batch = time.perf_counter(), position.batch
+        bar = _progress_bar(self.progress, steps, position.batch, f"epoch {epoch + 1}/{self.total_epochs}")
+        batches = self.loader.epoch_batches(epoch)
+        for index, (images, onehot, _) in enumerate(batches):
+            if index < first_batch:
+                continue
+            if index >= steps:
+                break
+            self.train_step(images, onehot)
+            position.batch, position.step = index + 1, position.step + 1
+            self.images_trained += images.shape[0]
+            if position.step % self.config.train.log_every == 0 or position.batch == steps:
+                self._log_progress(bar, started, index + 1 - first_batch)
+            bar.update(1)
+            if self.stop_signal is not None:
+                bar.close()
+                self._interrupt()
+        bar.close()
+        self.backend.synchronize()
+        self.train_seconds += time.perf_counter() - started
+        self._end_epoch(steps - first_batch, time.perf_counter() - started)
+
+    def _log_progress(self, bar, started: float, steps_done: int) -> None:
+        loss_sum, correct = self.totals.read()
+        loss = loss_sum / max(steps_done, 1)
+        if not math.isfinite(loss):
+            raise TrainingError(
+                f"the loss became {loss} at step {self.position.step} (epoch {self.position.epoch + 1}); "
+                f"try a lower learning rate. The last checkpoint written, if any, is intact"
+            )
+        seen = min(steps_done * self.config.train.batch_size, self.loader.num_samples)
+        rate = seen / max(time.perf_counter() - started, 1e-9)
+        accuracy = correct / seen
+        bar.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.4f}", img_s=f"{rate:,.0f}")
+        log.debug("step %d: loss %.4f", self.position.step, loss)
+
+    def _end_epoch(self, steps_done: int, seconds: float) -> None:
+        loss_sum, correct = self.totals.read()
+        train_loss = loss_sum / max(steps_done, 1)
+        if not math.isfinite(train_loss):
+            raise TrainingError(f"the loss became {train_loss} in epoch {self.position.epoch + 1} "
+                                f"(by step {self.position.step}); try a lower learning rate")
+        images_seen = min(steps_done * self.config.train.batch_size, self.loader.num_samples)
+        test = evaluate(self.network, self.test_images, self.test_labels, self.config.train.eval_batch_size)
+        row = {"epoch": self.position.epoch + 1, "steps": self.position.step,
+               "learning_rate": self.optimizer.current_lr(self.position.epoch), "train_loss": train_loss,
+               "train_accuracy": correct / images_seen, "test_loss": test.loss, "test_accuracy": test.accuracy,
+               "epoch_seconds": seconds}
+        self.position.history.append(row)
+        log.info("epoch %d: train loss %.4f accuracy %.4f | test loss %.4f accuracy %.4f | %.1f s",
+                 row["epoch"], train_loss, row["train_accuracy"], test.loss, test.accuracy, seconds)
+        self.position.epoch += 1
+        self.position.batch = 0
+        every = self.config.train.checkpoint_every
+        if every and self.position.epoch % every == 0 and self.position.step < self.total_steps:
+            self._save("model.npz")
+        self._write_history()
+
+    # ---- outputs ---------------------------------------------------------------------------------
+    def _save(self, name: str) -> Path:
+        arrays = self.optimizer.state_arrays(OPTIMIZER_PREFIX)
+        position = {"epoch": self.position.epoch, "batch": self.position.batch, "step": self.position.step}
+        return self.network.save(self.output_dir / name, extra_arrays=arrays, config=self.config.to_dict(),
+                                 position=position, history=self.position.history)
+
+    def metrics(self) -> dict:
+        last = self.position.history[-1] if self.position.history else {}
+        return {
+            "config": self.config.source,
+            "device": self.backend.device_name,
+            "backend": self.backend.name,
+            "math": self.config.math,
+            "epochs": self.position.epoch,
+            "steps": self.position.step,
+            "batch_size": self.config.train.batch_size,
+            "train_loss": last.get("train_loss"),
+            "train_accuracy": last.get("train_accuracy"),
+            "test_loss": last.get("test_loss"),
+            "test_accuracy": last.get("test_accuracy"),
+            "train_seconds": self.train_seconds,
+            "images_per_second": self.images_trained / self.train_seconds if self.train_seconds else None,
+        }
+
+    def _finish(self) -> dict:
+        metrics = self.metrics()
+        write_atomic(self.output_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+        self._write_history()
+        _plot_curves(self.position.history, self.output_dir / "curves.png")
+        return metrics
+
+    def _write_history(self) -> None:
+        lines = [",".join(HISTORY_FIELDS)]
+        lines += [",".join(_csv_value(row[key]) for key in HISTORY_FIELDS) for row in self.position.history]
+        write_atomic(self.output_dir / "history.csv", "\n".join(lines) + "\n")
+
+    # ---- interruption and resumption ---------------------------------------------------------
+    def _interrupt(self) -> None:
+        self.backend.synchronize()
+        path = self._save("interrupted.npz")
+        write_atomic(self.output_dir / "metrics.json", json.dumps({**self.metrics(), "interrupted": True}, indent=2) + "\n")
+        raise Interrupted(self.stop_signal, path)
+
+    def _resume(self, path: Path) -> None:
+        arrays, metadata = checkpoint.load_npz(path)
+        self.network.load_weights(path)
+        position = metadata.get("position")
+        if not isinstance(position, dict) or not all(isinstance(position.get(k), int) for k in ("epoch", "batch", "step")):
+            raise CheckpointError(f"{path}: no training position in its metadata; it can be loaded but not resumed")
+        try:
+            self.optimizer.load_state_arrays(arrays, OPTIMIZER_PREFIX)
+        except CheckpointError as error:
+            raise CheckpointError(f"{path}: {error}") from None
+        self.position = Position(position["epoch"], position["batch"], position["step"],
+                                 list(metadata.get("history") or []))
+        log.info("resumed from %s at epoch %d, batch %d (step %d)", path, self.position.epoch + 1,
+                 self.position.batch, self.position.step)
+
+
+class _signals_to:
+    """Within the block, SIGINT and SIGTERM ask the trainer to stop after the current step."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+        self.previous = {}
+
+    def __enter__(self):
+        for signum in self.SIGNALS:
+            try:
+                self.previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread: signals stay as they are
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        log.warning("%s received: stopping after this step", signal.Signals(signum).name)
+        self.trainer.stop_signal = signum
+
+    def __exit__(self, *exc):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        return False
+
+
+def _progress_bar(enabled: bool, total: int, initial: int, description: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=description, disable=not enabled, leave=False, unit="step",
+                dynamic_ncols=True)
+
+
+def _csv_value(value) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _plot_curves(history: list, path: Path) -> None:
+    """Loss and accuracy per epoch, train and test, when matplotlib is installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.info("matplotlib is not installed: no %s", path.name)
+        return
+    if not history:
+        return
+    epochs = [row["epoch"] for row in history]
+    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label in (("train_loss", "train"), ("test_loss", "test")):
+        loss_axes.plot(epochs, [row[key] for row in history], marker="o", label=label)
+    for key, label in (("train_accuracy", "train"), ("test_accuracy", "test")):
+        accuracy_axes.plot(epochs, [row[key] for row in history], marker="o", label=label)
+    loss_axes.set(xlabel="epoch", ylabel="loss", title="loss")
+    accuracy_axes.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+    for axes in (loss_axes, accuracy_axes):
+        axes.grid(alpha=0.3)
+        axes.legend()
+    figure.tight_layout()
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".png", delete=False) as file:
+        temporary = Path(file.name)
+    try:
+        figure.savefig(temporary, dpi=100)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+        plt.close(figure)
