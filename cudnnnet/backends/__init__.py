@@ -37,8 +37,13 @@ def _create(name: str) -> Backend:
         from .host import HostBackend
 
         return HostBackend()
-    from .cuda import CudaBackend
-
+    try:
+        from .cuda import CudaBackend
+    except ImportError as error:
+        raise DeviceUnavailableError(
+            f"the CUDA backend cannot be imported ({error}); install the CUDA extras: "
+            f"pip install 'cudnnnet[cuda13]' (or 'cudnnnet[cuda12]')"
+        ) from None
     return CudaBackend()
 
 
