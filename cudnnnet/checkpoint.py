@@ -1,0 +1,382 @@
+"""Checkpoint file formats: our ``.npz`` and the C++ original's directory of raw ``.bin`` files.
+
+This module knows files, not networks: it reads and writes ``{name: float32 array}`` dictionaries
+(names like ``conv1.weight``, ``fc1.bias``) and checks them against the shapes a network expects.
+
+``.npz``
+    One NumPy zip archive holding every array by name, plus the metadata (a JSON object) encoded
+    as UTF-8 in a uint8 array under ``__metadata__`` (NumPy scalars become numbers; NaN and
+    infinities are written as Python's json writes them). Nothing is pickled, and loading refuses
+    pickled object arrays. Saving is atomic: a crash leaves the previous checkpoint in place.
+
+The original's pretrained directory (``Network::write_file`` / ``load_pretrain``)
+    ``L.bin`` holds layer L's weights and ``L.bias.bin`` its biases, raw little-endian float32
+    with no header. Our ``L.weight`` is ``L.bin``, our ``L.bias`` is ``L.bias.bin``. A Dense
+    layer's weights there are the (in, out) column-major matrix cuBLAS multiplies with;
+    a Conv2D's are (out, in, k, k) row-major, as ours (see the layout functions below).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import zipfile
+from math import prod
+from pathlib import Path
+from typing import BinaryIO, Iterator, Mapping
+
+import numpy as np
+
+from .errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+METADATA_KEY = "__metadata__"
+WEIGHT_SUFFIX, BIAS_SUFFIX = ".weight", ".bias"
+ORIGINAL_DTYPE = np.dtype("<f4")  # raw little-endian float32, as Blob::file_write writes it
+
+_ZIP_SIGNATURE = b"PK\x03\x04"
+_NPZ_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError)
+
+
+# ---- atomic writes --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _atomic_write(path: Path) -> Iterator[BinaryIO]:
+    """Yield a temporary file beside ``path``; on success fsync it and replace ``path`` with it.
+
+    On any failure the temporary file is removed and an existing ``path`` is left untouched.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp_name)
+        raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename durable (POSIX); platforms that cannot open a directory skip this."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        log.debug("cannot open %s to fsync it", directory, exc_info=True)
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        log.debug("cannot fsync %s", directory, exc_info=True)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, write) -> None:
+    """Write ``path`` atomically through ``write(file)``; an OSError becomes a CheckpointError."""
+    try:
+        with _atomic_write(path) as file:
+            write(file)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot write the checkpoint ({_one_line(exc)})") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+# ---- .npz -----------------------------------------------------------------------------------
+
+
+def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], metadata: Mapping) -> None:
+    """Write ``arrays`` (as float32) and ``metadata`` (as JSON) to one ``.npz``, atomically.
+
+    Parent directories are created. Raises CheckpointError for a name that cannot be stored, a
+    non-floating-point array, metadata that is not JSON, or a failed write (the previous file at
+    ``path``, if any, is then left as it was).
+    """
+    path = Path(path)
+    members = {f"{name}.npy": _float32_for_saving(path, name, array) for name, array in arrays.items()}
+    members[f"{METADATA_KEY}.npy"] = _encode_metadata(path, metadata)
+    _write_file(path, lambda file: _write_zip(file, members))
+    log.info("saved %d arrays to %s", len(arrays), path)
+
+
+def _float32_for_saving(path: Path, name: str, array) -> np.ndarray:
+    if not isinstance(name, str) or not name or name == METADATA_KEY or "/" in name:
+        raise CheckpointError(f"{path}: cannot store an array under the name {name!r}")
+    array = np.asarray(array)
+    if not np.issubdtype(array.dtype, np.floating):
+        raise CheckpointError(f"{path}: array {name!r} has dtype {array.dtype}; checkpoints hold floating-point arrays")
+    return np.ascontiguousarray(array, dtype=np.float32)
+
+
+def _encode_metadata(path: Path, metadata: Mapping) -> np.ndarray:
+    if not isinstance(metadata, Mapping):
+        raise CheckpointError(f"{path}: metadata must be a dict, got {type(metadata).__name__}")
+    try:
+        text = json.dumps(dict(metadata), sort_keys=True, ensure_ascii=False, default=_json_value)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: metadata cannot be written as JSON ({_one_line(exc)})") from exc
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+
+def _json_value(value):
+    """NumPy scalars and arrays in metadata become their Python equivalents."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _write_zip(file: BinaryIO, members: Mapping[str, np.ndarray]) -> None:
+    """The layout np.savez writes, without its keyword clashes and with pickling disabled."""
+    with zipfile.ZipFile(file, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for member, array in members.items():
+            with archive.open(member, mode="w", force_zip64=True) as stream:
+                np.lib.format.write_array(stream, array, allow_pickle=False)
+
+
+def load_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
+    """Read a checkpoint written by ``save_npz``: ({name: float32 array}, metadata).
+
+    Never unpickles. Raises CheckpointError (one line naming the file) for a missing file, a
+    file that is not an ``.npz``, a truncated or corrupt archive, a pickled object array, a
+    missing or invalid ``__metadata__``, or an array that is not floating point or not finite.
+    """
+    path = Path(path)
+    _check_exists(path)
+    members = _read_members(path)
+    metadata = _decode_metadata(path, members.pop(METADATA_KEY, None))
+    arrays = {name: _float32_for_loading(path, name, array) for name, array in members.items()}
+    log.info("loaded %d arrays from %s", len(arrays), path)
+    return arrays, metadata
+
+
+def _check_exists(path: Path) -> None:
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a folder, not a checkpoint file")
+
+
+def _read_members(path: Path) -> dict[str, np.ndarray]:
+    _check_zip_signature(path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: _read_member(path, archive, name) for name in archive.files}
+    except CheckpointError:
+        raise
+    except _NPZ_READ_ERRORS as exc:
+        raise CheckpointError(f"{path}: truncated or corrupt .npz checkpoint ({_one_line(exc)})") from exc
+
+
+def _check_zip_signature(path: Path) -> None:
+    try:
+        with open(path, "rb") as file:
+            head = file.read(len(_ZIP_SIGNATURE))
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read ({_one_line(exc)})") from exc
+    if head == b"":
+        raise CheckpointError(f"{path}: the checkpoint file is empty (0 bytes)")
+    if head == b"\x93NUM":
+        raise CheckpointError(f"{path}: a single .npy array, not an .npz checkpoint")
+    if head != _ZIP_SIGNATURE:
+        raise CheckpointError(f"{path}: not an .npz checkpoint (not a zip archive; starts with {head!r})")
+
+
+def _read_member(path: Path, archive, name: str) -> np.ndarray:
+    try:
+        member = archive[name]
+    except ValueError as exc:
+        if "pickle" in str(exc).lower():
+            raise CheckpointError(
+                f"{path}: array {name!r} holds pickled Python objects; refused (a checkpoint holds plain arrays)"
+            ) from exc
+        raise
+    if not isinstance(member, np.ndarray):
+        raise CheckpointError(f"{path}: entry {name!r} is not a NumPy array")
+    return member
+
+
+def _decode_metadata(path: Path, encoded: np.ndarray | None) -> dict:
+    if encoded is None:
+        raise CheckpointError(f"{path}: no {METADATA_KEY} entry; not a cudnnnet checkpoint")
+    if encoded.dtype != np.uint8 or encoded.ndim != 1:
+        raise CheckpointError(f"{path}: invalid {METADATA_KEY} (a {encoded.dtype} array of shape {encoded.shape})")
+    try:
+        metadata = json.loads(encoded.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: invalid {METADATA_KEY}: not UTF-8 JSON ({_one_line(exc)})") from exc
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"{path}: invalid {METADATA_KEY}: a JSON {type(metadata).__name__}, not an object")
+    return metadata
+
+
+def _float32_for_loading(path: Path, name: str, array: np.ndarray) -> np.ndarray:
+    if not np.issubdtype(array.dtype, np.floating):
+        raise CheckpointError(f"{path}: array {name!r} has dtype {array.dtype}; expected floating point")
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    _check_finite(path, name, array)
+    return array
+
+
+def _check_finite(source: Path, name: str, array: np.ndarray) -> None:
+    if not np.isfinite(array).all():
+        raise CheckpointError(f"{source}: {name} holds NaN or infinite values")
+
+
+# ---- compatibility --------------------------------------------------------------------------
+
+
+def check_compatible(
+    arrays: Mapping[str, np.ndarray],
+    expected: Mapping[str, tuple],
+    source: str | os.PathLike | None = None,
+) -> None:
+    """Raise CheckpointError naming the first missing name, unexpected name, or shape difference.
+
+    ``expected`` maps each parameter name of the network to its shape. ``source`` (the file)
+    prefixes the message when given.
+    """
+    prefix = f"{source}: " if source is not None else ""
+    for name in expected:
+        if name not in arrays:
+            raise CheckpointError(f"{prefix}{name}: missing from the checkpoint (the network needs shape {tuple(expected[name])})")
+    for name in arrays:
+        if name not in expected:
+            raise CheckpointError(f"{prefix}{name}: in the checkpoint, but the network has no such parameter")
+    for name, shape in expected.items():
+        found = tuple(np.shape(arrays[name]))
+        if found != tuple(shape):
+            raise CheckpointError(f"{prefix}{name}: checkpoint has {found}, network needs {tuple(shape)}")
+
+
+# ---- the original's layout ------------------------------------------------------------------
+
+
+def dense_to_original(weight: np.ndarray) -> bytes:
+    """Our Dense weight (out, in, 1, 1), row-major -> the original's bytes.
+
+    The original keeps W as the (in, out) matrix cuBLAS reads column-major (ld = in): element
+    (i, o) at offset o·in + i. That is W_orig = wᵀ written in Fortran order, which happens to be
+    the same bytes as our (out, in) row-major array.
+    """
+    weight = np.asarray(weight)
+    out_size, in_size = _dense_sizes(weight.shape)
+    matrix = weight.astype(np.float32).reshape(out_size, in_size).T  # (in, out)
+    return matrix.astype(ORIGINAL_DTYPE).tobytes(order="F")
+
+
+def original_to_dense(blob: bytes, out_size: int, in_size: int) -> np.ndarray:
+    """The original's Dense bytes ((in, out) column-major) -> our weight (out, in, 1, 1) float32."""
+    matrix = np.frombuffer(blob, dtype=ORIGINAL_DTYPE).reshape((in_size, out_size), order="F")
+    return np.ascontiguousarray(matrix.T, dtype=np.float32).reshape(out_size, in_size, 1, 1)
+
+
+def conv_to_original(weight: np.ndarray) -> bytes:
+    """Our Conv2D weight (out, in, k, k) -> the original's bytes: the same (out, in, k, k) row-major."""
+    return _row_major_bytes(weight)
+
+
+def original_to_conv(blob: bytes, shape: tuple) -> np.ndarray:
+    """The original's Conv2D bytes -> our weight of ``shape`` (out, in, k, k) float32."""
+    return _from_row_major_bytes(blob, shape)
+
+
+def _row_major_bytes(array: np.ndarray) -> bytes:
+    """Conv2D weights and all biases: the values in row-major order as little-endian float32."""
+    return np.ascontiguousarray(array, dtype=ORIGINAL_DTYPE).tobytes(order="C")
+
+
+def _from_row_major_bytes(blob: bytes, shape: tuple) -> np.ndarray:
+    return np.frombuffer(blob, dtype=ORIGINAL_DTYPE).reshape(shape).astype(np.float32)
+
+
+def _dense_sizes(shape: tuple) -> tuple[int, int]:
+    if _is_dense_weight(shape):
+        return int(shape[0]), int(shape[1])
+    raise ValueError(f"a Dense weight is shaped (out, in, 1, 1) or (out, in), got {tuple(shape)}")
+
+
+def _is_dense_weight(shape: tuple) -> bool:
+    """A weight (out, in, 1, 1) or (out, in) is written as a Dense matrix.
+
+    A 1x1 convolution has this shape too; its original layout is the same bytes, so the choice
+    does not change the file.
+    """
+    return len(shape) == 2 or (len(shape) == 4 and tuple(shape[2:]) == (1, 1))
+
+
+def original_file_name(name: str) -> str:
+    """``L.weight`` -> ``L.bin``, ``L.bias`` -> ``L.bias.bin``; anything else has no file."""
+    if name.endswith(WEIGHT_SUFFIX) and len(name) > len(WEIGHT_SUFFIX):
+        return name[: -len(WEIGHT_SUFFIX)] + ".bin"
+    if name.endswith(BIAS_SUFFIX) and len(name) > len(BIAS_SUFFIX):
+        return name + ".bin"
+    raise CheckpointError(f"{name}: the original format stores only L.weight (L.bin) and L.bias (L.bias.bin)")
+
+
+def _to_original(name: str, array: np.ndarray) -> bytes:
+    array = np.asarray(array)
+    if not name.endswith(WEIGHT_SUFFIX):
+        return _row_major_bytes(array)
+    return dense_to_original(array) if _is_dense_weight(array.shape) else conv_to_original(array)
+
+
+def _from_original(name: str, blob: bytes, shape: tuple) -> np.ndarray:
+    if not name.endswith(WEIGHT_SUFFIX):
+        return _from_row_major_bytes(blob, shape)
+    if _is_dense_weight(shape):
+        return original_to_dense(blob, *_dense_sizes(shape)).reshape(shape)
+    return original_to_conv(blob, shape)
+
+
+def write_original(directory: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write each ``L.weight`` to ``directory/L.bin`` and ``L.bias`` to ``L.bias.bin`` (atomic per file)."""
+    directory = Path(directory)
+    for name, array in arrays.items():
+        path = directory / original_file_name(name)
+        blob = _to_original(name, array)
+        _write_file(path, lambda file, blob=blob: file.write(blob))
+    log.info("wrote %d parameter files to %s", len(arrays), directory)
+
+
+def read_original(directory: str | os.PathLike, expected: Mapping[str, tuple]) -> dict[str, np.ndarray]:
+    """Read the original's ``.bin`` files for every name in ``expected`` (name -> shape).
+
+    Raises CheckpointError for a missing directory or file, or a file whose size is not the
+    expected shape's (naming the file and both byte counts).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: no such pretrained-parameter directory")
+    arrays = {name: _read_original_file(directory, name, tuple(shape)) for name, shape in expected.items()}
+    log.info("read %d parameter files from %s", len(arrays), directory)
+    return arrays
+
+
+def _read_original_file(directory: Path, name: str, shape: tuple) -> np.ndarray:
+    path = directory / original_file_name(name)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (it holds {name}, shape {shape})")
+    expected_bytes = prod(shape) * ORIGINAL_DTYPE.itemsize
+    try:
+        blob = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read ({_one_line(exc)})") from exc
+    if len(blob) != expected_bytes:
+        raise CheckpointError(
+            f"{path}: expected {expected_bytes} bytes (float32 {name} of shape {shape}), found {len(blob)} bytes"
+        )
+    array = _from_original(name, blob, shape)
+    _check_finite(path, name, array)
+    return array

@@ -1,0 +1,410 @@
+"""Checkpoint formats: .npz round trips and refusals, the original's .bin layout, atomic saves."""
+
+import io
+import json
+import os
+import pickle
+import struct
+import zipfile
+
+import numpy as np
+import pytest
+
+from cudnnnet import checkpoint
+from cudnnnet.checkpoint import (
+    check_compatible,
+    dense_to_original,
+    load_npz,
+    original_to_dense,
+    read_original,
+    save_npz,
+    write_original,
+)
+from cudnnnet.errors import CheckpointError
+
+
+def lenet_like_arrays(seed=0):
+    rng = np.random.default_rng(seed)
+    shapes = {
+        "conv1.weight": (20, 1, 5, 5),
+        "conv1.bias": (20,),
+        "fc1.weight": (500, 800, 1, 1),
+        "fc1.bias": (500,),
+        "fc2.weight": (10, 500, 1, 1),
+        "fc2.bias": (10,),
+    }
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+
+
+def shapes_of(arrays):
+    return {name: array.shape for name, array in arrays.items()}
+
+
+def assert_same_arrays(got, want):
+    assert list(got) == list(want)
+    for name in want:
+        assert got[name].dtype == np.float32
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def npz_with_members(path, members):
+    """An .npz written member by member, to build checkpoints save_npz would never write."""
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, array in members.items():
+            with archive.open(f"{name}.npy", "w") as stream:
+                np.lib.format.write_array(stream, array, allow_pickle=True)
+
+
+def metadata_array(metadata):
+    return np.frombuffer(json.dumps(metadata).encode(), dtype=np.uint8)
+
+
+# ---- .npz round trip ----------------------------------------------------------------------
+
+
+def test_npz_round_trip_keeps_arrays_and_metadata(tmp_path):
+    arrays = lenet_like_arrays()
+    metadata = {"model": "lenet", "epoch": 3, "accuracy": np.float32(0.5), "layers": ["conv1", "fc1"]}
+    path = tmp_path / "deep" / "er" / "model.npz"  # parents are created
+    save_npz(path, arrays, metadata)
+    loaded, loaded_metadata = load_npz(path)
+    assert_same_arrays(loaded, arrays)
+    assert loaded_metadata == {"model": "lenet", "epoch": 3, "accuracy": 0.5, "layers": ["conv1", "fc1"]}
+
+
+def test_npz_holds_no_pickle_and_metadata_as_utf8_json(tmp_path):
+    path = tmp_path / "model.npz"
+    save_npz(path, {"fc1.bias": np.ones(3, np.float64)}, {"name": "réseau"})
+    with np.load(path, allow_pickle=False) as archive:
+        assert sorted(archive.files) == ["__metadata__", "fc1.bias"]
+        assert archive["__metadata__"].dtype == np.uint8
+        assert archive["__metadata__"].tobytes().decode("utf-8") == '{"name": "réseau"}'
+        assert archive["fc1.bias"].dtype == np.float32
+
+
+def test_npz_float64_and_float16_are_read_as_float32(tmp_path):
+    path = tmp_path / "model.npz"
+    npz_with_members(path, {"a.weight": np.arange(4, dtype=np.float64), "a.bias": np.ones(2, np.float16),
+                            "__metadata__": metadata_array({})})
+    arrays, _ = load_npz(path)
+    assert arrays["a.weight"].dtype == np.float32 and arrays["a.bias"].dtype == np.float32
+    np.testing.assert_array_equal(arrays["a.weight"], [0, 1, 2, 3])
+
+
+@pytest.mark.parametrize("name", ["__metadata__", "", "a/b", 3])
+def test_save_refuses_names_it_cannot_store(tmp_path, name):
+    with pytest.raises(CheckpointError, match="cannot store"):
+        save_npz(tmp_path / "m.npz", {name: np.ones(2, np.float32)}, {})
+
+
+def test_save_refuses_integer_arrays_and_non_json_metadata(tmp_path):
+    with pytest.raises(CheckpointError, match="int64"):
+        save_npz(tmp_path / "m.npz", {"fc1.weight": np.ones(2, np.int64)}, {})
+    with pytest.raises(CheckpointError, match="JSON"):
+        save_npz(tmp_path / "m.npz", {"fc1.weight": np.ones(2, np.float32)}, {"when": object()})
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- .npz refusals ------------------------------------------------------------------------
+
+
+def test_load_missing_file(tmp_path):
+    with pytest.raises(CheckpointError, match="nope.npz: no such checkpoint file"):
+        load_npz(tmp_path / "nope.npz")
+
+
+@pytest.mark.parametrize("keep", [0.3, 0.6, 0.95])
+def test_load_truncated_npz(tmp_path, keep):
+    good = tmp_path / "good.npz"
+    save_npz(good, lenet_like_arrays(), {"epoch": 1})
+    data = good.read_bytes()
+    bad = tmp_path / "truncated.npz"
+    bad.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(CheckpointError, match=r"truncated\.npz: truncated or corrupt"):
+        load_npz(bad)
+
+
+def test_load_npz_with_corrupted_array_bytes(tmp_path):
+    path = tmp_path / "flipped.npz"
+    save_npz(path, {"fc1.weight": np.zeros(1000, np.float32)}, {})
+    data = bytearray(path.read_bytes())
+    data[2000:2010] = b"\xff" * 10  # inside the array's data: the CRC no longer matches
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="flipped.npz: truncated or corrupt"):
+        load_npz(path)
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (np.random.default_rng(1).bytes(4096), "not an .npz checkpoint"),
+        (b"epoch: 3\nweights: lots\n", "not an .npz checkpoint"),
+        (b"", "the checkpoint file is empty"),
+    ],
+    ids=["random-bytes", "text", "empty"],
+)
+def test_load_files_that_are_not_npz(tmp_path, content, problem):
+    path = tmp_path / "model.npz"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=f"model.npz: {problem}"):
+        load_npz(path)
+
+
+def test_load_single_npy_is_refused(tmp_path):
+    path = tmp_path / "model.npz"
+    with open(path, "wb") as file:
+        np.save(file, np.ones(3, np.float32))
+    with pytest.raises(CheckpointError, match="single .npy array"):
+        load_npz(path)
+
+
+class Bomb:
+    """Unpickling this would run code; the loader must refuse before that."""
+
+    unpickled = False
+
+    def __reduce__(self):
+        return (Bomb._explode, ())
+
+    @staticmethod
+    def _explode():
+        Bomb.unpickled = True
+        return "exploded"
+
+
+def test_load_refuses_pickled_object_array(tmp_path):
+    path = tmp_path / "pickled.npz"
+    objects = np.array([Bomb(), 1], dtype=object)
+    npz_with_members(path, {"fc1.weight": objects, "__metadata__": metadata_array({})})
+    with pytest.raises(CheckpointError, match="'fc1.weight' holds pickled Python objects; refused"):
+        load_npz(path)
+    assert not Bomb.unpickled
+
+
+def test_load_refuses_pickled_metadata(tmp_path):
+    path = tmp_path / "pickled.npz"
+    npz_with_members(path, {"fc1.weight": np.ones(2, np.float32), "__metadata__": np.array({"a": 1}, dtype=object)})
+    with pytest.raises(CheckpointError, match="pickled"):
+        load_npz(path)
+
+
+def test_load_refuses_a_raw_pickle(tmp_path):
+    path = tmp_path / "model.npz"
+    path.write_bytes(pickle.dumps({"fc1.weight": [1.0, 2.0]}))
+    with pytest.raises(CheckpointError, match="not an .npz checkpoint"):
+        load_npz(path)
+
+
+@pytest.mark.parametrize(
+    "metadata, problem",
+    [
+        (None, "no __metadata__ entry"),
+        (np.frombuffer(b"\xff\xfe{", dtype=np.uint8), "not UTF-8 JSON"),
+        (np.frombuffer(b"{not json", dtype=np.uint8), "not UTF-8 JSON"),
+        (metadata_array([1, 2]), "a JSON list, not an object"),
+        (np.zeros(3, np.float32), "invalid __metadata__"),
+    ],
+    ids=["missing", "not-utf8", "not-json", "not-object", "wrong-dtype"],
+)
+def test_load_refuses_bad_metadata(tmp_path, metadata, problem):
+    members = {"fc1.weight": np.ones(2, np.float32)}
+    if metadata is not None:
+        members["__metadata__"] = metadata
+    path = tmp_path / "model.npz"
+    npz_with_members(path, members)
+    with pytest.raises(CheckpointError, match=problem):
+        load_npz(path)
+
+
+@pytest.mark.parametrize("array", [np.arange(3), np.array([True]), np.array(["a"]), np.ones(2, np.complex64)])
+def test_load_refuses_non_float_arrays(tmp_path, array):
+    path = tmp_path / "model.npz"
+    npz_with_members(path, {"fc1.weight": array, "__metadata__": metadata_array({})})
+    with pytest.raises(CheckpointError, match="'fc1.weight' has dtype .*; expected floating point"):
+        load_npz(path)
+
+
+def test_load_refuses_non_finite_values(tmp_path):
+    path = tmp_path / "model.npz"
+    npz_with_members(path, {"fc1.weight": np.array([1.0, np.nan], np.float32), "__metadata__": metadata_array({})})
+    with pytest.raises(CheckpointError, match="fc1.weight holds NaN"):
+        load_npz(path)
+
+
+def test_load_refuses_zip_member_that_is_not_an_array(tmp_path):
+    path = tmp_path / "model.npz"
+    npz_with_members(path, {"__metadata__": metadata_array({})})
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("notes.txt", "hello")
+    with pytest.raises(CheckpointError, match="'notes.txt' is not a NumPy array"):
+        load_npz(path)
+
+
+# ---- compatibility ------------------------------------------------------------------------
+
+
+def test_check_compatible_accepts_matching_shapes():
+    arrays = lenet_like_arrays()
+    check_compatible(arrays, shapes_of(arrays))
+
+
+def test_check_compatible_names_the_shape_difference():
+    arrays = {"fc1.weight": np.zeros((500, 784), np.float32)}
+    with pytest.raises(CheckpointError) as error:
+        check_compatible(arrays, {"fc1.weight": (500, 800)}, source="model.npz")
+    assert str(error.value) == "model.npz: fc1.weight: checkpoint has (500, 784), network needs (500, 800)"
+
+
+def test_check_compatible_names_missing_then_unexpected():
+    arrays = lenet_like_arrays()
+    expected = shapes_of(arrays)
+    del arrays["fc2.bias"]
+    arrays["fc3.weight"] = np.zeros((2, 2), np.float32)
+    with pytest.raises(CheckpointError, match=r"^fc2.bias: missing from the checkpoint \(the network needs shape \(10,\)\)$"):
+        check_compatible(arrays, expected)
+    expected.pop("fc2.bias")
+    with pytest.raises(CheckpointError, match="^fc3.weight: in the checkpoint, but the network has no such parameter$"):
+        check_compatible(arrays, expected)
+
+
+# ---- the original's .bin files ------------------------------------------------------------
+
+
+def tiny_dense_weight():
+    """Dense 3 -> 2 with weight (o, i) = 10·o + i, shaped like ours: (out, in, 1, 1)."""
+    out_size, in_size = 2, 3
+    weight = np.array([[10 * o + i for i in range(in_size)] for o in range(out_size)], np.float32)
+    return weight.reshape(out_size, in_size, 1, 1)
+
+
+def hand_made_original_bytes():
+    """The original's (in, out) column-major blob: element (i, o) at offset o·in + i."""
+    in_size, out_size = 3, 2
+    values = [None] * (in_size * out_size)
+    for o in range(out_size):
+        for i in range(in_size):
+            values[o * in_size + i] = 10.0 * o + i
+    return struct.pack("<6f", *values)
+
+
+def test_hand_made_dense_layout():
+    assert hand_made_original_bytes() == struct.pack("<6f", 0, 1, 2, 10, 11, 12)
+    assert dense_to_original(tiny_dense_weight()) == hand_made_original_bytes()
+    np.testing.assert_array_equal(original_to_dense(hand_made_original_bytes(), 2, 3), tiny_dense_weight())
+
+
+def test_written_bin_files_match_the_hand_made_bytes(tmp_path):
+    write_original(tmp_path, {"dense1.weight": tiny_dense_weight(), "dense1.bias": np.array([0.5, -1.0], np.float32)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dense1.bias.bin", "dense1.bin"]
+    assert (tmp_path / "dense1.bin").read_bytes() == hand_made_original_bytes()
+    assert (tmp_path / "dense1.bias.bin").read_bytes() == struct.pack("<2f", 0.5, -1.0)
+
+
+def test_reading_hand_written_bin_files(tmp_path):
+    (tmp_path / "dense1.bin").write_bytes(hand_made_original_bytes())
+    (tmp_path / "dense1.bias.bin").write_bytes(struct.pack("<2f", 0.5, -1.0))
+    arrays = read_original(tmp_path, {"dense1.weight": (2, 3, 1, 1), "dense1.bias": (2,)})
+    np.testing.assert_array_equal(arrays["dense1.weight"], tiny_dense_weight())
+    np.testing.assert_array_equal(arrays["dense1.bias"], [0.5, -1.0])
+    assert arrays["dense1.weight"].dtype == np.float32
+
+
+def test_conv_layout_is_out_in_k_k_row_major(tmp_path):
+    weight = np.arange(2 * 1 * 3 * 3, dtype=np.float32).reshape(2, 1, 3, 3)
+    write_original(tmp_path, {"conv1.weight": weight})
+    assert (tmp_path / "conv1.bin").read_bytes() == struct.pack("<18f", *range(18))
+
+
+def test_original_round_trip(tmp_path):
+    arrays = lenet_like_arrays()
+    write_original(tmp_path / "pretrained", arrays)
+    assert_same_arrays(read_original(tmp_path / "pretrained", shapes_of(arrays)), arrays)
+
+
+def test_original_truncated_bin(tmp_path):
+    arrays = lenet_like_arrays()
+    write_original(tmp_path, arrays)
+    path = tmp_path / "fc1.bin"
+    path.write_bytes(path.read_bytes()[:-4])
+    with pytest.raises(CheckpointError, match=r"fc1\.bin: expected 1600000 bytes .* found 1599996 bytes"):
+        read_original(tmp_path, shapes_of(arrays))
+
+
+def test_original_missing_file_and_directory(tmp_path):
+    arrays = lenet_like_arrays()
+    write_original(tmp_path, arrays)
+    os.remove(tmp_path / "conv1.bias.bin")
+    with pytest.raises(CheckpointError, match=r"conv1\.bias\.bin: missing"):
+        read_original(tmp_path, shapes_of(arrays))
+    with pytest.raises(CheckpointError, match="no such pretrained-parameter directory"):
+        read_original(tmp_path / "absent", shapes_of(arrays))
+
+
+def test_original_refuses_names_without_a_file():
+    with pytest.raises(CheckpointError, match="bn1.gamma"):
+        checkpoint.original_file_name("bn1.gamma")
+
+
+# ---- atomic saves -------------------------------------------------------------------------
+
+
+def failing(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+def test_failed_replace_leaves_previous_checkpoint_and_no_temp(tmp_path, monkeypatch):
+    path = tmp_path / "model.npz"
+    save_npz(path, lenet_like_arrays(0), {"epoch": 1})
+    before = path.read_bytes()
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(CheckpointError, match="model.npz: cannot write the checkpoint .*No space left"):
+        save_npz(path, lenet_like_arrays(1), {"epoch": 2})
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model.npz"]
+
+
+def test_failure_in_the_middle_of_writing_leaves_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "model.npz"
+    save_npz(path, lenet_like_arrays(0), {"epoch": 1})
+    before = path.read_bytes()
+    real_write_array = np.lib.format.write_array
+    calls = []
+
+    def write_then_crash(stream, array, **kwargs):
+        calls.append(array.shape)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real_write_array(stream, array, **kwargs)
+
+    monkeypatch.setattr(np.lib.format, "write_array", write_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        save_npz(path, lenet_like_arrays(1), {"epoch": 2})
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model.npz"]
+    monkeypatch.undo()
+    assert load_npz(path)[1] == {"epoch": 1}
+
+
+def test_failed_bin_write_leaves_previous_file(tmp_path, monkeypatch):
+    write_original(tmp_path, {"dense1.weight": tiny_dense_weight()})
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(CheckpointError, match="dense1.bin: cannot write"):
+        write_original(tmp_path, {"dense1.weight": tiny_dense_weight() + 1})
+    assert (tmp_path / "dense1.bin").read_bytes() == hand_made_original_bytes()
+    assert [p.name for p in tmp_path.iterdir()] == ["dense1.bin"]
+
+
+def test_save_fsyncs_file_and_directory(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    save_npz(tmp_path / "model.npz", {"a.bias": np.ones(1, np.float32)}, {})
+    assert len(synced) == 2
+
+
+def test_npz_written_to_a_file_object_is_what_numpy_reads():
+    buffer = io.BytesIO()
+    checkpoint._write_zip(buffer, {"x.npy": np.arange(3, dtype=np.float32)})
+    buffer.seek(0)
+    with np.load(buffer, allow_pickle=False) as archive:
+        np.testing.assert_array_equal(archive["x"], [0, 1, 2])
