@@ -1,0 +1,507 @@
+"""YAML → typed, validated, frozen config.
+
+A config file holds ``model`` (a list of layers, the last a loss layer), ``data``, ``train``,
+``device`` and ``math``. ``load_config(path)`` reads it with ``yaml.safe_load``;
+``parse_config(mapping)`` validates an already-loaded mapping (for example the copy a checkpoint
+stores from ``Config.to_dict()``). Every problem is a ``ConfigError`` whose one-line message names
+the file, the key path (``model[2].out_size``, ``train.optimizer.lr``) and what would be valid.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import re
+import reprlib
+from collections import Counter
+from dataclasses import dataclass, field
+from math import isfinite
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+import yaml
+
+from .data.mnist import MNIST_MEAN, MNIST_STD
+from .errors import ConfigError
+
+DEVICES = ("auto", "cuda", "host")
+MATH_MODES = ("fp32", "tf32")
+ACTIVATION_MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
+POOLING_MODES = ("max", "average")
+LOSS_LAYERS = ("softmax", "mse")
+DATASETS = ("mnist",)
+OPTIMIZERS = ("sgd",)
+SCHEDULES = ("constant", "inverse", "step")
+LAYER_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+_REQUIRED = object()
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxstring = 40
+_SHORT_REPR.maxother = 40
+_SHORT_REPR.maxlevel = 2
+_SHORT_REPR.maxlist = _SHORT_REPR.maxdict = _SHORT_REPR.maxtuple = _SHORT_REPR.maxset = 4
+
+
+# ---- the typed config ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer: its type, unique name, and its validated parameters with defaults filled in."""
+
+    type: str
+    name: str
+    params: dict = field(hash=False)
+
+    @property
+    def is_loss(self) -> bool:
+        return self.type in LOSS_LAYERS
+
+    def to_dict(self) -> dict:
+        return {"type": self.type, "name": self.name, **self.params}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "mnist"
+    dir: str | None = None
+    normalize: tuple[float, float] | None = None  # (mean, std) applied after /255
+    pad: int = 0
+
+    def to_dict(self) -> dict:
+        normalize = False if self.normalize is None else {"mean": self.normalize[0], "std": self.normalize[1]}
+        return _without_none({"dataset": self.dataset, "dir": self.dir, "normalize": normalize, "pad": self.pad})
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float
+    name: str = "sgd"
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """constant; inverse: lr0 / (1 + decay·step); step: lr0 · gamma^(epoch // step_size)."""
+
+    name: str = "constant"
+    decay: float | None = None
+    step_size: int | None = None
+    gamma: float | None = None
+
+    def learning_rate(self, base_lr: float, step: int, epoch: int) -> float:
+        """The learning rate at global ``step`` (from 0) during ``epoch`` (from 0)."""
+        if self.name == "inverse":
+            return base_lr / (1.0 + self.decay * step)
+        if self.name == "step":
+            return base_lr * self.gamma ** (epoch // self.step_size)
+        return base_lr
+
+    def to_dict(self) -> dict:
+        return _without_none({"name": self.name, "decay": self.decay, "step_size": self.step_size,
+                              "gamma": self.gamma})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig = ScheduleConfig()
+    batch_size: int = 64
+    epochs: int = 1
+    steps: int | None = None  # when given, stop after this many steps (overrides epochs)
+    seed: int = 0
+    log_every: int = 100  # steps
+    checkpoint_every: int = 0  # epochs; 0: only at the end
+    graph: bool = True  # capture the CUDA training step as a CUDA graph
+    eval_batch_size: int = 1000
+
+    def to_dict(self) -> dict:
+        return _without_none({
+            "batch_size": self.batch_size, "epochs": self.epochs, "steps": self.steps, "seed": self.seed,
+            "optimizer": self.optimizer.to_dict(), "schedule": self.schedule.to_dict(),
+            "log_every": self.log_every, "checkpoint_every": self.checkpoint_every, "graph": self.graph,
+            "eval_batch_size": self.eval_batch_size,
+        })
+
+
+@dataclass(frozen=True)
+class Config:
+    model: tuple[LayerSpec, ...]
+    data: DataConfig
+    train: TrainConfig
+    device: str = "auto"
+    math: str = "fp32"
+    source: str = field(default="<dict>", compare=False)
+
+    def to_dict(self) -> dict:
+        """Plain dicts, lists and scalars; ``parse_config(config.to_dict())`` gives an equal Config."""
+        return {"model": [layer.to_dict() for layer in self.model], "data": self.data.to_dict(),
+                "train": self.train.to_dict(), "device": self.device, "math": self.math}
+
+    def with_overrides(self, epochs: int | None = None, steps: int | None = None, batch_size: int | None = None,
+                       seed: int | None = None, device: str | None = None,
+                       data_dir: str | os.PathLike | None = None) -> "Config":
+        """A new validated Config with the given values replaced (None keeps a value).
+
+        Giving ``epochs`` without ``steps`` drops the file's ``steps``, so the epochs asked for run.
+        """
+        raw = self.to_dict()
+        train_overrides = {"epochs": epochs, "steps": steps, "batch_size": batch_size, "seed": seed}
+        raw["train"].update({key: value for key, value in train_overrides.items() if value is not None})
+        if epochs is not None and steps is None:
+            raw["train"].pop("steps", None)
+        if device is not None:
+            raw["device"] = device
+        if data_dir is not None:
+            raw["data"]["dir"] = os.fspath(data_dir)
+        return parse_config(raw, source=f"{self.source} (with overrides)")
+
+
+def _without_none(mapping: dict) -> dict:
+    return {key: value for key, value in mapping.items() if value is not None}
+
+
+# ---- reading one mapping with key paths for messages ---------------------------------------
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, numbers.Integral):
+        return "integer"
+    if isinstance(value, numbers.Real):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "mapping"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    return type(value).__name__
+
+
+def _describe(value: Any) -> str:
+    return f"{_SHORT_REPR.repr(value)} ({_type_name(value)})"
+
+
+def _range_text(kind: str, low, high, low_open: bool, high_open: bool) -> str:
+    if low is not None and high is not None:
+        return f"{kind} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{kind} {'>' if low_open else '>='} {low:g}"
+    if high is not None:
+        return f"{kind} {'<' if high_open else '<='} {high:g}"
+    return kind
+
+
+def _in_range(number, low, high, low_open: bool, high_open: bool) -> bool:
+    above = low is None or (number > low if low_open else number >= low)
+    below = high is None or (number < high if high_open else number <= high)
+    return above and below
+
+
+class _Section:
+    """One mapping of the config being read: its key path and the source, for error messages."""
+
+    def __init__(self, value: Any, path: str, source: str):
+        self.path, self.source = path, source
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {path}: expected a mapping, got {_describe(value)}")
+        self.value = value
+
+    def key_path(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: str, problem: str) -> NoReturn:
+        raise ConfigError(f"{self.source}: {self.key_path(key)}: {problem}")
+
+    def only(self, allowed: tuple[str, ...], context: str = "") -> None:
+        """Refuse keys outside ``allowed``."""
+        for key in self.value:
+            if key not in allowed:
+                where = f" for {context}" if context else ""
+                valid = ", ".join(allowed) if allowed else "none"
+                self.fail(str(key), f"unknown key {key!r}{where}; valid keys: {valid}")
+
+    def has(self, key: str) -> bool:
+        """Whether ``key`` is given; a null value counts as absent."""
+        return self.value.get(key) is not None
+
+    def get(self, key: str, default: Any, expected: str) -> Any:
+        """The value at ``key``; ``default`` when absent or null, an error when that is _REQUIRED."""
+        if self.has(key):
+            return self.value[key]
+        if default is _REQUIRED:
+            self.fail(key, f"missing required key; expected {expected}")
+        return default
+
+    def integer(self, key: str, default: Any = _REQUIRED, low: int | None = None, high: int | None = None,
+                low_open: bool = False) -> int:
+        expected = _range_text("an integer", low, high, low_open, False)
+        if not self.has(key):
+            return self.get(key, default, expected)
+        value = self.value[key]
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            self.fail(key, f"expected {expected}, got {_describe(value)}")
+        if not _in_range(value, low, high, low_open, False):
+            self.fail(key, f"expected {expected}, got {value}")
+        return int(value)
+
+    def number(self, key: str, default: Any = _REQUIRED, low: float | None = None, high: float | None = None,
+               low_open: bool = False, high_open: bool = False) -> float:
+        expected = _range_text("a number", low, high, low_open, high_open)
+        if not self.has(key):
+            return self.get(key, default, expected)
+        value = self.value[key]
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            self.fail(key, f"expected {expected}, got {_describe(value)}{_float_text_hint(value)}")
+        try:
+            number = float(value)
+        except OverflowError:
+            number = float("inf")
+        if not isfinite(number):
+            self.fail(key, f"expected {expected}, got {_SHORT_REPR.repr(value)} (not finite)")
+        if not _in_range(number, low, high, low_open, high_open):
+            self.fail(key, f"expected {expected}, got {_SHORT_REPR.repr(value)}")
+        return number
+
+    def choice(self, key: str, choices: tuple[str, ...], default: Any = _REQUIRED) -> str:
+        expected = "one of " + ", ".join(choices)
+        value = self.get(key, default, expected)
+        if not isinstance(value, str) or value not in choices:
+            self.fail(key, f"expected {expected}, got {_describe(value)}")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.get(key, default, "true or false")
+        if not isinstance(value, bool):
+            self.fail(key, f"expected true or false, got {_describe(value)}")
+        return value
+
+    def section(self, key: str, required: bool = False) -> "_Section":
+        value = self.get(key, _REQUIRED if required else {}, "a mapping")
+        return _Section(value, self.key_path(key), self.source)
+
+
+def _float_text_hint(value: Any) -> str:
+    if not isinstance(value, str):
+        return ""
+    try:
+        float(value)
+    except ValueError:
+        return ""
+    return "; YAML 1.1 reads a number like 1e-3 as text, write 1.0e-3 or 0.001"
+
+
+# ---- layers --------------------------------------------------------------------------------
+
+
+def _dense(layer: _Section) -> dict:
+    return {"out_size": layer.integer("out_size", low=0, low_open=True)}
+
+
+def _activation(layer: _Section) -> dict:
+    mode = layer.choice("mode", ACTIVATION_MODES)
+    if mode == "clipped_relu":
+        coef = layer.number("coef", low=0.0, low_open=True)
+    else:
+        coef = layer.number("coef", 1.0 if mode == "elu" else 0.0)
+    return {"mode": mode, "coef": coef}
+
+
+def _conv2d(layer: _Section) -> dict:
+    return {
+        "out_channels": layer.integer("out_channels", low=0, low_open=True),
+        "kernel_size": layer.integer("kernel_size", low=0, low_open=True),
+        "stride": layer.integer("stride", 1, low=0, low_open=True),
+        "padding": layer.integer("padding", 0, low=0),
+        "dilation": layer.integer("dilation", 1, low=0, low_open=True),
+    }
+
+
+def _pooling(layer: _Section) -> dict:
+    kernel_size = layer.integer("kernel_size", low=0, low_open=True)
+    return {
+        "kernel_size": kernel_size,
+        "stride": layer.integer("stride", kernel_size, low=0, low_open=True),
+        "padding": layer.integer("padding", 0, low=0, high=kernel_size - 1),
+        "mode": layer.choice("mode", POOLING_MODES, "max"),
+    }
+
+
+def _no_params(layer: _Section) -> dict:
+    return {}
+
+
+LAYER_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[_Section], dict]]] = {
+    "dense": (("out_size",), _dense),
+    "activation": (("mode", "coef"), _activation),
+    "softmax": ((), _no_params),
+    "mse": ((), _no_params),
+    "conv2d": (("out_channels", "kernel_size", "stride", "padding", "dilation"), _conv2d),
+    "pooling": (("kernel_size", "stride", "padding", "mode"), _pooling),
+}
+
+
+def _parse_layer(value: Any, path: str, source: str, type_counts: Counter) -> LayerSpec:
+    layer = _Section(value, path, source)
+    layer_type = layer.choice("type", tuple(LAYER_PARAMS))
+    keys, parse_params = LAYER_PARAMS[layer_type]
+    layer.only(("type", "name") + keys, context=f"a {layer_type} layer")
+    type_counts[layer_type] += 1
+    name = layer.get("name", f"{layer_type}{type_counts[layer_type]}", "a name")
+    if not isinstance(name, str) or not LAYER_NAME.fullmatch(name):
+        layer.fail("name", f"expected a name of letters, digits, '_' and '-', got {_describe(name)}")
+    return LayerSpec(layer_type, name, parse_params(layer))
+
+
+def _parse_model(value: Any, source: str) -> tuple[LayerSpec, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{source}: model: expected a non-empty list of layers (mappings with a type), "
+                          f"got {_describe(value)}")
+    type_counts: Counter = Counter()
+    layers = tuple(_parse_layer(item, f"model[{index}]", source, type_counts) for index, item in enumerate(value))
+    _check_names(layers, source)
+    _check_loss_last(layers, source)
+    return layers
+
+
+def _check_names(layers: tuple[LayerSpec, ...], source: str) -> None:
+    first_index: dict[str, int] = {}
+    for index, layer in enumerate(layers):
+        if layer.name in first_index:
+            raise ConfigError(f"{source}: model[{index}].name: duplicate layer name {layer.name!r} "
+                              f"(also model[{first_index[layer.name]}]); layer names must be unique")
+        first_index[layer.name] = index
+
+
+def _check_loss_last(layers: tuple[LayerSpec, ...], source: str) -> None:
+    last = len(layers) - 1
+    for index, layer in enumerate(layers[:-1]):
+        if layer.is_loss:
+            raise ConfigError(f"{source}: model[{index}].type: loss layer {layer.type!r} may only be the "
+                              f"last layer (model[{last}])")
+    if not layers[-1].is_loss:
+        raise ConfigError(f"{source}: model[{last}].type: the last layer must be a loss layer "
+                          f"({' or '.join(LOSS_LAYERS)}), got {layers[-1].type!r}")
+
+
+# ---- data and train ------------------------------------------------------------------------
+
+
+def _parse_normalize(data: _Section) -> tuple[float, float] | None:
+    value = data.value.get("normalize")
+    if value is None or value is False:
+        return None
+    if value is True:
+        return (MNIST_MEAN, MNIST_STD)
+    if not isinstance(value, dict):
+        data.fail("normalize", f"expected false, true (MNIST's mean {MNIST_MEAN}, std {MNIST_STD}) or "
+                               f"a mapping with mean and std, got {_describe(value)}")
+    normalize = data.section("normalize")
+    normalize.only(("mean", "std"))
+    return (normalize.number("mean"), normalize.number("std", low=0.0, low_open=True))
+
+
+def _parse_data(data: _Section) -> DataConfig:
+    data.only(("dataset", "dir", "normalize", "pad"))
+    directory = data.get("dir", None, "a directory path")
+    if directory is not None and (not isinstance(directory, str) or not directory):
+        data.fail("dir", f"expected a directory path (a non-empty string), got {_describe(directory)}")
+    return DataConfig(dataset=data.choice("dataset", DATASETS, "mnist"), dir=directory,
+                      normalize=_parse_normalize(data), pad=data.integer("pad", 0, low=0))
+
+
+def _parse_optimizer(optimizer: _Section) -> OptimizerConfig:
+    optimizer.only(("name", "lr", "momentum", "weight_decay", "nesterov"))
+    if optimizer.boolean("nesterov", False):
+        optimizer.fail("nesterov", "nesterov momentum is not supported; remove the key or set it to false")
+    return OptimizerConfig(
+        name=optimizer.choice("name", OPTIMIZERS, "sgd"),
+        lr=optimizer.number("lr", low=0.0, low_open=True),
+        momentum=optimizer.number("momentum", 0.0, low=0.0, high=1.0, high_open=True),
+        weight_decay=optimizer.number("weight_decay", 0.0, low=0.0),
+    )
+
+
+def _parse_schedule(schedule: _Section) -> ScheduleConfig:
+    name = schedule.choice("name", SCHEDULES, "constant")
+    if name == "inverse":
+        schedule.only(("name", "decay"), context="schedule inverse")
+        return ScheduleConfig(name, decay=schedule.number("decay", low=0.0))
+    if name == "step":
+        schedule.only(("name", "step_size", "gamma"), context="schedule step")
+        return ScheduleConfig(name, step_size=schedule.integer("step_size", low=0, low_open=True),
+                              gamma=schedule.number("gamma", low=0.0, high=1.0, low_open=True))
+    schedule.only(("name",), context="schedule constant")
+    return ScheduleConfig(name)
+
+
+def _parse_train(train: _Section) -> TrainConfig:
+    train.only(("batch_size", "epochs", "steps", "seed", "optimizer", "schedule", "log_every",
+                "checkpoint_every", "graph", "eval_batch_size"))
+    return TrainConfig(
+        batch_size=train.integer("batch_size", 64, low=0, low_open=True),
+        epochs=train.integer("epochs", 1, low=0, low_open=True),
+        steps=train.integer("steps", None, low=0, low_open=True),
+        seed=train.integer("seed", 0, low=0),
+        optimizer=_parse_optimizer(train.section("optimizer", required=True)),
+        schedule=_parse_schedule(train.section("schedule")),
+        log_every=train.integer("log_every", 100, low=0, low_open=True),
+        checkpoint_every=train.integer("checkpoint_every", 0, low=0),
+        graph=train.boolean("graph", True),
+        eval_batch_size=train.integer("eval_batch_size", 1000, low=0, low_open=True),
+    )
+
+
+# ---- entry points --------------------------------------------------------------------------
+
+
+def parse_config(mapping: Any, source: str = "<dict>") -> Config:
+    """Validate an already-loaded mapping (YAML or ``Config.to_dict()``) into a Config."""
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping with keys model, data, train, "
+                          f"device, math; got {_describe(mapping)}")
+    root = _Section(mapping, "", source)
+    root.only(("model", "data", "train", "device", "math"))
+    return Config(
+        model=_parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
+        data=_parse_data(root.section("data")),
+        train=_parse_train(root.section("train", required=True)),
+        device=root.choice("device", DEVICES, "auto"),
+        math=root.choice("math", MATH_MODES, "fp32"),
+        source=source,
+    )
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return " ".join(f"{where}{problem}".split())
+
+
+def load_config(path: str | os.PathLike) -> Config:
+    """Read and validate the YAML config at ``path``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as error:
+        raise ConfigError(f"config file {path} does not exist") from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from error
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error.strerror or error}") from error
+    try:
+        mapping = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(error)}") from error
+    if mapping is None:
+        raise ConfigError(f"{path}: the file is empty; a config needs at least model and train.optimizer.lr")
+    return parse_config(mapping, source=str(path))

@@ -1,0 +1,386 @@
+"""MNIST: the IDX file reader, the download with checksums, and ``load_mnist``.
+
+IDX format (http://yann.lecun.com/exdb/mnist/): two zero bytes, a dtype code (0x08 = unsigned
+byte), the number of dimensions, then one big-endian uint32 per dimension, then the values.
+Images files carry magic 2051 (0x00000803, dims N × rows × cols), label files 2049 (0x00000801,
+dims N). Files may be gzip-compressed; that is detected from the gzip magic bytes, not the name.
+
+Every error this module raises on purpose is a ``DataError`` naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import http.client
+import logging
+import math
+import os
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from ..errors import DataError
+
+logger = logging.getLogger(__name__)
+
+IMAGES_MAGIC = 2051
+LABELS_MAGIC = 2049
+UBYTE_CODE = 0x08
+GZIP_MAGIC = b"\x1f\x8b"
+IMAGE_SIDE = 28
+NUM_CLASSES = 10
+MNIST_MEAN = 0.1307
+MNIST_STD = 0.3081
+
+SPLIT_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+# MD5 of the gzip files as the mirrors serve them (identical to /work/shared/data/mnist/MD5SUMS).
+GZIP_MD5 = {
+    "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+    "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+    "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+    "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+}
+
+# MD5 of the uncompressed IDX bytes: checked on every load, so a raw or re-compressed copy of
+# the real data loads and anything else is refused.
+IDX_MD5 = {
+    "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",
+    "t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637",
+    "train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
+    "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
+}
+
+MIRRORS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+)
+
+DATA_ENV = "CUDNNNET_DATA"
+DOWNLOAD_CHUNK = 1 << 20
+
+
+# ---- IDX parsing ---------------------------------------------------------------------------
+
+
+def parse_idx(data: bytes, source: str = "<bytes>") -> np.ndarray:
+    """The array held by an uncompressed IDX byte string (read-only, a view of ``data``)."""
+    if len(data) < 4:
+        raise DataError(f"{source}: too short for an IDX header ({len(data)} bytes, need at least 4)")
+    if data[0] != 0 or data[1] != 0:
+        raise DataError(f"{source}: not an IDX file (magic {int.from_bytes(data[:4], 'big')}; "
+                        f"MNIST uses {IMAGES_MAGIC} for images and {LABELS_MAGIC} for labels)")
+    if data[2] != UBYTE_CODE:
+        raise DataError(f"{source}: IDX dtype code 0x{data[2]:02X} is not supported; "
+                        f"MNIST uses unsigned bytes (0x{UBYTE_CODE:02X})")
+    ndim = data[3]
+    if ndim == 0:
+        raise DataError(f"{source}: IDX header declares 0 dimensions; MNIST files have 1 (labels) or 3 (images)")
+    header_size = 4 + 4 * ndim
+    if len(data) < header_size:
+        raise DataError(f"{source}: truncated header: {ndim} dimensions need a {header_size}-byte "
+                        f"header, the file has {len(data)} bytes")
+    dims = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    expected = math.prod(dims)
+    found = len(data) - header_size
+    if found != expected:
+        state = "truncated" if found < expected else "too long"
+        raise DataError(f"{source}: {state}: header dims {dims} call for {expected} data bytes, "
+                        f"found {found}")
+    return np.frombuffer(data, dtype=np.uint8, count=expected, offset=header_size).reshape(dims)
+
+
+def read_idx_bytes(path: Path) -> bytes:
+    """The uncompressed IDX bytes of ``path``, gunzipped when it starts with the gzip magic."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as error:
+        raise DataError(f"cannot read {path}: {error.strerror or error}") from error
+    if not raw.startswith(GZIP_MAGIC):
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (EOFError, OSError, zlib.error) as error:
+        raise DataError(f"{path}: corrupt or truncated gzip data ({error})") from error
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """The array in the IDX file ``path`` (gzip or raw)."""
+    return parse_idx(read_idx_bytes(path), str(path))
+
+
+def _check_magic(array: np.ndarray, path: Path, magic: int, ndim: int, what: str) -> None:
+    if array.ndim != ndim:
+        found = (UBYTE_CODE << 8) | array.ndim
+        raise DataError(f"{path}: magic {found} is not an MNIST {what} file (expected magic {magic}, "
+                        f"{ndim} dimension{'s' if ndim > 1 else ''})")
+
+
+def images_from_idx(array: np.ndarray, path: Path) -> np.ndarray:
+    """Check that a parsed IDX array is an images file (magic 2051, N × rows × cols, rows, cols > 0)."""
+    _check_magic(array, path, IMAGES_MAGIC, 3, "images")
+    if array.shape[1] == 0 or array.shape[2] == 0:
+        raise DataError(f"{path}: images of size {array.shape[1]}×{array.shape[2]} hold no pixels")
+    return array
+
+
+def labels_from_idx(array: np.ndarray, path: Path, classes: int = NUM_CLASSES) -> np.ndarray:
+    """Check that a parsed IDX array is a labels file (magic 2049) with every label in 0..classes-1."""
+    _check_magic(array, path, LABELS_MAGIC, 1, "labels")
+    return check_labels(array, classes, str(path))
+
+
+def check_labels(labels: np.ndarray, classes: int = NUM_CLASSES, source: str = "labels") -> np.ndarray:
+    """``labels`` itself when it is a 1-D integer array with every value in 0..classes-1."""
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise DataError(f"{source}: labels must be a 1-D integer array, got dtype {labels.dtype} "
+                        f"shape {labels.shape}")
+    bad = np.flatnonzero((labels < 0) | (labels >= classes))
+    if bad.size:
+        index = int(bad[0])
+        raise DataError(f"{source}: label {int(labels[index])} at index {index} is outside 0..{classes - 1}")
+    return labels
+
+
+def read_images(path: Path) -> np.ndarray:
+    """uint8 images (N, rows, cols) from an IDX images file."""
+    return images_from_idx(read_idx(path), path)
+
+
+def read_labels(path: Path, classes: int = NUM_CLASSES) -> np.ndarray:
+    """uint8 labels (N,) from an IDX labels file, each in 0..classes-1."""
+    return labels_from_idx(read_idx(path), path, classes)
+
+
+# ---- checksums and the in-process cache ----------------------------------------------------
+
+
+def md5_of(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def _verify_idx_checksum(data: bytes, path: Path, idx_name: str) -> None:
+    expected = IDX_MD5[idx_name]
+    found = md5_of(data)
+    if found != expected:
+        raise DataError(f"{path}: checksum mismatch: the uncompressed data has MD5 {found}, "
+                        f"MNIST's {idx_name} has {expected}; delete the file so it is downloaded "
+                        f"again, or pass verify=False to load a different IDX dataset")
+
+
+@functools.lru_cache(maxsize=8)
+def _read_cached(file_key: tuple[str, int, int], idx_name: str, verify: bool) -> np.ndarray:
+    """Parsed, checked, read-only array of one file.
+
+    ``file_key`` = (resolved path, mtime in ns, size): a file that changes gets a new key.
+    """
+    path = Path(file_key[0])
+    data = read_idx_bytes(path)
+    array = parse_idx(data, str(path))
+    if "images" in idx_name:
+        images_from_idx(array, path)
+    else:
+        labels_from_idx(array, path)
+    if verify:
+        _verify_idx_checksum(data, path, idx_name)
+    logger.debug("parsed %s: shape %s", path, array.shape)
+    return array
+
+
+def _read_mnist_file(path: Path, idx_name: str, verify: bool) -> np.ndarray:
+    try:
+        stat = path.stat()
+    except OSError as error:
+        raise DataError(f"cannot read {path}: {error.strerror or error}") from error
+    return _read_cached((str(path.resolve()), stat.st_mtime_ns, stat.st_size), idx_name, verify)
+
+
+# ---- locating and downloading --------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/cudnnnet/mnist, else ~/.cache/cudnnnet/mnist."""
+    cache_root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache_root) / "cudnnnet" / "mnist"
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> tuple[Path, bool]:
+    """(directory, explicit): ``data_dir``, else $CUDNNNET_DATA, else the user cache directory.
+
+    An explicit directory (argument or environment variable) must already exist.
+    """
+    if data_dir is not None:
+        origin, path = "data directory ", Path(data_dir)
+    elif os.environ.get(DATA_ENV):
+        origin, path = f"data directory {DATA_ENV}=", Path(os.environ[DATA_ENV])
+    else:
+        return default_cache_dir(), False
+    if not path.is_dir():
+        raise DataError(f"{origin}{path} does not exist or is not a directory; create it, or leave "
+                        f"the directory unset to use the cache at {default_cache_dir()}")
+    return path, True
+
+
+def _find_file(directory: Path, idx_name: str) -> Path | None:
+    for candidate in (directory / f"{idx_name}.gz", directory / idx_name):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _check_split(split: str) -> tuple[str, str]:
+    if split not in SPLIT_FILES:
+        raise DataError(f"unknown MNIST split {split!r}; valid splits: 'train', 'test'")
+    return SPLIT_FILES[split]
+
+
+def _fetch_to_temp(url: str, directory: Path, file_name: str, timeout: float) -> tuple[Path, str]:
+    """Stream ``url`` into a temporary file in ``directory``; (temp path, MD5 of what arrived)."""
+    import urllib.request
+
+    handle, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{file_name}.", suffix=".part")
+    digest = hashlib.md5(usedforsecurity=False)
+    try:
+        with os.fdopen(handle, "wb") as temp_file, urllib.request.urlopen(url, timeout=timeout) as response:
+            while chunk := response.read(DOWNLOAD_CHUNK):
+                digest.update(chunk)
+                temp_file.write(chunk)
+            temp_file.flush()
+            os.fsync(temp_file.fileno())
+    except BaseException:
+        os.unlink(temp_name)
+        raise
+    return Path(temp_name), digest.hexdigest()
+
+
+def _download_file(file_name: str, directory: Path, mirrors: Iterable[str], timeout: float) -> Path:
+    """Download ``file_name`` from the first mirror that serves it with the right MD5."""
+    expected = GZIP_MD5[file_name]
+    failures = []
+    for mirror in mirrors:
+        url = mirror.rstrip("/") + "/" + file_name
+        logger.info("downloading %s", url)
+        try:
+            temp_path, found = _fetch_to_temp(url, directory, file_name, timeout)
+        except (OSError, ValueError, http.client.HTTPException) as error:
+            failures.append(f"{url}: {error}")
+            continue
+        if found != expected:
+            temp_path.unlink()
+            failures.append(f"{url}: refused {file_name}: MD5 {found} does not match the expected {expected}")
+            continue
+        target = directory / file_name
+        os.replace(temp_path, target)
+        logger.info("saved %s (MD5 %s)", target, found)
+        return target
+    raise DataError(f"could not download {file_name} into {directory}: " + "; ".join(failures or ["no mirrors given"]))
+
+
+def download_mnist(data_dir: str | os.PathLike | None = None, splits: Iterable[str] = ("train", "test"),
+                   force: bool = False, mirrors: Iterable[str] | None = None, timeout: float = 60.0) -> Path:
+    """Download the gzip files of ``splits`` into the data directory; returns the directory.
+
+    Files already present are kept unless ``force``. A download is checked against the known MD5
+    before it replaces anything, so a bad download never overwrites a good file. ``mirrors``
+    defaults to ``MIRRORS``: base URLs tried in order.
+    """
+    directory, explicit = resolve_data_dir(data_dir)
+    if not explicit:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise DataError(f"cannot create the MNIST cache directory {directory}: {error.strerror or error}; "
+                            f"set {DATA_ENV} to a writable directory") from error
+    splits = (splits,) if isinstance(splits, str) else tuple(splits)
+    mirrors = MIRRORS if mirrors is None else (mirrors,) if isinstance(mirrors, str) else tuple(mirrors)
+    for split in splits:
+        for idx_name in _check_split(split):
+            if force or _find_file(directory, idx_name) is None:
+                _download_file(f"{idx_name}.gz", directory, mirrors, timeout)
+    return directory
+
+
+def _split_paths(split: str, data_dir, download: bool, mirrors: Iterable[str] | None) -> tuple[Path, Path]:
+    idx_names = _check_split(split)
+    directory, _ = resolve_data_dir(data_dir)
+    paths = [_find_file(directory, idx_name) if directory.is_dir() else None for idx_name in idx_names]
+    missing = [idx_name for idx_name, path in zip(idx_names, paths) if path is None]
+    if missing and not download:
+        raise DataError(f"MNIST {split} files missing from {directory}: "
+                        + ", ".join(f"{name}(.gz)" for name in missing)
+                        + f"; allow download or set {DATA_ENV} to a directory that holds them")
+    if missing:
+        download_mnist(data_dir, splits=(split,), mirrors=mirrors)
+        paths = [_find_file(directory, idx_name) for idx_name in idx_names]
+    return paths[0], paths[1]
+
+
+# ---- loading -------------------------------------------------------------------------------
+
+
+def _check_options(normalize, pad) -> None:
+    if isinstance(pad, bool) or not isinstance(pad, (int, np.integer)) or pad < 0:
+        raise DataError(f"pad must be an integer >= 0, got {pad!r}")
+    if normalize is None:
+        return
+    try:
+        mean, std = (float(value) for value in normalize)
+    except (TypeError, ValueError) as error:
+        raise DataError(f"normalize must be None or (mean, std), got {normalize!r}") from error
+    if not (np.isfinite(mean) and np.isfinite(std) and std > 0):
+        raise DataError(f"normalize needs a finite mean and a std > 0, got {normalize!r}")
+
+
+def to_float_images(images: np.ndarray, normalize=None, pad: int = 0) -> np.ndarray:
+    """uint8 (N, H, W) → float32 (N, 1, H+2·pad, W+2·pad): /255, zero-padded, then normalised."""
+    count, height, width = images.shape
+    out = np.zeros((count, 1, height + 2 * pad, width + 2 * pad), dtype=np.float32)
+    interior = out[:, 0, pad:pad + height, pad:pad + width]
+    np.divide(images, np.float32(255.0), out=interior)
+    if normalize is not None:
+        mean, std = (np.float32(value) for value in normalize)
+        out -= mean
+        out /= std
+    return out
+
+
+def load_mnist(data_dir: str | os.PathLike | None = None, split: str = "train", download: bool = True,
+               normalize: tuple[float, float] | None = None, pad: int = 0, verify: bool = True,
+               mirrors: Iterable[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(images float32 (N, 1, 28+2·pad, 28+2·pad) in [0, 1] or normalised, labels int64 (N,)).
+
+    ``data_dir``: explicit directory, else $CUDNNNET_DATA, else the user cache directory. Missing
+    files are downloaded when ``download``. ``verify`` checks the MD5 of the uncompressed data
+    against the real MNIST's. ``normalize`` = (mean, std) is applied after /255 and after padding,
+    so the padding is the background value 0 before normalisation.
+    """
+    _check_options(normalize, pad)
+    images_path, labels_path = _split_paths(split, data_dir, download, mirrors)
+    images_name, labels_name = SPLIT_FILES[split]
+    images = _read_mnist_file(images_path, images_name, verify)
+    labels = _read_mnist_file(labels_path, labels_name, verify)
+    if images.shape[0] != labels.shape[0]:
+        raise DataError(f"{images_path} holds {images.shape[0]} images but {labels_path} holds "
+                        f"{labels.shape[0]} labels")
+    if images.shape[1:] != (IMAGE_SIDE, IMAGE_SIDE):
+        raise DataError(f"{images_path}: images are {images.shape[1]}×{images.shape[2]}, MNIST's are "
+                        f"{IMAGE_SIDE}×{IMAGE_SIDE}")
+    if images.shape[0] == 0:
+        raise DataError(f"{images_path} holds no images")
+    return to_float_images(images, normalize, int(pad)), labels.astype(np.int64)
+
+
+def one_hot(labels, classes: int = NUM_CLASSES) -> np.ndarray:
+    """float32 (N, classes) with a 1 in each row's label column."""
+    labels = check_labels(np.asarray(labels), classes)
+    encoded = np.zeros((labels.shape[0], classes), dtype=np.float32)
+    encoded[np.arange(labels.shape[0]), labels] = 1.0
+    return encoded

@@ -1,0 +1,405 @@
+import gzip
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cudnnnet.data import mnist
+from cudnnnet.data.mnist import load_mnist, one_hot, parse_idx, read_idx, read_images, read_labels
+from cudnnnet.errors import DataError, UsageError
+
+
+def md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+# ---- the IDX parser ------------------------------------------------------------------------
+
+
+def test_parse_idx_round_trips_images_and_labels(idx_tools):
+    images, labels = idx_tools.fake_split(5)
+    np.testing.assert_array_equal(parse_idx(idx_tools.idx_bytes(images)), images)
+    np.testing.assert_array_equal(parse_idx(idx_tools.idx_bytes(labels)), labels)
+    assert idx_tools.idx_bytes(images)[:4] == (2051).to_bytes(4, "big")
+    assert idx_tools.idx_bytes(labels)[:4] == (2049).to_bytes(4, "big")
+
+
+@pytest.mark.parametrize("stored_name, compress", [("plain-name", True), ("looks.gz", False)])
+def test_gzip_is_detected_by_magic_bytes_not_extension(tmp_path, idx_tools, stored_name, compress):
+    images, _ = idx_tools.fake_split(3)
+    data = idx_tools.idx_bytes(images)
+    path = tmp_path / stored_name
+    path.write_bytes(gzip.compress(data) if compress else data)
+    np.testing.assert_array_equal(read_images(path), images)
+
+
+def test_non_idx_magic_is_refused(tmp_path):
+    path = tmp_path / "page.html"
+    path.write_bytes(b"<html>not found</html>")
+    with pytest.raises(DataError, match=r"page\.html: not an IDX file.*2051.*2049"):
+        read_idx(path)
+
+
+def test_unsupported_dtype_is_refused(idx_tools):
+    data = bytearray(idx_tools.idx_bytes(np.zeros(4)))
+    data[2] = 0x0D
+    with pytest.raises(DataError, match="0x0D is not supported.*0x08"):
+        parse_idx(bytes(data), "floats.idx")
+
+
+def test_labels_file_given_as_images_is_refused(tmp_path, idx_tools):
+    path = tmp_path / "labels.idx"
+    path.write_bytes(idx_tools.idx_bytes(np.zeros(4)))
+    with pytest.raises(DataError, match=r"labels\.idx: magic 2049 .*expected magic 2051"):
+        read_images(path)
+
+
+def test_images_file_given_as_labels_is_refused(tmp_path, idx_tools):
+    path = tmp_path / "images.idx"
+    path.write_bytes(idx_tools.idx_bytes(np.zeros((2, 28, 28))))
+    with pytest.raises(DataError, match=r"images\.idx: magic 2051 .*expected magic 2049"):
+        read_labels(path)
+
+
+def test_truncated_payload_names_file_and_both_sizes(tmp_path, idx_tools):
+    path = tmp_path / "short-images"
+    path.write_bytes(idx_tools.idx_bytes(np.zeros((3, 28, 28)))[:-10])
+    with pytest.raises(DataError) as caught:
+        read_images(path)
+    message = str(caught.value)
+    assert "short-images" in message and "truncated" in message
+    assert str(3 * 28 * 28) in message and str(3 * 28 * 28 - 10) in message
+
+
+def test_trailing_bytes_are_refused(idx_tools):
+    with pytest.raises(DataError, match="too long.*call for 4 data bytes, found 5"):
+        parse_idx(idx_tools.idx_bytes(np.zeros(4)) + b"x", "long")
+
+
+def test_truncated_header_is_refused():
+    with pytest.raises(DataError, match="truncated header: 3 dimensions need a 16-byte header"):
+        parse_idx(bytes([0, 0, 8, 3, 0, 0, 0, 1]), "head")
+    with pytest.raises(DataError, match="too short"):
+        parse_idx(b"\x00\x00", "tiny")
+    with pytest.raises(DataError, match="0 dimensions"):
+        parse_idx(bytes([0, 0, 8, 0]), "scalar")
+
+
+def test_truncated_gzip_names_the_file(tmp_path, idx_tools):
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(idx_tools.idx_bytes(np.zeros((3, 28, 28))))[:-20])
+    with pytest.raises(DataError, match=r"train-images-idx3-ubyte\.gz: corrupt or truncated gzip"):
+        read_idx(path)
+
+
+def test_out_of_range_label_names_first_bad_index_and_value(tmp_path, idx_tools):
+    path = tmp_path / "labels"
+    path.write_bytes(idx_tools.idx_bytes(np.array([1, 2, 10, 3, 255])))
+    with pytest.raises(DataError, match=r"labels: label 10 at index 2 is outside 0\.\.9"):
+        read_labels(path)
+
+
+def test_unreadable_file_is_a_data_error(tmp_path):
+    with pytest.raises(DataError, match="cannot read"):
+        read_idx(tmp_path / "absent")
+
+
+# ---- load_mnist on fake files --------------------------------------------------------------
+
+
+def test_load_mnist_scales_and_types(tmp_path, idx_tools):
+    images, labels = idx_tools.fake_split(7)
+    idx_tools.write_split(tmp_path, "test", images, labels)
+    loaded_images, loaded_labels = load_mnist(tmp_path, "test", download=False, verify=False)
+    assert loaded_images.dtype == np.float32 and loaded_images.shape == (7, 1, 28, 28)
+    assert loaded_labels.dtype == np.int64 and loaded_labels.shape == (7,)
+    np.testing.assert_array_equal(loaded_images[:, 0], images.astype(np.float32) / 255)
+    np.testing.assert_array_equal(loaded_labels, labels)
+
+
+def test_uncompressed_file_names_are_accepted(tmp_path, idx_tools):
+    images, labels = idx_tools.fake_split(4)
+    idx_tools.write_split(tmp_path, "train", images, labels, compress=False)
+    assert not list(tmp_path.glob("*.gz"))
+    _, loaded_labels = load_mnist(tmp_path, "train", download=False, verify=False)
+    np.testing.assert_array_equal(loaded_labels, labels)
+
+
+def test_count_mismatch_is_refused(tmp_path, idx_tools):
+    images, labels = idx_tools.fake_split(6)
+    idx_tools.write_split(tmp_path, "train", images, labels[:5])
+    with pytest.raises(DataError, match="holds 6 images but .*train-labels-idx1-ubyte.gz holds 5 labels"):
+        load_mnist(tmp_path, download=False, verify=False)
+
+
+def test_images_of_the_wrong_size_are_refused(tmp_path, idx_tools):
+    idx_tools.write_split(tmp_path, "train", np.zeros((2, 20, 28)), np.zeros(2))
+    with pytest.raises(DataError, match="images are 20×28, MNIST's are 28×28"):
+        load_mnist(tmp_path, download=False, verify=False)
+
+
+def test_checksum_is_verified_on_load(tmp_path, idx_tools):
+    images, labels = idx_tools.fake_split(3)
+    idx_tools.write_split(tmp_path, "train", images, labels)
+    with pytest.raises(DataError) as caught:
+        load_mnist(tmp_path, download=False)
+    message = str(caught.value)
+    assert "train-images-idx3-ubyte.gz: checksum mismatch" in message
+    assert md5(idx_tools.idx_bytes(images)) in message and mnist.IDX_MD5["train-images-idx3-ubyte"] in message
+    assert "delete the file" in message
+
+
+@pytest.mark.parametrize("options, problem", [
+    ({"split": "validation"}, "unknown MNIST split 'validation'"),
+    ({"pad": -1}, "pad must be an integer >= 0"),
+    ({"pad": True}, "pad must be an integer >= 0"),
+    ({"normalize": (0.1, 0.0)}, "std > 0"),
+    ({"normalize": 0.5}, r"normalize must be None or \(mean, std\)"),
+])
+def test_invalid_options_are_refused(tmp_path, idx_tools, options, problem):
+    idx_tools.write_split(tmp_path, "train", *idx_tools.fake_split(2))
+    with pytest.raises(DataError, match=problem):
+        load_mnist(tmp_path, download=False, verify=False, **options)
+
+
+def test_pad_uses_the_background_and_normalize_follows(tmp_path, idx_tools):
+    images, labels = idx_tools.fake_split(3)
+    idx_tools.write_split(tmp_path, "train", images, labels)
+    plain, _ = load_mnist(tmp_path, download=False, verify=False)
+    mean, std = 0.25, 0.5
+    padded, _ = load_mnist(tmp_path, download=False, verify=False, pad=2, normalize=(mean, std))
+    assert padded.shape == (3, 1, 32, 32)
+    np.testing.assert_allclose(padded[:, :, 2:30, 2:30], (plain - mean) / std, rtol=1e-6)
+    border = np.ones((32, 32), bool)
+    border[2:30, 2:30] = False
+    np.testing.assert_allclose(padded[:, 0][:, border], (0 - mean) / std)
+
+
+def test_results_are_cached_but_fresh_arrays(tmp_path, idx_tools):
+    idx_tools.write_split(tmp_path, "train", *idx_tools.fake_split(3))
+    first, _ = load_mnist(tmp_path, download=False, verify=False)
+    first[:] = -1.0
+    hits_before = mnist._read_cached.cache_info().hits
+    second, _ = load_mnist(tmp_path, download=False, verify=False)
+    assert mnist._read_cached.cache_info().hits == hits_before + 2
+    assert second.min() >= 0.0
+
+
+def test_cache_sees_a_replaced_file(tmp_path, idx_tools):
+    images, labels = idx_tools.fake_split(3)
+    idx_tools.write_split(tmp_path, "train", images, labels)
+    load_mnist(tmp_path, download=False, verify=False)
+    idx_tools.write_split(tmp_path, "train", *idx_tools.fake_split(5, seed=1))
+    replaced, _ = load_mnist(tmp_path, download=False, verify=False)
+    assert replaced.shape[0] == 5
+
+
+# ---- directories ---------------------------------------------------------------------------
+
+
+def test_missing_explicit_directory_is_an_error(tmp_path):
+    with pytest.raises(DataError, match=r"data directory .*nowhere does not exist"):
+        load_mnist(tmp_path / "nowhere")
+
+
+def test_missing_environment_directory_names_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDNNNET_DATA", str(tmp_path / "gone"))
+    with pytest.raises(DataError, match=r"CUDNNNET_DATA=.*gone does not exist"):
+        load_mnist()
+
+
+def test_directory_resolution_order(tmp_path, monkeypatch):
+    explicit, from_env = tmp_path / "explicit", tmp_path / "env"
+    explicit.mkdir()
+    from_env.mkdir()
+    assert mnist.resolve_data_dir() == (tmp_path / "xdg-cache" / "cudnnnet" / "mnist", False)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert mnist.resolve_data_dir() == (tmp_path / "home" / ".cache" / "cudnnnet" / "mnist", False)
+    monkeypatch.setenv("CUDNNNET_DATA", str(from_env))
+    assert mnist.resolve_data_dir() == (from_env, True)
+    assert mnist.resolve_data_dir(explicit) == (explicit, True)
+
+
+def test_missing_files_without_download_are_named(tmp_path):
+    with pytest.raises(DataError, match=r"t10k-images-idx3-ubyte\(\.gz\), t10k-labels-idx1-ubyte\(\.gz\)"):
+        load_mnist(tmp_path, "test", download=False)
+
+
+def test_data_errors_are_usage_errors():
+    assert issubclass(DataError, UsageError)
+
+
+# ---- one_hot -------------------------------------------------------------------------------
+
+
+def test_one_hot():
+    encoded = one_hot(np.array([3, 0, 9]))
+    assert encoded.dtype == np.float32 and encoded.shape == (3, 10)
+    np.testing.assert_array_equal(encoded.argmax(axis=1), [3, 0, 9])
+    np.testing.assert_array_equal(encoded.sum(axis=1), 1.0)
+    assert one_hot([1], classes=3).tolist() == [[0.0, 1.0, 0.0]]
+
+
+@pytest.mark.parametrize("labels, problem", [
+    ([0, 10], "label 10 at index 1"), ([-1], "label -1 at index 0"), ([0.5], "integer array"),
+])
+def test_one_hot_refuses_bad_labels(labels, problem):
+    with pytest.raises(DataError, match=problem):
+        one_hot(np.array(labels))
+
+
+# ---- downloading ---------------------------------------------------------------------------
+
+
+def _publish_fake_split(directory: Path, idx_tools, monkeypatch, split: str = "test") -> dict[str, bytes]:
+    """Write a fake gzip split into ``directory`` and make its MD5s the expected ones."""
+    images, labels = idx_tools.fake_split(4)
+    idx_tools.write_split(directory, split, images, labels)
+    published = {path.name: path.read_bytes() for path in directory.glob("*.gz")}
+    for name, data in published.items():
+        monkeypatch.setitem(mnist.GZIP_MD5, name, md5(data))
+    return published
+
+
+def test_download_into_cache_then_load(tmp_path, idx_tools, monkeypatch, serve_directory):
+    published = _publish_fake_split(tmp_path / "mirror", idx_tools, monkeypatch)
+    url = serve_directory(tmp_path / "mirror")
+    images, labels = load_mnist(split="test", verify=False, mirrors=[url])
+    cache = tmp_path / "xdg-cache" / "cudnnnet" / "mnist"
+    assert sorted(path.name for path in cache.iterdir()) == sorted(published)
+    for name, data in published.items():
+        assert (cache / name).read_bytes() == data
+    assert images.shape == (4, 1, 28, 28) and labels.shape == (4,)
+
+
+def test_download_falls_back_to_the_next_mirror(tmp_path, idx_tools, monkeypatch, serve_directory):
+    _publish_fake_split(tmp_path / "mirror", idx_tools, monkeypatch)
+    (tmp_path / "empty").mkdir()
+    mirrors = [serve_directory(tmp_path / "empty"), serve_directory(tmp_path / "mirror")]
+    directory = mnist.download_mnist(splits="test", mirrors=mirrors)
+    assert len(list(directory.glob("t10k-*.gz"))) == 2
+
+
+def test_wrong_checksum_download_is_refused_and_keeps_the_cached_file(tmp_path, idx_tools, monkeypatch,
+                                                                      serve_directory):
+    cache = tmp_path / "cache"
+    published = _publish_fake_split(cache, idx_tools, monkeypatch)
+    mirror = tmp_path / "mirror"
+    idx_tools.write_split(mirror, "test", *idx_tools.fake_split(4, seed=99))
+    bad_name = "t10k-images-idx3-ubyte.gz"
+    bad_md5 = md5((mirror / bad_name).read_bytes())
+    with pytest.raises(DataError) as caught:
+        mnist.download_mnist(cache, splits=["test"], force=True, mirrors=[serve_directory(mirror)])
+    message = str(caught.value)
+    assert bad_name in message and bad_md5 in message and mnist.GZIP_MD5[bad_name] in message
+    assert (cache / bad_name).read_bytes() == published[bad_name]
+    assert sorted(path.name for path in cache.iterdir()) == sorted(published)
+
+
+def test_unreachable_mirror_is_a_data_error_naming_the_url(tmp_path):
+    with pytest.raises(DataError, match=r"could not download train-images-idx3-ubyte\.gz .*127\.0\.0\.1:9"):
+        load_mnist()
+    cache = tmp_path / "xdg-cache" / "cudnnnet" / "mnist"
+    assert list(cache.iterdir()) == []
+
+
+def test_real_files_download_from_a_local_mirror(tmp_path, mnist_dir, serve_directory):
+    if not (mnist_dir / "t10k-labels-idx1-ubyte.gz").is_file():
+        pytest.skip(f"{mnist_dir} holds no gzip files to serve")
+    images, labels = load_mnist(tmp_path, "test", mirrors=[serve_directory(mnist_dir)])
+    assert images.shape == (10000, 1, 28, 28)
+    assert labels[:5].tolist() == [7, 2, 1, 0, 4]
+
+
+# ---- the real data -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("split, count, first_labels", [
+    ("train", 60000, [5, 0, 4, 1, 9]), ("test", 10000, [7, 2, 1, 0, 4]),
+])
+def test_real_mnist(mnist_dir, split, count, first_labels):
+    images, labels = load_mnist(mnist_dir, split, download=False)
+    assert images.shape == (count, 1, 28, 28) and images.dtype == np.float32
+    assert labels.shape == (count,) and labels.dtype == np.int64
+    assert labels[:5].tolist() == first_labels
+    assert images.min() == 0.0 and images.max() == 1.0
+    assert set(np.unique(labels)) == set(range(10))
+    assert 0.1 < images.mean() < 0.15
+
+
+def test_real_mnist_uncompressed_copy_verifies(tmp_path, mnist_dir):
+    compressed, _ = load_mnist(mnist_dir, "test", download=False)
+    for idx_name in mnist.SPLIT_FILES["test"]:
+        source = mnist_dir / f"{idx_name}.gz"
+        if not source.is_file():
+            pytest.skip(f"{source} is not there to decompress")
+        (tmp_path / idx_name).write_bytes(gzip.decompress(source.read_bytes()))
+    raw, _ = load_mnist(tmp_path, "test", download=False)
+    np.testing.assert_array_equal(raw, compressed)
+
+
+def test_real_mnist_pad_and_normalize(mnist_dir):
+    images, _ = load_mnist(mnist_dir, "test", download=False, pad=2, normalize=(mnist.MNIST_MEAN, mnist.MNIST_STD))
+    assert images.shape == (10000, 1, 32, 32)
+    interior = images[:, :, 2:30, 2:30]
+    assert abs(float(interior.mean())) < 0.05 and abs(float(interior.std()) - 1.0) < 0.05
+
+
+def test_known_checksums_match_the_shared_md5sums(mnist_dir):
+    sums_file = mnist_dir / "MD5SUMS"
+    if not sums_file.is_file():
+        pytest.skip(f"{sums_file} absent")
+    listed = dict(reversed(line.split()) for line in sums_file.read_text().splitlines() if line.strip())
+    assert listed == mnist.GZIP_MD5
+
+
+# ---- fuzzing -------------------------------------------------------------------------------
+
+
+def _parse_or_data_error(data: bytes) -> None:
+    try:
+        array = parse_idx(data, "fuzz")
+    except DataError:
+        return
+    assert array.dtype == np.uint8
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=64))
+def test_random_bytes_parse_or_raise_data_error(data):
+    _parse_or_data_error(data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ndim=st.integers(0, 4), dims=st.lists(st.integers(0, 2**32 - 1), min_size=4, max_size=4),
+       dtype=st.sampled_from([0x08, 0x08, 0x09, 0x0D]), payload=st.binary(max_size=64),
+       small=st.booleans())
+def test_mutated_headers_parse_or_raise_data_error(ndim, dims, dtype, payload, small):
+    if small:
+        dims = [size % 5 for size in dims]
+    header = bytes([0, 0, dtype, ndim]) + b"".join(size.to_bytes(4, "big") for size in dims[:ndim])
+    _parse_or_data_error(header + payload)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, 200), flip=st.integers(0, 199))
+def test_damaged_gzip_files_load_or_raise_data_error(tmp_path, cut, flip):
+    data = bytearray(gzip.compress(bytes([0, 0, 8, 1, 0, 0, 0, 3, 1, 2, 3])))
+    data[flip % len(data)] ^= 0x5A
+    path = tmp_path / "fuzz.gz"
+    path.write_bytes(bytes(data[:cut]))
+    try:
+        labels = read_labels(path)
+    except DataError:
+        return
+    assert labels.ndim == 1 and labels.max(initial=0) < 10
+
+
+def test_no_stray_environment_leaks_into_tests():
+    assert "CUDNNNET_DATA" not in os.environ
+    assert mnist.MIRRORS == ("http://127.0.0.1:9/",)

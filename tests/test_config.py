@@ -1,0 +1,430 @@
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cudnnnet.config import Config, ConfigError, LayerSpec, load_config, parse_config
+from cudnnnet.errors import UsageError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+LENET_YAML = """\
+model:
+  - {type: conv2d, name: conv1, out_channels: 20, kernel_size: 5}
+  - {type: pooling, kernel_size: 2}
+  - {type: conv2d, out_channels: 50, kernel_size: 5, padding: 1}
+  - {type: pooling, kernel_size: 3, stride: 1, padding: 1, mode: average}
+  - {type: dense, out_size: 500}
+  - {type: activation, mode: relu}
+  - {type: dense, name: fc2, out_size: 10}
+  - {type: softmax}
+data:
+  normalize: true
+  pad: 2
+train:
+  batch_size: 256
+  epochs: 3
+  optimizer: {lr: 0.02, momentum: 0.9, weight_decay: 5.0e-4}
+  schedule: {name: inverse, decay: 1.0e-4}
+device: host
+math: tf32
+"""
+
+
+def minimal() -> dict:
+    return {"model": [{"type": "dense", "out_size": 10}, {"type": "softmax"}],
+            "train": {"optimizer": {"lr": 0.1}}}
+
+
+def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ---- valid configs -------------------------------------------------------------------------
+
+
+def test_load_config_types_values_and_defaults(tmp_path):
+    path = write(tmp_path, LENET_YAML)
+    config = load_config(path)
+    assert config.source == str(path)
+    assert [layer.name for layer in config.model] == [
+        "conv1", "pooling1", "conv2d2", "pooling2", "dense1", "activation1", "fc2", "softmax1"]
+    assert config.model[0] == LayerSpec("conv2d", "conv1", {"out_channels": 20, "kernel_size": 5, "stride": 1,
+                                                            "padding": 0, "dilation": 1})
+    assert config.model[1].params == {"kernel_size": 2, "stride": 2, "padding": 0, "mode": "max"}
+    assert config.model[3].params == {"kernel_size": 3, "stride": 1, "padding": 1, "mode": "average"}
+    assert config.model[5].params == {"mode": "relu", "coef": 0.0}
+    assert config.data.normalize == (0.1307, 0.3081) and config.data.pad == 2 and config.data.dir is None
+    train = config.train
+    assert (train.batch_size, train.epochs, train.steps, train.seed) == (256, 3, None, 0)
+    assert (train.log_every, train.checkpoint_every, train.graph, train.eval_batch_size) == (100, 0, True, 1000)
+    assert train.optimizer.lr == 0.02 and train.optimizer.momentum == 0.9 and train.optimizer.weight_decay == 5e-4
+    assert train.schedule.name == "inverse" and train.schedule.decay == 1e-4
+    assert (config.device, config.math) == ("host", "tf32")
+
+
+def test_minimal_config_defaults():
+    config = parse_config(minimal())
+    assert (config.device, config.math, config.source) == ("auto", "fp32", "<dict>")
+    assert config.data.dataset == "mnist" and config.data.normalize is None and config.data.pad == 0
+    assert config.train.batch_size == 64 and config.train.epochs == 1 and config.train.schedule.name == "constant"
+    assert config.train.optimizer.name == "sgd" and config.train.optimizer.momentum == 0.0
+
+
+def test_ints_are_accepted_for_floats_and_nulls_mean_absent():
+    raw = minimal()
+    raw["train"]["optimizer"] = {"lr": 1, "momentum": 0}
+    raw["train"]["steps"] = None
+    raw["data"] = None
+    config = parse_config(raw)
+    assert config.train.optimizer.lr == 1.0 and isinstance(config.train.optimizer.lr, float)
+    assert config.train.steps is None
+
+
+@pytest.mark.parametrize("activation, coef", [
+    ({"mode": "elu"}, 1.0), ({"mode": "elu", "coef": 0.5}, 0.5), ({"mode": "clipped_relu", "coef": 6}, 6.0),
+    ({"mode": "tanh"}, 0.0),
+])
+def test_activation_coef_defaults(activation, coef):
+    raw = minimal()
+    raw["model"].insert(0, {"type": "activation", **activation})
+    assert parse_config(raw).model[0].params["coef"] == coef
+
+
+@pytest.mark.parametrize("normalize, expected", [
+    (False, None), (True, (0.1307, 0.3081)), ({"mean": 0.5, "std": 2}, (0.5, 2.0)),
+])
+def test_normalize_forms(normalize, expected):
+    raw = minimal()
+    raw["data"] = {"normalize": normalize}
+    assert parse_config(raw).data.normalize == expected
+
+
+def test_mse_is_a_loss_layer():
+    raw = minimal()
+    raw["model"][-1] = {"type": "mse", "name": "loss"}
+    assert parse_config(raw).model[-1].is_loss
+
+
+def test_to_dict_round_trips_and_is_plain(tmp_path):
+    config = load_config(write(tmp_path, LENET_YAML))
+    plain = config.to_dict()
+    assert parse_config(plain) == config
+    assert parse_config(yaml.safe_load(yaml.safe_dump(plain))) == config
+    assert parse_config(json.loads(json.dumps(plain))) == config
+    assert plain["model"][0] == {"type": "conv2d", "name": "conv1", "out_channels": 20, "kernel_size": 5,
+                                 "stride": 1, "padding": 0, "dilation": 1}
+
+
+def test_round_trip_of_step_schedule_and_steps():
+    raw = minimal()
+    raw["train"].update(steps=500, schedule={"name": "step", "step_size": 2, "gamma": 0.5})
+    raw["data"] = {"dir": "/data/mnist"}
+    config = parse_config(raw)
+    assert parse_config(config.to_dict()) == config
+    assert config.to_dict()["train"]["schedule"] == {"name": "step", "step_size": 2, "gamma": 0.5}
+
+
+def test_configs_are_frozen():
+    config = parse_config(minimal())
+    with pytest.raises(AttributeError):
+        config.device = "cuda"
+
+
+def test_schedule_learning_rates():
+    raw = minimal()
+    raw["train"]["schedule"] = {"name": "inverse", "decay": 0.5}
+    inverse = parse_config(raw).train.schedule
+    assert inverse.learning_rate(0.1, step=2, epoch=0) == pytest.approx(0.05)
+    raw["train"]["schedule"] = {"name": "step", "step_size": 2, "gamma": 0.1}
+    step = parse_config(raw).train.schedule
+    assert [step.learning_rate(1.0, 0, epoch) for epoch in range(5)] == pytest.approx([1, 1, 0.1, 0.1, 0.01])
+    assert parse_config(minimal()).train.schedule.learning_rate(0.3, 1000, 9) == 0.3
+
+
+# ---- overrides -----------------------------------------------------------------------------
+
+
+def test_with_overrides_replaces_and_validates(tmp_path):
+    config = load_config(write(tmp_path, LENET_YAML))
+    changed = config.with_overrides(epochs=5, batch_size=32, seed=4, device="cuda", data_dir=tmp_path)
+    assert (changed.train.epochs, changed.train.batch_size, changed.train.seed) == (5, 32, 4)
+    assert changed.device == "cuda" and changed.data.dir == str(tmp_path)
+    assert changed.model == config.model and config.train.epochs == 3
+    assert config.with_overrides() == config
+
+
+def test_epochs_override_drops_the_files_steps_but_steps_override_sets_them():
+    raw = minimal()
+    raw["train"]["steps"] = 100
+    config = parse_config(raw)
+    assert config.with_overrides(epochs=2).train.steps is None
+    assert config.with_overrides(steps=7).train.steps == 7
+    assert config.with_overrides(epochs=2, steps=9).train.steps == 9
+
+
+@pytest.mark.parametrize("override, problem", [
+    ({"epochs": 0}, "train.epochs: expected an integer > 0, got 0"),
+    ({"device": "tpu"}, "device: expected one of auto, cuda, host, got 'tpu'"),
+    ({"batch_size": True}, "train.batch_size"),
+])
+def test_invalid_overrides_are_config_errors(override, problem):
+    with pytest.raises(ConfigError, match=problem):
+        parse_config(minimal(), source="run.yaml").with_overrides(**override)
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+
+def _set(raw: dict, path: tuple, value) -> dict:
+    raw = copy.deepcopy(raw)
+    target = raw
+    for key in path[:-1]:
+        target = target.setdefault(key, {}) if isinstance(key, str) else target[key]
+    if value is _DELETE:
+        del target[path[-1]]
+    elif isinstance(target, list) and path[-1] == len(target):
+        target.append(value)
+    else:
+        target[path[-1]] = value
+    return raw
+
+
+_DELETE = object()
+
+INVALID = [
+    # (path into minimal(), value, message fragment)
+    (("colour",), "red", "colour: unknown key 'colour'; valid keys: model, data, train, device, math"),
+    (("model",), [], "model: expected a non-empty list of layers"),
+    (("model",), {"type": "dense"}, "model: expected a non-empty list"),
+    (("model",), _DELETE, "model: missing required key"),
+    (("model", 0), "dense", "model[0]: expected a mapping, got 'dense' (string)"),
+    (("model", 0, "type"), "lstm", "model[0].type: expected one of dense, activation, softmax, mse, conv2d, pooling"),
+    (("model", 0, "type"), _DELETE, "model[0].type: missing required key"),
+    (("model", 0, "units"), 3, "model[0].units: unknown key 'units' for a dense layer; valid keys: type, name, out_size"),
+    (("model", 0, "out_size"), _DELETE, "model[0].out_size: missing required key; expected an integer > 0"),
+    (("model", 0, "out_size"), 0, "model[0].out_size: expected an integer > 0, got 0"),
+    (("model", 0, "out_size"), True, "model[0].out_size: expected an integer > 0, got True (boolean)"),
+    (("model", 0, "out_size"), 10.0, "model[0].out_size: expected an integer > 0, got 10.0 (number)"),
+    (("model", 0, "out_size"), "10", "model[0].out_size: expected an integer > 0, got '10' (string)"),
+    (("model", 0, "name"), "fc 1", "model[0].name: expected a name of letters, digits"),
+    (("model", 0, "name"), 7, "model[0].name: expected a name"),
+    (("model", 0, "name"), "softmax1", "model[1].name: duplicate layer name 'softmax1' (also model[0])"),
+    (("model", 1), {"type": "dense", "out_size": 3}, "model[1].type: the last layer must be a loss layer (softmax or mse), got 'dense'"),
+    (("model", 0), {"type": "mse"}, "model[0].type: loss layer 'mse' may only be the last layer (model[1])"),
+    (("model", 1, "axis"), 1, "model[1].axis: unknown key 'axis' for a softmax layer; valid keys: type, name"),
+    (("model", 0), {"type": "activation", "mode": "gelu"},
+     "model[0].mode: expected one of relu, sigmoid, tanh, clipped_relu, elu, got 'gelu'"),
+    (("model", 0), {"type": "activation"}, "model[0].mode: missing required key"),
+    (("model", 0), {"type": "activation", "mode": "clipped_relu"}, "model[0].coef: missing required key; expected a number > 0"),
+    (("model", 0), {"type": "activation", "mode": "clipped_relu", "coef": 0}, "model[0].coef: expected a number > 0"),
+    (("model", 0), {"type": "activation", "mode": "elu", "coef": float("nan")}, "model[0].coef: expected a number, got nan (not finite)"),
+    (("model", 0), {"type": "conv2d", "out_channels": 4}, "model[0].kernel_size: missing required key"),
+    (("model", 0), {"type": "conv2d", "out_channels": 4, "kernel_size": 3, "stride": 0}, "model[0].stride: expected an integer > 0"),
+    (("model", 0), {"type": "conv2d", "out_channels": 4, "kernel_size": 3, "padding": -1}, "model[0].padding: expected an integer >= 0"),
+    (("model", 0), {"type": "conv2d", "out_channels": 4, "kernel_size": 3, "dilation": 0}, "model[0].dilation: expected an integer > 0"),
+    (("model", 0), {"type": "conv2d", "out_channels": 0, "kernel_size": 3}, "model[0].out_channels: expected an integer > 0"),
+    (("model", 0), {"type": "pooling", "kernel_size": 2, "padding": 2}, r"model[0].padding: expected an integer in [0, 1], got 2"),
+    (("model", 0), {"type": "pooling", "kernel_size": 2, "mode": "min"}, "model[0].mode: expected one of max, average"),
+    (("model", 0), {"type": "pooling", "kernel_size": 0}, "model[0].kernel_size: expected an integer > 0"),
+    (("data",), [], "data: expected a mapping, got [] (list)"),
+    (("data", "dataset"), "cifar10", "data.dataset: expected one of mnist, got 'cifar10'"),
+    (("data", "dir"), 3, "data.dir: expected a directory path"),
+    (("data", "pad"), -2, "data.pad: expected an integer >= 0, got -2"),
+    (("data", "normalize"), "yes", "data.normalize: expected false, true"),
+    (("data", "normalize"), {"mean": 0.1}, "data.normalize.std: missing required key"),
+    (("data", "normalize"), {"mean": 0.1, "std": 0}, "data.normalize.std: expected a number > 0"),
+    (("data", "normalize"), {"mean": 0.1, "std": 1, "eps": 1}, "data.normalize.eps: unknown key"),
+    (("data", "shuffle"), True, "data.shuffle: unknown key 'shuffle'; valid keys: dataset, dir, normalize, pad"),
+    (("train",), _DELETE, "train: missing required key; expected a mapping"),
+    (("train", "optimizer"), _DELETE, "train.optimizer: missing required key"),
+    (("train", "optimizer", "lr"), _DELETE, "train.optimizer.lr: missing required key; expected a number > 0"),
+    (("train", "optimizer", "lr"), 0, "train.optimizer.lr: expected a number > 0, got 0"),
+    (("train", "optimizer", "lr"), "1e-3", "train.optimizer.lr: expected a number > 0, got '1e-3' (string); YAML 1.1"),
+    (("train", "optimizer", "lr"), float("inf"), "train.optimizer.lr: expected a number > 0, got inf (not finite)"),
+    (("train", "optimizer", "lr"), 10**400, "train.optimizer.lr: expected a number > 0, got 1000"),
+    (("train", "optimizer", "name"), "adam", "train.optimizer.name: expected one of sgd, got 'adam'"),
+    (("train", "optimizer", "momentum"), 1.0, r"train.optimizer.momentum: expected a number in [0, 1), got 1.0"),
+    (("train", "optimizer", "momentum"), -0.1, "train.optimizer.momentum: expected a number in [0, 1)"),
+    (("train", "optimizer", "weight_decay"), -1, "train.optimizer.weight_decay: expected a number >= 0"),
+    (("train", "optimizer", "nesterov"), True, "train.optimizer.nesterov: nesterov momentum is not supported"),
+    (("train", "optimizer", "nesterov"), "no", "train.optimizer.nesterov: expected true or false"),
+    (("train", "optimizer", "beta"), 0.9, "train.optimizer.beta: unknown key"),
+    (("train", "schedule"), {"name": "cosine"}, "train.schedule.name: expected one of constant, inverse, step"),
+    (("train", "schedule"), {"name": "inverse"}, "train.schedule.decay: missing required key; expected a number >= 0"),
+    (("train", "schedule"), {"name": "inverse", "decay": -1}, "train.schedule.decay: expected a number >= 0"),
+    (("train", "schedule"), {"name": "step", "gamma": 0.5}, "train.schedule.step_size: missing required key"),
+    (("train", "schedule"), {"name": "step", "step_size": 1.5, "gamma": 0.5}, "train.schedule.step_size: expected an integer > 0"),
+    (("train", "schedule"), {"name": "step", "step_size": 1, "gamma": 0}, r"train.schedule.gamma: expected a number in (0, 1]"),
+    (("train", "schedule"), {"name": "step", "step_size": 1, "gamma": 1.5}, r"train.schedule.gamma: expected a number in (0, 1]"),
+    (("train", "schedule"), {"decay": 0.1}, "train.schedule.decay: unknown key 'decay' for schedule constant; valid keys: name"),
+    (("train", "schedule"), "inverse", "train.schedule: expected a mapping, got 'inverse' (string)"),
+    (("train", "batch_size"), 0, "train.batch_size: expected an integer > 0, got 0"),
+    (("train", "batch_size"), False, "train.batch_size: expected an integer > 0, got False (boolean)"),
+    (("train", "epochs"), -1, "train.epochs: expected an integer > 0"),
+    (("train", "steps"), 0, "train.steps: expected an integer > 0"),
+    (("train", "seed"), -5, "train.seed: expected an integer >= 0, got -5"),
+    (("train", "seed"), 1.5, "train.seed: expected an integer >= 0, got 1.5 (number)"),
+    (("train", "log_every"), 0, "train.log_every: expected an integer > 0"),
+    (("train", "checkpoint_every"), -1, "train.checkpoint_every: expected an integer >= 0"),
+    (("train", "graph"), 1, "train.graph: expected true or false, got 1 (integer)"),
+    (("train", "eval_batch_size"), 0, "train.eval_batch_size: expected an integer > 0"),
+    (("train", "lr"), 0.1, "train.lr: unknown key 'lr'; valid keys: batch_size"),
+    (("device",), "gpu", "device: expected one of auto, cuda, host, got 'gpu'"),
+    (("math",), "fp16", "math: expected one of fp32, tf32, got 'fp16'"),
+]
+
+
+@pytest.mark.parametrize("path, value, fragment", INVALID, ids=[".".join(map(str, case[0])) for case in INVALID])
+def test_invalid_values_name_file_key_and_what_is_valid(path, value, fragment):
+    with pytest.raises(ConfigError) as caught:
+        parse_config(_set(minimal(), path, value), source="cfg.yaml")
+    message = str(caught.value)
+    assert message.startswith("cfg.yaml: ") and "\n" not in message
+    assert fragment in message, message
+
+
+def test_config_errors_are_usage_errors():
+    assert issubclass(ConfigError, UsageError)
+
+
+def test_top_level_must_be_a_mapping():
+    with pytest.raises(ConfigError, match=r"^x\.yaml: the top level must be a mapping .*got \[1, 2\] \(list\)"):
+        parse_config([1, 2], source="x.yaml")
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("", "the file is empty"),
+    ("# only a comment\n", "the file is empty"),
+    ("model: [unclosed\n", "not valid YAML: line 2, column 1"),
+    ("model:\n\t- dense\n", "not valid YAML"),
+    ("- just\n- a list\n", "the top level must be a mapping"),
+    ("just a string", "the top level must be a mapping"),
+    ("model: !!python/object:os.system {}\n", "not valid YAML"),
+])
+def test_file_level_errors_name_the_file(tmp_path, text, fragment):
+    path = write(tmp_path, text, "broken.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert str(path) in message and fragment in message and "\n" not in message
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"config file .*absent\.yaml does not exist"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_directory_and_binary_files_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path)
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00model")
+    with pytest.raises(ConfigError, match=r"binary\.yaml: not UTF-8 text"):
+        load_config(binary)
+
+
+def test_error_messages_keep_long_values_short():
+    with pytest.raises(ConfigError) as caught:
+        parse_config(_set(minimal(), ("device",), "x" * 10_000))
+    assert len(str(caught.value)) < 200
+
+
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "configs").glob("*.yaml")), ids=lambda path: path.name)
+def test_shipped_configs_load_and_round_trip(path):
+    config = load_config(path)
+    assert parse_config(config.to_dict()) == config
+
+
+# ---- fuzzing -------------------------------------------------------------------------------
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 2000), st.floats(allow_nan=True),
+                     st.sampled_from(["mnist", "sgd", "relu", "max", "step", "inverse", "auto", "fp32", "x", ""]))
+_KEYS = st.sampled_from(["model", "data", "train", "device", "math", "type", "name", "out_size", "mode", "coef",
+                         "kernel_size", "stride", "padding", "optimizer", "lr", "schedule", "decay", "gamma",
+                         "step_size", "normalize", "mean", "std", "pad", "steps", "epochs", "graph"])
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                         st.dictionaries(_KEYS, inner, max_size=3)), max_leaves=8)
+
+
+def _optional(**keys) -> st.SearchStrategy:
+    return st.fixed_dictionaries({}, optional=keys)
+
+
+_NUMBERS = st.one_of(st.integers(1, 8), st.floats(0.01, 0.99), st.integers(-2, 40), st.floats(-1, 2), _SCALARS)
+_REQUIRED_KEYS = {"dense": ("out_size",), "activation": ("mode",), "softmax": (), "mse": (),
+                  "conv2d": ("out_channels", "kernel_size"), "pooling": ("kernel_size",)}
+_OPTIONAL_KEYS = {"activation": ("coef",), "conv2d": ("stride", "padding", "dilation"),
+                  "pooling": ("stride", "padding", "mode")}
+_MODES = st.sampled_from(["relu", "elu", "clipped_relu", "tanh", "max", "average", "gelu"])
+
+
+def _layer_values(keys) -> dict:
+    return {key: _MODES if key == "mode" else _NUMBERS for key in keys}
+
+
+_LAYER = st.one_of(*(
+    st.fixed_dictionaries({"type": st.just(layer_type), **_layer_values(required)},
+                          optional={**_layer_values(_OPTIONAL_KEYS.get(layer_type, ())),
+                                    "name": st.sampled_from(["a", "b", "fc-1", "bad name"])})
+    for layer_type, required in _REQUIRED_KEYS.items()
+))
+_LAYERS = st.one_of(st.lists(_LAYER, max_size=3).map(lambda body: body + [{"type": "softmax"}]),
+                    st.lists(_LAYER, max_size=4), st.sampled_from([None, [], 3, "dense"]))
+_CONFIG_SHAPED = st.fixed_dictionaries({"model": _LAYERS}, optional=dict(
+    data=_optional(normalize=st.one_of(st.booleans(), _optional(mean=_NUMBERS, std=_NUMBERS)), pad=_NUMBERS,
+                   dataset=_SCALARS),
+    train=_optional(optimizer=st.fixed_dictionaries({"lr": _NUMBERS}, optional={"momentum": _NUMBERS, "nesterov": _SCALARS}),
+                    schedule=_optional(name=st.sampled_from(["constant", "inverse", "step"]), decay=_NUMBERS,
+                                       step_size=_NUMBERS, gamma=_NUMBERS),
+                    batch_size=_NUMBERS, steps=_NUMBERS, seed=_NUMBERS),
+    device=st.sampled_from(["auto", "cuda", "host", "tpu"]),
+))
+
+
+def _parse_or_config_error(raw) -> None:
+    try:
+        config = parse_config(raw, source="fuzz")
+    except ConfigError as error:
+        assert str(error).startswith("fuzz: ") and "\n" not in str(error)
+        return
+    assert isinstance(config, Config)
+    assert parse_config(config.to_dict()) == config
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(_KEYS, _VALUES, max_size=5))
+def test_random_mappings_load_or_raise_config_error(raw):
+    _parse_or_config_error(raw)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_CONFIG_SHAPED)
+def test_random_config_shaped_mappings_load_or_raise_config_error(raw):
+    _parse_or_config_error(raw)
+
+
+def _paths(value, prefix=()):
+    yield prefix
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, prefix + (key,))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _paths(item, prefix + (index,))
+
+
+_VALID = yaml.safe_load(LENET_YAML)
+_VALID_PATHS = [path for path in _paths(_VALID) if path]
+
+
+@settings(max_examples=150, deadline=None)
+@given(path=st.sampled_from(_VALID_PATHS), value=st.one_of(_VALUES, st.just(_DELETE)))
+def test_mutated_valid_configs_load_or_raise_config_error(path, value):
+    _parse_or_config_error(_set(_VALID, path, value))
