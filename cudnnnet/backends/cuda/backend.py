@@ -1,0 +1,417 @@
+"""Tier 3: CudaBackend, the call surface of ``base.Backend`` on cuBLAS, cuDNN and our NVRTC kernels.
+
+Every call is queued on the context's one stream; only ``download`` and ``synchronize`` wait.
+Scalars ``alpha``/``beta`` are host floats (host pointer mode), except the documented one-element
+tensors of ``saxpy``, ``sscal`` and ``sgd_update``, which are read from device memory (cuBLAS device
+pointer mode, or our kernel reading ``lr[0]``) so that they can change under CUDA-graph replay.
+
+Math: "fp32" (default) runs cuBLAS in CUBLAS_DEFAULT_MATH and sets CUDNN_FMA_MATH on every
+convolution descriptor (cuDNN would otherwise be free to use TF32 on Ampere and later); "tf32"
+switches cuBLAS to CUBLAS_TF32_TENSOR_OP_MATH and convolutions to
+CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION. Plans made before ``set_math`` keep their math type.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import struct
+from collections import OrderedDict
+
+import numpy as np
+
+from ...errors import DeviceError, ShapeError, UsageError
+from ...tensor import Tensor, as_shape
+from ..base import OP_N, OP_T, ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor
+from . import dlpack
+from .bindings import cublas, cudnn, runtime
+from .buffer import FLOAT32_BYTES, DeviceBuffer
+from .context import CudaContext
+from .convolution import SEARCHES, ConvolutionPlan, make_plan
+from .kernel import blocks_for
+
+log = logging.getLogger(__name__)
+
+# mode: (cublasMath_t, cudnnMathType_t of convolutions)
+MATH_MODES = {
+    "fp32": (cublas.DEFAULT_MATH, cudnn.FMA_MATH),
+    "tf32": (cublas.TF32_TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION),
+}
+PLAN_CACHE_SIZE = 64
+
+
+class CudaBackend(Backend):
+    """The product: a layer's cuBLAS/cuDNN verbs run on one NVIDIA GPU."""
+
+    name = "cuda"
+
+    def __init__(self, device: int = 0, workspace_limit: int = 256 << 20, algorithm_search: str = "heuristic"):
+        if algorithm_search not in SEARCHES:
+            raise UsageError(f"invalid algorithm_search {algorithm_search!r}; valid are {', '.join(SEARCHES)}")
+        self.context = CudaContext(device)
+        self.device_name = self.context.device_name
+        self.workspace_limit = workspace_limit  # bytes a convolution algorithm may use
+        self.algorithm_search = algorithm_search  # "heuristic" (cudnnGet*_v7) or "exhaustive" (cudnnFind*)
+        self._plans: OrderedDict = OrderedDict()  # (desc, x_shape, math, search) -> ConvolutionPlan
+        self._stream = self.context.stream.handle
+        self._cublas = self.context.cublas.handle
+        self._cudnn = self.context.cudnn.handle
+        self._descriptors = self.context.descriptors
+        self._constants = {1.0: ctypes.byref(self.context.one), 0.0: ctypes.byref(self.context.zero),
+                           -1.0: ctypes.byref(self.context.minus_one)}
+        self.math = "fp32"
+        self.set_math("fp32")
+
+    def __repr__(self) -> str:
+        return f"CudaBackend(device={self.context.device}, {self.device_name!r}, math={self.math!r})"
+
+    # ---- configuration ------------------------------------------------------------------------
+    def set_math(self, mode: str) -> None:
+        """"fp32" (exact FP32 arithmetic) or "tf32" (tensor cores, ~1e-3 relative error)."""
+        if mode not in MATH_MODES:
+            raise UsageError(f"invalid math mode {mode!r}; valid are {', '.join(MATH_MODES)}")
+        cublas.set_math_mode(self._cublas, MATH_MODES[mode][0])
+        self.math = mode
+
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes of device memory (cudaMemGetInfo)."""
+        return runtime.mem_get_info()
+
+    def close(self) -> None:
+        """Release the context (handles, workspace, stream). The backend is unusable afterwards."""
+        self._plans.clear()
+        self.context.close()
+
+    def _scalar(self, value):
+        """A host pointer to ``value`` as float32 (0, 1 and -1 are the context's constants)."""
+        if isinstance(value, Tensor):
+            raise UsageError("only saxpy, sscal and sgd_update take a one-element tensor as a scalar")
+        constant = self._constants.get(value)
+        return constant if constant is not None else ctypes.byref(ctypes.c_float(value))
+
+    # ---- memory -------------------------------------------------------------------------------
+    def empty(self, size: int) -> DeviceBuffer:
+        return DeviceBuffer.allocate(FLOAT32_BYTES * int(size))
+
+    def upload(self, array) -> DeviceBuffer:
+        """cudaMemcpyAsync H2D (pageable memory is staged before the call returns)."""
+        flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        buffer = DeviceBuffer.allocate(flat.nbytes)
+        if flat.nbytes:
+            runtime.memcpy_async(buffer.ptr, flat.ctypes.data, flat.nbytes, runtime.MEMCPY_HOST_TO_DEVICE, self._stream)
+        return buffer
+
+    def download(self, storage: DeviceBuffer, size: int) -> np.ndarray:
+        """cudaMemcpyAsync D2H, then cudaStreamSynchronize."""
+        _check_fits("download", storage, 0, size)
+        array = np.empty(int(size), np.float32)
+        if array.nbytes:
+            runtime.memcpy_async(array.ctypes.data, storage.ptr, array.nbytes, runtime.MEMCPY_DEVICE_TO_HOST, self._stream)
+        self.synchronize()
+        return array
+
+    def copy(self, src: DeviceBuffer, dst: DeviceBuffer, size: int) -> None:
+        """cudaMemcpyAsync D2D."""
+        _check_fits("copy", src, 0, size)
+        _check_fits("copy", dst, 0, size)
+        if size:
+            runtime.memcpy_async(dst.ptr, src.ptr, FLOAT32_BYTES * size, runtime.MEMCPY_DEVICE_TO_DEVICE, self._stream)
+
+    def fill(self, storage: DeviceBuffer, value: float, size: int) -> None:
+        """cudaMemsetAsync for +0.0, cuMemsetD32Async with the float's bit pattern otherwise."""
+        _check_fits("fill", storage, 0, size)
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        if bits == 0:
+            runtime.memset_async(storage.ptr, 0, FLOAT32_BYTES * size, self._stream)
+        elif size:
+            runtime.memset_d32_async(storage.ptr, bits, size, self._stream)
+
+    def view(self, storage: DeviceBuffer, offset: int, size: int) -> DeviceBuffer:
+        _check_fits("view", storage, offset, size)
+        return storage.view(FLOAT32_BYTES * offset, FLOAT32_BYTES * size)
+
+    def synchronize(self) -> None:
+        self.context.synchronize()
+
+    # ---- cuBLAS -------------------------------------------------------------------------------
+    def sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
+        _check_matrix("sgemm", "A", A, *_stored(transa, m, k, "A"), lda)
+        _check_matrix("sgemm", "B", B, *_stored(transb, k, n, "B"), ldb)
+        _check_matrix("sgemm", "C", C, m, n, ldc)
+        cublas.sgemm(self._cublas, transa, transb, m, n, k, self._scalar(alpha), A.data.ptr, lda,
+                     B.data.ptr, ldb, self._scalar(beta), C.data.ptr, ldc)
+
+    def sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
+        _stored(trans, m, n, "A")
+        rows, cols = (m, n) if trans == OP_N else (n, m)  # op(A) is rows×cols; A is stored m×n
+        _check_matrix("sgemv", "A", A, m, n, lda)
+        _check_vector("sgemv", "x", x, cols, incx)
+        _check_vector("sgemv", "y", y, rows, incy)
+        cublas.sgemv(self._cublas, trans, m, n, self._scalar(alpha), A.data.ptr, lda, x.data.ptr, incx,
+                     self._scalar(beta), y.data.ptr, incy)
+
+    def saxpy(self, n, alpha, x, incx, y, incy) -> None:
+        _check_vector("saxpy", "x", x, n, incx)
+        _check_vector("saxpy", "y", y, n, incy)
+        self._with_scalar(cublas.saxpy, n, alpha, x.data.ptr, incx, y.data.ptr, incy)
+
+    def sscal(self, n, alpha, x, incx) -> None:
+        _check_vector("sscal", "x", x, n, incx)
+        self._with_scalar(cublas.sscal, n, alpha, x.data.ptr, incx)
+
+    def scopy(self, n, x, incx, y, incy) -> None:
+        _check_vector("scopy", "x", x, n, incx)
+        _check_vector("scopy", "y", y, n, incy)
+        cublas.scopy(self._cublas, n, x.data.ptr, incx, y.data.ptr, incy)
+
+    def _with_scalar(self, function, n, alpha, *operands) -> None:
+        """function(handle, n, &alpha, *operands): a float in host pointer mode, a one-element
+        tensor in CUBLAS_POINTER_MODE_DEVICE (host mode restored afterwards)."""
+        if not isinstance(alpha, Tensor):
+            function(self._cublas, n, self._scalar(alpha), *operands)
+            return
+        self._check_device_scalar(function.__name__, alpha)
+        cublas.set_pointer_mode(self._cublas, cublas.POINTER_MODE_DEVICE)
+        try:
+            function(self._cublas, n, alpha.data.ptr, *operands)
+        finally:
+            cublas.set_pointer_mode(self._cublas, cublas.POINTER_MODE_HOST)
+
+    def _check_device_scalar(self, call: str, value: Tensor) -> None:
+        if value.backend is not self:
+            raise UsageError(f"{call}: a tensor scalar must be on the {self.name} backend, got one on {value.backend.name}")
+
+    # ---- cuDNN: pointwise ---------------------------------------------------------------------
+    def activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
+        _same_shape("activation_forward", x, y)
+        t = self._descriptors.tensor(x.shape).handle
+        cudnn.activation_forward(self._cudnn, self._descriptors.activation(desc).handle, self._scalar(alpha),
+                                 t, x.data.ptr, self._scalar(beta), t, y.data.ptr)
+
+    def activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
+        for other in (y, dy, dx):
+            _same_shape("activation_backward", x, other)
+        t = self._descriptors.tensor(x.shape).handle
+        cudnn.activation_backward(self._cudnn, self._descriptors.activation(desc).handle, self._scalar(alpha),
+                                  t, y.data.ptr, t, dy.data.ptr, t, x.data.ptr, self._scalar(beta), t, dx.data.ptr)
+
+    def softmax_forward(self, alpha, x, beta, y) -> None:
+        """Over each sample's c·h·w values: MODE_CHANNEL on an (n, c·h·w, 1, 1) descriptor."""
+        _same_shape("softmax_forward", x, y)
+        t = self._descriptors.tensor((x.n, x.sample_size, 1, 1)).handle
+        cudnn.softmax_forward(self._cudnn, cudnn.SOFTMAX_ACCURATE, cudnn.SOFTMAX_MODE_CHANNEL, self._scalar(alpha),
+                              t, x.data.ptr, self._scalar(beta), t, y.data.ptr)
+
+    def add_tensor(self, alpha, bias, beta, y) -> None:
+        if any(b not in (1, s) for b, s in zip(bias.shape, y.shape)):
+            raise ShapeError(f"add_tensor: bias of shape {bias.shape} does not broadcast to {y.shape}")
+        cudnn.add_tensor(self._cudnn, self._scalar(alpha), self._descriptors.tensor(bias.shape).handle, bias.data.ptr,
+                         self._scalar(beta), self._descriptors.tensor(y.shape).handle, y.data.ptr)
+
+    # ---- cuDNN: convolution -------------------------------------------------------------------
+    def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
+        """Algorithms for this (descriptor, input shape, math mode), chosen once and cached; the
+        shared workspace grows to fit them now, so that no later call allocates."""
+        x_shape, y_shape = as_shape(x_shape), as_shape(y_shape)
+        key = (desc, x_shape, self.math, self.algorithm_search)
+        plan = self._plans.get(key)
+        if plan is None:
+            _check_convolution_shapes(desc, x_shape, y_shape)
+            if self.context.is_capturing():
+                raise DeviceError(
+                    f"convolution_plan for input {x_shape} was asked for during a CUDA graph capture; "
+                    "run one forward pass at this batch size before capturing"
+                )
+            plan = make_plan(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math,
+                             MATH_MODES[self.math][1], self.workspace_limit, self.algorithm_search)
+            self.context.workspace(plan.workspace_bytes)
+            self._plans[key] = plan
+            if len(self._plans) > PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
+        elif plan.y_shape != y_shape:
+            _check_convolution_shapes(desc, x_shape, y_shape)
+        self._plans.move_to_end(key)
+        return plan
+
+    def convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
+        _check_plan("convolution_forward", plan, x=x, w=w, y=y)
+        algorithm = plan.forward
+        cudnn.convolution_forward(self._cudnn, self._scalar(alpha), plan.x.handle, x.data.ptr, plan.w.handle, w.data.ptr,
+                                  plan.conv.handle, algorithm.algo, self.context.workspace(algorithm.workspace_bytes),
+                                  algorithm.workspace_bytes, self._scalar(beta), plan.y.handle, y.data.ptr)
+
+    def convolution_backward_data(self, plan: ConvolutionPlan, alpha, w, dy, beta, dx) -> None:
+        _check_plan("convolution_backward_data", plan, x=dx, w=w, y=dy)
+        algorithm = plan.backward_data
+        cudnn.convolution_backward_data(self._cudnn, self._scalar(alpha), plan.w.handle, w.data.ptr, plan.y.handle, dy.data.ptr,
+                                        plan.conv.handle, algorithm.algo, self.context.workspace(algorithm.workspace_bytes),
+                                        algorithm.workspace_bytes, self._scalar(beta), plan.x.handle, dx.data.ptr)
+
+    def convolution_backward_filter(self, plan: ConvolutionPlan, alpha, x, dy, beta, dw) -> None:
+        _check_plan("convolution_backward_filter", plan, x=x, w=dw, y=dy)
+        algorithm = plan.backward_filter
+        cudnn.convolution_backward_filter(self._cudnn, self._scalar(alpha), plan.x.handle, x.data.ptr, plan.y.handle, dy.data.ptr,
+                                          plan.conv.handle, algorithm.algo, self.context.workspace(algorithm.workspace_bytes),
+                                          algorithm.workspace_bytes, self._scalar(beta), plan.w.handle, dw.data.ptr)
+
+    def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
+        if db.shape != (1, dy.c, 1, 1):
+            raise ShapeError(f"convolution_backward_bias: db must have shape {(1, dy.c, 1, 1)}, got {db.shape}")
+        cudnn.convolution_backward_bias(self._cudnn, self._scalar(alpha), self._descriptors.tensor(dy.shape).handle, dy.data.ptr,
+                                        self._scalar(beta), self._descriptors.tensor(db.shape).handle, db.data.ptr)
+
+    # ---- cuDNN: pooling -----------------------------------------------------------------------
+    def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
+        _expect_shape("pooling_forward", "y", y, desc.output_shape(x.shape))
+        cudnn.pooling_forward(self._cudnn, self._descriptors.pooling(desc).handle, self._scalar(alpha),
+                              self._descriptors.tensor(x.shape).handle, x.data.ptr, self._scalar(beta),
+                              self._descriptors.tensor(y.shape).handle, y.data.ptr)
+
+    def pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
+        _expect_shape("pooling_backward", "dy", dy, desc.output_shape(x.shape))
+        _expect_shape("pooling_backward", "y", y, dy.shape)
+        _expect_shape("pooling_backward", "dx", dx, x.shape)
+        ty, tx = self._descriptors.tensor(y.shape).handle, self._descriptors.tensor(x.shape).handle
+        cudnn.pooling_backward(self._cudnn, self._descriptors.pooling(desc).handle, self._scalar(alpha),
+                               ty, y.data.ptr, ty, dy.data.ptr, tx, x.data.ptr, self._scalar(beta), tx, dx.data.ptr)
+
+    # ---- our kernels --------------------------------------------------------------------------
+    def cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+        """kernels/loss.cu: block sums in shared memory, one atomicAdd per block."""
+        self._elementwise_loss("cross_entropy_loss", predict, target, loss, accumulate)
+
+    def squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+        self._elementwise_loss("squared_error_loss", predict, target, loss, accumulate)
+
+    def _elementwise_loss(self, name: str, predict, target, loss, accumulate: bool) -> None:
+        _same_shape(name, predict, target)
+        self._zero_unless(accumulate, loss)
+        total = predict.size  # N·classes
+        self.context.kernel(name).launch(blocks_for(total), self._stream, loss.data.ptr, predict.data.ptr,
+                                         target.data.ptr, total, 1.0 / predict.n)
+
+    def accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
+        _same_shape("accuracy_count", predict, target)
+        self._zero_unless(accumulate, count)
+        self.context.kernel("accuracy_count").launch(blocks_for(predict.n), self._stream, count.data.ptr,
+                                                     predict.data.ptr, target.data.ptr, predict.n, predict.sample_size)
+
+    def _zero_unless(self, accumulate: bool, out) -> None:
+        if not accumulate:
+            runtime.memset_async(out.data.ptr, 0, FLOAT32_BYTES, self._stream)
+
+    def sgd_update(self, param, grad, velocity, lr, momentum: float, weight_decay: float) -> None:
+        """A float ``lr``: cuBLAS (sscal/saxpy). A one-element tensor ``lr``: kernels/sgd.cu, one
+        launch reading lr[0] on the device. ``grad`` is never modified."""
+        _same_shape("sgd_update", param, grad)
+        if momentum:
+            if velocity is None:
+                raise UsageError("sgd_update: momentum is non-zero but no velocity tensor was given")
+            _same_shape("sgd_update", param, velocity)
+        if isinstance(lr, Tensor):
+            self._check_device_scalar("sgd_update", lr)
+            v = velocity.data.ptr if momentum else None
+            self.context.kernel("sgd_update").launch(blocks_for(param.size), self._stream, param.data.ptr, grad.data.ptr,
+                                                     v, lr.data.ptr, momentum, weight_decay, param.size)
+        elif momentum:
+            self._sgd_momentum_cublas(param, grad, velocity, float(lr), momentum, weight_decay)
+        else:
+            self._sgd_plain_cublas(param, grad, float(lr), weight_decay)
+
+    def _sgd_momentum_cublas(self, param, grad, velocity, lr, momentum, weight_decay) -> None:
+        h, n, p, g, v = self._cublas, param.size, param.data.ptr, grad.data.ptr, velocity.data.ptr
+        cublas.sscal(h, n, self._scalar(momentum), v, 1)  # v = momentum·v
+        cublas.saxpy(h, n, self._scalar(1.0), g, 1, v, 1)  # v += grad
+        if weight_decay:
+            cublas.saxpy(h, n, self._scalar(weight_decay), p, 1, v, 1)  # v += wd·param
+        cublas.saxpy(h, n, self._scalar(-lr), v, 1, p, 1)  # param -= lr·v
+
+    def _sgd_plain_cublas(self, param, grad, lr, weight_decay) -> None:
+        h, n, p, g = self._cublas, param.size, param.data.ptr, grad.data.ptr
+        if weight_decay:
+            cublas.sscal(h, n, self._scalar(1.0 - lr * weight_decay), p, 1)  # param = (1 - lr·wd)·param
+        cublas.saxpy(h, n, self._scalar(-lr), g, 1, p, 1)  # param -= lr·grad
+
+    # ---- DLPack -------------------------------------------------------------------------------
+    def dlpack(self, tensor: Tensor, stream=None, max_version=None, dl_device=None, copy=None, **kwargs):
+        """A "dltensor" capsule sharing the tensor's memory. ``stream`` is the consumer's stream
+        (None or 1: legacy default, 2: per-thread default, -1: no ordering): it is made to wait for
+        the work queued so far on ours."""
+        if copy:
+            raise BufferError("the CUDA backend exports without copying; copy=True is not supported")
+        if dl_device is not None and tuple(dl_device) != self.dlpack_device():
+            raise BufferError(f"cannot export to DLPack device {tuple(dl_device)}; this tensor is on {self.dlpack_device()}")
+        if stream != -1:
+            self.context.make_stream_wait(1 if stream is None else int(stream))
+        return dlpack.export(tensor.data, tensor.shape, self.context.device)
+
+    def dlpack_device(self) -> tuple[int, int]:
+        """(kDLCUDA, device id)."""
+        return (dlpack.KDL_CUDA, self.context.device)
+
+    def from_dlpack(self, cls, external) -> Tensor:
+        """A tensor sharing a CUDA DLPack producer's memory (no copy); the producer's deleter runs
+        when the tensor's buffer is freed."""
+        if not hasattr(external, "__dlpack__"):
+            raise UsageError(f"from_dlpack needs an object with __dlpack__, got {type(external).__name__}")
+        device = tuple(external.__dlpack_device__())
+        if device != self.dlpack_device():
+            raise UsageError(f"from_dlpack: the array is on DLPack device {device}, this backend on {self.dlpack_device()}")
+        capsule = external.__dlpack__(stream=self.context.stream.address)
+        shape, buffer = dlpack.consume(capsule, self.context.device)
+        return cls(shape, self, buffer)
+
+
+# ---- argument checks (cheap, host-side: a bad size must not become an out-of-bounds access) -----
+def _check_fits(call: str, storage: DeviceBuffer, offset: int, size: int) -> None:
+    if offset < 0 or size < 0 or offset + size > storage.size:
+        raise ShapeError(f"{call}: [{offset}:{offset + size}] does not fit in storage of {storage.size} values")
+
+
+def _stored(trans, rows: int, cols: int, name: str) -> tuple[int, int]:
+    """The stored shape of a matrix whose op() is rows×cols."""
+    if trans not in (OP_N, OP_T):
+        raise UsageError(f"invalid transpose flag for {name}: {trans!r}; valid are OP_N (0) and OP_T (1)")
+    return (rows, cols) if trans == OP_N else (cols, rows)
+
+
+def _check_matrix(call: str, name: str, tensor, rows: int, cols: int, ld: int) -> None:
+    if ld < max(1, rows):
+        raise ShapeError(f"{call}: leading dimension of {name} must be >= max(1, {rows}), got {ld}")
+    need = ld * (cols - 1) + rows if rows and cols else 0
+    if need > tensor.data.size:
+        raise ShapeError(f"{call}: {name} ({rows}x{cols}, ld={ld}) needs {need} values, its storage holds {tensor.data.size}")
+
+
+def _check_vector(call: str, name: str, tensor, n: int, inc: int) -> None:
+    if inc == 0:
+        raise UsageError(f"{call}: increment of {name} must be non-zero, got {inc}")
+    need = (n - 1) * abs(inc) + 1 if n > 0 else 0
+    if need > tensor.data.size:
+        raise ShapeError(f"{call}: {name} (n={n}, inc={inc}) needs {need} values, its storage holds {tensor.data.size}")
+
+
+def _same_shape(call: str, a, b) -> None:
+    if a.shape != b.shape:
+        raise ShapeError(f"{call}: tensors must have the same shape, got {a.shape} and {b.shape}")
+
+
+def _expect_shape(call: str, what: str, tensor, shape) -> None:
+    if tensor.shape != tuple(shape):
+        raise ShapeError(f"{call}: {what} must have shape {tuple(shape)}, got {tensor.shape}")
+
+
+def _check_convolution_shapes(desc: ConvolutionDescriptor, x_shape, y_shape) -> None:
+    if x_shape[1] != desc.in_channels:
+        raise ShapeError(f"convolution: input {x_shape} has {x_shape[1]} channels, the filter {desc.in_channels}")
+    expected = desc.output_shape(x_shape)
+    if y_shape != expected or min(expected) < 1:
+        raise ShapeError(f"convolution: input {x_shape} gives output {expected} with {desc}, got {y_shape}")
+
+
+def _check_plan(call: str, plan, x, w, y) -> None:
+    if not isinstance(plan, ConvolutionPlan):
+        raise UsageError(f"{call}: expected a plan from CudaBackend.convolution_plan, got {type(plan).__name__}")
+    _expect_shape(call, "the input", x, plan.x_shape)
+    _expect_shape(call, "the filter", w, plan.desc.filter_shape)
+    _expect_shape(call, "the output", y, plan.y_shape)

@@ -1,0 +1,94 @@
+"""Finding cuda-python and the NVIDIA libraries. Whatever is missing becomes one
+DeviceUnavailableError line that names the pip package to install."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import logging
+import os
+
+from ....errors import DeviceUnavailableError
+
+log = logging.getLogger(__name__)
+
+# library: (wheel for CUDA 13, wheel for CUDA 12)
+WHEELS = {
+    "cuda-python": ("cuda-python>=13", "cuda-python>=12.3,<13"),
+    "cublas": ("nvidia-cublas", "nvidia-cublas-cu12"),
+    "cudnn": ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12"),
+    "nvrtc": ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12"),
+}
+CUDNN_IN_WHEEL = os.path.join("lib", "libcudnn.so.9")  # under nvidia/cudnn in both cuDNN 9 wheels
+
+
+def install_hint(library: str, cuda_major: int | None = None) -> str:
+    """What to pip install for ``library``, for the CUDA major version in use (13 if unknown)."""
+    wheel13, wheel12 = WHEELS[library]
+    if cuda_major == 12:
+        return f'pip install "cudnnnet[cuda12]" (or pip install "{wheel12}")'
+    return f'pip install "cudnnnet[cuda13]" (or "cudnnnet[cuda12]" for a CUDA 12 driver; or pip install "{wheel13}")'
+
+
+@functools.cache
+def cuda_python():
+    """(runtime, driver, nvrtc): cuda.bindings (cuda-python >= 12.6) or the cuda-python 12 names."""
+    try:
+        from cuda.bindings import driver, nvrtc, runtime
+    except ImportError:
+        try:
+            from cuda import cuda as driver
+            from cuda import cudart as runtime
+            from cuda import nvrtc
+        except ImportError as error:
+            raise DeviceUnavailableError(
+                f"the CUDA backend needs cuda-python, which is not installed ({error}); {install_hint('cuda-python')}"
+            ) from None
+    return runtime, driver, nvrtc
+
+
+def load_library(name: str, cuda_major: int | None) -> ctypes.CDLL:
+    """The NVIDIA library ``name`` ("cublas" or "cudnn"), found by cuda.pathfinder."""
+    try:
+        import cuda.pathfinder as pathfinder
+    except ImportError:
+        raise DeviceUnavailableError(
+            f"the CUDA backend needs cuda-pathfinder to find {name}; pip install cuda-pathfinder "
+            f"or {install_hint(name, cuda_major)}"
+        ) from None
+    try:
+        loaded = pathfinder.load_nvidia_dynamic_lib(name)
+    except Exception as error:  # unknown name (older pathfinder) or not found
+        if name == "cudnn":
+            return _cudnn_from_wheel(cuda_major, error)
+        raise DeviceUnavailableError(f"lib{name} was not found ({_first_line(error)}); {install_hint(name, cuda_major)}") from None
+    log.info("loaded %s from %s", name, loaded.abs_path)
+    return _open(loaded.abs_path or f"lib{name}", name, cuda_major, None if loaded.abs_path else loaded._handle_uint)
+
+
+def _open(path: str, name: str, cuda_major: int | None, handle: int | None = None) -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL(path, handle=handle)
+    except OSError as error:  # found, but it or one of its dependencies cannot be loaded
+        raise DeviceUnavailableError(f"{path} cannot be loaded ({error}); {install_hint(name, cuda_major)}") from None
+
+
+def _cudnn_from_wheel(cuda_major: int | None, pathfinder_error: Exception) -> ctypes.CDLL:
+    """libcudnn.so.9 inside the installed nvidia.cudnn package (nvidia-cudnn-cu12 or -cu13)."""
+    try:
+        spec = importlib.util.find_spec("nvidia.cudnn")
+    except ImportError:
+        spec = None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, CUDNN_IN_WHEEL)
+        if os.path.exists(path):
+            log.info("loaded cudnn from %s", path)
+            return _open(path, "cudnn", cuda_major)
+    raise DeviceUnavailableError(
+        f"libcudnn.so.9 was not found ({_first_line(pathfinder_error)}); {install_hint('cudnn', cuda_major)}"
+    )
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -1,0 +1,157 @@
+"""CudaContext: the CudaContext of the C++ design, in Python.
+
+One device, ONE non-default stream, a cuBLAS and a cuDNN handle bound to that stream, the
+``one / zero / minus_one`` constants, a grow-only cuDNN workspace, the descriptor cache and our
+NVRTC kernels. ``close()`` (or leaving a ``with`` block) releases everything; so does collection.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from ctypes import c_float
+
+from ...errors import CudaError, DeviceError, DeviceUnavailableError, UsageError
+from .bindings import cublas, cudnn, nvrtc, runtime
+from .bindings.loader import load_library
+from .buffer import DeviceBuffer
+from .descriptors import DescriptorCache
+from .handles import CublasHandle, CudnnHandle, Event, Stream
+from .kernel import KERNELS, Kernel, load_module
+
+log = logging.getLogger(__name__)
+
+CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS' recommendation for Hopper; needed for graph capture
+
+
+@functools.cache
+def open_libraries() -> int:
+    """Load cuda-python, NVRTC, cuBLAS and cuDNN once per process; returns the CUDA major version.
+
+    Raises DeviceUnavailableError, naming what to install, when anything (GPU included) is missing.
+    """
+    runtime.load()
+    cuda_major = runtime.runtime_get_version() // 1000
+    try:
+        device_count = runtime.get_device_count()
+    except CudaError as error:
+        raise DeviceUnavailableError(
+            f"no usable NVIDIA GPU: cudaGetDeviceCount failed with {error.status_name} "
+            "(is the NVIDIA driver installed and a GPU visible?)"
+        ) from None
+    if device_count == 0:
+        raise DeviceUnavailableError("no NVIDIA GPU is visible (cudaGetDeviceCount returned 0)")
+    nvrtc.load(cuda_major)
+    cublas.load(load_library("cublas", cuda_major))  # before cuDNN, which uses cuBLAS(Lt)
+    cudnn.load(load_library("cudnn", cuda_major))
+    log.info("CUDA runtime %d, cuDNN %d, NVRTC %s", runtime.runtime_get_version(), cudnn.get_version(), nvrtc.version())
+    return cuda_major
+
+
+def _text(name) -> str:
+    """A C char[] field from cuda-python (bytes, possibly NUL-padded) as str."""
+    return name.split(b"\0")[0].decode() if isinstance(name, (bytes, bytearray)) else str(name)
+
+
+class CudaContext:
+    """Everything a backend needs on one device."""
+
+    def __init__(self, device: int = 0):
+        self.cuda_major = open_libraries()
+        device_count = runtime.get_device_count()
+        if not 0 <= device < device_count:
+            raise UsageError(f"invalid CUDA device {device!r}; this machine has devices 0 to {device_count - 1}")
+        self.device = device
+        runtime.set_device(device)
+        runtime.free(0)  # cudaFree(0): create the primary context now, for the driver API too
+        properties = runtime.get_device_properties(device)
+        self.device_name = _text(properties.name)
+        self.compute_capability = (int(properties.major), int(properties.minor))
+        self.arch = f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
+        self.stream = Stream()
+        self.one, self.zero, self.minus_one = c_float(1.0), c_float(0.0), c_float(-1.0)
+        self.cublas = CublasHandle(self.stream)
+        self._cublas_workspace = DeviceBuffer.allocate(CUBLAS_WORKSPACE_BYTES)
+        cublas.set_workspace(self.cublas.handle, self._cublas_workspace.ptr, CUBLAS_WORKSPACE_BYTES)
+        self.cudnn = CudnnHandle(self.stream)
+        self.cudnn_version = cudnn.get_version()
+        self.descriptors = DescriptorCache()
+        self._workspace: DeviceBuffer | None = None  # shared by every convolution plan, grow-only
+        self._kernels: dict[str, Kernel] = {}
+        self._ordering_event: Event | None = None
+        log.info("CUDA context on device %d (%s, %s), cuDNN %d", device, self.device_name, self.arch, self.cudnn_version)
+
+    # ---- stream ------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def is_capturing(self) -> bool:
+        """True while a CUDA graph capture is active on the context stream."""
+        return self.stream.is_capturing()
+
+    def make_stream_wait(self, other_stream: int) -> None:
+        """Order ``other_stream`` (a raw handle) after all work queued so far on the context stream."""
+        if self._ordering_event is None:
+            self._ordering_event = Event(timing=False)
+        self._ordering_event.record(self.stream)
+        runtime.stream_wait_event(runtime.stream_handle(other_stream), self._ordering_event.handle)
+
+    # ---- workspace ---------------------------------------------------------------------------
+    @property
+    def workspace_bytes(self) -> int:
+        return self._workspace.nbytes if self._workspace is not None else 0
+
+    def workspace(self, nbytes: int) -> int:
+        """The pointer of the shared cuDNN workspace, grown (never shrunk) to ``nbytes`` first."""
+        if nbytes > self.workspace_bytes:
+            if self.is_capturing():
+                raise DeviceError(
+                    f"the cuDNN workspace must grow to {nbytes} bytes during a CUDA graph capture; "
+                    "run one step at this batch size before capturing"
+                )
+            self._workspace = None  # free the old one first: lower peak memory
+            self._workspace = DeviceBuffer.allocate(nbytes)
+            log.debug("cuDNN workspace grown to %d bytes", nbytes)
+        return self._workspace.ptr if self._workspace is not None else 0
+
+    # ---- kernels -----------------------------------------------------------------------------
+    def kernel(self, name: str) -> Kernel:
+        """Our NVRTC kernel ``name`` (compiled and loaded on first use)."""
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            filename, argtypes = KERNELS[name]
+            module = next((k.module for k in self._kernels.values() if KERNELS[k.name][0] == filename), None)
+            kernel = self._kernels[name] = Kernel(module or load_module(filename, self.arch), name, argtypes)
+        return kernel
+
+    # ---- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release handles, descriptors, kernels, workspaces and the stream (idempotent)."""
+        if self.stream.closed:
+            return
+        self.stream.synchronize()
+        self.descriptors.clear()
+        for kernel in self._kernels.values():
+            kernel.module.close()
+        self._kernels.clear()
+        for owned in (self._ordering_event, self.cudnn, self.cublas):
+            if owned is not None:
+                owned.close()
+        for buffer in (self._workspace, self._cublas_workspace):
+            if buffer is not None:
+                buffer.free()
+        self._workspace = None
+        self.stream.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.stream.closed
+
+    def __enter__(self) -> "CudaContext":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CudaContext(device={self.device}, {self.device_name!r})"

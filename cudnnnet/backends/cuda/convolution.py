@@ -1,0 +1,131 @@
+"""Convolution plans: cuDNN algorithms for forward, backward-data and backward-filter, chosen once
+per (descriptor, input shape, math mode) by one search helper, and the workspace they need."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from ...errors import CudnnError
+from ..base import ConvolutionDescriptor
+from .bindings import cudnn
+from .descriptors import ConvolutionDescriptorHandle, DescriptorCache, FilterDescriptor, TensorDescriptor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A cuDNN algorithm enum value and the workspace it needs."""
+
+    algo: int
+    workspace_bytes: int
+
+
+@dataclass(frozen=True)
+class ConvolutionPlan:
+    """Descriptors and algorithms for one convolution at one input shape."""
+
+    desc: ConvolutionDescriptor
+    x_shape: tuple[int, int, int, int]
+    y_shape: tuple[int, int, int, int]
+    math: str
+    x: TensorDescriptor  # (N, C, H, W)
+    w: FilterDescriptor  # (K, C, R, S)
+    conv: ConvolutionDescriptorHandle
+    y: TensorDescriptor  # (N, K, OH, OW)
+    forward: Algorithm
+    backward_data: Algorithm
+    backward_filter: Algorithm
+
+    @property
+    def workspace_bytes(self) -> int:
+        return max(self.forward.workspace_bytes, self.backward_data.workspace_bytes, self.backward_filter.workspace_bytes)
+
+    def __repr__(self) -> str:
+        return (
+            f"ConvolutionPlan({self.desc}, x={self.x_shape}, y={self.y_shape}, math={self.math}, "
+            f"algorithms=({self.forward.algo}, {self.backward_data.algo}, {self.backward_filter.algo}), "
+            f"workspace={self.workspace_bytes})"
+        )
+
+
+@dataclass(frozen=True)
+class Direction:
+    """The cuDNN calls of one convolution direction; ``operands`` orders (x, w, conv, y) as they take them."""
+
+    name: str
+    max_count: Callable
+    heuristic: Callable  # cudnnGet*Algorithm_v7
+    exhaustive: Callable  # cudnnFind*Algorithm
+    workspace_size: Callable  # cudnnGet*WorkspaceSize
+    operands: Callable
+
+
+FORWARD = Direction(
+    "forward",
+    cudnn.get_convolution_forward_algorithm_max_count,
+    cudnn.get_convolution_forward_algorithm_v7,
+    cudnn.find_convolution_forward_algorithm,
+    cudnn.get_convolution_forward_workspace_size,
+    lambda x, w, conv, y: (x, w, conv, y),
+)
+BACKWARD_DATA = Direction(
+    "backward_data",
+    cudnn.get_convolution_backward_data_algorithm_max_count,
+    cudnn.get_convolution_backward_data_algorithm_v7,
+    cudnn.find_convolution_backward_data_algorithm,
+    cudnn.get_convolution_backward_data_workspace_size,
+    lambda x, w, conv, y: (w, y, conv, x),  # (w, dy, conv, dx)
+)
+BACKWARD_FILTER = Direction(
+    "backward_filter",
+    cudnn.get_convolution_backward_filter_algorithm_max_count,
+    cudnn.get_convolution_backward_filter_algorithm_v7,
+    cudnn.find_convolution_backward_filter_algorithm,
+    cudnn.get_convolution_backward_filter_workspace_size,
+    lambda x, w, conv, y: (x, y, conv, w),  # (x, dy, conv, dw)
+)
+SEARCHES = ("heuristic", "exhaustive")
+
+
+def choose_algorithm(handle: int, direction: Direction, operands: tuple, limit: int, search: str) -> Algorithm:
+    """The best-ranked algorithm that cuDNN supports here and whose workspace fits in ``limit`` bytes.
+
+    ``search`` is "heuristic" (cudnnGet*_v7: instant, no memory) or "exhaustive" (cudnnFind*: runs
+    every algorithm once; cuDNN allocates its own scratch memory).
+    """
+    count = direction.max_count(handle)
+    results = (cudnn.AlgoPerf * count)()
+    query = direction.exhaustive if search == "exhaustive" else direction.heuristic
+    returned = query(handle, *operands, count, results)
+    for perf in results[:returned]:
+        if perf.status != cudnn.STATUS_SUCCESS:
+            continue
+        try:
+            nbytes = direction.workspace_size(handle, *operands, perf.algo)
+        except CudnnError as error:
+            log.debug("convolution %s algorithm %d skipped: %s", direction.name, perf.algo, error)
+            continue
+        if nbytes <= limit:
+            return Algorithm(perf.algo, nbytes)
+    raise CudnnError(
+        query.__name__, cudnn.STATUS_NOT_SUPPORTED, "CUDNN_STATUS_NOT_SUPPORTED",
+        f"no convolution {direction.name} algorithm is supported with a workspace of at most {limit} bytes",
+    )
+
+
+def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape,
+              math: str, math_type: int, limit: int, search: str) -> ConvolutionPlan:
+    """Descriptors from the cache, then one algorithm per direction."""
+    x, y = descriptors.tensor(x_shape), descriptors.tensor(y_shape)
+    w, conv = descriptors.filter(desc.filter_shape), descriptors.convolution(desc, math_type)
+    handles = (x.handle, w.handle, conv.handle, y.handle)
+    forward, backward_data, backward_filter = (
+        choose_algorithm(handle, direction, direction.operands(*handles), limit, search)
+        for direction in (FORWARD, BACKWARD_DATA, BACKWARD_FILTER)
+    )
+    plan = ConvolutionPlan(desc, x_shape, y_shape, math, x, w, conv, y, forward, backward_data, backward_filter)
+    log.debug("planned %r", plan)
+    return plan

@@ -1,0 +1,109 @@
+"""cuDNN descriptors as Python objects, cached so that the hot path creates none.
+
+Tensor and filter descriptors are cached by shape; activation, pooling and convolution
+descriptors by the call surface's frozen dataclasses (and, for convolutions, the math type).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from ..base import ActivationDescriptor, ConvolutionDescriptor, PoolingDescriptor
+from .bindings import cudnn
+from .handles import Owned
+
+
+class TensorDescriptor(Owned):
+    """cudnnTensorDescriptor_t: NCHW float32 of ``shape`` (n, c, h, w)."""
+
+    __slots__ = ()
+
+    def __init__(self, shape: tuple[int, int, int, int]):
+        super().__init__(cudnn.create_tensor_descriptor(), cudnn.destroy_tensor_descriptor)
+        cudnn.set_tensor_4d_descriptor(self.handle, cudnn.TENSOR_NCHW, cudnn.DATA_FLOAT, *shape)
+
+
+class FilterDescriptor(Owned):
+    """cudnnFilterDescriptor_t: float32 NCHW filters of ``shape`` (k, c, r, s)."""
+
+    __slots__ = ()
+
+    def __init__(self, shape: tuple[int, int, int, int]):
+        super().__init__(cudnn.create_filter_descriptor(), cudnn.destroy_filter_descriptor)
+        cudnn.set_filter_4d_descriptor(self.handle, cudnn.DATA_FLOAT, cudnn.TENSOR_NCHW, *shape)
+
+
+class ConvolutionDescriptorHandle(Owned):
+    """cudnnConvolutionDescriptor_t: 2-D cross-correlation, float32 compute, ``math_type`` set."""
+
+    __slots__ = ()
+
+    def __init__(self, desc: ConvolutionDescriptor, math_type: int):
+        super().__init__(cudnn.create_convolution_descriptor(), cudnn.destroy_convolution_descriptor)
+        p, s, d = desc.padding, desc.stride, desc.dilation
+        cudnn.set_convolution_2d_descriptor(self.handle, p, p, s, s, d, d, cudnn.CROSS_CORRELATION, cudnn.DATA_FLOAT)
+        cudnn.set_convolution_math_type(self.handle, math_type)
+
+
+class PoolingDescriptorHandle(Owned):
+    """cudnnPoolingDescriptor_t for a square window (NaN propagates, as in NumPy)."""
+
+    __slots__ = ()
+
+    def __init__(self, desc: PoolingDescriptor):
+        super().__init__(cudnn.create_pooling_descriptor(), cudnn.destroy_pooling_descriptor)
+        w, p, s = desc.window, desc.padding, desc.stride
+        cudnn.set_pooling_2d_descriptor(self.handle, int(desc.mode), cudnn.PROPAGATE_NAN, w, w, p, p, s, s)
+
+
+class ActivationDescriptorHandle(Owned):
+    """cudnnActivationDescriptor_t: mode and coef (NaN propagates, as in NumPy)."""
+
+    __slots__ = ()
+
+    def __init__(self, desc: ActivationDescriptor):
+        super().__init__(cudnn.create_activation_descriptor(), cudnn.destroy_activation_descriptor)
+        cudnn.set_activation_descriptor(self.handle, int(desc.mode), cudnn.PROPAGATE_NAN, float(desc.coef))
+
+
+class DescriptorCache:
+    """Least-recently-used cache of descriptors. An evicted descriptor still held by a plan lives on
+    until the plan goes; the cache only bounds how many idle ones are kept."""
+
+    def __init__(self, capacity: int = 512):
+        self.capacity = capacity
+        self._entries: OrderedDict = OrderedDict()
+
+    def tensor(self, shape: tuple[int, int, int, int]) -> TensorDescriptor:
+        return self._get(TensorDescriptor, shape)
+
+    def filter(self, shape: tuple[int, int, int, int]) -> FilterDescriptor:
+        return self._get(FilterDescriptor, shape)
+
+    def convolution(self, desc: ConvolutionDescriptor, math_type: int) -> ConvolutionDescriptorHandle:
+        return self._get(ConvolutionDescriptorHandle, desc, math_type)
+
+    def pooling(self, desc: PoolingDescriptor) -> PoolingDescriptorHandle:
+        return self._get(PoolingDescriptorHandle, desc)
+
+    def activation(self, desc: ActivationDescriptor) -> ActivationDescriptorHandle:
+        return self._get(ActivationDescriptorHandle, desc)
+
+    def _get(self, kind, *key):
+        entry_key = (kind, key)
+        descriptor = self._entries.get(entry_key)
+        if descriptor is None:
+            descriptor = self._entries[entry_key] = kind(*key)
+            if len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(entry_key)
+        return descriptor
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        for descriptor in self._entries.values():
+            descriptor.close()
+        self._entries.clear()

@@ -1,0 +1,107 @@
+"""Tier 2: library objects as Python objects that free themselves.
+
+Each object keeps its C handle in ``handle`` and destroys it through ``weakref.finalize`` when it is
+collected or closed. Finalizers never run at interpreter exit (the driver reclaims everything
+then, and the libraries may already be unloading) and never raise.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+from .bindings import cublas, cudnn, runtime
+
+log = logging.getLogger(__name__)
+
+
+def release_when_collected(owner, release, *args) -> weakref.finalize:
+    """Call ``release(*args)`` once, when ``owner`` is collected or the finalizer is called."""
+    finalizer = weakref.finalize(owner, _release_quietly, release, *args)
+    finalizer.atexit = False
+    return finalizer
+
+
+def _release_quietly(release, *args) -> None:
+    try:
+        release(*args)
+    except Exception as error:  # a library unloading at shutdown, or a context already torn down
+        if log is not None:
+            log.debug("%s%r failed while releasing: %s", getattr(release, "__name__", release), args, error)
+
+
+class Owned:
+    """A C handle destroyed by ``destroy(handle)`` when this object is collected or closed."""
+
+    __slots__ = ("handle", "_finalizer", "__weakref__")
+
+    def __init__(self, handle, destroy):
+        self.handle = handle
+        self._finalizer = release_when_collected(self, destroy, handle)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({int(self.handle or 0):#x})"
+
+
+class Stream(Owned):
+    """A non-blocking CUDA stream (cudaStreamCreateWithFlags). ``address`` is its raw handle."""
+
+    __slots__ = ("address",)
+
+    def __init__(self):
+        super().__init__(runtime.stream_create_with_flags(runtime.STREAM_NON_BLOCKING), runtime.stream_destroy)
+        self.address = int(self.handle)
+
+    def synchronize(self) -> None:
+        runtime.stream_synchronize(self.handle)
+
+    def is_capturing(self) -> bool:
+        return runtime.stream_is_capturing(self.handle)
+
+
+class Event(Owned):
+    """A CUDA event; ``timing=False`` makes a cheaper one for ordering streams only."""
+
+    __slots__ = ()
+
+    def __init__(self, timing: bool = True):
+        flags = 0 if timing else runtime.EVENT_DISABLE_TIMING
+        super().__init__(runtime.event_create_with_flags(flags), runtime.event_destroy)
+
+    def record(self, stream: Stream) -> "Event":
+        runtime.event_record(self.handle, stream.handle)
+        return self
+
+    def synchronize(self) -> None:
+        runtime.event_synchronize(self.handle)
+
+    def elapsed_ms(self, end: "Event") -> float:
+        """Milliseconds from this event to ``end`` (both recorded and complete)."""
+        return runtime.event_elapsed_time(self.handle, end.handle)
+
+
+class CublasHandle(Owned):
+    """cublasHandle_t bound to ``stream``."""
+
+    __slots__ = ()
+
+    def __init__(self, stream: Stream):
+        super().__init__(cublas.create(), cublas.destroy)
+        cublas.set_stream(self.handle, stream.address)
+
+
+class CudnnHandle(Owned):
+    """cudnnHandle_t bound to ``stream``."""
+
+    __slots__ = ()
+
+    def __init__(self, stream: Stream):
+        super().__init__(cudnn.create(), cudnn.destroy)
+        cudnn.set_stream(self.handle, stream.address)

@@ -1,0 +1,99 @@
+"""Our own CUDA kernels: ``kernels/*.cu`` compiled with NVRTC for the device's architecture,
+cached per process, loaded with the driver API and launched on the context stream."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from ctypes import c_float, c_int, c_longlong, c_void_p
+from pathlib import Path
+
+from ...errors import NvrtcError
+from .bindings import nvrtc, runtime
+from .handles import Owned
+
+log = logging.getLogger(__name__)
+
+KERNEL_DIR = Path(__file__).with_name("kernels")
+BLOCK_SIZE = 256  # threads per block; the kernels' shared-memory reductions are sized by it
+MAX_BLOCKS = 1024  # grid-stride loops cover the rest
+
+# kernel name: (source file, argument types in order)
+KERNELS = {
+    "cross_entropy_loss": ("loss.cu", (c_void_p, c_void_p, c_void_p, c_longlong, c_float)),
+    "squared_error_loss": ("loss.cu", (c_void_p, c_void_p, c_void_p, c_longlong, c_float)),
+    "accuracy_count": ("loss.cu", (c_void_p, c_void_p, c_void_p, c_longlong, c_int)),
+    "sgd_update": ("sgd.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_float, c_float, c_longlong)),
+}
+
+
+def blocks_for(count: int) -> int:
+    """Blocks of BLOCK_SIZE threads for ``count`` items (at least 1, at most MAX_BLOCKS)."""
+    return max(1, min(MAX_BLOCKS, -(-count // BLOCK_SIZE)))
+
+
+def compile_options(arch: str) -> list[bytes]:
+    return [f"--gpu-architecture={arch}".encode(), b"-default-device", b"--std=c++17", f"-DBLOCK_SIZE={BLOCK_SIZE}".encode()]
+
+
+@functools.lru_cache(maxsize=None)
+def compile_cubin(source: bytes, name: str, arch: str) -> bytes:
+    """NVRTC: ``source`` → cubin for ``arch`` (e.g. "sm_90"). NvrtcError carries the compile log."""
+    program = nvrtc.create_program(source, name.encode())
+    try:
+        try:
+            nvrtc.compile_program(program, compile_options(arch))
+        except NvrtcError as error:
+            raise NvrtcError(error.function, error.status, error.status_name, f"{name}:\n{program_log(program)}") from None
+        warnings = program_log(program)
+        if warnings:
+            log.debug("NVRTC log for %s:\n%s", name, warnings)
+        return nvrtc.get_cubin(program, nvrtc.get_cubin_size(program))
+    finally:
+        nvrtc.destroy_program(program)
+
+
+def program_log(program) -> str:
+    text = nvrtc.get_program_log(program, nvrtc.get_program_log_size(program))
+    return text.rstrip(b"\0").decode(errors="replace").strip()
+
+
+class KernelModule(Owned):
+    """A cubin loaded into the current context (cuModuleLoadData / cuModuleUnload)."""
+
+    __slots__ = ()
+
+    def __init__(self, cubin: bytes):
+        image = ctypes.c_char_p(cubin)  # points at the bytes object's buffer while `cubin` lives
+        super().__init__(runtime.module_load_data(ctypes.cast(image, c_void_p).value), runtime.module_unload)
+
+    def function(self, name: str):
+        return runtime.module_get_function(self.handle, name.encode())
+
+
+class Kernel:
+    """One ``__global__`` function with argument slots reused by every launch: a launch writes the
+    values into the slots and passes the fixed void*[] of their addresses to cuLaunchKernel."""
+
+    __slots__ = ("name", "function", "module", "_slots", "_pointers", "_params")
+
+    def __init__(self, module: KernelModule, name: str, argtypes: tuple):
+        self.name = name
+        self.module = module  # keeps the module loaded while the kernel lives
+        self.function = module.function(name)
+        self._slots = tuple(argtype() for argtype in argtypes)
+        self._pointers = (c_void_p * len(argtypes))(*(ctypes.addressof(slot) for slot in self._slots))
+        self._params = ctypes.addressof(self._pointers)
+
+    def launch(self, blocks: int, stream, *args) -> None:
+        """<<<blocks, BLOCK_SIZE, 0, stream>>>(*args)."""
+        for slot, value in zip(self._slots, args, strict=True):
+            slot.value = value
+        runtime.launch_kernel(self.function, (blocks, 1, 1), (BLOCK_SIZE, 1, 1), 0, stream, self._params)
+
+
+def load_module(filename: str, arch: str) -> KernelModule:
+    """Compile (once per process) and load ``kernels/filename``."""
+    source = (KERNEL_DIR / filename).read_bytes()
+    return KernelModule(compile_cubin(source, filename, arch))

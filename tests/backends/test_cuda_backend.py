@@ -1,0 +1,538 @@
+"""The CUDA backend against the host backend (the oracle), call by call, on the same inputs.
+
+Every test is marked ``gpu`` and skips itself where cuda-python, a CUDA library or a GPU is
+missing. Each comparison runs one test body on both backends and checks the relative error
+‖cuda − host‖ / ‖host‖ of every output (1e-5 in FP32, 1e-3 in TF32).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from cudnnnet.backends import cuda_available, get_backend
+from cudnnnet.backends.base import (
+    OP_N,
+    OP_T,
+    ActivationDescriptor,
+    ActivationMode,
+    ConvolutionDescriptor,
+    PoolingDescriptor,
+    PoolingMode,
+)
+from cudnnnet.errors import CublasError, CudnnError, NvrtcError, OutOfMemoryError, ShapeError, UsageError
+from cudnnnet.tensor import Tensor
+
+pytestmark = pytest.mark.gpu
+
+FP32_TOLERANCE = 1e-5
+TF32_TOLERANCE = 1e-3
+BATCHES = (1, 7, 255, 256, 1000)
+LOSS_BATCHES = (1, 7, 255, 256, 1000, 4097)
+CONV_BATCHES = (1, 7, 255)
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    if not cuda_available():
+        pytest.skip("no usable GPU, cuda-python or CUDA library (get_backend('cuda') says why)")
+    backend = get_backend("cuda")
+    yield backend
+    backend.set_math("fp32")
+
+
+@pytest.fixture(scope="module")
+def host():
+    return get_backend("host")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20240611)
+
+
+@pytest.fixture
+def bindings():
+    from cudnnnet.backends.cuda import bindings
+
+    bindings.reset_calls()
+    return bindings
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    actual, expected = actual.astype(np.float64), expected.astype(np.float64)
+    norm = np.linalg.norm(expected)
+    difference = np.linalg.norm(actual - expected)
+    return difference / norm if norm else difference
+
+
+def compare(host, cuda, body, *arrays, tolerance=FP32_TOLERANCE):
+    """Run ``body(backend, *tensors)`` on both backends with the same input arrays; every tensor it
+    returns must agree within ``tolerance``."""
+    expected = body(host, *(Tensor.from_numpy(a, host) for a in arrays))
+    actual = body(cuda, *(Tensor.from_numpy(a, cuda) for a in arrays))
+    assert len(actual) == len(expected)
+    for index, (got, want) in enumerate(zip(actual, expected)):
+        assert got.backend is cuda and want.backend is host
+        assert got.shape == want.shape, f"output {index}: shape {got.shape} != {want.shape}"
+        error = relative_error(got.numpy(), want.numpy())
+        assert error <= tolerance, f"output {index}: relative error {error:.3g} > {tolerance:g}"
+
+
+def normal(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# ---- device and memory -------------------------------------------------------------------------
+def test_device_identity(cuda):
+    assert cuda.name == "cuda"
+    assert isinstance(cuda.device_name, str) and cuda.device_name
+    assert cuda.dlpack_device() == (2, cuda.context.device)
+    free, total = cuda.memory_info()
+    assert 0 < free <= total
+
+
+@pytest.mark.parametrize("size", [1, 7, 1000, 4097])
+def test_upload_download_round_trip(cuda, rng, size):
+    values = normal(rng, size)
+    tensor = Tensor.from_numpy(values, cuda)
+    np.testing.assert_array_equal(tensor.numpy().reshape(-1), values)
+
+
+def test_copy_fill_view(host, cuda, rng):
+    def body(b, x):
+        y = Tensor.zeros(x.shape, b)
+        y.copy_(x)
+        y.view((5,), offset=3).fill_(2.5)
+        y.view((4,), offset=20).fill_(-0.0)
+        z = Tensor.zeros((7,), b)
+        b.copy(y.view((7,), offset=10).data, z.data, 7)
+        return [y, z]
+
+    compare(host, cuda, body, normal(rng, 4, 8))
+
+
+def test_view_keeps_parent_alive(cuda, rng):
+    values = normal(rng, 64)
+    parent = Tensor.from_numpy(values, cuda)
+    child = parent.view((16,), offset=8)
+    del parent
+    gc.collect()
+    np.testing.assert_array_equal(child.numpy().reshape(-1), values[8:24])
+
+
+def test_view_out_of_range(cuda):
+    with pytest.raises(ShapeError):
+        cuda.view(cuda.empty(10), 8, 4)
+
+
+def test_out_of_memory_suggests_smaller_batch(cuda):
+    with pytest.raises(OutOfMemoryError, match="smaller batch size"):
+        cuda.empty(1 << 42)  # 16 TiB
+    Tensor.zeros((4,), cuda).numpy()  # the device still works
+
+
+# ---- cuBLAS ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", BATCHES)
+@pytest.mark.parametrize("transb", [OP_N, OP_T])
+@pytest.mark.parametrize("transa", [OP_N, OP_T])
+def test_sgemm(host, cuda, rng, transa, transb, n):
+    m, k = 13, 29
+    a_rows, a_cols = (m, k) if transa == OP_N else (k, m)
+    b_rows, b_cols = (k, n) if transb == OP_N else (n, k)
+    lda, ldb, ldc = a_rows + 3, b_rows + 1, m + 2  # padded leading dimensions
+
+    def body(b, A, B, C):
+        b.sgemm(transa, transb, m, n, k, 0.75, A, lda, B, ldb, -0.5, C, ldc)
+        return [C]
+
+    compare(host, cuda, body, normal(rng, lda * a_cols), normal(rng, ldb * b_cols), normal(rng, ldc * n))
+
+
+@pytest.mark.parametrize("n", BATCHES)
+@pytest.mark.parametrize("trans", [OP_N, OP_T])
+def test_sgemv(host, cuda, rng, trans, n):
+    m, lda, incx, incy = 17, 19, 2, 1
+    x_len, y_len = (n, m) if trans == OP_N else (m, n)
+
+    def body(b, A, x, y):
+        b.sgemv(trans, m, n, 1.5, A, lda, x, incx, 0.25, y, incy)
+        return [y]
+
+    compare(host, cuda, body, normal(rng, lda * n), normal(rng, incx * x_len), normal(rng, incy * y_len))
+
+
+@pytest.mark.parametrize("n", BATCHES)
+@pytest.mark.parametrize("incx, incy", [(1, 1), (2, 3), (-2, 1)])
+@pytest.mark.parametrize("alpha_on_device", [False, True])
+def test_saxpy_sscal_scopy(host, cuda, rng, n, incx, incy, alpha_on_device):
+    def body(b, x, y, z, alpha):
+        scalar = alpha if alpha_on_device else float(alpha.numpy()[0, 0, 0, 0])
+        b.saxpy(n, scalar, x, incx, y, incy)  # y = alpha·x + y
+        b.sscal(n, scalar, x, incx)  # x = alpha·x
+        b.scopy(n, y, incy, z, incx)  # z = y
+        b.saxpy(n, -0.5, x, incx, z, incx)  # host pointer mode again after a device scalar
+        return [x, y, z]
+
+    size = n * 3
+    compare(host, cuda, body, normal(rng, size), normal(rng, size), normal(rng, size), np.array([0.3], np.float32))
+
+
+def test_blas_checks_sizes_before_the_gpu(cuda):
+    small = Tensor.zeros((10,), cuda)
+    with pytest.raises(ShapeError, match="C"):
+        cuda.sgemm(OP_N, OP_N, 4, 4, 1, 1.0, small, 4, small, 1, 0.0, small, 4)
+    with pytest.raises(UsageError, match="transpose"):
+        cuda.sgemm(2, OP_N, 1, 1, 1, 1.0, small, 1, small, 1, 0.0, small, 1)
+
+
+def test_cublas_status_is_raised_with_its_name(cuda):
+    t = Tensor.zeros((4,), cuda)
+    with pytest.raises(CublasError) as caught:
+        cuda.sgemm(OP_N, OP_N, -1, 1, 1, 1.0, t, 1, t, 1, 0.0, t, 1)
+    assert caught.value.function == "cublasSgemm_v2"
+    assert caught.value.status_name == "CUBLAS_STATUS_INVALID_VALUE"
+
+
+# ---- cuDNN: pointwise --------------------------------------------------------------------------
+ACTIVATIONS = [
+    ActivationDescriptor(ActivationMode.SIGMOID),
+    ActivationDescriptor(ActivationMode.RELU),
+    ActivationDescriptor(ActivationMode.TANH),
+    ActivationDescriptor(ActivationMode.CLIPPED_RELU, 0.8),
+    ActivationDescriptor(ActivationMode.ELU, 0.7),
+]
+
+
+@pytest.mark.parametrize("n", BATCHES)
+@pytest.mark.parametrize("desc", ACTIVATIONS, ids=lambda d: d.mode.name)
+def test_activation(host, cuda, rng, desc, n):
+    def body(b, x, dy, y, dx, blended):
+        b.activation_forward(desc, 1.0, x, 0.0, y)
+        b.activation_backward(desc, 1.0, y, dy, x, 0.0, dx)
+        b.activation_forward(desc, 0.5, x, 0.25, blended)
+        return [y, dx, blended]
+
+    shape = (n, 3, 4, 5)
+    compare(host, cuda, body, *(normal(rng, *shape) for _ in range(5)))
+
+
+@pytest.mark.parametrize("n", BATCHES)
+@pytest.mark.parametrize("sample", [(10, 1, 1), (3, 2, 2)])
+def test_softmax(host, cuda, rng, n, sample):
+    def body(b, x, y, blended):
+        b.softmax_forward(1.0, x, 0.0, y)
+        b.softmax_forward(2.0, x, 0.5, blended)
+        return [y, blended]
+
+    shape = (n, *sample)
+    compare(host, cuda, body, 3 * normal(rng, *shape), normal(rng, *shape), normal(rng, *shape))
+
+
+@pytest.mark.parametrize("bias_shape", [(1, 4, 1, 1), (1, 4, 3, 3), (1, 1, 1, 1)])
+def test_add_tensor(host, cuda, rng, bias_shape):
+    def body(b, bias, y):
+        b.add_tensor(1.0, bias, 1.0, y)
+        b.add_tensor(0.5, bias, 2.0, y)
+        return [y]
+
+    compare(host, cuda, body, normal(rng, *bias_shape), normal(rng, 7, 4, 3, 3))
+
+
+def test_pointwise_shape_mismatch(cuda):
+    with pytest.raises(ShapeError):
+        cuda.activation_forward(ACTIVATIONS[1], 1.0, Tensor.zeros((2, 3), cuda), 0.0, Tensor.zeros((3, 2), cuda))
+
+
+def test_cudnn_status_is_raised_with_its_name(cuda):
+    with pytest.raises(CudnnError) as caught:
+        cuda.context.descriptors.tensor((0, 1, 1, 1))
+    assert caught.value.function == "cudnnSetTensor4dDescriptor"
+    assert caught.value.status_name.startswith("CUDNN_STATUS_BAD_PARAM")
+
+
+# ---- cuDNN: convolution ------------------------------------------------------------------------
+GEOMETRIES = [  # (kernel, stride, padding, dilation)
+    (3, 1, 0, 1),
+    (3, 1, 1, 1),
+    (3, 2, 1, 1),
+    (5, 2, 2, 1),
+    (3, 1, 2, 2),
+    (1, 1, 0, 1),
+    (4, 3, 1, 2),
+]
+
+
+def convolution_body(desc):
+    def body(b, x, w, y, dy, dx, dw, db):
+        plan = b.convolution_plan(desc, x.shape, y.shape)
+        b.convolution_forward(plan, 1.0, x, w, 0.0, y)  # y = x ⋆ w
+        b.convolution_backward_data(plan, 1.0, w, dy, 0.5, dx)  # dx = dy ⋆ᵀ w + dx/2
+        b.convolution_backward_filter(plan, 1.0, x, dy, 0.0, dw)  # dw = Σ x ⋆ dy
+        b.convolution_backward_bias(0.5, dy, 1.0, db)  # db += Σ dy / 2
+        return [y, dx, dw, db]
+
+    return body
+
+
+def convolution_arrays(rng, desc, n, size=13):
+    x_shape = (n, desc.in_channels, size, size)
+    y_shape = desc.output_shape(x_shape)
+    return [normal(rng, *shape) for shape in (x_shape, desc.filter_shape, y_shape, y_shape, x_shape,
+                                              desc.filter_shape, (1, desc.out_channels, 1, 1))]
+
+
+@pytest.mark.parametrize("n", CONV_BATCHES)
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: "k{}s{}p{}d{}".format(*g))
+def test_convolution(host, cuda, rng, geometry, n):
+    desc = ConvolutionDescriptor(4, 3, *geometry)
+    compare(host, cuda, convolution_body(desc), *convolution_arrays(rng, desc, n))
+
+
+def test_convolution_exhaustive_search(host, cuda, rng):
+    desc = ConvolutionDescriptor(8, 3, 3, 1, 1, 1)
+    cuda.algorithm_search = "exhaustive"
+    try:
+        compare(host, cuda, convolution_body(desc), *convolution_arrays(rng, desc, 16))
+    finally:
+        cuda.algorithm_search = "heuristic"
+
+
+def test_convolution_plans_per_batch_size_and_workspace_only_grows(cuda, bindings):
+    desc = ConvolutionDescriptor(16, 8, 3, 1, 1, 1)
+    sizes = []
+    plans = {}
+    for n in (4, 64, 8, 64, 4):
+        x_shape = (n, 8, 20, 20)
+        plans.setdefault(n, cuda.convolution_plan(desc, x_shape, desc.output_shape(x_shape)))
+        assert cuda.convolution_plan(desc, x_shape, desc.output_shape(x_shape)) is plans[n]
+        assert cuda.context.workspace_bytes >= plans[n].workspace_bytes
+        sizes.append(cuda.context.workspace_bytes)
+    assert sizes == sorted(sizes)
+    assert plans[4] is not plans[8] and plans[8] is not plans[64]
+    assert bindings.calls["cudnnGetConvolutionForwardAlgorithm_v7"] == 3  # one search per batch size
+
+
+def test_convolution_plan_rejects_wrong_shapes(cuda):
+    desc = ConvolutionDescriptor(4, 3, 3)
+    with pytest.raises(ShapeError):
+        cuda.convolution_plan(desc, (2, 3, 8, 8), (2, 4, 8, 8))
+    with pytest.raises(ShapeError):
+        cuda.convolution_plan(desc, (2, 5, 8, 8), (2, 4, 6, 6))
+
+
+# ---- cuDNN: pooling ----------------------------------------------------------------------------
+POOLINGS = [(2, 0, 2), (3, 1, 1), (3, 1, 2), (2, 0, 1)]  # (window, padding, stride)
+
+
+@pytest.mark.parametrize("n", CONV_BATCHES)
+@pytest.mark.parametrize("window, padding, stride", POOLINGS)
+@pytest.mark.parametrize("mode", [PoolingMode.MAX, PoolingMode.AVERAGE], ids=lambda m: m.name)
+def test_pooling(host, cuda, rng, mode, window, padding, stride, n):
+    desc = PoolingDescriptor(mode, window, padding, stride)
+    x_shape = (n, 3, 9, 9)
+    y_shape = desc.output_shape(x_shape)
+
+    def body(b, x, y, dy, dx):
+        b.pooling_forward(desc, 1.0, x, 0.0, y)
+        b.pooling_backward(desc, 1.0, y, dy, x, 0.0, dx)
+        return [y, dx]
+
+    compare(host, cuda, body, normal(rng, *x_shape), normal(rng, *y_shape), normal(rng, *y_shape), normal(rng, *x_shape))
+
+
+# ---- our kernels -------------------------------------------------------------------------------
+def probabilities(rng, n, classes=10):
+    values = rng.random((n, classes)).astype(np.float32)
+    values[rng.random((n, classes)) < 0.05] = 0.0  # exercises the log(max(p, 1e-7)) clamp
+    return values / np.maximum(values.sum(axis=1, keepdims=True), 1e-6)
+
+
+def one_hot(rng, n, classes=10):
+    target = np.zeros((n, classes), np.float32)
+    target[np.arange(n), rng.integers(0, classes, n)] = 1.0
+    return target
+
+
+@pytest.mark.parametrize("n", LOSS_BATCHES)
+def test_loss_kernels(host, cuda, rng, n):
+    def body(b, predict, target, cross_entropy, squared, count):
+        b.cross_entropy_loss(predict, target, cross_entropy)  # zeroes first: the 9s must not survive
+        b.cross_entropy_loss(predict, target, cross_entropy, accumulate=True)
+        b.squared_error_loss(predict, target, squared)
+        b.accuracy_count(predict, target, count)
+        b.accuracy_count(predict, target, count, accumulate=True)
+        return [cross_entropy, squared, count]
+
+    nines = np.full(1, 9.0, np.float32)
+    compare(host, cuda, body, probabilities(rng, n), one_hot(rng, n), nines, nines, nines)
+
+
+@pytest.mark.parametrize("n", LOSS_BATCHES)
+def test_accuracy_count_is_exact(host, cuda, rng, n):
+    predict, target = probabilities(rng, n), one_hot(rng, n)
+    predict[: n // 2] += 2 * target[: n // 2]  # at least half right
+    count = Tensor.zeros((1,), cuda)
+    cuda.accuracy_count(Tensor.from_numpy(predict, cuda), Tensor.from_numpy(target, cuda), count)
+    assert count.item() == np.count_nonzero(predict.argmax(axis=1) == target.argmax(axis=1))
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+@pytest.mark.parametrize("lr_on_device", [False, True])
+def test_sgd_update(host, cuda, rng, lr_on_device, momentum, weight_decay):
+    def body(b, param, grad, velocity, lr):
+        rate = lr if lr_on_device else float(lr.numpy()[0, 0, 0, 0])
+        for _ in range(3):
+            b.sgd_update(param, grad, velocity if momentum else None, rate, momentum, weight_decay)
+        return [param, velocity, grad]  # grad must be left as it was
+
+    compare(host, cuda, body, normal(rng, 4097), normal(rng, 4097), np.zeros(4097, np.float32), np.array([0.05], np.float32))
+
+
+def test_sgd_momentum_needs_velocity(cuda):
+    t = Tensor.zeros((3,), cuda)
+    with pytest.raises(UsageError, match="velocity"):
+        cuda.sgd_update(t, t, None, 0.1, 0.9, 0.0)
+
+
+def test_nvrtc_error_carries_the_log(cuda):
+    from cudnnnet.backends.cuda.kernel import compile_cubin
+
+    with pytest.raises(NvrtcError) as caught:
+        compile_cubin(b'extern "C" __global__ void broken(float* x) { x[0] = undefined_name; }', "broken.cu", cuda.context.arch)
+    assert caught.value.function == "nvrtcCompileProgram"
+    assert "undefined_name" in str(caught.value)
+
+
+# ---- proof that the libraries ran, and that the hot path creates nothing ----------------------
+def test_calls_reach_cublas_cudnn_and_our_kernels(cuda, rng, bindings):
+    a = Tensor.from_numpy(normal(rng, 4, 4), cuda)
+    cuda.sgemm(OP_N, OP_N, 4, 4, 4, 1.0, a, 4, a, 4, 0.0, Tensor(a.shape, cuda), 4)
+    x = Tensor.from_numpy(normal(rng, 2, 3, 6, 6), cuda)
+    desc = ConvolutionDescriptor(2, 3, 3)
+    y = Tensor(desc.output_shape(x.shape), cuda)
+    cuda.convolution_forward(cuda.convolution_plan(desc, x.shape, y.shape), 1.0, x, Tensor.zeros(desc.filter_shape, cuda), 0.0, y)
+    cuda.activation_forward(ACTIVATIONS[1], 1.0, y, 0.0, y)
+    cuda.cross_entropy_loss(a, a, Tensor.zeros((1,), cuda))
+    cuda.synchronize()
+    assert bindings.calls["cublasSgemm_v2"] == 1
+    assert bindings.calls["cudnnConvolutionForward"] == 1
+    assert bindings.calls["cudnnActivationForward"] == 1
+    assert bindings.calls["cuLaunchKernel"] == 1
+
+
+def test_hot_path_creates_no_descriptors(cuda, rng, bindings):
+    x = Tensor.from_numpy(normal(rng, 5, 2, 3, 3), cuda)
+    pooling = PoolingDescriptor(PoolingMode.MAX, 2, 0, 1)
+    y = Tensor(pooling.output_shape(x.shape), cuda)
+    for _ in range(2):
+        bindings.reset_calls()
+        cuda.activation_forward(ACTIVATIONS[2], 1.0, x, 0.0, x)
+        cuda.softmax_forward(1.0, x, 0.0, x)
+        cuda.pooling_forward(pooling, 1.0, x, 0.0, y)
+    created = {name: count for name, count in bindings.calls.items() if name.startswith("cudnnCreate")}
+    assert created == {}
+    assert bindings.calls["cudnnPoolingForward"] == 1
+
+
+# ---- TF32 --------------------------------------------------------------------------------------
+def test_tf32_within_1e3(host, cuda, rng):
+    m = n = k = 192
+    desc = ConvolutionDescriptor(16, 8, 3, 1, 1, 1)
+
+    def gemm(b, A, B, C):
+        b.sgemm(OP_N, OP_T, m, n, k, 1.0, A, m, B, n, 0.0, C, m)
+        return [C]
+
+    cuda.set_math("tf32")
+    try:
+        compare(host, cuda, gemm, normal(rng, m * k), normal(rng, n * k), normal(rng, m * n), tolerance=TF32_TOLERANCE)
+        compare(host, cuda, convolution_body(desc), *convolution_arrays(rng, desc, 32, size=16), tolerance=TF32_TOLERANCE)
+    finally:
+        cuda.set_math("fp32")
+
+
+def test_invalid_math_mode(cuda):
+    with pytest.raises(UsageError, match="tf32"):
+        cuda.set_math("fp16")
+
+
+# ---- DLPack ------------------------------------------------------------------------------------
+def test_dlpack_round_trip_within_the_backend(cuda, rng):
+    from cudnnnet.backends.cuda import dlpack
+
+    values = normal(rng, 2, 3, 4, 5)
+    source = Tensor.from_numpy(values, cuda)
+    shared = Tensor.from_dlpack(source, cuda)
+    assert shared.shape == source.shape and shared.data.ptr == source.data.ptr
+    del source
+    gc.collect()
+    np.testing.assert_array_equal(shared.numpy(), values)  # the export kept the memory alive
+    shared.fill_(1.5)
+    del shared
+    gc.collect()
+    assert dlpack.exported_count() == 0
+
+
+def test_dlpack_with_torch(cuda, rng):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    values = normal(rng, 3, 2, 4, 4)
+    ours = Tensor.from_numpy(values, cuda)
+    theirs = torch.from_dlpack(ours)
+    assert theirs.device.type == "cuda" and tuple(theirs.shape) == ours.shape
+    np.testing.assert_array_equal(theirs.cpu().numpy(), values)
+    theirs.mul_(2.0)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(ours.numpy(), 2 * values)  # same memory
+
+    source = torch.arange(24, dtype=torch.float32, device="cuda").reshape(2, 3, 4)
+    borrowed = Tensor.from_dlpack(source, cuda)
+    assert borrowed.shape == (2, 3, 4, 1) and borrowed.data.ptr == source.data_ptr()
+    borrowed.fill_(5.0)
+    cuda.synchronize()
+    assert bool((source == 5.0).all())
+    del borrowed
+    gc.collect()
+
+    with pytest.raises(ShapeError, match="contiguous"):
+        Tensor.from_dlpack(torch.zeros(4, 6, device="cuda").t(), cuda)
+    with pytest.raises(UsageError, match="float32"):
+        Tensor.from_dlpack(torch.zeros(4, dtype=torch.float64, device="cuda"), cuda)
+
+
+# ---- lifetime ----------------------------------------------------------------------------------
+def test_device_memory_does_not_grow(cuda, rng):
+    desc = ConvolutionDescriptor(4, 3, 3, 1, 1, 1)
+    values = normal(rng, 80, 3, 8, 8)
+
+    def churn():
+        for n in range(1, 81):  # more batch sizes than the plan cache keeps
+            x = Tensor.from_numpy(values[:n], cuda)
+            cuda.convolution_plan(desc, x.shape, desc.output_shape(x.shape))
+            view = x.view((10,), offset=5)
+            capsule = x.__dlpack__()
+            del x, view, capsule
+        gc.collect()
+        cuda.synchronize()
+
+    churn()
+    free_before = cuda.memory_info()[0]
+    for _ in range(3):
+        churn()
+    free_after = cuda.memory_info()[0]
+    assert free_before - free_after <= 4 << 20, f"{(free_before - free_after) / 2**20:.1f} MiB lost"
+
+
+def test_context_closes(cuda):
+    from cudnnnet.backends.cuda import CudaContext
+
+    with CudaContext(cuda.context.device) as context:
+        assert context.workspace(1 << 20) != 0
+        assert not context.closed
+    assert context.closed
+    context.close()  # idempotent
