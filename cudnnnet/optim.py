@@ -1,50 +1,24 @@
-"""SGD with optional momentum and weight decay, and learning-rate schedules.
+"""SGD with optional momentum and weight decay, following a learning-rate schedule.
 
 The learning rate lives in a one-element tensor on the network's backend, so that a captured CUDA
-graph of the training step reads the current rate at every replay.
-
-Schedules (``step`` counts optimiser steps from 0, ``epoch`` counts epochs from 0):
-    constant   lr = lr0
-    inverse    lr = lr0 / (1 + decay·step)            (the original's intent, without compounding)
-    step       lr = lr0 · gamma^(epoch // step_size)
+graph of the training step reads the current rate at every replay. Schedules are
+``config.ScheduleConfig``: constant; inverse lr0/(1 + decay·step) (the original's intent, without
+its compounding); step lr0·gamma^(epoch // step_size).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from .config import ScheduleConfig
 from .errors import CheckpointError, InvalidArgumentError
 from .tensor import Tensor
-
-SCHEDULES = ("constant", "inverse", "step")
-
-
-@dataclass(frozen=True)
-class Schedule:
-    name: str = "constant"
-    decay: float = 0.0
-    step_size: int = 1
-    gamma: float = 1.0
-
-    def __post_init__(self):
-        if self.name not in SCHEDULES:
-            raise InvalidArgumentError(f"unknown schedule {self.name!r}; valid schedules are {', '.join(SCHEDULES)}")
-
-    def learning_rate(self, lr0: float, step: int, epoch: int) -> float:
-        if self.name == "inverse":
-            return lr0 / (1.0 + self.decay * step)
-        if self.name == "step":
-            return lr0 * self.gamma ** (epoch // self.step_size)
-        return lr0
-
 
 class SGD:
     """v = momentum·v + (dW + weight_decay·W);  W = W - lr·v   (PyTorch's formulation)."""
 
     def __init__(self, network, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
-                 schedule: Schedule | None = None):
+                 schedule: ScheduleConfig | None = None):
         if not lr > 0:
             raise InvalidArgumentError(f"learning rate must be > 0, got {lr!r}")
         if not 0 <= momentum < 1:
@@ -53,7 +27,7 @@ class SGD:
             raise InvalidArgumentError(f"weight decay must be >= 0, got {weight_decay!r}")
         self.network = network
         self.lr0, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
-        self.schedule = schedule or Schedule()
+        self.schedule = schedule or ScheduleConfig()
         self.step_count = 0
         self.lr = Tensor((1,), network.backend).fill_(self.lr0)  # the current rate, on the device
         self.velocity = self._zero_velocity()

@@ -28,7 +28,7 @@ from .data.loader import BatchLoader
 from .data.mnist import load_mnist
 from .errors import CheckpointError, TrainingError
 from .network import OPTIMIZER_PREFIX, Network
-from .optim import SGD, Schedule
+from .optim import SGD
 from .tensor import Tensor
 
 log = logging.getLogger(__name__)
@@ -159,8 +159,7 @@ class Trainer:
         self.network = build_network(config, self.backend)
         train = config.train
         opt = train.optimizer
-        schedule = Schedule(train.schedule.name, train.schedule.decay, train.schedule.step_size, train.schedule.gamma)
-        self.optimizer = SGD(self.network, opt.lr, opt.momentum, opt.weight_decay, schedule)
+        self.optimizer = SGD(self.network, opt.lr, opt.momentum, opt.weight_decay, train.schedule)
         self.train_images, self.train_labels = load_split(config, "train")
         self.test_images, self.test_labels = load_split(config, "test")
         self.loader = BatchLoader(self.train_images, self.train_labels, train.batch_size, seed=train.seed)

@@ -15,3 +15,39 @@ def mnist_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"real MNIST not found at {path}; set CUDNNNET_TEST_DATA to a directory holding the IDX files")
     return path
+
+
+def _cuda_available() -> bool:
+    from cudnnnet.backends import cuda_available
+
+    return cuda_available()
+
+
+BACKENDS = ["host", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    """Each backend in turn: the test body runs on the host and, where a GPU is usable, on CUDA."""
+    from cudnnnet.backends import get_backend
+
+    if request.param == "cuda" and not _cuda_available():
+        pytest.skip("no usable GPU or CUDA libraries (pip install 'cudnnnet[cuda13]' on a machine with a GPU)")
+    return get_backend(request.param)
+
+
+@pytest.fixture
+def cuda():
+    """The CUDA backend; skips the test where no GPU or CUDA library is usable."""
+    from cudnnnet.backends import get_backend
+
+    if not _cuda_available():
+        pytest.skip("no usable GPU or CUDA libraries (pip install 'cudnnnet[cuda13]' on a machine with a GPU)")
+    return get_backend("cuda")
+
+
+@pytest.fixture
+def host():
+    from cudnnnet.backends import get_backend
+
+    return get_backend("host")

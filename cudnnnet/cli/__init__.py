@@ -1,0 +1,1 @@
+"""Command-line tools: cudnnnet-train, cudnnnet-predict, cudnnnet-evaluate (also scripts/*.py)."""
