@@ -22,7 +22,7 @@ from cudnnnet.backends.base import (
     PoolingDescriptor,
     PoolingMode,
 )
-from cudnnnet.errors import CublasError, CudnnError, NvrtcError, OutOfMemoryError, ShapeError, UsageError
+from cudnnnet.errors import CublasError, CudnnError, DeviceError, NvrtcError, OutOfMemoryError, ShapeError, UsageError
 from cudnnnet.tensor import Tensor
 
 pytestmark = pytest.mark.gpu
@@ -74,11 +74,12 @@ def compare(host, cuda, body, *arrays, tolerance=FP32_TOLERANCE):
     expected = body(host, *(Tensor.from_numpy(a, host) for a in arrays))
     actual = body(cuda, *(Tensor.from_numpy(a, cuda) for a in arrays))
     assert len(actual) == len(expected)
-    for index, (got, want) in enumerate(zip(actual, expected)):
+    errors = []
+    for got, want in zip(actual, expected):
         assert got.backend is cuda and want.backend is host
-        assert got.shape == want.shape, f"output {index}: shape {got.shape} != {want.shape}"
-        error = relative_error(got.numpy(), want.numpy())
-        assert error <= tolerance, f"output {index}: relative error {error:.3g} > {tolerance:g}"
+        assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
+        errors.append(relative_error(got.numpy(), want.numpy()))
+    assert max(errors) <= tolerance, f"relative errors of the outputs {[f'{e:.3g}' for e in errors]} > {tolerance:g}"
 
 
 def normal(rng, *shape):
@@ -436,6 +437,41 @@ def test_hot_path_creates_no_descriptors(cuda, rng, bindings):
     created = {name: count for name, count in bindings.calls.items() if name.startswith("cudnnCreate")}
     assert created == {}
     assert bindings.calls["cudnnPoolingForward"] == 1
+
+
+# ---- CUDA graphs --------------------------------------------------------------------------------
+def test_graph_replay_reads_the_learning_rate_from_device_memory(host, cuda, rng):
+    n = 1000
+    arrays = [normal(rng, n), normal(rng, n), np.zeros(n, np.float32), normal(rng, n)]
+
+    def step(b, param, grad, velocity, other, lr):
+        b.sgd_update(param, grad, velocity, lr, 0.9, 0.01)  # kernels/sgd.cu reads lr[0]
+        b.saxpy(n, lr, grad, 1, other, 1)  # CUBLAS_POINTER_MODE_DEVICE
+
+    rates = (0.05, 0.2, 0.0)
+    expected = [Tensor.from_numpy(a, host) for a in arrays] + [Tensor.from_numpy([0.1], host)]
+    actual = [Tensor.from_numpy(a, cuda) for a in arrays] + [Tensor.from_numpy([0.1], cuda)]
+    step(host, *expected)
+    step(cuda, *actual)  # outside the capture: the kernel is compiled and loaded here
+    with cuda.context.capture() as graph:
+        step(cuda, *actual)
+    for rate in rates:
+        expected[-1].fill_(rate)
+        step(host, *expected)
+        actual[-1].fill_(rate)  # in place: the graph keeps reading the same address
+        graph.launch()
+    for got, want in zip(actual, expected):
+        assert relative_error(got.numpy(), want.numpy()) <= FP32_TOLERANCE
+
+
+def test_no_planning_during_capture(cuda):
+    desc = ConvolutionDescriptor(3, 2, 3, 1, 0, 1)
+    x_shape = (3, 2, 7, 7)
+    with pytest.raises(DeviceError, match="capture"):
+        with cuda.context.capture():
+            cuda.convolution_plan(desc, x_shape, desc.output_shape(x_shape))
+    assert not cuda.context.is_capturing()
+    assert cuda.convolution_plan(desc, x_shape, desc.output_shape(x_shape)).x_shape == x_shape
 
 
 # ---- TF32 --------------------------------------------------------------------------------------

@@ -156,8 +156,10 @@ class CudaBackend(Backend):
         self._with_scalar(cublas.saxpy, n, alpha, x.data.ptr, incx, y.data.ptr, incy)
 
     def sscal(self, n, alpha, x, incx) -> None:
+        """A negative ``incx`` scales the same n elements as ``|incx|`` (as the host does; reference
+        BLAS and cuBLAS would quietly do nothing)."""
         _check_vector("sscal", "x", x, n, incx)
-        self._with_scalar(cublas.sscal, n, alpha, x.data.ptr, incx)
+        self._with_scalar(cublas.sscal, n, alpha, x.data.ptr, abs(incx))
 
     def scopy(self, n, x, incx, y, incy) -> None:
         _check_vector("scopy", "x", x, n, incx)

@@ -7,7 +7,9 @@ NVRTC kernels. ``close()`` (or leaving a ``with`` block) releases everything; so
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import logging
 from ctypes import c_float
 
@@ -16,7 +18,7 @@ from .bindings import cublas, cudnn, nvrtc, runtime
 from .bindings.loader import load_library
 from .buffer import DeviceBuffer
 from .descriptors import DescriptorCache
-from .handles import CublasHandle, CudnnHandle, Event, Stream
+from .handles import CublasHandle, CudaGraph, CudnnHandle, Event, Stream
 from .kernel import KERNELS, Kernel, load_module
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,33 @@ class CudaContext:
     def is_capturing(self) -> bool:
         """True while a CUDA graph capture is active on the context stream."""
         return self.stream.is_capturing()
+
+    @contextlib.contextmanager
+    def capture(self):
+        """Capture the work queued on the context stream inside the block as a CUDA graph:
+
+            with context.capture() as graph:
+                backend.sgd_update(param, grad, velocity, lr_tensor, 0.9, 0.0)   # recorded, not run
+            graph.launch()                                                        # runs it
+
+        Plans, workspaces and kernels must exist before (run one step first): nothing may be
+        allocated or freed during a capture, so Python's cycle collector (which could free a
+        buffer) is paused for the block.
+        """
+        graph = CudaGraph(self.stream)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            graph.begin()
+            try:
+                yield graph
+            except BaseException:
+                graph.abandon()
+                raise
+            graph.end()
+        finally:
+            if collecting:
+                gc.enable()
 
     def make_stream_wait(self, other_stream: int) -> None:
         """Order ``other_stream`` (a raw handle) after all work queued so far on the context stream."""

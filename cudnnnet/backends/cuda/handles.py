@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import weakref
 
+from ...errors import CudaError, UsageError
 from .bindings import cublas, cudnn, runtime
 
 log = logging.getLogger(__name__)
@@ -105,3 +106,36 @@ class CudnnHandle(Owned):
     def __init__(self, stream: Stream):
         super().__init__(cudnn.create(), cudnn.destroy)
         cudnn.set_stream(self.handle, stream.address)
+
+
+class CudaGraph:
+    """Work captured from a stream (cudaStreamBeginCapture ... cudaStreamEndCapture), instantiated
+    once; ``launch()`` replays it on that stream. Scalars read from device memory (a learning rate
+    in a one-element tensor) are read again at every replay."""
+
+    __slots__ = ("stream", "_graph", "_exec")
+
+    def __init__(self, stream: Stream):
+        self.stream = stream
+        self._graph: Owned | None = None  # cudaGraph_t
+        self._exec: Owned | None = None  # cudaGraphExec_t
+
+    def begin(self) -> None:
+        runtime.stream_begin_capture(self.stream.handle, runtime.CAPTURE_MODE_GLOBAL)
+
+    def end(self) -> None:
+        """Stop capturing and instantiate what was captured."""
+        self._graph = Owned(runtime.stream_end_capture(self.stream.handle), runtime.graph_destroy)
+        self._exec = Owned(runtime.graph_instantiate(self._graph.handle), runtime.graph_exec_destroy)
+
+    def abandon(self) -> None:
+        """Stop capturing after a failure; keep nothing."""
+        try:
+            runtime.graph_destroy(runtime.stream_end_capture(self.stream.handle))
+        except CudaError as error:  # an invalidated capture has no graph to destroy
+            log.debug("abandoned capture: %s", error)
+
+    def launch(self) -> None:
+        if self._exec is None:
+            raise UsageError("this CUDA graph has not been captured (use it after its capture block ends)")
+        runtime.graph_launch(self._exec.handle, self.stream.handle)

@@ -17,6 +17,7 @@ MEMCPY_DEVICE_TO_HOST = 2  # cudaMemcpyDeviceToHost
 MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyDeviceToDevice
 STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking
 EVENT_DISABLE_TIMING = 2  # cudaEventDisableTiming
+CAPTURE_MODE_GLOBAL = 0  # cudaStreamCaptureModeGlobal: unsafe calls (cudaMalloc...) fail the capture
 OUT_OF_MEMORY = {"cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY"}
 
 
@@ -145,6 +146,32 @@ def event_synchronize(event) -> None:
 def event_elapsed_time(start, end) -> float:
     """cudaEventElapsedTime: milliseconds between two recorded events."""
     return float(_check("cudaEventElapsedTime", _runtime.cudaEventElapsedTime(start, end)))
+
+
+def stream_begin_capture(stream, mode: int) -> None:
+    """cudaStreamBeginCapture: queue nothing, record a CUDA graph instead."""
+    _check("cudaStreamBeginCapture", _runtime.cudaStreamBeginCapture(stream, _runtime.cudaStreamCaptureMode(mode)))
+
+
+def stream_end_capture(stream):
+    """cudaStreamEndCapture: the captured cudaGraph_t."""
+    return _check("cudaStreamEndCapture", _runtime.cudaStreamEndCapture(stream))
+
+
+def graph_instantiate(graph):
+    return _check("cudaGraphInstantiate", _runtime.cudaGraphInstantiate(graph, 0))
+
+
+def graph_launch(graph_exec, stream) -> None:
+    _check("cudaGraphLaunch", _runtime.cudaGraphLaunch(graph_exec, stream))
+
+
+def graph_exec_destroy(graph_exec) -> None:
+    _check("cudaGraphExecDestroy", _runtime.cudaGraphExecDestroy(graph_exec))
+
+
+def graph_destroy(graph) -> None:
+    _check("cudaGraphDestroy", _runtime.cudaGraphDestroy(graph))
 
 
 def stream_handle(value: int):
