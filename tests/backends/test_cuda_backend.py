@@ -31,7 +31,6 @@ FP32_TOLERANCE = 1e-5
 TF32_TOLERANCE = 1e-3
 BATCHES = (1, 7, 255, 256, 1000)
 LOSS_BATCHES = (1, 7, 255, 256, 1000, 4097)
-CONV_BATCHES = (1, 7, 255)
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +284,7 @@ def convolution_arrays(rng, desc, n, size=13):
                                               desc.filter_shape, (1, desc.out_channels, 1, 1))]
 
 
-@pytest.mark.parametrize("n", CONV_BATCHES)
+@pytest.mark.parametrize("n", BATCHES)
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: "k{}s{}p{}d{}".format(*g))
 def test_convolution(host, cuda, rng, geometry, n):
     desc = ConvolutionDescriptor(4, 3, *geometry)
@@ -328,7 +327,7 @@ def test_convolution_plan_rejects_wrong_shapes(cuda):
 POOLINGS = [(2, 0, 2), (3, 1, 1), (3, 1, 2), (2, 0, 1)]  # (window, padding, stride)
 
 
-@pytest.mark.parametrize("n", CONV_BATCHES)
+@pytest.mark.parametrize("n", BATCHES)
 @pytest.mark.parametrize("window, padding, stride", POOLINGS)
 @pytest.mark.parametrize("mode", [PoolingMode.MAX, PoolingMode.AVERAGE], ids=lambda m: m.name)
 def test_pooling(host, cuda, rng, mode, window, padding, stride, n):

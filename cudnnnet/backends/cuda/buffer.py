@@ -57,5 +57,5 @@ class DeviceBuffer:
         return self.size
 
     def __repr__(self) -> str:
-        kind = "view" if self.parent is not None else "owned"
-        return f"DeviceBuffer(ptr={self.ptr:#x}, nbytes={self.nbytes}, {kind})"
+        view = ", view" if self.parent is not None else ""
+        return f"DeviceBuffer(ptr={self.ptr:#x}, nbytes={self.nbytes}{view})"

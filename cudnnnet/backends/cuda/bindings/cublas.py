@@ -70,6 +70,7 @@ def load(library: ctypes.CDLL) -> None:
 
 def status_name(status: int) -> str:
     if _status_name is not None:
+        calls["cublasGetStatusName"] += 1
         return _status_name(status).decode()
     return STATUS_NAMES.get(status, f"CUBLAS_STATUS_{status}")
 
