@@ -227,7 +227,8 @@ class Trainer:
         bar.close()
         self.backend.synchronize()
         self.train_seconds += time.perf_counter() - started
-        self._end_epoch(steps - first_batch, time.perf_counter() - started)
+        self._end_epoch(steps - first_batch, time.perf_counter() - started,
+                        completed=position.batch == self.loader.steps_per_epoch)
 
     def _log_progress(self, bar, started: float, steps_done: int) -> None:
         loss_sum, correct = self.totals.read()
@@ -243,7 +244,8 @@ class Trainer:
         bar.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.4f}", img_s=f"{rate:,.0f}")
         log.debug("step %d: loss %.4f", self.position.step, loss)
 
-    def _end_epoch(self, steps_done: int, seconds: float) -> None:
+    def _end_epoch(self, steps_done: int, seconds: float, completed: bool) -> None:
+        """Evaluate on the test set and record the epoch; a run stopped mid-epoch by ``steps`` stays in it."""
         loss_sum, correct = self.totals.read()
         train_loss = loss_sum / max(steps_done, 1)
         if not math.isfinite(train_loss):
@@ -258,10 +260,11 @@ class Trainer:
         self.position.history.append(row)
         log.info("epoch %d: train loss %.4f accuracy %.4f | test loss %.4f accuracy %.4f | %.1f s",
                  row["epoch"], train_loss, row["train_accuracy"], test.loss, test.accuracy, seconds)
-        self.position.epoch += 1
-        self.position.batch = 0
+        if completed:
+            self.position.epoch += 1
+            self.position.batch = 0
         every = self.config.train.checkpoint_every
-        if every and self.position.epoch % every == 0 and self.position.step < self.total_steps:
+        if completed and every and self.position.epoch % every == 0 and self.position.step < self.total_steps:
             self._save("model.npz")
         self._write_history()
 
@@ -279,7 +282,7 @@ class Trainer:
             "device": self.backend.device_name,
             "backend": self.backend.name,
             "math": self.config.math,
-            "epochs": self.position.epoch,
+            "epochs": round(self.position.step / self.loader.steps_per_epoch, 4),
             "steps": self.position.step,
             "batch_size": self.config.train.batch_size,
             "train_loss": last.get("train_loss"),

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from run_helpers import REPO_ROOT, train_cli
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +51,21 @@ def host():
     from cudnnnet.backends import get_backend
 
     return get_backend("host")
+
+
+@pytest.fixture(scope="session")
+def trained_mlp(mnist_dir, tmp_path_factory) -> Path:
+    """The output folder of one host epoch of configs/mnist_mlp.yaml (trained once per test session)."""
+    output = tmp_path_factory.mktemp("mlp")
+    finished = train_cli("configs/mnist_mlp.yaml", output, mnist_dir, "--epochs", "1")
+    assert finished.returncode == 0, finished.stderr
+    return output
+
+
+@pytest.fixture(scope="session")
+def trained_cnn(mnist_dir, tmp_path_factory) -> Path:
+    """The output folder of one host epoch of configs/mnist_cnn.yaml (trained once per test session)."""
+    output = tmp_path_factory.mktemp("cnn")
+    finished = train_cli("configs/mnist_cnn.yaml", output, mnist_dir, "--epochs", "1")
+    assert finished.returncode == 0, finished.stderr
+    return output

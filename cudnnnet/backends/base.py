@@ -117,6 +117,7 @@ class Backend(ABC):
     """What a layer may ask of a backend. One instance per device; ``host`` is a singleton."""
 
     name: str = "abstract"
+    device_name: str = "abstract"  # what a user is told runs the work ("NVIDIA H100 80GB HBM3")
 
     # ---- memory ---------------------------------------------------------------------------
     @abstractmethod
@@ -182,7 +183,10 @@ class Backend(ABC):
 
     @abstractmethod
     def softmax_forward(self, alpha, x, beta, y) -> None:
-        """cudnnSoftmaxForward (ACCURATE, MODE_CHANNEL): softmax over c·h·w of each sample."""
+        """cudnnSoftmaxForward (ACCURATE): softmax over the c·h·w values of each sample.
+
+        cuDNN's MODE_INSTANCE does this; the slides' MODE_CHANNEL is the same for (N, C, 1, 1).
+        """
 
     @abstractmethod
     def add_tensor(self, alpha, bias, beta, y) -> None:
@@ -219,6 +223,19 @@ class Backend(ABC):
     @abstractmethod
     def pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnPoolingBackward: max routes dy to the first maximum of each window."""
+
+    # ---- DLPack (used by Tensor.__dlpack__ / Tensor.from_dlpack) -------------------------------
+    @abstractmethod
+    def dlpack(self, tensor, stream=None, **kwargs):
+        """A DLPack capsule sharing ``tensor``'s memory."""
+
+    @abstractmethod
+    def dlpack_device(self) -> tuple[int, int]:
+        """(DLDeviceType, device id) of this backend's memory."""
+
+    @abstractmethod
+    def from_dlpack(self, tensor_class, external):
+        """A ``tensor_class`` sharing a DLPack producer's memory (a copy where it cannot be shared)."""
 
     # ---- our own kernels (NVRTC on CUDA) -------------------------------------------------------
     @abstractmethod

@@ -101,6 +101,13 @@ class CudaBackend(Backend):
             runtime.memcpy_async(buffer.ptr, flat.ctypes.data, flat.nbytes, runtime.MEMCPY_HOST_TO_DEVICE, self._stream)
         return buffer
 
+    def write(self, storage: DeviceBuffer, array) -> None:
+        """cudaMemcpyAsync H2D into existing memory (its address stays, as a captured graph needs)."""
+        flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        _check_fits("write", storage, 0, flat.size)
+        if flat.nbytes:
+            runtime.memcpy_async(storage.ptr, flat.ctypes.data, flat.nbytes, runtime.MEMCPY_HOST_TO_DEVICE, self._stream)
+
     def download(self, storage: DeviceBuffer, size: int) -> np.ndarray:
         """cudaMemcpyAsync D2H, then cudaStreamSynchronize."""
         _check_fits("download", storage, 0, size)

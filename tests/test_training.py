@@ -1,0 +1,110 @@
+"""Training on the real MNIST: accuracy targets, metrics, resumption, faults."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from run_helpers import REPO_ROOT, train_cli
+from cudnnnet.checkpoint import load_npz
+from cudnnnet.config import load_config
+from cudnnnet.errors import TrainingError
+from cudnnnet.training import Trainer
+
+METRIC_KEYS = {"device", "epochs", "steps", "train_accuracy", "test_accuracy", "test_loss", "train_seconds",
+               "images_per_second"}
+
+
+def metrics_of(output):
+    return json.loads((output / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_mlp_one_host_epoch_reaches_97_percent(trained_mlp):
+    metrics = metrics_of(trained_mlp)
+    assert METRIC_KEYS <= metrics.keys()
+    assert metrics["epochs"] == 1 and metrics["steps"] == 938
+    assert 0 <= metrics["train_accuracy"] <= 1 and metrics["test_accuracy"] >= 0.97
+    assert metrics["device"] == "host (NumPy)" and metrics["images_per_second"] > 0
+
+
+@pytest.mark.slow
+def test_cnn_one_host_epoch_reaches_97_5_percent(trained_cnn):
+    metrics = metrics_of(trained_cnn)
+    assert metrics["test_accuracy"] >= 0.975
+
+
+@pytest.mark.slow
+def test_outputs_are_written(trained_mlp):
+    assert (trained_mlp / "model.npz").stat().st_size > 1_000_000
+    history = (trained_mlp / "history.csv").read_text().splitlines()
+    assert history[0].startswith("epoch,steps,learning_rate,train_loss,train_accuracy,test_loss,test_accuracy")
+    assert len(history) == 2
+    arrays, metadata = load_npz(trained_mlp / "model.npz")
+    assert metadata["position"] == {"epoch": 1, "batch": 0, "step": 938}
+    assert "optimizer.velocity.fc1.weight" in arrays
+
+
+def trainer(mnist_dir, output, steps, **overrides):
+    config = load_config(REPO_ROOT / "configs" / "mnist_mlp.yaml").with_overrides(
+        steps=steps, device="host", data_dir=mnist_dir, **overrides)
+    return Trainer(config, output, progress=False)
+
+
+def test_resuming_gives_the_same_weights_as_an_uninterrupted_run(mnist_dir, tmp_path):
+    straight = trainer(mnist_dir, tmp_path / "straight", steps=60)
+    straight.run()
+    first = trainer(mnist_dir, tmp_path / "resumed", steps=25)
+    first.run()
+    second = Trainer(trainer(mnist_dir, tmp_path / "x", steps=60).config, tmp_path / "resumed",
+                     resume=tmp_path / "resumed" / "model.npz", progress=False)
+    assert second.position.step == 25
+    second.run()
+    for name, value in straight.network.state_dict().items():
+        assert np.allclose(second.network.state_dict()[name], value, rtol=1e-5, atol=1e-7), name
+
+
+def test_a_diverging_loss_stops_with_the_step_and_keeps_the_last_checkpoint(mnist_dir, tmp_path):
+    good = trainer(mnist_dir, tmp_path, steps=20)
+    good.run()
+    saved = (tmp_path / "model.npz").read_bytes()
+    config = good.config.to_dict()
+    config["train"]["optimizer"]["lr"] = 1.0e6
+    config["train"]["log_every"] = 5
+    from cudnnnet.config import parse_config
+
+    diverging = Trainer(parse_config(config), tmp_path, progress=False)
+    with pytest.raises(TrainingError, match=r"loss became (nan|inf).* at step \d+"):
+        diverging.run()
+    assert (tmp_path / "model.npz").read_bytes() == saved
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_saves_an_interrupted_checkpoint_that_resumes(mnist_dir, tmp_path, signum, code):
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "--config",
+               str(REPO_ROOT / "configs" / "mnist_mlp.yaml"), "--device", "host", "--data-dir", str(mnist_dir),
+               "--output", str(tmp_path), "--epochs", "3", "--log-level", "INFO"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    for line in process.stderr:
+        if "training" in line or time.monotonic() > deadline:
+            break
+    time.sleep(1.0)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == code, stderr
+    assert "interrupted" in stderr
+    arrays, metadata = load_npz(tmp_path / "interrupted.npz")
+    assert metadata["position"]["step"] > 0
+    assert metrics_of(tmp_path)["interrupted"] is True
+    resumed = train_cli("configs/mnist_mlp.yaml", tmp_path, mnist_dir, "--steps", str(metadata["position"]["step"] + 5),
+                        "--resume", str(tmp_path / "interrupted.npz"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert metrics_of(tmp_path)["steps"] == metadata["position"]["step"] + 5
+    assert math.isfinite(metrics_of(tmp_path)["test_loss"])
