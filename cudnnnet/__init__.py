@@ -9,18 +9,11 @@ import logging
 from .backends import cuda_available, get_backend
 from .errors import CudnnnetError
 from .network import Network
+from .predict import predict  # the function replaces the submodule of the same name as the package's attribute
 from .tensor import Tensor
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
-
-
-def predict(network, images, **kwargs):
-    """Digits and probabilities for image files or arrays: see :func:`cudnnnet.predict.predict`."""
-    from .predict import predict as _predict
-
-    return _predict(network, images, **kwargs)
-
 
 __all__ = ["CudnnnetError", "Network", "Tensor", "cuda_available", "get_backend", "predict", "__version__"]

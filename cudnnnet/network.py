@@ -206,6 +206,28 @@ class Network:
         network.checkpoint_metadata = metadata
         return network
 
+    def save_original(self, directory) -> Path:
+        """Write the C++ original's pretrained directory: ``L.bin`` and ``L.bias.bin`` per layer with weights.
+
+        Raw little-endian float32 with no header; Dense weights as the original's (in, out)
+        column-major matrix, Conv2D weights (out, in, k, k). Each file is written atomically.
+        """
+        self._require_built("save the original's files")
+        checkpoint.write_original(directory, self.state_dict())
+        return Path(directory)
+
+    def load_original(self, directory) -> None:
+        """Load the C++ original's ``.bin`` files into this (built) network, all or nothing.
+
+        Every file is read and its size checked against the network's shapes before any weight
+        changes, so a missing, truncated or mismatched file raises CheckpointError (naming it)
+        and leaves the network as it was. The files carry no architecture: build the network
+        from its config first.
+        """
+        self._require_built("load the original's files")
+        expected = {name: value.shape for name, value in self.parameters().items()}
+        self.load_state_dict(checkpoint.read_original(directory, expected))
+
     @classmethod
     def from_spec(cls, model: list[dict], input_shape, backend="host", seed: int = 0) -> "Network":
         """A network from config mappings ({type, name, ...params}) built for ``input_shape`` (c, h, w)."""

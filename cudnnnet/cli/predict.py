@@ -1,6 +1,11 @@
 """cudnnnet-predict: the digit in each image file, with a trained checkpoint.
 
     python scripts/predict.py --weights runs/mnist_cnn/model.npz 5.jpg digits/ [--json]
+    python scripts/predict.py --weights pretrained/ --config configs/mnist_mlp.yaml 5.jpg
+
+``--weights`` takes a ``.npz`` checkpoint (it describes its own network) or a directory of the C++
+original's ``.bin`` files, which carry no architecture: ``--config`` then names the YAML config
+that built them (its model and its input normalisation).
 
 Exit code 0 when every image was predicted, 2 when any could not be read (each named on stderr).
 """
@@ -9,17 +14,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+from pathlib import Path
 
-from ..backends import DEVICES
+from ..backends import DEVICES, get_backend
+from ..config import load_config
+from ..errors import UsageError
 from ..network import Network
 from ..predict import predict
+from ..training import build_network
 from .common import EXIT_USAGE, add_common_arguments, run
+
+log = logging.getLogger("cudnnnet.predict")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cudnnnet-predict", description="Recognise the digit in image files.")
-    parser.add_argument("--weights", required=True, metavar="CHECKPOINT", help="a model.npz written by cudnnnet-train")
+    parser.add_argument("--weights", required=True, metavar="CHECKPOINT",
+                        help="a model.npz written by cudnnnet-train, or a directory of the original's .bin files")
+    parser.add_argument("--config", metavar="CONFIG",
+                        help="with a .bin directory: the YAML config that describes its network (see configs/)")
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, BMP, ...) or folders")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default auto)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of {image, digit, probabilities}")
@@ -27,18 +42,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main_with_args(args) -> int:
-    network = Network.load(args.weights, backend=args.device)
-    results = predict(network, args.images)
+def load_network(weights: str, config_path: str | None, device: str) -> tuple[Network, tuple[float, float] | None]:
+    """The network of ``weights`` and the input normalisation (mean, std) to predict with.
+
+    The normalisation is None for a ``.npz``, whose own config says it (see ``predict``).
+    """
+    weights = Path(weights)
+    if not weights.is_dir():
+        if config_path is not None:
+            log.warning("--config %s is not used: the checkpoint %s describes its own network", config_path, weights)
+        return Network.load(weights, backend=device), None
+    if config_path is None:
+        raise UsageError(f"{weights} is a directory, read as the original's .bin files, which do not say the "
+                         f"network's architecture: add --config CONFIG (the YAML config they were trained with)")
+    config = load_config(config_path)
+    network = build_network(config, get_backend(device))
+    network.load_original(weights)
+    return network, config.data.normalize
+
+
+def print_results(results, as_json: bool) -> None:
     for result in results:
         if result.error is not None:
             print(f"cudnnnet-predict: error: {result.error}", file=sys.stderr)
-    if args.json:
+    if as_json:
         print(json.dumps([result.to_dict() for result in results], indent=2))
-    else:
-        for result in results:
-            if result.error is None:
-                print(f"{result.image}: {result.digit} (probability {result.probability:.4f})")
+        return
+    for result in results:
+        if result.error is None:
+            print(f"{result.image}: {result.digit} (probability {result.probability:.4f})")
+
+
+def main_with_args(args) -> int:
+    network, normalize = load_network(args.weights, args.config, args.device)
+    results = predict(network, args.images, normalize=normalize)
+    print_results(results, args.json)
     if not results:
         print("cudnnnet-predict: error: no image files found in the paths given", file=sys.stderr)
         return EXIT_USAGE

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=non_negative_int, help="override train.seed")
     parser.add_argument("--output", default=None, help="output directory (default runs/<config name>)")
     parser.add_argument("--resume", metavar="CHECKPOINT", help="continue from a model.npz or interrupted.npz")
+    parser.add_argument("--export-original", metavar="DIR",
+                        help="after training, also write the weights as the C++ original's .bin files into DIR")
     parser.add_argument("--no-graph", action="store_true", help="on the GPU, run each step eagerly, not as a CUDA graph")
     add_common_arguments(parser)
     return parser
@@ -67,6 +69,8 @@ def main_with_args(args) -> int:
     except Interrupted as interrupted:
         print(f"cudnnnet-train: {interrupted}", file=sys.stderr)
         return 128 + interrupted.signum
+    if args.export_original:
+        trainer.network.save_original(args.export_original)
     log.info("test accuracy %.4f, test loss %.4f, %.1f s, %.0f images/s on %s; outputs in %s",
              metrics["test_accuracy"], metrics["test_loss"], metrics["train_seconds"],
              metrics["images_per_second"], metrics["device"], output)

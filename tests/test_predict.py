@@ -1,0 +1,238 @@
+"""Prediction from image files: scripts/predict.py and cudnnnet.predict on real MNIST digits drawn as files."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import cudnnnet
+from cudnnnet import Network
+from cudnnnet.config import load_config
+from cudnnnet.data.mnist import read_images, read_labels
+from cudnnnet.training import build_network
+from run_helpers import REPO_ROOT, run_script, train_cli
+
+DIGITS = 200
+MIN_ACCURACY = 0.97
+PAPER, INK = np.array([245, 232, 190], np.float32), np.array([25, 50, 160], np.float32)  # cream paper, blue ink
+
+
+# ---- the styles: a digit (28, 28) uint8, bright on black as in MNIST -> an image to save ------
+
+
+def black_on_white(digit):
+    return Image.fromarray(255 - digit, "L")
+
+
+def white_on_black(digit):
+    return Image.fromarray(digit, "L")
+
+
+def rgb_grey(digit):
+    return black_on_white(digit).convert("RGB")
+
+
+def blue_ink_on_cream(digit):
+    coverage = digit[..., np.newaxis].astype(np.float32) / 255.0
+    return Image.fromarray(np.round(PAPER + coverage * (INK - PAPER)).astype(np.uint8), "RGB")
+
+
+def black_ink_on_transparent(digit):
+    pixels = np.zeros((28, 28, 4), np.uint8)
+    pixels[..., 3] = digit
+    return Image.fromarray(pixels, "RGBA")
+
+
+def scaled_three_times_onto_a_sheet(image, paper):
+    """The image enlarged to 84x84 (bicubic) and placed off-centre on a 150x130 sheet of ``paper``."""
+    sheet = Image.new(image.mode, (150, 130), paper)
+    sheet.paste(image.resize((84, 84), Image.Resampling.BICUBIC), (40, 15))
+    return sheet
+
+
+STYLES = {  # name: (draw, file suffix, save options)
+    "black_on_white": (black_on_white, ".png", {}),
+    "white_on_black": (white_on_black, ".bmp", {}),
+    "rgb_grey": (rgb_grey, ".png", {}),
+    "blue_ink_on_cream": (blue_ink_on_cream, ".png", {}),
+    "rgba_transparent": (black_ink_on_transparent, ".png", {}),
+    "scaled_x3_padded": (lambda digit: scaled_three_times_onto_a_sheet(black_on_white(digit), 255), ".png", {}),
+    "jpeg": (black_on_white, ".jpg", {"quality": 85}),
+    "jpeg_colour_x3": (lambda digit: scaled_three_times_onto_a_sheet(blue_ink_on_cream(digit), tuple(PAPER.astype(int))),
+                       ".jpg", {"quality": 75}),
+}
+
+
+def idx_file(mnist_dir: Path, name: str) -> Path:
+    return next(path for path in sorted(mnist_dir.glob(f"{name}*")) if path.is_file())
+
+
+@pytest.fixture(scope="module")
+def mnist_test_digits(mnist_dir):
+    """The first DIGITS test digits (N, 28, 28) uint8 and their labels, read from the real IDX files."""
+    images = read_images(idx_file(mnist_dir, "t10k-images-idx3-ubyte"))[:DIGITS]
+    labels = read_labels(idx_file(mnist_dir, "t10k-labels-idx1-ubyte"))[:DIGITS]
+    return images, labels
+
+
+def render(folder: Path, style: str, digits: np.ndarray) -> Path:
+    """Write each digit as ``folder/NNN<suffix>`` in ``style``."""
+    draw, suffix, options = STYLES[style]
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, digit in enumerate(digits):
+        draw(digit).save(folder / f"{index:03d}{suffix}", **options)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def rendered(mnist_test_digits, tmp_path_factory):
+    """{style: folder of the DIGITS test digits drawn in that style}."""
+    root = tmp_path_factory.mktemp("digits")
+    return {style: render(root / style, style, mnist_test_digits[0]) for style in STYLES}
+
+
+def image_index(result: dict) -> int:
+    return int(Path(result["image"]).stem)
+
+
+def predict_cli(weights, *arguments: str, device: str = "host"):
+    """Run scripts/predict.py --json; returns (the finished process, the parsed JSON list or None)."""
+    finished = run_script("predict", "--weights", str(weights), "--json", "--quiet", "--device", device, *arguments,
+                          timeout=600)
+    results = json.loads(finished.stdout) if finished.stdout.strip() else None
+    return finished, results
+
+
+def predicted_digits(results) -> np.ndarray:
+    """The script's digits in the order of the files' numbers."""
+    return np.array([result["digit"] for result in sorted(results, key=image_index)])
+
+
+# ---- accuracy on every style, through the script ---------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", list(STYLES))
+def test_predict_script_reads_every_style(trained_cnn, rendered, mnist_test_digits, style):
+    finished, results = predict_cli(trained_cnn / "model.npz", str(rendered[style]))
+    assert finished.returncode == 0, finished.stderr
+    assert sorted(image_index(result) for result in results) == list(range(DIGITS))
+    for result in results:
+        assert set(result) == {"image", "digit", "probabilities"}
+        assert len(result["probabilities"]) == 10 and abs(sum(result["probabilities"]) - 1) < 1e-4
+        assert result["digit"] == int(np.argmax(result["probabilities"]))
+    assert np.mean(predicted_digits(results) == mnist_test_digits[1]) >= MIN_ACCURACY, style
+
+
+@pytest.mark.slow
+def test_the_api_predicts_files_and_arrays_as_the_script_does(trained_cnn, rendered, mnist_test_digits):
+    network = Network.load(trained_cnn / "model.npz", backend="host")
+    images, labels = mnist_test_digits
+    from_files = cudnnnet.predict(network, [rendered["black_on_white"]])
+    _, from_script = predict_cli(trained_cnn / "model.npz", str(rendered["black_on_white"]))
+    assert [result.to_dict() for result in from_files] == from_script
+    from_arrays = cudnnnet.predict(network, list(images))
+    assert np.mean(np.array([result.digit for result in from_arrays]) == labels) >= MIN_ACCURACY
+    from_bmp = cudnnnet.predict(network, rendered["white_on_black"])  # the same uint8 pixels as the arrays
+    assert [result.probabilities for result in from_bmp] == [result.probabilities for result in from_arrays]
+    assert all(result.probability == max(result.probabilities) for result in from_arrays)
+
+
+# ---- bad files ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def untrained_mlp(tmp_path_factory):
+    """configs/mnist_mlp.yaml's network with its initial weights, as model.npz and as the original's .bin files."""
+    root = tmp_path_factory.mktemp("untrained")
+    config = load_config(REPO_ROOT / "configs" / "mnist_mlp.yaml")
+    network = build_network(config, "host")
+    network.save(root / "model.npz", config=config.to_dict())
+    network.save_original(root / "pretrained")
+    return root
+
+
+def test_bad_files_are_each_named_and_the_others_predicted(untrained_mlp, tmp_path):
+    digits = np.zeros((6, 28, 28), np.uint8)
+    digits[:, 6:22, 12:16] = 255
+    folder = render(tmp_path / "mixed", "black_on_white", digits)
+    (folder / "text.png").write_text("not an image\n")
+    (folder / "empty.jpg").write_bytes(b"")
+    (folder / "notes.txt").write_text("a file without an image suffix is not taken from a folder\n")
+    finished, results = predict_cli(untrained_mlp / "model.npz", str(folder))
+    assert finished.returncode == 2
+    errors = finished.stderr.splitlines()
+    assert len(errors) == 2, finished.stderr
+    assert any("text.png" in line and "not an image file" in line for line in errors), errors
+    assert any("empty.jpg" in line and "empty" in line for line in errors), errors
+    predicted = [result for result in results if result["digit"] is not None]
+    assert sorted(Path(result["image"]).name for result in predicted) == [f"{index:03d}.png" for index in range(6)]
+    assert {Path(result["image"]).name for result in results if "error" in result} == {"text.png", "empty.jpg"}
+
+
+def test_the_api_takes_folders_files_and_arrays_and_can_be_called_again(untrained_mlp, tmp_path):
+    digits = np.zeros((3, 28, 28), np.uint8)
+    digits[:, 6:22, 12:16] = 255
+    folder = render(tmp_path / "digits", "white_on_black", digits)
+    network = Network.load(untrained_mlp / "model.npz")
+    first = cudnnnet.predict(network, [folder, digits[0]])
+    again = cudnnnet.predict(network, folder / "000.bmp")
+    assert [result.image for result in first] == [str(folder / f"{index:03d}.bmp") for index in range(3)] + ["<array 3>"]
+    assert all(result.error is None and result.probability == max(result.probabilities) for result in first)
+    assert again[0].probabilities == first[0].probabilities == first[3].probabilities
+
+
+def test_a_named_missing_file_is_an_error_and_the_rest_predicted(untrained_mlp, tmp_path):
+    folder = render(tmp_path / "one", "white_on_black", np.pad(np.full((10, 4), 255, np.uint8), ((9, 9), (12, 12)))[None])
+    finished, results = predict_cli(untrained_mlp / "model.npz", str(folder / "000.bmp"), str(tmp_path / "absent.png"))
+    assert finished.returncode == 2
+    assert finished.stderr.splitlines() == [f"cudnnnet-predict: error: {tmp_path / 'absent.png'}: no such file"]
+    assert results[0]["digit"] is not None and results[1]["digit"] is None
+
+
+# ---- the original's .bin files ------------------------------------------------------------------
+
+
+def test_a_bin_directory_with_its_config_predicts_as_the_npz(untrained_mlp, rendered):
+    config = str(REPO_ROOT / "configs" / "mnist_mlp.yaml")
+    from_bin, bin_results = predict_cli(untrained_mlp / "pretrained", "--config", config, str(rendered["jpeg"]))
+    from_npz, npz_results = predict_cli(untrained_mlp / "model.npz", str(rendered["jpeg"]))
+    assert from_bin.returncode == 0 and from_npz.returncode == 0, from_bin.stderr + from_npz.stderr
+    assert bin_results == npz_results
+
+
+def test_a_bin_directory_without_config_is_a_one_line_error(untrained_mlp, tmp_path):
+    finished, results = predict_cli(untrained_mlp / "pretrained", str(tmp_path))
+    assert finished.returncode == 2 and results is None
+    [line] = finished.stderr.splitlines()
+    assert line.startswith("cudnnnet-predict: error: ") and str(untrained_mlp / "pretrained") in line
+    assert "--config" in line
+
+
+def test_a_bin_directory_of_another_network_is_named(untrained_mlp, tmp_path):
+    config = str(REPO_ROOT / "configs" / "mnist_cnn.yaml")
+    finished, _ = predict_cli(untrained_mlp / "pretrained", "--config", config, str(tmp_path))
+    assert finished.returncode == 2
+    [line] = finished.stderr.splitlines()
+    assert "conv1.bin: missing" in line
+
+
+# ---- the same checkpoint on the GPU and on the host ---------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("trained_on", ["cuda", "host"])
+def test_a_checkpoint_predicts_the_same_on_gpu_and_host(cuda, mnist_dir, rendered, tmp_path, trained_on):
+    trained = train_cli("configs/mnist_cnn.yaml", tmp_path, mnist_dir, "--steps", "60", device=trained_on)
+    assert trained.returncode == 0, trained.stderr
+    assert json.loads((tmp_path / "metrics.json").read_text())["backend"] == trained_on
+    folder = str(rendered["blue_ink_on_cream"])
+    on_gpu, gpu_results = predict_cli(tmp_path / "model.npz", folder, device="cuda")
+    on_host, host_results = predict_cli(tmp_path / "model.npz", folder, device="host")
+    assert on_gpu.returncode == 0 and on_host.returncode == 0, on_gpu.stderr + on_host.stderr
+    assert [result["image"] for result in gpu_results] == [result["image"] for result in host_results]
+    assert [result["digit"] for result in gpu_results] == [result["digit"] for result in host_results]
+    np.testing.assert_allclose([result["probabilities"] for result in gpu_results],
+                               [result["probabilities"] for result in host_results], rtol=0, atol=1e-5)
