@@ -9,6 +9,7 @@ the file, the key path (``model[2].out_size``, ``train.optimizer.lr``) and what 
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import re
@@ -31,7 +32,7 @@ POOLING_MODES = ("max", "average")
 LOSS_LAYERS = ("softmax", "mse")
 DATASETS = ("mnist",)
 OPTIMIZERS = ("sgd",)
-SCHEDULES = ("constant", "inverse", "step")
+SCHEDULES = ("constant", "inverse", "step", "cosine")
 LAYER_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 _REQUIRED = object()
@@ -86,15 +87,20 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """constant; inverse: lr0 / (1 + decay·step); step: lr0 · gamma^(epoch // step_size)."""
+    """constant; inverse: lr0 / (1 + decay·step); step: lr0 · gamma^(epoch // step_size);
+    cosine: lr0 · ½(1 + cos(π·step / total_steps)), annealing to 0 over the run's planned steps."""
 
     name: str = "constant"
     decay: float | None = None
     step_size: int | None = None
     gamma: float | None = None
 
-    def learning_rate(self, base_lr: float, step: int, epoch: int) -> float:
-        """The learning rate at global ``step`` (from 0) during ``epoch`` (from 0)."""
+    def learning_rate(self, base_lr: float, step: int, epoch: int, total_steps: int | None = None) -> float:
+        """The learning rate at global ``step`` (from 0) during ``epoch`` (from 0) of a run of ``total_steps``."""
+        if self.name == "cosine":
+            if not total_steps:
+                raise ValueError("the cosine schedule needs the run's total_steps")
+            return base_lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
         if self.name == "inverse":
             return base_lr / (1.0 + self.decay * step)
         if self.name == "step":
@@ -439,7 +445,7 @@ def _parse_schedule(schedule: _Section) -> ScheduleConfig:
         schedule.only(("name", "step_size", "gamma"), context="schedule step")
         return ScheduleConfig(name, step_size=schedule.integer("step_size", low=0, low_open=True),
                               gamma=schedule.number("gamma", low=0.0, high=1.0, low_open=True))
-    schedule.only(("name",), context="schedule constant")
+    schedule.only(("name",), context=f"schedule {name}")
     return ScheduleConfig(name)
 
 
@@ -480,11 +486,25 @@ def parse_config(mapping: Any, source: str = "<dict>") -> Config:
     )
 
 
+_YAML_TAG = re.compile(r"constructor for the tag '([^']*)'")
+
+
 def _yaml_problem(error: yaml.YAMLError) -> str:
     mark = getattr(error, "problem_mark", None)
     problem = getattr(error, "problem", None) or str(error)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return " ".join(f"{where}{problem}".split())
+    tag = _YAML_TAG.search(problem)
+    if tag is not None:
+        return f"{where}{_tag_problem(tag.group(1))}"
+    return "not valid YAML: " + " ".join(f"{where}{problem}".split())
+
+
+def _tag_problem(tag: str) -> str:
+    short = tag.replace("tag:yaml.org,2002:", "!!")
+    if short.startswith("!!python/"):
+        return (f"refused the tag {short}: a config may not create Python objects "
+                f"(configs are read with yaml.safe_load: plain mappings, lists, strings and numbers only)")
+    return f"unknown YAML tag {short}; a config holds plain mappings, lists, strings and numbers only"
 
 
 def load_config(path: str | os.PathLike) -> Config:
@@ -501,7 +521,7 @@ def load_config(path: str | os.PathLike) -> Config:
     try:
         mapping = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(error)}") from error
+        raise ConfigError(f"{path}: {_yaml_problem(error)}") from error
     if mapping is None:
         raise ConfigError(f"{path}: the file is empty; a config needs at least model and train.optimizer.lr")
     return parse_config(mapping, source=str(path))

@@ -306,7 +306,10 @@ def test_top_level_must_be_a_mapping():
     ("model:\n\t- dense\n", "not valid YAML"),
     ("- just\n- a list\n", "the top level must be a mapping"),
     ("just a string", "the top level must be a mapping"),
-    ("model: !!python/object:os.system {}\n", "not valid YAML"),
+    ("model: !!python/object:os.system {}\n", "refused the tag !!python/object:os.system"),
+    ("model: !!python/object/apply:os.system [echo pwned]\n", "refused the tag !!python/object/apply:os.system"),
+    ("!!python/name:os.system\n", "may not create Python objects"),
+    ("lr: !custom 1\n", "unknown YAML tag !custom"),
 ])
 def test_file_level_errors_name_the_file(tmp_path, text, fragment):
     path = write(tmp_path, text, "broken.yaml")

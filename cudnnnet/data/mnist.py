@@ -24,6 +24,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ..checkpoint import new_file_mode
 from ..errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -167,9 +168,8 @@ def md5_of(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
-def _verify_idx_checksum(data: bytes, path: Path, idx_name: str) -> None:
+def _verify_idx_checksum(found: str, path: Path, idx_name: str) -> None:
     expected = IDX_MD5[idx_name]
-    found = md5_of(data)
     if found != expected:
         raise DataError(f"{path}: checksum mismatch: the uncompressed data has MD5 {found}, "
                         f"MNIST's {idx_name} has {expected}; delete the file so it is downloaded "
@@ -177,8 +177,8 @@ def _verify_idx_checksum(data: bytes, path: Path, idx_name: str) -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def _read_cached(file_key: tuple[str, int, int], idx_name: str, verify: bool) -> np.ndarray:
-    """Parsed, checked, read-only array of one file.
+def _read_cached(file_key: tuple[str, int, int], idx_name: str) -> tuple[np.ndarray, str]:
+    """(parsed, checked, read-only array, MD5 of the uncompressed bytes) of one file.
 
     ``file_key`` = (resolved path, mtime in ns, size): a file that changes gets a new key.
     """
@@ -189,18 +189,16 @@ def _read_cached(file_key: tuple[str, int, int], idx_name: str, verify: bool) ->
         images_from_idx(array, path)
     else:
         labels_from_idx(array, path)
-    if verify:
-        _verify_idx_checksum(data, path, idx_name)
     logger.debug("parsed %s: shape %s", path, array.shape)
-    return array
+    return array, md5_of(data)
 
 
-def _read_mnist_file(path: Path, idx_name: str, verify: bool) -> np.ndarray:
+def _read_mnist_file(path: Path, idx_name: str) -> tuple[np.ndarray, str]:
     try:
         stat = path.stat()
     except OSError as error:
         raise DataError(f"cannot read {path}: {error.strerror or error}") from error
-    return _read_cached((str(path.resolve()), stat.st_mtime_ns, stat.st_size), idx_name, verify)
+    return _read_cached((str(path.resolve()), stat.st_mtime_ns, stat.st_size), idx_name)
 
 
 # ---- locating and downloading --------------------------------------------------------------
@@ -249,6 +247,7 @@ def _fetch_to_temp(url: str, directory: Path, file_name: str, timeout: float) ->
     handle, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{file_name}.", suffix=".part")
     digest = hashlib.md5(usedforsecurity=False)
     try:
+        os.fchmod(handle, new_file_mode())
         with os.fdopen(handle, "wb") as temp_file, urllib.request.urlopen(url, timeout=timeout) as response:
             while chunk := response.read(DOWNLOAD_CHUNK):
                 digest.update(chunk)
@@ -318,7 +317,11 @@ def _split_paths(split: str, data_dir, download: bool, mirrors: Iterable[str] | 
                         + ", ".join(f"{name}(.gz)" for name in missing)
                         + f"; allow download or set {DATA_ENV} to a directory that holds them")
     if missing:
-        download_mnist(data_dir, splits=(split,), mirrors=mirrors)
+        try:
+            download_mnist(data_dir, splits=(split,), mirrors=mirrors)
+        except DataError as error:
+            raise DataError(f"MNIST {split} files missing from {directory}: "
+                            + ", ".join(f"{name}(.gz)" for name in missing) + f", and {error}") from error
         paths = [_find_file(directory, idx_name) for idx_name in idx_names]
     return paths[0], paths[1]
 
@@ -365,8 +368,8 @@ def load_mnist(data_dir: str | os.PathLike | None = None, split: str = "train", 
     _check_options(normalize, pad)
     images_path, labels_path = _split_paths(split, data_dir, download, mirrors)
     images_name, labels_name = SPLIT_FILES[split]
-    images = _read_mnist_file(images_path, images_name, verify)
-    labels = _read_mnist_file(labels_path, labels_name, verify)
+    images, images_md5 = _read_mnist_file(images_path, images_name)
+    labels, labels_md5 = _read_mnist_file(labels_path, labels_name)
     if images.shape[0] != labels.shape[0]:
         raise DataError(f"{images_path} holds {images.shape[0]} images but {labels_path} holds "
                         f"{labels.shape[0]} labels")
@@ -375,6 +378,9 @@ def load_mnist(data_dir: str | os.PathLike | None = None, split: str = "train", 
                         f"{IMAGE_SIDE}×{IMAGE_SIDE}")
     if images.shape[0] == 0:
         raise DataError(f"{images_path} holds no images")
+    if verify:
+        _verify_idx_checksum(images_md5, images_path, images_name)
+        _verify_idx_checksum(labels_md5, labels_path, labels_name)
     return to_float_images(images, normalize, int(pad)), labels.astype(np.int64)
 
 
