@@ -45,15 +45,26 @@ _NPZ_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.L
 # ---- atomic writes --------------------------------------------------------------------------
 
 
+def new_file_mode() -> int:
+    """The permissions ``open`` gives a new file: 0o666 less the umask (``mkstemp`` alone gives 0o600)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 @contextlib.contextmanager
-def _atomic_write(path: Path) -> Iterator[BinaryIO]:
+def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """Yield a temporary file beside ``path``; on success fsync it and replace ``path`` with it.
 
-    On any failure the temporary file is removed and an existing ``path`` is left untouched.
+    On any failure the temporary file is removed and an existing ``path`` is left untouched. The
+    temporary file is named ``.NAME.*.tmp``, so a crash can leave only a hidden ``.tmp`` file that
+    nothing takes for a checkpoint.
     """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(handle, new_file_mode())
         with os.fdopen(handle, "wb") as file:
             yield file
             file.flush()
@@ -84,7 +95,7 @@ def _fsync_directory(directory: Path) -> None:
 def _write_file(path: Path, write) -> None:
     """Write ``path`` atomically through ``write(file)``; an OSError becomes a CheckpointError."""
     try:
-        with _atomic_write(path) as file:
+        with atomic_write(path) as file:
             write(file)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot write the checkpoint ({_one_line(exc)})") from exc

@@ -12,9 +12,7 @@ import csv
 import json
 import logging
 import math
-import os
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,15 +46,8 @@ class Interrupted(Exception):
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with checkpoint.atomic_write(path) as file:
+        file.write(text.encode("utf-8"))
 
 
 def input_shape(config: Config) -> tuple[int, int, int]:
@@ -171,6 +162,7 @@ class Trainer:
         self.images_trained = 0
         if resume is not None:
             self._resume(Path(resume))
+        self.optimizer.total_steps = self.total_steps
 
     # ---- the plan ------------------------------------------------------------------------------
     @property
@@ -373,6 +365,7 @@ def _plot_curves(history: list, path: Path) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         log.info("matplotlib is not installed: no %s", path.name)
         return
@@ -380,21 +373,19 @@ def _plot_curves(history: list, path: Path) -> None:
         return
     epochs = [row["epoch"] for row in history]
     figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
-    for key, label in (("train_loss", "train"), ("test_loss", "test")):
+    for key, label in (("train_loss", "train (mean over the epoch)"), ("test_loss", "test (end of the epoch)")):
         loss_axes.plot(epochs, [row[key] for row in history], marker="o", label=label)
-    for key, label in (("train_accuracy", "train"), ("test_accuracy", "test")):
+    for key, label in (("train_accuracy", "train (mean over the epoch)"), ("test_accuracy", "test (end of the epoch)")):
         accuracy_axes.plot(epochs, [row[key] for row in history], marker="o", label=label)
     loss_axes.set(xlabel="epoch", ylabel="loss", title="loss")
     accuracy_axes.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
     for axes in (loss_axes, accuracy_axes):
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         axes.grid(alpha=0.3)
         axes.legend()
     figure.tight_layout()
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".png", delete=False) as file:
-        temporary = Path(file.name)
     try:
-        figure.savefig(temporary, dpi=100)
-        os.replace(temporary, path)
+        with checkpoint.atomic_write(path) as file:
+            figure.savefig(file, format="png", dpi=100)
     finally:
-        temporary.unlink(missing_ok=True)
         plt.close(figure)
