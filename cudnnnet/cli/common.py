@@ -9,13 +9,18 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 
-from ..errors import CudnnnetError, UsageError
+import numpy as np
+
+from ..errors import CudnnnetError, DeviceUnavailableError, UsageError
 
 log = logging.getLogger("cudnnnet")
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+DEVICE_HINT = "use --device host (or auto) to run on the CPU"
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,28 +35,45 @@ def configure_logging(args) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one stderr line (no usage block), as every other error."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def run(main, parser: argparse.ArgumentParser, argv=None) -> int:
-    """Parse ``argv``, run ``main(args)`` and turn an exception into one stderr line and an exit code."""
+    """Parse ``argv``, run ``main(args)`` and turn an exception into one stderr line and an exit code.
+
+    With ``--debug`` the traceback is printed first; the exit code stays the same.
+    """
     args = parser.parse_args(argv)
     configure_logging(args)
     try:
-        return main(args) or 0
+        with np.errstate(all="ignore"):  # on the host as on the GPU: a NaN loss is reported once, as an error
+            return main(args) or 0
+    except DeviceUnavailableError as error:
+        return _fail(args, parser.prog, error, EXIT_USAGE, f"{error}; {DEVICE_HINT}")
     except UsageError as error:
-        return _fail(args, error, EXIT_USAGE, parser.prog)
+        return _fail(args, parser.prog, error, EXIT_USAGE)
     except CudnnnetError as error:
-        return _fail(args, error, EXIT_FAILURE, parser.prog)
-    except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
-        return 130
+        return _fail(args, parser.prog, error, EXIT_FAILURE)
+    except KeyboardInterrupt as error:
+        return _fail(args, parser.prog, error, EXIT_INTERRUPTED, "interrupted")
     except MemoryError as error:
-        return _fail(args, f"out of host memory ({error or 'MemoryError'})", EXIT_FAILURE, parser.prog)
+        return _fail(args, parser.prog, error, EXIT_FAILURE, f"out of host memory ({error or 'MemoryError'})")
     except OSError as error:
-        return _fail(args, f"{error.strerror or error}: {error.filename or ''}".rstrip(": "), EXIT_FAILURE, parser.prog)
+        return _fail(args, parser.prog, error, EXIT_FAILURE, _os_error_text(error))
 
 
-def _fail(args, error, code: int, prog: str) -> int:
+def _os_error_text(error: OSError) -> str:
+    names = [str(name) for name in (error.filename, error.filename2) if name is not None]
+    return ": ".join([error.strerror or str(error)] + names)
+
+
+def _fail(args, prog: str, error: BaseException, code: int, message: str | None = None) -> int:
     if args.debug:
-        raise error if isinstance(error, BaseException) else RuntimeError(error)
-    message = str(error).replace("\n", " ")
-    print(f"{prog}: error: {message}", file=sys.stderr)
+        traceback.print_exception(error, file=sys.stderr)
+    text = " ".join((message or str(error) or type(error).__name__).split())
+    print(f"{prog}: error: {text}", file=sys.stderr)
     return code

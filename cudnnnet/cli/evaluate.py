@@ -13,12 +13,12 @@ from ..data.mnist import load_mnist
 from ..network import Network
 from ..predict import training_normalize
 from ..training import evaluate
-from .common import add_common_arguments, run
+from .common import ArgumentParser, add_common_arguments, run
 from .train import positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cudnnnet-evaluate", description="Evaluate a checkpoint on MNIST's test set.")
+    parser = ArgumentParser(prog="cudnnnet-evaluate", description="Evaluate a checkpoint on MNIST's test set.")
     parser.add_argument("--weights", required=True, metavar="CHECKPOINT", help="a model.npz written by cudnnnet-train")
     parser.add_argument("--data-dir", help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default auto)")

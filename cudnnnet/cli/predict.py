@@ -24,13 +24,13 @@ from ..errors import UsageError
 from ..network import Network
 from ..predict import predict
 from ..training import build_network
-from .common import EXIT_USAGE, add_common_arguments, run
+from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, run
 
 log = logging.getLogger("cudnnnet.predict")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cudnnnet-predict", description="Recognise the digit in image files.")
+    parser = ArgumentParser(prog="cudnnnet-predict", description="Recognise the digit in image files.")
     parser.add_argument("--weights", required=True, metavar="CHECKPOINT",
                         help="a model.npz written by cudnnnet-train, or a directory of the original's .bin files")
     parser.add_argument("--config", metavar="CONFIG",

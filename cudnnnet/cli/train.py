@@ -8,13 +8,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
+from .. import checkpoint
 from ..backends import DEVICES
-from ..config import load_config
-from ..training import Interrupted, Trainer
-from .common import add_common_arguments, run
+from ..config import Config, load_config
+from ..data.mnist import NUM_CLASSES
+from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, UsageError
+from ..layers import LAYER_TYPES
+from ..training import Interrupted, Trainer, input_shape
+from .common import ArgumentParser, add_common_arguments, run
 
 log = logging.getLogger("cudnnnet.train")
 
@@ -40,7 +45,7 @@ def non_negative_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cudnnnet-train", description="Train a network from a YAML config.")
+    parser = ArgumentParser(prog="cudnnnet-train", description="Train a network from a YAML config.")
     parser.add_argument("--config", required=True, help="YAML config (see configs/)")
     parser.add_argument("--device", choices=DEVICES, help="override the config's device (auto uses a GPU when usable)")
     parser.add_argument("--data-dir", help="MNIST directory (default: $CUDNNNET_DATA, else the user cache, downloading)")
@@ -57,13 +62,79 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main_with_args(args) -> int:
-    config = load_config(args.config).with_overrides(
+def check_model(config: Config) -> None:
+    """Every layer fits the output of the one before it, and the last gives one score per class.
+
+    Raises ConfigError naming the config file and the layer, before anything is built or loaded.
+    """
+    shape = input_shape(config)
+    for index, spec in enumerate(config.model):
+        try:
+            shape = LAYER_TYPES[spec.type](spec.name, **spec.params).output_sample_shape(shape)
+        except (ShapeError, InvalidArgumentError) as error:
+            raise ConfigError(f"{config.source}: model[{index}] ({spec.type}): {error}") from None
+    if shape != (NUM_CLASSES, 1, 1):
+        last = len(config.model) - 1
+        raise ConfigError(f"{config.source}: model[{last}]: the model ends in outputs of shape {shape} per image; "
+                          f"MNIST needs {NUM_CLASSES} class scores, shape ({NUM_CLASSES}, 1, 1) (a last dense "
+                          f"layer with out_size {NUM_CLASSES})")
+
+
+def check_output(output: Path) -> None:
+    """``output`` is a directory, or can be created as one, and can be written to."""
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output {output} is a file, not a directory")
+    existing = next(parent for parent in (output, *output.absolute().parents) if parent.exists())
+    if not existing.is_dir():
+        raise UsageError(f"--output {output}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--output {output}: cannot write in {existing} (permission denied)")
+
+
+def check_resume(path: str, config: Config, config_path: str) -> None:
+    """The checkpoint to resume from loads and was trained with the model of the config at ``config_path``."""
+    _, metadata = checkpoint.load_npz(path)
+    saved = (metadata.get("config") or {}).get("model") if isinstance(metadata.get("config"), dict) else None
+    if not isinstance(saved, list):
+        raise CheckpointError(f"{path}: no training config in its metadata; it can be loaded but not resumed")
+    wanted = config.to_dict()["model"]
+    for index, (theirs, ours) in enumerate(zip(saved, wanted)):
+        if theirs != ours:
+            raise CheckpointError(f"{path}: trained with a different model than {config_path}: model[{index}] is "
+                                  f"{_layer_text(theirs)} in the checkpoint, {_layer_text(ours)} in the config")
+    if len(saved) != len(wanted):
+        raise CheckpointError(f"{path}: trained with a different model than {config_path}: "
+                              f"{len(saved)} layers in the checkpoint, {len(wanted)} in the config")
+
+
+def _layer_text(layer) -> str:
+    if not isinstance(layer, dict):
+        return repr(layer)
+    params = ", ".join(f"{key}={value!r}" for key, value in layer.items() if key not in ("type", "name"))
+    return f"{layer.get('type')} {layer.get('name')!r}" + (f" ({params})" if params else "")
+
+
+def prepare(args) -> tuple[Trainer, Path]:
+    """Check everything the run needs, then build the trainer; nothing is written before it runs."""
+    config = load_config(args.config)
+    check_model(config)
+    config = config.with_overrides(
         epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device,
         data_dir=args.data_dir,
     )
-    output = args.output or f"runs/{Path(args.config).stem}"
+    output = Path(args.output or f"runs/{Path(args.config).stem}")
+    check_output(output)
+    if args.resume is not None:
+        check_resume(args.resume, config, args.config)
     trainer = Trainer(config, output, resume=args.resume, progress=not args.quiet and sys.stderr.isatty())
+    if trainer.position.step >= trainer.total_steps:
+        raise UsageError(f"{args.resume} is at step {trainer.position.step} and the run asks for "
+                         f"{trainer.total_steps} steps: nothing left to train; raise --epochs or --steps")
+    return trainer, output
+
+
+def main_with_args(args) -> int:
+    trainer, output = prepare(args)
     try:
         metrics = trainer.run()
     except Interrupted as interrupted:
@@ -71,12 +142,16 @@ def main_with_args(args) -> int:
         return 128 + interrupted.signum
     if args.export_original:
         trainer.network.save_original(args.export_original)
-    log.info("test accuracy %.4f, test loss %.4f, %.1f s, %.0f images/s on %s; outputs in %s",
+    log.info("test accuracy %.4f, test loss %.4f, %.1f s, %s images/s on %s; outputs in %s",
              metrics["test_accuracy"], metrics["test_loss"], metrics["train_seconds"],
-             metrics["images_per_second"], metrics["device"], output)
+             _rate_text(metrics["images_per_second"]), metrics["device"], output)
     print(json.dumps({key: metrics[key] for key in ("device", "epochs", "steps", "test_accuracy", "test_loss",
                                                       "train_seconds", "images_per_second")}))
     return 0
+
+
+def _rate_text(rate) -> str:
+    return "?" if rate is None else f"{rate:,.0f}"
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,658 @@
+"""Every way a user can plausibly get the command-line tools wrong, as the user runs them.
+
+Each case checks: the exit code (2 for bad usage, config, data, checkpoint or image; 1 for a
+runtime failure), exactly one non-empty line on stderr (with ``--quiet``) that names the problem, no
+traceback (unless ``--debug``), and that the outputs of an earlier run in the output directory are
+byte for byte what they were, with no file added.
+
+Every table runs in-process through the tools' own ``main(argv)`` (fast), and a few cases of each
+table run the real scripts in subprocesses. Neither can reach the internet or the user's cache.
+"""
+
+import contextlib
+import gzip
+import importlib
+import io
+import json
+import os
+import pickle
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from cudnnnet.checkpoint import load_npz, save_npz
+from cudnnnet.config import load_config
+from cudnnnet.data import mnist
+from cudnnnet.network import OPTIMIZER_PREFIX, Network
+from cudnnnet.optim import SGD
+from cudnnnet.training import build_network
+from run_helpers import REPO_ROOT
+
+MLP_CONFIG = REPO_ROOT / "configs" / "mnist_mlp.yaml"
+CNN_CONFIG = REPO_ROOT / "configs" / "mnist_cnn.yaml"
+NO_NETWORK = "http://127.0.0.1:9"  # nothing listens on the discard port: any download fails at once
+
+VALID_CONFIG = """\
+model:
+  - {type: dense, name: fc1, out_size: 32}
+  - {type: activation, name: relu1, mode: relu}
+  - {type: dense, name: fc2, out_size: 10}
+  - {type: softmax, name: softmax}
+train:
+  batch_size: 32
+  optimizer: {lr: 0.1}
+"""
+
+
+# ---- running the scripts ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """cli(script, *arguments): run scripts/<script>.py with --quiet in tmp_path, offline."""
+    env = {key: value for key, value in os.environ.items() if key not in ("CUDNNNET_DATA", "no_proxy", "NO_PROXY")}
+    env.update(OPENBLAS_NUM_THREADS="1", XDG_CACHE_HOME=str(tmp_path / "cache"), http_proxy=NO_NETWORK,
+               https_proxy=NO_NETWORK, HTTP_PROXY=NO_NETWORK, HTTPS_PROXY=NO_NETWORK)
+
+    def run(script: str, *arguments, quiet: bool = True) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(REPO_ROOT / "scripts" / f"{script}.py"), *map(str, arguments)]
+        command += ["--quiet"] if quiet else []
+        return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+
+    return run
+
+
+@pytest.fixture
+def tool(tmp_path, monkeypatch):
+    """tool(script, *arguments): cudnnnet.cli.<script>.main([..., "--quiet"]) with stdout and stderr captured."""
+    from cudnnnet.cli import common
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(mnist.DATA_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(mnist, "MIRRORS", (NO_NETWORK + "/",))
+    monkeypatch.setattr(common, "configure_logging", lambda args: None)  # pytest keeps the logging set-up
+
+    def run(script: str, *arguments) -> subprocess.CompletedProcess:
+        main = importlib.import_module(f"cudnnnet.cli.{script}").main
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                code = main([*map(str, arguments), "--quiet"])
+            except SystemExit as exit:
+                code = exit.code
+        return subprocess.CompletedProcess([script, *arguments], code, stdout.getvalue(), stderr.getvalue())
+
+    return run
+
+
+def assert_one_line_error(finished: subprocess.CompletedProcess, script: str, code: int, pattern: str) -> str:
+    """The run failed with ``code`` and one stderr line ``cudnnnet-SCRIPT: error: ...`` matching ``pattern``."""
+    assert finished.returncode == code, finished.stderr
+    lines = finished.stderr.splitlines()
+    assert len(lines) == 1, f"expected one stderr line, got:\n{finished.stderr}"
+    assert lines[0].startswith(f"cudnnnet-{script}: error: ") and lines[0].strip() != f"cudnnnet-{script}: error:"
+    assert re.search(pattern, lines[0]), f"{pattern!r} not in {lines[0]!r}"
+    assert "Traceback" not in finished.stderr and finished.stdout == ""
+    return lines[0]
+
+
+# ---- what a failing run must leave alone -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> Path:
+    """Checkpoints built in-process (no training): good ones, and each way a checkpoint can be bad."""
+    folder = tmp_path_factory.mktemp("checkpoints")
+    mlp_config, cnn_config = load_config(MLP_CONFIG), load_config(CNN_CONFIG)
+    for name, config in (("mlp", mlp_config), ("cnn", cnn_config)):
+        save_untrained(config, folder / f"{name}.npz")
+    write_bad_checkpoints(folder, folder / "mlp.npz")
+    return folder
+
+
+def save_untrained(config, path: Path) -> None:
+    """What an interrupted run of ``config`` saves after 3 steps: weights, optimiser state, position."""
+    network = build_network(config, "host")
+    optimizer = SGD(network, config.train.optimizer.lr, config.train.optimizer.momentum)
+    network.save(path, extra_arrays=optimizer.state_arrays(OPTIMIZER_PREFIX), config=config.to_dict(), history=[],
+                 position={"epoch": 0, "batch": 3, "step": 3})
+
+
+def write_bad_checkpoints(folder: Path, good: Path) -> None:
+    arrays, metadata = load_npz(good)
+    save_npz(folder / "narrow.npz", {**arrays, "fc1.weight": arrays["fc1.weight"][:, :700]}, metadata)
+    save_npz(folder / "nan.npz", {**arrays, "fc2.bias": np.full(10, np.nan, np.float32)}, metadata)
+    save_npz(folder / "no_config.npz", arrays, {key: value for key, value in metadata.items() if key != "config"})
+    (folder / "text.npz").write_text("model weights\n")
+    (folder / "empty.npz").write_bytes(b"")
+    (folder / "pickle.npz").write_bytes(pickle.dumps({"fc1.weight": [0.0]}))
+    np.savez(folder / "objects.npz", fc1=np.array([{"exploit": 1}], dtype=object))
+    (folder / "truncated.npz").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    Network.load(good).save_original(folder / "truncated_bin")
+    (folder / "truncated_bin" / "fc2.bin").write_bytes((folder / "truncated_bin" / "fc2.bin").read_bytes()[:1000])
+
+
+@pytest.fixture
+def previous_run(tmp_path, checkpoints) -> Path:
+    """An output folder holding what an earlier run wrote."""
+    output = tmp_path / "out"
+    output.mkdir()
+    shutil.copy(checkpoints / "mlp.npz", output / "model.npz")
+    (output / "metrics.json").write_text(json.dumps({"test_accuracy": 0.9876, "steps": 3}) + "\n")
+    (output / "history.csv").write_text("epoch,steps\n1,3\n")
+    return output
+
+
+def snapshot(folder: Path) -> dict:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+@pytest.fixture
+def untouched(previous_run):
+    """The earlier run's folder; afterwards its files must be exactly as they were, none added."""
+    before = snapshot(previous_run)
+    yield previous_run
+    assert snapshot(previous_run) == before
+
+
+def config_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return path
+
+
+def train_args(config, data_dir, output, *extra):
+    return ("--config", config, "--device", "host", "--data-dir", data_dir, "--output", output, "--steps", "2", *extra)
+
+
+def cases(table: dict, *names: str) -> list:
+    """``pytest.param``s of the ``names`` in ``table`` (all of it when none is named)."""
+    return [pytest.param(*table[name], id=name) for name in (names or table)]
+
+
+# ---- config ---------------------------------------------------------------------------------
+
+VALID_LAYERS = VALID_CONFIG.split("train:")[0]
+VALID_TRAIN = "train:" + VALID_CONFIG.split("train:")[1]
+MLP = "  - {type: dense, out_size: 10}\n  - {type: softmax}\n"
+
+CONFIG_CASES = {
+    "not YAML": ("model: [dense, {out_size: 10\n", r"bad\.yaml: not valid YAML: line \d+, column \d+"),
+    "tab indentation": ("model:\n\t- {type: dense}\n", r"bad\.yaml: not valid YAML"),
+    "empty": ("", r"bad\.yaml: the file is empty; a config needs at least model and train\.optimizer\.lr"),
+    "only comments": ("# TODO\n", r"the file is empty"),
+    "a list": ("- dense\n- softmax\n", r"the top level must be a mapping with keys model, data, train"),
+    "unknown key": (VALID_CONFIG + "learning_rate: 0.1\n",
+                    r"learning_rate: unknown key 'learning_rate'; valid keys: model, data, train, device, math"),
+    "unknown layer key": ("model:\n  - {type: dense, units: 10}\n  - {type: softmax}\n" + VALID_TRAIN,
+                          r"model\[0\]\.units: unknown key 'units' for a dense layer; valid keys: type, name, out_size"),
+    "wrong type": ("model:\n  - {type: dense, out_size: ten}\n  - {type: softmax}\n" + VALID_TRAIN,
+                   r"model\[0\]\.out_size: expected an integer > 0, got 'ten' \(string\)"),
+    "float size": ("model:\n  - {type: dense, out_size: 10.5}\n  - {type: softmax}\n" + VALID_TRAIN,
+                   r"model\[0\]\.out_size: expected an integer > 0, got 10\.5 \(number\)"),
+    "lr as YAML 1.1 text": ("model:\n" + MLP + "train: {optimizer: {lr: 1e-3}}\n", r"write 1\.0e-3 or 0\.001"),
+    "unknown layer kind": ("model:\n  - {type: lstm, out_size: 10}\n  - {type: softmax}\n" + VALID_TRAIN,
+                           r"model\[0\]\.type: expected one of dense, activation, softmax, mse, conv2d, pooling, "
+                           r"got 'lstm'"),
+    "unknown activation": ("model:\n  - {type: dense, out_size: 10}\n  - {type: activation, mode: relu6}\n"
+                           "  - {type: softmax}\n" + VALID_TRAIN,
+                           r"model\[1\]\.mode: expected one of relu, sigmoid, tanh, clipped_relu, elu, got 'relu6'"),
+    "unknown pooling mode": ("model:\n  - {type: pooling, kernel_size: 2, mode: min}\n" + MLP + VALID_TRAIN,
+                             r"model\[0\]\.mode: expected one of max, average, got 'min'"),
+    "zero size": ("model:\n  - {type: dense, out_size: 0}\n  - {type: softmax}\n" + VALID_TRAIN,
+                  r"model\[0\]\.out_size: expected an integer > 0, got 0"),
+    "negative kernel": ("model:\n  - {type: conv2d, out_channels: 4, kernel_size: -3}\n" + MLP + VALID_TRAIN,
+                        r"model\[0\]\.kernel_size: expected an integer > 0, got -3"),
+    "negative padding": ("model:\n  - {type: conv2d, out_channels: 4, kernel_size: 3, padding: -1}\n" + MLP
+                         + VALID_TRAIN, r"model\[0\]\.padding: expected an integer >= 0, got -1"),
+    "kernel larger than the image": (
+        "model:\n  - {type: conv2d, out_channels: 4, kernel_size: 29}\n" + MLP + VALID_TRAIN,
+        r"bad\.yaml: model\[0\] \(conv2d\): .*kernel 29 .*larger than its padded input 28×28"),
+    "kernel larger than a pooled map": (
+        "model:\n  - {type: pooling, kernel_size: 4}\n  - {type: conv2d, out_channels: 4, kernel_size: 9}\n" + MLP
+        + VALID_TRAIN, r"bad\.yaml: model\[1\] \(conv2d\): .*kernel 9 .*larger than its padded input 7×7"),
+    "pooling window larger than the image": (
+        "model:\n  - {type: pooling, kernel_size: 40}\n" + MLP + VALID_TRAIN,
+        r"bad\.yaml: model\[0\] \(pooling\): .*window 40 is larger than its padded input 28×28"),
+    "dense before conv": (
+        "model:\n  - {type: dense, out_size: 50}\n  - {type: conv2d, out_channels: 4, kernel_size: 3}\n" + MLP
+        + VALID_TRAIN, r"bad\.yaml: model\[1\] \(conv2d\): .*a Dense layer before it leaves no spatial size"),
+    "not ten classes": ("model:\n  - {type: dense, out_size: 7}\n  - {type: softmax}\n" + VALID_TRAIN,
+                        r"bad\.yaml: model\[1\]: the model ends in outputs of shape \(7, 1, 1\) per image; "
+                        r"MNIST needs 10 class scores"),
+    "no loss layer": ("model:\n  - {type: dense, out_size: 10}\n" + VALID_TRAIN,
+                      r"model\[0\]\.type: the last layer must be a loss layer \(softmax or mse\), got 'dense'"),
+    "loss layer not last": ("model:\n  - {type: softmax}\n  - {type: dense, out_size: 10}\n  - {type: softmax}\n"
+                            + VALID_TRAIN, r"model\[0\]\.type: loss layer 'softmax' may only be the last layer"),
+    "empty model": ("model: []\n" + VALID_TRAIN, r"model: expected a non-empty list of layers"),
+    "duplicate names": ("model:\n  - {type: dense, name: fc, out_size: 10}\n  - {type: dense, name: fc, out_size: 10}"
+                        "\n  - {type: softmax}\n" + VALID_TRAIN, r"model\[1\]\.name: duplicate layer name 'fc'"),
+    "batch size 0": (VALID_LAYERS + "train: {batch_size: 0, optimizer: {lr: 0.1}}\n",
+                     r"train\.batch_size: expected an integer > 0, got 0"),
+    "learning rate 0": (VALID_LAYERS + "train: {optimizer: {lr: 0}}\n",
+                        r"train\.optimizer\.lr: expected a number > 0, got 0"),
+    "negative learning rate": (VALID_LAYERS + "train: {optimizer: {lr: -0.1}}\n",
+                               r"train\.optimizer\.lr: expected a number > 0, got -0\.1"),
+    "infinite learning rate": (VALID_LAYERS + "train: {optimizer: {lr: .inf}}\n", r"lr: .*not finite"),
+    "no learning rate": (VALID_LAYERS + "train: {batch_size: 32}\n", r"train\.optimizer: missing required key"),
+    "momentum 1": (VALID_LAYERS + "train: {optimizer: {lr: 0.1, momentum: 1.0}}\n",
+                   r"train\.optimizer\.momentum: expected a number in \[0, 1\), got 1\.0"),
+    "unknown device": (VALID_CONFIG + "device: gpu\n", r"device: expected one of auto, cuda, host, got 'gpu'"),
+    "normalize std 0": (VALID_CONFIG + "data: {normalize: {mean: 0.1, std: 0}}\n",
+                        r"data\.normalize\.std: expected a number > 0, got 0"),
+    "Python object tag": ('model: !!python/object/apply:os.system ["touch PWNED"]\n' + VALID_TRAIN,
+                          r"bad\.yaml: line 1, column 8: refused the tag !!python/object/apply:os\.system: a config "
+                          r"may not create Python objects"),
+}
+
+
+@pytest.mark.parametrize("text, pattern", cases(CONFIG_CASES))
+def test_bad_config(tool, tmp_path, mnist_dir, untouched, text, pattern):
+    finished = tool("train", *train_args(config_file(tmp_path, text), mnist_dir, untouched))
+    assert_one_line_error(finished, "train", 2, pattern)
+    assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("text, pattern", cases(CONFIG_CASES, "not YAML", "kernel larger than the image",
+                                                "dense before conv", "not ten classes", "Python object tag"))
+def test_bad_config_script(cli, tmp_path, mnist_dir, untouched, text, pattern):
+    finished = cli("train", *train_args(config_file(tmp_path, text), mnist_dir, untouched))
+    assert_one_line_error(finished, "train", 2, pattern)
+    assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("make, pattern", [
+    pytest.param(lambda folder: folder / "absent.yaml", r"config file .*absent\.yaml does not exist", id="missing"),
+    pytest.param(lambda folder: folder, r"cannot read config file", id="a directory"),
+    pytest.param(lambda folder: (folder / "binary.yaml", (folder / "binary.yaml").write_bytes(b"\xff\xd8\xff"))[0],
+                 r"binary\.yaml: not UTF-8 text", id="binary"),
+])
+def test_config_file_that_cannot_be_read(tool, tmp_path, mnist_dir, untouched, make, pattern):
+    finished = tool("train", *train_args(make(tmp_path), mnist_dir, untouched))
+    assert_one_line_error(finished, "train", 2, pattern)
+
+
+# ---- flags and the output directory --------------------------------------------------------------
+
+FLAG_CASES = {
+    "no config": ("train", [], r"the following arguments are required: --config \(see cudnnnet-train --help\)"),
+    "batch 0": ("train", ["--config", MLP_CONFIG, "--batch-size", "0"],
+                r"--batch-size: expected a positive integer, got 0"),
+    "epochs -1": ("train", ["--config", MLP_CONFIG, "--epochs", "-1"], r"--epochs: expected a positive integer, got -1"),
+    "steps text": ("train", ["--config", MLP_CONFIG, "--steps", "ten"],
+                   r"--steps: expected a positive integer, got 'ten'"),
+    "seed -1": ("train", ["--config", MLP_CONFIG, "--seed", "-1"], r"--seed: expected an integer >= 0, got -1"),
+    "device gpu": ("train", ["--config", MLP_CONFIG, "--device", "gpu"], r"--device: invalid choice: 'gpu'"),
+    "unknown flag": ("train", ["--config", MLP_CONFIG, "--lr", "0.1"], r"unrecognized arguments: --lr 0\.1"),
+    "predict without weights": ("predict", ["digit.png"], r"the following arguments are required: --weights"),
+    "predict without images": ("predict", ["--weights", "model.npz"], r"the following arguments are required: IMAGE"),
+    "evaluate batch 0": ("evaluate", ["--weights", "model.npz", "--batch-size", "0"],
+                         r"--batch-size: expected a positive integer"),
+    "log level": ("evaluate", ["--weights", "model.npz", "--log-level", "LOUD"], r"--log-level: invalid choice: 'LOUD'"),
+}
+
+
+@pytest.mark.parametrize("script, arguments, pattern", cases(FLAG_CASES))
+def test_bad_flags(tool, script, arguments, pattern):
+    assert_one_line_error(tool(script, *arguments), script, 2, pattern)
+
+
+@pytest.mark.parametrize("script, arguments, pattern", cases(FLAG_CASES, "no config", "batch 0"))
+def test_bad_flags_script(cli, script, arguments, pattern):
+    assert_one_line_error(cli(script, *arguments), script, 2, pattern)
+
+
+@pytest.mark.parametrize("make, pattern", [
+    pytest.param(lambda output: output / "metrics.json", r"--output .*metrics\.json is a file, not a directory",
+                 id="a file"),
+    pytest.param(lambda output: output / "metrics.json" / "run", r"--output .*run: .*metrics\.json is a file",
+                 id="under a file"),
+])
+def test_an_output_that_cannot_be_a_directory(tool, mnist_dir, untouched, make, pattern):
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched / "unused", "--output", make(untouched)))
+    assert_one_line_error(finished, "train", 2, pattern)
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+TRAIN_IMAGES, TRAIN_LABELS = mnist.SPLIT_FILES["train"]
+
+
+def idx_bytes(array, dtype=np.uint8) -> bytes:
+    array = np.asarray(array, dtype=dtype)
+    return bytes([0, 0, mnist.UBYTE_CODE, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
+
+
+def few_images(count: int = 5, side: int = 28) -> bytes:
+    """A gzip images file of ``count`` random digits: a well-formed IDX file that is not MNIST's."""
+    return gzip.compress(idx_bytes(np.random.default_rng(0).integers(0, 256, (count, side, side))), compresslevel=1)
+
+
+def few_labels(labels=(0, 1, 2, 3, 4)) -> bytes:
+    return gzip.compress(idx_bytes(labels))
+
+
+def flipped_middle_byte(data: bytes) -> bytes:
+    data = bytearray(data)
+    data[len(data) // 2] ^= 0xFF
+    return bytes(data)
+
+
+# name: (train images, train labels: bytes, or None for the real file, or a function of the real folder)
+DATA_CASES = {
+    "truncated gzip": (lambda real: (real / f"{TRAIN_IMAGES}.gz").read_bytes()[:65536], None,
+                       r"train-images-idx3-ubyte\.gz: corrupt or truncated gzip data"),
+    "corrupt gzip": (flipped_middle_byte(few_images(50)), None,
+                     r"train-images-idx3-ubyte\.gz: corrupt or truncated gzip data"),
+    "an HTML page": (b"<!DOCTYPE html><title>404 Not Found</title>", None,
+                     r"train-images-idx3-ubyte\.gz: not an IDX file \(magic \d+; MNIST uses 2051 for images and 2049"),
+    "labels as images": (lambda real: (real / f"{TRAIN_LABELS}.gz").read_bytes(), None,
+                         r"train-images-idx3-ubyte\.gz: magic 2049 is not an MNIST images file \(expected magic 2051"),
+    "truncated IDX": (gzip.compress(idx_bytes(np.zeros((60000, 28, 28)))[:1016]), None,
+                      r"train-images-idx3-ubyte\.gz: truncated: header dims \(60000, 28, 28\) call for 47040000 data "
+                      r"bytes, found 1000"),
+    "not 28 x 28": (few_images(side=32), few_labels(), r"images are 32×32, MNIST's are 28×28"),
+    "no images": (few_images(0), few_labels(()), r"train-images-idx3-ubyte\.gz holds no images"),
+    "count mismatch": (few_images(5), few_labels((0, 1, 2, 3)),
+                       r"train-images-idx3-ubyte\.gz holds 5 images but .*train-labels-idx1-ubyte\.gz holds 4 labels"),
+    "label out of range": (few_images(5), few_labels((0, 1, 2, 10, 4)),
+                           r"train-labels-idx1-ubyte\.gz: label 10 at index 3 is outside 0\.\.9"),
+    "wrong checksum": (few_images(5), few_labels(),
+                       r"train-images-idx3-ubyte\.gz: checksum mismatch: the uncompressed data has MD5 [0-9a-f]{32}, "
+                       r"MNIST's train-images-idx3-ubyte has 6bbc9ace898e44ae57da46a324031adb; delete the file"),
+}
+
+
+def data_dir_with(tmp_path: Path, real: Path, images, labels) -> Path:
+    """The real MNIST (linked) with the train images and labels replaced where given."""
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    for name, content in ((TRAIN_IMAGES, images), (TRAIN_LABELS, labels)):
+        content = content(real) if callable(content) else content
+        if content is None:
+            (folder / f"{name}.gz").symlink_to(real / f"{name}.gz")
+        else:
+            (folder / f"{name}.gz").write_bytes(content)
+    for name in mnist.SPLIT_FILES["test"]:
+        (folder / f"{name}.gz").symlink_to(real / f"{name}.gz")
+    return folder
+
+
+def check_bad_data(run, tmp_path, mnist_dir, output, images, labels, pattern) -> None:
+    data_dir = data_dir_with(tmp_path, mnist_dir, images, labels)
+    before = snapshot(data_dir)
+    assert_one_line_error(run("train", *train_args(MLP_CONFIG, data_dir, output)), "train", 2, pattern)
+    assert snapshot(data_dir) == before
+
+
+@pytest.mark.parametrize("images, labels, pattern", cases(DATA_CASES))
+def test_bad_data(tool, tmp_path, mnist_dir, untouched, images, labels, pattern):
+    check_bad_data(tool, tmp_path, mnist_dir, untouched, images, labels, pattern)
+
+
+@pytest.mark.parametrize("images, labels, pattern", cases(DATA_CASES, "truncated gzip", "wrong checksum"))
+def test_bad_data_script(cli, tmp_path, mnist_dir, untouched, images, labels, pattern):
+    check_bad_data(cli, tmp_path, mnist_dir, untouched, images, labels, pattern)
+
+
+def test_a_missing_data_file_is_named_when_it_cannot_be_downloaded(cli, tmp_path, mnist_dir, untouched):
+    data_dir = data_dir_with(tmp_path, mnist_dir, None, None)
+    (data_dir / f"{TRAIN_LABELS}.gz").unlink()
+    finished = cli("train", *train_args(MLP_CONFIG, data_dir, untouched))
+    assert_one_line_error(finished, "train", 2, r"MNIST train files missing from .*mnist: train-labels-idx1-ubyte"
+                                                r"\(\.gz\), and could not download train-labels-idx1-ubyte\.gz")
+    assert not (data_dir / f"{TRAIN_LABELS}.gz").exists() and not list(data_dir.glob(".*"))
+
+
+@pytest.mark.parametrize("make, pattern", [
+    pytest.param(lambda folder: folder / "nowhere", r"data directory .*nowhere does not exist or is not a directory",
+                 id="missing"),
+    pytest.param(lambda folder: config_file(folder, "x"),
+                 r"data directory .*bad\.yaml does not exist or is not a directory", id="a file"),
+])
+def test_a_data_directory_that_is_not_one(tool, tmp_path, untouched, make, pattern):
+    finished = tool("train", *train_args(MLP_CONFIG, make(tmp_path), untouched))
+    assert_one_line_error(finished, "train", 2, pattern)
+
+
+def test_evaluate_names_missing_test_data(tool, tmp_path, checkpoints):
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    (folder / "t10k-images-idx3-ubyte.gz").write_bytes(few_images())
+    finished = tool("evaluate", "--weights", checkpoints / "mlp.npz", "--data-dir", folder, "--device", "host")
+    assert_one_line_error(finished, "evaluate", 2, r"MNIST test files missing from .*t10k-labels-idx1-ubyte\(\.gz\)")
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+CHECKPOINT_CASES = {
+    "missing": ("absent.npz", r"absent\.npz: no such checkpoint file"),
+    "a directory": (".", r"checkpoints\d*: is a folder, not a checkpoint file"),
+    "text": ("text.npz", r"text\.npz: not an \.npz checkpoint \(not a zip archive; starts with b'mode'\)"),
+    "empty": ("empty.npz", r"empty\.npz: the checkpoint file is empty \(0 bytes\)"),
+    "a raw pickle": ("pickle.npz", r"pickle\.npz: not an \.npz checkpoint \(not a zip archive"),
+    "pickled objects": ("objects.npz", r"objects\.npz: array 'fc1' holds pickled Python objects; refused"),
+    "truncated": ("truncated.npz", r"truncated\.npz: truncated or corrupt \.npz checkpoint"),
+    "NaN weights": ("nan.npz", r"nan\.npz: fc2\.bias holds NaN or infinite values"),
+}
+RESUME_CASES = {
+    **CHECKPOINT_CASES,
+    "another architecture": ("cnn.npz", r"cnn\.npz: trained with a different model than .*mnist_mlp\.yaml: model\[0\] "
+                                        r"is conv2d 'conv1' \(.*kernel_size=5.*\) in the checkpoint, dense 'fc1' "
+                                        r"\(out_size=500\) in the config"),
+    "no training config": ("no_config.npz", r"no_config\.npz: no training config in its metadata; it can be loaded "
+                                            r"but not resumed"),
+    "wrong shapes": ("narrow.npz", r"narrow\.npz: fc1\.weight: checkpoint has \(500, 700, 1, 1\), network needs "
+                                   r"\(500, 784, 1, 1\)"),
+}
+EVALUATE_CASES = {**CHECKPOINT_CASES, "wrong shapes": RESUME_CASES["wrong shapes"]}
+
+
+@pytest.mark.parametrize("name, pattern", cases(RESUME_CASES))
+def test_bad_checkpoint_to_resume(tool, checkpoints, mnist_dir, untouched, name, pattern):
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", checkpoints / name))
+    assert_one_line_error(finished, "train", 2, pattern)
+
+
+@pytest.mark.parametrize("name, pattern", cases(RESUME_CASES, "pickled objects", "another architecture"))
+def test_bad_checkpoint_to_resume_script(cli, checkpoints, mnist_dir, untouched, name, pattern):
+    finished = cli("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", checkpoints / name))
+    assert_one_line_error(finished, "train", 2, pattern)
+
+
+@pytest.mark.parametrize("name, pattern", cases(EVALUATE_CASES))
+def test_bad_checkpoint_to_evaluate(tool, checkpoints, mnist_dir, name, pattern):
+    finished = tool("evaluate", "--weights", checkpoints / name, "--data-dir", mnist_dir, "--device", "host")
+    assert_one_line_error(finished, "evaluate", 2, pattern)
+
+
+def test_bad_checkpoint_to_evaluate_script(cli, checkpoints, mnist_dir):
+    finished = cli("evaluate", "--weights", checkpoints / "truncated.npz", "--data-dir", mnist_dir)
+    assert_one_line_error(finished, "evaluate", 2, CHECKPOINT_CASES["truncated"][1])
+
+
+@pytest.mark.parametrize("name, pattern", cases(CHECKPOINT_CASES, "missing", "text", "pickled objects", "truncated"))
+def test_bad_checkpoint_to_predict(tool, checkpoints, tmp_path, name, pattern):
+    image = one_pixel(tmp_path / "digit.png")
+    finished = tool("predict", "--weights", checkpoints / name, image, "--device", "host")
+    assert_one_line_error(finished, "predict", 2, pattern)
+
+
+@pytest.mark.parametrize("run", ["tool", "cli"])
+def test_truncated_bin_files_to_predict(run, request, checkpoints, tmp_path):
+    image = one_pixel(tmp_path / "digit.png")
+    finished = request.getfixturevalue(run)("predict", "--weights", checkpoints / "truncated_bin", "--config",
+                                            MLP_CONFIG, image, "--device", "host")
+    assert_one_line_error(finished, "predict", 2, r"truncated_bin/fc2\.bin: expected 20000 bytes \(float32 fc2\.weight "
+                                                  r"of shape \(10, 500, 1, 1\)\), found 1000 bytes")
+
+
+def test_resuming_a_finished_run_asks_for_more_steps(tool, mnist_dir, untouched):
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", untouched / "model.npz"))
+    assert_one_line_error(finished, "train", 2, r"model\.npz is at step 3 and the run asks for 2 steps: nothing left "
+                                                r"to train; raise --epochs or --steps")
+
+
+# ---- prediction -------------------------------------------------------------------------------
+
+
+def png_header_only(path: Path, width: int, height: int) -> Path:
+    """A PNG whose header declares width × height (no pixel data: Pillow refuses it from the header)."""
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    chunk = b"IHDR" + header
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + struct.pack(">I", len(header)) + chunk
+                     + struct.pack(">I", zlib.crc32(chunk)) + b"\x00\x00\x00\x00IEND\xaeB`\x82")
+    return path
+
+
+def one_pixel(path: Path) -> Path:
+    Image.new("L", (1, 1), 255).save(path)
+    return path
+
+
+def written(path: Path, content: bytes) -> Path:
+    path.write_bytes(content)
+    return path
+
+
+IMAGE_CASES = {
+    "not an image": (lambda path: written(path, b"a digit, honestly\n"), r"notes\.png: not an image file Pillow can read"),
+    "empty image file": (lambda path: written(path, b""), r"notes\.png: the file is empty \(0 bytes\)"),
+    "1 pixel": (one_pixel, r"notes\.png: no digit found \(the 1x1 image is blank or uniform\)"),
+    "20000 x 20000": (lambda path: png_header_only(path, 20_000, 20_000), r"notes\.png: the image is too large to decode"),
+    "missing": (lambda path: path, r"notes\.png"),
+}
+
+
+@pytest.mark.parametrize("make, pattern", cases(IMAGE_CASES))
+def test_bad_image(tool, tmp_path, checkpoints, make, pattern):
+    image = make(tmp_path / "notes.png")
+    finished = tool("predict", "--weights", checkpoints / "mlp.npz", image, "--device", "host")
+    assert_one_line_error(finished, "predict", 2, pattern)
+
+
+@pytest.mark.parametrize("make, pattern", cases(IMAGE_CASES, "not an image", "20000 x 20000"))
+def test_bad_image_script(cli, tmp_path, checkpoints, make, pattern):
+    image = make(tmp_path / "notes.png")
+    finished = cli("predict", "--weights", checkpoints / "mlp.npz", image, "--device", "host")
+    assert_one_line_error(finished, "predict", 2, pattern)
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+
+def test_device_cuda_without_a_gpu_is_refused_without_fallback(cli, tmp_path, mnist_dir):
+    from cudnnnet.backends import cuda_available
+
+    if cuda_available():
+        pytest.skip("a GPU is usable here")
+    output = tmp_path / "never"
+    finished = cli("train", *train_args(MLP_CONFIG, mnist_dir, output, "--device", "cuda"))
+    assert_one_line_error(finished, "train", 2, r"(no usable NVIDIA GPU|no NVIDIA GPU is visible|pip install)")
+    assert "use --device host (or auto) to run on the CPU" in finished.stderr
+    assert not output.exists()
+
+
+def test_a_missing_cuda_library_names_the_package(monkeypatch):
+    from types import ModuleType
+
+    from cudnnnet.backends.cuda.bindings import loader
+    from cudnnnet.errors import DeviceUnavailableError
+
+    def not_found(name):
+        raise RuntimeError(f"Failure finding lib{name}.so: no such file")
+
+    pathfinder = ModuleType("cuda.pathfinder")
+    pathfinder.load_nvidia_dynamic_lib = not_found
+    monkeypatch.setitem(sys.modules, "cuda", ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.pathfinder", pathfinder)
+    monkeypatch.setitem(sys.modules, "nvidia.cudnn", None)
+    with pytest.raises(DeviceUnavailableError, match=r"libcublas was not found .*pip install \"nvidia-cublas-cu12\""):
+        loader.load_library("cublas", 12)
+    with pytest.raises(DeviceUnavailableError, match=r"libcudnn\.so\.9 was not found .*pip install "
+                                                     r"\"cudnnnet\[cuda13\]\" .*\"nvidia-cudnn-cu13\""):
+        loader.load_library("cudnn", 13)
+
+
+def test_missing_cuda_python_names_the_package(monkeypatch):
+    from cudnnnet.backends.cuda.bindings import loader
+    from cudnnnet.errors import DeviceUnavailableError
+
+    for name in ("cuda.bindings", "cuda.cuda"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(DeviceUnavailableError, match=r"needs cuda-python, which is not installed .*pip install "
+                                                     r"\"cudnnnet\[cuda13\]\""):
+        loader.cuda_python.__wrapped__()
+
+
+class FakeStatus(int):
+    """A cudaError_t as cuda-python returns it: an int with a name."""
+
+    def __new__(cls, value: int, name: str):
+        status = super().__new__(cls, value)
+        status.name = name
+        return status
+
+
+def test_out_of_memory_suggests_a_smaller_batch(monkeypatch):
+    from types import SimpleNamespace
+
+    from cudnnnet.backends.cuda import DeviceBuffer
+    from cudnnnet.backends.cuda.bindings import runtime
+    from cudnnnet.errors import OutOfMemoryError
+
+    fake = SimpleNamespace(cudaMalloc=lambda nbytes: (FakeStatus(2, "cudaErrorMemoryAllocation"), 0),
+                           cudaMemGetInfo=lambda: (FakeStatus(0, "cudaSuccess"), 100 << 20, 80 << 30))
+    monkeypatch.setattr(runtime, "_runtime", fake)
+    with pytest.raises(OutOfMemoryError, match=r"the GPU is out of memory: cannot allocate 4,096\.0 MiB \(100 of "
+                                               r"81,920 MiB free\); try a smaller batch size"):
+        DeviceBuffer.allocate(4 << 30)
+
+
+def test_out_of_memory_is_one_line_and_exit_1(tool, monkeypatch, mnist_dir, untouched):
+    from cudnnnet.cli import train
+    from cudnnnet.errors import OutOfMemoryError
+
+    def out_of_memory(*args, **kwargs):
+        raise OutOfMemoryError("the GPU is out of memory: cannot allocate 512.0 MiB; try a smaller batch size")
+
+    monkeypatch.setattr(train, "Trainer", out_of_memory)
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched))
+    assert_one_line_error(finished, "train", 1, r"the GPU is out of memory: .*; try a smaller batch size$")
+
+
+# ---- runtime failures, tracebacks and logging -------------------------------------------------
+
+
+def test_a_diverging_loss_is_exit_1_with_the_step_and_no_numpy_warnings(cli, tmp_path, mnist_dir, untouched):
+    text = VALID_LAYERS + "train: {batch_size: 32, log_every: 2, optimizer: {lr: 1.0e+30}}\n"
+    finished = cli("train", *train_args(config_file(tmp_path, text), mnist_dir, untouched, "--steps", "6"))
+    assert_one_line_error(finished, "train", 1, r"the loss became (nan|inf) at step \d+ \(epoch 1\); try a lower "
+                                                r"learning rate")
+
+
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(cli, tmp_path, mnist_dir, untouched):
+    text = "model:\n  - {type: dense, out_size: 7}\n  - {type: softmax}\n" + VALID_TRAIN
+    finished = cli("train", *train_args(config_file(tmp_path, text), mnist_dir, untouched, "--debug"))
+    assert finished.returncode == 2
+    assert finished.stderr.startswith("Traceback (most recent call last):")
+    assert "cudnnnet.errors.ConfigError: " in finished.stderr
+    assert re.fullmatch(r"cudnnnet-train: error: .*bad\.yaml: model\[1\]: the model ends in outputs of shape \(7, 1, "
+                        r"1\).*", finished.stderr.splitlines()[-1])
+
+
+def test_without_quiet_the_error_is_the_last_line_and_no_traceback(cli, checkpoints, mnist_dir, untouched):
+    finished = cli("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", checkpoints / "cnn.npz"),
+                   quiet=False)
+    assert finished.returncode == 2
+    assert finished.stderr.splitlines()[-1].startswith("cudnnnet-train: error: ")
+    assert "trained with a different model" in finished.stderr and "Traceback" not in finished.stderr
