@@ -9,6 +9,7 @@ the file, the key path (``model[2].out_size``, ``train.optimizer.lr``) and what 
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import re
@@ -31,7 +32,7 @@ POOLING_MODES = ("max", "average")
 LOSS_LAYERS = ("softmax", "mse")
 DATASETS = ("mnist",)
 OPTIMIZERS = ("sgd",)
-SCHEDULES = ("constant", "inverse", "step")
+SCHEDULES = ("constant", "inverse", "step", "cosine")
 LAYER_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 _REQUIRED = object()
@@ -86,15 +87,20 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """constant; inverse: lr0 / (1 + decay·step); step: lr0 · gamma^(epoch // step_size)."""
+    """constant; inverse: lr0 / (1 + decay·step); step: lr0 · gamma^(epoch // step_size);
+    cosine: lr0 · ½(1 + cos(π·step / total_steps)), annealing to 0 over the run's planned steps."""
 
     name: str = "constant"
     decay: float | None = None
     step_size: int | None = None
     gamma: float | None = None
 
-    def learning_rate(self, base_lr: float, step: int, epoch: int) -> float:
-        """The learning rate at global ``step`` (from 0) during ``epoch`` (from 0)."""
+    def learning_rate(self, base_lr: float, step: int, epoch: int, total_steps: int | None = None) -> float:
+        """The learning rate at global ``step`` (from 0) during ``epoch`` (from 0) of a run of ``total_steps``."""
+        if self.name == "cosine":
+            if not total_steps:
+                raise ValueError("the cosine schedule needs the run's total_steps")
+            return base_lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
         if self.name == "inverse":
             return base_lr / (1.0 + self.decay * step)
         if self.name == "step":
@@ -439,7 +445,7 @@ def _parse_schedule(schedule: _Section) -> ScheduleConfig:
         schedule.only(("name", "step_size", "gamma"), context="schedule step")
         return ScheduleConfig(name, step_size=schedule.integer("step_size", low=0, low_open=True),
                               gamma=schedule.number("gamma", low=0.0, high=1.0, low_open=True))
-    schedule.only(("name",), context="schedule constant")
+    schedule.only(("name",), context=f"schedule {name}")
     return ScheduleConfig(name)
 
 

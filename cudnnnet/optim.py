@@ -29,6 +29,7 @@ class SGD:
         self.lr0, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
         self.schedule = schedule or ScheduleConfig()
         self.step_count = 0
+        self.total_steps = None  # the run's planned length, for schedules that anneal over it
         self.lr = Tensor((1,), network.backend).fill_(self.lr0)  # the current rate, on the device
         self.velocity = self._zero_velocity()
 
@@ -38,7 +39,7 @@ class SGD:
         return {p.name: Tensor.zeros(p.value.shape, self.network.backend) for p in self.network.parameter_list()}
 
     def current_lr(self, epoch: int) -> float:
-        return self.schedule.learning_rate(self.lr0, self.step_count, epoch)
+        return self.schedule.learning_rate(self.lr0, self.step_count, epoch, self.total_steps)
 
     def set_lr(self, epoch: int) -> float:
         """Write the scheduled rate for the next step into the device scalar; returns it."""

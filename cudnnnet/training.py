@@ -162,6 +162,7 @@ class Trainer:
         self.images_trained = 0
         if resume is not None:
             self._resume(Path(resume))
+        self.optimizer.total_steps = self.total_steps
 
     # ---- the plan ------------------------------------------------------------------------------
     @property

@@ -37,6 +37,20 @@ def test_schedules():
     assert ScheduleConfig("constant").learning_rate(0.1, 500, 3) == 0.1
     assert ScheduleConfig("inverse", decay=0.01).learning_rate(0.1, 100, 0) == pytest.approx(0.05)
     assert ScheduleConfig("step", step_size=2, gamma=0.5).learning_rate(0.1, 0, 5) == pytest.approx(0.025)
+    cosine = ScheduleConfig("cosine")
+    assert [cosine.learning_rate(0.1, step, 0, total_steps=100) for step in (0, 50, 100)] == pytest.approx([0.1, 0.05, 0])
+
+
+def test_cosine_anneals_over_the_runs_planned_steps(host):
+    optimizer = SGD(network_with_gradients(host), lr=0.1, schedule=ScheduleConfig("cosine"))
+    optimizer.total_steps = 10
+    rates = []
+    for _ in range(10):
+        rates.append(optimizer.set_lr(epoch=0))
+        optimizer.step()
+    assert rates[0] == pytest.approx(0.1) and rates[5] == pytest.approx(0.05)
+    assert all(later < earlier for earlier, later in zip(rates, rates[1:]))
+    assert optimizer.lr.item() == pytest.approx(rates[-1])
 
 
 def test_inverse_schedule_does_not_compound_like_the_original():

@@ -15,7 +15,7 @@ from run_helpers import REPO_ROOT, train_cli
 from cudnnnet.checkpoint import load_npz
 from cudnnnet.config import load_config
 from cudnnnet.errors import TrainingError
-from cudnnnet.training import Trainer
+from cudnnnet.training import Interrupted, Trainer
 
 METRIC_KEYS = {"device", "epochs", "steps", "train_accuracy", "test_accuracy", "test_loss", "train_seconds",
                "images_per_second"}
@@ -57,17 +57,26 @@ def trainer(mnist_dir, output, steps, **overrides):
     return Trainer(config, output, progress=False)
 
 
-def test_resuming_gives_the_same_weights_as_an_uninterrupted_run(mnist_dir, tmp_path):
+def test_an_interrupted_run_resumes_to_the_same_weights_as_an_uninterrupted_one(mnist_dir, tmp_path):
     straight = trainer(mnist_dir, tmp_path / "straight", steps=60)
     straight.run()
-    first = trainer(mnist_dir, tmp_path / "resumed", steps=25)
-    first.run()
-    second = Trainer(trainer(mnist_dir, tmp_path / "x", steps=60).config, tmp_path / "resumed",
-                     resume=tmp_path / "resumed" / "model.npz", progress=False)
-    assert second.position.step == 25
-    second.run()
+    interrupted = trainer(mnist_dir, tmp_path / "resumed", steps=60)
+    train_step = interrupted.train_step
+
+    def stop_at_step_25(*batch):
+        train_step(*batch)
+        if interrupted.position.step == 24:
+            interrupted.stop_signal = signal.SIGINT
+
+    interrupted.train_step = stop_at_step_25
+    with pytest.raises(Interrupted):
+        interrupted.run()
+    resumed = Trainer(interrupted.config, tmp_path / "resumed", resume=tmp_path / "resumed" / "interrupted.npz",
+                      progress=False)
+    assert resumed.position.step == 25
+    resumed.run()
     for name, value in straight.network.state_dict().items():
-        assert np.allclose(second.network.state_dict()[name], value, rtol=1e-5, atol=1e-7), name
+        assert np.allclose(resumed.network.state_dict()[name], value, rtol=1e-5, atol=1e-7), name
 
 
 def test_a_diverging_loss_stops_with_the_step_and_keeps_the_last_checkpoint(mnist_dir, tmp_path):
