@@ -27,6 +27,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Union
 
+from ..errors import UsageError
+
 OP_N = 0  # CUBLAS_OP_N
 OP_T = 1  # CUBLAS_OP_T
 
@@ -150,6 +152,12 @@ class Backend(ABC):
 
     def synchronize(self) -> None:
         """Wait until all queued work is done (no-op on the host)."""
+
+    supports_graphs = False  # whether ``capture`` records CUDA graphs
+
+    def capture(self):
+        """A context manager recording the calls made inside it as a graph with ``launch()`` (CUDA only)."""
+        raise UsageError(f"the {self.name} backend cannot capture graphs")
 
     # ---- cuBLAS -----------------------------------------------------------------------------
     @abstractmethod

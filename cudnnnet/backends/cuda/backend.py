@@ -140,6 +140,12 @@ class CudaBackend(Backend):
     def synchronize(self) -> None:
         self.context.synchronize()
 
+    supports_graphs = True
+
+    def capture(self):
+        """Record the calls made in the block as a CUDA graph (see CudaContext.capture)."""
+        return self.context.capture()
+
     # ---- cuBLAS -------------------------------------------------------------------------------
     def sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
         _check_matrix("sgemm", "A", A, *_stored(transa, m, k, "A"), lda)
