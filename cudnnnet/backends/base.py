@@ -259,6 +259,14 @@ class Backend(ABC):
         """count[0] (+)= number of samples whose argmax(predict) equals argmax(target)."""
 
     @abstractmethod
+    def gather_batch(self, images, labels, order, cursor, x, target) -> None:
+        """A batch from a resident data set: j = order[cursor[0] + b]; x[b] = images[j]; target[b] = one_hot(labels[j]).
+
+        ``labels`` and ``order`` hold integers as float32 (exact below 2²⁴); ``cursor`` is a
+        one-element tensor, so a replayed CUDA graph gathers whichever batch it points to.
+        """
+
+    @abstractmethod
     def sgd_update(self, param, grad, velocity, lr: Scalar, momentum: float, weight_decay: float) -> None:
         """One SGD step on a parameter, PyTorch's formulation.
 

@@ -311,6 +311,14 @@ class CudaBackend(Backend):
         self.context.kernel("accuracy_count").launch(blocks_for(predict.n), self._stream, count.data.ptr,
                                                      predict.data.ptr, target.data.ptr, predict.n, predict.sample_size)
 
+    def gather_batch(self, images, labels, order, cursor, x, target) -> None:
+        """kernels/data.cu: x[b] = images[order[cursor + b]], target[b] = one_hot(labels[order[cursor + b]])."""
+        _check_gather(images, labels, order, cursor, x, target)
+        total = x.size
+        self.context.kernel("gather_batch").launch(
+            blocks_for(total), self._stream, x.data.ptr, target.data.ptr, images.data.ptr, labels.data.ptr,
+            order.data.ptr, cursor.data.ptr, x.n, x.sample_size, target.sample_size)
+
     def _zero_unless(self, accumulate: bool, out) -> None:
         if not accumulate:
             runtime.memset_async(out.data.ptr, 0, FLOAT32_BYTES, self._stream)
@@ -430,3 +438,12 @@ def _check_plan(call: str, plan, x, w, y) -> None:
     _expect_shape(call, "the input", x, plan.x_shape)
     _expect_shape(call, "the filter", w, plan.desc.filter_shape)
     _expect_shape(call, "the output", y, plan.y_shape)
+
+
+def _check_gather(images, labels, order, cursor, x, target) -> None:
+    """The shapes gather_batch needs, else a ShapeError naming the argument."""
+    if x.shape[1:] != images.shape[1:] or target.n != x.n or labels.size != images.n or order.size != images.n:
+        raise ShapeError(f"gather_batch: images {images.shape}, labels {labels.shape}, order {order.shape}, "
+                         f"x {x.shape}, target {target.shape} do not fit together")
+    if cursor.size != 1:
+        raise ShapeError(f"gather_batch: cursor must hold one value, got shape {cursor.shape}")

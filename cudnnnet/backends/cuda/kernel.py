@@ -25,6 +25,8 @@ KERNELS = {
     "squared_error_loss": ("loss.cu", (c_void_p, c_void_p, c_void_p, c_longlong, c_float)),
     "accuracy_count": ("loss.cu", (c_void_p, c_void_p, c_void_p, c_longlong, c_int)),
     "sgd_update": ("sgd.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_float, c_float, c_longlong)),
+    "gather_batch": ("data.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_longlong,
+                                 c_longlong, c_int)),
 }
 
 

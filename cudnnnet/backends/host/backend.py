@@ -394,6 +394,17 @@ class HostBackend(Backend):
         diff = _nd(predict) - _nd(target)
         self._store(loss, 0.5 * np.sum(diff * diff, dtype=np.float64) / predict.n, accumulate)
 
+    def gather_batch(self, images, labels, order, cursor, x, target) -> None:
+        """x[b] = images[order[cursor + b]];  target[b] = one_hot(labels[order[cursor + b]])."""
+        start = int(cursor.data[0])
+        samples = order.data[start:start + x.n].astype(np.int64)
+        if samples.size != x.n:
+            raise ShapeError(f"gather_batch: a batch of {x.n} from position {start} runs past {order.size} samples")
+        x.data.reshape(x.n, -1)[:] = images.data.reshape(images.n, -1)[samples]
+        onehot = target.data.reshape(target.n, -1)
+        onehot[:] = 0.0
+        onehot[np.arange(x.n), labels.data[samples].astype(np.int64)] = 1.0
+
     def accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
         """count[0] (+)= #samples with argmax(predict) == argmax(target)."""
         _same_shape("accuracy_count", predict, target)

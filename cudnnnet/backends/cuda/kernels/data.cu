@@ -1,0 +1,25 @@
+// Batches gathered from a training set resident in device memory, compiled with NVRTC (kernel.py).
+//
+// The batch start is read from device memory (cursor[0]) so that a CUDA graph replaying the
+// training step gathers the next batch at every replay; the epoch's order is a device array.
+
+__device__ long long first_index() { return (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x; }
+__device__ long long grid_stride() { return (long long)gridDim.x * BLOCK_SIZE; }
+
+// j = order[cursor + b];  x[b, :] = images[j, :];  target[b, c] = (labels[j] == c)
+//   x (batch, sample_size), target (batch, classes), images (N, sample_size), labels (N), order (N)
+extern "C" __global__ void gather_batch(float* x, float* target, const float* images, const float* labels,
+                                        const float* order, const float* cursor, long long batch,
+                                        long long sample_size, int classes) {
+    const long long start = (long long)cursor[0];
+    for (long long i = first_index(); i < batch * sample_size; i += grid_stride()) {
+        const long long b = i / sample_size;
+        const long long sample = (long long)order[start + b];
+        x[i] = images[sample * sample_size + (i - b * sample_size)];
+    }
+    for (long long i = first_index(); i < batch * classes; i += grid_stride()) {
+        const long long b = i / classes;
+        const int label = (int)labels[(long long)order[start + b]];
+        target[i] = label == (int)(i - b * classes) ? 1.f : 0.f;
+    }
+}
