@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from cudnnnet.checkpoint import load_npz, save_npz
@@ -656,3 +658,35 @@ def test_without_quiet_the_error_is_the_last_line_and_no_traceback(cli, checkpoi
     assert finished.returncode == 2
     assert finished.stderr.splitlines()[-1].startswith("cudnnnet-train: error: ")
     assert "trained with a different model" in finished.stderr and "Traceback" not in finished.stderr
+
+
+# ---- fuzzing the CLI's model check -------------------------------------------------------------
+
+_SIZES = st.one_of(st.integers(1, 6), st.integers(-1, 40))  # mostly valid, some not, some too large
+_FUZZ_LAYER = st.one_of(
+    st.fixed_dictionaries({"type": st.just("conv2d"), "out_channels": st.integers(1, 12), "kernel_size": _SIZES},
+                          optional={"stride": _SIZES, "padding": _SIZES, "dilation": _SIZES}),
+    st.fixed_dictionaries({"type": st.just("pooling"), "kernel_size": _SIZES},
+                          optional={"stride": _SIZES, "padding": _SIZES, "mode": st.sampled_from(["max", "average"])}),
+    st.fixed_dictionaries({"type": st.just("dense"), "out_size": st.sampled_from([1, 10, 64])}),
+    st.just({"type": "activation", "mode": "relu"}),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(layers=st.lists(_FUZZ_LAYER, max_size=5), classifier=st.booleans(), pad=st.integers(0, 4))
+def test_any_layer_stack_passes_the_model_check_or_is_a_config_error(layers, classifier, pad):
+    """Whatever the sizes, the check before training says ConfigError (naming the file) or lets the model build."""
+    from cudnnnet.cli.train import check_model
+    from cudnnnet.config import ConfigError, parse_config
+
+    head = [{"type": "dense", "out_size": 10}] if classifier else []
+    raw = {"model": layers + head + [{"type": "softmax"}], "data": {"pad": pad}, "train": {"optimizer": {"lr": 0.1}}}
+    try:
+        config = parse_config(raw, source="fuzz.yaml")
+        check_model(config)
+    except ConfigError as error:
+        assert str(error).startswith("fuzz.yaml: ") and "\n" not in str(error)
+        return
+    network = build_network(config, "host")
+    assert network.output_shapes(network.input_shape)[-1] == (10, 1, 1)

@@ -432,3 +432,17 @@ _VALID_PATHS = [path for path in _paths(_VALID) if path]
 @given(path=st.sampled_from(_VALID_PATHS), value=st.one_of(_VALUES, st.just(_DELETE)))
 def test_mutated_valid_configs_load_or_raise_config_error(path, value):
     _parse_or_config_error(_set(_VALID, path, value))
+
+
+@settings(max_examples=150, deadline=None)
+@given(cut=st.integers(0, len(LENET_YAML)), length=st.integers(0, 8),
+       insert=st.text(alphabet=":-[]{}!&*#|>'\"\t\n %@`,0123456789.e", max_size=6))
+def test_edited_yaml_text_loads_or_raises_config_error(tmp_path_factory, cut, length, insert):
+    path = tmp_path_factory.mktemp("fuzz") / "edited.yaml"
+    path.write_text(LENET_YAML[:cut] + insert + LENET_YAML[cut + length:])
+    try:
+        config = load_config(path)
+    except ConfigError as error:
+        assert str(error).startswith(str(path)) and "\n" not in str(error)
+        return
+    assert parse_config(config.to_dict()) == config

@@ -12,9 +12,12 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cudnnnet.checkpoint import load_npz, save_npz
 from cudnnnet.config import load_config
+from cudnnnet.errors import CheckpointError
 from cudnnnet.tensor import Tensor
 from cudnnnet.training import build_network
 from run_helpers import REPO_ROOT
@@ -107,3 +110,33 @@ def test_no_device_memory_growth_across_network_lifetimes(cuda):
         one_lifetime()
     free_after, _ = cuda.memory_info()
     assert free_before - free_after <= 4 << 20, f"{(free_before - free_after) / 2**20:.1f} MiB lost over 20 networks"
+
+
+# ---- damaged checkpoint files ------------------------------------------------------------------
+
+_SMALL = {"fc.weight": np.arange(12, dtype=np.float32).reshape(3, 4, 1, 1), "fc.bias": np.ones(3, np.float32)}
+
+
+@pytest.fixture(scope="module")
+def small_checkpoint(tmp_path_factory) -> bytes:
+    path = tmp_path_factory.mktemp("small") / "small.npz"
+    save_npz(path, _SMALL, {"format": "test", "step": 3})
+    return path.read_bytes()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, 1200), flip=st.integers(0, 4000), bits=st.integers(1, 255))
+def test_a_damaged_checkpoint_loads_unchanged_or_is_refused(tmp_path, small_checkpoint, cut, flip, bits):
+    """A cut or a flipped byte anywhere: either CheckpointError, or exactly the arrays that were saved."""
+    data = bytearray(small_checkpoint[:cut] if cut < len(small_checkpoint) else small_checkpoint)
+    if data:
+        data[flip % len(data)] ^= bits
+    path = tmp_path / "damaged.npz"
+    path.write_bytes(bytes(data))
+    try:
+        arrays, metadata = load_npz(path)
+    except CheckpointError as error:
+        assert "\n" not in str(error) and str(path) in str(error)
+        return
+    assert metadata == {"format": "test", "step": 3}
+    assert arrays.keys() == _SMALL.keys() and all(np.array_equal(arrays[name], _SMALL[name]) for name in _SMALL)
