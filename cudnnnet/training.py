@@ -108,6 +108,40 @@ class BatchFeed:
         return x.write_(images), target.write_(onehot)
 
 
+class ResidentData:
+    """The training set held by the backend (device memory on CUDA), its batches gathered there.
+
+    Each epoch's order is uploaded once; a batch is then selected by writing its start into a
+    one-element ``cursor`` on the device, so that the gather inside a captured CUDA graph reads
+    the batch of the step being replayed. No host copy or synchronisation happens per step.
+    """
+
+    def __init__(self, backend, images: np.ndarray, labels: np.ndarray, batch_size: int, classes: int):
+        self.backend, self.batch_size, self.classes = backend, batch_size, classes
+        self.count = images.shape[0]
+        self.images = Tensor.from_numpy(images, backend)  # (N, C, H, W)
+        self.labels = Tensor.from_numpy(labels.astype(np.float32), backend)  # (N,) class ids
+        self.order = Tensor((self.count,), backend)  # (N,) the epoch's sample ids, in order
+        self.cursor = Tensor((1,), backend)  # where in ``order`` the batch starts
+        self._batches: dict[int, tuple[Tensor, Tensor]] = {}  # batch size -> (x, one-hot target)
+
+    def start_epoch(self, order: np.ndarray) -> None:
+        self.order.write_(order.astype(np.float32))
+
+    def select(self, index: int) -> tuple[Tensor, Tensor]:
+        """Point the cursor at batch ``index`` (outside any graph); returns that batch's tensors."""
+        size = min(self.batch_size, self.count - index * self.batch_size)
+        if size not in self._batches:
+            self._batches[size] = (Tensor((size,) + self.images.shape[1:], self.backend),
+                                   Tensor((size, self.classes), self.backend))
+        self.cursor.fill_(index * self.batch_size)
+        return self._batches[size]
+
+    def gather(self, x: Tensor, target: Tensor) -> None:
+        """x[b] = images[order[cursor + b]], target[b] = one_hot(...) — on the device, graph-safe."""
+        self.backend.gather_batch(self.images, self.labels, self.order, self.cursor, x, target)
+
+
 def evaluate(network: Network, images: np.ndarray, labels: np.ndarray, batch_size: int = 1000,
              keep_predictions: bool = False) -> Evaluation:
     """Mean loss and accuracy over a whole set (and, if asked, each sample's predicted class)."""
@@ -154,7 +188,11 @@ class Trainer:
         self.train_images, self.train_labels = load_split(config, "train")
         self.test_images, self.test_labels = load_split(config, "test")
         self.loader = BatchLoader(self.train_images, self.train_labels, train.batch_size, seed=train.seed)
-        self.feed = BatchFeed(self.backend, self.train_images.shape[1:], self.loader.classes)
+        self.data = ResidentData(self.backend, self.train_images, self.train_labels, train.batch_size,
+                                 self.loader.classes)
+        self.use_graph = train.graph and self.backend.supports_graphs
+        self.graph = None  # the captured training step of a full batch, once captured
+        self._full_batch_ran = False  # the first full step runs eagerly: it allocates and plans
         self.totals = Accumulator(self.backend)
         self.position = Position()
         self.stop_signal: int | None = None
@@ -175,20 +213,39 @@ class Trainer:
         return math.ceil(self.total_steps / self.loader.steps_per_epoch)
 
     # ---- one step --------------------------------------------------------------------------------
-    def train_step(self, images: np.ndarray, onehot: np.ndarray) -> None:
-        """forward → loss and accuracy (on the device) → backward → SGD update."""
-        x, target = self.feed(images, onehot)
+    def _step(self, x: Tensor, target: Tensor) -> None:
+        """gather → forward → loss and accuracy (on the device) → backward → SGD update: all device work."""
+        self.data.gather(x, target)
         self.network.forward(x)
         self.totals.add(self.network, target)
         self.network.backward(target)
-        self.optimizer.set_lr(self.position.epoch)
         self.optimizer.step()
+
+    def train_batch(self, index: int) -> int:
+        """Train on batch ``index`` of the current epoch; returns its size. Full batches replay a CUDA
+        graph when enabled: captured at the second full step, after the first has allocated every buffer,
+        planned every convolution and compiled every kernel."""
+        x, target = self.data.select(index)
+        self.optimizer.set_lr(self.position.epoch)
+        if not self.use_graph or x.n != self.data.batch_size or not self._full_batch_ran:
+            self._full_batch_ran |= x.n == self.data.batch_size
+            self._step(x, target)
+        elif self.graph is None:
+            with self.backend.capture() as graph:
+                self._step(x, target)
+            self.graph = graph
+            self.graph.launch()
+        else:
+            self.graph.launch()
+            self.optimizer.step_count += 1  # what optimizer.step() counts; the replay ran its kernels
+        return x.n
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self) -> dict:
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        log.info("training %s on %s: %d steps of batch %d (%d epochs)", self.config.source,
-                 self.backend.device_name, self.total_steps, self.config.train.batch_size, self.total_epochs)
+        log.info("training %s on %s: %d steps of batch %d (%d epochs)%s", self.config.source,
+                 self.backend.device_name, self.total_steps, self.config.train.batch_size, self.total_epochs,
+                 ", each step replayed as a CUDA graph" if self.use_graph else "")
         with _signals_to(self):
             while self.position.step < self.total_steps:
                 self._run_epoch()
@@ -196,31 +253,37 @@ class Trainer:
         return self._finish()
 
     def _run_epoch(self) -> None:
-        position, epoch = self.position, self.position.epoch
-        steps = min(self.loader.steps_per_epoch, position.batch + self.total_steps - position.step)
+        first_batch = self.position.batch
+        seconds = self.train_epoch()
+        self.train_seconds += seconds
+        self._end_epoch(self.position.batch - first_batch, seconds,
+                        completed=self.position.batch == self.loader.steps_per_epoch)
+
+    def train_epoch(self) -> float:
+        """Train the rest of the current epoch (up to the planned steps) without evaluating it.
+
+        Returns the seconds it took, the device synchronised. The loss is read (a synchronisation)
+        only every ``log_every`` steps, to show progress and to stop on a NaN.
+        """
+        position = self.position
+        last = min(self.loader.steps_per_epoch, position.batch + self.total_steps - position.step)
+        first = position.batch
         self.totals.reset()
-        started, first_batch = time.perf_counter(), position.batch
-        bar = _progress_bar(self.progress, steps, position.batch, f"epoch {epoch + 1}/{self.total_epochs}")
-        batches = self.loader.epoch_batches(epoch)
-        for index, (images, onehot, _) in enumerate(batches):
-            if index < first_batch:
-                continue
-            if index >= steps:
-                break
-            self.train_step(images, onehot)
+        self.data.start_epoch(self.loader.permutation(position.epoch))
+        bar = _progress_bar(self.progress, last, first, f"epoch {position.epoch + 1}/{self.total_epochs}")
+        started = time.perf_counter()
+        for index in range(first, last):
+            self.images_trained += self.train_batch(index)
             position.batch, position.step = index + 1, position.step + 1
-            self.images_trained += images.shape[0]
-            if position.step % self.config.train.log_every == 0 or position.batch == steps:
-                self._log_progress(bar, started, index + 1 - first_batch)
+            if position.step % self.config.train.log_every == 0:
+                self._log_progress(bar, started, index + 1 - first)
             bar.update(1)
             if self.stop_signal is not None:
                 bar.close()
                 self._interrupt()
-        bar.close()
         self.backend.synchronize()
-        self.train_seconds += time.perf_counter() - started
-        self._end_epoch(steps - first_batch, time.perf_counter() - started,
-                        completed=position.batch == self.loader.steps_per_epoch)
+        bar.close()
+        return time.perf_counter() - started
 
     def _log_progress(self, bar, started: float, steps_done: int) -> None:
         loss_sum, correct = self.totals.read()

@@ -61,14 +61,15 @@ def test_an_interrupted_run_resumes_to_the_same_weights_as_an_uninterrupted_one(
     straight = trainer(mnist_dir, tmp_path / "straight", steps=60)
     straight.run()
     interrupted = trainer(mnist_dir, tmp_path / "resumed", steps=60)
-    train_step = interrupted.train_step
+    train_batch = interrupted.train_batch
 
-    def stop_at_step_25(*batch):
-        train_step(*batch)
+    def stop_at_step_25(index):
+        size = train_batch(index)
         if interrupted.position.step == 24:
             interrupted.stop_signal = signal.SIGINT
+        return size
 
-    interrupted.train_step = stop_at_step_25
+    interrupted.train_batch = stop_at_step_25
     with pytest.raises(Interrupted):
         interrupted.run()
     resumed = Trainer(interrupted.config, tmp_path / "resumed", resume=tmp_path / "resumed" / "interrupted.npz",
@@ -117,3 +118,23 @@ def test_a_signal_saves_an_interrupted_checkpoint_that_resumes(mnist_dir, tmp_pa
     assert resumed.returncode == 0, resumed.stderr
     assert metrics_of(tmp_path)["steps"] == metadata["position"]["step"] + 5
     assert math.isfinite(metrics_of(tmp_path)["test_loss"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["mnist_mlp", "mnist_cnn"])
+def test_graph_replay_gives_the_same_weights_as_eager_steps(cuda, mnist_dir, tmp_path, config):
+    """60 steps (one of them the short last batch of an epoch) with the step captured as a CUDA graph
+    and replayed, and with every call made eagerly, end with the same weights."""
+    finals = []
+    for graph in (True, False):
+        settings = load_config(REPO_ROOT / "configs" / f"{config}.yaml").to_dict()
+        settings["train"].update(graph=graph, batch_size=1100, steps=60)
+        settings["device"], settings["data"]["dir"] = "cuda", str(mnist_dir)
+        from cudnnnet.config import parse_config
+
+        run = Trainer(parse_config(settings), tmp_path / str(graph), progress=False)
+        run.run()
+        assert (run.graph is not None) == graph
+        finals.append(run.network.state_dict())
+    for name, value in finals[0].items():
+        assert np.allclose(finals[1][name], value, rtol=1e-4, atol=1e-6), name
