@@ -2,8 +2,9 @@
 
 Every call is queued on the context's one stream; only ``download`` and ``synchronize`` wait.
 Scalars ``alpha``/``beta`` are host floats (host pointer mode), except the documented one-element
-tensors of ``saxpy``, ``sscal`` and ``sgd_update``, which are read from device memory (cuBLAS device
-pointer mode, or our kernel reading ``lr[0]``) so that they can change under CUDA-graph replay.
+tensors of ``saxpy``, ``sscal``, ``sgd_update`` and ``sgd_update_many``, which are read from device
+memory (cuBLAS device pointer mode, or our kernel reading ``lr[0]``) so that they can change under
+CUDA-graph replay.
 
 Math: "fp32" (default) runs cuBLAS in CUBLAS_DEFAULT_MATH and sets CUDNN_FMA_MATH on every
 convolution descriptor (cuDNN would otherwise be free to use TF32 on Ampere and later); "tf32"
@@ -17,6 +18,7 @@ import ctypes
 import logging
 import struct
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,6 +40,17 @@ MATH_MODES = {
     "tf32": (cublas.TF32_TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION),
 }
 PLAN_CACHE_SIZE = 64
+SGD_TABLE_CACHE_SIZE = 64  # parameter lists whose device table is kept (one per network in practice)
+
+
+@dataclass(frozen=True)
+class SgdTable:
+    """The device table of one parameter list for kernels/sgd_update_many.cu."""
+
+    buffer: DeviceBuffer  # struct SgdTensor[tensors]: (param, grad, velocity, offset, size) as 64-bit words
+    rows: np.ndarray  # the host copy it was uploaded from, (tensors, 5) uint64
+    tensors: int
+    total: int  # Σ sizes: the kernel's index space
 
 
 class CudaBackend(Backend):
@@ -45,14 +58,15 @@ class CudaBackend(Backend):
 
     name = "cuda"
 
-    def __init__(self, device: int = 0, workspace_limit: int = 256 << 20, algorithm_search: str = "heuristic"):
+    def __init__(self, device: int = 0, workspace_limit: int = 256 << 20, algorithm_search: str = "exhaustive"):
         if algorithm_search not in SEARCHES:
             raise UsageError(f"invalid algorithm_search {algorithm_search!r}; valid are {', '.join(SEARCHES)}")
         self.context = CudaContext(device)
         self.device_name = self.context.device_name
         self.workspace_limit = workspace_limit  # bytes a convolution algorithm may use
-        self.algorithm_search = algorithm_search  # "heuristic" (cudnnGet*_v7) or "exhaustive" (cudnnFind*)
+        self.algorithm_search = algorithm_search  # "exhaustive" (cudnnFind*, timed) or "heuristic" (cudnnGet*_v7)
         self._plans: OrderedDict = OrderedDict()  # (desc, x_shape, math, search) -> ConvolutionPlan
+        self._sgd_tables: OrderedDict = OrderedDict()  # ((param, grad, velocity, size) pointers...) -> SgdTable
         self._stream = self.context.stream.handle
         self._cublas = self.context.cublas.handle
         self._cudnn = self.context.cudnn.handle
@@ -80,12 +94,13 @@ class CudaBackend(Backend):
     def close(self) -> None:
         """Release the context (handles, workspace, stream). The backend is unusable afterwards."""
         self._plans.clear()
+        self._sgd_tables.clear()
         self.context.close()
 
     def _scalar(self, value):
         """A host pointer to ``value`` as float32 (0, 1 and -1 are the context's constants)."""
         if isinstance(value, Tensor):
-            raise UsageError("only saxpy, sscal and sgd_update take a one-element tensor as a scalar")
+            raise UsageError("only saxpy, sscal, sgd_update and sgd_update_many take a one-element tensor as a scalar")
         constant = self._constants.get(value)
         return constant if constant is not None else ctypes.byref(ctypes.c_float(value))
 
@@ -355,6 +370,64 @@ class CudaBackend(Backend):
             cublas.sscal(h, n, self._scalar(1.0 - lr * weight_decay), p, 1)  # param = (1 - lr·wd)·param
         cublas.saxpy(h, n, self._scalar(-lr), g, 1, p, 1)  # param -= lr·grad
 
+    # ---- fused calls: one launch each ---------------------------------------------------------
+    def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
+        """kernels/cross_entropy_backward.cu: grad = (predict - target)/N, loss[0] += the mean cross
+        entropy, count[0] += the hits; block partials in shared memory, one atomicAdd per block and output."""
+        _same_shape("cross_entropy_backward", predict, target)
+        _same_shape("cross_entropy_backward", predict, grad)
+        _check_fits("cross_entropy_backward", loss.data, 0, 1)
+        _check_fits("cross_entropy_backward", count.data, 0, 1)
+        self.context.kernel("cross_entropy_backward").launch(
+            blocks_for(predict.size), self._stream, grad.data.ptr, loss.data.ptr, count.data.ptr, predict.data.ptr,
+            target.data.ptr, predict.n, predict.sample_size, 1.0 / predict.n)
+
+    def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float) -> None:
+        """kernels/sgd_update_many.cu: one launch over every parameter of ``groups``, through a device
+        table of their pointers uploaded on the first call with this list (never inside a capture).
+        ``grad`` is never modified."""
+        table = self._sgd_table(groups, momentum)
+        if table is None:
+            return
+        if isinstance(lr, Tensor):
+            self._check_device_scalar("sgd_update_many", lr)
+            rate, value = lr.data.ptr, 0.0
+        else:
+            rate, value = None, float(lr)
+        self.context.kernel("sgd_update_many").launch(blocks_for(table.total), self._stream, table.buffer.ptr,
+                                                      table.tensors, table.total, rate, value, momentum, weight_decay)
+
+    def _sgd_table(self, groups, momentum: float) -> SgdTable | None:
+        """The cached table of this list of pointers (None for an empty list)."""
+        key = tuple(_sgd_entry(param, grad, velocity, momentum) for param, grad, velocity in groups)
+        if not key:
+            return None
+        table = self._sgd_tables.get(key)
+        if table is None:
+            table = self._sgd_tables[key] = self._upload_sgd_table(key)
+            if len(self._sgd_tables) > SGD_TABLE_CACHE_SIZE:
+                self._sgd_tables.popitem(last=False)
+        self._sgd_tables.move_to_end(key)
+        return table
+
+    def _upload_sgd_table(self, key) -> SgdTable:
+        """struct SgdTensor[] of (param, grad, velocity, offset, size), copied to a new device buffer."""
+        if self.context.is_capturing():
+            raise DeviceError(
+                f"sgd_update_many was first called with this list of {len(key)} parameters during a CUDA graph "
+                "capture; its device table is uploaded on that call: run one step before capturing"
+            )
+        rows, offset = [], 0
+        for param, grad, velocity, size in key:
+            rows.append((param, grad, velocity, offset, size))
+            offset += size
+        host_rows = np.array(rows, dtype=np.uint64)
+        buffer = DeviceBuffer.allocate(host_rows.nbytes)
+        runtime.memcpy_async(buffer.ptr, host_rows.ctypes.data, host_rows.nbytes, runtime.MEMCPY_HOST_TO_DEVICE,
+                             self._stream)
+        log.debug("sgd_update_many: table of %d parameters, %d values", len(rows), offset)
+        return SgdTable(buffer, host_rows, len(rows), offset)
+
     # ---- DLPack -------------------------------------------------------------------------------
     def dlpack(self, tensor: Tensor, stream=None, max_version=None, dl_device=None, copy=None, **kwargs):
         """A "dltensor" capsule sharing the tensor's memory. ``stream`` is the consumer's stream
@@ -412,6 +485,17 @@ def _check_vector(call: str, name: str, tensor, n: int, inc: int) -> None:
     need = (n - 1) * abs(inc) + 1 if n > 0 else 0
     if need > tensor.data.size:
         raise ShapeError(f"{call}: {name} (n={n}, inc={inc}) needs {need} values, its storage holds {tensor.data.size}")
+
+
+def _sgd_entry(param, grad, velocity, momentum: float) -> tuple[int, int, int, int]:
+    """(param, grad, velocity or 0, size) of one parameter for sgd_update_many, its shapes checked."""
+    _same_shape("sgd_update_many", param, grad)
+    if not momentum:
+        return (param.data.ptr, grad.data.ptr, 0, param.size)
+    if velocity is None:
+        raise UsageError("sgd_update_many: momentum is non-zero but a parameter has no velocity tensor")
+    _same_shape("sgd_update_many", param, velocity)
+    return (param.data.ptr, grad.data.ptr, velocity.data.ptr, param.size)
 
 
 def _same_shape(call: str, a, b) -> None:

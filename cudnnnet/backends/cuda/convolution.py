@@ -87,14 +87,19 @@ BACKWARD_FILTER = Direction(
     cudnn.get_convolution_backward_filter_workspace_size,
     lambda x, w, conv, y: (x, y, conv, w),  # (x, dy, conv, dw)
 )
-SEARCHES = ("heuristic", "exhaustive")
+SEARCHES = ("exhaustive", "heuristic")
 
 
-def choose_algorithm(handle: int, direction: Direction, operands: tuple, limit: int, search: str) -> Algorithm:
+TENSOR_CORE_MATH = (cudnn.TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION)
+
+
+def choose_algorithm(handle: int, direction: Direction, operands: tuple, limit: int, search: str,
+                     math_type: int) -> Algorithm:
     """The best-ranked algorithm that cuDNN supports here and whose workspace fits in ``limit`` bytes.
 
-    ``search`` is "heuristic" (cudnnGet*_v7: instant, no memory) or "exhaustive" (cudnnFind*: runs
-    every algorithm once; cuDNN allocates its own scratch memory).
+    ``search`` is "exhaustive" (cudnnFind*: runs every algorithm once, ranked by measured time;
+    cuDNN allocates its own scratch memory) or "heuristic" (cudnnGet*_v7: instant, no memory).
+    Under CUDNN_FMA_MATH (our FP32) an algorithm reported to use tensor cores is never taken.
     """
     count = direction.max_count(handle)
     results = (cudnn.AlgoPerf * count)()
@@ -102,6 +107,8 @@ def choose_algorithm(handle: int, direction: Direction, operands: tuple, limit: 
     returned = query(handle, *operands, count, results)
     for perf in results[:returned]:
         if perf.status != cudnn.STATUS_SUCCESS:
+            continue
+        if math_type == cudnn.FMA_MATH and perf.mathType in TENSOR_CORE_MATH:
             continue
         try:
             nbytes = direction.workspace_size(handle, *operands, perf.algo)
@@ -123,7 +130,7 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     w, conv = descriptors.filter(desc.filter_shape), descriptors.convolution(desc, math_type)
     handles = (x.handle, w.handle, conv.handle, y.handle)
     forward, backward_data, backward_filter = (
-        choose_algorithm(handle, direction, direction.operands(*handles), limit, search)
+        choose_algorithm(handle, direction, direction.operands(*handles), limit, search, math_type)
         for direction in (FORWARD, BACKWARD_DATA, BACKWARD_FILTER)
     )
     plan = ConvolutionPlan(desc, x_shape, y_shape, math, x, w, conv, y, forward, backward_data, backward_filter)
