@@ -99,13 +99,15 @@ def choose_algorithm(handle: int, direction: Direction, operands: tuple, limit: 
 
     ``search`` is "exhaustive" (cudnnFind*: runs every algorithm once, ranked by measured time;
     cuDNN allocates its own scratch memory) or "heuristic" (cudnnGet*_v7: instant, no memory).
-    Under CUDNN_FMA_MATH (our FP32) an algorithm reported to use tensor cores is never taken.
+    Under CUDNN_FMA_MATH (our FP32) an algorithm reported to use tensor cores is never taken, and
+    deterministic algorithms come first (the same seed then gives the same weights, run after run).
     """
     count = direction.max_count(handle)
     results = (cudnn.AlgoPerf * count)()
     query = direction.exhaustive if search == "exhaustive" else direction.heuristic
     returned = query(handle, *operands, count, results)
-    for perf in results[:returned]:
+    ranked = sorted(results[:returned], key=lambda perf: perf.determinism != cudnn.DETERMINISTIC)  # stable
+    for perf in ranked:
         if perf.status != cudnn.STATUS_SUCCESS:
             continue
         if math_type == cudnn.FMA_MATH and perf.mathType in TENSOR_CORE_MATH:
