@@ -138,3 +138,23 @@ def test_graph_replay_gives_the_same_weights_as_eager_steps(cuda, mnist_dir, tmp
         finals.append(run.network.state_dict())
     for name, value in finals[0].items():
         assert np.allclose(finals[1][name], value, rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.gpu
+def test_device_memory_does_not_grow_over_2000_training_steps(cuda, mnist_dir, tmp_path):
+    settings = load_config(REPO_ROOT / "configs" / "mnist_cnn.yaml").to_dict()
+    settings["train"].update(steps=2200, batch_size=64, log_every=500)
+    settings["device"], settings["data"]["dir"] = "cuda", str(mnist_dir)
+    from cudnnnet.config import parse_config
+
+    run = Trainer(parse_config(settings), tmp_path, progress=False)
+    run.data.start_epoch(run.loader.permutation(0))
+    for index in range(200):  # warm up: every buffer, plan and the graph exist afterwards
+        run.train_batch(index)
+    cuda.synchronize()
+    free_before, _ = cuda.memory_info()
+    for index in range(200, 2200):
+        run.train_batch(index % run.loader.steps_per_epoch)
+    cuda.synchronize()
+    free_after, _ = cuda.memory_info()
+    assert free_before - free_after <= 2 << 20, f"device memory grew by {(free_before - free_after) >> 20} MiB"
