@@ -158,3 +158,28 @@ def test_device_memory_does_not_grow_over_2000_training_steps(cuda, mnist_dir, t
     cuda.synchronize()
     free_after, _ = cuda.memory_info()
     assert free_before - free_after <= 2 << 20, f"device memory grew by {(free_before - free_after) >> 20} MiB"
+
+
+@pytest.mark.gpu
+def test_one_cnn_training_step_on_cuda_leaves_the_host_weights(cuda, host, mnist_dir, tmp_path):
+    """One step of configs/mnist_cnn.yaml (momentum, weight decay, schedule) from the same seed and batch,
+    run through cuBLAS and cuDNN, ends within 1e-4 of the host backend's weights."""
+    from cudnnnet.backends.cuda import bindings
+    from cudnnnet.config import parse_config
+
+    weights = {}
+    for device in ("host", "cuda"):
+        settings = load_config(REPO_ROOT / "configs" / "mnist_cnn.yaml").to_dict()
+        settings["train"].update(steps=1, graph=False)
+        settings["device"], settings["data"]["dir"] = device, str(mnist_dir)
+        run = Trainer(parse_config(settings), tmp_path / device, progress=False)
+        run.data.start_epoch(run.loader.permutation(0))
+        bindings.reset_calls()
+        run.train_batch(0)
+        weights[device] = run.network.state_dict()
+    for name in ("cublasSgemm_v2", "cublasSgemv_v2", "cudnnConvolutionForward", "cudnnConvolutionBackwardFilter",
+                 "cudnnConvolutionBackwardData", "cudnnPoolingBackward", "cudnnActivationBackward"):
+        assert bindings.calls[name] > 0, f"{name} was not called"
+    for name, value in weights["host"].items():
+        error = np.linalg.norm(weights["cuda"][name] - value) / np.linalg.norm(value)
+        assert error < 1e-4, f"{name}: relative difference {error:.2e}"
