@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import struct
 import tempfile
 import zipfile
 from math import prod
@@ -39,7 +40,10 @@ WEIGHT_SUFFIX, BIAS_SUFFIX = ".weight", ".bias"
 ORIGINAL_DTYPE = np.dtype("<f4")  # raw little-endian float32, as Blob::file_write writes it
 
 _ZIP_SIGNATURE = b"PK\x03\x04"
-_NPZ_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError)
+# What a damaged archive makes zipfile and NumPy raise; a flipped header bit can claim an unknown compression
+# method (NotImplementedError) or encryption (RuntimeError).
+_NPZ_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError,
+                    NotImplementedError, RuntimeError, struct.error)
 
 
 # ---- atomic writes --------------------------------------------------------------------------

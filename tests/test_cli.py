@@ -128,9 +128,12 @@ def test_a_progress_bar_on_a_terminal_shows_loss_accuracy_and_speed(tmp_path, mn
     primary, secondary = pty.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 160, 0, 0))  # rows, columns: a terminal
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    config = tmp_path / "mlp.yaml"  # the bar shows the figures every log_every steps
+    config.write_text((REPO_ROOT / "configs" / "mnist_mlp.yaml").read_text().replace("log_every: 100", "log_every: 1"))
+    assert "log_every: 1\n" in config.read_text()
     command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "--config",
-               str(REPO_ROOT / "configs" / "mnist_mlp.yaml"), "--device", "host", "--data-dir", str(mnist_dir),
-               "--output", str(tmp_path), "--batch-size", "1000", "--steps", "3", "--log-level", "WARNING"]
+               str(config), "--device", "host", "--data-dir", str(mnist_dir),
+               "--output", str(tmp_path / "out"), "--batch-size", "1000", "--steps", "3", "--log-level", "WARNING"]
     with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=secondary, env=env) as process:
         os.close(secondary)
         shown = read_all(primary)
