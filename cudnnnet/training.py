@@ -275,7 +275,7 @@ class Trainer:
         for index in range(first, last):
             self.images_trained += self.train_batch(index)
             position.batch, position.step = index + 1, position.step + 1
-            if position.step % self.config.train.log_every == 0:
+            if position.step % self.config.train.log_every == 0 or (self.progress and index + 1 == last):
                 self._log_progress(bar, started, index + 1 - first)
             bar.update(1)
             if self.stop_signal is not None:
