@@ -1,0 +1,237 @@
+"""scripts/benchmark.py on the host with tiny settings: what it reports, never how fast."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cudnnnet.cli import benchmark
+from cudnnnet.cli.train import check_model
+from cudnnnet.config import load_config
+from cudnnnet.network import Network
+from cudnnnet.training import Trainer, build_network, input_shape
+from run_helpers import REPO_ROOT, run_script
+
+TOP_KEYS = {"device", "backend", "date", "versions", "settings", "targets", "results", "torch", "table"}
+ROW_KEYS = {"workload", "unit", "cudnnnet", "torch_eager", "torch_graph", "ratio", "target", "status"}
+
+
+def run_benchmark(tmp_path, capsys, *arguments) -> tuple[dict, str, str]:
+    """(the JSON report, stdout, stderr) of the benchmark on the host."""
+    path = tmp_path / "benchmark.json"
+    assert benchmark.main(["--device", "host", "--json", str(path), *map(str, arguments)]) == 0
+    captured = capsys.readouterr()
+    return json.loads(path.read_text()), captured.out, captured.err
+
+
+def positive_numbers(values) -> bool:
+    return len(values) > 0 and all(isinstance(value, float) and value > 0 for value in values)
+
+
+# ---- micro -------------------------------------------------------------------------------------
+
+
+def test_micro_on_the_host_reports_each_step(tmp_path, capsys):
+    report, out, _ = run_benchmark(tmp_path, capsys, "--only", "micro", "--micro-size", 64, "--repeat", 3)
+    assert set(report) == TOP_KEYS
+    assert report["backend"] == "host" and report["torch"] is None
+    assert report["versions"]["cudnnnet"] and report["date"]
+    micro = report["results"]["micro"]
+    assert set(report["results"]) == {"micro"}
+    assert micro["size"] == 64 and micro["layers"] == [64, 32, 6, 10] and micro["repeat"] == 3
+    assert set(micro["fp32"]) == {"step_ms", "step_ms_all"} and len(micro["fp32"]["step_ms_all"]) == 3
+    assert positive_numbers(micro["fp32"]["step_ms_all"]) and micro["fp32"]["step_ms"] > 0
+    assert micro["tf32"] is None  # the host has no TF32 mode
+    (row,) = report["table"]
+    assert set(row) == ROW_KEYS
+    assert row["cudnnnet"] == micro["fp32"]["step_ms"] and row["target"] == benchmark.TARGETS["micro_fp32_ms"]
+    assert row["status"] == "n/a"  # a shrunk micro on the host is not the target's workload
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("device: host") and lines[-1].startswith("micro fp32 step (64)")
+
+
+def test_micro_network_is_the_series_network_at_full_size():
+    assert benchmark.micro_layer_sizes(10_000) == (10_000, 5_000, 1_000, 10)
+    network = benchmark.build_micro_network(20, "host")
+    kinds = [(type(layer).__name__, getattr(layer, "mode", None)) for layer in network.layers]
+    assert kinds == [("Dense", None), ("Activation", "tanh"), ("Dense", None), ("Activation", "sigmoid"),
+                     ("Dense", None), ("Activation", "sigmoid"), ("MSE", None)]
+    assert network.output_shapes(network.input_shape)[-1] == (10, 1, 1)
+
+
+def test_micro_size_defaults_smaller_on_the_host(caplog):
+    args = benchmark.build_parser().parse_args(["--device", "host", "--only", "micro"])
+    with caplog.at_level("INFO", logger="cudnnnet.benchmark"):
+        settings = benchmark.resolve_settings(args)
+    assert settings["micro_size"] == benchmark.HOST_MICRO_SIZE < benchmark.MICRO_SIZE
+    assert "instead of 10000 × 10000" in caplog.text
+    cuda = benchmark.resolve_settings(benchmark.build_parser().parse_args(["--only", "micro"]))
+    assert cuda["micro_size"] == benchmark.MICRO_SIZE and cuda["repeat"] >= 10
+
+
+# ---- mlp and cnn -------------------------------------------------------------------------------
+
+
+def test_mlp_and_cnn_epochs_on_a_subset(tmp_path, capsys, monkeypatch, mnist_dir):
+    steps = []
+    train_batch = Trainer.train_batch
+    monkeypatch.setattr(Trainer, "train_batch", lambda self, index: steps.append(index) or train_batch(self, index))
+    report, out, _ = run_benchmark(tmp_path, capsys, "--only", "mlp,cnn", "--limit-images", 300, "--epochs", 2,
+                                   "--data-dir", mnist_dir)
+    assert set(report["results"]) == {"mlp", "cnn"}
+    for name in ("mlp", "cnn"):
+        section = report["results"][name]
+        assert section["config"] == f"configs/mnist_{name}.yaml"
+        assert section["images"] == 300 and section["batch_size"] == 256
+        assert section["graph"] is None  # no CUDA graphs on the host
+        eager = section["eager"]
+        assert set(eager) == {"epoch_ms", "epoch_ms_all", "images_per_second", "peak_memory_mib"}
+        assert len(eager["epoch_ms_all"]) == 2 and positive_numbers(eager["epoch_ms_all"])
+        assert eager["images_per_second"] == pytest.approx(300 / (eager["epoch_ms"] / 1000))
+        assert eager["peak_memory_mib"] is None  # cudaMemGetInfo-based: none on the host
+    # each of the 3 epochs (a warm-up and 2 timed) trains both batches of 300 images, for each model
+    assert steps == [0, 1] * 3 * 2
+    workloads = [row["workload"] for row in report["table"]]
+    assert workloads == ["mlp epoch, eager", "mlp throughput, eager", "cnn epoch, eager", "cnn throughput, eager"]
+    assert "mlp epoch, eager" in out
+
+
+def test_workload_config_is_batch_256_fp32_with_the_graph_setting():
+    config = benchmark.workload_config("mlp", "host", None, 3, graph=False)
+    assert config.train.batch_size == 256 and config.train.epochs == 3 and config.train.graph is False
+    assert config.math == "fp32" and config.train.optimizer.momentum == 0.9
+    assert benchmark.workload_config("cnn", "host", None, 1, graph=True).train.graph is True
+
+
+# ---- original ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_original_configs_are_the_original_experiment(name):
+    config = load_config(REPO_ROOT / "configs" / f"original_{name}.yaml")
+    check_model(config)
+    train = config.train
+    assert (train.batch_size, train.steps, train.optimizer.lr, train.optimizer.momentum) == (256, 1600, 0.02, 0.0)
+    assert (train.schedule.name, train.schedule.decay) == ("inverse", 0.00005)
+    assert train.optimizer.weight_decay == 0 and config.data.normalize is None
+    model = load_config(REPO_ROOT / "configs" / f"mnist_{name}.yaml").model
+    assert config.model == model
+
+
+def fake_train_script(tmp_path: Path, body: str) -> Path:
+    script = tmp_path / "train.py"
+    script.write_text("import json, sys\nfrom pathlib import Path\n"
+                      "output = Path(sys.argv[sys.argv.index('--output') + 1])\n" + body)
+    return script
+
+
+def test_original_reads_the_accuracy_of_each_run(tmp_path, monkeypatch):
+    script = fake_train_script(tmp_path, "(output / 'metrics.json').write_text(json.dumps({'test_accuracy': 0.97}))\n")
+    monkeypatch.setattr(benchmark, "TRAIN_SCRIPT", script)
+    settings = {"device": "host", "data_dir": tmp_path, "original_runs": 2}
+    result = benchmark.benchmark_original("mlp", settings)
+    assert result["test_accuracy"] == 0.97 and result["config"] == "configs/original_mlp.yaml"
+    assert len(result["seconds_all"]) == 2 and positive_numbers(result["seconds_all"]) and result["seconds"] > 0
+    command = benchmark.original_command("cnn", settings, "OUT")
+    assert command[:2] == [sys.executable, str(script)]
+    assert command[2:] == ["--config", str(REPO_ROOT / "configs" / "original_cnn.yaml"), "--device", "host",
+                           "--quiet", "--output", "OUT", "--data-dir", str(tmp_path)]
+
+
+def test_original_that_fails_is_an_error_naming_it(tmp_path, monkeypatch):
+    script = fake_train_script(tmp_path, "print('cudnnnet-train: error: no GPU', file=sys.stderr)\nsys.exit(2)\n")
+    monkeypatch.setattr(benchmark, "TRAIN_SCRIPT", script)
+    with pytest.raises(benchmark.BenchmarkError, match=r"original cnn: .* exited with 2: cudnnnet-train: error: no GPU"):
+        benchmark.run_original_once("cnn", {"device": "cuda", "data_dir": None})
+
+
+# ---- the table and its targets -----------------------------------------------------------------
+
+
+def fake_results(mlp_graph_ms: float, cnn_graph_ms: float) -> dict:
+    def training(graph_ms):
+        mode = {"epoch_ms": graph_ms, "images_per_second": 60000 / graph_ms * 1000, "peak_memory_mib": 100.0}
+        return {"graph": mode, "eager": {**mode, "epoch_ms": 2 * graph_ms}}
+
+    return {"mlp": training(mlp_graph_ms), "cnn": training(cnn_graph_ms),
+            "original": {"mlp": {"seconds": 0.9, "test_accuracy": 0.97}, "cnn": {"seconds": 2.5, "test_accuracy": 0.99}}}
+
+
+def test_targets_pass_or_miss_on_the_gpu_only_for_full_workloads():
+    settings = {"device": "cuda", "limit_images": None, "micro_size": benchmark.MICRO_SIZE}
+    torch_results = {"mlp": {"graph": {"epoch_ms": 20.0, "images_per_second": 3e6}, "eager": {"epoch_ms": 10.0}}}
+    rows = {row["workload"]: row for row in benchmark.table_rows(fake_results(10.0, 100.0), torch_results, settings)}
+    assert rows["mlp epoch, graph"]["status"] == "PASS" and rows["cnn epoch, graph"]["status"] == "MISS"
+    assert rows["mlp epoch, eager"]["target"] is None and rows["mlp epoch, eager"]["status"] is None
+    assert rows["original mlp, whole process"]["status"] == "PASS"
+    assert rows["original cnn, whole process"]["status"] == "MISS"
+    assert rows["original cnn, test accuracy"]["cudnnnet"] == pytest.approx(99.0)
+    assert rows["mlp epoch, graph"]["ratio"] == pytest.approx(2.0)  # torch graph 20 ms / ours 10 ms
+    assert rows["mlp epoch, graph"]["torch_eager"] is None and rows["mlp epoch, graph"]["torch_graph"] == 20.0
+    assert rows["mlp epoch, eager"]["ratio"] == pytest.approx(0.5)  # torch eager 10 ms / ours 20 ms
+    assert rows["mlp peak memory, graph"]["cudnnnet"] == 100.0
+    limited = benchmark.table_rows(fake_results(10.0, 100.0), None, {**settings, "limit_images": 512})
+    assert {row["status"] for row in limited if "epoch" in row["workload"] and row["target"]} == {"n/a"}
+    on_host = benchmark.table_rows(fake_results(10.0, 100.0), None, {**settings, "device": "host"})
+    assert {row["status"] for row in on_host if row["target"] is not None} == {"n/a"}
+
+
+def test_table_prints_every_row_under_the_device():
+    report = {"device": "NVIDIA A100", "backend": "cuda", "versions": {"cudnnnet": "0.1.0"}}
+    rows = benchmark.table_rows(fake_results(10.0, 100.0), None,
+                                {"device": "cuda", "limit_images": None, "micro_size": benchmark.MICRO_SIZE})
+    text = benchmark.format_table(rows, benchmark.table_header(report))
+    lines = text.splitlines()
+    assert lines[0].startswith("device: NVIDIA A100 (cuda)") and "not an H100" in text
+    assert len([line for line in lines if line.startswith(("mlp", "cnn", "original"))]) == len(rows)
+    assert "PASS" in text and "MISS" in text and "<= 15" in text
+
+
+# ---- PyTorch (on the CPU here: the same code the GPU comparison runs, eager only) ---------------
+
+
+@pytest.mark.parametrize("config_name", ["mnist_mlp", "mnist_cnn", "lenet5", "original_cnn"])
+def test_torch_model_is_the_same_architecture(config_name):
+    torch = pytest.importorskip("torch")
+    config = load_config(REPO_ROOT / "configs" / f"{config_name}.yaml")
+    model, _ = benchmark.torch_model(torch, config)
+    network: Network = build_network(config, "host")
+    ours = sorted(parameter.value.size for parameter in network.parameter_list())
+    assert sorted(parameter.numel() for parameter in model.parameters()) == ours
+    assert tuple(model(torch.zeros((3,) + input_shape(config))).shape) == (3, 10)
+
+
+def test_torch_training_and_micro_report_epochs_and_steps(mnist_dir):
+    torch = pytest.importorskip("torch")
+    config = benchmark.workload_config("mlp", "host", mnist_dir, 1, False)
+    result = benchmark.torch_training(torch, "mlp", config, 2, 300, "cpu")
+    assert set(result) == {"eager"} and len(result["eager"]["epoch_ms_all"]) == 2
+    assert positive_numbers(result["eager"]["epoch_ms_all"]) and result["eager"]["images_per_second"] > 0
+    micro = benchmark.torch_micro(torch, 32, 2, benchmark.MATHS, "cpu")
+    assert set(micro) == set(benchmark.MATHS) and positive_numbers(micro["tf32"]["eager"]["step_ms_all"])
+
+
+def test_compare_torch_is_skipped_off_the_gpu(tmp_path, capsys):
+    report, _, err = run_benchmark(tmp_path, capsys, "--only", "micro", "--micro-size", 16, "--repeat", 1,
+                                   "--compare", "torch")
+    assert report["torch"] is None and "--compare torch: only with --device cuda; no comparison" in err
+    assert report["table"][0]["torch_eager"] is None and report["table"][0]["ratio"] is None
+
+
+# ---- the command line --------------------------------------------------------------------------
+
+
+def test_unknown_workload_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit:
+        benchmark.main(["--only", "mlp,gpt"])
+    assert exit.value.code == 2
+    assert "unknown workload 'gpt'" in capsys.readouterr().err
+
+
+def test_script_prints_the_table_last(tmp_path):
+    finished = run_script("benchmark", "--device", "host", "--only", "micro", "--micro-size", "16", "--repeat", "1",
+                          "--json", str(tmp_path / "out.json"), timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.strip().splitlines()[-1].startswith("micro fp32 step (16)")
+    assert json.loads((tmp_path / "out.json").read_text())["results"]["micro"]["size"] == 16
