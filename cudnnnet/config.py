@@ -222,7 +222,9 @@ class _Section:
         self.value = value
 
     def key_path(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
+        """``path.key``; a key that is not a plain word is quoted (so a message stays one line)."""
+        shown = key if isinstance(key, str) and re.fullmatch(r"[\w-]+", key) else repr(key)
+        return f"{self.path}.{shown}" if self.path else shown
 
     def fail(self, key: str, problem: str) -> NoReturn:
         raise ConfigError(f"{self.source}: {self.key_path(key)}: {problem}")
