@@ -19,7 +19,8 @@ from cudnnnet.checkpoint import load_npz
 from cudnnnet.data.mnist import load_mnist
 from run_helpers import REPO_ROOT
 
-TOOLS = {"cudnnnet-train": "train", "cudnnnet-predict": "predict", "cudnnnet-evaluate": "evaluate"}
+TOOLS = {"cudnnnet-train": "train", "cudnnnet-predict": "predict", "cudnnnet-evaluate": "evaluate",
+         "cudnnnet-benchmark": "benchmark"}
 OUTPUTS = {"model.npz", "metrics.json", "history.csv", "curves.png"}
 STEPS, BATCH = 45, 2000  # 30 steps an epoch: one whole epoch and half of the next
 
