@@ -4,6 +4,10 @@ The learning rate lives in a one-element tensor on the network's backend, so tha
 graph of the training step reads the current rate at every replay. Schedules are
 ``config.ScheduleConfig``: constant; inverse lr0/(1 + decay·step) (the original's intent, without
 its compounding); step lr0·gamma^(epoch // step_size).
+
+``step()`` updates every parameter with one ``sgd_update_many`` call (one launch on CUDA) over a
+list of (parameter, gradient, velocity) built once, when the optimiser is made or moved (``to``);
+``Backend.sgd_update`` stays the unfused, per-parameter path.
 """
 
 from __future__ import annotations
@@ -30,13 +34,20 @@ class SGD:
         self.schedule = schedule or ScheduleConfig()
         self.step_count = 0
         self.total_steps = None  # the run's planned length, for schedules that anneal over it
+        if network.input_shape is None:
+            raise InvalidArgumentError("build the network (its parameters) before making its optimiser")
         self.lr = Tensor((1,), network.backend).fill_(self.lr0)  # the current rate, on the device
         self.velocity = self._zero_velocity()
+        self.groups = self._parameter_groups()
 
     def _zero_velocity(self) -> dict[str, Tensor]:
         if self.momentum == 0:
             return {}
         return {p.name: Tensor.zeros(p.value.shape, self.network.backend) for p in self.network.parameter_list()}
+
+    def _parameter_groups(self) -> tuple[tuple[Tensor, Tensor, Tensor | None], ...]:
+        """(value, grad, velocity or None) of every parameter, as sgd_update_many takes them."""
+        return tuple((p.value, p.grad, self.velocity.get(p.name)) for p in self.network.parameter_list())
 
     def current_lr(self, epoch: int) -> float:
         return self.schedule.learning_rate(self.lr0, self.step_count, epoch, self.total_steps)
@@ -48,16 +59,16 @@ class SGD:
         return value
 
     def step(self) -> None:
-        """Apply one update to every parameter with the rate in ``self.lr``."""
-        backend = self.network.backend
-        for parameter in self.network.parameter_list():
-            backend.sgd_update(parameter.value, parameter.grad, self.velocity.get(parameter.name), self.lr,
-                               self.momentum, self.weight_decay)
+        """Apply one update to every parameter with the rate in ``self.lr`` (one fused call)."""
+        # v = momentum·v + (dW + wd·W);  W = W - lr·v   for every parameter at once
+        self.network.backend.sgd_update_many(self.groups, self.lr, self.momentum, self.weight_decay)
         self.step_count += 1
 
     def to(self, backend) -> None:
+        """Move the rate and velocities to ``backend``, after the network (``Network.to``)."""
         self.lr = self.lr.to(backend)
         self.velocity = {name: value.to(backend) for name, value in self.velocity.items()}
+        self.groups = self._parameter_groups()
 
     # ---- state for checkpoints -----------------------------------------------------------------
     def state_arrays(self, prefix: str) -> dict[str, np.ndarray]:

@@ -273,3 +273,29 @@ class Backend(ABC):
         g = grad + weight_decay·param;  v = momentum·v + g  (skipped when momentum == 0, and
         ``velocity`` may then be None);  param = param - lr·v.  ``lr`` may be a one-element tensor.
         """
+
+    # ---- fused calls (one launch each on CUDA; checked against the unfused calls above) ---------
+    @abstractmethod
+    def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
+        """The softmax-output step of training, for predict, target, grad of shape (N, C, 1, 1):
+
+            grad      = (predict - target) / N
+            loss[0]  += -(1/N)·Σₙ Σ_c target·log(max(predict, 1e-7))
+            count[0] += #{n : argmax predictₙ == argmax targetₙ}   (the first maximum wins ties)
+
+        The same as ``copy`` + ``saxpy`` + ``sscal``, ``cross_entropy_loss(accumulate=True)`` and
+        ``accuracy_count(accumulate=True)``; ``loss`` and ``count`` are always added to.
+        """
+
+    @abstractmethod
+    def sgd_update_many(self, groups, lr: Scalar, momentum: float, weight_decay: float) -> None:
+        """``sgd_update`` on every ``(param, grad, velocity_or_None)`` of ``groups``:
+
+            g = grad + weight_decay·param;  v = momentum·v + g  (skipped when momentum == 0);
+            param = param - lr·v
+
+        ``lr`` is a one-element tensor (read on the device, so it may change under graph replay)
+        or a float. On CUDA this is one launch over a device table of the groups' pointers, built
+        and uploaded on the first call with a given list: that first call must not be made inside
+        a CUDA graph capture (DeviceError).
+        """

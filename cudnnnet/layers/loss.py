@@ -29,6 +29,15 @@ class LossLayer(Layer):
         b.sscal(size, 1.0 / target.n, self.grad_input, 1)
         return self.grad_input
 
+    def backward_with_metrics(self, target: Tensor, loss: Tensor, count: Tensor) -> Tensor:
+        """The training step's last layer: ``backward(target)``, then loss[0] += the batch's mean loss
+        and count[0] += its samples whose argmax matches the target's (both always added to).
+        Here through the unfused calls; Softmax does it in one fused call."""
+        grad = self.backward(target)
+        self.loss(target, loss, accumulate=True)
+        self.correct(target, count, accumulate=True)
+        return grad
+
     def loss(self, target: Tensor, out: Tensor, accumulate: bool = False) -> Tensor:
         """Write (or add) the mean loss of the last forward over the batch into ``out`` (1 element)."""
         raise NotImplementedError

@@ -3,6 +3,7 @@
     forward   ŷ  = x                                 (identity: a copy)
     loss      J  = (1/N) Σₙ ½‖ŷₙ - yₙ‖²              our NVRTC kernel (kernels/loss.cu)
     backward  dx = (ŷ - y) / N                       cudaMemcpy + cublasSaxpy + cublasSscal
+    training  backward, loss and correct in turn     LossLayer.backward_with_metrics (not fused)
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
     forward   ŷ  = softmax(x)                        cudnnSoftmaxForward (ACCURATE, CHANNEL)
     loss      J  = -(1/N) Σₙ Σ_c y·log ŷ             our NVRTC kernel (kernels/loss.cu)
     backward  dx = (ŷ - y) / N                       cudaMemcpy + cublasSaxpy + cublasSscal
+    training  dx, J (+=) and hits (+=) together      one launch (kernels/cross_entropy_backward.cu)
 """
 
 from __future__ import annotations
@@ -23,3 +24,10 @@ class Softmax(LossLayer):
         # J = -(1/N) Σ y·log(max(ŷ, 1e-7))
         self.backend.cross_entropy_loss(self.output, target, out, accumulate)
         return out
+
+    def backward_with_metrics(self, target: Tensor, loss: Tensor, count: Tensor) -> Tensor:
+        """backward, loss and correct in one fused call (one launch on CUDA)."""
+        self.check_target(target)
+        # dx = (ŷ - y) / N;  J += -(1/N) Σ y·log(max(ŷ, 1e-7));  hits += #{n : argmax ŷₙ == argmax yₙ}
+        self.backend.cross_entropy_backward(self.output, target, self.grad_input, loss, count)
+        return self.grad_input

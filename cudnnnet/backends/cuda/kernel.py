@@ -3,6 +3,7 @@ cached per process, loaded with the driver API and launched on the context strea
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import logging
@@ -27,7 +28,19 @@ KERNELS = {
     "sgd_update": ("sgd.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_float, c_float, c_longlong)),
     "gather_batch": ("data.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_longlong,
                                  c_longlong, c_int)),
+    "cross_entropy_backward": ("cross_entropy_backward.cu",
+                               (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_longlong, c_int, c_float)),
+    "sgd_update_many": ("sgd_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_float, c_float)),
 }
+
+# Launches of our kernels by kernel name (as ``bindings.calls`` counts library calls), so that a
+# test can prove how many launches a fused call takes.
+launches: collections.Counter = collections.Counter()
+
+
+def reset_launches() -> None:
+    """Forget every launch counted so far."""
+    launches.clear()
 
 
 def blocks_for(count: int) -> int:
@@ -92,6 +105,7 @@ class Kernel:
         """<<<blocks, BLOCK_SIZE, 0, stream>>>(*args)."""
         for slot, value in zip(self._slots, args, strict=True):
             slot.value = value
+        launches[self.name] += 1
         runtime.launch_kernel(self.function, (blocks, 1, 1), (BLOCK_SIZE, 1, 1), 0, stream, self._params)
 
 

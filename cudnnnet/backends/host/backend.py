@@ -434,6 +434,22 @@ class HostBackend(Backend):
             g = v
         p -= F32(_scalar(lr)) * g
 
+    # ---- fused calls: on the host, the unfused formulas in one call -------------------------------
+    def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
+        """grad = (predict - target)/N;  loss[0] += -(1/N)·Σ target·log(max(predict, 1e-7));  count[0] += hits."""
+        _same_shape("cross_entropy_backward", predict, target)
+        _same_shape("cross_entropy_backward", predict, grad)
+        g = _nd(grad)
+        np.subtract(_nd(predict), _nd(target), out=g)
+        g *= F32(1.0 / predict.n)
+        self.cross_entropy_loss(predict, target, loss, accumulate=True)
+        self.accuracy_count(predict, target, count, accumulate=True)
+
+    def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float) -> None:
+        """``sgd_update`` on each (param, grad, velocity) in turn."""
+        for param, grad, velocity in groups:
+            self.sgd_update(param, grad, velocity, lr, momentum, weight_decay)
+
     # ---- DLPack -------------------------------------------------------------------------------
     def dlpack(self, tensor: Tensor, stream=None, **kwargs):
         """The DLPack capsule of the (n, c, h, w) NumPy view of the tensor's storage."""

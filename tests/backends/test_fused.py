@@ -1,0 +1,349 @@
+"""Fused calls against the unfused library path they replace (issue #5).
+
+``cross_entropy_backward`` must equal the Softmax layer's backward (copy + saxpy + sscal) with
+``cross_entropy_loss`` and ``accuracy_count`` accumulated; ``sgd_update_many`` must equal
+``sgd_update`` on each parameter. On the host the results are checked exactly; on CUDA (marked
+``gpu``, skipped without a GPU) the fused kernels are checked against the CUDA unfused path and
+against the host, within 1e-5 relative error, and proven to take one launch and to replay
+inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cudnnnet import Network
+from cudnnnet.errors import DeviceError, InvalidArgumentError, UsageError
+from cudnnnet.layers import MSE, Dense, Softmax
+from cudnnnet.optim import SGD
+from cudnnnet.tensor import Tensor
+
+FP32_TOLERANCE = 1e-5
+LOSS_BATCHES = (1, 7, 255, 256, 1000, 4097)
+CLASSES = 10
+START_LOSS, START_COUNT = 0.75, 3.0  # loss and count are accumulated into, never overwritten
+
+PARAMETER_LISTS = {  # sample shapes of the parameters; odd sizes straddle block boundaries
+    "one": [(1,)],
+    "mlp": [(10, 784, 1, 1), (10,), (7, 10, 1, 1), (7,)],
+    "odd": [(1,), (7,), (13, 5), (255,), (3, 1, 5, 5), (257,), (4097,), (2,)],
+    "many": [(size,) for size in np.random.default_rng(5).integers(1, 3000, 40)],
+}
+HYPER = [(0.0, 0.0), (0.9, 0.0), (0.0, 0.01), (0.9, 0.01)]  # (momentum, weight_decay)
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    norm = np.linalg.norm(expected)
+    difference = np.linalg.norm(actual - expected)
+    return difference / norm if norm else difference
+
+
+def assert_close(actual: list, expected: list, tolerance: float = FP32_TOLERANCE) -> None:
+    errors = [relative_error(a, e) for a, e in zip(actual, expected, strict=True)]
+    assert max(errors) <= tolerance, f"relative errors {[f'{e:.3g}' for e in errors]} > {tolerance:g}"
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+def softmax_inputs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(logits, one-hot targets) of n samples; a few rows of equal logits test the ties."""
+    rng = np.random.default_rng([seed, n])
+    logits = rng.standard_normal((n, CLASSES)).astype(np.float32) * 3
+    logits[:: 5] = 0.0  # softmax gives equal probabilities: argmax is the first class
+    target = np.zeros((n, CLASSES), np.float32)
+    target[np.arange(n), rng.integers(0, CLASSES, n)] = 1.0
+    target[:: 10, :] = 0.0
+    target[:: 10, 0] = 1.0  # some of the tied rows are hits
+    return logits, target
+
+
+def loss_layer(backend, layer_type, logits: np.ndarray):
+    """A built loss layer after a forward pass over ``logits``."""
+    layer = layer_type("out")
+    layer.build((CLASSES, 1, 1), backend, np.random.default_rng(0))
+    layer.forward(Tensor.from_numpy(logits, backend))
+    return layer
+
+
+def metrics(backend) -> tuple[Tensor, Tensor]:
+    return Tensor.from_numpy([START_LOSS], backend), Tensor.from_numpy([START_COUNT], backend)
+
+
+def unfused_step(layer, target: Tensor) -> list[np.ndarray]:
+    """backward (copy + saxpy + sscal), loss and correct, accumulated: [grad, loss, count]."""
+    loss, count = metrics(layer.backend)
+    grad = layer.backward(target).numpy()
+    layer.loss(target, loss, accumulate=True)
+    layer.correct(target, count, accumulate=True)
+    return [grad, loss.numpy(), count.numpy()]
+
+
+def fused_step(layer, target: Tensor) -> list[np.ndarray]:
+    loss, count = metrics(layer.backend)
+    grad = layer.backward_with_metrics(target, loss, count)
+    return [grad.numpy(), loss.numpy(), count.numpy()]
+
+
+def both_steps(backend, layer_type, n: int) -> tuple[list, list]:
+    logits, target = softmax_inputs(n)
+    layer = loss_layer(backend, layer_type, logits)
+    target = Tensor.from_numpy(target, backend)
+    return unfused_step(layer, target), fused_step(layer, target)
+
+
+def parameters(backend, shapes, seed: int = 1) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """(param, grad, velocity) per shape, the same values on every backend for the same seed."""
+    rng = np.random.default_rng(seed)
+    return [tuple(Tensor.from_numpy(rng.standard_normal(shape).astype(np.float32), backend) for _ in range(3))
+            for shape in shapes]
+
+
+def groups_of(tensors, momentum: float):
+    return [(p, g, v if momentum else None) for p, g, v in tensors]
+
+
+def values(tensors) -> list[np.ndarray]:
+    return [t.numpy() for group in tensors for t in group]
+
+
+def unfused_sgd(backend, tensors, lr, momentum, weight_decay, steps=3) -> None:
+    for _ in range(steps):
+        for param, grad, velocity in groups_of(tensors, momentum):
+            backend.sgd_update(param, grad, velocity, lr, momentum, weight_decay)
+
+
+def fused_sgd(backend, tensors, lr, momentum, weight_decay, steps=3) -> None:
+    groups = groups_of(tensors, momentum)
+    for _ in range(steps):
+        backend.sgd_update_many(groups, lr, momentum, weight_decay)
+
+
+# ---- host: the fused calls are the unfused calls -------------------------------------------------
+@pytest.mark.parametrize("n", LOSS_BATCHES)
+def test_host_cross_entropy_backward_equals_the_unfused_calls(host, n):
+    unfused, fused = both_steps(host, Softmax, n)
+    np.testing.assert_array_equal(fused[0], unfused[0])  # the same float32 operations
+    np.testing.assert_allclose(fused[1], unfused[1], rtol=1e-6)
+    np.testing.assert_array_equal(fused[2], unfused[2])
+
+
+def test_host_cross_entropy_backward_formula(host):
+    n = 255
+    logits, target = softmax_inputs(n)
+    layer = loss_layer(host, Softmax, logits)
+    predict = layer.output.numpy().reshape(n, CLASSES).astype(np.float64)
+    grad, loss, count = fused_step(layer, Tensor.from_numpy(target, host))
+    np.testing.assert_allclose(grad.reshape(n, CLASSES), (predict - target) / n, rtol=1e-6, atol=1e-9)
+    expected_loss = START_LOSS - np.sum(target * np.log(np.maximum(predict, 1e-7))) / n
+    assert loss[0, 0, 0, 0] == pytest.approx(expected_loss, rel=1e-6)
+    hits = np.count_nonzero(predict.argmax(axis=1) == target.argmax(axis=1))  # NumPy: first maximum wins
+    assert count[0, 0, 0, 0] == START_COUNT + hits
+    assert 0 < hits < n
+
+
+@pytest.mark.parametrize("n", (1, 7, 256))
+def test_host_mse_backward_with_metrics_is_backward_loss_and_correct(host, n):
+    unfused, fused = both_steps(host, MSE, n)
+    for got, want in zip(fused, unfused):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("momentum, weight_decay", HYPER)
+@pytest.mark.parametrize("name", sorted(PARAMETER_LISTS))
+@pytest.mark.parametrize("lr_on_device", [False, True])
+def test_host_sgd_update_many_equals_sgd_update(host, name, momentum, weight_decay, lr_on_device):
+    shapes = PARAMETER_LISTS[name]
+    lr = Tensor.from_numpy([0.05], host) if lr_on_device else 0.05
+    expected, actual = parameters(host, shapes), parameters(host, shapes)
+    unfused_sgd(host, expected, lr, momentum, weight_decay)
+    fused_sgd(host, actual, lr, momentum, weight_decay)
+    for got, want in zip(values(actual), values(expected)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_sgd_update_many_needs_velocity_with_momentum(host):
+    (param, grad, _), = parameters(host, [(3,)])
+    with pytest.raises(UsageError, match="velocity"):
+        host.sgd_update_many([(param, grad, None)], 0.1, 0.9, 0.0)
+
+
+# ---- the optimiser's step is one sgd_update_many call --------------------------------------------
+def small_network(backend):
+    network = Network(backend=backend, layers=[Dense("fc1", 9), Dense("fc2", 4), Softmax("out")]).build((5, 1, 1))
+    rng = np.random.default_rng(3)
+    network.forward(Tensor.from_numpy(rng.standard_normal((6, 5)).astype(np.float32), backend))
+    network.backward(Tensor.from_numpy(np.eye(4, dtype=np.float32)[[0, 1, 2, 3, 0, 1]], backend))
+    return network
+
+
+def test_sgd_step_is_one_fused_call_over_every_parameter(host, monkeypatch):
+    network = small_network(host)
+    optimizer = SGD(network, lr=0.1, momentum=0.9, weight_decay=0.01)
+    calls = []
+    monkeypatch.setattr(host, "sgd_update_many", lambda *arguments: calls.append(arguments))
+    optimizer.step()
+    (groups, lr, momentum, weight_decay), = calls
+    assert lr is optimizer.lr and (momentum, weight_decay) == (0.9, 0.01)
+    assert [(p.value, p.grad, optimizer.velocity[p.name]) for p in network.parameter_list()] == list(groups)
+
+
+def test_sgd_step_equals_per_parameter_updates(host):
+    fused, unfused = small_network(host), small_network(host)
+    optimizer = SGD(fused, lr=0.1, momentum=0.9, weight_decay=0.01)
+    velocity = {p.name: Tensor.zeros(p.value.shape, host) for p in unfused.parameter_list()}
+    for _ in range(3):
+        optimizer.step()
+        for p in unfused.parameter_list():
+            host.sgd_update(p.value, p.grad, velocity[p.name], optimizer.lr, 0.9, 0.01)
+    for name, value in fused.parameters().items():
+        np.testing.assert_array_equal(value.numpy(), unfused.parameters()[name].numpy())
+
+
+def test_sgd_needs_a_built_network(host):
+    with pytest.raises(InvalidArgumentError, match="build the network"):
+        SGD(Network(backend=host, layers=[Dense("fc", 4), Softmax("out")]), lr=0.1)
+
+
+# ---- CUDA: fused kernels == the CUDA unfused path == the host -------------------------------------
+@pytest.fixture
+def counters():
+    """The library-call and kernel-launch counters, reset."""
+    from cudnnnet.backends.cuda import bindings, kernel
+
+    bindings.reset_calls()
+    kernel.reset_launches()
+    return bindings.calls, kernel.launches
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", LOSS_BATCHES)
+def test_cuda_cross_entropy_backward(host, cuda, n):
+    cuda_unfused, cuda_fused = both_steps(cuda, Softmax, n)
+    host_unfused, _ = both_steps(host, Softmax, n)
+    assert_close(cuda_fused, cuda_unfused)
+    assert_close(cuda_fused, host_unfused)
+    assert cuda_fused[2][0, 0, 0, 0] == host_unfused[2][0, 0, 0, 0]  # the count is exact
+
+
+@pytest.mark.gpu
+def test_cuda_cross_entropy_backward_count_is_exact_with_ties(cuda):
+    n = 4097
+    predict = np.full((n, CLASSES), 0.1, np.float32)  # every row tied: the first class wins
+    target = np.zeros((n, CLASSES), np.float32)
+    target[np.arange(n), np.arange(n) % CLASSES] = 1.0
+    loss, count = metrics(cuda)
+    grad = Tensor((n, CLASSES), cuda)
+    cuda.cross_entropy_backward(Tensor.from_numpy(predict, cuda), Tensor.from_numpy(target, cuda), grad, loss, count)
+    assert count.item() == START_COUNT + np.count_nonzero(np.arange(n) % CLASSES == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", (7, 1000))
+def test_cuda_mse_backward_with_metrics(host, cuda, n):
+    cuda_unfused, cuda_fused = both_steps(cuda, MSE, n)
+    host_unfused, _ = both_steps(host, MSE, n)
+    assert_close(cuda_fused, cuda_unfused)
+    assert_close(cuda_fused, host_unfused)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("momentum, weight_decay", HYPER)
+@pytest.mark.parametrize("name", sorted(PARAMETER_LISTS))
+def test_cuda_sgd_update_many(host, cuda, name, momentum, weight_decay):
+    shapes = PARAMETER_LISTS[name]
+    lr_cuda, lr_host = Tensor.from_numpy([0.05], cuda), Tensor.from_numpy([0.05], host)
+    fused, per_tensor, library = (parameters(cuda, shapes) for _ in range(3))
+    expected = parameters(host, shapes)
+    fused_sgd(cuda, fused, lr_cuda, momentum, weight_decay)
+    unfused_sgd(cuda, per_tensor, lr_cuda, momentum, weight_decay)  # kernels/sgd.cu, one launch per tensor
+    unfused_sgd(cuda, library, 0.05, momentum, weight_decay)  # cuBLAS sscal/saxpy
+    unfused_sgd(host, expected, lr_host, momentum, weight_decay)
+    assert_close(values(fused), values(per_tensor))
+    assert_close(values(fused), values(library))
+    assert_close(values(fused), values(expected))
+
+
+@pytest.mark.gpu
+def test_cuda_sgd_update_many_with_a_float_rate(cuda):
+    shapes = PARAMETER_LISTS["odd"]
+    on_device, as_float = parameters(cuda, shapes), parameters(cuda, shapes)
+    fused_sgd(cuda, on_device, Tensor.from_numpy([0.05], cuda), 0.9, 0.01)
+    fused_sgd(cuda, as_float, 0.05, 0.9, 0.01)
+    for got, want in zip(values(as_float), values(on_device)):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.gpu
+def test_cuda_sgd_update_many_needs_velocity_with_momentum(cuda):
+    (param, grad, _), = parameters(cuda, [(3,)])
+    with pytest.raises(UsageError, match="velocity"):
+        cuda.sgd_update_many([(param, grad, None)], 0.1, 0.9, 0.0)
+
+
+# ---- CUDA: one launch, nothing else ----------------------------------------------------------------
+@pytest.mark.gpu
+def test_cuda_cross_entropy_backward_is_one_launch(cuda, counters):
+    calls, launches = counters
+    logits, target = softmax_inputs(1000)
+    layer = loss_layer(cuda, Softmax, logits)
+    target, (loss, count) = Tensor.from_numpy(target, cuda), metrics(cuda)
+    layer.backward_with_metrics(target, loss, count)  # compiles and loads the kernel
+    calls.clear()
+    launches.clear()
+    layer.backward_with_metrics(target, loss, count)
+    assert dict(launches) == {"cross_entropy_backward": 1}
+    assert dict(calls) == {"cuLaunchKernel": 1}  # no cuBLAS, no memset, no copy
+
+
+@pytest.mark.gpu
+def test_cuda_sgd_step_is_one_launch_after_the_first(cuda, counters):
+    calls, launches = counters
+    optimizer = SGD(small_network(cuda), lr=0.1, momentum=0.9, weight_decay=0.01)
+    launches.clear()
+    optimizer.step()  # compiles the kernel if needed, uploads the table of the 4 parameters
+    assert dict(launches) == {"sgd_update_many": 1}
+    calls.clear()
+    launches.clear()
+    optimizer.step()
+    optimizer.step()
+    assert dict(launches) == {"sgd_update_many": 2}
+    assert dict(calls) == {"cuLaunchKernel": 2}  # no upload, no allocation, no capture query
+
+
+# ---- CUDA graphs ----------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("momentum, weight_decay", [(0.0, 0.0), (0.9, 0.01)])
+def test_cuda_sgd_update_many_replays_with_the_rate_in_device_memory(host, cuda, momentum, weight_decay):
+    shapes = PARAMETER_LISTS["odd"]
+    replayed, eager, expected = parameters(cuda, shapes), parameters(cuda, shapes), parameters(host, shapes)
+    lr_replayed, lr_eager, lr_host = (Tensor.from_numpy([0.1], b) for b in (cuda, cuda, host))
+    for backend, tensors, lr in ((cuda, replayed, lr_replayed), (cuda, eager, lr_eager), (host, expected, lr_host)):
+        fused_sgd(backend, tensors, lr, momentum, weight_decay, steps=1)  # the first call: outside the capture
+    groups = groups_of(replayed, momentum)
+    with cuda.capture() as graph:
+        cuda.sgd_update_many(groups, lr_replayed, momentum, weight_decay)
+    for rate in (0.05, 0.2):
+        lr_replayed.fill_(rate)  # in place: the graph reads the same address
+        graph.launch()
+        for backend, tensors, lr in ((cuda, eager, lr_eager), (host, expected, lr_host)):
+            lr.fill_(rate)
+            fused_sgd(backend, tensors, lr, momentum, weight_decay, steps=1)
+    for got, want in zip(values(replayed), values(eager)):
+        np.testing.assert_array_equal(got, want)
+    assert_close(values(replayed), values(expected))
+
+
+@pytest.mark.gpu
+def test_cuda_sgd_update_many_refuses_its_first_call_inside_a_capture(cuda):
+    groups = groups_of(parameters(cuda, [(11,), (5, 3)], seed=99), 0.0)
+    lr = Tensor.from_numpy([0.1], cuda)
+    with pytest.raises(DeviceError, match="capture"):
+        with cuda.capture():
+            cuda.sgd_update_many(groups, lr, 0.0, 0.0)
+    assert not cuda.context.is_capturing()
+    cuda.sgd_update_many(groups, lr, 0.0, 0.0)  # outside: the table is built
+    with cuda.capture() as graph:
+        cuda.sgd_update_many(groups, lr, 0.0, 0.0)
+    graph.launch()
+    cuda.synchronize()
