@@ -106,9 +106,17 @@ class Network:
             output = layer.forward(output)
         return output
 
-    def backward(self, target: Tensor) -> None:
-        """Back-propagate from the loss layer given the one-hot ``target`` of the last forward."""
-        grad = self.loss_layer.backward(target.to(self.backend))
+    def backward(self, target: Tensor, loss: Tensor | None = None, count: Tensor | None = None) -> None:
+        """Back-propagate from the loss layer given the one-hot ``target`` of the last forward.
+
+        With ``loss`` and ``count`` (one-element tensors), the loss layer also adds the batch's mean
+        loss and its number of correct predictions into them (one fused kernel for Softmax on CUDA).
+        """
+        target = target.to(self.backend)
+        if loss is None:
+            grad = self.loss_layer.backward(target)
+        else:
+            grad = self.loss_layer.backward_with_metrics(target, loss, count)
         for layer in reversed(self.layers[:-1]):
             grad = layer.backward(grad)
 

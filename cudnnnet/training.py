@@ -83,10 +83,6 @@ class Accumulator:
     def reset(self) -> None:
         self.values.fill_(0.0)
 
-    def add(self, network: Network, target: Tensor) -> None:
-        network.loss_layer.loss(target, self.loss_sum, accumulate=True)
-        network.loss_layer.correct(target, self.correct, accumulate=True)
-
     def read(self) -> tuple[float, float]:
         loss_sum, correct = self.values.numpy().reshape(-1)
         return float(loss_sum), float(correct)
@@ -214,11 +210,10 @@ class Trainer:
 
     # ---- one step --------------------------------------------------------------------------------
     def _step(self, x: Tensor, target: Tensor) -> None:
-        """gather → forward → loss and accuracy (on the device) → backward → SGD update: all device work."""
+        """gather → forward → backward with the loss and accuracy counted (on the device) → SGD: device work only."""
         self.data.gather(x, target)
         self.network.forward(x)
-        self.totals.add(self.network, target)
-        self.network.backward(target)
+        self.network.backward(target, self.totals.loss_sum, self.totals.correct)
         self.optimizer.step()
 
     def train_batch(self, index: int) -> int:

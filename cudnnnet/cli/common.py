@@ -7,6 +7,7 @@ Exit codes: 0 success; 2 bad usage, config, data, checkpoint or image; 1 a runti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import traceback
@@ -30,9 +31,23 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
 
 
+class StderrHandler(logging.StreamHandler):
+    """A handler writing to whatever ``sys.stderr`` is when a record comes (not the one at set-up),
+    so a tool's ``main`` can run inside another program that swaps its streams."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        """The stream is always the current sys.stderr."""
+
+
 def configure_logging(args) -> None:
     level = logging.WARNING if args.quiet else getattr(logging, args.log_level)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", handlers=[StderrHandler()],
+                        force=True)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -48,7 +63,24 @@ def run(main, parser: argparse.ArgumentParser, argv=None) -> int:
     With ``--debug`` the traceback is printed first; the exit code stays the same.
     """
     args = parser.parse_args(argv)
+    with _logging_configured(args):
+        return _run_main(main, parser, args)
+
+
+@contextlib.contextmanager
+def _logging_configured(args):
+    """The tool's logging set-up for the duration of its run; the caller's comes back afterwards."""
+    root = logging.getLogger()
+    level, handlers = root.level, root.handlers[:]
     configure_logging(args)
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+def _run_main(main, parser: argparse.ArgumentParser, args) -> int:
     try:
         with np.errstate(all="ignore"):  # on the host as on the GPU: a NaN loss is reported once, as an error
             return main(args) or 0

@@ -72,6 +72,9 @@ DOWNLOAD_CHUNK = 1 << 20
 # ---- IDX parsing ---------------------------------------------------------------------------
 
 
+MAX_IDX_BYTES = 1 << 40  # no IDX file we read comes near; larger dims are a corrupt header
+
+
 def parse_idx(data: bytes, source: str = "<bytes>") -> np.ndarray:
     """The array held by an uncompressed IDX byte string (read-only, a view of ``data``)."""
     if len(data) < 4:
@@ -90,6 +93,8 @@ def parse_idx(data: bytes, source: str = "<bytes>") -> np.ndarray:
         raise DataError(f"{source}: truncated header: {ndim} dimensions need a {header_size}-byte "
                         f"header, the file has {len(data)} bytes")
     dims = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    if math.prod(size for size in dims if size) > MAX_IDX_BYTES:
+        raise DataError(f"{source}: IDX header dims {dims} describe more than {MAX_IDX_BYTES} bytes; not an MNIST file")
     expected = math.prod(dims)
     found = len(data) - header_size
     if found != expected:
