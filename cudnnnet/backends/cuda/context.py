@@ -79,6 +79,7 @@ class CudaContext:
         self.cudnn_version = cudnn.get_version()
         self.descriptors = DescriptorCache()
         self._workspace: DeviceBuffer | None = None  # shared by every convolution plan, grow-only
+        self._outgrown_workspaces: list[DeviceBuffer] = []  # smaller ones a captured graph may point to
         self._kernels: dict[str, Kernel] = {}
         self._ordering_event: Event | None = None
         log.info("CUDA context on device %d (%s, %s), cuDNN %d", device, self.device_name, self.arch, self.cudnn_version)
@@ -138,7 +139,8 @@ class CudaContext:
                     f"the cuDNN workspace must grow to {nbytes} bytes during a CUDA graph capture; "
                     "run one step at this batch size before capturing"
                 )
-            self._workspace = None  # free the old one first: lower peak memory
+            if self._workspace is not None:  # a captured CUDA graph may still use it: keep it alive
+                self._outgrown_workspaces.append(self._workspace)
             self._workspace = DeviceBuffer.allocate(nbytes)
             log.debug("cuDNN workspace grown to %d bytes", nbytes)
         return self._workspace.ptr if self._workspace is not None else 0
@@ -166,10 +168,11 @@ class CudaContext:
         for owned in (self._ordering_event, self.cudnn, self.cublas):
             if owned is not None:
                 owned.close()
-        for buffer in (self._workspace, self._cublas_workspace):
+        for buffer in (self._workspace, self._cublas_workspace, *self._outgrown_workspaces):
             if buffer is not None:
                 buffer.free()
         self._workspace = None
+        self._outgrown_workspaces.clear()
         self.stream.close()
 
     @property

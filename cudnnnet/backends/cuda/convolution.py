@@ -91,6 +91,9 @@ SEARCHES = ("exhaustive", "heuristic")
 
 
 TENSOR_CORE_MATH = (cudnn.TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION)
+# FFT and Winograd algorithms trade accuracy (~1e-3 relative, measured on an H100) for speed; in FP32
+# only the exact GEMM/direct ones are taken (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t values).
+EXACT_ALGORITHMS = {"forward": (0, 1, 2, 3), "backward_data": (0, 1), "backward_filter": (0, 1, 3)}
 
 
 def choose_algorithm(handle: int, direction: Direction, operands: tuple, limit: int, search: str,
@@ -99,7 +102,7 @@ def choose_algorithm(handle: int, direction: Direction, operands: tuple, limit: 
 
     ``search`` is "exhaustive" (cudnnFind*: runs every algorithm once, ranked by measured time;
     cuDNN allocates its own scratch memory) or "heuristic" (cudnnGet*_v7: instant, no memory).
-    Under CUDNN_FMA_MATH (our FP32) an algorithm reported to use tensor cores is never taken, and
+    Under CUDNN_FMA_MATH (our FP32) neither a tensor-core algorithm nor an FFT/Winograd one is taken, and
     deterministic algorithms come first (the same seed then gives the same weights, run after run).
     """
     count = direction.max_count(handle)
@@ -110,7 +113,8 @@ def choose_algorithm(handle: int, direction: Direction, operands: tuple, limit: 
     for perf in ranked:
         if perf.status != cudnn.STATUS_SUCCESS:
             continue
-        if math_type == cudnn.FMA_MATH and perf.mathType in TENSOR_CORE_MATH:
+        if math_type == cudnn.FMA_MATH and (perf.mathType in TENSOR_CORE_MATH
+                                            or perf.algo not in EXACT_ALGORITHMS[direction.name]):
             continue
         try:
             nbytes = direction.workspace_size(handle, *operands, perf.algo)
