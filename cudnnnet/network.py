@@ -195,22 +195,26 @@ class Network:
         """Load weights from a checkpoint into this (built) network; returns the checkpoint's metadata."""
         self._require_built("load weights")
         arrays, metadata = checkpoint.load_npz(path)
+        self._load_checkpoint_arrays(arrays, path)
+        return metadata
+
+    def _load_checkpoint_arrays(self, arrays: dict, path) -> None:
+        """The weights among a checkpoint's arrays (its optimiser state aside), all or nothing."""
         weights = {name: array for name, array in arrays.items() if not name.startswith(OPTIMIZER_PREFIX)}
         try:
             self.load_state_dict(weights)
         except CheckpointError as error:
             raise CheckpointError(f"{path}: {error}") from None
-        return metadata
 
     @classmethod
     def load(cls, path, backend="host") -> "Network":
         """Rebuild the network a checkpoint describes and load its weights (ready for inference)."""
-        _, metadata = checkpoint.load_npz(path)
+        arrays, metadata = checkpoint.load_npz(path)
         try:
             network = cls.from_spec(_model_spec(metadata, path), _input_shape(metadata, path), backend)
         except (TypeError, InvalidArgumentError, ShapeError) as error:
             raise CheckpointError(f"{path}: its model description cannot be built: {error}") from None
-        network.load_weights(path)
+        network._load_checkpoint_arrays(arrays, path)
         network.checkpoint_metadata = metadata
         return network
 

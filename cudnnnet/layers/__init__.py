@@ -1,7 +1,7 @@
 """Layers, one per file, each with forward and backward side by side."""
 
 from .activation import Activation
-from .base import Layer, Parameter
+from .base import Layer, Parameter, WeightBiasLayer
 from .conv2d import Conv2D
 from .dense import Dense
 from .loss import LossLayer
@@ -19,4 +19,4 @@ LAYER_TYPES = {
 }
 
 __all__ = ["Activation", "Conv2D", "Dense", "Layer", "LossLayer", "MSE", "Parameter", "Pooling", "Softmax",
-           "LAYER_TYPES"]
+           "WeightBiasLayer", "LAYER_TYPES"]

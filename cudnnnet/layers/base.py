@@ -138,3 +138,25 @@ class Layer:
 
     def backward(self, grad_output: Tensor) -> Tensor:
         raise NotImplementedError
+
+
+class WeightBiasLayer(Layer):
+    """A layer with a ``weight`` and a ``bias`` and their gradients (Dense, Conv2D)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.weight = self.bias = self.grad_weight = self.grad_bias = None
+
+    def zero_gradients(self) -> None:
+        """grad_weight, grad_bias: zeros shaped like the weight and the bias (create them after those)."""
+        self.grad_weight = Tensor.zeros(self.weight.shape, self.backend)
+        self.grad_bias = Tensor.zeros(self.bias.shape, self.backend)
+
+    def _parameter_attributes(self):
+        return ("weight", "bias", "grad_weight", "grad_bias")
+
+    def parameters(self):
+        return [
+            Parameter(f"{self.name}.weight", self.weight, self.grad_weight),
+            Parameter(f"{self.name}.bias", self.bias, self.grad_bias),
+        ]

@@ -14,10 +14,10 @@ from __future__ import annotations
 from ..backends.base import ConvolutionDescriptor
 from ..errors import ShapeError
 from ..tensor import Tensor
-from .base import Layer, Parameter, he_uniform, positive_int
+from .base import WeightBiasLayer, he_uniform, positive_int
 
 
-class Conv2D(Layer):
+class Conv2D(WeightBiasLayer):
     def __init__(self, name: str, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0,
                  dilation: int = 1):
         super().__init__(name)
@@ -28,7 +28,6 @@ class Conv2D(Layer):
         self.dilation = positive_int(name, "dilation", dilation)
         self.descriptor = None
         self.plan = None
-        self.weight = self.bias = self.grad_weight = self.grad_bias = None
 
     def _descriptor(self, in_channels: int) -> ConvolutionDescriptor:
         return ConvolutionDescriptor(self.out_channels, in_channels, self.kernel_size, self.stride,
@@ -55,17 +54,7 @@ class Conv2D(Layer):
         fan_in = self.input_sample_shape[0] * self.kernel_size ** 2  # C·k·k
         self.weight = Tensor.from_numpy(he_uniform(rng, self.descriptor.filter_shape, fan_in), self.backend)  # (K, C, k, k)
         self.bias = Tensor.zeros((1, self.out_channels), self.backend)  # (1, K, 1, 1)
-        self.grad_weight = Tensor.zeros(self.weight.shape, self.backend)
-        self.grad_bias = Tensor.zeros(self.bias.shape, self.backend)
-
-    def _parameter_attributes(self):
-        return ("weight", "bias", "grad_weight", "grad_bias")
-
-    def parameters(self):
-        return [
-            Parameter(f"{self.name}.weight", self.weight, self.grad_weight),
-            Parameter(f"{self.name}.bias", self.bias, self.grad_bias),
-        ]
+        self.zero_gradients()
 
     def allocate(self, input_shape, output_shape):
         return {"plan": self.backend.convolution_plan(self.descriptor, input_shape, output_shape)}

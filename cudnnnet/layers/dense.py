@@ -14,15 +14,14 @@ from math import prod
 
 from ..backends.base import OP_N, OP_T
 from ..tensor import Tensor
-from .base import Layer, Parameter, he_uniform, positive_int
+from .base import WeightBiasLayer, he_uniform, positive_int
 
 
-class Dense(Layer):
+class Dense(WeightBiasLayer):
     def __init__(self, name: str, out_size: int):
         super().__init__(name)
         self.out_size = positive_int(name, "out_size", out_size)
         self.in_size = None
-        self.weight = self.bias = self.grad_weight = self.grad_bias = None
         self.ones = None  # (N,) of 1.0: turns the bias into a rank-1 update
 
     def config(self):
@@ -37,17 +36,7 @@ class Dense(Layer):
             he_uniform(rng, (self.out_size, self.in_size, 1, 1), fan_in=self.in_size), self.backend
         )  # W (in_size × out_size), column-major
         self.bias = Tensor.zeros((self.out_size,), self.backend)  # b (out_size)
-        self.grad_weight = Tensor.zeros(self.weight.shape, self.backend)
-        self.grad_bias = Tensor.zeros(self.bias.shape, self.backend)
-
-    def _parameter_attributes(self):
-        return ("weight", "bias", "grad_weight", "grad_bias")
-
-    def parameters(self):
-        return [
-            Parameter(f"{self.name}.weight", self.weight, self.grad_weight),
-            Parameter(f"{self.name}.bias", self.bias, self.grad_bias),
-        ]
+        self.zero_gradients()
 
     def allocate(self, input_shape, output_shape):
         return {"ones": Tensor((input_shape[0],), self.backend).fill_(1.0)}
