@@ -150,13 +150,13 @@ class Config:
 
     def with_overrides(self, epochs: int | None = None, steps: int | None = None, batch_size: int | None = None,
                        seed: int | None = None, device: str | None = None,
-                       data_dir: str | os.PathLike | None = None) -> "Config":
+                       data_dir: str | os.PathLike | None = None, graph: bool | None = None) -> "Config":
         """A new validated Config with the given values replaced (None keeps a value).
 
         Giving ``epochs`` without ``steps`` drops the file's ``steps``, so the epochs asked for run.
         """
         raw = self.to_dict()
-        train_overrides = {"epochs": epochs, "steps": steps, "batch_size": batch_size, "seed": seed}
+        train_overrides = {"epochs": epochs, "steps": steps, "batch_size": batch_size, "seed": seed, "graph": graph}
         raw["train"].update({key: value for key, value in train_overrides.items() if value is not None})
         if epochs is not None and steps is None:
             raw["train"].pop("steps", None)

@@ -204,3 +204,15 @@ def test_evaluate_json_and_logging(short_run, mnist_dir, test_label_counts):
     assert re.search(r"^INFO cudnnnet\.checkpoint: loaded \d+ arrays from .*model\.npz$", finished.stderr, re.M)
     quieter = evaluate(short_run, mnist_dir, "--json", "--log-level", "WARNING")
     assert quieter.returncode == 0 and quieter.stderr == "" and json.loads(quieter.stdout) == result
+
+
+def test_no_graph_turns_the_cuda_graph_off_in_the_run_config(mnist_dir, tmp_path):
+    """--no-graph reaches the config the run records in its checkpoint (train.graph: false)."""
+    from cudnnnet.checkpoint import load_npz
+    from run_helpers import train_cli
+
+    for flags, expected in (((), True), (("--no-graph",), False)):
+        output = tmp_path / str(expected)
+        finished = train_cli("configs/mnist_mlp.yaml", output, mnist_dir, "--steps", "3", *flags)
+        assert finished.returncode == 0, finished.stderr
+        assert load_npz(output / "model.npz")[1]["config"]["train"]["graph"] is expected

@@ -120,7 +120,7 @@ def prepare(args) -> tuple[Trainer, Path]:
     check_model(config)
     config = config.with_overrides(
         epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device,
-        data_dir=args.data_dir,
+        data_dir=args.data_dir, graph=False if args.no_graph else None,
     )
     output = Path(args.output or f"runs/{Path(args.config).stem}")
     check_output(output)
