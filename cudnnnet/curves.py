@@ -1,0 +1,138 @@
+"""``curves.png``: loss and accuracy per epoch, train and test, drawn with Pillow.
+
+Two panels side by side, each with its title, axis labels, a light grid, integer epoch ticks,
+the train and test series as lines with round markers, and a legend. The figure is drawn at
+``SCALE`` times its size and shrunk at the end, which smooths lines, markers and text.
+Pillow is imported when a figure is drawn, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+from . import checkpoint
+
+log = logging.getLogger(__name__)
+
+WIDTH, HEIGHT = 1000, 400  # pixels of the PNG, as matplotlib's 10 × 4 inches at 100 dpi
+SCALE = 2
+FONT_SIZE = 13 * SCALE
+# left, top, right, bottom margins of a panel's plot area, in drawing pixels
+MARGINS = (75 * SCALE, 35 * SCALE, 15 * SCALE, 50 * SCALE)
+WHITE, BLACK, GRID, LEGEND_EDGE = (255, 255, 255), (0, 0, 0), (222, 222, 222), (204, 204, 204)
+SERIES = (  # (history key suffix, legend label, colour): matplotlib's first two default colours
+    ("train", "train (mean over the epoch)", (31, 119, 180)),
+    ("test", "test (end of the epoch)", (255, 127, 14)),
+)
+PANELS = (("loss", "top"), ("accuracy", "bottom"))  # (metric, where its legend goes)
+LINE_WIDTH, MARKER_RADIUS = 2 * SCALE, 4 * SCALE
+
+
+def plot_curves(history: list[dict], path: Path) -> None:
+    """Write ``path`` (PNG, atomically) showing ``history``'s rows; an empty history writes nothing."""
+    if not history:
+        return
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(FONT_SIZE)
+    canvas = Image.new("RGB", (WIDTH * SCALE, HEIGHT * SCALE), WHITE)
+    panel_width = canvas.width // len(PANELS)
+    for index, (metric, legend_at) in enumerate(PANELS):
+        box = (index * panel_width + MARGINS[0], MARGINS[1],
+               (index + 1) * panel_width - MARGINS[2], canvas.height - MARGINS[3])
+        _draw_panel(canvas, ImageDraw.Draw(canvas), font, box, history, metric, legend_at)
+    figure = canvas.resize((WIDTH, HEIGHT), Image.Resampling.LANCZOS)
+    with checkpoint.atomic_write(path) as file:
+        figure.save(file, format="PNG")
+    log.debug("wrote %s (%d epochs)", path, len(history))
+
+
+def _draw_panel(canvas, draw, font, box, history, metric, legend_at) -> None:
+    epochs = [float(row["epoch"]) for row in history]
+    series = [(label, colour, [float(row[f"{key}_{metric}"]) for row in history]) for key, label, colour in SERIES]
+    x_range = _padded_range(epochs)
+    y_range = _padded_range([value for _, _, values in series for value in values])
+    x_ticks = _ticks(*x_range, min_step=1)
+    y_ticks = _ticks(*y_range)
+    to_pixel = _mapping(box, x_range, y_range)
+    left, top, right, bottom = box
+    for tick in x_ticks:
+        x, _ = to_pixel(tick, y_range[0])
+        draw.line((x, top, x, bottom), fill=GRID, width=SCALE)
+        draw.text((x, bottom + 4 * SCALE), f"{tick:.0f}", fill=BLACK, font=font, anchor="mt")
+    for tick in y_ticks:
+        _, y = to_pixel(x_range[0], tick)
+        draw.line((left, y, right, y), fill=GRID, width=SCALE)
+        draw.text((left - 5 * SCALE, y), _tick_label(tick, y_ticks), fill=BLACK, font=font, anchor="rm")
+    for _, colour, values in series:
+        points = [to_pixel(x, y) for x, y in zip(epochs, values) if math.isfinite(y)]
+        if len(points) > 1:
+            draw.line(points, fill=colour, width=LINE_WIDTH, joint="curve")
+        for x, y in points:
+            draw.ellipse((x - MARKER_RADIUS, y - MARKER_RADIUS, x + MARKER_RADIUS, y + MARKER_RADIUS), fill=colour)
+    draw.rectangle(box, outline=BLACK, width=SCALE)
+    draw.text(((left + right) / 2, top - 8 * SCALE), metric, fill=BLACK, font=font, anchor="md")
+    draw.text(((left + right) / 2, canvas.height - 6 * SCALE), "epoch", fill=BLACK, font=font, anchor="md")
+    _draw_vertical_text(canvas, font, metric, (box[0] - 70 * SCALE, (top + bottom) // 2))
+    _draw_legend(draw, font, box, [(label, colour) for label, colour, _ in series], legend_at)
+
+
+def _padded_range(values: list[float]) -> tuple[float, float]:
+    """(low, high) around the finite ``values`` with 5 % room; a single value gets room of its own size."""
+    finite = [value for value in values if math.isfinite(value)] or [0.0, 1.0]
+    low, high = min(finite), max(finite)
+    pad = (high - low) * 0.05 or max(abs(high) * 0.05, 0.5)
+    return low - pad, high + pad
+
+
+def _ticks(low: float, high: float, min_step: float = 0.0, count: int = 5) -> list[float]:
+    """Round tick values (steps of 1, 2 or 5 × 10^k, at least ``min_step``) from ``low`` to ``high``."""
+    raw = (high - low) / count
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    step = max(min_step, next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw))
+    first = math.ceil(low / step) * step
+    return [first + i * step for i in range(int((high - first) / step + 1e-9) + 1)]
+
+
+def _tick_label(value: float, ticks: list[float]) -> str:
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else 1.0
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    return f"{round(value, decimals) + 0.0:.{decimals}f}"  # + 0.0: no "-0.00"
+
+
+def _mapping(box, x_range, y_range):
+    """Data (x, y) → drawing pixel (x, y), y growing upwards."""
+    left, top, right, bottom = box
+    x_scale = (right - left) / (x_range[1] - x_range[0])
+    y_scale = (bottom - top) / (y_range[1] - y_range[0])
+    return lambda x, y: (left + (x - x_range[0]) * x_scale, bottom - (y - y_range[0]) * y_scale)
+
+
+def _draw_vertical_text(canvas, font, text: str, left_middle: tuple[int, int]) -> None:
+    """``text`` read bottom to top, its left edge at ``left_middle``'s x, centred on its y."""
+    from PIL import Image, ImageDraw
+
+    width = int(font.getlength(text)) + 2 * SCALE
+    label = Image.new("RGB", (width, FONT_SIZE + 4 * SCALE), WHITE)
+    ImageDraw.Draw(label).text((SCALE, 0), text, fill=BLACK, font=font)
+    label = label.rotate(90, expand=True)
+    canvas.paste(label, (left_middle[0], left_middle[1] - label.height // 2))
+
+
+def _draw_legend(draw, font, box, entries, at: str) -> None:
+    """A framed legend in the plot area's top-right or bottom-right corner: a marked line and a label per series."""
+    row_height, sample = FONT_SIZE + 6 * SCALE, 24 * SCALE
+    width = sample + 12 * SCALE + max(int(font.getlength(label)) for label, _ in entries)
+    height = row_height * len(entries) + 6 * SCALE
+    right = box[2] - 8 * SCALE
+    top = box[1] + 8 * SCALE if at == "top" else box[3] - 8 * SCALE - height
+    draw.rectangle((right - width, top, right, top + height), fill=WHITE, outline=LEGEND_EDGE, width=SCALE)
+    for row, (label, colour) in enumerate(entries):
+        y = top + 3 * SCALE + row_height * row + row_height // 2
+        x = right - width + 4 * SCALE
+        draw.line((x, y, x + sample, y), fill=colour, width=LINE_WIDTH)
+        centre = x + sample // 2
+        draw.ellipse((centre - MARKER_RADIUS, y - MARKER_RADIUS, centre + MARKER_RADIUS, y + MARKER_RADIUS), fill=colour)
+        draw.text((x + sample + 6 * SCALE, y), label, fill=BLACK, font=font, anchor="lm")
