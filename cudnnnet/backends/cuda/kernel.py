@@ -33,6 +33,7 @@ KERNELS = {
     "sgd_update_many": ("sgd_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_float, c_float)),
     "im2col": ("convolution.cu", (c_void_p, c_void_p, c_longlong) + (c_int,) * 9),
     "col2im": ("convolution.cu", (c_void_p, c_void_p, c_float, c_float, c_longlong) + (c_int,) * 9),
+    "bias_activation_forward": ("bias_activation.cu", (c_void_p, c_void_p, c_longlong, c_int, c_int, c_int, c_float)),
 }
 
 # Launches of our kernels by kernel name (as ``bindings.calls`` counts library calls), so that a
