@@ -31,6 +31,7 @@ ACTIVATION_MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
 POOLING_MODES = ("max", "average")
 LOSS_LAYERS = ("softmax", "mse")
 DATASETS = ("mnist",)
+PLACEMENTS = ("auto", "device", "host")  # where the training set lives: see data/streamed.py
 OPTIMIZERS = ("sgd",)
 SCHEDULES = ("constant", "inverse", "step", "cosine")
 LAYER_NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -68,10 +69,12 @@ class DataConfig:
     dir: str | None = None
     normalize: tuple[float, float] | None = None  # (mean, std) applied after /255
     pad: int = 0
+    placement: str = "auto"  # device: resident on the backend; host: streamed from host memory; auto: by size
 
     def to_dict(self) -> dict:
         normalize = False if self.normalize is None else {"mean": self.normalize[0], "std": self.normalize[1]}
-        return _without_none({"dataset": self.dataset, "dir": self.dir, "normalize": normalize, "pad": self.pad})
+        return _without_none({"dataset": self.dataset, "dir": self.dir, "normalize": normalize, "pad": self.pad,
+                              "placement": self.placement})
 
 
 @dataclass(frozen=True)
@@ -418,12 +421,13 @@ def _parse_normalize(data: _Section) -> tuple[float, float] | None:
 
 
 def _parse_data(data: _Section) -> DataConfig:
-    data.only(("dataset", "dir", "normalize", "pad"))
+    data.only(("dataset", "dir", "normalize", "pad", "placement"))
     directory = data.get("dir", None, "a directory path")
     if directory is not None and (not isinstance(directory, str) or not directory):
         data.fail("dir", f"expected a directory path (a non-empty string), got {_describe(directory)}")
     return DataConfig(dataset=data.choice("dataset", DATASETS, "mnist"), dir=directory,
-                      normalize=_parse_normalize(data), pad=data.integer("pad", 0, low=0))
+                      normalize=_parse_normalize(data), pad=data.integer("pad", 0, low=0),
+                      placement=data.choice("placement", PLACEMENTS, "auto"))
 
 
 def _parse_optimizer(optimizer: _Section) -> OptimizerConfig:

@@ -73,6 +73,7 @@ def test_minimal_config_defaults():
     config = parse_config(minimal())
     assert (config.device, config.math, config.source) == ("auto", "fp32", "<dict>")
     assert config.data.dataset == "mnist" and config.data.normalize is None and config.data.pad == 0
+    assert config.data.placement == "auto"
     assert config.train.batch_size == 64 and config.train.epochs == 1 and config.train.schedule.name == "constant"
     assert config.train.optimizer.name == "sgd" and config.train.optimizer.momentum == 0.0
 
@@ -104,6 +105,16 @@ def test_normalize_forms(normalize, expected):
     raw = minimal()
     raw["data"] = {"normalize": normalize}
     assert parse_config(raw).data.normalize == expected
+
+
+@pytest.mark.parametrize("placement", ["auto", "device", "host"])
+def test_data_placement_is_read_and_round_trips(placement):
+    raw = minimal()
+    raw["data"] = {"placement": placement}
+    config = parse_config(raw)
+    assert config.data.placement == placement
+    assert config.to_dict()["data"]["placement"] == placement
+    assert parse_config(config.to_dict()) == config
 
 
 def test_mse_is_a_loss_layer():
@@ -241,7 +252,9 @@ INVALID = [
     (("data", "normalize"), {"mean": 0.1}, "data.normalize.std: missing required key"),
     (("data", "normalize"), {"mean": 0.1, "std": 0}, "data.normalize.std: expected a number > 0"),
     (("data", "normalize"), {"mean": 0.1, "std": 1, "eps": 1}, "data.normalize.eps: unknown key"),
-    (("data", "shuffle"), True, "data.shuffle: unknown key 'shuffle'; valid keys: dataset, dir, normalize, pad"),
+    (("data", "shuffle"), True, "data.shuffle: unknown key 'shuffle'; valid keys: dataset, dir, normalize, pad, placement"),
+    (("data", "placement"), "gpu", "data.placement: expected one of auto, device, host, got 'gpu' (string)"),
+    (("data", "placement"), True, "data.placement: expected one of auto, device, host, got True (boolean)"),
     (("train",), _DELETE, "train: missing required key; expected a mapping"),
     (("train", "optimizer"), _DELETE, "train.optimizer: missing required key"),
     (("train", "optimizer", "lr"), _DELETE, "train.optimizer.lr: missing required key; expected a number > 0"),
@@ -352,7 +365,7 @@ _SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 2000), st.floats(
                      st.sampled_from(["mnist", "sgd", "relu", "max", "step", "inverse", "auto", "fp32", "x", ""]))
 _KEYS = st.sampled_from(["model", "data", "train", "device", "math", "type", "name", "out_size", "mode", "coef",
                          "kernel_size", "stride", "padding", "optimizer", "lr", "schedule", "decay", "gamma",
-                         "step_size", "normalize", "mean", "std", "pad", "steps", "epochs", "graph"])
+                         "step_size", "normalize", "mean", "std", "pad", "steps", "epochs", "graph", "placement"])
 _VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                          st.dictionaries(_KEYS, inner, max_size=3)), max_leaves=8)
 
@@ -383,7 +396,7 @@ _LAYERS = st.one_of(st.lists(_LAYER, max_size=3).map(lambda body: body + [{"type
                     st.lists(_LAYER, max_size=4), st.sampled_from([None, [], 3, "dense"]))
 _CONFIG_SHAPED = st.fixed_dictionaries({"model": _LAYERS}, optional=dict(
     data=_optional(normalize=st.one_of(st.booleans(), _optional(mean=_NUMBERS, std=_NUMBERS)), pad=_NUMBERS,
-                   dataset=_SCALARS),
+                   dataset=_SCALARS, placement=st.one_of(st.sampled_from(["auto", "device", "host"]), _SCALARS)),
     train=_optional(optimizer=st.fixed_dictionaries({"lr": _NUMBERS}, optional={"momentum": _NUMBERS, "nesterov": _SCALARS}),
                     schedule=_optional(name=st.sampled_from(["constant", "inverse", "step"]), decay=_NUMBERS,
                                        step_size=_NUMBERS, gamma=_NUMBERS),
