@@ -92,6 +92,16 @@ def free(pointer: int) -> None:
     _check("cudaFree", _runtime.cudaFree(pointer))
 
 
+def malloc_host(nbytes: int) -> int:
+    """cudaMallocHost: a pointer to ``nbytes`` of page-locked host memory (copies from it can be asynchronous)."""
+    return int(_check("cudaMallocHost", _runtime.cudaMallocHost(nbytes)))
+
+
+def free_host(pointer: int) -> None:
+    """cudaFreeHost: release memory from cudaMallocHost."""
+    _check("cudaFreeHost", _runtime.cudaFreeHost(pointer))
+
+
 def memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream) -> None:
     _check("cudaMemcpyAsync", _runtime.cudaMemcpyAsync(dst, src, nbytes, kind, stream))
 
