@@ -24,6 +24,7 @@ from .backends import get_backend
 from .config import Config
 from .data.loader import BatchLoader
 from .data.mnist import load_mnist
+from .data.streamed import StreamedData, choose_placement
 from .errors import CheckpointError, TrainingError
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import SGD
@@ -184,8 +185,10 @@ class Trainer:
         self.train_images, self.train_labels = load_split(config, "train")
         self.test_images, self.test_labels = load_split(config, "test")
         self.loader = BatchLoader(self.train_images, self.train_labels, train.batch_size, seed=train.seed)
-        self.data = ResidentData(self.backend, self.train_images, self.train_labels, train.batch_size,
-                                 self.loader.classes)
+        placement = choose_placement(config.data.placement, self.backend, self.train_images, self.train_labels)
+        data_class = StreamedData if placement == "host" else ResidentData
+        self.data = data_class(self.backend, self.train_images, self.train_labels, train.batch_size,
+                               self.loader.classes)
         self.use_graph = train.graph and self.backend.supports_graphs
         self.graph = None  # the captured training step of a full batch, once captured
         self._full_batch_ran = False  # the first full step runs eagerly: it allocates and plans
