@@ -8,6 +8,14 @@ import pytest
 from run_helpers import REPO_ROOT, train_cli
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_user_cache(tmp_path_factory):
+    """The tests, and the processes they start, cache under a temporary $XDG_CACHE_HOME, never the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def mnist_dir() -> Path:
     """The real MNIST files: $CUDNNNET_TEST_DATA, else ../shared/data/mnist beside the repository."""

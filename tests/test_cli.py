@@ -76,7 +76,9 @@ def test_a_run_writes_only_its_outputs(short_run):
     _, output, cwd, cache = short_run
     assert {path.name for path in output.iterdir()} == OUTPUTS  # no temporary file left behind
     assert not any(cwd.iterdir())
-    assert {path.name for path in cache.iterdir()} <= {"matplotlib"}  # matplotlib's own font cache, nothing of ours
+    assert {path.name for path in cache.iterdir()} <= {"cudnnnet", "matplotlib"}  # matplotlib: its font cache
+    assert [path.name for path in (cache / "cudnnnet").iterdir()] == ["parsed"]  # the parsed MNIST files only
+    assert {path.suffix for path in (cache / "cudnnnet" / "parsed").iterdir()} == {".npy", ".json"}
 
 
 def test_outputs_are_readable_by_others_as_the_umask_allows(short_run):

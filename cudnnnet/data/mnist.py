@@ -5,6 +5,12 @@ byte), the number of dimensions, then one big-endian uint32 per dimension, then 
 Images files carry magic 2051 (0x00000803, dims N × rows × cols), label files 2049 (0x00000801,
 dims N). Files may be gzip-compressed; that is detected from the gzip magic bytes, not the name.
 
+Parsed files are kept in a cache on disk (``parsed_cache_dir()``): the array as ``.npy`` and a
+JSON sidecar naming the source (resolved path, size, mtime) and the MD5 of its uncompressed bytes.
+An entry is used only while its source is unchanged; ``CUDNNNET_NO_CACHE=1`` turns the cache off.
+The cache never fails a load: an entry that cannot be read is ignored and written again, a cache
+directory that cannot be written is left alone.
+
 Every error this module raises on purpose is a ``DataError`` naming the file and the problem.
 """
 
@@ -14,6 +20,7 @@ import functools
 import gzip
 import hashlib
 import http.client
+import json
 import logging
 import math
 import os
@@ -24,7 +31,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..checkpoint import new_file_mode
+from ..checkpoint import atomic_write, new_file_mode
 from ..errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -66,6 +73,7 @@ MIRRORS = (
 )
 
 DATA_ENV = "CUDNNNET_DATA"
+NO_CACHE_ENV = "CUDNNNET_NO_CACHE"
 DOWNLOAD_CHUNK = 1 << 20
 
 
@@ -185,17 +193,74 @@ def _verify_idx_checksum(found: str, path: Path, idx_name: str) -> None:
 def _read_cached(file_key: tuple[str, int, int], idx_name: str) -> tuple[np.ndarray, str]:
     """(parsed, checked, read-only array, MD5 of the uncompressed bytes) of one file.
 
-    ``file_key`` = (resolved path, mtime in ns, size): a file that changes gets a new key.
+    ``file_key`` = (resolved path, mtime in ns, size): a file that changes gets a new key. The
+    array comes from the disk cache when it holds an entry for this very file, else from parsing.
     """
     path = Path(file_key[0])
-    data = read_idx_bytes(path)
-    array = parse_idx(data, str(path))
+    entry = _cache_entry(file_key[0])
+    cached = _load_entry(entry, file_key) if entry else None
+    if cached is None:
+        data = read_idx_bytes(path)
+        array, md5 = parse_idx(data, str(path)), md5_of(data)
+    else:
+        array, md5 = cached
     if "images" in idx_name:
         images_from_idx(array, path)
     else:
         labels_from_idx(array, path)
-    logger.debug("parsed %s: shape %s", path, array.shape)
-    return array, md5_of(data)
+    if entry and cached is None:
+        _store_entry(entry, file_key, array, md5)
+    logger.debug("%s %s: shape %s", "parsed" if cached is None else "cached", path, array.shape)
+    return array, md5
+
+
+# ---- the disk cache of parsed files --------------------------------------------------------
+
+
+def _cache_entry(resolved_path: str) -> Path | None:
+    """The cache entry (without suffix) for a source file, or None when the cache is turned off."""
+    if os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
+        return None
+    try:
+        directory = parsed_cache_dir()
+    except RuntimeError:  # no $XDG_CACHE_HOME and no home directory
+        return None
+    return directory / hashlib.sha256(resolved_path.encode(errors="surrogateescape")).hexdigest()[:32]
+
+
+def _sidecar(file_key: tuple[str, int, int], md5: str, array: np.ndarray) -> dict:
+    path, mtime_ns, size = file_key
+    return {"source": path, "size": size, "mtime_ns": mtime_ns, "md5": md5, "dtype": str(array.dtype),
+            "shape": list(array.shape)}
+
+
+def _load_entry(entry: Path, file_key: tuple[str, int, int]) -> tuple[np.ndarray, str] | None:
+    """(array, MD5) from the cache entry when it describes the source as it is now, else None."""
+    try:
+        sidecar = json.loads(entry.with_suffix(".json").read_text())
+        array = np.load(entry.with_suffix(".npy"), allow_pickle=False)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, EOFError) as error:
+        logger.debug("ignoring the unreadable cache entry %s: %s", entry, error)
+        return None
+    md5 = sidecar.get("md5") if isinstance(sidecar, dict) else None
+    if not isinstance(md5, str) or sidecar != _sidecar(file_key, md5, array):
+        logger.debug("ignoring the cache entry %s: it describes another file or array", entry)
+        return None
+    array.flags.writeable = False
+    return array, md5
+
+
+def _store_entry(entry: Path, file_key: tuple[str, int, int], array: np.ndarray, md5: str) -> None:
+    """Write the cache entry (array, then sidecar, each atomically); a failure is only logged."""
+    try:
+        with atomic_write(entry.with_suffix(".npy")) as file:
+            np.save(file, array, allow_pickle=False)
+        with atomic_write(entry.with_suffix(".json")) as file:
+            file.write(json.dumps(_sidecar(file_key, md5, array)).encode())
+    except OSError as error:
+        logger.debug("not caching %s in %s: %s", file_key[0], entry.parent, error.strerror or error)
 
 
 def _read_mnist_file(path: Path, idx_name: str) -> tuple[np.ndarray, str]:
@@ -209,10 +274,19 @@ def _read_mnist_file(path: Path, idx_name: str) -> tuple[np.ndarray, str]:
 # ---- locating and downloading --------------------------------------------------------------
 
 
+def _user_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/cudnnnet, else ~/.cache/cudnnnet."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cudnnnet"
+
+
 def default_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/cudnnnet/mnist, else ~/.cache/cudnnnet/mnist."""
-    cache_root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_root) / "cudnnnet" / "mnist"
+    """$XDG_CACHE_HOME/cudnnnet/mnist, else ~/.cache/cudnnnet/mnist: where MNIST is downloaded."""
+    return _user_cache_dir() / "mnist"
+
+
+def parsed_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/cudnnnet/parsed, else ~/.cache/cudnnnet/parsed: the parsed files."""
+    return _user_cache_dir() / "parsed"
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> tuple[Path, bool]:

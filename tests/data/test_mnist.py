@@ -1,6 +1,8 @@
 import gzip
 import hashlib
+import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -403,3 +405,184 @@ def test_damaged_gzip_files_load_or_raise_data_error(tmp_path, cut, flip):
 def test_no_stray_environment_leaks_into_tests():
     assert "CUDNNNET_DATA" not in os.environ
     assert mnist.MIRRORS == ("http://127.0.0.1:9/",)
+
+
+# ---- the disk cache of parsed files --------------------------------------------------------
+
+
+def new_process() -> None:
+    """Forget what this process has parsed, as a new process would have: only the disk cache is left."""
+    mnist._read_cached.cache_clear()
+
+
+@pytest.fixture
+def parse_calls(monkeypatch) -> list:
+    """The names of the files read and parsed (not taken from a cache) from now on."""
+    calls = []
+    read = mnist.read_idx_bytes
+
+    def counting_read(path):
+        calls.append(Path(path).name)
+        return read(path)
+
+    monkeypatch.setattr(mnist, "read_idx_bytes", counting_read)
+    return calls
+
+
+@pytest.fixture
+def parsed_dir(tmp_path) -> Path:
+    return tmp_path / "xdg-cache" / "cudnnnet" / "parsed"
+
+
+def test_a_new_process_loads_from_the_disk_cache(tmp_path, idx_tools, parsed_dir, monkeypatch):
+    images, labels = idx_tools.fake_split(4)
+    idx_tools.write_split(tmp_path / "data", "test", images, labels)
+    first = load_mnist(tmp_path / "data", "test", download=False, verify=False)
+    assert sorted(path.suffix for path in parsed_dir.iterdir()) == [".json", ".json", ".npy", ".npy"]
+    new_process()
+
+    def no_parsing(path):
+        raise AssertionError(f"{path} was parsed again")
+
+    monkeypatch.setattr(mnist, "read_idx_bytes", no_parsing)
+    second = load_mnist(tmp_path / "data", "test", download=False, verify=False)
+    for before, after in zip(first, second):
+        np.testing.assert_array_equal(before, after)
+        assert before.dtype == after.dtype
+
+
+def test_cached_and_parsed_real_mnist_are_identical_and_verify(mnist_dir, monkeypatch, parsed_dir):
+    new_process()
+    monkeypatch.setenv(mnist.NO_CACHE_ENV, "1")
+    parsed = load_mnist(mnist_dir, "test", download=False)
+    assert not parsed_dir.exists()
+    monkeypatch.delenv(mnist.NO_CACHE_ENV)
+    new_process()
+    load_mnist(mnist_dir, "test", download=False)  # writes the entries
+    new_process()
+    cached = load_mnist(mnist_dir, "test", download=False)  # verify=True checks the cached MD5
+    for one, other in zip(parsed, cached):
+        np.testing.assert_array_equal(one, other)
+    new_process()
+
+
+def test_the_cached_checksum_is_still_verified(tmp_path, idx_tools, parse_calls):
+    images, labels = idx_tools.fake_split(3)
+    idx_tools.write_split(tmp_path, "train", images, labels)
+    load_mnist(tmp_path, download=False, verify=False)
+    new_process()
+    with pytest.raises(DataError, match=f"checksum mismatch: the uncompressed data has MD5 "
+                                        f"{md5(idx_tools.idx_bytes(images))}"):
+        load_mnist(tmp_path, download=False)
+    assert len(parse_calls) == 2  # the first load only
+
+
+@pytest.mark.parametrize("change", ["content, same size", "size", "mtime only"])
+def test_a_changed_source_is_parsed_again(tmp_path, idx_tools, parse_calls, change):
+    images, labels = idx_tools.fake_split(3)
+    idx_tools.write_split(tmp_path, "test", images, labels)
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    new_process()
+    images_file = tmp_path / "t10k-images-idx3-ubyte.gz"
+    stat = images_file.stat()
+    if change != "mtime only":
+        images, labels = idx_tools.fake_split(3 if change == "content, same size" else 5, seed=1)
+        idx_tools.write_split(tmp_path, "test", images, labels, compress=True)
+    os.utime(images_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    parse_calls.clear()
+    loaded, _ = load_mnist(tmp_path, "test", download=False, verify=False)
+    assert "t10k-images-idx3-ubyte.gz" in parse_calls
+    np.testing.assert_array_equal(loaded[:, 0], images.astype(np.float32) / 255)
+
+
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    path.write_bytes({"emptied": b"", "truncated": data[:len(data) // 2], "garbage": b"\x93NUMPY\x01\x00junk"}[how])
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".json"])
+@pytest.mark.parametrize("how", ["emptied", "truncated", "garbage"])
+def test_a_damaged_cache_entry_is_ignored_and_rewritten(tmp_path, idx_tools, parse_calls, parsed_dir, suffix, how):
+    images, labels = idx_tools.fake_split(3)
+    idx_tools.write_split(tmp_path, "test", images, labels)
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    for path in parsed_dir.glob(f"*{suffix}"):
+        _damage(path, how)
+    new_process()
+    parse_calls.clear()
+    loaded_images, loaded_labels = load_mnist(tmp_path, "test", download=False, verify=False)
+    np.testing.assert_array_equal(loaded_labels, labels)
+    assert sorted(parse_calls) == ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+    new_process()
+    parse_calls.clear()
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    assert parse_calls == []  # rewritten whole
+
+
+def test_an_entry_describing_another_array_is_ignored(tmp_path, idx_tools, parse_calls, parsed_dir):
+    images, labels = idx_tools.fake_split(3)
+    idx_tools.write_split(tmp_path, "test", images, labels)
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    for path in parsed_dir.glob("*.npy"):
+        np.save(path, np.zeros((2, 28, 28), np.uint8))  # a crash between writing the array and its sidecar
+    new_process()
+    parse_calls.clear()
+    loaded_images, _ = load_mnist(tmp_path, "test", download=False, verify=False)
+    assert loaded_images.shape[0] == 3 and len(parse_calls) == 2
+
+
+@pytest.mark.parametrize("blocked", ["read-only directory", "a file in the way"])
+def test_an_unwritable_cache_still_loads(tmp_path, idx_tools, parsed_dir, monkeypatch, caplog, blocked):
+    images, labels = idx_tools.fake_split(3)
+    idx_tools.write_split(tmp_path / "data", "test", images, labels)
+    if blocked == "read-only directory":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only directories")
+        parsed_dir.mkdir(parents=True)
+        parsed_dir.chmod(0o500)
+    else:
+        (tmp_path / "not-a-directory").write_text("")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-directory"))
+    caplog.set_level("DEBUG", logger="cudnnnet.data.mnist")
+    try:
+        _, loaded_labels = load_mnist(tmp_path / "data", "test", download=False, verify=False)
+    finally:
+        if parsed_dir.exists():
+            parsed_dir.chmod(0o700)
+    np.testing.assert_array_equal(loaded_labels, labels)
+    assert any("not caching" in record.getMessage() for record in caplog.records)
+    assert all(record.levelname == "DEBUG" for record in caplog.records)
+
+
+def test_no_cache_variable_turns_reading_and_writing_off(tmp_path, idx_tools, parse_calls, parsed_dir, monkeypatch):
+    idx_tools.write_split(tmp_path, "test", *idx_tools.fake_split(3))
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    entries = {path: path.read_bytes() for path in parsed_dir.iterdir()}
+    monkeypatch.setenv(mnist.NO_CACHE_ENV, "1")
+    new_process()
+    parse_calls.clear()
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    assert len(parse_calls) == 2  # the entries were there, and not read
+    shutil.rmtree(parsed_dir)
+    new_process()
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    assert len(entries) == 4 and not parsed_dir.exists()
+
+
+def test_the_data_directory_is_never_written(tmp_path, idx_tools):
+    data = tmp_path / "data"
+    idx_tools.write_split(data, "test", *idx_tools.fake_split(3))
+    before = {path.name: path.stat().st_mtime_ns for path in data.iterdir()}
+    for _ in range(2):
+        load_mnist(data, "test", download=False, verify=False)
+        new_process()
+    assert {path.name: path.stat().st_mtime_ns for path in data.iterdir()} == before
+
+
+def test_an_invalid_file_is_not_cached(tmp_path, idx_tools, parsed_dir):
+    images, _ = idx_tools.fake_split(3)
+    idx_tools.write_split(tmp_path, "test", images, np.array([1, 2, 10]))
+    with pytest.raises(DataError, match="label 10"):
+        load_mnist(tmp_path, "test", download=False, verify=False)
+    sources = [json.loads(path.read_text())["source"] for path in parsed_dir.glob("*.json")]
+    assert sources == [str((tmp_path / "t10k-images-idx3-ubyte.gz").resolve())]  # the valid images only
