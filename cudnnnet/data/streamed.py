@@ -79,7 +79,7 @@ class StreamedData:
         self.sample_size = math.prod(self.sample_shape)
         self.steps = math.ceil(self.count / self.batch_size)
         self._one_hot_rows = np.eye(self.classes, dtype=np.float32)  # (classes, classes)
-        self._staging = make_staging(backend, self.batch_size * (self.sample_size + self.classes))
+        self.staging = make_staging(backend, self.batch_size * (self.sample_size + self.classes))
         self._order: np.ndarray | None = None  # (N,) the epoch's sample ids, in order
         self._ordered_labels: np.ndarray | None = None  # (N,) their labels, in the same order
         self._staged: list[int | None] = [None] * SLOTS  # the batch of this epoch each slot holds
@@ -105,7 +105,7 @@ class StreamedData:
         slot = index % SLOTS
         if self._staged[slot] != index:
             self._stage(index)
-        self._staging.deliver(slot, ((x, 0), (target, size * self.sample_size)))
+        self.staging.deliver(slot, ((x, 0), (target, size * self.sample_size)))
         following = index + 1
         if following < self.steps and self._staged[following % SLOTS] != following:
             self._stage(following)
@@ -134,13 +134,13 @@ class StreamedData:
         slot, start = index % SLOTS, index * self.batch_size
         size = min(self.batch_size, self.count - start)
         image_values, target_values = size * self.sample_size, size * self.classes
-        values = self._staging.host_values(slot)  # (slot values,) float32, free to overwrite
+        values = self.staging.host_values(slot)  # (slot values,) float32, free to overwrite
         images = values[:image_values].reshape((size,) + self.sample_shape)  # (size, C, H, W)
         target = values[image_values:image_values + target_values].reshape(size, self.classes)  # (size, classes)
         # mode="clip" (the ids were checked in start_epoch): "raise" would buffer ``out`` in a new array
         np.take(self.images, self._order[start:start + size], axis=0, out=images, mode="clip")
         np.take(self._one_hot_rows, self._ordered_labels[start:start + size], axis=0, out=target, mode="clip")
-        self._staging.send(slot, image_values + target_values)
+        self.staging.send(slot, image_values + target_values)
         self._staged[slot] = index
 
 

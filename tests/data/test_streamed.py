@@ -208,7 +208,7 @@ def test_staging_goes_through_pinned_memory_and_a_copy_stream(cuda):
     assert bindings.calls["cudaStreamWaitEvent"] == 2 * STEPS  # copy stream on "consumed", compute on "copied"
     assert bindings.calls["cudaEventSynchronize"] <= STEPS - 2  # only pinned slots about to be refilled
     assert bindings.calls["cudaStreamSynchronize"] == bindings.calls["cudaDeviceSynchronize"] == 0
-    staging = data._staging
+    staging = data.staging
     staging.close()
     assert staging.closed and bindings.calls["cudaFreeHost"] == 2
 

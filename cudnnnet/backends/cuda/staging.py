@@ -18,7 +18,7 @@ import logging
 
 import numpy as np
 
-from ...errors import ShapeError
+from ...errors import OutOfMemoryError, ShapeError
 from .bindings import runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .handles import Event, Owned, Stream, release_when_collected
@@ -33,7 +33,12 @@ class PinnedBuffer(Owned):
     __slots__ = ("nbytes",)
 
     def __init__(self, nbytes: int):
-        super().__init__(runtime.malloc_host(nbytes), runtime.free_host)
+        try:
+            pointer = runtime.malloc_host(nbytes)
+        except OutOfMemoryError:
+            raise OutOfMemoryError(f"cannot page-lock {nbytes / 2**20:,.1f} MiB of host memory to stage batches; "
+                                   "try a smaller batch size") from None
+        super().__init__(pointer, runtime.free_host)
         self.nbytes = int(nbytes)
 
     @property
