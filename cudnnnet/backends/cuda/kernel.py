@@ -1,16 +1,26 @@
 """Our own CUDA kernels: ``kernels/*.cu`` compiled with NVRTC for the device's architecture,
-cached per process, loaded with the driver API and launched on the context stream."""
+loaded with the driver API and launched on the context stream.
+
+Compiled cubins are kept per process and on disk (``kernel_cache_dir()``), in files named by the
+SHA-256 of everything that shapes the result: the source, its name, the architecture, the
+compile options and the NVRTC version. ``CUDNNNET_NO_CACHE=1`` turns the disk cache off. The
+disk cache never fails a compile: a file that cannot be read, or a cubin the driver refuses, is
+compiled again and rewritten; a cache directory that cannot be written is left alone.
+"""
 
 from __future__ import annotations
 
 import collections
 import ctypes
 import functools
+import hashlib
 import logging
+import os
 from ctypes import c_float, c_int, c_longlong, c_void_p
 from pathlib import Path
 
-from ...errors import NvrtcError
+from ...checkpoint import atomic_write
+from ...errors import CudaError, NvrtcError
 from .bindings import nvrtc, runtime
 from .handles import Owned
 
@@ -19,6 +29,8 @@ log = logging.getLogger(__name__)
 KERNEL_DIR = Path(__file__).with_name("kernels")
 BLOCK_SIZE = 256  # threads per block; the kernels' shared-memory reductions are sized by it
 MAX_BLOCKS = 1024  # grid-stride loops cover the rest
+NO_CACHE_ENV = "CUDNNNET_NO_CACHE"
+ELF_MAGIC = b"\x7fELF"  # every cubin is an ELF file
 
 # kernel name: (source file, argument types in order)
 KERNELS = {
@@ -31,9 +43,9 @@ KERNELS = {
     "cross_entropy_backward": ("cross_entropy_backward.cu",
                                (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_longlong, c_int, c_float)),
     "sgd_update_many": ("sgd_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_float, c_float)),
-    "im2col": ("convolution.cu", (c_void_p, c_void_p, c_longlong) + (c_int,) * 9),
-    "col2im": ("convolution.cu", (c_void_p, c_void_p, c_float, c_float, c_longlong) + (c_int,) * 9),
-    "bias_activation_forward": ("bias_activation.cu", (c_void_p, c_void_p, c_longlong, c_int, c_int, c_int, c_float)),
+    "im2col": ("convolution.cu", (c_void_p, c_void_p) + (c_int,) * 10),
+    "col2im": ("convolution.cu", (c_void_p, c_void_p, c_float, c_float) + (c_int,) * 10),
+    "bias_activation_forward": ("bias_activation.cu", (c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_float)),
 }
 
 # Launches of our kernels by kernel name (as ``bindings.calls`` counts library calls), so that a
@@ -57,7 +69,18 @@ def compile_options(arch: str) -> list[bytes]:
 
 @functools.lru_cache(maxsize=None)
 def compile_cubin(source: bytes, name: str, arch: str) -> bytes:
-    """NVRTC: ``source`` → cubin for ``arch`` (e.g. "sm_90"). NvrtcError carries the compile log."""
+    """NVRTC: ``source`` → cubin for ``arch`` (e.g. "sm_90"), from the disk cache when it holds this
+    very compile. NvrtcError carries the compile log."""
+    path = cached_cubin_path(source, name, arch)
+    cubin = _read_cubin(path) if path else None
+    if cubin is None:
+        cubin = _compile(source, name, arch)
+        if path:
+            _write_cubin(path, cubin)
+    return cubin
+
+
+def _compile(source: bytes, name: str, arch: str) -> bytes:
     program = nvrtc.create_program(source, name.encode())
     try:
         try:
@@ -70,6 +93,50 @@ def compile_cubin(source: bytes, name: str, arch: str) -> bytes:
         return nvrtc.get_cubin(program, nvrtc.get_cubin_size(program))
     finally:
         nvrtc.destroy_program(program)
+
+
+# ---- the disk cache of cubins --------------------------------------------------------------
+
+
+def kernel_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/cudnnnet/kernels, else ~/.cache/cudnnnet/kernels."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cudnnnet" / "kernels"
+
+
+def cached_cubin_path(source: bytes, name: str, arch: str) -> Path | None:
+    """The cache file of this compile, or None when the disk cache is turned off."""
+    if os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
+        return None
+    digest = hashlib.sha256()
+    for part in (source, name.encode(), arch.encode(), *compile_options(arch), repr(nvrtc.version()).encode()):
+        digest.update(len(part).to_bytes(8, "little") + part)  # length-prefixed: no two inputs run together
+    try:
+        return kernel_cache_dir() / f"{digest.hexdigest()}.cubin"
+    except RuntimeError:  # no $XDG_CACHE_HOME and no home directory
+        return None
+
+
+def _read_cubin(path: Path) -> bytes | None:
+    try:
+        cubin = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        log.debug("cannot read the cached cubin %s (%s): compiling", path, error.strerror or error)
+        return None
+    if not cubin.startswith(ELF_MAGIC):
+        log.debug("the cached file %s is not a cubin (%d bytes, no ELF header): compiling", path, len(cubin))
+        return None
+    log.debug("cubin from %s", path)
+    return cubin
+
+
+def _write_cubin(path: Path, cubin: bytes) -> None:
+    try:
+        with atomic_write(path) as file:
+            file.write(cubin)
+    except OSError as error:
+        log.debug("not caching the cubin in %s: %s", path.parent, error.strerror or error)
 
 
 def program_log(program) -> str:
@@ -113,6 +180,20 @@ class Kernel:
 
 
 def load_module(filename: str, arch: str) -> KernelModule:
-    """Compile (once per process) and load ``kernels/filename``."""
+    """Compile (once per process, or take from the disk cache) and load ``kernels/filename``.
+
+    A cached cubin that the driver refuses (a damaged file) is compiled again, rewritten and loaded
+    (once: a fresh cubin that is refused too raises the CudaError).
+    """
     source = (KERNEL_DIR / filename).read_bytes()
-    return KernelModule(compile_cubin(source, filename, arch))
+    try:
+        return KernelModule(compile_cubin(source, filename, arch))
+    except CudaError as error:
+        path = cached_cubin_path(source, filename, arch)
+        if path is None or not path.is_file():
+            raise
+        log.debug("the driver refused the cached cubin %s (%s): compiling it again", path, error)
+        compile_cubin.cache_clear()  # forget the refused cubin
+        cubin = _compile(source, filename, arch)
+        _write_cubin(path, cubin)
+        return KernelModule(cubin)
