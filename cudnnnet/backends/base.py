@@ -276,6 +276,12 @@ class Backend(ABC):
 
     # ---- fused calls (one launch each on CUDA; checked against the unfused calls above) ---------
     @abstractmethod
+    def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
+        """y = f(y + b) in place: ``bias`` (C values) broadcast over N, H, W of y (N, C, H, W), then
+        the activation ``desc`` (None: no activation). The same as ``add_tensor(1, bias, 1, y)``
+        followed by ``activation_forward(desc, 1, y, 0, y)``."""
+
+    @abstractmethod
     def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """The softmax-output step of training, for predict, target, grad of shape (N, C, 1, 1):
 

@@ -2,6 +2,11 @@
 
     forward   y  = f(x)                    cudnnActivationForward
     backward  dx = f'(x) ⊙ dy              cudnnActivationBackward
+
+When the network fuses this layer into the Dense or Conv2D before it (``fused``), that layer's
+bias kernel has already applied f: forward passes y through, and backward reads f' from y alone
+(every mode here can: relu, clipped relu and elu test y > 0 as x > 0, elu's f'(x) = y + α for
+x ≤ 0, sigmoid's is y(1 − y), tanh's 1 − y²), so y is handed to cuDNN as x too.
 """
 
 from __future__ import annotations
@@ -29,20 +34,24 @@ class Activation(Layer):
         self.mode = mode
         self.coef = coef
         self.descriptor = ActivationDescriptor(ActivationMode(ACTIVATION_MODES[mode]), coef)
+        self.fused = False  # f applied by the layer before (Network fuses it), not here
 
     def config(self):
         return {"mode": self.mode, "coef": self.coef}
 
     def forward(self, input: Tensor) -> Tensor:
         self.prepare(input)
+        if self.fused:
+            # y = f(x) is already in the input (the layer before applied f)
+            self.output = input
+            return input
         # y = f(x)
         self.backend.activation_forward(self.descriptor, 1.0, input, 0.0, self.output)
         return self.output
 
     def backward(self, grad_output: Tensor) -> Tensor:
         if not self.gradient_stop:
+            x = self.output if self.fused else self.input  # fused: x no longer exists; f' is read from y
             # dx = f'(x) ⊙ dy
-            self.backend.activation_backward(
-                self.descriptor, 1.0, self.output, grad_output, self.input, 0.0, self.grad_input
-            )
+            self.backend.activation_backward(self.descriptor, 1.0, self.output, grad_output, x, 0.0, self.grad_input)
         return self.grad_input

@@ -7,6 +7,7 @@ missing. Each comparison runs one test body on both backends and checks the rela
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import numpy as np
@@ -291,6 +292,62 @@ def test_convolution(host, cuda, rng, geometry, n):
     compare(host, cuda, convolution_body(desc), *convolution_arrays(rng, desc, n))
 
 
+def gemm_engine_plan(backend, plan):
+    """``plan`` with our explicit-GEMM engine in all three directions (the host's plan as it is)."""
+    if backend.name != "cuda":
+        return plan
+    from cudnnnet.backends.cuda import gemm_convolution
+    from cudnnnet.backends.cuda.convolution import Algorithm
+
+    return dataclasses.replace(plan, **{
+        direction: Algorithm(gemm_convolution.GEMM_ALGORITHM, gemm_convolution.workspace_bytes(direction, plan.gemm_shape))
+        for direction in ("forward", "backward_data", "backward_filter")})
+
+
+def gemm_convolution_body(desc):
+    def body(b, x, w, y, dy, dx, dw, db):
+        plan = gemm_engine_plan(b, b.convolution_plan(desc, x.shape, y.shape))
+        b.convolution_forward(plan, 1.0, x, w, 0.0, y)  # y = x ⋆ w
+        b.convolution_backward_data(plan, 1.0, w, dy, 0.5, dx)  # dx = dy ⋆ᵀ w + dx/2
+        b.convolution_backward_filter(plan, 2.0, x, dy, 0.5, dw)  # dw = 2·Σ x ⋆ dy + dw/2
+        return [y, dx, dw]
+
+    return body
+
+
+@pytest.mark.parametrize("n", BATCHES)
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: "k{}s{}p{}d{}".format(*g))
+def test_convolution_gemm_engine(host, cuda, rng, geometry, n, bindings):
+    """Our im2col + cuBLAS engine, forced in every direction, against the host (alpha, beta included)."""
+    desc = ConvolutionDescriptor(4, 3, *geometry)
+    compare(host, cuda, gemm_convolution_body(desc), *convolution_arrays(rng, desc, n))
+    assert bindings.calls["cublasSgemmStridedBatched"] >= 3  # the engine ran (plan timing may add more calls)
+
+
+@pytest.mark.parametrize("shape", [(256, 1, 28, 28, 20), (256, 20, 12, 12, 50), (1000, 20, 12, 12, 50)],
+                         ids=lambda s: "n{}c{}h{}k{}".format(s[0], s[1], s[2], s[4]))
+def test_convolution_gemm_engine_at_the_cnn_shapes(host, cuda, rng, shape):
+    n, c, h, w, k = shape
+    desc = ConvolutionDescriptor(k, c, 5)
+    compare(host, cuda, gemm_convolution_body(desc), *convolution_arrays(rng, desc, n, size=h))
+
+
+def test_convolution_plan_takes_cudnn_or_the_gemm_engine_by_timing(cuda, caplog):
+    """Every direction's algorithm is a deterministic exact cuDNN one or the GEMM engine, and the
+    search timed each candidate (logged at DEBUG)."""
+    from cudnnnet.backends.cuda import convolution
+
+    desc = ConvolutionDescriptor(20, 1, 5)
+    with caplog.at_level("DEBUG", logger="cudnnnet.backends.cuda.convolution"):
+        plan = cuda.convolution_plan(desc, (96, 1, 28, 28), desc.output_shape((96, 1, 28, 28)))
+    for direction in ("forward", "backward_data", "backward_filter"):
+        algorithm = getattr(plan, direction)
+        assert algorithm.deterministic
+        assert algorithm.algo == convolution.GEMM_ALGORITHM or algorithm.algo in convolution.EXACT_ALGORITHMS[direction]
+        assert f"convolution {direction} (96, 1, 28, 28): " in caplog.text
+    assert "algorithm -1 " in caplog.text  # the GEMM engine was among the timed candidates
+
+
 def test_convolution_heuristic_search(host, cuda, rng):
     """The default is cudnnFind (exhaustive); the cudnnGet*_v7 heuristics must agree with the host too."""
     desc = ConvolutionDescriptor(8, 3, 3, 1, 1, 1)
@@ -415,7 +472,12 @@ def test_calls_reach_cublas_cudnn_and_our_kernels(cuda, rng, bindings):
     x = Tensor.from_numpy(normal(rng, 2, 3, 6, 6), cuda)
     desc = ConvolutionDescriptor(2, 3, 3)
     y = Tensor(desc.output_shape(x.shape), cuda)
-    cuda.convolution_forward(cuda.convolution_plan(desc, x.shape, y.shape), 1.0, x, Tensor.zeros(desc.filter_shape, cuda), 0.0, y)
+    cuda.algorithm_search = "heuristic"  # cuDNN's first choice, never the GEMM engine
+    try:
+        plan = cuda.convolution_plan(desc, x.shape, y.shape)
+    finally:
+        cuda.algorithm_search = "exhaustive"
+    cuda.convolution_forward(plan, 1.0, x, Tensor.zeros(desc.filter_shape, cuda), 0.0, y)
     cuda.activation_forward(ACTIVATIONS[1], 1.0, y, 0.0, y)
     cuda.cross_entropy_loss(a, a, Tensor.zeros((1,), cuda))
     cuda.synchronize()

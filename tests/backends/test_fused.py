@@ -2,7 +2,8 @@
 
 ``cross_entropy_backward`` must equal the Softmax layer's backward (copy + saxpy + sscal) with
 ``cross_entropy_loss`` and ``accuracy_count`` accumulated; ``sgd_update_many`` must equal
-``sgd_update`` on each parameter. On the host the results are checked exactly; on CUDA (marked
+``sgd_update`` on each parameter; ``bias_activation_forward`` must equal ``add_tensor`` then
+``activation_forward``, and a network with its activations fused the same network unfused. On the host the results are checked exactly; on CUDA (marked
 ``gpu``, skipped without a GPU) the fused kernels are checked against the CUDA unfused path and
 against the host, within 1e-5 relative error, and proven to take one launch and to replay
 inside a CUDA graph.
@@ -14,8 +15,9 @@ import numpy as np
 import pytest
 
 from cudnnnet import Network
-from cudnnnet.errors import DeviceError, InvalidArgumentError, UsageError
-from cudnnnet.layers import MSE, Dense, Softmax
+from cudnnnet.errors import DeviceError, InvalidArgumentError, ShapeError, UsageError
+from cudnnnet.backends.base import ACTIVATION_MODES, ActivationDescriptor, ActivationMode
+from cudnnnet.layers import MSE, Activation, Conv2D, Dense, Pooling, Softmax
 from cudnnnet.optim import SGD
 from cudnnnet.tensor import Tensor
 
@@ -205,6 +207,74 @@ def test_sgd_needs_a_built_network(host):
         SGD(Network(backend=host, layers=[Dense("fc", 4), Softmax("out")]), lr=0.1)
 
 
+# ---- bias + activation --------------------------------------------------------------------------
+ACTIVATION_CASES = [None] + [ActivationDescriptor(ActivationMode(mode), coef)
+                             for mode, coef in zip(ACTIVATION_MODES.values(), (0.0, 0.0, 0.0, 0.7, 1.3))]
+BIAS_SHAPES = [(1, 1, 1, 1), (7, 10, 1, 1), (256, 500, 1, 1), (5, 20, 24, 24), (3, 7, 5, 3)]
+
+
+def bias_inputs(shape, seed: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng([seed, *shape])
+    return rng.standard_normal(shape).astype(np.float32), rng.standard_normal((1, shape[1], 1, 1)).astype(np.float32)
+
+
+def bias_then_activation(backend, desc, y: np.ndarray, bias: np.ndarray, fused: bool) -> np.ndarray:
+    out, b = Tensor.from_numpy(y, backend), Tensor.from_numpy(bias, backend)
+    if fused:
+        backend.bias_activation_forward(desc, b, out)
+    else:
+        backend.add_tensor(1.0, b, 1.0, out)
+        if desc is not None:
+            backend.activation_forward(desc, 1.0, out, 0.0, out)
+    return out.numpy()
+
+
+def mnist_like_network(backend, fuse: bool) -> Network:
+    layers = [Conv2D("conv1", 4, 3), Activation("relu1", "relu"), Pooling("pool1", 2),
+              Conv2D("conv2", 6, 3, padding=1), Activation("tanh2", "tanh"), Dense("fc1", 12),
+              Activation("sig3", "sigmoid"), Dense("fc2", 9), Activation("elu4", "elu"), Dense("fc3", CLASSES),
+              Softmax("out")]
+    return Network(layers, backend=backend, seed=3, input_shape=(2, 12, 12), fuse=fuse)
+
+
+def train_steps(network: Network, steps: int = 3) -> dict:
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5, 2, 12, 12)).astype(np.float32)
+    target = np.eye(CLASSES, dtype=np.float32)[rng.integers(0, CLASSES, 5)]
+    for _ in range(steps):
+        network.forward(x)
+        network.backward(Tensor.from_numpy(target, network.backend))
+        network.update(0.1)
+    return network.state_dict()
+
+
+@pytest.mark.parametrize("shape", BIAS_SHAPES)
+@pytest.mark.parametrize("desc", ACTIVATION_CASES, ids=lambda d: "none" if d is None else d.mode.name.lower())
+def test_host_bias_activation_equals_add_tensor_then_activation(host, desc, shape):
+    y, bias = bias_inputs(shape)
+    np.testing.assert_allclose(bias_then_activation(host, desc, y, bias, True),
+                               bias_then_activation(host, desc, y, bias, False), rtol=1e-6, atol=1e-7)
+
+
+def test_bias_activation_rejects_a_bias_of_another_size(host):
+    with pytest.raises(ShapeError, match="one value per channel"):
+        host.bias_activation_forward(None, Tensor.zeros((1, 3, 1, 1), host), Tensor.zeros((2, 4, 1, 1), host))
+
+
+def test_network_fuses_each_activation_after_a_dense_or_conv(host):
+    network = mnist_like_network(host, fuse=True)
+    fused = {layer.name for layer in network.layers if getattr(layer, "fused", False)}
+    assert fused == {"relu1", "tanh2", "sig3", "elu4"}
+    assert network.layers[0].activation == network.layers[1].descriptor
+    assert not any(getattr(layer, "fused", False) for layer in mnist_like_network(host, fuse=False).layers)
+
+
+def test_host_fused_network_trains_as_the_unfused_one(host):
+    fused, unfused = train_steps(mnist_like_network(host, True)), train_steps(mnist_like_network(host, False))
+    for name, value in unfused.items():
+        np.testing.assert_allclose(fused[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 # ---- CUDA: fused kernels == the CUDA unfused path == the host -------------------------------------
 @pytest.fixture
 def counters():
@@ -347,3 +417,32 @@ def test_cuda_sgd_update_many_refuses_its_first_call_inside_a_capture(cuda):
         cuda.sgd_update_many(groups, lr, 0.0, 0.0)
     graph.launch()
     cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", BIAS_SHAPES)
+@pytest.mark.parametrize("desc", ACTIVATION_CASES, ids=lambda d: "none" if d is None else d.mode.name.lower())
+def test_cuda_bias_activation(host, cuda, desc, shape):
+    y, bias = bias_inputs(shape)
+    fused = bias_then_activation(cuda, desc, y, bias, True)
+    assert_close([fused], [bias_then_activation(cuda, desc, y, bias, False)])
+    assert_close([fused], [bias_then_activation(host, desc, y, bias, False)])
+
+
+@pytest.mark.gpu
+def test_cuda_bias_activation_is_one_launch(cuda, counters):
+    calls, launches = counters
+    y, bias = bias_inputs((8, 20, 6, 6))
+    out, b = Tensor.from_numpy(y, cuda), Tensor.from_numpy(bias, cuda)
+    calls.clear()
+    launches.clear()
+    cuda.bias_activation_forward(ACTIVATION_CASES[2], b, out)
+    assert launches == {"bias_activation_forward": 1}
+    assert calls["cuLaunchKernel"] == 1 and sum(calls.values()) == 1
+
+
+@pytest.mark.gpu
+def test_cuda_fused_network_trains_as_the_unfused_one_and_the_host(host, cuda):
+    fused = train_steps(mnist_like_network(cuda, True))
+    for reference in (train_steps(mnist_like_network(cuda, False)), train_steps(mnist_like_network(host, True))):
+        assert_close([fused[name] for name in reference], list(reference.values()), tolerance=1e-4)

@@ -29,7 +29,10 @@ from . import dlpack
 from .bindings import cublas, cudnn, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .context import CudaContext
+from .handles import Event
+from . import gemm_convolution
 from .convolution import SEARCHES, ConvolutionPlan, make_plan
+from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
 from .kernel import blocks_for
 
 log = logging.getLogger(__name__)
@@ -253,8 +256,10 @@ class CudaBackend(Backend):
                     "run one forward pass at this batch size before capturing"
                 )
             plan = make_plan(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math,
-                             MATH_MODES[self.math][1], self.workspace_limit, self.algorithm_search)
+                             MATH_MODES[self.math][1], self.workspace_limit, self.algorithm_search,
+                             measure=ConvolutionTimer(self, x_shape, desc.filter_shape, y_shape).measure)
             self.context.workspace(plan.workspace_bytes)
+            self.context.ones(x_shape[0])
             self._plans[key] = plan
             if len(self._plans) > PLAN_CACHE_SIZE:
                 self._plans.popitem(last=False)
@@ -266,6 +271,10 @@ class CudaBackend(Backend):
     def convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
         _check_plan("convolution_forward", plan, x=x, w=w, y=y)
         algorithm = plan.forward
+        if algorithm.algo == GEMM_ALGORITHM:
+            workspace = self.context.workspace(algorithm.workspace_bytes)
+            gemm_convolution.forward(self, plan.gemm_shape, alpha, x, w, beta, y, workspace)
+            return
         cudnn.convolution_forward(self._cudnn, self._scalar(alpha), plan.x.handle, x.data.ptr, plan.w.handle, w.data.ptr,
                                   plan.conv.handle, algorithm.algo, self.context.workspace(algorithm.workspace_bytes),
                                   algorithm.workspace_bytes, self._scalar(beta), plan.y.handle, y.data.ptr)
@@ -273,6 +282,10 @@ class CudaBackend(Backend):
     def convolution_backward_data(self, plan: ConvolutionPlan, alpha, w, dy, beta, dx) -> None:
         _check_plan("convolution_backward_data", plan, x=dx, w=w, y=dy)
         algorithm = plan.backward_data
+        if algorithm.algo == GEMM_ALGORITHM:
+            workspace = self.context.workspace(algorithm.workspace_bytes)
+            gemm_convolution.backward_data(self, plan.gemm_shape, alpha, w, dy, beta, dx, workspace)
+            return
         cudnn.convolution_backward_data(self._cudnn, self._scalar(alpha), plan.w.handle, w.data.ptr, plan.y.handle, dy.data.ptr,
                                         plan.conv.handle, algorithm.algo, self.context.workspace(algorithm.workspace_bytes),
                                         algorithm.workspace_bytes, self._scalar(beta), plan.x.handle, dx.data.ptr)
@@ -280,6 +293,11 @@ class CudaBackend(Backend):
     def convolution_backward_filter(self, plan: ConvolutionPlan, alpha, x, dy, beta, dw) -> None:
         _check_plan("convolution_backward_filter", plan, x=x, w=dw, y=dy)
         algorithm = plan.backward_filter
+        if algorithm.algo == GEMM_ALGORITHM:
+            workspace = self.context.workspace(algorithm.workspace_bytes)
+            gemm_convolution.backward_filter(self, plan.gemm_shape, alpha, x, dy, beta, dw, workspace,
+                                             self.context.ones(plan.gemm_shape.batch))
+            return
         cudnn.convolution_backward_filter(self._cudnn, self._scalar(alpha), plan.x.handle, x.data.ptr, plan.y.handle, dy.data.ptr,
                                           plan.conv.handle, algorithm.algo, self.context.workspace(algorithm.workspace_bytes),
                                           algorithm.workspace_bytes, self._scalar(beta), plan.w.handle, dw.data.ptr)
@@ -371,6 +389,15 @@ class CudaBackend(Backend):
         cublas.saxpy(h, n, self._scalar(-lr), g, 1, p, 1)  # param -= lr·grad
 
     # ---- fused calls: one launch each ---------------------------------------------------------
+    def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
+        """kernels/bias_activation.cu: one launch, y read and written once."""
+        _check_bias("bias_activation_forward", bias, y)
+        if y.size >= INDEX_LIMIT:
+            raise ShapeError(f"bias_activation_forward: y {y.shape} holds {y.size} values; the kernel indexes fewer than 2^31")
+        mode, coef = (-1, 0.0) if desc is None else (int(desc.mode), float(desc.coef))
+        self.context.kernel("bias_activation_forward").launch(blocks_for(y.size), self._stream, y.data.ptr, bias.data.ptr,
+                                                              y.size, y.c, y.h * y.w, mode, coef)
+
     def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """kernels/cross_entropy_backward.cu: grad = (predict - target)/N, loss[0] += the mean cross
         entropy, count[0] += the hits; block partials in shared memory, one atomicAdd per block and output."""
@@ -458,6 +485,43 @@ class CudaBackend(Backend):
         return cls(shape, self, buffer)
 
 
+class ConvolutionTimer:
+    """Times one run of a convolution direction with a candidate plan, on scratch tensors of the
+    plan's shapes (zeros), with CUDA events: one warm-up run, then the fastest of three."""
+
+    RUNS = 3
+
+    def __init__(self, backend: CudaBackend, x_shape, w_shape, y_shape):
+        self.backend = backend
+        self.x, self.dx = Tensor.zeros(x_shape, backend), Tensor.zeros(x_shape, backend)  # (N, C, H, W)
+        self.w, self.dw = Tensor.zeros(w_shape, backend), Tensor.zeros(w_shape, backend)  # (K, C, R, S)
+        self.dy = Tensor.zeros(y_shape, backend)  # (N, K, OH, OW)
+        self.start, self.end = Event(), Event()
+
+    def run(self, plan: ConvolutionPlan, direction: str) -> None:
+        b = self.backend
+        if direction == "forward":
+            b.convolution_forward(plan, 1.0, self.x, self.w, 0.0, self.dy)
+        elif direction == "backward_data":
+            b.convolution_backward_data(plan, 1.0, self.w, self.dy, 0.0, self.dx)
+        else:
+            b.convolution_backward_filter(plan, 1.0, self.x, self.dy, 0.0, self.dw)
+
+    def measure(self, plan: ConvolutionPlan, direction: str) -> float:
+        """Milliseconds of the fastest of RUNS runs, after one warm-up run."""
+        stream = self.backend.context.stream
+        self.backend.context.ones(plan.gemm_shape.batch)
+        self.run(plan, direction)
+        times = []
+        for _ in range(self.RUNS):
+            self.start.record(stream)
+            self.run(plan, direction)
+            self.end.record(stream)
+            self.end.synchronize()
+            times.append(self.start.elapsed_ms(self.end))
+        return min(times)
+
+
 # ---- argument checks (cheap, host-side: a bad size must not become an out-of-bounds access) -----
 def _check_fits(call: str, storage: DeviceBuffer, offset: int, size: int) -> None:
     if offset < 0 or size < 0 or offset + size > storage.size:
@@ -498,6 +562,11 @@ def _sgd_entry(param, grad, velocity, momentum: float) -> tuple[int, int, int, i
     return (param.data.ptr, grad.data.ptr, velocity.data.ptr, param.size)
 
 
+def _check_bias(call: str, bias, y) -> None:
+    if bias.size != y.c:
+        raise ShapeError(f"{call}: the bias must hold one value per channel of y {y.shape} ({y.c}), got shape {bias.shape}")
+
+
 def _same_shape(call: str, a, b) -> None:
     if a.shape != b.shape:
         raise ShapeError(f"{call}: tensors must have the same shape, got {a.shape} and {b.shape}")
@@ -531,3 +600,5 @@ def _check_gather(images, labels, order, cursor, x, target) -> None:
                          f"x {x.shape}, target {target.shape} do not fit together")
     if cursor.size != 1:
         raise ShapeError(f"gather_batch: cursor must hold one value, got shape {cursor.shape}")
+    if x.size >= INDEX_LIMIT:
+        raise ShapeError(f"gather_batch: a batch of shape {x.shape} holds {x.size} values; the kernel indexes fewer than 2^31")

@@ -16,13 +16,14 @@ from ctypes import c_float
 from ...errors import CudaError, DeviceError, DeviceUnavailableError, UsageError
 from .bindings import cublas, cudnn, nvrtc, runtime
 from .bindings.loader import load_library
-from .buffer import DeviceBuffer
+from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .descriptors import DescriptorCache
 from .handles import CublasHandle, CudaGraph, CudnnHandle, Event, Stream
 from .kernel import KERNELS, Kernel, load_module
 
 log = logging.getLogger(__name__)
 
+ONE_BITS = 0x3F800000  # 1.0f
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS' recommendation for Hopper; needed for graph capture
 
 
@@ -79,7 +80,8 @@ class CudaContext:
         self.cudnn_version = cudnn.get_version()
         self.descriptors = DescriptorCache()
         self._workspace: DeviceBuffer | None = None  # shared by every convolution plan, grow-only
-        self._outgrown_workspaces: list[DeviceBuffer] = []  # smaller ones a captured graph may point to
+        self._outgrown_buffers: list[DeviceBuffer] = []  # outgrown workspaces and ones: a captured graph may point to them
+        self._ones: DeviceBuffer | None = None  # 1.0 values, grow-only like the workspace
         self._kernels: dict[str, Kernel] = {}
         self._ordering_event: Event | None = None
         log.info("CUDA context on device %d (%s, %s), cuDNN %d", device, self.device_name, self.arch, self.cudnn_version)
@@ -140,10 +142,23 @@ class CudaContext:
                     "run one step at this batch size before capturing"
                 )
             if self._workspace is not None:  # a captured CUDA graph may still use it: keep it alive
-                self._outgrown_workspaces.append(self._workspace)
+                self._outgrown_buffers.append(self._workspace)
             self._workspace = DeviceBuffer.allocate(nbytes)
             log.debug("cuDNN workspace grown to %d bytes", nbytes)
         return self._workspace.ptr if self._workspace is not None else 0
+
+    def ones(self, count: int) -> int:
+        """The pointer of at least ``count`` float32 ones (a vector that sums by cublasSgemv), grown
+        (never shrunk) and filled first if needed."""
+        if self._ones is None or self._ones.size < count:
+            if self.is_capturing():
+                raise DeviceError(f"the vector of ones must grow to {count} values during a CUDA graph capture; "
+                                  "run one step at this batch size before capturing")
+            if self._ones is not None:
+                self._outgrown_buffers.append(self._ones)
+            self._ones = DeviceBuffer.allocate(FLOAT32_BYTES * count)
+            runtime.memset_d32_async(self._ones.ptr, ONE_BITS, count, self.stream.handle)
+        return self._ones.ptr
 
     # ---- kernels -----------------------------------------------------------------------------
     def kernel(self, name: str) -> Kernel:
@@ -168,11 +183,11 @@ class CudaContext:
         for owned in (self._ordering_event, self.cudnn, self.cublas):
             if owned is not None:
                 owned.close()
-        for buffer in (self._workspace, self._cublas_workspace, *self._outgrown_workspaces):
+        for buffer in (self._workspace, self._ones, self._cublas_workspace, *self._outgrown_buffers):
             if buffer is not None:
                 buffer.free()
-        self._workspace = None
-        self._outgrown_workspaces.clear()
+        self._workspace = self._ones = None
+        self._outgrown_buffers.clear()
         self.stream.close()
 
     @property

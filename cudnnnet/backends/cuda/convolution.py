@@ -1,26 +1,33 @@
-"""Convolution plans: cuDNN algorithms for forward, backward-data and backward-filter, chosen once
-per (descriptor, input shape, math mode) by one search helper, and the workspace they need."""
+"""Convolution plans: an algorithm for forward, backward-data and backward-filter, chosen once per
+(descriptor, input shape, math mode) by one search helper, and the workspace they need.
+
+An algorithm is cuDNN's (its cudnnConvolution*Algo_t value) or ``GEMM_ALGORITHM``, our
+explicit-GEMM engine (gemm_convolution.py: im2col + cuBLAS). An exhaustive search times them all
+the same way and takes the fastest; a heuristic one takes cuDNN's first choice."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ...errors import CudnnError
 from ..base import ConvolutionDescriptor
+from . import gemm_convolution
 from .bindings import cudnn
 from .descriptors import ConvolutionDescriptorHandle, DescriptorCache, FilterDescriptor, TensorDescriptor
+from .gemm_convolution import GEMM_ALGORITHM, GemmShape
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Algorithm:
-    """A cuDNN algorithm enum value and the workspace it needs."""
+    """A cuDNN algorithm enum value (or GEMM_ALGORITHM) and the workspace it needs."""
 
     algo: int
     workspace_bytes: int
+    deterministic: bool = True
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class ConvolutionPlan:
     w: FilterDescriptor  # (K, C, R, S)
     conv: ConvolutionDescriptorHandle
     y: TensorDescriptor  # (N, K, OH, OW)
+    gemm_shape: GemmShape  # the sizes our explicit-GEMM engine uses
     forward: Algorithm
     backward_data: Algorithm
     backward_filter: Algorithm
@@ -96,21 +104,21 @@ TENSOR_CORE_MATH = (cudnn.TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION)
 EXACT_ALGORITHMS = {"forward": (0, 1, 2, 3), "backward_data": (0, 1), "backward_filter": (0, 1, 3)}
 
 
-def choose_algorithm(handle: int, direction: Direction, operands: tuple, limit: int, search: str,
-                     math_type: int) -> Algorithm:
-    """The best-ranked algorithm that cuDNN supports here and whose workspace fits in ``limit`` bytes.
+def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: int, search: str,
+                     math_type: int) -> list[Algorithm]:
+    """cuDNN's algorithms that it supports here and whose workspace fits in ``limit`` bytes, best-ranked first.
 
     ``search`` is "exhaustive" (cudnnFind*: runs every algorithm once, ranked by measured time;
     cuDNN allocates its own scratch memory) or "heuristic" (cudnnGet*_v7: instant, no memory).
-    Under CUDNN_FMA_MATH (our FP32) neither a tensor-core algorithm nor an FFT/Winograd one is taken, and
-    deterministic algorithms come first (the same seed then gives the same weights, run after run).
+    Under CUDNN_FMA_MATH (our FP32) neither a tensor-core algorithm nor an FFT/Winograd one is
+    taken. Deterministic algorithms come first (the same seed then gives the same weights, run after run).
     """
     count = direction.max_count(handle)
     results = (cudnn.AlgoPerf * count)()
     query = direction.exhaustive if search == "exhaustive" else direction.heuristic
     returned = query(handle, *operands, count, results)
-    ranked = sorted(results[:returned], key=lambda perf: perf.determinism != cudnn.DETERMINISTIC)  # stable
-    for perf in ranked:
+    candidates = []
+    for perf in results[:returned]:
         if perf.status != cudnn.STATUS_SUCCESS:
             continue
         if math_type == cudnn.FMA_MATH and (perf.mathType in TENSOR_CORE_MATH
@@ -122,23 +130,52 @@ def choose_algorithm(handle: int, direction: Direction, operands: tuple, limit: 
             log.debug("convolution %s algorithm %d skipped: %s", direction.name, perf.algo, error)
             continue
         if nbytes <= limit:
-            return Algorithm(perf.algo, nbytes)
-    raise CudnnError(
-        query.__name__, cudnn.STATUS_NOT_SUPPORTED, "CUDNN_STATUS_NOT_SUPPORTED",
-        f"no convolution {direction.name} algorithm is supported with a workspace of at most {limit} bytes",
-    )
+            candidates.append(Algorithm(perf.algo, nbytes, perf.determinism == cudnn.DETERMINISTIC))
+    return sorted(candidates, key=lambda algorithm: not algorithm.deterministic)  # stable
 
 
 def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape,
-              math: str, math_type: int, limit: int, search: str) -> ConvolutionPlan:
-    """Descriptors from the cache, then one algorithm per direction."""
+              math: str, math_type: int, limit: int, search: str, measure=None) -> ConvolutionPlan:
+    """Descriptors from the cache, then one algorithm per direction.
+
+    The candidates are cuDNN's deterministic algorithms (``cudnn_candidates``) and our
+    explicit-GEMM engine where its workspace fits (cuDNN's non-deterministic ones only if none of
+    those does). With ``search="exhaustive"``, ``measure(plan, direction)`` (milliseconds of
+    one run, timed by the backend) picks the fastest of them; otherwise cuDNN's first choice wins.
+    """
     x, y = descriptors.tensor(x_shape), descriptors.tensor(y_shape)
     w, conv = descriptors.filter(desc.filter_shape), descriptors.convolution(desc, math_type)
     handles = (x.handle, w.handle, conv.handle, y.handle)
-    forward, backward_data, backward_filter = (
-        choose_algorithm(handle, direction, direction.operands(*handles), limit, search, math_type)
-        for direction in (FORWARD, BACKWARD_DATA, BACKWARD_FILTER)
-    )
-    plan = ConvolutionPlan(desc, x_shape, y_shape, math, x, w, conv, y, forward, backward_data, backward_filter)
+    gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
+    choices = {}
+    for direction in (FORWARD, BACKWARD_DATA, BACKWARD_FILTER):
+        found = cudnn_candidates(handle, direction, direction.operands(*handles), limit, search, math_type)
+        candidates = [algorithm for algorithm in found if algorithm.deterministic]
+        gemm_bytes = gemm_convolution.workspace_bytes(direction.name, gemm_shape)
+        if gemm_bytes <= limit and gemm_convolution.supports(gemm_shape):
+            candidates.append(Algorithm(GEMM_ALGORITHM, gemm_bytes))
+        candidates = candidates or found
+        if not candidates:
+            raise CudnnError(
+                direction.exhaustive.__name__, cudnn.STATUS_NOT_SUPPORTED, "CUDNN_STATUS_NOT_SUPPORTED",
+                f"no convolution {direction.name} algorithm is supported with a workspace of at most {limit} bytes",
+            )
+        choices[direction.name] = candidates
+    plan = ConvolutionPlan(desc, x_shape, y_shape, math, x, w, conv, y, gemm_shape,
+                           **{name: candidates[0] for name, candidates in choices.items()})
+    if search == "exhaustive" and measure is not None:
+        plan = _fastest(plan, choices, measure)
     log.debug("planned %r", plan)
+    return plan
+
+
+def _fastest(plan: ConvolutionPlan, choices: dict, measure) -> ConvolutionPlan:
+    """The plan with, in each direction, the candidate ``measure`` found fastest."""
+    for name, candidates in choices.items():
+        if len(candidates) > 1:
+            times = [measure(replace(plan, **{name: candidate}), name) for candidate in candidates]
+            best = min(range(len(candidates)), key=times.__getitem__)
+            log.debug("convolution %s %s: %s ms", name, plan.x_shape,
+                      ", ".join(f"algorithm {c.algo} {t:.4f}" for c, t in zip(candidates, times)))
+            plan = replace(plan, **{name: candidates[best]})
     return plan

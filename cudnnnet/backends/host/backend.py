@@ -435,6 +435,13 @@ class HostBackend(Backend):
         p -= F32(_scalar(lr)) * g
 
     # ---- fused calls: on the host, the unfused formulas in one call -------------------------------
+    def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
+        _check_bias("bias_activation_forward", bias, y)
+        values = _nd(y)
+        values += _nd(bias).reshape(1, y.c, 1, 1)
+        if desc is not None:
+            values[...] = _lookup(_ACTIVATIONS, desc.mode, "activation")(values, desc.coef)
+
     def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """grad = (predict - target)/N;  loss[0] += -(1/N)·Σ target·log(max(predict, 1e-7));  count[0] += hits."""
         _same_shape("cross_entropy_backward", predict, target)
@@ -462,3 +469,8 @@ class HostBackend(Backend):
     def from_dlpack(self, cls, external):
         """A host tensor holding a copy of a CPU DLPack producer's values."""
         return cls.from_numpy(np.from_dlpack(external), self)
+
+
+def _check_bias(call: str, bias, y) -> None:
+    if bias.size != y.c:
+        raise ShapeError(f"{call}: the bias must hold one value per channel of y {y.shape} ({y.c}), got shape {bias.shape}")

@@ -8,7 +8,7 @@ CUBLAS_POINTER_MODE_DEVICE.
 from __future__ import annotations
 
 import ctypes
-from ctypes import POINTER, c_char_p, c_int, c_size_t, c_void_p
+from ctypes import POINTER, c_char_p, c_int, c_longlong, c_size_t, c_void_p
 
 from ....errors import CublasError, DeviceUnavailableError, OutOfMemoryError
 from . import calls
@@ -43,6 +43,8 @@ SIGNATURES = {
     "cublasSetMathMode": (_P, c_int),
     "cublasSetWorkspace_v2": (_P, _P, c_size_t),
     "cublasSgemm_v2": (_P, c_int, c_int, c_int, c_int, c_int, _P, _P, c_int, _P, c_int, _P, _P, c_int),
+    "cublasSgemmStridedBatched": (_P, c_int, c_int, c_int, c_int, c_int, _P, _P, c_int, c_longlong, _P, c_int,
+                                  c_longlong, _P, _P, c_int, c_longlong, c_int),
     "cublasSgemv_v2": (_P, c_int, c_int, c_int, _P, _P, c_int, _P, c_int, _P, _P, c_int),
     "cublasSaxpy_v2": (_P, c_int, _P, _P, c_int, _P, c_int),
     "cublasSscal_v2": (_P, c_int, _P, _P, c_int),
@@ -121,6 +123,13 @@ def set_workspace(handle: int, workspace: int, nbytes: int) -> None:
 def sgemm(handle, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) -> None:
     """C(m×n) = alpha·op(A)(m×k)·op(B)(k×n) + beta·C."""
     _call("cublasSgemm_v2", handle, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+
+
+def sgemm_strided_batched(handle, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                          stride_c, batch) -> None:
+    """Cᵢ = alpha·op(Aᵢ)·op(Bᵢ) + beta·Cᵢ for i < batch, Xᵢ at X + i·stride_x (a stride of 0 shares one matrix)."""
+    _call("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+          beta, c, ldc, stride_c, batch)
 
 
 def sgemv(handle, trans, m, n, alpha, a, lda, x, incx, beta, y, incy) -> None:

@@ -3,7 +3,8 @@
 // cudnnActivationForward: one read and one write of y instead of two of each.
 //
 // mode: cudnnActivationMode_t (0 sigmoid, 1 relu, 2 tanh, 3 clipped relu, 4 elu), or -1 for none;
-// coef: the clipping threshold or ELU's alpha. b holds one value per channel.
+// coef: the clipping threshold or ELU's alpha. b holds one value per channel. 32-bit indices: the
+// backend checks that y holds fewer than 2^31 values.
 //   y (N, C, H, W), b (C), positions = H·W
 
 __device__ float activation(float x, int mode, float coef) {
@@ -17,11 +18,36 @@ __device__ float activation(float x, int mode, float coef) {
     }
 }
 
-extern "C" __global__ void bias_activation_forward(float* y, const float* b, long long count, int channels,
+// A row is one channel of one sample (``positions`` values sharing a bias) or, for a Dense
+// layer's y (positions = 1), one sample's ``channels`` values. A block takes rows in groups of
+// BLOCK_SIZE / width rows, ``width`` threads (32 to BLOCK_SIZE, a power of two) striding along
+// each, so the bias index costs no division per value; each thread keeps UNROLL loads in flight.
+#define UNROLL 4
+
+extern "C" __global__ void bias_activation_forward(float* y, const float* b, int count, int channels,
                                                    int positions, int mode, float coef) {
-    for (long long i = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x; i < count;
-         i += (long long)gridDim.x * BLOCK_SIZE) {
-        const int channel = (int)((i / positions) % channels);
-        y[i] = activation(y[i] + b[channel], mode, coef);
+    const bool dense = positions == 1;
+    const int row_length = dense ? channels : positions;
+    const int rows = count / row_length;
+    int width = 32;  // a power of two, so that it divides BLOCK_SIZE
+    while (width < row_length && width < BLOCK_SIZE) width *= 2;
+    const int rows_per_block = BLOCK_SIZE / width;
+    const int lane = threadIdx.x % width;
+    for (int row = blockIdx.x * rows_per_block + threadIdx.x / width; row < rows; row += gridDim.x * rows_per_block) {
+        float* values = y + row * row_length;
+        const float row_bias = dense ? 0.f : b[row % channels];
+        for (int start = lane; start < row_length; start += UNROLL * width) {
+            float loaded[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int j = start + u * width;
+                loaded[u] = j < row_length ? values[j] + (dense ? b[j] : row_bias) : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int j = start + u * width;
+                if (j < row_length) values[j] = activation(loaded[u], mode, coef);
+            }
+        }
     }
 }

@@ -12,10 +12,11 @@ extern "C" __global__ void gather_batch(float* x, float* target, const float* im
                                         const float* order, const float* cursor, long long batch,
                                         long long sample_size, int classes) {
     const long long start = (long long)cursor[0];
-    for (long long i = first_index(); i < batch * sample_size; i += grid_stride()) {
-        const long long b = i / sample_size;
+    const int size = (int)sample_size;  // one batch holds fewer than 2^31 values (the backend checks)
+    for (int i = (int)first_index(); i < (int)(batch * size); i += (int)grid_stride()) {
+        const int b = i / size;
         const long long sample = (long long)order[start + b];
-        x[i] = images[sample * sample_size + (i - b * sample_size)];
+        x[i] = images[sample * size + (i - b * size)];
     }
     for (long long i = first_index(); i < batch * classes; i += grid_stride()) {
         const long long b = i / classes;
