@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
-import http.client
 import json
 import logging
 import math
@@ -341,6 +340,8 @@ def _fetch_to_temp(url: str, directory: Path, file_name: str, timeout: float) ->
 
 def _download_file(file_name: str, directory: Path, mirrors: Iterable[str], timeout: float) -> Path:
     """Download ``file_name`` from the first mirror that serves it with the right MD5."""
+    import http.client  # with ssl and email, a noticeable share of an import that seldom downloads
+
     expected = GZIP_MD5[file_name]
     failures = []
     for mirror in mirrors:
