@@ -2,13 +2,12 @@
 
 ``Trainer(config, output_dir).run()`` trains, evaluates on the full test set after each epoch and
 writes into ``output_dir``: ``model.npz`` (weights, optimiser state and position, so a run can be
-resumed), ``metrics.json``, ``history.csv`` and, when matplotlib is installed, ``curves.png``.
+resumed), ``metrics.json``, ``history.csv`` and ``curves.png`` (drawn with Pillow).
 Nothing outside ``output_dir`` is written.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import math
@@ -22,6 +21,7 @@ import numpy as np
 from . import checkpoint
 from .backends import get_backend
 from .config import Config
+from .curves import plot_curves
 from .data.loader import BatchLoader
 from .data.mnist import load_mnist
 from .data.streamed import StreamedData, choose_placement
@@ -350,7 +350,7 @@ class Trainer:
         metrics = self.metrics()
         write_atomic(self.output_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
         self._write_history()
-        _plot_curves(self.position.history, self.output_dir / "curves.png")
+        plot_curves(self.position.history, self.output_dir / "curves.png")
         return metrics
 
     def _write_history(self) -> None:
@@ -417,36 +417,3 @@ def _progress_bar(enabled: bool, total: int, initial: int, description: str):
 
 def _csv_value(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
-
-
-def _plot_curves(history: list, path: Path) -> None:
-    """Loss and accuracy per epoch, train and test, when matplotlib is installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
-        log.info("matplotlib is not installed: no %s", path.name)
-        return
-    if not history:
-        return
-    epochs = [row["epoch"] for row in history]
-    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
-    for key, label in (("train_loss", "train (mean over the epoch)"), ("test_loss", "test (end of the epoch)")):
-        loss_axes.plot(epochs, [row[key] for row in history], marker="o", label=label)
-    for key, label in (("train_accuracy", "train (mean over the epoch)"), ("test_accuracy", "test (end of the epoch)")):
-        accuracy_axes.plot(epochs, [row[key] for row in history], marker="o", label=label)
-    loss_axes.set(xlabel="epoch", ylabel="loss", title="loss")
-    accuracy_axes.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
-    for axes in (loss_axes, accuracy_axes):
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-        axes.grid(alpha=0.3)
-        axes.legend()
-    figure.tight_layout()
-    try:
-        with checkpoint.atomic_write(path) as file:
-            figure.savefig(file, format="png", dpi=100)
-    finally:
-        plt.close(figure)
