@@ -23,7 +23,7 @@ from .backends import get_backend
 from .config import Config
 from .curves import plot_curves
 from .data.loader import BatchLoader
-from .data.mnist import load_mnist
+from .data.mnist import load_mnist, one_hot
 from .data.streamed import StreamedData, choose_placement
 from .errors import CheckpointError, TrainingError
 from .network import OPTIMIZER_PREFIX, Network
@@ -139,16 +139,40 @@ class ResidentData:
         self.backend.gather_batch(self.images, self.labels, self.order, self.cursor, x, target)
 
 
+class ResidentTestSet:
+    """A test set held by the backend once (device memory on CUDA), evaluated in batches that are
+    views of it: an evaluation copies nothing from the host."""
+
+    def __init__(self, backend, images: np.ndarray, labels: np.ndarray, classes: int):
+        self.count, self.classes = images.shape[0], classes
+        self.images = Tensor.from_numpy(images, backend)  # (N, C, H, W)
+        self.targets = Tensor.from_numpy(one_hot(labels, classes), backend)  # (N, classes)
+
+    def batches(self, batch_size: int):
+        """(x, one-hot target) views of ``batch_size`` samples at a time (the last may be shorter)."""
+        sample_shape, sample_size = self.images.shape[1:], self.images.sample_size
+        for start in range(0, self.count, batch_size):
+            size = min(batch_size, self.count - start)
+            yield (self.images.view((size,) + sample_shape, start * sample_size),
+                   self.targets.view((size, self.classes), start * self.classes))
+
+
 def evaluate(network: Network, images: np.ndarray, labels: np.ndarray, batch_size: int = 1000,
              keep_predictions: bool = False) -> Evaluation:
-    """Mean loss and accuracy over a whole set (and, if asked, each sample's predicted class)."""
+    """Mean loss and accuracy over a whole set (and, if asked, each sample's predicted class),
+    its batches copied from the host."""
     loader = BatchLoader(images, labels, batch_size, shuffle=False)
     feed = BatchFeed(network.backend, images.shape[1:], loader.classes)
+    batches = (feed(batch_images, onehot) for batch_images, onehot, _ in loader.epoch_batches(0))
+    return evaluate_batches(network, batches, loader.num_samples, keep_predictions)
+
+
+def evaluate_batches(network: Network, batches, count: int, keep_predictions: bool = False) -> Evaluation:
+    """``evaluate`` over (x, one-hot target) tensor pairs covering ``count`` samples."""
     totals = Accumulator(network.backend)
     predictions = []
     loss_sum = 0.0
-    for batch_images, onehot, _ in loader.epoch_batches(0):
-        x, target = feed(batch_images, onehot)
+    for x, target in batches:
         output = network.forward(x)
         network.loss_layer.loss(target, totals.loss_sum)
         loss_sum += totals.loss_sum.item() * x.n
@@ -156,7 +180,6 @@ def evaluate(network: Network, images: np.ndarray, labels: np.ndarray, batch_siz
         if keep_predictions:
             predictions.append(output.numpy().reshape(x.n, -1).argmax(axis=1))
     correct = totals.correct.item()
-    count = loader.num_samples
     return Evaluation(loss_sum / count, correct / count, np.concatenate(predictions) if keep_predictions else None)
 
 
@@ -189,6 +212,9 @@ class Trainer:
         data_class = StreamedData if placement == "host" else ResidentData
         self.data = data_class(self.backend, self.train_images, self.train_labels, train.batch_size,
                                self.loader.classes)
+        # the test set beside the training set on the device (when that is where the training set is)
+        self.test_set = (ResidentTestSet(self.backend, self.test_images, self.test_labels, self.loader.classes)
+                         if data_class is ResidentData else None)
         self.use_graph = train.graph and self.backend.supports_graphs
         self.graph = None  # the captured training step of a full batch, once captured
         self._full_batch_ran = False  # the first full step runs eagerly: it allocates and plans
@@ -305,7 +331,7 @@ class Trainer:
             raise TrainingError(f"the loss became {train_loss} in epoch {self.position.epoch + 1} "
                                 f"(by step {self.position.step}); try a lower learning rate")
         images_seen = min(steps_done * self.config.train.batch_size, self.loader.num_samples)
-        test = evaluate(self.network, self.test_images, self.test_labels, self.config.train.eval_batch_size)
+        test = self._evaluate()
         row = {"epoch": self.position.epoch + 1, "steps": self.position.step,
                "learning_rate": self.optimizer.current_lr(self.position.epoch), "train_loss": train_loss,
                "train_accuracy": correct / images_seen, "test_loss": test.loss, "test_accuracy": test.accuracy,
@@ -320,6 +346,13 @@ class Trainer:
         if completed and every and self.position.epoch % every == 0 and self.position.step < self.total_steps:
             self._save("model.npz")
         self._write_history()
+
+    def _evaluate(self) -> Evaluation:
+        """The test set's loss and accuracy, from device-resident batches where it is resident."""
+        batch_size = self.config.train.eval_batch_size
+        if self.test_set is None:
+            return evaluate(self.network, self.test_images, self.test_labels, batch_size)
+        return evaluate_batches(self.network, self.test_set.batches(batch_size), self.test_set.count)
 
     # ---- outputs ---------------------------------------------------------------------------------
     def _save(self, name: str) -> Path:

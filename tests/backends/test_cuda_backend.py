@@ -349,7 +349,7 @@ def test_convolution_plan_takes_cudnn_or_the_gemm_engine_by_timing(cuda, caplog)
 
 
 def test_convolution_heuristic_search(host, cuda, rng):
-    """The default is cudnnFind (exhaustive); the cudnnGet*_v7 heuristics must agree with the host too."""
+    """The default times every candidate (exhaustive); cuDNN's first choice must agree with the host too."""
     desc = ConvolutionDescriptor(8, 3, 3, 1, 1, 1)
     cuda.algorithm_search = "heuristic"
     try:
@@ -370,7 +370,8 @@ def test_convolution_plans_per_batch_size_and_workspace_only_grows(cuda, binding
         sizes.append(cuda.context.workspace_bytes)
     assert sizes == sorted(sizes)
     assert plans[4] is not plans[8] and plans[8] is not plans[64]
-    assert bindings.calls["cudnnFindConvolutionForwardAlgorithm"] == 3  # one search per batch size (cudnnFind, the default)
+    assert bindings.calls["cudnnGetConvolutionForwardAlgorithm_v7"] == 3  # one search per batch size
+    assert bindings.calls["cudnnFindConvolutionForwardAlgorithm"] == 0  # candidates are timed by us, not cudnnFind
 
 
 def test_convolution_plan_rejects_wrong_shapes(cuda):

@@ -67,7 +67,7 @@ class CudaBackend(Backend):
         self.context = CudaContext(device)
         self.device_name = self.context.device_name
         self.workspace_limit = workspace_limit  # bytes a convolution algorithm may use
-        self.algorithm_search = algorithm_search  # "exhaustive" (cudnnFind*, timed) or "heuristic" (cudnnGet*_v7)
+        self.algorithm_search = algorithm_search  # "exhaustive" (every candidate timed) or "heuristic" (cuDNN's first)
         self._plans: OrderedDict = OrderedDict()  # (desc, x_shape, math, search) -> ConvolutionPlan
         self._sgd_tables: OrderedDict = OrderedDict()  # ((param, grad, velocity, size) pointers...) -> SgdTable
         self._stream = self.context.stream.handle

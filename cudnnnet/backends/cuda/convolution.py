@@ -2,8 +2,15 @@
 (descriptor, input shape, math mode) by one search helper, and the workspace they need.
 
 An algorithm is cuDNN's (its cudnnConvolution*Algo_t value) or ``GEMM_ALGORITHM``, our
-explicit-GEMM engine (gemm_convolution.py: im2col + cuBLAS). An exhaustive search times them all
-the same way and takes the fastest; a heuristic one takes cuDNN's first choice."""
+explicit-GEMM engine (gemm_convolution.py: im2col + cuBLAS). cuDNN lists its algorithms with
+cudnnGet*Algorithm_v7 (instant, every algorithm with its support status); an "exhaustive" search
+then times each eligible one and the GEMM engine the same way (CUDA events, on scratch tensors)
+and takes the fastest, a "heuristic" one takes cuDNN's first choice. cudnnFind* is not used: it
+runs every algorithm, FFT and Winograd ones included, and cost 80 ms a call on an H100.
+
+Under CUDNN_FMA_MATH (our FP32) only exact algorithms are eligible: no tensor-core algorithm and
+no FFT or Winograd one (they differed from the host by ~1e-3, measured on an H100); and only
+deterministic ones, while any is eligible (the same seed then gives the same weights)."""
 
 from __future__ import annotations
 
@@ -66,7 +73,6 @@ class Direction:
     name: str
     max_count: Callable
     heuristic: Callable  # cudnnGet*Algorithm_v7
-    exhaustive: Callable  # cudnnFind*Algorithm
     workspace_size: Callable  # cudnnGet*WorkspaceSize
     operands: Callable
 
@@ -75,7 +81,6 @@ FORWARD = Direction(
     "forward",
     cudnn.get_convolution_forward_algorithm_max_count,
     cudnn.get_convolution_forward_algorithm_v7,
-    cudnn.find_convolution_forward_algorithm,
     cudnn.get_convolution_forward_workspace_size,
     lambda x, w, conv, y: (x, w, conv, y),
 )
@@ -83,7 +88,6 @@ BACKWARD_DATA = Direction(
     "backward_data",
     cudnn.get_convolution_backward_data_algorithm_max_count,
     cudnn.get_convolution_backward_data_algorithm_v7,
-    cudnn.find_convolution_backward_data_algorithm,
     cudnn.get_convolution_backward_data_workspace_size,
     lambda x, w, conv, y: (w, y, conv, x),  # (w, dy, conv, dx)
 )
@@ -91,7 +95,6 @@ BACKWARD_FILTER = Direction(
     "backward_filter",
     cudnn.get_convolution_backward_filter_algorithm_max_count,
     cudnn.get_convolution_backward_filter_algorithm_v7,
-    cudnn.find_convolution_backward_filter_algorithm,
     cudnn.get_convolution_backward_filter_workspace_size,
     lambda x, w, conv, y: (x, y, conv, w),  # (x, dy, conv, dw)
 )
@@ -104,19 +107,12 @@ TENSOR_CORE_MATH = (cudnn.TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION)
 EXACT_ALGORITHMS = {"forward": (0, 1, 2, 3), "backward_data": (0, 1), "backward_filter": (0, 1, 3)}
 
 
-def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: int, search: str,
-                     math_type: int) -> list[Algorithm]:
-    """cuDNN's algorithms that it supports here and whose workspace fits in ``limit`` bytes, best-ranked first.
-
-    ``search`` is "exhaustive" (cudnnFind*: runs every algorithm once, ranked by measured time;
-    cuDNN allocates its own scratch memory) or "heuristic" (cudnnGet*_v7: instant, no memory).
-    Under CUDNN_FMA_MATH (our FP32) neither a tensor-core algorithm nor an FFT/Winograd one is
-    taken. Deterministic algorithms come first (the same seed then gives the same weights, run after run).
-    """
+def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: int, math_type: int) -> list[Algorithm]:
+    """cuDNN's algorithms that it supports here, exact under CUDNN_FMA_MATH, whose workspace fits in
+    ``limit`` bytes: deterministic ones first, each group in cuDNN's heuristic order (cudnnGet*_v7)."""
     count = direction.max_count(handle)
     results = (cudnn.AlgoPerf * count)()
-    query = direction.exhaustive if search == "exhaustive" else direction.heuristic
-    returned = query(handle, *operands, count, results)
+    returned = direction.heuristic(handle, *operands, count, results)
     candidates = []
     for perf in results[:returned]:
         if perf.status != cudnn.STATUS_SUCCESS:
@@ -149,7 +145,7 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
     choices = {}
     for direction in (FORWARD, BACKWARD_DATA, BACKWARD_FILTER):
-        found = cudnn_candidates(handle, direction, direction.operands(*handles), limit, search, math_type)
+        found = cudnn_candidates(handle, direction, direction.operands(*handles), limit, math_type)
         candidates = [algorithm for algorithm in found if algorithm.deterministic]
         gemm_bytes = gemm_convolution.workspace_bytes(direction.name, gemm_shape)
         if gemm_bytes <= limit and gemm_convolution.supports(gemm_shape):
@@ -157,7 +153,7 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
         candidates = candidates or found
         if not candidates:
             raise CudnnError(
-                direction.exhaustive.__name__, cudnn.STATUS_NOT_SUPPORTED, "CUDNN_STATUS_NOT_SUPPORTED",
+                direction.heuristic.__name__, cudnn.STATUS_NOT_SUPPORTED, "CUDNN_STATUS_NOT_SUPPORTED",
                 f"no convolution {direction.name} algorithm is supported with a workspace of at most {limit} bytes",
             )
         choices[direction.name] = candidates
