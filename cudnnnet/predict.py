@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .data.images import list_images, load_image, preprocess
 from .errors import ImageError, InvalidArgumentError
 from .tensor import Tensor
 
@@ -54,6 +53,8 @@ def training_normalize(network) -> tuple[float, float] | None:
 
 def _inputs(images, size: int, normalize) -> list[tuple[str, np.ndarray | None, str | None]]:
     """(name, preprocessed (1, size, size) array or None, error or None) for every image given."""
+    from .data.images import list_images, load_image, preprocess  # Pillow: imported when predicting, not with cudnnnet
+
     if isinstance(images, (str, os.PathLike, np.ndarray)):
         images = [images]
     prepared = []

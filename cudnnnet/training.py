@@ -441,7 +441,22 @@ class _signals_to:
         return False
 
 
+class _NoProgressBar:
+    """What a quiet run shows: nothing (and tqdm is not imported)."""
+
+    def update(self, steps: int) -> None:
+        pass
+
+    def set_postfix(self, **values) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _progress_bar(enabled: bool, total: int, initial: int, description: str):
+    if not enabled:
+        return _NoProgressBar()
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, desc=description, disable=not enabled, leave=False, unit="step",
