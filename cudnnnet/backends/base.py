@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Union
 
-from ..errors import UsageError
+from ..errors import ShapeError, UsageError
 
 OP_N = 0  # CUBLAS_OP_N
 OP_T = 1  # CUBLAS_OP_T
@@ -305,3 +305,9 @@ class Backend(ABC):
         and uploaded on the first call with a given list: that first call must not be made inside
         a CUDA graph capture (DeviceError).
         """
+
+
+def check_bias(call: str, bias, y) -> None:
+    """A ShapeError unless ``bias`` holds one value per channel of ``y`` (N, C, H, W)."""
+    if bias.size != y.c:
+        raise ShapeError(f"{call}: the bias must hold one value per channel of y {y.shape} ({y.c}), got shape {bias.shape}")

@@ -24,7 +24,7 @@ import numpy as np
 
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
-from ..base import OP_N, OP_T, ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor
+from ..base import OP_N, OP_T, ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor, check_bias
 from . import dlpack
 from .bindings import cublas, cudnn, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
@@ -257,7 +257,7 @@ class CudaBackend(Backend):
                 )
             plan = make_plan(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math,
                              MATH_MODES[self.math][1], self.workspace_limit, self.algorithm_search,
-                             measure=ConvolutionTimer(self, x_shape, desc.filter_shape, y_shape).measure)
+                             measure=self._convolution_timer(desc, x_shape, y_shape))
             self.context.workspace(plan.workspace_bytes)
             self.context.ones(x_shape[0])
             self._plans[key] = plan
@@ -267,6 +267,12 @@ class CudaBackend(Backend):
             _check_convolution_shapes(desc, x_shape, y_shape)
         self._plans.move_to_end(key)
         return plan
+
+    def _convolution_timer(self, desc: ConvolutionDescriptor, x_shape, y_shape):
+        """What times the candidates of an exhaustive search (None for a heuristic one)."""
+        if self.algorithm_search != "exhaustive":
+            return None
+        return ConvolutionTimer(self, x_shape, desc.filter_shape, y_shape).measure
 
     def convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
         _check_plan("convolution_forward", plan, x=x, w=w, y=y)
@@ -391,7 +397,7 @@ class CudaBackend(Backend):
     # ---- fused calls: one launch each ---------------------------------------------------------
     def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
         """kernels/bias_activation.cu: one launch, y read and written once."""
-        _check_bias("bias_activation_forward", bias, y)
+        check_bias("bias_activation_forward", bias, y)
         if y.size >= INDEX_LIMIT:
             raise ShapeError(f"bias_activation_forward: y {y.shape} holds {y.size} values; the kernel indexes fewer than 2^31")
         mode, coef = (-1, 0.0) if desc is None else (int(desc.mode), float(desc.coef))
@@ -560,11 +566,6 @@ def _sgd_entry(param, grad, velocity, momentum: float) -> tuple[int, int, int, i
         raise UsageError("sgd_update_many: momentum is non-zero but a parameter has no velocity tensor")
     _same_shape("sgd_update_many", param, velocity)
     return (param.data.ptr, grad.data.ptr, velocity.data.ptr, param.size)
-
-
-def _check_bias(call: str, bias, y) -> None:
-    if bias.size != y.c:
-        raise ShapeError(f"{call}: the bias must hold one value per channel of y {y.shape} ({y.c}), got shape {bias.shape}")
 
 
 def _same_shape(call: str, a, b) -> None:

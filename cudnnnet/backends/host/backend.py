@@ -26,6 +26,7 @@ from ..base import (
     ConvolutionDescriptor,
     PoolingDescriptor,
     PoolingMode,
+    check_bias,
 )
 
 log = logging.getLogger(__name__)
@@ -436,7 +437,7 @@ class HostBackend(Backend):
 
     # ---- fused calls: on the host, the unfused formulas in one call -------------------------------
     def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
-        _check_bias("bias_activation_forward", bias, y)
+        check_bias("bias_activation_forward", bias, y)
         values = _nd(y)
         values += _nd(bias).reshape(1, y.c, 1, 1)
         if desc is not None:
@@ -469,8 +470,3 @@ class HostBackend(Backend):
     def from_dlpack(self, cls, external):
         """A host tensor holding a copy of a CPU DLPack producer's values."""
         return cls.from_numpy(np.from_dlpack(external), self)
-
-
-def _check_bias(call: str, bias, y) -> None:
-    if bias.size != y.c:
-        raise ShapeError(f"{call}: the bias must hold one value per channel of y {y.shape} ({y.c}), got shape {bias.shape}")
