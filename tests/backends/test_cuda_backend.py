@@ -181,6 +181,108 @@ def test_saxpy_sscal_scopy(host, cuda, rng, n, incx, incy, alpha_on_device):
     compare(host, cuda, body, normal(rng, size), normal(rng, size), normal(rng, size), np.array([0.3], np.float32))
 
 
+# the MLP's GEMMs at batch 256 (Dense 784 → 500 → 10): (transa, transb, m, n, k)
+MLP_GEMMS = [(OP_T, OP_N, 500, 256, 784), (OP_N, OP_T, 784, 500, 256), (OP_T, OP_N, 10, 256, 500),
+             (OP_N, OP_T, 500, 10, 256), (OP_N, OP_N, 500, 256, 10)]
+
+
+def gemm_arrays(rng, transa, transb, m, n, k):
+    a_rows, a_cols = (m, k) if transa == OP_N else (k, m)
+    b_rows, b_cols = (k, n) if transb == OP_N else (n, k)
+    return normal(rng, a_rows * a_cols), normal(rng, b_rows * b_cols), normal(rng, m * n), a_rows, b_rows
+
+
+@pytest.mark.parametrize("gemm", MLP_GEMMS, ids=lambda g: "{}{}-{}x{}x{}".format("NT"[g[0]], "NT"[g[1]], *g[2:]))
+def test_sgemm_plan_times_cublas_and_cublaslt_once(host, cuda, rng, bindings, gemm):
+    """The first call of a problem asks cuBLASLt for candidates and times them; later calls run the plan."""
+    transa, transb, m, n, k = gemm
+    a, b, c, lda, ldb = gemm_arrays(rng, *gemm)
+
+    def body(backend, A, B, C):
+        for _ in range(2):
+            backend.sgemm(transa, transb, m, n, k, 1.0, A, lda, B, ldb, 0.0, C, m)
+        return [C]
+
+    compare(host, cuda, body, a, b, c)
+    assert bindings.calls["cublasLtMatmulAlgoGetHeuristic"] <= 1  # 0: planned by an earlier test
+    plans = [plan for (problem, search), plan in cuda._gemm.plans.items()
+             if (problem.transa, problem.transb, problem.m, problem.n, problem.k) == gemm and search == "exhaustive"]
+    assert plans and all(plan.microseconds is not None and plan.microseconds > 0 for plan in plans)
+    bindings.reset_calls()
+    body(cuda, *(Tensor.from_numpy(array, cuda) for array in (a, b, c)))
+    cuda.synchronize()
+    assert bindings.calls["cublasLtMatmulAlgoGetHeuristic"] == 0
+    assert bindings.calls["cublasLtMatmul"] + bindings.calls["cublasSgemm_v2"] == 2
+
+
+@pytest.mark.parametrize("beta", [0.0, -0.5])
+@pytest.mark.parametrize("gemm", MLP_GEMMS + [(OP_T, OP_T, 37, 5, 129)],
+                         ids=lambda g: "{}{}-{}x{}x{}".format("NT"[g[0]], "NT"[g[1]], *g[2:]))
+def test_every_cublaslt_candidate_matches_the_host(host, cuda, rng, gemm, beta):
+    """Whatever algorithm a plan takes computes the same FP32 GEMM: each candidate against the host."""
+    from cudnnnet.backends.cuda.matmul import GemmPlan, GemmProblem, LtMatmul, alignment
+
+    transa, transb, m, n, k = gemm
+    a, b, c, lda, ldb = gemm_arrays(rng, *gemm)
+    expected = Tensor.from_numpy(c, host)
+    host.sgemm(transa, transb, m, n, k, 0.75, Tensor.from_numpy(a, host), lda, Tensor.from_numpy(b, host), ldb, beta,
+               expected, m)
+    A, B = Tensor.from_numpy(a, cuda), Tensor.from_numpy(b, cuda)
+    problem = GemmProblem(transa, transb, m, n, k, lda, ldb, m, alignment=alignment(A.data.ptr, B.data.ptr, 256))
+    lt = LtMatmul(problem)
+    try:
+        candidates = lt.algorithms(cuda.context.cublas_lt.handle, cuda.context.cublas_workspace[1], problem)
+        assert candidates, "cuBLASLt offered no algorithm"
+        for index, candidate in enumerate(candidates):
+            C = Tensor.from_numpy(c, cuda)
+            plan = GemmPlan(problem, lt, candidate.algo)
+            cuda._gemm._execute(plan, cuda._scalar(0.75), A.data.ptr, B.data.ptr, cuda._scalar(beta), C.data.ptr)
+            error = relative_error(C.numpy(), expected.numpy())
+            assert error <= FP32_TOLERANCE, f"cuBLASLt candidate {index} of {len(candidates)}: relative error {error:.2e}"
+    finally:
+        lt.close()
+
+
+def test_sgemm_on_unaligned_views(host, cuda, rng):
+    """Operands at 4-byte offsets get plans for their alignment (cuBLASLt assumes 256 bytes unless told)."""
+    m, n, k = 64, 48, 96
+    storage = [normal(rng, m * k + 1), normal(rng, k * n + 3), normal(rng, m * n + 5)]
+
+    def body(b, A, B, C):
+        views = [t.view((size,), offset) for t, offset, size in ((A, 1, m * k), (B, 3, k * n), (C, 5, m * n))]
+        b.sgemm(OP_N, OP_N, m, n, k, 1.0, views[0], m, views[1], k, 0.0, views[2], m)
+        return [C]
+
+    compare(host, cuda, body, *storage)
+
+
+def test_sgemm_heuristic_search_runs_cublas_sgemm_untimed(host, cuda, rng, bindings):
+    a, b, c, lda, ldb = gemm_arrays(rng, OP_N, OP_N, 33, 17, 9)
+    cuda.algorithm_search = "heuristic"
+    try:
+        compare(host, cuda, lambda bk, A, B, C: [bk.sgemm(OP_N, OP_N, 33, 17, 9, 1.0, A, lda, B, ldb, 0.0, C, 33) or C],
+                a, b, c)
+    finally:
+        cuda.algorithm_search = "exhaustive"
+    assert bindings.calls["cublasSgemm_v2"] == 1
+    assert not any(name.startswith("cublasLt") for name in bindings.calls)
+
+
+def test_sgemm_first_met_during_capture_runs_cublas_sgemm(host, cuda, rng):
+    """Nothing can be timed inside a capture: an unplanned problem takes cublasSgemm there."""
+    a, b, c, lda, ldb = gemm_arrays(rng, OP_T, OP_N, 23, 11, 19)
+    A, B, C = (Tensor.from_numpy(array, cuda) for array in (a, b, c))
+    with cuda.context.capture() as graph:
+        cuda.sgemm(OP_T, OP_N, 23, 11, 19, 1.0, A, lda, B, ldb, 0.0, C, 23)
+    graph.launch()
+    expected = Tensor.from_numpy(c, host)
+    host.sgemm(OP_T, OP_N, 23, 11, 19, 1.0, Tensor.from_numpy(a, host), lda, Tensor.from_numpy(b, host), ldb, 0.0,
+               expected, 23)
+    assert relative_error(C.numpy(), expected.numpy()) <= FP32_TOLERANCE
+    plans = [plan for (problem, _), plan in cuda._gemm.plans.items() if (problem.m, problem.n, problem.k) == (23, 11, 19)]
+    assert plans and all(plan.algorithm is None and plan.microseconds is None for plan in plans)
+
+
 def test_blas_checks_sizes_before_the_gpu(cuda):
     small = Tensor.zeros((10,), cuda)
     with pytest.raises(ShapeError, match="C"):
@@ -321,7 +423,8 @@ def test_convolution_gemm_engine(host, cuda, rng, geometry, n, bindings):
     """Our im2col + cuBLAS engine, forced in every direction, against the host (alpha, beta included)."""
     desc = ConvolutionDescriptor(4, 3, *geometry)
     compare(host, cuda, gemm_convolution_body(desc), *convolution_arrays(rng, desc, n))
-    assert bindings.calls["cublasSgemmStridedBatched"] >= 3  # the engine ran (plan timing may add more calls)
+    batched_gemms = bindings.calls["cublasSgemmStridedBatched"] + bindings.calls["cublasLtMatmul"]
+    assert batched_gemms >= 3  # the engine ran, its GEMMs on cuBLAS or cuBLASLt (plan timing may add more calls)
 
 
 @pytest.mark.parametrize("shape", [(256, 1, 28, 28, 20), (256, 20, 12, 12, 50), (1000, 20, 12, 12, 50)],
@@ -469,12 +572,12 @@ def test_nvrtc_error_carries_the_log(cuda):
 # ---- proof that the libraries ran, and that the hot path creates nothing ----------------------
 def test_calls_reach_cublas_cudnn_and_our_kernels(cuda, rng, bindings):
     a = Tensor.from_numpy(normal(rng, 4, 4), cuda)
-    cuda.sgemm(OP_N, OP_N, 4, 4, 4, 1.0, a, 4, a, 4, 0.0, Tensor(a.shape, cuda), 4)
     x = Tensor.from_numpy(normal(rng, 2, 3, 6, 6), cuda)
     desc = ConvolutionDescriptor(2, 3, 3)
     y = Tensor(desc.output_shape(x.shape), cuda)
-    cuda.algorithm_search = "heuristic"  # cuDNN's first choice, never the GEMM engine
+    cuda.algorithm_search = "heuristic"  # the libraries' first choices: cublasSgemm, cuDNN; nothing timed
     try:
+        cuda.sgemm(OP_N, OP_N, 4, 4, 4, 1.0, a, 4, a, 4, 0.0, Tensor(a.shape, cuda), 4)
         plan = cuda.convolution_plan(desc, x.shape, y.shape)
     finally:
         cuda.algorithm_search = "exhaustive"

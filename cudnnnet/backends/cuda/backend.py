@@ -34,6 +34,7 @@ from . import gemm_convolution
 from .convolution import SEARCHES, ConvolutionPlan, make_plan
 from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
 from .kernel import blocks_for
+from .matmul import GemmEngine, GemmProblem, alignment
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class CudaBackend(Backend):
         self._descriptors = self.context.descriptors
         self._constants = {1.0: ctypes.byref(self.context.one), 0.0: ctypes.byref(self.context.zero),
                            -1.0: ctypes.byref(self.context.minus_one)}
+        self._gemm = GemmEngine(self.context, self._scalar)  # sgemm's plans
         self.math = "fp32"
         self.set_math("fp32")
 
@@ -98,6 +100,7 @@ class CudaBackend(Backend):
         """Release the context (handles, workspace, stream). The backend is unusable afterwards."""
         self._plans.clear()
         self._sgd_tables.clear()
+        self._gemm.close()
         self.context.close()
 
     def _scalar(self, value):
@@ -169,8 +172,14 @@ class CudaBackend(Backend):
         _check_matrix("sgemm", "A", A, *_stored(transa, m, k, "A"), lda)
         _check_matrix("sgemm", "B", B, *_stored(transb, k, n, "B"), ldb)
         _check_matrix("sgemm", "C", C, m, n, ldc)
-        cublas.sgemm(self._cublas, transa, transb, m, n, k, self._scalar(alpha), A.data.ptr, lda,
-                     B.data.ptr, ldb, self._scalar(beta), C.data.ptr, ldc)
+        a, b, c = A.data.ptr, B.data.ptr, C.data.ptr
+        self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math=self.math, alignment=alignment(a, b, c)),
+                  alpha, a, b, beta, c)
+
+    def gemm(self, problem: GemmProblem, alpha: float, a: int, b: int, beta: float, c: int) -> None:
+        """``problem`` on raw device pointers (sizes checked by the caller), with its timed plan:
+        cublasLtMatmul with the fastest algorithm, or cublasSgemm (see matmul.py)."""
+        self._gemm.run(problem, self.algorithm_search, alpha, a, b, beta, c)
 
     def sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
         _stored(trans, m, n, "A")

@@ -14,11 +14,11 @@ import logging
 from ctypes import c_float
 
 from ...errors import CudaError, DeviceError, DeviceUnavailableError, UsageError
-from .bindings import cublas, cudnn, nvrtc, runtime
+from .bindings import cublas, cublaslt, cudnn, nvrtc, runtime
 from .bindings.loader import load_library
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .descriptors import DescriptorCache
-from .handles import CublasHandle, CudaGraph, CudnnHandle, Event, Stream
+from .handles import CublasHandle, CublasLtHandle, CudaGraph, CudnnHandle, Event, Stream
 from .kernel import KERNELS, Kernel, load_module
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ def open_libraries() -> int:
     if device_count == 0:
         raise DeviceUnavailableError("no NVIDIA GPU is visible (cudaGetDeviceCount returned 0)")
     nvrtc.load(cuda_major)
+    cublaslt.load(load_library("cublasLt", cuda_major))
     cublas.load(load_library("cublas", cuda_major))  # before cuDNN, which uses cuBLAS(Lt)
     cudnn.load(load_library("cudnn", cuda_major))
     log.info("CUDA runtime %d, cuDNN %d, NVRTC %s", runtime.runtime_get_version(), cudnn.get_version(), nvrtc.version())
@@ -76,6 +77,7 @@ class CudaContext:
         self.cublas = CublasHandle(self.stream)
         self._cublas_workspace = DeviceBuffer.allocate(CUBLAS_WORKSPACE_BYTES)
         cublas.set_workspace(self.cublas.handle, self._cublas_workspace.ptr, CUBLAS_WORKSPACE_BYTES)
+        self.cublas_lt = CublasLtHandle()  # its matmuls use the cuBLAS workspace, on the same stream
         self.cudnn = CudnnHandle(self.stream)
         self.cudnn_version = cudnn.get_version()
         self.descriptors = DescriptorCache()
@@ -130,6 +132,11 @@ class CudaContext:
 
     # ---- workspace ---------------------------------------------------------------------------
     @property
+    def cublas_workspace(self) -> tuple[int, int]:
+        """(pointer, bytes) of the fixed cuBLAS workspace, which cuBLASLt matmuls share."""
+        return self._cublas_workspace.ptr, CUBLAS_WORKSPACE_BYTES
+
+    @property
     def workspace_bytes(self) -> int:
         return self._workspace.nbytes if self._workspace is not None else 0
 
@@ -180,7 +187,7 @@ class CudaContext:
         for kernel in self._kernels.values():
             kernel.module.close()
         self._kernels.clear()
-        for owned in (self._ordering_event, self.cudnn, self.cublas):
+        for owned in (self._ordering_event, self.cudnn, self.cublas_lt, self.cublas):
             if owned is not None:
                 owned.close()
         for buffer in (self._workspace, self._ones, self._cublas_workspace, *self._outgrown_buffers):

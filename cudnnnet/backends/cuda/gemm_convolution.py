@@ -5,14 +5,16 @@ im2col (kernels/convolution.cu) lays every receptive field of x out as
 over the samples (column-major, as cuBLAS reads them: ``colₙ`` is P × CRS, ``yₙ`` and ``dyₙ`` are
 P × K, W is CRS × K — the (K, C, R, S) filter's bytes):
 
-    forward    yₙ    = colₙ · W                 cublasSgemmStridedBatched (W shared: stride 0)
-    backward   dWₙ   = colₙᵀ · dyₙ              cublasSgemmStridedBatched, then
+    forward    yₙ    = colₙ · W                 batched GEMM (W shared: stride 0)
+    backward   dWₙ   = colₙᵀ · dyₙ              batched GEMM, then
                dW    = Σₙ dWₙ                   cublasSgemv with 1_N
-               dcolₙ = dyₙ · Wᵀ                 cublasSgemmStridedBatched, then
+               dcolₙ = dyₙ · Wᵀ                 batched GEMM, then
                dx    = col2im(dcol)             every col entry summed back at its pixel
 
-Every step is deterministic. ``convolution.py`` times this engine against cuDNN's algorithms and
-a plan takes it (``GEMM_ALGORITHM``) where it is faster.
+A batched GEMM is cublasSgemmStridedBatched or cublasLtMatmul with a batched layout, whichever
+the backend's GEMM plan timed faster (matmul.py). Every step is deterministic. ``convolution.py``
+times this engine against cuDNN's algorithms and a plan takes it (``GEMM_ALGORITHM``) where it is
+faster.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..base import OP_N, OP_T
 from .bindings import cublas
 from .buffer import FLOAT32_BYTES
 from .kernel import blocks_for
+from .matmul import GemmProblem, alignment
 
 GEMM_ALGORITHM = -1  # not a cuDNN enum value: a plan's marker for this engine
 
@@ -86,8 +89,8 @@ def forward(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int) -> 
     _im2col(backend, shape, x, col)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
     # yₙ = colₙ · W        (P × K) = (P × CRS) · (CRS × K), for each sample n
-    cublas.sgemm_strided_batched(backend._cublas, OP_N, OP_N, p, k, rows, backend._scalar(alpha), col, p, rows * p,
-                                 w.data.ptr, rows, 0, backend._scalar(beta), y.data.ptr, p, k * p, shape.batch)
+    _batched_gemm(backend, OP_N, OP_N, p, k, rows, alpha, col, p, rows * p, w.data.ptr, rows, 0, beta, y.data.ptr, p,
+                  k * p, shape.batch)
 
 
 def backward_filter(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace: int, ones: int) -> None:
@@ -96,8 +99,8 @@ def backward_filter(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace
     _im2col(backend, shape, x, col)
     p, k, rows, n = shape.positions, shape.out_channels, shape.rows, shape.batch
     # dWₙ = colₙᵀ · dyₙ    (CRS × K) = (CRS × P) · (P × K), for each sample n
-    cublas.sgemm_strided_batched(backend._cublas, OP_T, OP_N, rows, k, p, backend._scalar(1.0), col, p, rows * p,
-                                 dy.data.ptr, p, k * p, backend._scalar(0.0), partials, rows, rows * k, n)
+    _batched_gemm(backend, OP_T, OP_N, rows, k, p, 1.0, col, p, rows * p, dy.data.ptr, p, k * p, 0.0, partials, rows,
+                  rows * k, n)
     # dW = Σₙ dWₙ          (CRS·K) = (CRS·K × N) · 1_N
     cublas.sgemv(backend._cublas, OP_N, rows * k, n, backend._scalar(alpha), partials, rows * k, ones, 1,
                  backend._scalar(beta), dw.data.ptr, 1)
@@ -107,12 +110,21 @@ def backward_data(backend, shape: GemmShape, alpha, w, dy, beta, dx, workspace: 
     dcol = workspace  # (N, CRS, P)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
     # dcolₙ = dyₙ · Wᵀ     (P × CRS) = (P × K) · (K × CRS), for each sample n
-    cublas.sgemm_strided_batched(backend._cublas, OP_N, OP_T, p, rows, k, backend._scalar(1.0), dy.data.ptr, p, k * p,
-                                 w.data.ptr, rows, 0, backend._scalar(0.0), dcol, p, rows * p, shape.batch)
+    _batched_gemm(backend, OP_N, OP_T, p, rows, k, 1.0, dy.data.ptr, p, k * p, w.data.ptr, rows, 0, 0.0, dcol, p,
+                  rows * p, shape.batch)
     # dx = alpha·col2im(dcol) + beta·dx
     total = shape.batch * shape.channels * shape.height * shape.width
     backend.context.kernel("col2im").launch(blocks_for(total), backend._stream, dx.data.ptr, dcol, float(alpha),
                                             float(beta), *shape.geometry())
+
+
+def _batched_gemm(backend, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
+                  batch) -> None:
+    """Cᵢ = alpha·op(Aᵢ)·op(Bᵢ) + beta·Cᵢ for i < batch (a stride of 0 shares one matrix), with the
+    backend's timed GEMM plan (cublasLtMatmul or cublasSgemmStridedBatched, see matmul.py)."""
+    problem = GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, batch, stride_a, stride_b, stride_c, backend.math,
+                          alignment(a, b, c))
+    backend.gemm(problem, alpha, a, b, beta, c)
 
 
 def _im2col(backend, shape: GemmShape, x, col: int) -> None:

@@ -11,7 +11,7 @@ import logging
 import weakref
 
 from ...errors import CudaError, UsageError
-from .bindings import cublas, cudnn, runtime
+from .bindings import cublas, cublaslt, cudnn, runtime
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,15 @@ class CublasHandle(Owned):
     def __init__(self, stream: Stream):
         super().__init__(cublas.create(), cublas.destroy)
         cublas.set_stream(self.handle, stream.address)
+
+
+class CublasLtHandle(Owned):
+    """cublasLtHandle_t (cuBLASLt takes its stream per call, not per handle)."""
+
+    __slots__ = ()
+
+    def __init__(self):
+        super().__init__(cublaslt.create(), cublaslt.destroy)
 
 
 class CudnnHandle(Owned):

@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 WHEELS = {
     "cuda-python": ("cuda-python>=13", "cuda-python>=12.3,<13"),
     "cublas": ("nvidia-cublas", "nvidia-cublas-cu12"),
+    "cublasLt": ("nvidia-cublas", "nvidia-cublas-cu12"),
     "cudnn": ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12"),
     "nvrtc": ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12"),
 }
@@ -49,7 +50,7 @@ def cuda_python():
 
 
 def load_library(name: str, cuda_major: int | None) -> ctypes.CDLL:
-    """The NVIDIA library ``name`` ("cublas" or "cudnn"), found by cuda.pathfinder."""
+    """The NVIDIA library ``name`` ("cublas", "cublasLt" or "cudnn"), found by cuda.pathfinder."""
     try:
         import cuda.pathfinder as pathfinder
     except ImportError:

@@ -1,0 +1,251 @@
+"""GEMMs with a timed choice of algorithm: the engine behind ``sgemm`` and the convolution GEMMs.
+
+cublasSgemm takes the kernel cuBLAS's heuristic picks for the sizes. For the small matrices of our
+networks that pick is often not the fastest: the MLP's last dx (500 × 256 with k = 10) runs in
+6.3 µs with it and in 2.9 µs with another of cuBLASLt's algorithms (H100, in a CUDA graph). So a
+GEMM problem — transposes, m, n, k, leading dimensions, batch and strides, math mode, the operands'
+alignment — gets a plan once, as a convolution does:
+
+    candidates = cublasSgemm(StridedBatched) + cublasLtMatmulAlgoGetHeuristic's algorithms
+    plan       = the candidate with the least GPU time, each timed on the call's own operands
+
+and every later call of that problem runs its plan: cublasLtMatmul with the stored algorithm, or
+cublasSgemm when that won (a cuBLASLt algorithm must be ``MARGIN`` faster to be taken). The
+search "heuristic", and a problem first met during a CUDA-graph capture (nothing can be timed
+there), take cublasSgemm without timing. Every candidate computes the same FP32 (or TF32) GEMM,
+deterministically; they differ in tiling and in how K is split.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ...errors import CublasError
+from ..base import OP_N
+from .bindings import cublas, cublaslt
+from .buffer import FLOAT32_BYTES, DeviceBuffer
+from .handles import Event
+
+log = logging.getLogger(__name__)
+
+CANDIDATES = 16  # algorithms asked of the cuBLASLt heuristic
+MARGIN = 0.98  # a cuBLASLt algorithm replaces cublasSgemm when it takes under 98 % of its time
+COMPUTE_TYPES = {"fp32": cublaslt.COMPUTE_32F, "tf32": cublaslt.COMPUTE_32F_FAST_TF32}
+MAX_ALIGNMENT = 256  # bytes: cuBLASLt's default minimum alignment of every operand
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """C(m×n) = alpha·op(A)·op(B) + beta·C, column-major, for ``batch`` matrices at strides."""
+
+    transa: int
+    transb: int
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldb: int
+    ldc: int
+    batch: int = 1
+    stride_a: int = 0
+    stride_b: int = 0
+    stride_c: int = 0
+    math: str = "fp32"
+    alignment: tuple = (MAX_ALIGNMENT,) * 3  # bytes that A, B and C's addresses are multiples of (≤ 256)
+
+    @property
+    def stored_a(self) -> tuple[int, int]:
+        return (self.m, self.k) if self.transa == OP_N else (self.k, self.m)
+
+    @property
+    def stored_b(self) -> tuple[int, int]:
+        return (self.k, self.n) if self.transb == OP_N else (self.n, self.k)
+
+    @property
+    def c_values(self) -> int:
+        """The floats from C's first value to its last, all matrices of the batch."""
+        return self.stride_c * (self.batch - 1) + self.ldc * (self.n - 1) + self.m
+
+
+def alignment(*pointers: int) -> tuple:
+    """The largest power of two (at most 256) that divides each address."""
+    return tuple(min(MAX_ALIGNMENT, pointer & -pointer) if pointer else MAX_ALIGNMENT for pointer in pointers)
+
+
+class LtMatmul:
+    """The cuBLASLt descriptors of one problem: the operation and the layouts of A, B and C (= D)."""
+
+    def __init__(self, problem: GemmProblem):
+        self.desc = cublaslt.matmul_desc_create(COMPUTE_TYPES[problem.math])
+        self.layouts = []
+        try:
+            cublaslt.matmul_desc_set_int32(self.desc, cublaslt.DESC_TRANSA, problem.transa)
+            cublaslt.matmul_desc_set_int32(self.desc, cublaslt.DESC_TRANSB, problem.transb)
+            for (rows, cols), ld, stride in ((problem.stored_a, problem.lda, problem.stride_a),
+                                             (problem.stored_b, problem.ldb, problem.stride_b),
+                                             ((problem.m, problem.n), problem.ldc, problem.stride_c)):
+                self.layouts.append(cublaslt.matrix_layout_create(rows, cols, ld))
+                if problem.batch > 1:
+                    cublaslt.matrix_layout_set_batch(self.layouts[-1], problem.batch, stride)
+        except Exception:
+            self.close()
+            raise
+
+    def algorithms(self, handle: int, workspace_bytes: int, problem: GemmProblem) -> list:
+        """The heuristic's algorithms that fit the workspace and the operands' alignment."""
+        preference = cublaslt.preference_create(workspace_bytes)
+        try:
+            for attribute, value in zip(cublaslt.PREF_MIN_ALIGNMENT, (*problem.alignment, problem.alignment[2])):
+                cublaslt.preference_set_uint32(preference, attribute, value)
+            a, b, c = self.layouts
+            return cublaslt.algo_get_heuristic(handle, self.desc, a, b, c, c, preference, CANDIDATES)
+        finally:
+            cublaslt.preference_destroy(preference)
+
+    def close(self) -> None:
+        for layout in self.layouts:
+            cublaslt.matrix_layout_destroy(layout)
+        self.layouts = []
+        if self.desc:
+            cublaslt.matmul_desc_destroy(self.desc)
+            self.desc = 0
+
+
+@dataclass
+class GemmPlan:
+    """What runs a problem: ``algorithm`` None is cublasSgemm(StridedBatched)."""
+
+    problem: GemmProblem
+    lt: LtMatmul | None = None
+    algorithm: cublaslt.MatmulAlgo | None = None
+    microseconds: float | None = None  # the winner's time per call, when timed
+
+    def close(self) -> None:
+        if self.lt is not None:
+            self.lt.close()
+            self.lt = None
+
+    def __repr__(self) -> str:
+        engine = "cublasSgemm" if self.algorithm is None else "cublasLtMatmul"
+        timed = f", {self.microseconds:.2f} us" if self.microseconds is not None else ""
+        return f"GemmPlan({self.problem}, {engine}{timed})"
+
+
+class GemmEngine:
+    """Plans and runs the GEMMs of one CudaBackend (its cuBLAS and cuBLASLt handles, stream and
+    workspace)."""
+
+    def __init__(self, context, scalar):
+        self.context = context
+        self.scalar = scalar  # float -> the host pointer cuBLAS reads it from
+        self.plans: dict[tuple[GemmProblem, str], GemmPlan] = {}  # (problem, search) -> plan
+        self._timer: GemmTimer | None = None
+
+    def run(self, problem: GemmProblem, search: str, alpha: float, a: int, b: int, beta: float, c: int) -> None:
+        """C = alpha·op(A)·op(B) + beta·C with ``problem``'s plan, made first if there is none:
+        ``search`` "exhaustive" times the candidates, "heuristic" takes cublasSgemm."""
+        plan = self.plans.get((problem, search))
+        alpha_pointer, beta_pointer = self.scalar(alpha), self.scalar(beta)
+        if plan is None:
+            plan = self.plans[problem, search] = self._plan(problem, search, alpha_pointer, a, b, beta_pointer, c,
+                                                            beta == 0.0)
+        self._execute(plan, alpha_pointer, a, b, beta_pointer, c)
+
+    def close(self) -> None:
+        for plan in self.plans.values():
+            plan.close()
+        self.plans.clear()
+        self._timer = None
+
+    # ---- running a plan ----------------------------------------------------------------------
+    def _execute(self, plan: GemmPlan, alpha, a: int, b: int, beta, c: int) -> None:
+        p = plan.problem
+        if plan.algorithm is None:
+            self._legacy(p, alpha, a, b, beta, c)
+            return
+        workspace, workspace_bytes = self.context.cublas_workspace
+        layout_a, layout_b, layout_c = plan.lt.layouts
+        cublaslt.matmul(self.context.cublas_lt.handle, plan.lt.desc, alpha, a, layout_a, b, layout_b, beta, c, layout_c,
+                        c, layout_c, plan.algorithm, workspace, workspace_bytes, self.context.stream.address)
+
+    def _legacy(self, p: GemmProblem, alpha, a: int, b: int, beta, c: int) -> None:
+        handle = self.context.cublas.handle
+        if p.batch == 1:
+            cublas.sgemm(handle, p.transa, p.transb, p.m, p.n, p.k, alpha, a, p.lda, b, p.ldb, beta, c, p.ldc)
+        else:
+            cublas.sgemm_strided_batched(handle, p.transa, p.transb, p.m, p.n, p.k, alpha, a, p.lda, p.stride_a, b,
+                                         p.ldb, p.stride_b, beta, c, p.ldc, p.stride_c, p.batch)
+
+    # ---- planning ----------------------------------------------------------------------------
+    def _plan(self, problem: GemmProblem, search: str, alpha, a: int, b: int, beta, c: int,
+              beta_is_zero: bool) -> GemmPlan:
+        if search != "exhaustive" or min(problem.m, problem.n, problem.k) <= 0 or self.context.is_capturing():
+            return GemmPlan(problem)
+        lt = LtMatmul(problem)
+        algorithms = lt.algorithms(self.context.cublas_lt.handle, self.context.cublas_workspace[1], problem)
+        if not algorithms:
+            lt.close()
+            return GemmPlan(problem)
+        if self._timer is None:
+            self._timer = GemmTimer(self.context)
+        return self._fastest(problem, lt, algorithms, alpha, a, b, beta, c if beta_is_zero else None)
+
+    def _fastest(self, problem: GemmProblem, lt: LtMatmul, algorithms: list, alpha, a, b, beta, c) -> GemmPlan:
+        """Time cublasSgemm and each algorithm on the call's operands and keep the fastest. ``c``
+        None (beta non-zero: timing runs must not accumulate into C) times into a scratch C."""
+        scratch = None if c is not None else DeviceBuffer.allocate(FLOAT32_BYTES * problem.c_values)
+        target = c if scratch is None else scratch.ptr
+        try:
+            legacy = GemmPlan(problem)
+            best, best_us = legacy, self._timer.microseconds(lambda: self._execute(legacy, alpha, a, b, beta, target))
+            legacy_us = best_us
+            for algorithm in algorithms:
+                plan = GemmPlan(problem, lt, cublaslt.MatmulAlgo.from_buffer_copy(algorithm.algo))
+                us = self._timer.microseconds(lambda: self._execute(plan, alpha, a, b, beta, target))
+                if us is not None and us < MARGIN * legacy_us and us < best_us:
+                    best, best_us = plan, us
+        finally:
+            if scratch is not None:
+                scratch.free()
+        if best.lt is None:
+            lt.close()
+        best.microseconds = best_us
+        log.debug("%r (cublasSgemm %.2f us, %d cuBLASLt algorithms timed)", best, legacy_us, len(algorithms))
+        return best
+
+
+class GemmTimer:
+    """GPU microseconds per call of a GEMM candidate: the calls are queued behind ``spin`` so that
+    they run back to back, between two CUDA events."""
+
+    SPIN_NS_PER_CALL = 15_000  # more than the host needs to queue one call
+    SPIN_NS_BASE = 30_000
+    TARGET_US = 100.0  # calls per measurement: enough for about this much GPU time (at most MAX_CALLS)
+    MAX_CALLS = 16
+
+    def __init__(self, context):
+        self.context = context
+        self.spin = context.kernel("spin")
+        self.start, self.end = Event(), Event()
+
+    def microseconds(self, call) -> float | None:
+        """The faster of two measurements after a warm-up one; None when the candidate fails
+        (cuBLASLt may refuse an algorithm at run time, e.g. CUBLAS_STATUS_NOT_SUPPORTED)."""
+        try:
+            first = self._measure(call, 1)
+        except CublasError as error:
+            log.debug("a GEMM candidate failed while timed: %s", error)
+            return None
+        calls = max(1, min(self.MAX_CALLS, int(self.TARGET_US / max(first, 1e-3))))
+        return min(self._measure(call, calls) for _ in range(2))
+
+    def _measure(self, call, calls: int) -> float:
+        stream = self.context.stream
+        self.spin.launch(1, stream.handle, self.SPIN_NS_BASE + self.SPIN_NS_PER_CALL * calls)
+        self.start.record(stream)
+        for _ in range(calls):
+            call()
+        self.end.record(stream)
+        self.end.synchronize()
+        return 1000.0 * self.start.elapsed_ms(self.end) / calls
