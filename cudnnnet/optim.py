@@ -37,6 +37,7 @@ class SGD:
         if network.input_shape is None:
             raise InvalidArgumentError("build the network (its parameters) before making its optimiser")
         self.lr = Tensor((1,), network.backend).fill_(self.lr0)  # the current rate, on the device
+        self._lr_written = self.lr0  # the value last written into self.lr
         self.velocity = self._zero_velocity()
         self.groups = self._parameter_groups()
 
@@ -53,9 +54,12 @@ class SGD:
         return self.schedule.learning_rate(self.lr0, self.step_count, epoch, self.total_steps)
 
     def set_lr(self, epoch: int) -> float:
-        """Write the scheduled rate for the next step into the device scalar; returns it."""
+        """Write the scheduled rate for the next step into the device scalar (only when it changed:
+        a constant or per-epoch rate costs no copy per step); returns it."""
         value = self.current_lr(epoch)
-        self.lr.fill_(value)
+        if value != self._lr_written:
+            self.lr.fill_(value)
+            self._lr_written = value
         return value
 
     def step(self) -> None:

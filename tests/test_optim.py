@@ -53,6 +53,19 @@ def test_cosine_anneals_over_the_runs_planned_steps(host):
     assert optimizer.lr.item() == pytest.approx(rates[-1])
 
 
+def test_the_rate_is_written_to_the_device_only_when_it_changes(backend, monkeypatch):
+    """A constant or per-epoch rate costs no copy per step; a new epoch's rate is written once."""
+    optimizer = SGD(network_with_gradients(backend), lr=0.1, schedule=ScheduleConfig("step", step_size=1, gamma=0.5))
+    writes = []
+    fill = Tensor.fill_
+    monkeypatch.setattr(Tensor, "fill_", lambda tensor, value: writes.append(value) or fill(tensor, value))
+    for epoch in (0, 0, 0, 1, 1, 2):
+        optimizer.set_lr(epoch)
+        optimizer.step()
+    assert writes == pytest.approx([0.05, 0.025])
+    assert optimizer.lr.item() == pytest.approx(0.025)
+
+
 def test_inverse_schedule_does_not_compound_like_the_original():
     """The original multiplied lr by 1/(1 + decay·step) at every step: after 1600 steps lr was ~0."""
     schedule = ScheduleConfig("inverse", decay=5e-5)
