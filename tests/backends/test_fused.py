@@ -210,7 +210,7 @@ def test_sgd_needs_a_built_network(host):
 # ---- bias + activation --------------------------------------------------------------------------
 ACTIVATION_CASES = [None] + [ActivationDescriptor(ActivationMode(mode), coef)
                              for mode, coef in zip(ACTIVATION_MODES.values(), (0.0, 0.0, 0.0, 0.7, 1.3))]
-BIAS_SHAPES = [(1, 1, 1, 1), (7, 10, 1, 1), (256, 500, 1, 1), (5, 20, 24, 24), (3, 7, 5, 3)]
+BIAS_SHAPES = [(1, 1, 1, 1), (7, 10, 1, 1), (256, 500, 1, 1), (33, 1000, 1, 1), (5, 20, 24, 24), (3, 7, 5, 3)]
 
 
 def bias_inputs(shape, seed: int = 2) -> tuple[np.ndarray, np.ndarray]:
@@ -439,6 +439,20 @@ def test_cuda_bias_activation_is_one_launch(cuda, counters):
     cuda.bias_activation_forward(ACTIVATION_CASES[2], b, out)
     assert launches == {"bias_activation_forward": 1}
     assert calls["cuLaunchKernel"] == 1 and sum(calls.values()) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset, kernel", [(0, "bias_activation_forward_dense4"), (1, "bias_activation_forward")])
+def test_cuda_bias_activation_of_a_dense_layer_reads_float4s_where_aligned(host, cuda, counters, offset, kernel):
+    """y (N, C) with C a multiple of 4 takes the float4 kernel when y is 16-byte aligned, else the rows kernel."""
+    calls, launches = counters
+    y, bias = bias_inputs((6, 12, 1, 1))
+    storage = Tensor.from_numpy(np.concatenate([np.zeros(offset, np.float32), y.reshape(-1)]), cuda)
+    out, b = storage.view(y.shape, offset), Tensor.from_numpy(bias, cuda)
+    launches.clear()
+    cuda.bias_activation_forward(ACTIVATION_CASES[2], b, out)
+    assert launches == {kernel: 1}
+    assert_close([out.numpy()], [bias_then_activation(host, ACTIVATION_CASES[2], y, bias, False)])
 
 
 @pytest.mark.gpu

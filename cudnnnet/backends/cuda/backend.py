@@ -33,7 +33,7 @@ from .handles import Event
 from . import gemm_convolution
 from .convolution import SEARCHES, ConvolutionPlan, make_plan
 from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
-from .kernel import blocks_for
+from .kernel import BLOCK_SIZE, blocks_for
 from .matmul import GemmEngine, GemmProblem, alignment
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ MATH_MODES = {
     "tf32": (cublas.TF32_TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION),
 }
 PLAN_CACHE_SIZE = 64
+MAX_ELEMENTWISE_BLOCKS = 65535  # one float4 per thread up to 16.7 M float4s, then grid-stride
 SGD_TABLE_CACHE_SIZE = 64  # parameter lists whose device table is kept (one per network in practice)
 
 
@@ -410,6 +411,13 @@ class CudaBackend(Backend):
         if y.size >= INDEX_LIMIT:
             raise ShapeError(f"bias_activation_forward: y {y.shape} holds {y.size} values; the kernel indexes fewer than 2^31")
         mode, coef = (-1, 0.0) if desc is None else (int(desc.mode), float(desc.coef))
+        if y.h * y.w == 1 and y.c % 4 == 0 and (y.data.ptr | bias.data.ptr) % 16 == 0:
+            # Dense layers' y as float4s: y (N, C) with C a multiple of 4, 16-byte aligned
+            count4 = y.size // 4
+            blocks = min(-(-count4 // BLOCK_SIZE), MAX_ELEMENTWISE_BLOCKS)
+            self.context.kernel("bias_activation_forward_dense4").launch(blocks, self._stream, y.data.ptr, bias.data.ptr,
+                                                                         count4, y.c // 4, mode, coef)
+            return
         self.context.kernel("bias_activation_forward").launch(blocks_for(y.size), self._stream, y.data.ptr, bias.data.ptr,
                                                               y.size, y.c, y.h * y.w, mode, coef)
 

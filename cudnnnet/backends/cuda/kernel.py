@@ -46,6 +46,7 @@ KERNELS = {
     "im2col": ("convolution.cu", (c_void_p, c_void_p) + (c_int,) * 10),
     "col2im": ("convolution.cu", (c_void_p, c_void_p, c_float, c_float) + (c_int,) * 10),
     "bias_activation_forward": ("bias_activation.cu", (c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_float)),
+    "bias_activation_forward_dense4": ("bias_activation.cu", (c_void_p, c_void_p, c_int, c_int, c_int, c_float)),
     "spin": ("timing.cu", (c_longlong,)),
 }
 
