@@ -435,14 +435,20 @@ def test_convolution_gemm_engine_at_the_cnn_shapes(host, cuda, rng, shape):
     compare(host, cuda, gemm_convolution_body(desc), *convolution_arrays(rng, desc, n, size=h))
 
 
-def test_convolution_plan_takes_cudnn_or_the_gemm_engine_by_timing(cuda, caplog):
+def test_convolution_plan_takes_cudnn_or_the_gemm_engine_by_timing(cuda, caplog, monkeypatch):
     """Every direction's algorithm is a deterministic exact cuDNN one or the GEMM engine, and the
-    search timed each candidate (logged at DEBUG)."""
-    from cudnnnet.backends.cuda import convolution
+    search timed each candidate (logged at DEBUG). A backend of its own, without the disk cache:
+    no plan of another test is reused."""
+    from cudnnnet.backends.cuda import CudaBackend, convolution
 
+    monkeypatch.setenv("CUDNNNET_NO_CACHE", "1")
     desc = ConvolutionDescriptor(20, 1, 5)
-    with caplog.at_level("DEBUG", logger="cudnnnet.backends.cuda.convolution"):
-        plan = cuda.convolution_plan(desc, (96, 1, 28, 28), desc.output_shape((96, 1, 28, 28)))
+    backend = CudaBackend()
+    try:
+        with caplog.at_level("DEBUG", logger="cudnnnet.backends.cuda.convolution"):
+            plan = backend.convolution_plan(desc, (96, 1, 28, 28), desc.output_shape((96, 1, 28, 28)))
+    finally:
+        backend.close()
     for direction in ("forward", "backward_data", "backward_filter"):
         algorithm = getattr(plan, direction)
         assert algorithm.deterministic
@@ -461,7 +467,8 @@ def test_convolution_heuristic_search(host, cuda, rng):
         cuda.algorithm_search = "exhaustive"
 
 
-def test_convolution_plans_per_batch_size_and_workspace_only_grows(cuda, bindings):
+def test_convolution_plans_per_batch_size_and_workspace_only_grows(cuda, bindings, monkeypatch):
+    monkeypatch.setenv("CUDNNNET_NO_CACHE", "1")
     desc = ConvolutionDescriptor(16, 8, 3, 1, 1, 1)
     sizes = []
     plans = {}

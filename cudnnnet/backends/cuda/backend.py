@@ -30,8 +30,8 @@ from .bindings import cublas, cudnn, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .context import CudaContext
 from .handles import Event
-from . import gemm_convolution
-from .convolution import SEARCHES, ConvolutionPlan, make_plan
+from . import gemm_convolution, plan_cache
+from .convolution import DIRECTION_NAMES, SEARCHES, ConvolutionPlan, make_plan, plan_with
 from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
 from .kernel import BLOCK_SIZE, blocks_for
 from .matmul import GemmEngine, GemmProblem, alignment
@@ -265,9 +265,7 @@ class CudaBackend(Backend):
                     f"convolution_plan for input {x_shape} was asked for during a CUDA graph capture; "
                     "run one forward pass at this batch size before capturing"
                 )
-            plan = make_plan(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math,
-                             MATH_MODES[self.math][1], self.workspace_limit, self.algorithm_search,
-                             measure=self._convolution_timer(desc, x_shape, y_shape))
+            plan = self._new_plan(desc, x_shape, y_shape)
             self.context.workspace(plan.workspace_bytes)
             self.context.ones(x_shape[0])
             self._plans[key] = plan
@@ -278,11 +276,51 @@ class CudaBackend(Backend):
         self._plans.move_to_end(key)
         return plan
 
+    def _new_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
+        """The plan from the disk cache where it holds a valid one, else searched by ``make_plan``
+        and written there."""
+        disk_key = self._plan_key(desc, x_shape, y_shape)
+        plan = self._plan_from_disk(disk_key)
+        if plan is None:
+            plan = make_plan(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math,
+                             MATH_MODES[self.math][1], self.workspace_limit, self.algorithm_search,
+                             measure=self._convolution_timer(desc, x_shape, y_shape))
+            plan_cache.write_plan(disk_key, {name: getattr(plan, name) for name in DIRECTION_NAMES})
+        return plan
+
+    def _plan_key(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> plan_cache.PlanKey:
+        context = self.context
+        return plan_cache.PlanKey(context.device_name, context.compute_capability, context.cudnn_version,
+                                  context.cublas_version, desc, x_shape, y_shape, self.math, self.algorithm_search,
+                                  self.workspace_limit)
+
+    def _plan_from_disk(self, key: plan_cache.PlanKey) -> ConvolutionPlan | None:
+        """The stored plan of ``key`` when cuDNN still runs its algorithms with the stored workspaces."""
+        stored = plan_cache.read_plan(key)
+        if stored is None:
+            return None
+        plan = plan_with(self._cudnn, self._descriptors, key.desc, key.x_shape, key.y_shape, self.math,
+                         MATH_MODES[self.math][1], self.workspace_limit, stored)
+        if plan is None or any(getattr(plan, name) != algorithm for name, algorithm in stored.items()):
+            log.debug("the cached convolution plan for %s %s is no longer valid here: searching again", key.desc,
+                      key.x_shape)
+            return None
+        log.debug("convolution plan from the disk cache: %r", plan)
+        return plan
+
     def _convolution_timer(self, desc: ConvolutionDescriptor, x_shape, y_shape):
-        """What times the candidates of an exhaustive search (None for a heuristic one)."""
+        """What times the candidates of an exhaustive search (None for a heuristic one); its scratch
+        tensors are allocated at the first measurement (none where every direction has one candidate)."""
         if self.algorithm_search != "exhaustive":
             return None
-        return ConvolutionTimer(self, x_shape, desc.filter_shape, y_shape).measure
+        timers: list[ConvolutionTimer] = []
+
+        def measure(plan: ConvolutionPlan, direction: str) -> float:
+            if not timers:
+                timers.append(ConvolutionTimer(self, x_shape, desc.filter_shape, y_shape))
+            return timers[0].measure(plan, direction)
+
+        return measure
 
     def convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
         _check_plan("convolution_forward", plan, x=x, w=w, y=y)

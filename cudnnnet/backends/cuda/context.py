@@ -77,6 +77,7 @@ class CudaContext:
         self.cublas = CublasHandle(self.stream)
         self._cublas_workspace = DeviceBuffer.allocate(CUBLAS_WORKSPACE_BYTES)
         cublas.set_workspace(self.cublas.handle, self._cublas_workspace.ptr, CUBLAS_WORKSPACE_BYTES)
+        self.cublas_version = cublas.get_version(self.cublas.handle)
         self.cublas_lt = CublasLtHandle()  # its matmuls use the cuBLAS workspace, on the same stream
         self.cudnn = CudnnHandle(self.stream)
         self.cudnn_version = cudnn.get_version()

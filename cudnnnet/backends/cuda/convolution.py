@@ -10,7 +10,11 @@ runs every algorithm, FFT and Winograd ones included, and cost 80 ms a call on a
 
 Under CUDNN_FMA_MATH (our FP32) only exact algorithms are eligible: no tensor-core algorithm and
 no FFT or Winograd one (they differed from the host by ~1e-3, measured on an H100); and only
-deterministic ones, while any is eligible (the same seed then gives the same weights)."""
+deterministic ones, while any is eligible (the same seed then gives the same weights).
+
+``plan_with`` makes a plan from algorithms chosen before (kept on disk by plan_cache.py): no
+listing and no timing, only cudnnGet*WorkspaceSize, which also refuses an algorithm that cannot run
+the shapes."""
 
 from __future__ import annotations
 
@@ -98,6 +102,8 @@ BACKWARD_FILTER = Direction(
     cudnn.get_convolution_backward_filter_workspace_size,
     lambda x, w, conv, y: (x, y, conv, w),  # (x, dy, conv, dw)
 )
+DIRECTIONS = (FORWARD, BACKWARD_DATA, BACKWARD_FILTER)
+DIRECTION_NAMES = tuple(direction.name for direction in DIRECTIONS)
 SEARCHES = ("exhaustive", "heuristic")
 
 
@@ -139,12 +145,11 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     those does). With ``search="exhaustive"``, ``measure(plan, direction)`` (milliseconds of
     one run, timed by the backend) picks the fastest of them; otherwise cuDNN's first choice wins.
     """
-    x, y = descriptors.tensor(x_shape), descriptors.tensor(y_shape)
-    w, conv = descriptors.filter(desc.filter_shape), descriptors.convolution(desc, math_type)
+    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math_type)
     handles = (x.handle, w.handle, conv.handle, y.handle)
     gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
     choices = {}
-    for direction in (FORWARD, BACKWARD_DATA, BACKWARD_FILTER):
+    for direction in DIRECTIONS:
         found = cudnn_candidates(handle, direction, direction.operands(*handles), limit, math_type)
         candidates = [algorithm for algorithm in found if algorithm.deterministic]
         gemm_bytes = gemm_convolution.workspace_bytes(direction.name, gemm_shape)
@@ -163,6 +168,49 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
         plan = _fastest(plan, choices, measure)
     log.debug("planned %r", plan)
     return plan
+
+
+def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, math: str,
+              math_type: int, limit: int, algorithms: dict[str, Algorithm]) -> ConvolutionPlan | None:
+    """A plan running ``algorithms`` (by direction name) at these shapes, without listing or timing
+    candidates; None where one of them cannot run here or needs more than ``limit`` bytes.
+
+    The workspaces are asked of cuDNN (computed for the GEMM engine) at these shapes, never taken
+    from ``algorithms``: cudnnGet*WorkspaceSize fails for an algorithm that does not support the
+    shapes. Under CUDNN_FMA_MATH only exact algorithms are accepted, as ``make_plan`` does.
+    """
+    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math_type)
+    handles = (x.handle, w.handle, conv.handle, y.handle)
+    gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
+    chosen = {}
+    for direction in DIRECTIONS:
+        algorithm = algorithms[direction.name]
+        nbytes = _workspace_bytes(handle, direction, direction.operands(*handles), gemm_shape, algorithm.algo, math_type)
+        if nbytes is None or nbytes > limit:
+            log.debug("convolution %s algorithm %d cannot run at %s within %d bytes (workspace %s)",
+                      direction.name, algorithm.algo, x_shape, limit, nbytes)
+            return None
+        chosen[direction.name] = replace(algorithm, workspace_bytes=nbytes)
+    return ConvolutionPlan(desc, x_shape, y_shape, math, x, w, conv, y, gemm_shape, **chosen)
+
+
+def _descriptors(descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, math_type: int):
+    """(x, w, conv, y) descriptors from the cache."""
+    x, y = descriptors.tensor(x_shape), descriptors.tensor(y_shape)
+    return x, descriptors.filter(desc.filter_shape), descriptors.convolution(desc, math_type), y
+
+
+def _workspace_bytes(handle: int, direction: Direction, operands: tuple, gemm_shape: GemmShape, algo: int,
+                     math_type: int) -> int | None:
+    """The workspace ``algo`` needs in ``direction``, or None where it cannot run these shapes."""
+    if algo == GEMM_ALGORITHM:
+        return gemm_convolution.workspace_bytes(direction.name, gemm_shape) if gemm_convolution.supports(gemm_shape) else None
+    if math_type == cudnn.FMA_MATH and algo not in EXACT_ALGORITHMS[direction.name]:
+        return None
+    try:
+        return direction.workspace_size(handle, *operands, algo)
+    except CudnnError:
+        return None
 
 
 def _fastest(plan: ConvolutionPlan, choices: dict, measure) -> ConvolutionPlan:
