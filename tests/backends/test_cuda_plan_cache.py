@@ -1,4 +1,4 @@
-"""Convolution plans from the disk cache, on the GPU: no candidate
+"""Convolution plans from the disk cache and from a larger batch's plan, on the GPU: no candidate
 listing (cudnnGetConvolution*Algorithm_v7) and no timing, the same algorithms, the same results.
 The host-side logic, with cuDNN faked, is in test_plan_cache.py."""
 
@@ -172,3 +172,25 @@ def test_the_no_cache_variable_searches_every_time(new_backend, bindings, tmp_pa
     plan_at(new_backend(), 256)
     assert listings(bindings) == 6
     assert not (tmp_path / "xdg-cache" / "cudnnnet" / "plans").exists()
+
+
+@pytest.mark.parametrize("batch", [96, 1, 255])
+def test_a_smaller_batch_reuses_the_larger_plan_without_listing(new_backend, bindings, batch):
+    backend = new_backend()
+    large = plan_at(backend, 256)
+    bindings.reset_calls()
+    small = plan_at(backend, batch)
+    assert listings(bindings) == 0
+    assert [a.algo for a in algorithms(small)] == [a.algo for a in algorithms(large)]
+    assert all(a.deterministic for a in algorithms(small))
+    assert backend.context.workspace_bytes >= small.workspace_bytes
+    arrays = arrays_for(batch)
+    assert_close_to_host(run_convolution(backend, arrays), arrays)
+
+
+def test_a_larger_batch_is_searched(new_backend, bindings):
+    backend = new_backend()
+    plan_at(backend, 96)
+    bindings.reset_calls()
+    plan_at(backend, 256)
+    assert listings(bindings) == 3

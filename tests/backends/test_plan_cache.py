@@ -1,4 +1,4 @@
-"""The disk cache of convolution plans, on the host: cuDNN's
+"""The disk cache of convolution plans and the reuse of a larger batch's plan, on the host: cuDNN's
 workspace queries and the search are replaced by fakes that count their calls, so these tests need
 no GPU (tests/backends/test_cuda_backend.py runs the real thing)."""
 
@@ -263,6 +263,37 @@ def test_a_cached_algorithm_that_is_not_eligible_is_searched_again(fake_cudnn, a
     assert plan(fake_backend(), 256).forward == searched.forward
     assert fake_cudnn.searches == 2
     assert json.loads(path.read_text())["algorithms"]["forward"]["algo"] == 1  # rewritten
+
+
+def test_a_smaller_batch_reuses_the_larger_plan_s_algorithms_with_its_own_workspaces(fake_cudnn):
+    backend = fake_backend()
+    large = plan(backend, 256)
+    small = plan(backend, 96)
+    assert fake_cudnn.searches == 1
+    assert [getattr(small, name).algo for name in DIRECTION_NAMES] == [getattr(large, name).algo for name in DIRECTION_NAMES]
+    assert small.forward.workspace_bytes == 1096 and small.backward_filter.workspace_bytes == 1096
+    gemm = GemmShape.of(DESC, small.x_shape, small.y_shape)
+    assert small.backward_data.workspace_bytes == workspace_bytes("backward_data", gemm) < large.backward_data.workspace_bytes
+    plan(backend, 512)  # a larger batch is searched
+    assert fake_cudnn.searches == 2
+
+
+def test_a_smaller_batch_is_searched_where_the_larger_plan_cannot_run(fake_cudnn):
+    backend = fake_backend()
+    plan(backend, 256)
+    fake_cudnn.unsupported.add(("backward_filter", 1))  # as if algorithm 1 could not run at batch 96
+    fake_cudnn.choice["backward_filter"] = 0
+    assert plan(backend, 96).backward_filter.algo == 0
+    assert fake_cudnn.searches == 2
+
+
+def test_a_larger_plan_with_a_non_deterministic_algorithm_is_not_reused(fake_cudnn):
+    backend = fake_backend()
+    large = plan(backend, 256)
+    key = next(iter(backend._plans))
+    backend._plans[key] = dataclasses.replace(large, backward_filter=Algorithm(0, 256, deterministic=False))
+    plan(backend, 96)
+    assert fake_cudnn.searches == 2
 
 
 def test_plan_with_refuses_inexact_algorithms_in_fp32(fake_cudnn):

@@ -277,10 +277,11 @@ class CudaBackend(Backend):
         return plan
 
     def _new_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
-        """The plan from the disk cache where it holds a valid one, else searched by ``make_plan``
-        and written there."""
+        """The plan from the disk cache where it holds a valid one, else the algorithms of a larger
+        batch's plan where they run at this one, else searched by ``make_plan`` and written to the
+        disk cache."""
         disk_key = self._plan_key(desc, x_shape, y_shape)
-        plan = self._plan_from_disk(disk_key)
+        plan = self._plan_from_disk(disk_key) or self._plan_from_larger_batch(desc, x_shape, y_shape)
         if plan is None:
             plan = make_plan(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math,
                              MATH_MODES[self.math][1], self.workspace_limit, self.algorithm_search,
@@ -306,6 +307,26 @@ class CudaBackend(Backend):
                       key.x_shape)
             return None
         log.debug("convolution plan from the disk cache: %r", plan)
+        return plan
+
+    def _plan_from_larger_batch(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan | None:
+        """A plan with the algorithms of this convolution's plan at the nearest larger batch (same
+        sample shape, math and search), where cuDNN runs them at this batch within the workspace
+        limit; workspaces are asked again. A larger plan holding a non-deterministic algorithm is
+        not reused: this batch may have a deterministic one within the limit."""
+        larger = [plan for (other, shape, math, search), plan in self._plans.items()
+                  if other == desc and math == self.math and search == self.algorithm_search
+                  and shape[1:] == x_shape[1:] and shape[0] > x_shape[0]]
+        if not larger:
+            return None
+        source = min(larger, key=lambda plan: plan.x_shape[0])
+        algorithms = {name: getattr(source, name) for name in DIRECTION_NAMES}
+        if not all(algorithm.deterministic for algorithm in algorithms.values()):
+            return None
+        plan = plan_with(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math, MATH_MODES[self.math][1],
+                         self.workspace_limit, algorithms)
+        if plan is not None:
+            log.debug("convolution plan from the plan at batch %d: %r", source.x_shape[0], plan)
         return plan
 
     def _convolution_timer(self, desc: ConvolutionDescriptor, x_shape, y_shape):

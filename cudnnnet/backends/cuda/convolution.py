@@ -12,9 +12,9 @@ Under CUDNN_FMA_MATH (our FP32) only exact algorithms are eligible: no tensor-co
 no FFT or Winograd one (they differed from the host by ~1e-3, measured on an H100); and only
 deterministic ones, while any is eligible (the same seed then gives the same weights).
 
-``plan_with`` makes a plan from algorithms chosen before (kept on disk by plan_cache.py): no
-listing and no timing, only cudnnGet*WorkspaceSize, which also refuses an algorithm that cannot run
-the shapes."""
+``plan_with`` makes a plan from algorithms chosen before (kept on disk by plan_cache.py, or chosen
+for a larger batch of the same convolution): no listing and no timing, only cudnnGet*WorkspaceSize,
+which also refuses an algorithm that cannot run the shapes."""
 
 from __future__ import annotations
 
