@@ -243,6 +243,39 @@ def test_every_cublaslt_candidate_matches_the_host(host, cuda, rng, gemm, beta):
         lt.close()
 
 
+@pytest.mark.parametrize("transa, transb", [(OP_N, OP_T), (OP_N, OP_N), (OP_T, OP_T)], ids=["NT", "NN", "TT"])
+def test_transposing_gemm_plan_matches_the_host_eagerly_and_in_a_graph(host, cuda, rng, transa, transb):
+    """The candidate that copies the operands to the TN layout (cublasSgeam) before cublasSgemm,
+    installed as a problem's plan, computes the same GEMM, also when replayed from a CUDA graph."""
+    from cudnnnet.backends.cuda.matmul import GemmPlan, GemmProblem, alignment
+
+    m, n, k = 70, 33, 129
+    a, b, c, lda, ldb = gemm_arrays(rng, transa, transb, m, n, k)
+    expected = Tensor.from_numpy(c, host)
+    host.sgemm(transa, transb, m, n, k, 0.5, Tensor.from_numpy(a, host), lda, Tensor.from_numpy(b, host), ldb, -2.0,
+               expected, m)
+    A, B, C = (Tensor.from_numpy(array, cuda) for array in (a, b, c))
+    problem = GemmProblem(transa, transb, m, n, k, lda, ldb, m, alignment=alignment(A.data.ptr, B.data.ptr, C.data.ptr))
+    assert problem.transposed_values > 0
+    cuda._gemm.plans[problem, "exhaustive"] = GemmPlan(problem, transposed=True)
+    cuda._gemm._grow_scratch(problem.transposed_values)
+    cuda.sgemm(transa, transb, m, n, k, 0.5, A, lda, B, ldb, -2.0, C, m)
+    assert relative_error(C.numpy(), expected.numpy()) <= FP32_TOLERANCE
+    C.write_(c)  # the same address: the graph keeps writing into C
+    with cuda.context.capture() as graph:
+        cuda.sgemm(transa, transb, m, n, k, 0.5, A, lda, B, ldb, -2.0, C, m)
+    graph.launch()
+    assert relative_error(C.numpy(), expected.numpy()) <= FP32_TOLERANCE
+
+
+def test_transposing_candidate_applies_where_an_operand_is_not_k_contiguous(cuda):
+    from cudnnnet.backends.cuda.matmul import GemmProblem
+
+    assert GemmProblem(OP_T, OP_N, 8, 8, 8, 8, 8, 8).transposed_values == 0  # TN already
+    assert GemmProblem(OP_N, OP_T, 8, 4, 16, 8, 4, 8).transposed_values == 16 * 8 + 16 * 4  # A' and B'
+    assert GemmProblem(OP_N, OP_N, 3, 4, 5, 3, 5, 3).transposed_values == 64  # A' (15 floats, 256-byte aligned)
+
+
 def test_sgemm_on_unaligned_views(host, cuda, rng):
     """Operands at 4-byte offsets get plans for their alignment (cuBLASLt assumes 256 bytes unless told)."""
     m, n, k = 64, 48, 96

@@ -46,6 +46,7 @@ SIGNATURES = {
     "cublasSgemmStridedBatched": (_P, c_int, c_int, c_int, c_int, c_int, _P, _P, c_int, c_longlong, _P, c_int,
                                   c_longlong, _P, _P, c_int, c_longlong, c_int),
     "cublasSgemv_v2": (_P, c_int, c_int, c_int, _P, _P, c_int, _P, c_int, _P, _P, c_int),
+    "cublasSgeam": (_P, c_int, c_int, c_int, c_int, _P, _P, c_int, _P, _P, c_int, _P, c_int),
     "cublasSaxpy_v2": (_P, c_int, _P, _P, c_int, _P, c_int),
     "cublasSscal_v2": (_P, c_int, _P, _P, c_int),
     "cublasScopy_v2": (_P, c_int, _P, c_int, _P, c_int),
@@ -130,6 +131,11 @@ def sgemm_strided_batched(handle, transa, transb, m, n, k, alpha, a, lda, stride
     """Cᵢ = alpha·op(Aᵢ)·op(Bᵢ) + beta·Cᵢ for i < batch, Xᵢ at X + i·stride_x (a stride of 0 shares one matrix)."""
     _call("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
           beta, c, ldc, stride_c, batch)
+
+
+def sgeam(handle, transa, transb, m, n, alpha, a, lda, beta, b, ldb, c, ldc) -> None:
+    """C(m×n) = alpha·op(A) + beta·op(B); with beta = 0 and op(A) = Aᵀ, a transposed copy of A."""
+    _call("cublasSgeam", handle, transa, transb, m, n, alpha, a, lda, beta, b, ldb, c, ldc)
 
 
 def sgemv(handle, trans, m, n, alpha, a, lda, x, incx, beta, y, incy) -> None:
