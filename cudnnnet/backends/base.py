@@ -230,7 +230,14 @@ class Backend(ABC):
 
     @abstractmethod
     def pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
-        """cudnnPoolingBackward: max routes dy to the first maximum of each window."""
+        """cudnnPoolingBackward: dx = alpha·pool'(x)·dy + beta·dx (beta == 0: dx is overwritten, never read).
+
+        Max pooling routes each window's dy to the window's first cell (row-major) equal to its
+        maximum, and nothing to its other cells; a window holding a NaN routes its dy nowhere.
+        Average pooling spreads dy / window² over the window, padding included. ``y`` must be what
+        pooling_forward(desc, 1, x, 0, y) gave: cuDNN may read the maxima from it, the host backend
+        and our CUDA kernel recompute them from x.
+        """
 
     # ---- DLPack (used by Tensor.__dlpack__ / Tensor.from_dlpack) -------------------------------
     @abstractmethod

@@ -480,6 +480,17 @@ def test_max_pooling_routes_ties_to_the_first_maximum_in_row_major_order(b):
     np.testing.assert_array_equal(dx.numpy().reshape(2, 2), [[0, 3], [0, 0]])
 
 
+def test_max_pooling_routes_nan_and_infinities_as_values(b):
+    """A NaN or infinite dy stays in its window's first maximum (0·NaN would spread it); a window
+    holding a NaN x has a NaN maximum, equal to no cell: its dy goes nowhere; +inf is a maximum."""
+    desc = PoolingDescriptor(PoolingMode.MAX, 2, 0, 2)
+    x = np.array([[1, 7, 2, np.nan, np.inf, 0], [3, 4, 9, 9, np.inf, 5]], np.float32).reshape(1, 1, 2, 6)
+    dy = np.array([np.nan, 2.0, np.inf], np.float32).reshape(1, 1, 1, 3)
+    y = np.array([7.0, np.nan, np.inf], np.float32).reshape(1, 1, 1, 3)
+    dx = T(np.full(x.shape, 8.0))
+    b.pooling_backward(desc, 1.0, T(y), T(dy), T(x), 0.0, dx)
+    np.testing.assert_array_equal(dx.numpy().reshape(2, 6), [[0, np.nan, 0, 0, np.inf, 0], [0, 0, 0, 0, 0, 0]])
+
 @pytest.mark.parametrize("mode", [PoolingMode.MAX, PoolingMode.AVERAGE])
 @pytest.mark.parametrize("window, pad, stride", [(3, 1, 2), (2, 1, 1)])
 def test_pooling_backward_matches_finite_differences(b, rng, mode, window, pad, stride):

@@ -569,9 +569,11 @@ class CudaBackend(Backend):
 
 class ConvolutionTimer:
     """Times one run of a convolution direction with a candidate plan, on scratch tensors of the
-    plan's shapes (zeros), with CUDA events: one warm-up run, then the fastest of three."""
+    plan's shapes (zeros), with CUDA events: one warm-up run, then the fastest of three, each queued
+    behind the ``spin`` kernel (kernels/timing.cu) so that host launch overhead is not timed."""
 
     RUNS = 3
+    SPIN_NS = 300_000  # more than the host needs to queue one run of a direction
 
     def __init__(self, backend: CudaBackend, x_shape, w_shape, y_shape):
         self.backend = backend
@@ -596,6 +598,8 @@ class ConvolutionTimer:
         self.run(plan, direction)
         times = []
         for _ in range(self.RUNS):
+            # the GPU spins while the host queues the run, so the events time the GPU, not the launches
+            self.backend.context.kernel("spin").launch(1, stream.handle, self.SPIN_NS)
             self.start.record(stream)
             self.run(plan, direction)
             self.end.record(stream)

@@ -211,14 +211,16 @@ def _pool_reduce(desc: PoolingDescriptor, xp: np.ndarray, offsets) -> np.ndarray
 
 
 def _route_to_first_max(xp: np.ndarray, offsets, best: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """d/dxp of max pooling: each window's dy goes to its first cell (row-major) equal to its max."""
+    """d/dxp of max pooling: each window's dy goes to its first cell (row-major) equal to its max, and
+    nothing to its other cells (not even a NaN or infinite dy). A window holding a NaN has a NaN max,
+    which equals no cell: its dy goes nowhere."""
     grad = np.zeros(xp.shape, F32)
     free = np.ones(best.shape, bool)  # windows whose maximum has not been met yet
     for window in offsets:
         hit = np.equal(xp[window], best)
         hit &= free
         free ^= hit
-        grad[window] += dy * hit
+        grad[window] += np.where(hit, dy, F32(0))
     return grad
 
 
