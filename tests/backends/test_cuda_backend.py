@@ -779,3 +779,19 @@ def test_context_closes(cuda):
         assert not context.closed
     assert context.closed
     context.close()  # idempotent
+
+
+# ---- data --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sample_shape", [(1, 28, 28), (2, 2, 2), (1, 3, 3)], ids=["784", "8", "9"])
+def test_gather_batch_copies_rows_as_float4s_or_floats(host, cuda, rng, sample_shape):
+    """Rows of a multiple of 4 floats are copied as float4s, others one float at a time: both as the host."""
+    images = rng.standard_normal((50, *sample_shape)).astype(np.float32)
+    labels = rng.integers(0, 10, 50).astype(np.float32)
+    order = rng.permutation(50).astype(np.float32)
+
+    def body(b, images, labels, order, cursor, x, target):
+        b.gather_batch(images, labels, order, cursor, x, target)
+        return [x, target]
+
+    compare(host, cuda, body, images, labels, order, np.array([13], np.float32),
+            np.zeros((16, *sample_shape), np.float32), np.zeros((16, 10), np.float32))
