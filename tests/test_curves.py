@@ -1,5 +1,6 @@
 """curves.png drawn with Pillow: two panels, both series in their colours, any number of epochs."""
 
+import io
 import subprocess
 import sys
 
@@ -74,6 +75,16 @@ def test_the_previous_figure_is_replaced_whole(tmp_path):
     plot_curves(history(3), path)
     assert pixels(path).shape == (curves.HEIGHT, curves.WIDTH, 3)
     assert [child.name for child in tmp_path.iterdir()] == ["curves.png"]  # no temporary file left
+
+
+@pytest.mark.parametrize("size", [(1, 1), (7, 5), (1000, 400)])
+def test_png_bytes_decode_to_the_same_pixels(size):
+    rng = np.random.default_rng(3)
+    array = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    with Image.open(io.BytesIO(curves.png_bytes(Image.fromarray(array, "RGB")))) as decoded:
+        decoded.load()  # reads every chunk, checking its CRC
+        assert decoded.format == "PNG" and decoded.mode == "RGB" and decoded.size == size
+        assert np.array_equal(np.asarray(decoded), array)
 
 
 def test_importing_the_module_does_not_import_pillow():
