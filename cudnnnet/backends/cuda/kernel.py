@@ -47,6 +47,7 @@ KERNELS = {
     "col2im": ("convolution.cu", (c_void_p, c_void_p, c_float, c_float) + (c_int,) * 10),
     "bias_activation_forward": ("bias_activation.cu", (c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_float)),
     "bias_activation_forward_dense4": ("bias_activation.cu", (c_void_p, c_void_p, c_int, c_int, c_int, c_float)),
+    "max_pooling_backward": ("pooling.cu", (c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 7),
     "spin": ("timing.cu", (c_longlong,)),
 }
 
