@@ -222,7 +222,8 @@ class Backend(ABC):
 
     @abstractmethod
     def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
-        """cudnnConvolutionBackwardBias: db(1, K, 1, 1) = alpha·Σ_{n,h,w} dy + beta·db."""
+        """cudnnConvolutionBackwardBias: db(1, K, 1, 1) = alpha·Σ_{n,h,w} dy + beta·db (beta == 0: db is
+        overwritten, never read). Deterministic: the same bits on every call with the same dy."""
 
     @abstractmethod
     def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:

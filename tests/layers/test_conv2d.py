@@ -1,3 +1,5 @@
+import collections
+
 import numpy as np
 import pytest
 
@@ -74,3 +76,45 @@ def test_invalid_arguments_name_the_key(key, value):
     arguments = {"out_channels": 4, "kernel_size": 3, key: value}
     with pytest.raises(InvalidArgumentError, match=key):
         Conv2D("conv", **arguments)
+
+
+def convolution_calls(layer, dy: Tensor) -> None:
+    """What Conv2D.backward runs besides the bias gradient."""
+    b = layer.backend
+    b.convolution_backward_filter(layer.plan, 1.0, layer.input, dy, 0.0, layer.grad_weight)
+    b.convolution_backward_data(layer.plan, 1.0, layer.weight, dy, 0.0, layer.grad_input)
+
+
+def counted(function) -> tuple[collections.Counter, collections.Counter]:
+    """(library calls, kernel launches) made by ``function()``."""
+    from cudnnnet.backends.cuda import bindings, kernel
+
+    bindings.reset_calls()
+    kernel.reset_launches()
+    function()
+    return collections.Counter(bindings.calls), collections.Counter(kernel.launches)
+
+
+@pytest.mark.gpu
+def test_cuda_bias_gradient_is_one_channel_sum_launch(cuda, host):
+    """conv1 of configs/mnist_cnn.yaml at batch 256: db agrees with the host, and the backward pass
+    makes one channel_sum launch more than its two convolution calls, and nothing else."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((256, 1, 28, 28)).astype(np.float32)
+    dy = (rng.standard_normal((256, 20, 24, 24)) + 0.5).astype(np.float32)  # no channel sums to nearly 0
+    layers = {}
+    for backend in (host, cuda):
+        layer = layers[backend.name] = build(Conv2D("conv1", 20, 5), (1, 28, 28), backend)
+        layer.gradient_stop = False
+        layer.forward(Tensor.from_numpy(x, backend))
+        layer.backward(Tensor.from_numpy(dy, backend))
+    error = relative_error(layers["cuda"].grad_bias.numpy(), layers["host"].grad_bias.numpy())
+    assert error < 1e-5, f"grad_bias: relative error {error:.3g} against the host"
+    layer, dy_cuda = layers["cuda"], Tensor.from_numpy(dy, cuda)
+    calls, launches = counted(lambda: layer.backward(dy_cuda))
+    convolution_only, convolution_launches = counted(lambda: convolution_calls(layer, dy_cuda))
+    extra, missing = launches - convolution_launches, convolution_launches - launches
+    assert extra == collections.Counter(channel_sum=1) and not missing, \
+        f"backward launched {dict(launches)}, its convolutions {dict(convolution_launches)}"
+    assert calls - convolution_only == collections.Counter(cuLaunchKernel=1) and not convolution_only - calls, \
+        f"backward called {dict(calls)}, its convolutions {dict(convolution_only)}: the bias must add one launch only"

@@ -28,6 +28,7 @@ from ..base import OP_N, OP_T, ActivationDescriptor, Backend, ConvolutionDescrip
 from . import dlpack
 from .bindings import cublas, cudnn, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
+from .channel_sum import ChannelSum
 from .context import CudaContext
 from .handles import Event
 from . import gemm_convolution, plan_cache
@@ -79,6 +80,7 @@ class CudaBackend(Backend):
         self._constants = {1.0: ctypes.byref(self.context.one), 0.0: ctypes.byref(self.context.zero),
                            -1.0: ctypes.byref(self.context.minus_one)}
         self._gemm = GemmEngine(self.context, self._scalar)  # sgemm's plans
+        self._channel_sum = ChannelSum(self.context)  # convolution_backward_bias, with its scratch
         self.math = "fp32"
         self.set_math("fp32")
 
@@ -103,6 +105,7 @@ class CudaBackend(Backend):
         self._sgd_tables.clear()
         self._gemm.close()
         self.context.close()
+        self._channel_sum.close()
 
     def _scalar(self, value):
         """A host pointer to ``value`` as float32 (0, 1 and -1 are the context's constants)."""
@@ -378,10 +381,9 @@ class CudaBackend(Backend):
                                           algorithm.workspace_bytes, self._scalar(beta), plan.w.handle, dw.data.ptr)
 
     def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
-        if db.shape != (1, dy.c, 1, 1):
-            raise ShapeError(f"convolution_backward_bias: db must have shape {(1, dy.c, 1, 1)}, got {db.shape}")
-        cudnn.convolution_backward_bias(self._cudnn, self._scalar(alpha), self._descriptors.tensor(dy.shape).handle, dy.data.ptr,
-                                        self._scalar(beta), self._descriptors.tensor(db.shape).handle, db.data.ptr)
+        """kernels/channel_sum.cu (see channel_sum.py): one launch, deterministic, no cuDNN or cuBLAS call."""
+        _expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
+        self._channel_sum(alpha, dy, beta, db)
 
     # ---- cuDNN: pooling -----------------------------------------------------------------------
     def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:

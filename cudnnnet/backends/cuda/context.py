@@ -11,6 +11,7 @@ import contextlib
 import functools
 import gc
 import logging
+import threading
 from ctypes import c_float
 
 from ...errors import CudaError, DeviceError, DeviceUnavailableError, UsageError
@@ -27,14 +28,39 @@ ONE_BITS = 0x3F800000  # 1.0f
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS' recommendation for Hopper; needed for graph capture
 
 
-@functools.cache
-def open_libraries() -> int:
-    """Load cuda-python, NVRTC, cuBLAS and cuDNN once per process; returns the CUDA major version.
+def open_libraries(device: int = 0) -> tuple[int, int]:
+    """Load cuda-python, NVRTC, cuBLAS(Lt) and cuDNN (once per process) and check for a GPU; returns
+    (CUDA major version, device count).
 
-    Raises DeviceUnavailableError, naming what to install, when anything (GPU included) is missing.
+    The first CUDA calls for ``device`` run meanwhile on a thread (``DriverStart``): starting the
+    driver and creating the primary context take ~0.2 s without holding the GIL, while loading the
+    libraries (imports, dlopen) holds it. Raises DeviceUnavailableError, naming what to install, when
+    anything is missing; a missing GPU is reported before a missing library.
     """
     runtime.load()
     cuda_major = runtime.runtime_get_version() // 1000
+    start = DriverStart(device)
+    try:
+        _load_libraries(cuda_major)
+    except BaseException:
+        start.join()
+        _device_count()
+        raise
+    start.join()
+    return cuda_major, _device_count()
+
+
+@functools.cache
+def _load_libraries(cuda_major: int) -> None:
+    nvrtc.load(cuda_major)
+    cublaslt.load(load_library("cublasLt", cuda_major))
+    cublas.load(load_library("cublas", cuda_major))  # before cuDNN, which uses cuBLAS(Lt)
+    cudnn.load(load_library("cudnn", cuda_major))
+    log.info("CUDA runtime %d, cuDNN %d, NVRTC %s", runtime.runtime_get_version(), cudnn.get_version(), nvrtc.version())
+
+
+def _device_count() -> int:
+    """cudaGetDeviceCount; DeviceUnavailableError where it fails or finds no GPU."""
     try:
         device_count = runtime.get_device_count()
     except CudaError as error:
@@ -44,12 +70,32 @@ def open_libraries() -> int:
         ) from None
     if device_count == 0:
         raise DeviceUnavailableError("no NVIDIA GPU is visible (cudaGetDeviceCount returned 0)")
-    nvrtc.load(cuda_major)
-    cublaslt.load(load_library("cublasLt", cuda_major))
-    cublas.load(load_library("cublas", cuda_major))  # before cuDNN, which uses cuBLAS(Lt)
-    cudnn.load(load_library("cudnn", cuda_major))
-    log.info("CUDA runtime %d, cuDNN %d, NVRTC %s", runtime.runtime_get_version(), cudnn.get_version(), nvrtc.version())
-    return cuda_major
+    return device_count
+
+
+class DriverStart:
+    """cudaGetDeviceCount (which starts the driver: cuInit) and, for a valid ``device``, its primary
+    context (cudaSetDevice, cudaFree(0)) on a daemon thread, to overlap them with other work.
+
+    It only warms up: whatever fails here is left for the caller's own CUDA calls to raise, and the
+    calling thread still sets its device itself (the current device is per thread).
+    """
+
+    def __init__(self, device: int):
+        self.device = device
+        self._thread = threading.Thread(target=self._run, name="cudnnnet-cuda-start", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            if 0 <= self.device < runtime.get_device_count():
+                runtime.set_device(self.device)
+                runtime.free(0)
+        except DeviceError as error:
+            log.debug("CUDA start-up on a thread: %s (left to the caller to raise)", error)
+
+    def join(self) -> None:
+        self._thread.join()
 
 
 def _text(name) -> str:
@@ -61,8 +107,7 @@ class CudaContext:
     """Everything a backend needs on one device."""
 
     def __init__(self, device: int = 0):
-        self.cuda_major = open_libraries()
-        device_count = runtime.get_device_count()
+        self.cuda_major, device_count = open_libraries(device)
         if not 0 <= device < device_count:
             raise UsageError(f"invalid CUDA device {device!r}; this machine has devices 0 to {device_count - 1}")
         self.device = device

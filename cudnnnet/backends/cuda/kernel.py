@@ -48,6 +48,7 @@ KERNELS = {
     "bias_activation_forward": ("bias_activation.cu", (c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_float)),
     "bias_activation_forward_dense4": ("bias_activation.cu", (c_void_p, c_void_p, c_int, c_int, c_int, c_float)),
     "max_pooling_backward": ("pooling.cu", (c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 7),
+    "channel_sum": ("channel_sum.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 5),
     "spin": ("timing.cu", (c_longlong,)),
 }
 
