@@ -164,8 +164,8 @@ def test_device_memory_does_not_grow_over_2000_training_steps(cuda, mnist_dir, t
 @pytest.mark.gpu
 def test_one_cnn_training_step_on_cuda_leaves_the_host_weights(cuda, host, mnist_dir, tmp_path):
     """One step of configs/mnist_cnn.yaml (momentum, weight decay, schedule) from the same seed and batch,
-    run through cuBLAS and cuDNN, ends within 1e-4 of the host backend's weights."""
-    from cudnnnet.backends.cuda import bindings
+    run through cuBLAS, cuDNN and our kernels, ends within 1e-4 of the host backend's weights."""
+    from cudnnnet.backends.cuda import bindings, kernel
     from cudnnnet.backends.cuda.gemm_convolution import GEMM_ALGORITHM
     from cudnnnet.config import parse_config
     from cudnnnet.layers import Conv2D
@@ -178,10 +178,15 @@ def test_one_cnn_training_step_on_cuda_leaves_the_host_weights(cuda, host, mnist
         run = Trainer(parse_config(settings), tmp_path / device, progress=False)
         run.data.start_epoch(run.loader.permutation(0))
         bindings.reset_calls()
+        kernel.reset_launches()
         run.train_batch(0)
         weights[device] = run.network.state_dict()
-    for name in ("cublasSgemm_v2", "cublasSgemv_v2", "cudnnPoolingBackward", "cudnnActivationBackward"):
+    for name in ("cublasSgemm_v2", "cublasSgemv_v2", "cudnnActivationBackward"):
         assert bindings.calls[name] > 0, f"{name} was not called"
+    # both 2×2, stride-2 max pooling layers take kernels/pooling.cu, not cudnnPoolingBackward
+    assert kernel.launches["max_pooling_backward"] == 2 and bindings.calls["cudnnPoolingBackward"] == 0, \
+        f"max_pooling_backward launches {kernel.launches['max_pooling_backward']}, cudnnPoolingBackward calls " \
+        f"{bindings.calls['cudnnPoolingBackward']}"
     for layer in (layer for layer in run.network.layers if isinstance(layer, Conv2D)):
         for direction, call in (("forward", "cudnnConvolutionForward"), ("backward_filter", "cudnnConvolutionBackwardFilter"),
                                 ("backward_data", "cudnnConvolutionBackwardData")):
@@ -192,3 +197,25 @@ def test_one_cnn_training_step_on_cuda_leaves_the_host_weights(cuda, host, mnist
     for name, value in weights["host"].items():
         error = np.linalg.norm(weights["cuda"][name] - value) / np.linalg.norm(value)
         assert error < 1e-4, f"{name}: relative difference {error:.2e}"
+
+
+@pytest.mark.gpu
+def test_cnn_steps_replayed_as_a_cuda_graph_leave_the_host_weights(cuda, host, mnist_dir, tmp_path):
+    """Three steps of configs/mnist_cnn.yaml with the graph on (the first eager, the second captured and
+    launched, the third replayed) end within 1e-4 of three host steps from the same seed and batches."""
+    from cudnnnet.config import parse_config
+
+    weights, runs = {}, {}
+    for device in ("host", "cuda"):
+        settings = load_config(REPO_ROOT / "configs" / "mnist_cnn.yaml").to_dict()
+        settings["train"].update(steps=3, graph=True)
+        settings["device"], settings["data"]["dir"] = device, str(mnist_dir)
+        run = runs[device] = Trainer(parse_config(settings), tmp_path / device, progress=False)
+        run.data.start_epoch(run.loader.permutation(0))
+        for index in range(3):
+            run.train_batch(index)
+        weights[device] = run.network.state_dict()
+    assert runs["cuda"].graph is not None, "the CUDA steps were not captured as a graph"
+    for name, value in weights["host"].items():
+        error = np.linalg.norm(weights["cuda"][name] - value) / np.linalg.norm(value)
+        assert error < 1e-4, f"{name}: relative difference {error:.2e} after 3 steps (2 of them from the graph)"

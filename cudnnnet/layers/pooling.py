@@ -1,7 +1,14 @@
-"""Pooling layer on cuDNN: max or average (counting padding) over square windows.
+"""Pooling layer: max or average (counting padding) over square windows.
 
-    forward   y  = pool(x)                   cudnnPoolingForward
-    backward  dx = pool'(x, y) · dy          cudnnPoolingBackward
+    forward   y  = pool(x)                                           cudnnPoolingForward
+    backward  dx = pool'(x) · dy
+      max, no padding, stride ≥ window (windows do not overlap):    kernels/pooling.cu
+              dx[cell] = dy[w] if cell is window w's first cell (row-major) equal to its maximum,
+                         0     otherwise (every cell of a window holding a NaN, cells of no window)
+      average pooling, any other max pooling                         cudnnPoolingBackward
+
+The host backend computes the same with NumPy. The CNN's 2×2, stride-2 max pooling takes our
+kernel (backends/cuda/pooling.py decides which path runs).
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ class Pooling(Layer):
 
     def backward(self, grad_output: Tensor) -> Tensor:
         if not self.gradient_stop:
-            # dx = pool'(x, y) · dy
+            # dx = pool'(x) · dy      (max without overlap: dy at each window's first maximum, 0 elsewhere)
             self.backend.pooling_backward(self.descriptor, 1.0, self.output, grad_output, self.input, 0.0,
                                           self.grad_input)
         return self.grad_input

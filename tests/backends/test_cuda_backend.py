@@ -546,6 +546,180 @@ def test_pooling(host, cuda, rng, mode, window, padding, stride, n):
     compare(host, cuda, body, normal(rng, *x_shape), normal(rng, *y_shape), normal(rng, *y_shape), normal(rng, *x_shape))
 
 
+# ---- our max pooling backward (kernels/pooling.cu) ---------------------------------------------
+# (window, stride), no padding: windows that do not overlap, which pooling_backward gives to our kernel.
+# On 9×11 images (2, 2) leaves the last row and column in no window, (3, 3) the last two columns;
+# (2, 3) and (1, 2) leave gaps between windows too.
+KERNEL_POOLINGS = [(2, 2), (3, 3), (2, 3), (1, 2)]
+BLENDS = [(1.0, 0.0), (0.5, 0.0), (1.0, 1.0), (-2.0, 0.75)]  # (alpha, beta)
+
+
+@pytest.fixture
+def launches():
+    """Launches of our kernels, counted from zero."""
+    from cudnnnet.backends.cuda import kernel
+
+    kernel.reset_launches()
+    return kernel.launches
+
+
+def relu_ties(rng, *shape):
+    """ReLU outputs rounded to halves: windows of zeros and windows whose maximum is tied."""
+    return (np.round(np.maximum(rng.standard_normal(shape), 0.0) * 2) / 2).astype(np.float32)
+
+
+def pooling_dx(b, desc, alpha, beta, x, dy, dx):
+    """dx after y = pool(x) and pooling_backward(desc, alpha, y, dy, x, beta, dx) on backend ``b``."""
+    x_tensor, y = Tensor.from_numpy(x, b), Tensor(dy.shape, b)
+    b.pooling_forward(desc, 1.0, x_tensor, 0.0, y)
+    out = Tensor.from_numpy(dx, b)
+    b.pooling_backward(desc, alpha, y, Tensor.from_numpy(dy, b), x_tensor, beta, out)
+    return out.numpy()
+
+
+def dx_mismatches(desc, x, actual, expected, tolerance=0.0) -> str:
+    """'' where the two dx agree (within ``tolerance`` relative to max(1, |expected|); NaN equals NaN),
+    else how many values differ, how many of them lie in a window whose maximum is tied, and the first
+    few with their window's x."""
+    with np.errstate(invalid="ignore"):  # inf - inf
+        bound = tolerance * np.maximum(1.0, np.abs(expected))
+        agree = (actual == expected) | (np.abs(actual - expected) <= bound) | (np.isnan(actual) & np.isnan(expected))
+    wrong = [tuple(int(i) for i in index) for index in np.argwhere(~agree)]
+    if not wrong:
+        return ""
+    cells = [window_of(desc, x, *index) for index in wrong]
+    tied = sum(1 for cell in cells if cell is not None and np.count_nonzero(cell == cell.max()) > 1)
+    lines = [f"{len(wrong)} of {actual.size} dx values differ ({tied} in windows whose maximum is tied):"]
+    for index, cell in list(zip(wrong, cells))[:5]:
+        where = "in no window" if cell is None else f"window x {cell.tolist()}"
+        lines.append(f"  dx{index} = {float(actual[index])!r}, expected {float(expected[index])!r}, {where}")
+    return "\n".join(lines)
+
+
+def window_of(desc, x, n, c, h, w):
+    """The x values of the window holding cell (h, w) of a pooling without overlap or padding, or None."""
+    _, _, out_h, out_w = desc.output_shape(x.shape)
+    oh, ow = h // desc.stride, w // desc.stride
+    if oh >= out_h or ow >= out_w or h % desc.stride >= desc.window or w % desc.stride >= desc.window:
+        return None
+    top, left = oh * desc.stride, ow * desc.stride
+    return x[n, c, top:top + desc.window, left:left + desc.window]
+
+
+@pytest.mark.parametrize("alpha, beta", BLENDS)
+@pytest.mark.parametrize("n", [1, 255])
+@pytest.mark.parametrize("window, stride", KERNEL_POOLINGS)
+def test_max_pooling_kernel_equals_the_host(host, cuda, rng, bindings, launches, window, stride, n, alpha, beta):
+    """Ties (ReLU zeros) included, bit for bit: dy at each window's first maximum, 0 elsewhere, blended
+    with alpha and beta; with beta = 0 the NaN that dx held is overwritten."""
+    desc = PoolingDescriptor(PoolingMode.MAX, window, 0, stride)
+    x = relu_ties(rng, n, 3, 9, 11)
+    dy = normal(rng, *desc.output_shape(x.shape))
+    dx = np.full(x.shape, np.nan, np.float32) if beta == 0 else normal(rng, *x.shape)
+    expected = pooling_dx(host, desc, alpha, beta, x, dy, dx)
+    actual = pooling_dx(cuda, desc, alpha, beta, x, dy, dx)
+    assert launches["max_pooling_backward"] == 1 and bindings.calls["cudnnPoolingBackward"] == 0, \
+        f"our kernel was not the one that ran: launches {dict(launches)}, calls {dict(bindings.calls)}"
+    report = dx_mismatches(desc, x, actual, expected)
+    assert not report, report
+
+
+@pytest.mark.parametrize("x_shape", [(256, 20, 24, 24), (256, 50, 8, 8)], ids=["pool1", "pool2"])
+def test_max_pooling_kernel_at_the_cnn_shapes(host, cuda, rng, x_shape):
+    desc = PoolingDescriptor(PoolingMode.MAX, 2, 0, 2)
+    x = relu_ties(rng, *x_shape)
+    dy = normal(rng, *desc.output_shape(x_shape))
+    dx = np.full(x_shape, np.nan, np.float32)
+    report = dx_mismatches(desc, x, pooling_dx(cuda, desc, 1.0, 0.0, x, dy, dx), pooling_dx(host, desc, 1.0, 0.0, x, dy, dx))
+    assert not report, report
+
+
+def test_max_pooling_kernel_with_nan_and_infinities_equals_the_host(host, cuda, rng):
+    """A window holding a NaN routes its dy nowhere; an infinite maximum takes dy like any other; a
+    NaN or infinite dy stays in its window's first maximum."""
+    desc = PoolingDescriptor(PoolingMode.MAX, 2, 0, 2)
+    x = relu_ties(rng, 4, 3, 8, 10)
+    for value, every in ((np.nan, 13), (np.inf, 17), (-np.inf, 19)):
+        x.reshape(-1)[every // 2::every] = value
+    dy = normal(rng, *desc.output_shape(x.shape))
+    dy.reshape(-1)[::7], dy.reshape(-1)[3::11] = np.nan, -np.inf
+    for alpha, beta in ((1.0, 0.0), (0.5, 1.0)):
+        dx = normal(rng, *x.shape)
+        report = dx_mismatches(desc, x, pooling_dx(cuda, desc, alpha, beta, x, dy, dx),
+                               pooling_dx(host, desc, alpha, beta, x, dy, dx))
+        assert not report, f"alpha {alpha}, beta {beta}: {report}"
+
+
+@pytest.mark.parametrize("data", ["distinct", "relu_ties"])
+@pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (-2.0, 0.75)])
+@pytest.mark.parametrize("n", [1, 255])
+@pytest.mark.parametrize("window, stride", KERNEL_POOLINGS)
+def test_max_pooling_kernel_equals_cudnn(cuda, rng, bindings, launches, window, stride, n, alpha, beta, data):
+    """The same call through cudnnPoolingBackward (max_pooling_kernel off). With alpha, beta = (1, 0) both
+    copy dy: equal bit for bit; otherwise within float32 rounding (cuDNN may fuse a multiply-add). On
+    "relu_ties" they are equal only if cuDNN, like the host, gives dy to each window's first maximum:
+    the failure message counts the differing values that lie in tied windows."""
+    desc = PoolingDescriptor(PoolingMode.MAX, window, 0, stride)
+    x = normal(rng, n, 3, 9, 11) if data == "distinct" else relu_ties(rng, n, 3, 9, 11)
+    dy = normal(rng, *desc.output_shape(x.shape))
+    dx = np.full(x.shape, np.nan, np.float32) if beta == 0 else normal(rng, *x.shape)
+    ours = pooling_dx(cuda, desc, alpha, beta, x, dy, dx)
+    cuda.max_pooling_kernel = False
+    try:
+        theirs = pooling_dx(cuda, desc, alpha, beta, x, dy, dx)
+    finally:
+        cuda.max_pooling_kernel = True
+    assert launches["max_pooling_backward"] == 1 and bindings.calls["cudnnPoolingBackward"] == 1, \
+        f"expected one run of each: launches {dict(launches)}, calls {dict(bindings.calls)}"
+    report = dx_mismatches(desc, x, ours, theirs, tolerance=0.0 if (alpha, beta) == (1.0, 0.0) else 1e-6)
+    assert not report, f"ours against cuDNN's: {report}"
+
+
+@pytest.mark.parametrize("mode, window, padding, stride", [
+    (PoolingMode.MAX, 3, 0, 2),  # overlapping windows
+    (PoolingMode.MAX, 2, 1, 2),  # padding
+    (PoolingMode.AVERAGE, 2, 0, 2),
+], ids=["max-overlapping", "max-padded", "average"])
+def test_other_poolings_keep_calling_cudnn(host, cuda, rng, bindings, launches, mode, window, padding, stride):
+    desc = PoolingDescriptor(mode, window, padding, stride)
+    x = normal(rng, 7, 3, 9, 9)
+    dy = normal(rng, *desc.output_shape(x.shape))
+    dx = np.full(x.shape, np.nan, np.float32)
+    actual = pooling_dx(cuda, desc, 1.0, 0.0, x, dy, dx)
+    assert bindings.calls["cudnnPoolingBackward"] == 1 and launches["max_pooling_backward"] == 0, \
+        f"{desc} should run on cuDNN: calls {dict(bindings.calls)}, launches {dict(launches)}"
+    error = relative_error(actual, pooling_dx(host, desc, 1.0, 0.0, x, dy, dx))
+    assert error <= FP32_TOLERANCE, f"relative error {error:.3g} against the host"
+
+
+def test_max_pooling_kernel_replays_in_a_cuda_graph(host, cuda, rng, launches):
+    """pool forward and backward captured once (no allocation, no synchronisation inside), then replayed
+    on new x and dy written in place: every replay gives the host's dx for that input."""
+    desc = PoolingDescriptor(PoolingMode.MAX, 2, 0, 2)
+    x_shape = (255, 20, 24, 24)
+    y_shape = desc.output_shape(x_shape)
+    x, dy, dx = Tensor.zeros(x_shape, cuda), Tensor.zeros(y_shape, cuda), Tensor.zeros(x_shape, cuda)
+    y = Tensor(y_shape, cuda)
+
+    def step():
+        cuda.pooling_forward(desc, 1.0, x, 0.0, y)
+        cuda.pooling_backward(desc, 1.0, y, dy, x, 0.0, dx)
+
+    step()  # eager: compiles and loads the kernel before the capture
+    with cuda.context.capture() as graph:
+        step()
+    for replay in range(2):
+        x_values, dy_values = relu_ties(rng, *x_shape), normal(rng, *y_shape)
+        x.write_(x_values)
+        dy.write_(dy_values)
+        dx.fill_(np.nan)
+        graph.launch()
+        nan = np.full(x_shape, np.nan, np.float32)
+        report = dx_mismatches(desc, x_values, dx.numpy(), pooling_dx(host, desc, 1.0, 0.0, x_values, dy_values, nan))
+        assert not report, f"replay {replay}: {report}"
+    assert launches["max_pooling_backward"] == 2  # the eager step and the capture: replays run no Python
+
+
 # ---- our kernels -------------------------------------------------------------------------------
 def probabilities(rng, n, classes=10):
     values = rng.random((n, classes)).astype(np.float32)

@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,12 @@ GEOMETRIES = [  # (window, padding, stride)
     (3, 1, 2),
     (3, 0, 1),  # overlapping windows
     (2, 1, 1),
+]
+
+KERNEL_GEOMETRIES = [  # (window, padding, stride): max pooling here takes kernels/pooling.cu on CUDA
+    (2, 0, 2),  # the CNN's; on 9×11 the last row and column lie in no window
+    (3, 0, 3),
+    (2, 0, 3),  # gaps between windows
 ]
 
 
@@ -43,6 +51,65 @@ def test_gradient_matches_finite_differences(backend, mode, window, padding, str
     x = kink_free(np.random.default_rng(1), (2, 2, 5, 6))  # distinct values: no ties within eps
     layer = build(Pooling("pool", window, padding, stride, mode), (2, 5, 6), backend)
     check_layer_gradients(layer, x, eps=1e-2)
+
+
+def direct_max_pooling_gradient(x, dy, window, stride):
+    """dx of max pooling without padding, one window at a time: each dy to its window's first cell
+    (row-major, as np.argmax finds it) equal to the window's maximum."""
+    n, c, _, _ = x.shape
+    dx = np.zeros(x.shape, np.float32)
+    samples, channels = np.meshgrid(np.arange(n), np.arange(c), indexing="ij")
+    for i, j in itertools.product(range(dy.shape[2]), range(dy.shape[3])):
+        cells = x[:, :, i * stride:i * stride + window, j * stride:j * stride + window].reshape(n, c, -1)
+        r, s = np.divmod(cells.argmax(axis=2), window)
+        np.add.at(dx, (samples, channels, i * stride + r, j * stride + s), dy[:, :, i, j])
+    return dx
+
+
+def _kernel_launches(backend):
+    """The CUDA backend's counter of kernel launches, reset; None on the host."""
+    if backend.name != "cuda":
+        return None
+    from cudnnnet.backends.cuda import kernel
+
+    kernel.reset_launches()
+    return kernel.launches
+
+
+@pytest.mark.parametrize("window, padding, stride", KERNEL_GEOMETRIES)
+def test_max_pooling_gradient_goes_to_the_first_maximum_of_each_window(backend, window, padding, stride):
+    """ReLU-like input (windows of zeros, tied maxima): dy goes to each window's first maximum, every
+    other cell and the cells of no window get 0. On CUDA this is our kernel, not cuDNN."""
+    rng = np.random.default_rng(7)
+    x = np.maximum(rng.integers(-2, 3, (3, 2, 9, 11)), 0).astype(np.float32)
+    layer = build(Pooling("pool", window, padding, stride, "max"), (2, 9, 11), backend)
+    layer.gradient_stop = False
+    layer.forward(Tensor.from_numpy(x, backend))
+    dy = rng.standard_normal(layer.output.shape).astype(np.float32)
+    launches = _kernel_launches(backend)
+    grad = layer.backward(Tensor.from_numpy(dy, backend)).numpy()
+    expected = direct_max_pooling_gradient(x, dy, window, stride)
+    wrong = np.argwhere(grad != expected)
+    assert not len(wrong), (f"{len(wrong)} of {grad.size} dx values differ, the first at {tuple(wrong[0])}: "
+                            f"{grad[tuple(wrong[0])]} != {expected[tuple(wrong[0])]}")
+    if launches is not None:
+        assert launches["max_pooling_backward"] == 1, f"our kernel did not run: launches {dict(launches)}"
+
+
+def test_cuda_backward_takes_our_kernel_only_for_max_windows_that_do_not_overlap():
+    """backends/cuda/pooling.supports, which CudaBackend.pooling_backward asks (pure Python: no GPU needed)."""
+    from cudnnnet.backends.cuda import pooling
+
+    cnn_input = (256, 20, 24, 24)
+
+    def takes(layer):
+        return pooling.supports(layer.descriptor, cnn_input)
+
+    assert takes(Pooling("pool", 2)) and takes(Pooling("pool", 3)) and takes(Pooling("pool", 2, stride=3))
+    assert not takes(Pooling("pool", 3, stride=2)), "overlapping windows are cuDNN's"
+    assert not takes(Pooling("pool", 2, padding=1)), "padding is cuDNN's"
+    assert not takes(Pooling("pool", 2, mode="average")), "average pooling is cuDNN's"
+    assert not pooling.supports(Pooling("pool", 2).descriptor, (2**16, 2**8, 2**4, 2**3)), "2^31 values: 32-bit indices"
 
 
 def test_stride_defaults_to_the_window():

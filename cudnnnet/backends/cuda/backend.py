@@ -35,6 +35,7 @@ from . import gemm_convolution, plan_cache
 from .convolution import DIRECTION_NAMES, SEARCHES, ConvolutionPlan, make_plan, plan_with
 from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
 from .kernel import BLOCK_SIZE, blocks_for
+from . import pooling
 from .matmul import GemmEngine, GemmProblem, alignment
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class CudaBackend(Backend):
         self.device_name = self.context.device_name
         self.workspace_limit = workspace_limit  # bytes a convolution algorithm may use
         self.algorithm_search = algorithm_search  # "exhaustive" (every candidate timed) or "heuristic" (cuDNN's first)
+        self.max_pooling_kernel = True  # pooling_backward: kernels/pooling.cu where pooling.supports; False: cuDNN always
         self._plans: OrderedDict = OrderedDict()  # (desc, x_shape, math, search) -> ConvolutionPlan
         self._sgd_tables: OrderedDict = OrderedDict()  # ((param, grad, velocity, size) pointers...) -> SgdTable
         self._stream = self.context.stream.handle
@@ -393,9 +395,15 @@ class CudaBackend(Backend):
                               self._descriptors.tensor(y.shape).handle, y.data.ptr)
 
     def pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
+        """Max pooling without padding whose windows do not overlap (stride ≥ window): kernels/pooling.cu
+        (see pooling.py), y not read; average pooling and any other max pooling: cudnnPoolingBackward."""
         _expect_shape("pooling_backward", "dy", dy, desc.output_shape(x.shape))
         _expect_shape("pooling_backward", "y", y, dy.shape)
         _expect_shape("pooling_backward", "dx", dx, x.shape)
+        if self.max_pooling_kernel and pooling.supports(desc, x.shape):
+            pooling.max_backward(self, desc, alpha, dy, x, beta, dx)
+            return
+        # dx = alpha·pool'(x, y)·dy + beta·dx
         ty, tx = self._descriptors.tensor(y.shape).handle, self._descriptors.tensor(x.shape).handle
         cudnn.pooling_backward(self._cudnn, self._descriptors.pooling(desc).handle, self._scalar(alpha),
                                ty, y.data.ptr, ty, dy.data.ptr, tx, x.data.ptr, self._scalar(beta), tx, dx.data.ptr)
