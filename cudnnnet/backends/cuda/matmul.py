@@ -18,7 +18,7 @@ candidate copies the operands to the layout tensor cores read fastest, both with
     C  = alpha·A'ᵀ·B' + beta·C                     cublasSgemm (OP_T, OP_N)
 
 A weight gradient dW = x·dyᵀ has both operands with K (the batch) as the slow dimension; in TF32
-the micro-benchmark's 10 000 × 5 000 × 10 000 one takes 3.85 ms so and 2.69 ms as TN, for two
+the micro-benchmark's 10 000 × 5 000 × 10 000 one takes 3.85 ms as it is and 2.69 ms as TN, for two
 copies that cost a fraction of that. The
 search "heuristic", and a problem first met during a CUDA-graph capture (nothing can be timed
 there), take cublasSgemm without timing. Every candidate computes the same FP32 (or TF32) GEMM,
