@@ -132,6 +132,16 @@ class Network:
         for layer in reversed(self.layers[:-1]):
             grad = layer.backward(grad)
 
+    def forward_backward(self, x, target: Tensor, loss: Tensor, count: Tensor) -> None:
+        """A training step's ``forward(x)`` then ``backward(target, loss, count)``, with the loss
+        layer's forward and backward in one call (one fused kernel for Softmax on CUDA)."""
+        output = self._as_input(x)
+        for layer in self.layers[:-1]:
+            output = layer.forward(output)
+        grad = self.loss_layer.forward_backward_with_metrics(output, target.to(self.backend), loss, count)
+        for layer in reversed(self.layers[:-1]):
+            grad = layer.backward(grad)
+
     def update(self, learning_rate: float) -> None:
         """Plain SGD, the original's update: W = W - lr·dW for every parameter (cublasSaxpy)."""
         for parameter in self.parameter_list():

@@ -241,8 +241,7 @@ class Trainer:
     def _step(self, x: Tensor, target: Tensor) -> None:
         """gather → forward → backward with the loss and accuracy counted (on the device) → SGD: device work only."""
         self.data.gather(x, target)
-        self.network.forward(x)
-        self.network.backward(target, self.totals.loss_sum, self.totals.correct)
+        self.network.forward_backward(x, target, self.totals.loss_sum, self.totals.correct)
         self.optimizer.step()
 
     def train_batch(self, index: int) -> int:

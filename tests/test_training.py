@@ -183,6 +183,8 @@ def test_one_cnn_training_step_on_cuda_leaves_the_host_weights(cuda, host, mnist
         weights[device] = run.network.state_dict()
     for name in ("cublasSgemm_v2", "cublasSgemv_v2", "cudnnActivationBackward"):
         assert bindings.calls[name] > 0, f"{name} was not called"
+    # the training step's softmax and loss are one launch of our kernel, not cudnnSoftmaxForward
+    assert kernel.launches["softmax_cross_entropy_backward"] == 1 and bindings.calls["cudnnSoftmaxForward"] == 0
     # both 2×2, stride-2 max pooling layers take kernels/pooling.cu, not cudnnPoolingBackward
     assert kernel.launches["max_pooling_backward"] == 2 and bindings.calls["cudnnPoolingBackward"] == 0, \
         f"max_pooling_backward launches {kernel.launches['max_pooling_backward']}, cudnnPoolingBackward calls " \

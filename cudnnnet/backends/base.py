@@ -302,6 +302,14 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
+        """The Softmax layer's forward and ``cross_entropy_backward`` in one call, from ``logits``
+        (N, C, 1, 1): ``predict = softmax(logits)``, then grad, loss and count from ``predict`` as
+        ``cross_entropy_backward`` computes them. The same as ``softmax_forward(1, logits, 0,
+        predict)`` followed by ``cross_entropy_backward(predict, target, grad, loss, count)``.
+        """
+
+    @abstractmethod
     def sgd_update_many(self, groups, lr: Scalar, momentum: float, weight_decay: float) -> None:
         """``sgd_update`` on every ``(param, grad, velocity_or_None)`` of ``groups``:
 

@@ -38,6 +38,12 @@ class LossLayer(Layer):
         self.correct(target, count, accumulate=True)
         return grad
 
+    def forward_backward_with_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor) -> Tensor:
+        """``forward(input)`` then ``backward_with_metrics``: the training step at the loss layer.
+        Here through the two calls; Softmax does both in one fused call."""
+        self.forward(input)
+        return self.backward_with_metrics(target, loss, count)
+
     def loss(self, target: Tensor, out: Tensor, accumulate: bool = False) -> Tensor:
         """Write (or add) the mean loss of the last forward over the batch into ``out`` (1 element)."""
         raise NotImplementedError

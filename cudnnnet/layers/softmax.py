@@ -4,6 +4,7 @@
     loss      J  = -(1/N) Σₙ Σ_c y·log ŷ             our NVRTC kernel (kernels/loss.cu)
     backward  dx = (ŷ - y) / N                       cudaMemcpy + cublasSaxpy + cublasSscal
     training  dx, J (+=) and hits (+=) together      one launch (kernels/cross_entropy_backward.cu)
+    training  ŷ, dx, J (+=) and hits (+=) from x     one launch (the same file, with the softmax)
 """
 
 from __future__ import annotations
@@ -30,4 +31,12 @@ class Softmax(LossLayer):
         self.check_target(target)
         # dx = (ŷ - y) / N;  J += -(1/N) Σ y·log(max(ŷ, 1e-7));  hits += #{n : argmax ŷₙ == argmax yₙ}
         self.backend.cross_entropy_backward(self.output, target, self.grad_input, loss, count)
+        return self.grad_input
+
+    def forward_backward_with_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor) -> Tensor:
+        """forward and backward_with_metrics in one fused call (one launch on CUDA)."""
+        self.prepare(input)
+        self.check_target(target)
+        # ŷ = softmax(x);  dx = (ŷ - y) / N;  J += -(1/N) Σ y·log(max(ŷ, 1e-7));  hits += #{n : argmax ŷₙ == argmax yₙ}
+        self.backend.softmax_cross_entropy_backward(input, target, self.output, self.grad_input, loss, count)
         return self.grad_input

@@ -1,7 +1,8 @@
 """Fused calls against the unfused library path they replace (issue #5).
 
 ``cross_entropy_backward`` must equal the Softmax layer's backward (copy + saxpy + sscal) with
-``cross_entropy_loss`` and ``accuracy_count`` accumulated; ``sgd_update_many`` must equal
+``cross_entropy_loss`` and ``accuracy_count`` accumulated, and ``softmax_cross_entropy_backward``
+the Softmax layer's forward (cudnnSoftmaxForward) followed by it; ``sgd_update_many`` must equal
 ``sgd_update`` on each parameter; ``bias_activation_forward`` must equal ``add_tensor`` then
 ``activation_forward``, and a network with its activations fused the same network unfused. On the host the results are checked exactly; on CUDA (marked
 ``gpu``, skipped without a GPU) the fused kernels are checked against the CUDA unfused path and
@@ -94,6 +95,25 @@ def both_steps(backend, layer_type, n: int) -> tuple[list, list]:
     return unfused_step(layer, target), fused_step(layer, target)
 
 
+def softmax_steps(backend, n: int, seed: int = 0) -> tuple[list, list]:
+    """[probabilities, grad, loss, count] of the Softmax layer's forward then backward_with_metrics
+    (cudnnSoftmaxForward + cross_entropy_backward on CUDA), and of its one fused call."""
+    logits, target = softmax_inputs(n, seed)
+    logits, target = Tensor.from_numpy(logits, backend), Tensor.from_numpy(target, backend)
+    results = []
+    for fused in (False, True):
+        layer = Softmax("out")
+        layer.build((CLASSES, 1, 1), backend, np.random.default_rng(0))
+        loss, count = metrics(backend)
+        if fused:
+            grad = layer.forward_backward_with_metrics(logits, target, loss, count)
+        else:
+            layer.forward(logits)
+            grad = layer.backward_with_metrics(target, loss, count)
+        results.append([layer.output.numpy(), grad.numpy(), loss.numpy(), count.numpy()])
+    return results[0], results[1]
+
+
 def parameters(backend, shapes, seed: int = 1) -> list[tuple[Tensor, Tensor, Tensor]]:
     """(param, grad, velocity) per shape, the same values on every backend for the same seed."""
     rng = np.random.default_rng(seed)
@@ -142,6 +162,32 @@ def test_host_cross_entropy_backward_formula(host):
     hits = np.count_nonzero(predict.argmax(axis=1) == target.argmax(axis=1))  # NumPy: first maximum wins
     assert count[0, 0, 0, 0] == START_COUNT + hits
     assert 0 < hits < n
+
+
+@pytest.mark.parametrize("n", LOSS_BATCHES)
+def test_host_softmax_forward_backward_equals_forward_then_backward(host, n):
+    unfused, fused = softmax_steps(host, n)
+    for got, want in zip(fused, unfused, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("loss_type", (Softmax, MSE))
+def test_host_network_forward_backward_equals_forward_then_backward(host, loss_type):
+    images = np.random.default_rng(3).standard_normal((33, 1, 6, 6)).astype(np.float32)
+    target = Tensor.from_numpy(softmax_inputs(33)[1], host)
+    gradients = []
+    for fused in (False, True):
+        network = Network([Dense("fc1", 12), Activation("relu1", "relu"), Dense("fc2", CLASSES), loss_type("out")],
+                          backend=host, seed=4, input_shape=(1, 6, 6))
+        loss, count = metrics(host)
+        if fused:
+            network.forward_backward(images, target, loss, count)
+        else:
+            network.forward(images)
+            network.backward(target, loss, count)
+        gradients.append([grad.numpy() for grad in network.gradients().values()] + [loss.numpy(), count.numpy()])
+    for got, want in zip(gradients[1], gradients[0], strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("n", (1, 7, 256))
@@ -309,6 +355,36 @@ def test_cuda_cross_entropy_backward_count_is_exact_with_ties(cuda):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n", LOSS_BATCHES)
+def test_cuda_softmax_forward_backward(host, cuda, n):
+    cuda_unfused, cuda_fused = softmax_steps(cuda, n)
+    host_unfused, _ = softmax_steps(host, n)
+    assert_close(cuda_fused, cuda_unfused)
+    assert_close(cuda_fused, host_unfused)
+    assert cuda_fused[3][0, 0, 0, 0] == host_unfused[3][0, 0, 0, 0]  # the count is exact, ties included
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_a_nan_logit_gives_a_nan_loss(backend, fused):
+    """As NumPy's maximum, the kernels' max(ŷ, 1e-7) keeps a NaN, so that training stops on it."""
+    logits, target = softmax_inputs(7)
+    logits[3, 2] = np.nan
+    logits, target = Tensor.from_numpy(logits, backend), Tensor.from_numpy(target, backend)
+    layer = Softmax("out")
+    layer.build((CLASSES, 1, 1), backend, np.random.default_rng(0))
+    loss, count = metrics(backend)
+    if fused:
+        layer.forward_backward_with_metrics(logits, target, loss, count)
+    else:
+        layer.forward(logits)
+        layer.backward_with_metrics(target, loss, count)
+    probabilities = layer.output.numpy().reshape(7, CLASSES)
+    assert np.isnan(probabilities[3]).all() and np.isfinite(np.delete(probabilities, 3, axis=0)).all()
+    assert np.isnan(loss.item())
+    assert np.isnan(layer.loss(target, Tensor((1,), backend)).item())
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n", (7, 1000))
 def test_cuda_mse_backward_with_metrics(host, cuda, n):
     cuda_unfused, cuda_fused = both_steps(cuda, MSE, n)
@@ -364,6 +440,21 @@ def test_cuda_cross_entropy_backward_is_one_launch(cuda, counters):
     layer.backward_with_metrics(target, loss, count)
     assert dict(launches) == {"cross_entropy_backward": 1}
     assert dict(calls) == {"cuLaunchKernel": 1}  # no cuBLAS, no memset, no copy
+
+
+@pytest.mark.gpu
+def test_cuda_softmax_forward_backward_is_one_launch(cuda, counters):
+    calls, launches = counters
+    logits, target = softmax_inputs(256)
+    layer = Softmax("out")
+    layer.build((CLASSES, 1, 1), cuda, np.random.default_rng(0))
+    logits, target, (loss, count) = Tensor.from_numpy(logits, cuda), Tensor.from_numpy(target, cuda), metrics(cuda)
+    layer.forward_backward_with_metrics(logits, target, loss, count)  # allocates, compiles and loads the kernel
+    calls.clear()
+    launches.clear()
+    layer.forward_backward_with_metrics(logits, target, loss, count)
+    assert dict(launches) == {"softmax_cross_entropy_backward": 1}
+    assert dict(calls) == {"cuLaunchKernel": 1}  # no cuDNN softmax, no cuBLAS, no memset, no copy
 
 
 @pytest.mark.gpu

@@ -47,6 +47,7 @@ MATH_MODES = {
 }
 PLAN_CACHE_SIZE = 64
 MAX_ELEMENTWISE_BLOCKS = 65535  # one float4 per thread up to 16.7 M float4s, then grid-stride
+SOFTMAX_GROUP = 16  # lanes per sample in softmax_cross_entropy_backward (GROUP there)
 SGD_TABLE_CACHE_SIZE = 64  # parameter lists whose device table is kept (one per network in practice)
 
 
@@ -500,6 +501,17 @@ class CudaBackend(Backend):
         self.context.kernel("cross_entropy_backward").launch(
             blocks_for(predict.size), self._stream, grad.data.ptr, loss.data.ptr, count.data.ptr, predict.data.ptr,
             target.data.ptr, predict.n, predict.sample_size, 1.0 / predict.n)
+
+    def softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
+        """kernels/cross_entropy_backward.cu: cudnnSoftmaxForward and ``cross_entropy_backward`` in
+        one launch, SOFTMAX_GROUP lanes per sample."""
+        for other in (target, predict, grad):
+            _same_shape("softmax_cross_entropy_backward", logits, other)
+        _check_fits("softmax_cross_entropy_backward", loss.data, 0, 1)
+        _check_fits("softmax_cross_entropy_backward", count.data, 0, 1)
+        self.context.kernel("softmax_cross_entropy_backward").launch(
+            blocks_for(logits.n * SOFTMAX_GROUP), self._stream, predict.data.ptr, grad.data.ptr, loss.data.ptr, count.data.ptr,
+            logits.data.ptr, target.data.ptr, logits.n, logits.sample_size, 1.0 / logits.n)
 
     def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float) -> None:
         """kernels/sgd_update_many.cu: one launch over every parameter of ``groups``, through a device

@@ -42,6 +42,8 @@ KERNELS = {
                                  c_longlong, c_int)),
     "cross_entropy_backward": ("cross_entropy_backward.cu",
                                (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_longlong, c_int, c_float)),
+    "softmax_cross_entropy_backward": ("cross_entropy_backward.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                                                                      c_void_p, c_longlong, c_int, c_float)),
     "sgd_update_many": ("sgd_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_float, c_float)),
     "im2col": ("convolution.cu", (c_void_p, c_void_p) + (c_int,) * 10),
     "col2im": ("convolution.cu", (c_void_p, c_void_p, c_float, c_float) + (c_int,) * 10),

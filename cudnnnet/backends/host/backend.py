@@ -455,6 +455,12 @@ class HostBackend(Backend):
         self.cross_entropy_loss(predict, target, loss, accumulate=True)
         self.accuracy_count(predict, target, count, accumulate=True)
 
+    def softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
+        """predict = softmax(logits), then ``cross_entropy_backward`` from it."""
+        _same_shape("softmax_cross_entropy_backward", logits, predict)
+        self.softmax_forward(1.0, logits, 0.0, predict)
+        self.cross_entropy_backward(predict, target, grad, loss, count)
+
     def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float) -> None:
         """``sgd_update`` on each (param, grad, velocity) in turn."""
         for param, grad, velocity in groups:

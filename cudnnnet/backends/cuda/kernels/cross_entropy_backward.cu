@@ -1,4 +1,6 @@
 // The softmax-output training step fused into one launch, compiled at run time with NVRTC.
+// Two kernels: cross_entropy_backward starts from the probabilities of cudnnSoftmaxForward;
+// softmax_cross_entropy_backward (at the end) starts from the logits and computes the softmax too.
 //
 // It does in one pass what the unfused path does with cudaMemcpy + cublasSaxpy + cublasSscal
 // (the gradient), the cross_entropy_loss kernel and the accuracy_count kernel (loss.cu):
@@ -32,6 +34,9 @@ __device__ Partials block_sum(Partials value) {
     return partial[0];
 }
 
+// log(max(p, floor)) where a NaN p stays NaN (fmaxf would drop it), as NumPy's maximum does.
+__device__ float log_at_least(float p, float floor) { return logf(p < floor ? floor : p); }
+
 __device__ long long first_index() { return (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x; }
 __device__ long long grid_stride() { return (long long)gridDim.x * BLOCK_SIZE; }
 
@@ -50,10 +55,96 @@ extern "C" __global__ void cross_entropy_backward(float* grad, float* loss, floa
     for (long long i = first_index(); i < total; i += grid_stride()) {
         const float p = predict[i], t = target[i];
         grad[i] = (p - t) * scale;
-        sums.loss += t * logf(fmaxf(p, 1e-7f));
+        sums.loss += t * log_at_least(p, 1e-7f);
     }
     for (long long n = first_index(); n < batch; n += grid_stride())
         sums.hits += argmax(predict + n * classes, classes) == argmax(target + n * classes, classes) ? 1.f : 0.f;
+    const Partials block_total = block_sum(sums);
+    if (threadIdx.x == 0) {
+        atomicAdd(loss, -scale * block_total.loss);
+        atomicAdd(count, block_total.hits);
+    }
+}
+
+// softmax_cross_entropy_backward: the Softmax layer's forward and the training step above in one
+// launch, starting from the logits x (N × classes, one row per sample): for each sample n,
+//
+//   predict[n, c] = e[c] / Σ_c e[c],   e[c] = exp(x[n, c] - max_c x[n, c])       (cudnnSoftmaxForward, ACCURATE)
+//   grad, loss[0] and count[0] as in cross_entropy_backward, from these probabilities
+//
+// A GROUP of lanes takes each sample (lane l its classes l, l + GROUP, ...), so that the loads of
+// a row are issued together and coalesce; the row's maximum, sum and first argmaxes are shuffles
+// within the group. A warp takes WARP / GROUP samples at a time and its lanes loop together (the
+// shuffles need them all), lanes past the batch holding no classes. The block partials and atomics
+// are those of cross_entropy_backward. A NaN logit makes its row NaN (its sum is NaN), and so the
+// loss, as in the unfused path; such a row's hit may count differently.
+
+#define WARP 32
+#define GROUP 16  // lanes per sample: MNIST's 10 classes in one load each
+#define FULL_MASK 0xffffffffu
+
+__device__ float group_max(float value) {
+    for (int offset = GROUP / 2; offset > 0; offset >>= 1)
+        value = fmaxf(value, __shfl_xor_sync(FULL_MASK, value, offset, GROUP));
+    return value;
+}
+
+__device__ float group_sum(float value) {
+    for (int offset = GROUP / 2; offset > 0; offset >>= 1) value += __shfl_xor_sync(FULL_MASK, value, offset, GROUP);
+    return value;
+}
+
+// The class of the group's first maximum, from each lane's (first maximum, its class).
+__device__ int group_argmax(float value, int index) {
+    for (int offset = GROUP / 2; offset > 0; offset >>= 1) {
+        const float other = __shfl_xor_sync(FULL_MASK, value, offset, GROUP);
+        const int other_index = __shfl_xor_sync(FULL_MASK, index, offset, GROUP);
+        if (other > value || (other == value && other_index < index)) {
+            value = other;
+            index = other_index;
+        }
+    }
+    return index;
+}
+
+extern "C" __global__ void softmax_cross_entropy_backward(float* __restrict__ predict, float* __restrict__ grad,
+                                                          float* loss, float* count, const float* __restrict__ logits,
+                                                          const float* __restrict__ target, long long batch,
+                                                          int classes, float scale) {
+    const float minus_infinity = __int_as_float(0xff800000);
+    const int lane = threadIdx.x % GROUP, group_in_warp = (threadIdx.x % WARP) / GROUP;
+    const long long warp = first_index() / WARP, warps = grid_stride() / WARP;
+    Partials sums = {0.f, 0.f};
+    for (long long first = warp * (WARP / GROUP); first < batch; first += warps * (WARP / GROUP)) {
+        const long long n = first + group_in_warp;
+        const int own = n < batch ? classes : 0;  // past the batch: no classes, but the shuffles still run
+        const float* x = logits + n * classes;
+        const float* t = target + n * classes;
+        float top = minus_infinity;
+        for (int c = lane; c < own; c += GROUP) top = fmaxf(top, x[c]);
+        top = group_max(top);
+        float total = 0.f;
+        for (int c = lane; c < own; c += GROUP) total += expf(x[c] - top);
+        total = group_sum(total);
+        float best_p = minus_infinity, best_t = minus_infinity;
+        int best_p_class = classes, best_t_class = classes;
+        for (int c = lane; c < own; c += GROUP) {
+            const float p = expf(x[c] - top) / total;
+            predict[n * classes + c] = p;
+            grad[n * classes + c] = (p - t[c]) * scale;
+            sums.loss += t[c] * log_at_least(p, 1e-7f);
+            if (p > best_p) {
+                best_p = p;
+                best_p_class = c;
+            }
+            if (t[c] > best_t) {
+                best_t = t[c];
+                best_t_class = c;
+            }
+        }
+        const int predicted = group_argmax(best_p, best_p_class), expected = group_argmax(best_t, best_t_class);
+        if (lane == 0 && own) sums.hits += predicted == expected ? 1.f : 0.f;
+    }
     const Partials block_total = block_sum(sums);
     if (threadIdx.x == 0) {
         atomicAdd(loss, -scale * block_total.loss);

@@ -26,7 +26,7 @@ extern "C" __global__ void cross_entropy_loss(float* loss, const float* predict,
                                               long long total, float scale) {
     float sum = 0.f;
     for (long long i = first_index(); i < total; i += grid_stride())
-        sum += target[i] * logf(fmaxf(predict[i], 1e-7f));
+        sum += target[i] * logf(predict[i] < 1e-7f ? 1e-7f : predict[i]);  // a NaN stays NaN, as in NumPy
     const float block_total = block_sum(sum);
     if (threadIdx.x == 0) atomicAdd(loss, -scale * block_total);
 }
