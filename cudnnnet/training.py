@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint
-from .backends import get_backend
+from .backends import get_backend, warm_up
 from .config import Config
 from .curves import plot_curves
 from .data.loader import BatchLoader
@@ -198,6 +198,9 @@ class Trainer:
         self.config = config
         self.output_dir = Path(output_dir)
         self.progress = progress
+        warm_up(config.device)  # the GPU starts while the data is read
+        self.train_images, self.train_labels = load_split(config, "train")
+        self.test_images, self.test_labels = load_split(config, "test")
         self.backend = get_backend(config.device)
         if hasattr(self.backend, "set_math"):
             self.backend.set_math(config.math)
@@ -205,8 +208,6 @@ class Trainer:
         train = config.train
         opt = train.optimizer
         self.optimizer = SGD(self.network, opt.lr, opt.momentum, opt.weight_decay, train.schedule)
-        self.train_images, self.train_labels = load_split(config, "train")
-        self.test_images, self.test_labels = load_split(config, "test")
         self.loader = BatchLoader(self.train_images, self.train_labels, train.batch_size, seed=train.seed)
         placement = choose_placement(config.data.placement, self.backend, self.train_images, self.train_labels)
         data_class = StreamedData if placement == "host" else ResidentData

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from cudnnnet import backends
 from cudnnnet.backends.cuda import context
 from cudnnnet.backends.cuda.bindings import runtime
 from cudnnnet.errors import CudaError, DeviceUnavailableError
@@ -31,6 +32,7 @@ class FakeCuda:
         monkeypatch.setattr(runtime, "set_device", self.set_device)
         monkeypatch.setattr(runtime, "free", lambda pointer: self.record("cudaFree"))
         monkeypatch.setattr(context, "_load_libraries", self.load_libraries)
+        monkeypatch.setattr(context, "_early_start", None)
 
     def record(self, call: str) -> None:
         self.calls.append((call, threading.current_thread().name))
@@ -111,3 +113,31 @@ def test_an_invalid_device_gets_no_context(monkeypatch):
     fake = FakeCuda(monkeypatch, devices=1)
     assert context.open_libraries(3) == (13, 1)  # CudaContext then raises its UsageError, as before
     assert not [call for call, _ in fake.calls if call.startswith("cudaSetDevice") or call == "cudaFree"]
+
+
+def test_an_early_start_is_taken_by_the_next_open_libraries(monkeypatch):
+    fake = FakeCuda(monkeypatch, devices=1)
+    backends.warm_up("cuda")  # e.g. the trainer, before it reads the data
+    assert [thread.name for thread in threading.enumerate()].count("cudnnnet-cuda-start") == 1
+    assert context.open_libraries(0) == (13, 1)
+    assert fake.waits == [True, True]
+    assert fake.threads("cudaSetDevice(0)") == fake.threads("cudaFree") == ["cudnnnet-cuda-start"]  # one thread, once
+    assert context._early_start is None
+
+
+@pytest.mark.parametrize("device", ["host", None])
+def test_warm_up_starts_nothing_for_the_host(monkeypatch, device):
+    fake = FakeCuda(monkeypatch, devices=1)
+    backends.warm_up(device)
+    assert context._early_start is None and fake.calls == []
+
+
+def test_warm_up_without_cuda_python_starts_nothing_and_raises_nothing(monkeypatch):
+    FakeCuda(monkeypatch, devices=1)
+
+    def missing():
+        raise DeviceUnavailableError("cuda-python is not installed")
+
+    monkeypatch.setattr(runtime, "load", missing)
+    backends.warm_up("auto")
+    assert context._early_start is None

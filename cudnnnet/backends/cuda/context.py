@@ -39,7 +39,7 @@ def open_libraries(device: int = 0) -> tuple[int, int]:
     """
     runtime.load()
     cuda_major = runtime.runtime_get_version() // 1000
-    start = DriverStart(device)
+    start = _take_driver_start(device) or DriverStart(device)
     try:
         _load_libraries(cuda_major)
     except BaseException:
@@ -71,6 +71,34 @@ def _device_count() -> int:
     if device_count == 0:
         raise DeviceUnavailableError("no NVIDIA GPU is visible (cudaGetDeviceCount returned 0)")
     return device_count
+
+
+_early_start: "DriverStart | None" = None  # started by start_driver, taken by the next open_libraries
+
+
+def start_driver(device: int = 0) -> None:
+    """Begin ``DriverStart`` now, for a CudaContext made later in the process (``backends.warm_up``):
+    the caller's work until then overlaps the driver's start-up. Never raises: where cuda-python or
+    the runtime is missing, nothing starts and the context reports it when made."""
+    global _early_start
+    if _early_start is not None:
+        return
+    try:
+        runtime.load()
+    except DeviceError as error:
+        log.debug("not starting CUDA early: %s", error)
+        return
+    _early_start = DriverStart(device)
+
+
+def _take_driver_start(device: int) -> "DriverStart | None":
+    """The early DriverStart for ``device``, if one was begun (each is taken once)."""
+    global _early_start
+    start, _early_start = _early_start, None
+    if start is not None and start.device != device:
+        start.join()
+        return None
+    return start
 
 
 class DriverStart:
