@@ -152,6 +152,7 @@ class CudaContext:
         cublas.set_workspace(self.cublas.handle, self._cublas_workspace.ptr, CUBLAS_WORKSPACE_BYTES)
         self.cublas_version = cublas.get_version(self.cublas.handle)
         self.cublas_lt = CublasLtHandle()  # its matmuls use the cuBLAS workspace, on the same stream
+        self.cublaslt_version = cublaslt.get_version()
         self.cudnn = CudnnHandle(self.stream)
         self.cudnn_version = cudnn.get_version()
         self.descriptors = DescriptorCache()
