@@ -23,18 +23,29 @@ copies that cost a fraction of that. The
 search "heuristic", and a problem first met during a CUDA-graph capture (nothing can be timed
 there), take cublasSgemm without timing. Every candidate computes the same FP32 (or TF32) GEMM,
 deterministically; they differ in tiling and in how K is split.
+
+Timed plans are kept on disk (plan_cache.py: one file per problem, keyed by the GPU, the cuBLAS and
+cuBLASLt versions, the problem, the cuBLAS workspace and the rules above), so that a new process
+neither asks the heuristic nor times anything for a problem met before. A stored plan is checked
+before it is taken: a cuBLASLt algorithm must still pass cublasLtMatmulAlgoCheck for the problem
+with a workspace within cuBLAS's, a transposing plan must still be within TRANSPOSE_LIMIT_BYTES;
+one that fails is searched again and its file rewritten.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...errors import CublasError, OutOfMemoryError
 from ..base import OP_N, OP_T
 from .bindings import cublas, cublaslt
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .handles import Event
+
+if TYPE_CHECKING:
+    from .plan_cache import GemmChoice
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +139,13 @@ class LtMatmul:
             return cublaslt.algo_get_heuristic(handle, self.desc, a, b, c, c, preference, CANDIDATES)
         finally:
             cublaslt.preference_destroy(preference)
+
+    def accepts(self, handle: int, workspace_bytes: int, algorithm: cublaslt.MatmulAlgo) -> bool:
+        """Whether cuBLASLt still runs ``algorithm`` (from an earlier search) for this problem, within
+        ``workspace_bytes`` (cublasLtMatmulAlgoCheck)."""
+        a, b, c = self.layouts
+        result = cublaslt.algo_check(handle, self.desc, a, b, c, c, algorithm)
+        return result is not None and result.workspace_size <= workspace_bytes
 
     def close(self) -> None:
         for layout in self.layouts:
@@ -244,8 +262,23 @@ class GemmEngine:
     # ---- planning ----------------------------------------------------------------------------
     def _plan(self, problem: GemmProblem, search: str, alpha, a: int, b: int, beta, c: int,
               beta_is_zero: bool) -> GemmPlan:
+        """The stored plan of an exhaustive search where the disk cache holds one that still applies,
+        else the fastest candidate, stored; cublasSgemm untimed for the heuristic search, degenerate
+        sizes and a capture."""
         if search != "exhaustive" or min(problem.m, problem.n, problem.k) <= 0 or self.context.is_capturing():
             return GemmPlan(problem)
+        from . import plan_cache  # here: plan_cache imports convolution, which imports this module
+
+        key = plan_cache.GemmKey.of(self.context, problem, search)
+        plan = self._stored_plan(problem, plan_cache.read_gemm_plan(key))
+        if plan is None:
+            plan = self._search(problem, alpha, a, b, beta, c if beta_is_zero else None)
+            if plan.microseconds is not None:
+                plan_cache.write_gemm_plan(key, plan_cache.GemmChoice.of(plan))
+        return plan
+
+    def _search(self, problem: GemmProblem, alpha, a: int, b: int, beta, c: int | None) -> GemmPlan:
+        """The fastest candidate (``_fastest``); cublasSgemm untimed where cuBLASLt offers no algorithm."""
         lt = LtMatmul(problem)
         algorithms = lt.algorithms(self.context.cublas_lt.handle, self.context.cublas_workspace[1], problem)
         if not algorithms:
@@ -253,7 +286,44 @@ class GemmEngine:
             return GemmPlan(problem)
         if self._timer is None:
             self._timer = GemmTimer(self.context)
-        return self._fastest(problem, lt, algorithms, alpha, a, b, beta, c if beta_is_zero else None)
+        return self._fastest(problem, lt, algorithms, alpha, a, b, beta, c)
+
+    def _stored_plan(self, problem: GemmProblem, choice: GemmChoice | None) -> GemmPlan | None:
+        """The plan of a choice read from the disk cache, or None where there is none or it no longer applies."""
+        if choice is None:
+            return None
+        if choice.candidate == "sgemm":
+            plan = GemmPlan(problem)
+        elif choice.candidate == "transposed":
+            plan = self._stored_transposed(problem)
+        else:
+            plan = self._stored_lt(problem, cublaslt.MatmulAlgo.from_buffer_copy(choice.algo))
+        if plan is None:
+            log.debug("the cached GEMM plan for %s (%s) is no longer valid here: searching again", problem,
+                      choice.candidate)
+            return None
+        plan.microseconds = choice.microseconds
+        log.debug("GEMM plan from the disk cache: %r", plan)
+        return plan
+
+    def _stored_transposed(self, problem: GemmProblem) -> GemmPlan | None:
+        """The transposing plan, its scratch grown, where the candidate applies to ``problem``."""
+        if not _transposable(problem):
+            return None
+        try:
+            self._grow_scratch(problem.transposed_values)
+        except OutOfMemoryError:
+            log.debug("no room for the transposing plan's %d bytes of scratch", FLOAT32_BYTES * problem.transposed_values)
+            return None
+        return GemmPlan(problem, transposed=True)
+
+    def _stored_lt(self, problem: GemmProblem, algorithm: cublaslt.MatmulAlgo) -> GemmPlan | None:
+        """The cuBLASLt plan of ``algorithm`` where cuBLASLt still runs it within the cuBLAS workspace."""
+        lt = LtMatmul(problem)
+        if not lt.accepts(self.context.cublas_lt.handle, self.context.cublas_workspace[1], algorithm):
+            lt.close()
+            return None
+        return GemmPlan(problem, lt, algorithm)
 
     def _fastest(self, problem: GemmProblem, lt: LtMatmul, algorithms: list, alpha, a, b, beta, c) -> GemmPlan:
         """Time cublasSgemm and each algorithm on the call's operands and keep the fastest. ``c``
@@ -282,13 +352,12 @@ class GemmEngine:
         log.debug("%r (cublasSgemm %.2f us, %d cuBLASLt algorithms timed)", best, legacy_us, len(algorithms))
         return best
 
-
     def _time_transposed(self, problem: GemmProblem, alpha, a: int, b: int, beta, c: int) -> float | None:
         """The transposing candidate's time, in a scratch of its own; None where it does not apply
         (a batch, an operand pair already TN, or more scratch than TRANSPOSE_LIMIT_BYTES)."""
-        values = problem.transposed_values
-        if problem.batch != 1 or not values or FLOAT32_BYTES * values > TRANSPOSE_LIMIT_BYTES:
+        if not _transposable(problem):
             return None
+        values = problem.transposed_values
         try:
             scratch = DeviceBuffer.allocate(FLOAT32_BYTES * values)
         except OutOfMemoryError:
@@ -298,6 +367,13 @@ class GemmEngine:
             return self._timer.microseconds(lambda: self._transposed(problem, alpha, a, b, beta, c, scratch.ptr))
         finally:
             scratch.free()
+
+
+def _transposable(problem: GemmProblem) -> bool:
+    """Whether the transposing candidate applies: one matrix, an operand to copy, at most
+    TRANSPOSE_LIMIT_BYTES of scratch."""
+    values = problem.transposed_values
+    return problem.batch == 1 and values > 0 and FLOAT32_BYTES * values <= TRANSPOSE_LIMIT_BYTES
 
 
 class GemmTimer:

@@ -1,0 +1,470 @@
+"""The disk cache of GEMM plans: the files on the host, and GemmEngine's use of them with cuBLAS,
+cuBLASLt and the timer faked (the fakes count their calls), so that these tests need no GPU. Two
+tests at the end, marked ``gpu``, run the real thing."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from cudnnnet.backends.base import OP_N, OP_T
+from cudnnnet.backends.cuda import matmul, plan_cache
+from cudnnnet.backends.cuda.bindings import cublas, cublaslt
+from cudnnnet.backends.cuda.matmul import GemmEngine, GemmProblem
+from cudnnnet.backends.cuda.plan_cache import GemmChoice, GemmKey
+from cudnnnet.errors import OutOfMemoryError
+
+PROBLEM = GemmProblem(OP_N, OP_N, 500, 256, 10, 500, 10, 500)  # the MLP's last dx: C = dy·W (NN)
+WORKSPACE_BYTES = 32 << 20
+KEY = GemmKey("NVIDIA H100 80GB HBM3", (9, 0), 130100, 130100, PROBLEM, "exhaustive", WORKSPACE_BYTES)
+ALGO = bytes(range(64))
+CHOICES = {"sgemm": GemmChoice("sgemm", 6.3), "lt": GemmChoice("lt", 2.9, ALGO),
+           "transposed": GemmChoice("transposed", 4.5)}
+
+
+@pytest.fixture(autouse=True)
+def cache_on(tmp_path, monkeypatch):
+    """An empty cache in tmp_path, the disk cache on."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    monkeypatch.delenv(plan_cache.NO_CACHE_ENV, raising=False)
+
+
+@pytest.fixture
+def cache_dir(tmp_path) -> Path:
+    return tmp_path / "xdg-cache" / "cudnnnet" / "plans"
+
+
+# ---- the cache file ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("candidate", CHOICES)
+def test_a_choice_round_trips_through_one_file_named_by_its_key(cache_dir, candidate):
+    choice = CHOICES[candidate]
+    assert plan_cache.read_gemm_plan(KEY) is None
+    plan_cache.write_gemm_plan(KEY, choice)
+    (path,) = cache_dir.iterdir()
+    assert path == plan_cache.plan_path(KEY) and path.suffix == ".json" and len(path.stem) == 64
+    assert plan_cache.read_gemm_plan(KEY) == choice
+    entry = json.loads(path.read_text())
+    assert entry["key"]["problem"]["alignment"] == [256, 256, 256] and entry["key"]["search"] == "exhaustive"
+    assert entry["choice"]["candidate"] == candidate and entry["choice"]["microseconds"] == choice.microseconds
+    assert entry["choice"].get("algo") == (ALGO.hex() if candidate == "lt" else None)
+
+
+def test_the_key_of_a_problem_is_taken_from_the_context():
+    assert GemmKey.of(fake_context(), PROBLEM, "exhaustive") == KEY
+
+
+KEY_CHANGES = {
+    "device_name": "NVIDIA H200",
+    "compute_capability": (8, 0),
+    "cublas_version": 120900,
+    "cublaslt_version": 120900,
+    "search": "heuristic",
+    "workspace_bytes": 4 << 20,
+}
+PROBLEM_CHANGES = {
+    "transa": OP_T,
+    "transb": OP_T,
+    "m": 501,
+    "n": 255,
+    "k": 11,
+    "lda": 512,
+    "ldb": 16,
+    "ldc": 512,
+    "batch": 2,
+    "stride_a": 5000,
+    "stride_b": 2560,
+    "stride_c": 128000,
+    "math": "tf32",
+    "alignment": (4, 256, 256),
+}
+
+
+def other_keys() -> dict:
+    keys = {field: dataclasses.replace(KEY, **{field: value}) for field, value in KEY_CHANGES.items()}
+    for field, value in PROBLEM_CHANGES.items():
+        keys[f"problem.{field}"] = dataclasses.replace(KEY, problem=dataclasses.replace(PROBLEM, **{field: value}))
+    return keys
+
+
+def test_every_field_of_the_key_and_of_the_problem_is_changed_below():
+    assert set(KEY_CHANGES) | {"problem"} == {field.name for field in dataclasses.fields(GemmKey)}
+    assert set(PROBLEM_CHANGES) == {field.name for field in dataclasses.fields(GemmProblem)}
+
+
+@pytest.mark.parametrize("field", other_keys())
+def test_everything_that_decides_the_choice_gives_another_file(cache_dir, field):
+    other = other_keys()[field]
+    plan_cache.write_gemm_plan(KEY, CHOICES["lt"])
+    assert plan_cache.plan_path(other) != plan_cache.plan_path(KEY)
+    assert plan_cache.read_gemm_plan(other) is None
+    plan_cache.write_gemm_plan(other, CHOICES["sgemm"])
+    assert len(list(cache_dir.iterdir())) == 2
+
+
+@pytest.mark.parametrize("rule, value", [("CANDIDATES", 8), ("MARGIN", 0.95), ("TRANSPOSE_LIMIT_BYTES", 1 << 29)])
+def test_the_rules_of_the_choice_are_part_of_the_key(monkeypatch, rule, value):
+    before = plan_cache.plan_path(KEY)
+    monkeypatch.setattr(matmul, rule, value)
+    assert plan_cache.plan_path(KEY) != before
+
+
+def test_the_format_is_part_of_the_key(monkeypatch):
+    before = plan_cache.plan_path(KEY)
+    monkeypatch.setattr(plan_cache, "GEMM_PLAN_FORMAT", plan_cache.GEMM_PLAN_FORMAT + 1)
+    assert plan_cache.plan_path(KEY) != before
+
+
+def test_sizes_given_as_numpy_integers_have_the_file_of_python_integers():
+    sizes = {field: np.int64(getattr(PROBLEM, field)) for field in ("m", "n", "k", "lda", "ldb", "ldc")}
+    key = dataclasses.replace(KEY, problem=dataclasses.replace(PROBLEM, **sizes))
+    assert plan_cache.plan_path(key) == plan_cache.plan_path(KEY)
+    plan_cache.write_gemm_plan(key, CHOICES["lt"])
+    assert plan_cache.read_gemm_plan(key) == plan_cache.read_gemm_plan(KEY) == CHOICES["lt"]
+
+
+def test_the_cache_file_name_is_the_sha256_of_the_key():
+    text = json.dumps(KEY.as_json(), sort_keys=True, separators=(",", ":"))
+    assert plan_cache.plan_path(KEY).stem == hashlib.sha256(text.encode()).hexdigest()
+
+
+def entry_with(change, choice: GemmChoice = CHOICES["lt"]) -> bytes:
+    entry = {"key": KEY.as_json(), "choice": choice.as_json()}
+    change(entry)
+    return json.dumps(entry).encode()
+
+
+DAMAGED = {
+    "empty": b"",
+    "not json": b"\x00\x01 not json",
+    "truncated": entry_with(lambda entry: None)[:-20],
+    "a list": b"[1, 2, 3]",
+    "another key": entry_with(lambda entry: entry["key"]["problem"].update(m=501)),
+    "a convolution's entry": entry_with(lambda entry: entry.update(choice=None, algorithms={})),
+    "no choice": entry_with(lambda entry: entry.pop("choice")),
+    "an unknown candidate": entry_with(lambda entry: entry["choice"].update(candidate="cublasGemmEx")),
+    "the candidate as a list": entry_with(lambda entry: entry["choice"].update(candidate=["lt"])),
+    "no time": entry_with(lambda entry: entry["choice"].pop("microseconds")),
+    "time as text": entry_with(lambda entry: entry["choice"].update(microseconds="2.9")),
+    "time as a bool": entry_with(lambda entry: entry["choice"].update(microseconds=True)),
+    "a negative time": entry_with(lambda entry: entry["choice"].update(microseconds=-1.0)),
+    "an infinite time": entry_with(lambda entry: entry["choice"].update(microseconds=float("inf"))),
+    "a NaN time": entry_with(lambda entry: entry["choice"].update(microseconds=float("nan"))),
+    "lt without algo": entry_with(lambda entry: entry["choice"].pop("algo")),
+    "algo too short": entry_with(lambda entry: entry["choice"].update(algo=ALGO[:63].hex())),
+    "algo too long": entry_with(lambda entry: entry["choice"].update(algo=(ALGO + b"\0").hex())),
+    "algo not hex": entry_with(lambda entry: entry["choice"].update(algo="zz" * 64)),
+    "algo of an odd length": entry_with(lambda entry: entry["choice"].update(algo=ALGO.hex()[:127])),
+    "algo as a list": entry_with(lambda entry: entry["choice"].update(algo=list(ALGO))),
+    "sgemm with algo": entry_with(lambda entry: entry["choice"].update(algo=ALGO.hex()), CHOICES["sgemm"]),
+    "an extra field": entry_with(lambda entry: entry["choice"].update(workspace_bytes=0)),
+}
+
+
+@pytest.mark.parametrize("content", DAMAGED.values(), ids=DAMAGED.keys())
+def test_a_damaged_entry_is_ignored_and_rewritten(content, caplog):
+    path = plan_cache.plan_path(KEY)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    caplog.set_level(logging.DEBUG, logger=plan_cache.__name__)
+    assert plan_cache.read_gemm_plan(KEY) is None
+    assert "ignoring the" in caplog.text
+    plan_cache.write_gemm_plan(KEY, CHOICES["lt"])
+    assert plan_cache.read_gemm_plan(KEY) == CHOICES["lt"]
+
+
+def test_a_whole_number_of_microseconds_is_read_as_a_float():
+    path = plan_cache.plan_path(KEY)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(entry_with(lambda entry: entry["choice"].update(microseconds=3)))
+    assert plan_cache.read_gemm_plan(KEY) == GemmChoice("lt", 3.0, ALGO)
+
+
+def test_an_unreadable_entry_and_an_unwritable_cache_only_log(caplog):
+    path = plan_cache.plan_path(KEY)
+    path.mkdir(parents=True)  # a directory where the file should be: it can be neither read nor replaced
+    caplog.set_level(logging.DEBUG, logger=plan_cache.__name__)
+    assert plan_cache.read_gemm_plan(KEY) is None
+    plan_cache.write_gemm_plan(KEY, CHOICES["sgemm"])
+    assert path.is_dir()
+    assert "ignoring the unreadable cached plan" in caplog.text and "not caching the GEMM plan" in caplog.text
+    assert all(record.levelno == logging.DEBUG for record in caplog.records)
+
+
+def test_a_cache_directory_that_cannot_be_created_is_skipped(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+    plan_cache.write_gemm_plan(KEY, CHOICES["sgemm"])
+    assert plan_cache.read_gemm_plan(KEY) is None
+
+
+def test_the_no_cache_variable_writes_and_reads_nothing(cache_dir, monkeypatch):
+    plan_cache.write_gemm_plan(KEY, CHOICES["lt"])
+    monkeypatch.setenv(plan_cache.NO_CACHE_ENV, "1")
+    monkeypatch.setattr(plan_cache, "plan_cache_dir", lambda: pytest.fail("the cache directory was looked up"))
+    assert plan_cache.read_gemm_plan(KEY) is None  # the file is there, and not read
+    plan_cache.write_gemm_plan(dataclasses.replace(KEY, search="heuristic"), CHOICES["sgemm"])
+    assert len(list(cache_dir.iterdir())) == 1
+
+
+# ---- the engine's use of it, with cuBLAS, cuBLASLt and the timer faked ----------------------------
+
+
+class FakeBuffer:
+    def __init__(self, nbytes: int):
+        self.nbytes, self.ptr = nbytes, 0x7000_0000
+
+    def free(self) -> None:
+        pass
+
+
+class FakeGpu:
+    """cuBLAS and cuBLASLt as GemmEngine calls them. The heuristic offers the algorithms numbered in
+    ``offered`` (the number in the first 8 bytes); cublasLtMatmulAlgoCheck refuses those in ``refused``
+    and asks ``needed[number]`` bytes of workspace for the others. Every GEMM run is recorded in
+    ``ran``; the timer times a candidate by running it once and looking ``times`` up by what ran
+    ("sgemm", ("lt", number) or "transposed"; None: the candidate failed)."""
+
+    def __init__(self, monkeypatch):
+        self.offered, self.refused, self.needed = [1, 2], set(), {}
+        self.times = {"sgemm": 6.3, ("lt", 1): 4.0, ("lt", 2): 2.9, "transposed": 5.0}
+        self.heuristics = self.checks = self.timed = self.timers = 0
+        self.ran: list = []
+        self.out_of_memory = False
+        for name in ("matmul_desc_set_int32", "matrix_layout_set_batch", "matrix_layout_destroy",
+                     "matmul_desc_destroy", "preference_set_uint32", "preference_destroy"):
+            monkeypatch.setattr(cublaslt, name, lambda *args: None)
+        for name in ("matmul_desc_create", "matrix_layout_create", "preference_create"):
+            monkeypatch.setattr(cublaslt, name, lambda *args: 0x100)
+        monkeypatch.setattr(cublaslt, "algo_get_heuristic", self.algo_get_heuristic)
+        monkeypatch.setattr(cublaslt, "algo_check", self.algo_check)
+        monkeypatch.setattr(cublaslt, "matmul", lambda *args: self.ran.append(("lt", args[12].data[0])))
+        monkeypatch.setattr(cublas, "sgemm", lambda *args: self.ran.append("sgemm"))
+        monkeypatch.setattr(cublas, "sgemm_strided_batched", lambda *args: self.ran.append("sgemm"))
+        monkeypatch.setattr(cublas, "sgeam", lambda *args: self.ran.append("sgeam"))
+        monkeypatch.setattr(matmul, "GemmTimer", self.timer)
+        monkeypatch.setattr(matmul, "DeviceBuffer", SimpleNamespace(allocate=self.allocate))
+
+    def algo_get_heuristic(self, handle, desc, a, b, c, d, preference, requested):
+        self.heuristics += 1
+        return [self.result(number) for number in self.offered[:requested]]
+
+    def algo_check(self, handle, desc, a, b, c, d, algo):
+        self.checks += 1
+        number = algo.data[0]
+        return None if number in self.refused else self.result(number)
+
+    def result(self, number: int) -> cublaslt.HeuristicResult:
+        result = cublaslt.HeuristicResult()
+        result.algo.data[0], result.workspace_size = number, self.needed.get(number, 1024)
+        return result
+
+    def allocate(self, nbytes: int) -> FakeBuffer:
+        if self.out_of_memory:
+            raise OutOfMemoryError("cudaMalloc failed: out of memory")
+        return FakeBuffer(nbytes)
+
+    def timer(self, context):
+        self.timers += 1
+        return SimpleNamespace(microseconds=self.time)
+
+    def time(self, call) -> float | None:
+        self.timed += 1
+        self.ran.clear()
+        call()
+        return self.times.get("transposed" if "sgeam" in self.ran else self.ran[-1])
+
+
+@pytest.fixture
+def gpu(monkeypatch) -> FakeGpu:
+    return FakeGpu(monkeypatch)
+
+
+def fake_context(capturing: bool = False) -> SimpleNamespace:
+    """What GemmEngine and GemmKey read of a CudaContext, for KEY's GPU and libraries."""
+    return SimpleNamespace(device_name=KEY.device_name, compute_capability=KEY.compute_capability,
+                           cublas_version=KEY.cublas_version, cublaslt_version=KEY.cublaslt_version,
+                           cublas_workspace=(0x5000_0000, WORKSPACE_BYTES), cublas_lt=SimpleNamespace(handle=0x10),
+                           cublas=SimpleNamespace(handle=0x20), stream=SimpleNamespace(address=0),
+                           is_capturing=lambda: capturing)
+
+
+def planned(problem: GemmProblem = PROBLEM, search: str = "exhaustive", capturing: bool = False):
+    """A new engine (a new "process") after one call of ``problem``: the engine and its plan."""
+    engine = GemmEngine(fake_context(capturing), lambda value: value)
+    engine.run(problem, search, 1.0, 0x1000, 0x2000, 0.0, 0x3000)
+    return engine, engine.plans[problem, search]
+
+
+def what_runs(plan) -> tuple:
+    algorithm = bytes(plan.algorithm) if plan.algorithm is not None else None
+    return plan.transposed, algorithm, plan.microseconds
+
+
+WINNING_TIMES = {"sgemm": {"sgemm": 2.0}, "lt": {}, "transposed": {"transposed": 1.5}}
+RUNS = {"sgemm": ["sgemm"], "lt": [("lt", 2)], "transposed": ["sgeam", "sgemm"]}  # PROBLEM is NN: A is copied
+
+
+@pytest.mark.parametrize("winner", WINNING_TIMES)
+def test_a_new_engine_takes_the_plan_from_disk_without_searching(gpu, cache_dir, winner):
+    gpu.times.update(WINNING_TIMES[winner])
+    _, searched = planned()
+    assert gpu.heuristics == 1 and gpu.timed == 4 and gpu.timers == 1  # cublasSgemm, 2 algorithms, transposed
+    assert plan_cache.read_gemm_plan(KEY) == GemmChoice.of(searched) and GemmChoice.of(searched).candidate == winner
+    assert len(list(cache_dir.iterdir())) == 1
+    gpu.ran.clear()
+    engine, cached = planned()
+    assert gpu.heuristics == 1 and gpu.timed == 4 and gpu.timers == 1  # nothing asked, nothing timed
+    assert gpu.checks == (winner == "lt")
+    assert what_runs(cached) == what_runs(searched)
+    assert gpu.ran == RUNS[winner]  # the call ran the stored plan
+    if winner == "transposed":
+        assert engine._scratch.nbytes >= 4 * PROBLEM.transposed_values
+
+
+@pytest.mark.parametrize("change", ["refused", "more workspace than cuBLAS's"])
+def test_a_stored_algorithm_cublaslt_no_longer_accepts_is_searched_again_and_rewritten(gpu, caplog, change):
+    _, searched = planned()
+    assert searched.algorithm.data[0] == 2
+    if change == "refused":
+        gpu.refused.add(2)
+    else:
+        gpu.needed[2] = WORKSPACE_BYTES + 1
+    gpu.offered = [1]
+    caplog.set_level(logging.DEBUG, logger=matmul.__name__)
+    _, again = planned()
+    assert gpu.heuristics == 2 and gpu.checks == 1
+    assert "no longer valid here" in caplog.text
+    assert again.algorithm.data[0] == 1
+    assert plan_cache.read_gemm_plan(KEY) == GemmChoice("lt", 4.0, bytes(again.algorithm))  # rewritten
+
+
+TRANSPOSED_ELSEWHERE = {
+    "a batch": dataclasses.replace(PROBLEM, batch=2, stride_a=5000, stride_b=2560, stride_c=128000),
+    "already TN": GemmProblem(OP_T, OP_N, 500, 256, 10, 10, 10, 500),
+    "over the limit": GemmProblem(OP_N, OP_N, 20000, 256, 20000, 20000, 20000, 20000),
+    "no room for the scratch": PROBLEM,
+}
+
+
+@pytest.mark.parametrize("case", TRANSPOSED_ELSEWHERE)
+def test_a_stored_transposing_plan_that_does_not_apply_is_searched_again(gpu, case):
+    problem = TRANSPOSED_ELSEWHERE[case]
+    key = dataclasses.replace(KEY, problem=problem)
+    plan_cache.write_gemm_plan(key, CHOICES["transposed"])
+    gpu.times = {"sgemm": 3.0}
+    gpu.out_of_memory = case == "no room for the scratch"
+    engine, plan = planned(problem)
+    assert gpu.heuristics == 1
+    assert not plan.transposed and engine._scratch is None
+    assert plan_cache.read_gemm_plan(key) == GemmChoice("sgemm", 3.0)  # rewritten
+
+
+@pytest.mark.parametrize("case", ["heuristic search", "capture", "k = 0"])
+def test_a_plan_that_is_not_timed_touches_no_file(gpu, monkeypatch, case):
+    monkeypatch.setattr(plan_cache, "plan_path", lambda key: pytest.fail("the disk cache was looked up"))
+    problem = dataclasses.replace(PROBLEM, k=0) if case == "k = 0" else PROBLEM
+    _, plan = planned(problem, "heuristic" if case == "heuristic search" else "exhaustive", case == "capture")
+    assert what_runs(plan) == (False, None, None)  # cublasSgemm, untimed
+    assert gpu.heuristics == gpu.checks == gpu.timed == 0
+
+
+def test_a_plan_cublaslt_offers_nothing_for_is_not_stored(gpu, cache_dir):
+    gpu.offered = []
+    _, plan = planned()
+    assert what_runs(plan) == (False, None, None) and gpu.timed == 0
+    assert not cache_dir.exists()
+
+
+def test_the_no_cache_variable_searches_every_time(gpu, cache_dir, monkeypatch):
+    monkeypatch.setenv(plan_cache.NO_CACHE_ENV, "1")
+    planned()
+    planned()
+    assert gpu.heuristics == 2 and gpu.checks == 0
+    assert not cache_dir.exists()
+
+
+# ---- on the GPU ------------------------------------------------------------------------------------
+
+
+def gemm_on_gpu(cuda):
+    """The MLP's last dx (NN, 500 × 256 with k = 10) on ``cuda``: the problem, the operands and
+    C = A·B by NumPy, column-major as cuBLAS stores it."""
+    from cudnnnet.backends.cuda.matmul import alignment
+    from cudnnnet.tensor import Tensor
+
+    m, n, k = 500, 256, 10
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal(m * k).astype(np.float32), rng.standard_normal(k * n).astype(np.float32)
+    expected = a.reshape(k, m).T.astype(np.float64) @ b.reshape(n, k).T.astype(np.float64)  # (m × n)
+    A, B, C = Tensor.from_numpy(a, cuda), Tensor.from_numpy(b, cuda), Tensor.zeros((m * n,), cuda)
+    problem = GemmProblem(OP_N, OP_N, m, n, k, m, k, m, math=cuda.math,
+                          alignment=alignment(A.data.ptr, B.data.ptr, C.data.ptr))
+    return problem, (A, B, C), expected.T.ravel()
+
+
+def run_engine(cuda, problem, operands):
+    """A fresh GemmEngine on ``cuda``'s context runs C = A·B once: its plan and C."""
+    A, B, C = operands
+    C.write_(np.zeros(problem.m * problem.n, np.float32))
+    engine = GemmEngine(cuda.context, cuda._scalar)
+    try:
+        engine.run(problem, "exhaustive", 1.0, A.data.ptr, B.data.ptr, 0.0, C.data.ptr)
+        plan = engine.plans[problem, "exhaustive"]
+        return what_runs(plan), C.numpy()
+    finally:
+        engine.close()
+
+
+def assert_close(got: np.ndarray, expected: np.ndarray, math: str) -> None:
+    tolerance = 1e-5 if math == "fp32" else 1e-3
+    assert np.linalg.norm(got - expected) <= tolerance * np.linalg.norm(expected)
+
+
+@pytest.mark.gpu
+def test_a_second_engine_on_the_gpu_takes_the_plan_from_disk(cuda, cache_dir):
+    from cudnnnet.backends.cuda import bindings
+
+    problem, operands, expected = gemm_on_gpu(cuda)
+    bindings.reset_calls()
+    searched, from_search = run_engine(cuda, problem, operands)
+    assert bindings.calls["cublasLtMatmulAlgoGetHeuristic"] == 1 and bindings.calls["cudaEventElapsedTime"] > 0
+    (entry,) = cache_dir.iterdir()
+    assert json.loads(entry.read_text())["key"]["problem"]["m"] == problem.m
+    bindings.reset_calls()
+    cached, from_disk = run_engine(cuda, problem, operands)
+    assert bindings.calls["cublasLtMatmulAlgoGetHeuristic"] == 0 and bindings.calls["cudaEventElapsedTime"] == 0
+    assert cached == searched  # the same candidate, with the time measured by the search
+    assert_close(from_search, expected, cuda.math)
+    assert_close(from_disk, expected, cuda.math)
+
+
+@pytest.mark.gpu
+def test_a_stored_cublaslt_algorithm_passes_the_check_and_runs_on_the_gpu(cuda, cache_dir):
+    """Whatever won above, a stored cuBLASLt algorithm (the heuristic's first) is checked by
+    cublasLtMatmulAlgoCheck, taken without a search, and computes C."""
+    from cudnnnet.backends.cuda import bindings
+    from cudnnnet.backends.cuda.matmul import LtMatmul
+
+    problem, operands, expected = gemm_on_gpu(cuda)
+    lt = LtMatmul(problem)
+    try:
+        algorithms = lt.algorithms(cuda.context.cublas_lt.handle, cuda.context.cublas_workspace[1], problem)
+    finally:
+        lt.close()
+    assert algorithms, "cuBLASLt offered no algorithm"
+    algo = bytes(algorithms[0].algo)
+    plan_cache.write_gemm_plan(GemmKey.of(cuda.context, problem, "exhaustive"), GemmChoice("lt", 1.0, algo))
+    bindings.reset_calls()
+    cached, from_disk = run_engine(cuda, problem, operands)
+    assert bindings.calls["cublasLtMatmulAlgoGetHeuristic"] == 0 and bindings.calls["cublasLtMatmulAlgoCheck"] == 1
+    assert cached == (False, algo, 1.0) and bindings.calls["cublasLtMatmul"] == 1
+    assert_close(from_disk, expected, cuda.math)
