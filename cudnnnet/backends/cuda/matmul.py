@@ -26,10 +26,10 @@ deterministically; they differ in tiling and in how K is split.
 
 Timed plans are kept on disk (plan_cache.py: one file per problem, keyed by the GPU, the cuBLAS and
 cuBLASLt versions, the problem, the cuBLAS workspace and the rules above), so that a new process
-neither asks the heuristic nor times anything for a problem met before. A stored plan is checked
-before it is taken: a cuBLASLt algorithm must still pass cublasLtMatmulAlgoCheck for the problem
-with a workspace within cuBLAS's, a transposing plan must still be within TRANSPOSE_LIMIT_BYTES;
-one that fails is searched again and its file rewritten.
+neither asks the heuristic nor times anything for a problem met before. A stored cuBLASLt
+algorithm is checked by its first run, the call that read it (cublasLtMatmulAlgoCheck would cost as
+much as the heuristic, ~6 ms on an H100): a status error there sends the problem back to the
+search, as does a transposing plan no longer within TRANSPOSE_LIMIT_BYTES; the file is rewritten.
 """
 
 from __future__ import annotations
@@ -140,13 +140,6 @@ class LtMatmul:
         finally:
             cublaslt.preference_destroy(preference)
 
-    def accepts(self, handle: int, workspace_bytes: int, algorithm: cublaslt.MatmulAlgo) -> bool:
-        """Whether cuBLASLt still runs ``algorithm`` (from an earlier search) for this problem, within
-        ``workspace_bytes`` (cublasLtMatmulAlgoCheck)."""
-        a, b, c = self.layouts
-        result = cublaslt.algo_check(handle, self.desc, a, b, c, c, algorithm)
-        return result is not None and result.workspace_size <= workspace_bytes
-
     def close(self) -> None:
         for layout in self.layouts:
             cublaslt.matrix_layout_destroy(layout)
@@ -166,6 +159,7 @@ class GemmPlan:
     algorithm: cublaslt.MatmulAlgo | None = None
     microseconds: float | None = None  # the winner's time per call, when timed
     transposed: bool = False
+    unproven: bool = False  # a cuBLASLt algorithm read from disk that has not run here yet
 
     def close(self) -> None:
         if self.lt is not None:
@@ -199,6 +193,9 @@ class GemmEngine:
         if plan is None:
             plan = self.plans[problem, search] = self._plan(problem, search, alpha_pointer, a, b, beta_pointer, c,
                                                             beta == 0.0)
+        if plan.unproven:
+            plan = self.plans[problem, search] = self._prove(plan, alpha_pointer, a, b, beta_pointer, c, beta == 0.0)
+            return
         self._execute(plan, alpha_pointer, a, b, beta_pointer, c)
 
     def close(self) -> None:
@@ -271,10 +268,30 @@ class GemmEngine:
 
         key = plan_cache.GemmKey.of(self.context, problem, search)
         plan = self._stored_plan(problem, plan_cache.read_gemm_plan(key))
-        if plan is None:
-            plan = self._search(problem, alpha, a, b, beta, c if beta_is_zero else None)
-            if plan.microseconds is not None:
-                plan_cache.write_gemm_plan(key, plan_cache.GemmChoice.of(plan))
+        return plan if plan is not None else self._search_and_store(problem, alpha, a, b, beta, c, beta_is_zero)
+
+    def _search_and_store(self, problem: GemmProblem, alpha, a: int, b: int, beta, c: int,
+                          beta_is_zero: bool) -> GemmPlan:
+        from . import plan_cache
+
+        plan = self._search(problem, alpha, a, b, beta, c if beta_is_zero else None)
+        if plan.microseconds is not None:
+            plan_cache.write_gemm_plan(plan_cache.GemmKey.of(self.context, problem, "exhaustive"),
+                                       plan_cache.GemmChoice.of(plan))
+        return plan
+
+    def _prove(self, plan: GemmPlan, alpha, a: int, b: int, beta, c: int, beta_is_zero: bool) -> GemmPlan:
+        """Run a stored cuBLASLt plan for the first time, on the call's operands; where cuBLASLt refuses
+        the algorithm (a status error: it checks before it launches), search again, store and run that."""
+        try:
+            self._execute(plan, alpha, a, b, beta, c)
+        except CublasError as error:
+            log.debug("the cached GEMM plan for %s fails here (%s): searching again", plan.problem, error)
+            plan.close()
+            plan = self._search_and_store(plan.problem, alpha, a, b, beta, c, beta_is_zero)
+            self._execute(plan, alpha, a, b, beta, c)
+            return plan
+        plan.unproven = False
         return plan
 
     def _search(self, problem: GemmProblem, alpha, a: int, b: int, beta, c: int | None) -> GemmPlan:
@@ -317,13 +334,9 @@ class GemmEngine:
             return None
         return GemmPlan(problem, transposed=True)
 
-    def _stored_lt(self, problem: GemmProblem, algorithm: cublaslt.MatmulAlgo) -> GemmPlan | None:
-        """The cuBLASLt plan of ``algorithm`` where cuBLASLt still runs it within the cuBLAS workspace."""
-        lt = LtMatmul(problem)
-        if not lt.accepts(self.context.cublas_lt.handle, self.context.cublas_workspace[1], algorithm):
-            lt.close()
-            return None
-        return GemmPlan(problem, lt, algorithm)
+    def _stored_lt(self, problem: GemmProblem, algorithm: cublaslt.MatmulAlgo) -> GemmPlan:
+        """The cuBLASLt plan of ``algorithm``, to be proven by its first run (``_prove``)."""
+        return GemmPlan(problem, LtMatmul(problem), algorithm, unproven=True)
 
     def _fastest(self, problem: GemmProblem, lt: LtMatmul, algorithms: list, alpha, a, b, beta, c) -> GemmPlan:
         """Time cublasSgemm and each algorithm on the call's operands and keep the fastest. ``c``

@@ -57,7 +57,6 @@ SIGNATURES = {
     "cublasLtMatmulPreferenceDestroy": (_P,),
     "cublasLtMatmulPreferenceSetAttribute": (_P, c_int, _P, c_size_t),
     "cublasLtMatmulAlgoGetHeuristic": (_P, _P, _P, _P, _P, _P, _P, c_int, POINTER(HeuristicResult), POINTER(c_int)),
-    "cublasLtMatmulAlgoCheck": (_P, _P, _P, _P, _P, _P, POINTER(MatmulAlgo), POINTER(HeuristicResult)),
     "cublasLtMatmul": (_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, POINTER(MatmulAlgo), _P, c_size_t, _P),
 }
 
@@ -167,17 +166,6 @@ def algo_get_heuristic(handle, desc, a_layout, b_layout, c_layout, d_layout, pre
     _call("cublasLtMatmulAlgoGetHeuristic", handle, desc, a_layout, b_layout, c_layout, d_layout, preference,
           requested, results, ctypes.byref(returned))
     return [results[i] for i in range(returned.value) if results[i].state == 0]
-
-
-def algo_check(handle, desc, a_layout, b_layout, c_layout, d_layout, algo: MatmulAlgo) -> HeuristicResult | None:
-    """Whether ``algo`` (from an earlier heuristic, e.g. kept on disk) runs this matmul: its result
-    (``workspace_size`` the bytes it needs), or None where cuBLASLt refuses it. Any failure status
-    (CUBLAS_STATUS_INVALID_VALUE, CUBLAS_STATUS_NOT_SUPPORTED, ...) means "not valid", not an error."""
-    calls["cublasLtMatmulAlgoCheck"] += 1
-    result = HeuristicResult()
-    status = _functions["cublasLtMatmulAlgoCheck"](handle, desc, a_layout, b_layout, c_layout, d_layout,
-                                                   ctypes.byref(algo), ctypes.byref(result))
-    return result if status == 0 else None
 
 
 def matmul(handle, desc, alpha, a, a_layout, b, b_layout, beta, c, c_layout, d, d_layout, algo: MatmulAlgo,
