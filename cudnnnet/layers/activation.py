@@ -1,7 +1,7 @@
 """Activation layer on cuDNN: relu, sigmoid, tanh, clipped relu, elu.
 
     forward   y  = f(x)                    cudnnActivationForward
-    backward  dx = f'(x) ⊙ dy              cudnnActivationBackward
+    backward  dx = f'(x) ⊙ dy              cudnnActivationBackward (ReLU on CUDA: kernels/activation.cu)
 
 When the network fuses this layer into the Dense or Conv2D before it (``fused``), that layer's
 bias kernel has already applied f: forward passes y through, and backward reads f' from y alone

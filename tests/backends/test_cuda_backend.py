@@ -969,3 +969,47 @@ def test_gather_batch_copies_rows_as_float4s_or_floats(host, cuda, rng, sample_s
 
     compare(host, cuda, body, images, labels, order, np.array([13], np.float32),
             np.zeros((16, *sample_shape), np.float32), np.zeros((16, 10), np.float32))
+
+
+# ---- ReLU backward: kernels/activation.cu against cudnnActivationBackward and the host -------------
+def relu_dx(backend, alpha, beta, x, dy, dx) -> np.ndarray:
+    tensors = [Tensor.from_numpy(array, backend) for array in (x, dy, dx)]
+    backend.activation_backward(ActivationDescriptor(ActivationMode.RELU), alpha, tensors[0], tensors[1], tensors[0],
+                                beta, tensors[2])
+    return tensors[2].numpy()
+
+
+RELU_SHAPES = [(1, 1, 1, 1), (256, 500, 1, 1), (7, 20, 24, 24)]
+
+
+@pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (-2.0, 0.75)])
+@pytest.mark.parametrize("shape", RELU_SHAPES)
+def test_relu_kernel_equals_cudnn(cuda, rng, bindings, launches, shape, alpha, beta):
+    """The same ReLU backward through cudnnActivationBackward (relu_kernel off), x holding zeros and
+    -inf: with alpha, beta = (1, 0) equal bit for bit (a NaN in dx does not survive beta = 0),
+    otherwise within float32 rounding (cuDNN may fuse a multiply-add)."""
+    x, dy = normal(rng, *shape), normal(rng, *shape)
+    x.reshape(-1)[::5], x.reshape(-1)[2::17] = 0.0, -np.inf
+    dx = np.full(shape, np.nan, np.float32) if beta == 0 else normal(rng, *shape)
+    ours = relu_dx(cuda, alpha, beta, x, dy, dx)
+    cuda.relu_kernel = False
+    try:
+        theirs = relu_dx(cuda, alpha, beta, x, dy, dx)
+    finally:
+        cuda.relu_kernel = True
+    assert launches["relu_backward"] == 1 and bindings.calls["cudnnActivationBackward"] == 1
+    if (alpha, beta) == (1.0, 0.0):
+        np.testing.assert_array_equal(ours, theirs)
+    else:
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (-2.0, 0.75)])
+@pytest.mark.parametrize("shape", RELU_SHAPES)
+def test_relu_kernel_equals_the_host(host, cuda, rng, shape, alpha, beta):
+    """Against NumPy's dy * (x > 0), NaNs and infinities in x and dy included: the same values, NaN where NumPy's are."""
+    x, dy = normal(rng, *shape), normal(rng, *shape)
+    x.reshape(-1)[::5], x.reshape(-1)[1::13], x.reshape(-1)[2::17] = 0.0, np.nan, -np.inf
+    dy.reshape(-1)[3::11], dy.reshape(-1)[4::7] = np.nan, np.inf
+    dx = np.full(shape, np.nan, np.float32) if beta == 0 else normal(rng, *shape)
+    np.testing.assert_array_equal(relu_dx(cuda, alpha, beta, x, dy, dx), relu_dx(host, alpha, beta, x, dy, dx))

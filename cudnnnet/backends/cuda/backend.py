@@ -24,7 +24,8 @@ import numpy as np
 
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
-from ..base import OP_N, OP_T, ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor, check_bias
+from ..base import (OP_N, OP_T, ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor, PoolingDescriptor,
+                    check_bias)
 from . import dlpack
 from .bindings import cublas, cudnn, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
@@ -74,6 +75,7 @@ class CudaBackend(Backend):
         self.workspace_limit = workspace_limit  # bytes a convolution algorithm may use
         self.algorithm_search = algorithm_search  # "exhaustive" (every candidate timed) or "heuristic" (cuDNN's first)
         self.max_pooling_kernel = True  # pooling_backward: kernels/pooling.cu where pooling.supports; False: cuDNN always
+        self.relu_kernel = True  # activation_backward of a ReLU: kernels/activation.cu; False: cuDNN
         self._plans: OrderedDict = OrderedDict()  # (desc, x_shape, math, search) -> ConvolutionPlan
         self._sgd_tables: OrderedDict = OrderedDict()  # ((param, grad, velocity, size) pointers...) -> SgdTable
         self._stream = self.context.stream.handle
@@ -238,8 +240,15 @@ class CudaBackend(Backend):
                                  t, x.data.ptr, self._scalar(beta), t, y.data.ptr)
 
     def activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
+        """cudnnActivationBackward; a ReLU runs kernels/activation.cu instead (``relu_kernel``)."""
         for other in (y, dy, dx):
             _same_shape("activation_backward", x, other)
+        if self.relu_kernel and desc.mode == ActivationMode.RELU and not isinstance(alpha, Tensor) \
+                and not isinstance(beta, Tensor):
+            # dx = alpha·(dy·[x > 0]) + beta·dx
+            self.context.kernel("relu_backward").launch(blocks_for(x.size), self._stream, dx.data.ptr, x.data.ptr,
+                                                        dy.data.ptr, float(alpha), float(beta), x.size)
+            return
         t = self._descriptors.tensor(x.shape).handle
         cudnn.activation_backward(self._cudnn, self._descriptors.activation(desc).handle, self._scalar(alpha),
                                   t, y.data.ptr, t, dy.data.ptr, t, x.data.ptr, self._scalar(beta), t, dx.data.ptr)

@@ -52,6 +52,7 @@ KERNELS = {
     "max_pooling_backward": ("pooling.cu", (c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 7),
     "channel_sum": ("channel_sum.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 5),
     "spin": ("timing.cu", (c_longlong,)),
+    "relu_backward": ("activation.cu", (c_void_p, c_void_p, c_void_p, c_float, c_float, c_longlong)),
 }
 
 # Launches of our kernels by kernel name (as ``bindings.calls`` counts library calls), so that a
