@@ -25,9 +25,12 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from ..errors import ShapeError, UsageError
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
 
 OP_N = 0  # CUBLAS_OP_N
 OP_T = 1  # CUBLAS_OP_T
@@ -112,7 +115,7 @@ class PoolingDescriptor:
         return (n, c, out_h, out_w)
 
 
-Scalar = Union[float, "Tensor"]  # noqa: F821  (a one-element Tensor where documented)
+Scalar = Union[float, "Tensor"]  # a one-element Tensor where documented
 
 
 class Backend(ABC):
