@@ -25,7 +25,7 @@ from .curves import plot_curves
 from .data.loader import BatchLoader
 from .data.mnist import load_mnist, one_hot
 from .data.streamed import StreamedData, choose_placement
-from .errors import CheckpointError, TrainingError
+from .errors import CheckpointError, DataError, TrainingError
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import SGD
 from .tensor import Tensor
@@ -61,9 +61,18 @@ def build_network(config: Config, backend) -> Network:
     return Network.from_spec(model, input_shape(config), backend, seed=config.train.seed)
 
 
-def load_split(config: Config, split: str):
+def load_split(config: Config, split: str, download: bool = True):
     normalize = config.data.normalize
-    return load_mnist(config.data.dir, split, normalize=normalize, pad=config.data.pad)
+    return load_mnist(config.data.dir, split, download=download, normalize=normalize, pad=config.data.pad)
+
+
+def local_splits(config: Config):
+    """(train, test) splits where both are on disk and read without error, else None (the caller
+    then loads them, downloading or raising as load_split does)."""
+    try:
+        return load_split(config, "train", download=False), load_split(config, "test", download=False)
+    except DataError:
+        return None
 
 
 @dataclass
@@ -198,10 +207,11 @@ class Trainer:
         self.config = config
         self.output_dir = Path(output_dir)
         self.progress = progress
-        warm_up(config.device)  # the GPU starts while the data is read
-        self.train_images, self.train_labels = load_split(config, "train")
-        self.test_images, self.test_labels = load_split(config, "test")
-        self.backend = get_backend(config.device)
+        warm_up(config.device)  # the GPU starts while the data is read, where it is on disk already
+        splits = local_splits(config)
+        self.backend = get_backend(config.device)  # before any download: no GPU is reported first
+        (self.train_images, self.train_labels), (self.test_images, self.test_labels) = (
+            splits or (load_split(config, "train"), load_split(config, "test")))
         if hasattr(self.backend, "set_math"):
             self.backend.set_math(config.math)
         self.network = build_network(config, self.backend)

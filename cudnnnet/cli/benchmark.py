@@ -252,8 +252,8 @@ def limited_training_set(limit: int | None):
         return
     load_split = training.load_split
 
-    def first_images(config, split):
-        images, labels = load_split(config, split)
+    def first_images(config, split, download=True):
+        images, labels = load_split(config, split, download)
         return images[:limit], labels[:limit]
 
     training.load_split = first_images
