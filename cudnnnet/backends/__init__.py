@@ -35,8 +35,9 @@ def get_backend(name: "str | Backend | None" = "host") -> Backend:
 def warm_up(name: "str | Backend | None") -> None:
     """Start the CUDA driver on a thread where ``name`` may run on the GPU ("cuda", "auto") and no
     CUDA backend exists yet, so that the caller's work until ``get_backend(name)`` (reading the
-    data, say) overlaps its ~0.2 s start-up. Does nothing for the host; never raises (any failure is
-    get_backend's to report)."""
+    data, say) overlaps its ~0.2–0.3 s start-up; the backend then warms cuBLAS up on a thread too,
+    while the caller builds its network (``context.CublasWarmUp``). Does nothing for the host;
+    never raises (any failure is get_backend's to report)."""
     if name not in ("cuda", "auto") or "cuda" in _instances:
         return
     try:

@@ -294,7 +294,7 @@ def fake_context(capturing: bool = False) -> SimpleNamespace:
                            cublas_version=KEY.cublas_version, cublaslt_version=KEY.cublaslt_version,
                            cublas_workspace=(0x5000_0000, WORKSPACE_BYTES), cublas_lt=SimpleNamespace(handle=0x10),
                            cublas=SimpleNamespace(handle=0x20), stream=SimpleNamespace(address=0),
-                           is_capturing=lambda: capturing)
+                           is_capturing=lambda: capturing, finish_warm_up=lambda: None)
 
 
 def planned(problem: GemmProblem = PROBLEM, search: str = "exhaustive", capturing: bool = False):

@@ -12,10 +12,11 @@ import functools
 import gc
 import logging
 import threading
-from ctypes import c_float
+from ctypes import byref, c_float
 
+from ..base import OP_N
 from ...errors import CudaError, DeviceError, DeviceUnavailableError, UsageError
-from .bindings import cublas, cublaslt, cudnn, nvrtc, runtime
+from .bindings import cublas, cublaslt, cudnn, driver_start, nvrtc, runtime
 from .bindings.loader import load_library
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .descriptors import DescriptorCache
@@ -33,13 +34,17 @@ def open_libraries(device: int = 0) -> tuple[int, int]:
     (CUDA major version, device count).
 
     The first CUDA calls for ``device`` run meanwhile on a thread (``DriverStart``): starting the
-    driver and creating the primary context take ~0.2 s without holding the GIL, while loading the
-    libraries (imports, dlopen) holds it. Raises DeviceUnavailableError, naming what to install, when
-    anything is missing; a missing GPU is reported before a missing library.
+    driver and creating the primary context take ~0.2–0.3 s without holding the GIL, while loading
+    the libraries (imports, dlopen) holds it. Raises DeviceUnavailableError, naming what to install,
+    when anything is missing; a missing GPU is reported before a missing library.
     """
-    runtime.load()
-    cuda_major = runtime.runtime_get_version() // 1000
     start = _take_driver_start(device) or DriverStart(device)
+    try:
+        runtime.load()
+    except DeviceUnavailableError:
+        start.join()
+        raise
+    cuda_major = runtime.runtime_get_version() // 1000
     try:
         _load_libraries(cuda_major)
     except BaseException:
@@ -78,17 +83,12 @@ _early_start: "DriverStart | None" = None  # started by start_driver, taken by t
 
 def start_driver(device: int = 0) -> None:
     """Begin ``DriverStart`` now, for a CudaContext made later in the process (``backends.warm_up``):
-    the caller's work until then overlaps the driver's start-up. Never raises: where cuda-python or
-    the runtime is missing, nothing starts and the context reports it when made."""
+    the caller's work until then overlaps the driver's start-up, and that context warms cuBLAS up
+    (``CublasWarmUp``). Never raises, and imports nothing: whatever is missing, the context reports
+    when made."""
     global _early_start
-    if _early_start is not None:
-        return
-    try:
-        runtime.load()
-    except DeviceError as error:
-        log.debug("not starting CUDA early: %s", error)
-        return
-    _early_start = DriverStart(device)
+    if _early_start is None:
+        _early_start = DriverStart(device)
 
 
 def _take_driver_start(device: int) -> "DriverStart | None":
@@ -102,8 +102,10 @@ def _take_driver_start(device: int) -> "DriverStart | None":
 
 
 class DriverStart:
-    """cudaGetDeviceCount (which starts the driver: cuInit) and, for a valid ``device``, its primary
-    context (cudaSetDevice, cudaFree(0)) on a daemon thread, to overlap them with other work.
+    """cuInit and, for a valid ``device``, its primary context (cuDevicePrimaryCtxRetain) on a daemon
+    thread, to overlap them with other work. Through libcuda directly (``bindings.driver_start``), so
+    the thread starts at once instead of after cuda-python's import; the runtime then finds the
+    primary context made.
 
     It only warms up: whatever fails here is left for the caller's own CUDA calls to raise, and the
     calling thread still sets its device itself (the current device is per thread).
@@ -116,11 +118,58 @@ class DriverStart:
 
     def _run(self) -> None:
         try:
-            if 0 <= self.device < runtime.get_device_count():
-                runtime.set_device(self.device)
-                runtime.free(0)
+            driver_start.load()
+            driver_start.init()
+            if 0 <= self.device < driver_start.device_count():
+                driver_start.retain_primary_context(self.device)
         except DeviceError as error:
             log.debug("CUDA start-up on a thread: %s (left to the caller to raise)", error)
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+class CublasWarmUp:
+    """One small cublasSgemm on a stream, handle and buffer of its own, on a daemon thread.
+
+    cuBLAS's first GEMM in a process loads its kernels: ~60–100 ms of host time on an H100 (~45 ms
+    more for the first GEMM of another shape). Here that overlaps the caller's work until its own
+    first GEMM, which joins this thread (``CudaContext.finish_warm_up``), as do a capture and
+    ``close``: everything it made is freed by then, so none of its allocations falls inside a graph
+    capture. A failure here only loses the head start; it is logged, never raised.
+    """
+
+    SIDE = 8  # C (8×8) = A (8×8)·B (8×8)
+
+    def __init__(self, device: int):
+        self.device = device
+        self._thread = threading.Thread(target=self._run, name="cudnnnet-cublas-warm-up", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            runtime.set_device(self.device)  # the current device is per thread
+            self._multiply()
+        except DeviceError as error:
+            log.debug("cuBLAS warm-up on a thread: %s", error)
+
+    def _multiply(self) -> None:
+        side, values = self.SIDE, self.SIDE * self.SIDE
+        stream = Stream()
+        handle = CublasHandle(stream)
+        matrices = DeviceBuffer.allocate(3 * values * FLOAT32_BYTES)  # A, B, C
+        try:
+            runtime.memset_async(matrices.ptr, 0, matrices.nbytes, stream.handle)
+            a, b, c = (matrices.ptr + index * values * FLOAT32_BYTES for index in range(3))
+            one, zero = c_float(1.0), c_float(0.0)
+            # C = 1·A·B + 0·C
+            cublas.sgemm(handle.handle, OP_N, OP_N, side, side, side, byref(one), a, side, b, side,
+                         byref(zero), c, side)
+            stream.synchronize()
+        finally:
+            handle.close()
+            stream.close()
+            matrices.free()
 
     def join(self) -> None:
         self._thread.join()
@@ -135,6 +184,7 @@ class CudaContext:
     """Everything a backend needs on one device."""
 
     def __init__(self, device: int = 0):
+        started_early = _early_start is not None  # backends.warm_up: the caller wants a head start
         self.cuda_major, device_count = open_libraries(device)
         if not 0 <= device < device_count:
             raise UsageError(f"invalid CUDA device {device!r}; this machine has devices 0 to {device_count - 1}")
@@ -161,7 +211,15 @@ class CudaContext:
         self._ones: DeviceBuffer | None = None  # 1.0 values, grow-only like the workspace
         self._kernels: dict[str, Kernel] = {}
         self._ordering_event: Event | None = None
+        self._warm_up = CublasWarmUp(device) if started_early else None
         log.info("CUDA context on device %d (%s, %s), cuDNN %d", device, self.device_name, self.arch, self.cudnn_version)
+
+    def finish_warm_up(self) -> None:
+        """Wait for the CublasWarmUp begun with this context, if any (before the first GEMM, a
+        capture or ``close``)."""
+        if self._warm_up is not None:
+            self._warm_up.join()
+            self._warm_up = None
 
     # ---- stream ------------------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -183,6 +241,7 @@ class CudaContext:
         allocated or freed during a capture, so Python's cycle collector (which could free a
         buffer) is paused for the block.
         """
+        self.finish_warm_up()
         graph = CudaGraph(self.stream)
         collecting = gc.isenabled()
         gc.disable()
@@ -257,6 +316,7 @@ class CudaContext:
         """Release handles, descriptors, kernels, workspaces and the stream (idempotent)."""
         if self.stream.closed:
             return
+        self.finish_warm_up()
         self.stream.synchronize()
         self.descriptors.clear()
         for kernel in self._kernels.values():

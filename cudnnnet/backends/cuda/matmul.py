@@ -191,6 +191,7 @@ class GemmEngine:
         plan = self.plans.get((problem, search))
         alpha_pointer, beta_pointer = self.scalar(alpha), self.scalar(beta)
         if plan is None:
+            self.context.finish_warm_up()
             plan = self.plans[problem, search] = self._plan(problem, search, alpha_pointer, a, b, beta_pointer, c,
                                                             beta == 0.0)
         if plan.unproven:
