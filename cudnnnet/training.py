@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,31 @@ def local_splits(config: Config):
         return load_split(config, "train", download=False), load_split(config, "test", download=False)
     except DataError:
         return None
+
+
+class OnAThread:
+    """``function(*args)`` running on a daemon thread from now on; ``result()`` waits for it and
+    returns its value or raises its exception. NumPy and file reads release the GIL, so reading
+    the data this way overlaps the CUDA libraries' loading."""
+
+    def __init__(self, function, *args):
+        self._outcome: tuple | None = None  # (True, value) or (False, exception)
+        self._thread = threading.Thread(target=self._run, args=(function, args), daemon=True,
+                                        name=f"cudnnnet-{function.__name__}")
+        self._thread.start()
+
+    def _run(self, function, args) -> None:
+        try:
+            self._outcome = (True, function(*args))
+        except BaseException as error:
+            self._outcome = (False, error)
+
+    def result(self):
+        self._thread.join()
+        succeeded, value = self._outcome
+        if not succeeded:
+            raise value
+        return value
 
 
 @dataclass
@@ -207,9 +233,10 @@ class Trainer:
         self.config = config
         self.output_dir = Path(output_dir)
         self.progress = progress
-        warm_up(config.device)  # the GPU starts while the data is read, where it is on disk already
-        splits = local_splits(config)
+        warm_up(config.device)  # the GPU starts while the data is read and the libraries load
+        reading = OnAThread(local_splits, config)  # what is on disk already, while get_backend loads
         self.backend = get_backend(config.device)  # before any download: no GPU is reported first
+        splits = reading.result()
         (self.train_images, self.train_labels), (self.test_images, self.test_labels) = (
             splits or (load_split(config, "train"), load_split(config, "test")))
         if hasattr(self.backend, "set_math"):

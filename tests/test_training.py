@@ -5,6 +5,7 @@ import math
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -14,7 +15,8 @@ from run_helpers import REPO_ROOT, train_cli
 from cudnnnet.checkpoint import load_npz
 from cudnnnet.config import load_config
 from cudnnnet.errors import TrainingError
-from cudnnnet.training import Interrupted, Trainer
+from cudnnnet import training
+from cudnnnet.training import Interrupted, OnAThread, Trainer
 
 METRIC_KEYS = {"device", "epochs", "steps", "train_accuracy", "test_accuracy", "test_loss", "train_seconds",
                "images_per_second"}
@@ -223,3 +225,44 @@ def test_cnn_steps_replayed_as_a_cuda_graph_leave_the_host_weights(cuda, host, m
     for name, value in weights["host"].items():
         error = np.linalg.norm(weights["cuda"][name] - value) / np.linalg.norm(value)
         assert error < 1e-4, f"{name}: relative difference {error:.2e} after 3 steps (2 of them from the graph)"
+
+
+def test_on_a_thread_returns_the_value_computed_on_another_thread():
+    running = OnAThread(lambda value: (value * 2, threading.current_thread().name), 21)
+    value, thread = running.result()
+    assert value == 42 and thread == "cudnnnet-<lambda>" and thread != threading.current_thread().name
+
+
+def test_on_a_thread_raises_the_exception_of_the_function_in_the_caller():
+    def failing():
+        raise TrainingError("the data is broken")
+
+    with pytest.raises(TrainingError, match="the data is broken"):
+        OnAThread(failing).result()
+
+
+def test_the_trainer_reads_the_data_on_a_thread_while_the_backend_loads(mnist_dir, tmp_path, monkeypatch):
+    """get_backend (here: the host's) is called while local_splits runs, each on its own thread."""
+    reading, loading = threading.Event(), threading.Event()
+    read, get_backend = training.local_splits, training.get_backend
+    seen = {}
+
+    def local_splits(config):
+        reading.set()
+        seen["read on"], seen["read saw the backend load"] = threading.current_thread().name, loading.wait(10)
+        return read(config)
+
+    def backend_while_reading(name):
+        loading.set()
+        seen["backend saw the read"] = reading.wait(10)
+        return get_backend(name)
+
+    monkeypatch.setattr(training, "local_splits", local_splits)
+    monkeypatch.setattr(training, "get_backend", backend_while_reading)
+    settings = load_config(REPO_ROOT / "configs" / "mnist_mlp.yaml").to_dict()
+    settings["device"], settings["data"]["dir"] = "host", str(mnist_dir)
+    from cudnnnet.config import parse_config
+
+    run = Trainer(parse_config(settings), tmp_path, progress=False)
+    assert seen == {"read on": "cudnnnet-local_splits", "read saw the backend load": True, "backend saw the read": True}
+    assert run.train_images.shape == (60000, 1, 28, 28) and run.test_labels.shape == (10000,)
