@@ -313,6 +313,20 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale: float) -> None:
+        """The evaluation of a batch straight from its ``logits`` (N, C, H, W), softmax over each
+        sample's c·h·w values:
+
+            ŷ         = softmax(logits)
+            loss[0]  += loss_scale·Σₙ (-Σ_c target·log(max(ŷ, 1e-7)))
+            count[0] += #{n : argmax ŷₙ == argmax targetₙ}   (the first maximum wins ties)
+
+        ``loss`` and ``count`` are always added to and nothing else is written (ŷ is not kept).
+        With ``loss_scale = 1/N`` the loss added is the batch mean ``cross_entropy_loss`` computes;
+        a NaN logit makes the loss NaN, as there. One launch on CUDA, no cudnnSoftmaxForward.
+        """
+
+    @abstractmethod
     def sgd_update_many(self, groups, lr: Scalar, momentum: float, weight_decay: float) -> None:
         """``sgd_update`` on every ``(param, grad, velocity_or_None)`` of ``groups``:
 

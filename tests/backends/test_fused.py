@@ -2,7 +2,8 @@
 
 ``cross_entropy_backward`` must equal the Softmax layer's backward (copy + saxpy + sscal) with
 ``cross_entropy_loss`` and ``accuracy_count`` accumulated, and ``softmax_cross_entropy_backward``
-the Softmax layer's forward (cudnnSoftmaxForward) followed by it; ``sgd_update_many`` must equal
+the Softmax layer's forward (cudnnSoftmaxForward) followed by it, and ``softmax_cross_entropy_metrics``
+that forward with ``cross_entropy_loss`` (scaled) and ``accuracy_count``; ``sgd_update_many`` must equal
 ``sgd_update`` on each parameter; ``bias_activation_forward`` must equal ``add_tensor`` then
 ``activation_forward``, and a network with its activations fused the same network unfused. On the host the results are checked exactly; on CUDA (marked
 ``gpu``, skipped without a GPU) the fused kernels are checked against the CUDA unfused path and
@@ -214,6 +215,84 @@ def test_sgd_update_many_needs_velocity_with_momentum(host):
     (param, grad, _), = parameters(host, [(3,)])
     with pytest.raises(UsageError, match="velocity"):
         host.sgd_update_many([(param, grad, None)], 0.1, 0.9, 0.0)
+
+
+# ---- evaluation: loss and hits straight from the logits ------------------------------------------
+METRIC_SHAPES = [(1, CLASSES), (37, CLASSES), (256, CLASSES), (1000, CLASSES), (37, 3, 4, 5)]
+
+
+def metric_inputs(shape, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(logits, one-hot targets) of ``shape`` (one sample per row of c·h·w classes); ties as in softmax_inputs."""
+    n, classes = shape[0], int(np.prod(shape[1:]))
+    rng = np.random.default_rng([seed, *shape])
+    logits = rng.standard_normal((n, classes)).astype(np.float32) * 3
+    logits[:: 5] = 0.0
+    target = np.eye(classes, dtype=np.float32)[rng.integers(0, classes, n)]
+    target[:: 10] = np.eye(classes, dtype=np.float32)[0]
+    return logits.reshape(shape), target.reshape(shape)
+
+
+def set_scale(n: int) -> float:
+    """A loss scale as for a batch of n among 3n + 1 samples: not 1/n, so that a test sees it used."""
+    return 1.0 / (3 * n + 1)
+
+
+def evaluation_metrics(backend, logits: np.ndarray, target: np.ndarray, fused: bool, calls: int = 1) -> list:
+    """[loss, count] from START_LOSS, START_COUNT after ``calls`` evaluations of the batch: one
+    softmax_cross_entropy_metrics each, or softmax_forward + cross_entropy_loss·N·scale (saxpy) + accuracy_count."""
+    x, y = Tensor.from_numpy(logits, backend), Tensor.from_numpy(target, backend)
+    loss, count = metrics(backend)
+    scale = set_scale(x.n)
+    for _ in range(calls):
+        if fused:
+            backend.softmax_cross_entropy_metrics(x, y, loss, count, scale)
+            continue
+        predict, batch_mean = Tensor(x.shape, backend), Tensor((1,), backend)
+        backend.softmax_forward(1.0, x, 0.0, predict)
+        backend.cross_entropy_loss(predict, y, batch_mean)
+        backend.saxpy(1, x.n * scale, batch_mean, 1, loss, 1)
+        backend.accuracy_count(predict, y, count, accumulate=True)
+    np.testing.assert_array_equal(x.numpy(), logits.reshape(x.shape))  # the inputs are only read
+    np.testing.assert_array_equal(y.numpy(), target.reshape(y.shape))
+    return [loss.item(), count.item()]
+
+
+@pytest.mark.parametrize("calls", (1, 3))
+@pytest.mark.parametrize("shape", METRIC_SHAPES, ids=str)
+def test_softmax_cross_entropy_metrics_equals_softmax_loss_and_count(backend, shape, calls):
+    logits, target = metric_inputs(shape)
+    unfused = evaluation_metrics(backend, logits, target, fused=False, calls=calls)
+    fused = evaluation_metrics(backend, logits, target, fused=True, calls=calls)
+    assert fused[0] == pytest.approx(unfused[0], rel=1e-6 if backend.name == "host" else FP32_TOLERANCE)
+    assert fused[1] == unfused[1]  # the count is exact, ties included
+    hits = unfused[1] - START_COUNT
+    assert unfused[0] > START_LOSS and 0 < hits <= calls * shape[0]
+
+
+@pytest.mark.parametrize("shape", METRIC_SHAPES, ids=str)
+def test_host_softmax_cross_entropy_metrics_formula(host, shape):
+    logits, target = metric_inputs(shape)
+    n = shape[0]
+    rows, onehot = logits.reshape(n, -1).astype(np.float64), target.reshape(n, -1)
+    predict = np.exp(rows - rows.max(axis=1, keepdims=True))
+    predict /= predict.sum(axis=1, keepdims=True)
+    loss, count = evaluation_metrics(host, logits, target, fused=True, calls=2)
+    expected_loss = START_LOSS - 2 * set_scale(n) * np.sum(onehot * np.log(np.maximum(predict, 1e-7)))
+    assert loss == pytest.approx(expected_loss, rel=1e-6)
+    assert count == START_COUNT + 2 * np.count_nonzero(predict.argmax(axis=1) == onehot.argmax(axis=1))
+
+
+def test_softmax_cross_entropy_metrics_of_a_nan_logit_is_a_nan_loss(backend):
+    logits, target = metric_inputs((7, CLASSES))
+    logits[3, 2] = np.nan
+    loss, count = evaluation_metrics(backend, logits, target, fused=True)
+    assert np.isnan(loss) and np.isfinite(count)
+
+
+def test_softmax_cross_entropy_metrics_checks_shapes(backend):
+    logits, loss_count = Tensor.zeros((4, CLASSES), backend), metrics(backend)
+    with pytest.raises(ShapeError, match="softmax_cross_entropy_metrics"):
+        backend.softmax_cross_entropy_metrics(logits, Tensor.zeros((4, CLASSES + 1), backend), *loss_count, 0.25)
 
 
 # ---- the optimiser's step is one sgd_update_many call --------------------------------------------
@@ -455,6 +534,29 @@ def test_cuda_softmax_forward_backward_is_one_launch(cuda, counters):
     layer.forward_backward_with_metrics(logits, target, loss, count)
     assert dict(launches) == {"softmax_cross_entropy_backward": 1}
     assert dict(calls) == {"cuLaunchKernel": 1}  # no cuDNN softmax, no cuBLAS, no memset, no copy
+
+
+@pytest.mark.gpu
+def test_cuda_softmax_cross_entropy_metrics_is_one_launch(cuda, counters):
+    calls, launches = counters
+    logits, target = metric_inputs((256, CLASSES))
+    logits, target, (loss, count) = Tensor.from_numpy(logits, cuda), Tensor.from_numpy(target, cuda), metrics(cuda)
+    cuda.softmax_cross_entropy_metrics(logits, target, loss, count, 0.5)  # compiles and loads the kernel
+    calls.clear()
+    launches.clear()
+    cuda.softmax_cross_entropy_metrics(logits, target, loss, count, 0.5)
+    assert dict(launches) == {"softmax_cross_entropy_backward": 1}
+    assert dict(calls) == {"cuLaunchKernel": 1}  # no cudnnSoftmaxForward, no cuBLAS, no memset, no copy
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", METRIC_SHAPES, ids=str)
+def test_cuda_softmax_cross_entropy_metrics_equals_the_host(host, cuda, shape):
+    logits, target = metric_inputs(shape)
+    on_cuda = evaluation_metrics(cuda, logits, target, fused=True, calls=2)
+    on_host = evaluation_metrics(host, logits, target, fused=True, calls=2)
+    assert on_cuda[0] == pytest.approx(on_host[0], rel=FP32_TOLERANCE)
+    assert on_cuda[1] == on_host[1]
 
 
 @pytest.mark.gpu

@@ -514,13 +514,27 @@ class CudaBackend(Backend):
     def softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
         """kernels/cross_entropy_backward.cu: cudnnSoftmaxForward and ``cross_entropy_backward`` in
         one launch, SOFTMAX_GROUP lanes per sample."""
-        for other in (target, predict, grad):
+        for other in (predict, grad):
             _same_shape("softmax_cross_entropy_backward", logits, other)
-        _check_fits("softmax_cross_entropy_backward", loss.data, 0, 1)
-        _check_fits("softmax_cross_entropy_backward", count.data, 0, 1)
+        self._softmax_cross_entropy("softmax_cross_entropy_backward", logits, target, predict.data.ptr, grad.data.ptr,
+                                    loss, count, 1.0 / logits.n, 1.0 / logits.n)
+
+    def softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale) -> None:
+        """kernels/cross_entropy_backward.cu's softmax_cross_entropy_backward with predict and grad null:
+        loss[0] and count[0] added to in one launch, nothing else written (no cudnnSoftmaxForward)."""
+        self._softmax_cross_entropy("softmax_cross_entropy_metrics", logits, target, 0, 0, loss, count, 0.0,
+                                    float(loss_scale))
+
+    def _softmax_cross_entropy(self, call: str, logits, target, predict_ptr: int, grad_ptr: int, loss, count,
+                               grad_scale: float, loss_scale: float) -> None:
+        """One launch of softmax_cross_entropy_backward after the checks; a null (0) predict or grad
+        pointer is not written."""
+        _same_shape(call, logits, target)
+        _check_fits(call, loss.data, 0, 1)
+        _check_fits(call, count.data, 0, 1)
         self.context.kernel("softmax_cross_entropy_backward").launch(
-            blocks_for(logits.n * SOFTMAX_GROUP), self._stream, predict.data.ptr, grad.data.ptr, loss.data.ptr, count.data.ptr,
-            logits.data.ptr, target.data.ptr, logits.n, logits.sample_size, 1.0 / logits.n)
+            blocks_for(logits.n * SOFTMAX_GROUP), self._stream, predict_ptr, grad_ptr, loss.data.ptr, count.data.ptr,
+            logits.data.ptr, target.data.ptr, logits.n, logits.sample_size, grad_scale, loss_scale)
 
     def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float) -> None:
         """kernels/sgd_update_many.cu: one launch over every parameter of ``groups``, through a device

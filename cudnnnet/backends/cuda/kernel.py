@@ -43,7 +43,7 @@ KERNELS = {
     "cross_entropy_backward": ("cross_entropy_backward.cu",
                                (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_longlong, c_int, c_float)),
     "softmax_cross_entropy_backward": ("cross_entropy_backward.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
-                                                                      c_void_p, c_longlong, c_int, c_float)),
+                                                                      c_void_p, c_longlong, c_int, c_float, c_float)),
     "sgd_update_many": ("sgd_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_float, c_float)),
     "im2col": ("convolution.cu", (c_void_p, c_void_p) + (c_int,) * 10),
     "col2im": ("convolution.cu", (c_void_p, c_void_p, c_float, c_float) + (c_int,) * 10),

@@ -94,6 +94,29 @@ def _vector(flat: np.ndarray, n: int, inc: int, name: str) -> np.ndarray:
     return view[::-1] if inc < 0 else view
 
 
+# ---- softmax and the losses (rows: one sample each) --------------------------------------------
+def _rows(tensor: Tensor) -> np.ndarray:
+    """The tensor's values as (n, c·h·w): one row per sample (no copy)."""
+    return _nd(tensor).reshape(tensor.n, -1)
+
+
+def _softmax_rows(values: np.ndarray) -> np.ndarray:
+    """softmax over each row of ``values``, shifted by the row's maximum (a NaN row stays NaN)."""
+    e = np.exp(values - values.max(axis=1, keepdims=True))
+    e /= e.sum(axis=1, keepdims=True)
+    return e
+
+
+def _cross_entropy_sum(predict: np.ndarray, target: np.ndarray) -> float:
+    """-Σ target·log(max(predict, 1e-7)), summed in float64; NumPy's maximum keeps a NaN."""
+    return -np.sum(target * np.log(np.maximum(predict, F32(1e-7))), dtype=np.float64)
+
+
+def _hits(predict: np.ndarray, target: np.ndarray) -> int:
+    """#rows whose argmax(predict) == argmax(target) (NumPy's argmax: the first maximum wins)."""
+    return int(np.count_nonzero(np.argmax(predict, axis=1) == np.argmax(target, axis=1)))
+
+
 # ---- activations ------------------------------------------------------------------------------
 # f(x, coef)
 _ACTIVATIONS = {
@@ -307,10 +330,7 @@ class HostBackend(Backend):
     def softmax_forward(self, alpha, x, beta, y) -> None:
         """y = alpha·softmax(x over each sample's c·h·w values) + beta·y, shifted by the max."""
         _same_shape("softmax_forward", x, y)
-        values = _nd(x).reshape(x.n, -1)
-        e = np.exp(values - values.max(axis=1, keepdims=True))
-        e /= e.sum(axis=1, keepdims=True)
-        _blend(_nd(y).reshape(y.n, -1), e, alpha, beta)
+        _blend(_rows(y), _softmax_rows(_rows(x)), alpha, beta)
 
     def add_tensor(self, alpha, bias, beta, y) -> None:
         """y = alpha·bias + beta·y, bias broadcast over every dimension where its size is 1."""
@@ -387,9 +407,7 @@ class HostBackend(Backend):
     def cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         """loss[0] (+)= -(1/N)·Σ target·log(max(predict, 1e-7))."""
         _same_shape("cross_entropy_loss", predict, target)
-        p = np.maximum(_nd(predict), F32(1e-7))
-        value = -np.sum(_nd(target) * np.log(p), dtype=np.float64) / predict.n
-        self._store(loss, value, accumulate)
+        self._store(loss, _cross_entropy_sum(_nd(predict), _nd(target)) / predict.n, accumulate)
 
     def squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         """loss[0] (+)= (1/N)·Σ ½‖predict - target‖²."""
@@ -411,10 +429,7 @@ class HostBackend(Backend):
     def accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
         """count[0] (+)= #samples with argmax(predict) == argmax(target)."""
         _same_shape("accuracy_count", predict, target)
-        hits = np.argmax(_nd(predict).reshape(predict.n, -1), axis=1) == np.argmax(
-            _nd(target).reshape(target.n, -1), axis=1
-        )
-        self._store(count, float(np.count_nonzero(hits)), accumulate)
+        self._store(count, float(_hits(_rows(predict), _rows(target))), accumulate)
 
     @staticmethod
     def _store(out: Tensor, value: float, accumulate: bool) -> None:
@@ -460,6 +475,13 @@ class HostBackend(Backend):
         _same_shape("softmax_cross_entropy_backward", logits, predict)
         self.softmax_forward(1.0, logits, 0.0, predict)
         self.cross_entropy_backward(predict, target, grad, loss, count)
+
+    def softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale) -> None:
+        """ŷ = softmax(logits) (not kept);  loss[0] += loss_scale·(-Σ target·log(max(ŷ, 1e-7)));  count[0] += hits."""
+        _same_shape("softmax_cross_entropy_metrics", logits, target)
+        predict, y = _softmax_rows(_rows(logits)), _rows(target)
+        self._store(loss, float(loss_scale) * _cross_entropy_sum(predict, y), accumulate=True)
+        self._store(count, float(_hits(predict, y)), accumulate=True)
 
     def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float) -> None:
         """``sgd_update`` on each (param, grad, velocity) in turn."""

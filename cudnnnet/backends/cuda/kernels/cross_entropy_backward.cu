@@ -1,6 +1,7 @@
 // The softmax-output training step fused into one launch, compiled at run time with NVRTC.
 // Two kernels: cross_entropy_backward starts from the probabilities of cudnnSoftmaxForward;
-// softmax_cross_entropy_backward (at the end) starts from the logits and computes the softmax too.
+// softmax_cross_entropy_backward (at the end) starts from the logits and computes the softmax too,
+// and with predict and grad null it is the evaluation's loss and hit count alone.
 //
 // It does in one pass what the unfused path does with cudaMemcpy + cublasSaxpy + cublasSscal
 // (the gradient), the cross_entropy_loss kernel and the accuracy_count kernel (loss.cu):
@@ -70,7 +71,12 @@ extern "C" __global__ void cross_entropy_backward(float* grad, float* loss, floa
 // launch, starting from the logits x (N × classes, one row per sample): for each sample n,
 //
 //   predict[n, c] = e[c] / Σ_c e[c],   e[c] = exp(x[n, c] - max_c x[n, c])       (cudnnSoftmaxForward, ACCURATE)
-//   grad, loss[0] and count[0] as in cross_entropy_backward, from these probabilities
+//   grad[n, c]    = (predict[n, c] - target[n, c]) · grad_scale                  grad_scale = 1/N
+//   loss[0]      += -loss_scale · Σ target·log(max(predict, 1e-7))              loss_scale = 1/N in training
+//   count[0]     += #{n : argmax predict[n, :] == argmax target[n, :]}           (first maximum wins)
+//
+// predict and grad may be null: that output is not written. Evaluation passes both null and
+// loss_scale = 1/(samples in the whole set), so that loss[0] sums to the set's mean over its batches.
 //
 // A GROUP of lanes takes each sample (lane l its classes l, l + GROUP, ...), so that the loads of
 // a row are issued together and coalesce; the row's maximum, sum and first argmaxes are shuffles
@@ -110,7 +116,7 @@ __device__ int group_argmax(float value, int index) {
 extern "C" __global__ void softmax_cross_entropy_backward(float* __restrict__ predict, float* __restrict__ grad,
                                                           float* loss, float* count, const float* __restrict__ logits,
                                                           const float* __restrict__ target, long long batch,
-                                                          int classes, float scale) {
+                                                          int classes, float grad_scale, float loss_scale) {
     const float minus_infinity = __int_as_float(0xff800000);
     const int lane = threadIdx.x % GROUP, group_in_warp = (threadIdx.x % WARP) / GROUP;
     const long long warp = first_index() / WARP, warps = grid_stride() / WARP;
@@ -130,8 +136,8 @@ extern "C" __global__ void softmax_cross_entropy_backward(float* __restrict__ pr
         int best_p_class = classes, best_t_class = classes;
         for (int c = lane; c < own; c += GROUP) {
             const float p = expf(x[c] - top) / total;
-            predict[n * classes + c] = p;
-            grad[n * classes + c] = (p - t[c]) * scale;
+            if (predict) predict[n * classes + c] = p;
+            if (grad) grad[n * classes + c] = (p - t[c]) * grad_scale;
             sums.loss += t[c] * log_at_least(p, 1e-7f);
             if (p > best_p) {
                 best_p = p;
@@ -147,7 +153,7 @@ extern "C" __global__ void softmax_cross_entropy_backward(float* __restrict__ pr
     }
     const Partials block_total = block_sum(sums);
     if (threadIdx.x == 0) {
-        atomicAdd(loss, -scale * block_total.loss);
+        atomicAdd(loss, -loss_scale * block_total.loss);
         atomicAdd(count, block_total.hits);
     }
 }
