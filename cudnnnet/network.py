@@ -142,6 +142,15 @@ class Network:
         for layer in reversed(self.layers[:-1]):
             grad = layer.backward(grad)
 
+    def forward_metrics(self, x, target: Tensor, loss: Tensor, count: Tensor, loss_scale: float) -> None:
+        """An evaluation batch: ``forward(x)`` up to the loss layer, whose ``forward_metrics`` adds
+        loss_scale·N·(the batch's mean loss) into ``loss`` and its correct predictions into ``count``
+        on the device (one fused kernel for Softmax on CUDA, whose probabilities are then not kept)."""
+        output = self._as_input(x)
+        for layer in self.layers[:-1]:
+            output = layer.forward(output)
+        self.loss_layer.forward_metrics(output, target.to(self.backend), loss, count, loss_scale)
+
     def update(self, learning_rate: float) -> None:
         """Plain SGD, the original's update: W = W - lr·dW for every parameter (cublasSaxpy)."""
         for parameter in self.parameter_list():

@@ -44,6 +44,21 @@ class LossLayer(Layer):
         self.forward(input)
         return self.backward_with_metrics(target, loss, count)
 
+    def forward_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor, loss_scale: float) -> None:
+        """An evaluation batch at the loss layer: ``forward(input)``, then loss[0] += loss_scale·N·(the
+        batch's mean loss) and count[0] += its samples whose argmax matches the target's (both always
+        added to, on the device: nothing is read back). Here through the unfused calls; Softmax does
+        it in one fused call."""
+        self.forward(input)
+        self.loss(target, self.batch_loss)
+        # J_set += (loss_scale·N)·J_batch
+        self.backend.saxpy(1, loss_scale * target.n, self.batch_loss, 1, loss, 1)
+        self.correct(target, count, accumulate=True)
+
+    def allocate(self, input_shape, output_shape) -> dict:
+        """batch_loss: the batch's mean loss in ``forward_metrics`` (1 element)."""
+        return {"batch_loss": Tensor((1,), self.backend)}
+
     def loss(self, target: Tensor, out: Tensor, accumulate: bool = False) -> Tensor:
         """Write (or add) the mean loss of the last forward over the batch into ``out`` (1 element)."""
         raise NotImplementedError

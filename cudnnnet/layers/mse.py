@@ -4,6 +4,7 @@
     loss      J  = (1/N) Σₙ ½‖ŷₙ - yₙ‖²              our NVRTC kernel (kernels/loss.cu)
     backward  dx = (ŷ - y) / N                       cudaMemcpy + cublasSaxpy + cublasSscal
     training  backward, loss and correct in turn     LossLayer.backward_with_metrics (not fused)
+    evaluate  forward, loss (saxpy) and correct      LossLayer.forward_metrics (not fused)
 """
 
 from __future__ import annotations

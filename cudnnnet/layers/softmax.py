@@ -5,6 +5,7 @@
     backward  dx = (ŷ - y) / N                       cudaMemcpy + cublasSaxpy + cublasSscal
     training  dx, J (+=) and hits (+=) together      one launch (kernels/cross_entropy_backward.cu)
     training  ŷ, dx, J (+=) and hits (+=) from x     one launch (the same file, with the softmax)
+    evaluate  J (+=) and hits (+=) from x, ŷ unkept  one launch (that kernel, ŷ and dx not written)
 """
 
 from __future__ import annotations
@@ -40,3 +41,11 @@ class Softmax(LossLayer):
         # ŷ = softmax(x);  dx = (ŷ - y) / N;  J += -(1/N) Σ y·log(max(ŷ, 1e-7));  hits += #{n : argmax ŷₙ == argmax yₙ}
         self.backend.softmax_cross_entropy_backward(input, target, self.output, self.grad_input, loss, count)
         return self.grad_input
+
+    def forward_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor, loss_scale: float) -> None:
+        """An evaluation batch in one fused call (one launch on CUDA, no cudnnSoftmaxForward). ŷ is
+        not kept: ``self.output`` does not hold this batch's probabilities afterwards."""
+        self.prepare(input)
+        self.check_target(target)
+        # ŷ = softmax(x);  J += -loss_scale·Σ y·log(max(ŷ, 1e-7));  hits += #{n : argmax ŷₙ == argmax yₙ}
+        self.backend.softmax_cross_entropy_metrics(input, target, loss, count, loss_scale)

@@ -295,6 +295,60 @@ def test_softmax_cross_entropy_metrics_checks_shapes(backend):
         backend.softmax_cross_entropy_metrics(logits, Tensor.zeros((4, CLASSES + 1), backend), *loss_count, 0.25)
 
 
+def layer_metrics(backend, layer_type, n: int, fused: bool) -> list[float]:
+    """[loss, count] from START_LOSS, START_COUNT after one evaluation batch at a loss layer: its
+    forward_metrics, or forward then loss·N·scale and correct read back one by one."""
+    logits, target = softmax_inputs(n)
+    x, y = Tensor.from_numpy(logits, backend), Tensor.from_numpy(target, backend)
+    layer = layer_type("out")
+    layer.build((CLASSES, 1, 1), backend, np.random.default_rng(0))
+    loss, count = metrics(backend)
+    if fused:
+        layer.forward_metrics(x, y, loss, count, set_scale(n))
+        return [loss.item(), count.item()]
+    layer.forward(x)
+    batch_mean = layer.loss(y, Tensor((1,), backend)).item()
+    return [START_LOSS + set_scale(n) * n * batch_mean, layer.correct(y, count, accumulate=True).item()]
+
+
+def network_metrics(backend, loss_type, fused: bool) -> list[float]:
+    """[loss, count] of a small network's forward_metrics, or of forward, loss and correct."""
+    images = np.random.default_rng(3).standard_normal((33, 1, 6, 6)).astype(np.float32)
+    target = Tensor.from_numpy(softmax_inputs(33)[1], backend)
+    network = Network([Dense("fc1", 12), Activation("relu1", "relu"), Dense("fc2", CLASSES), loss_type("out")],
+                      backend=backend, seed=4, input_shape=(1, 6, 6))
+    loss, count = metrics(backend)
+    if fused:
+        network.forward_metrics(images, target, loss, count, set_scale(33))
+        return [loss.item(), count.item()]
+    network.forward(images)
+    hits = network.loss_layer.correct(target, Tensor((1,), backend)).item()
+    return [START_LOSS + set_scale(33) * 33 * network.loss(target), START_COUNT + hits]
+
+
+@pytest.mark.parametrize("n", (1, 37, 256))
+@pytest.mark.parametrize("loss_type", (Softmax, MSE))
+def test_forward_metrics_equals_forward_loss_and_correct(backend, loss_type, n):
+    unfused, fused = (layer_metrics(backend, loss_type, n, fused) for fused in (False, True))
+    assert fused[0] == pytest.approx(unfused[0], rel=1e-6 if backend.name == "host" else FP32_TOLERANCE)
+    assert fused[1] == unfused[1] and fused[0] > START_LOSS
+
+
+@pytest.mark.parametrize("loss_type", (Softmax, MSE))
+def test_network_forward_metrics_equals_forward_loss_and_correct(backend, loss_type):
+    unfused, fused = (network_metrics(backend, loss_type, fused) for fused in (False, True))
+    assert fused[0] == pytest.approx(unfused[0], rel=1e-6 if backend.name == "host" else FP32_TOLERANCE)
+    assert fused[1] == unfused[1] and fused[0] > START_LOSS
+
+
+def test_forward_metrics_checks_the_target(backend):
+    layer = Softmax("out")
+    layer.build((CLASSES, 1, 1), backend, np.random.default_rng(0))
+    logits, target = Tensor.zeros((4, CLASSES), backend), Tensor.zeros((5, CLASSES), backend)
+    with pytest.raises(ShapeError, match="'out': target has shape"):
+        layer.forward_metrics(logits, target, *metrics(backend), 0.25)
+
+
 # ---- the optimiser's step is one sgd_update_many call --------------------------------------------
 def small_network(backend):
     network = Network(backend=backend, layers=[Dense("fc1", 9), Dense("fc2", 4), Softmax("out")]).build((5, 1, 1))
@@ -557,6 +611,36 @@ def test_cuda_softmax_cross_entropy_metrics_equals_the_host(host, cuda, shape):
     on_host = evaluation_metrics(host, logits, target, fused=True, calls=2)
     assert on_cuda[0] == pytest.approx(on_host[0], rel=FP32_TOLERANCE)
     assert on_cuda[1] == on_host[1]
+
+
+@pytest.mark.gpu
+def test_cuda_softmax_forward_metrics_is_one_launch(cuda, counters):
+    calls, launches = counters
+    logits, target = softmax_inputs(256)
+    layer = Softmax("out")
+    layer.build((CLASSES, 1, 1), cuda, np.random.default_rng(0))
+    logits, target, (loss, count) = Tensor.from_numpy(logits, cuda), Tensor.from_numpy(target, cuda), metrics(cuda)
+    layer.forward_metrics(logits, target, loss, count, 0.5)  # allocates, compiles and loads the kernel
+    calls.clear()
+    launches.clear()
+    layer.forward_metrics(logits, target, loss, count, 0.5)
+    assert dict(launches) == {"softmax_cross_entropy_backward": 1}
+    assert dict(calls) == {"cuLaunchKernel": 1}  # no cudnnSoftmaxForward, no synchronisation
+
+
+@pytest.mark.gpu
+def test_cuda_mse_forward_metrics_reads_nothing_back(cuda, counters):
+    calls, launches = counters
+    logits, target = softmax_inputs(256)
+    layer = MSE("out")
+    layer.build((CLASSES, 1, 1), cuda, np.random.default_rng(0))
+    logits, target, (loss, count) = Tensor.from_numpy(logits, cuda), Tensor.from_numpy(target, cuda), metrics(cuda)
+    layer.forward_metrics(logits, target, loss, count, 0.5)  # allocates, compiles and loads the kernels
+    calls.clear()
+    launches.clear()
+    layer.forward_metrics(logits, target, loss, count, 0.5)
+    assert dict(launches) == {"squared_error_loss": 1, "accuracy_count": 1}
+    assert calls["cublasSaxpy_v2"] == 1 and calls["cudaStreamSynchronize"] == 0
 
 
 @pytest.mark.gpu
