@@ -112,7 +112,7 @@ class Accumulator:
     """Loss sum and correct count on the device, read only when a figure is needed."""
 
     def __init__(self, backend):
-        self.values = Tensor.zeros((2,), backend)  # [Σ batch mean losses, Σ correct]
+        self.values = Tensor.zeros((2,), backend)  # [Σ batch mean losses (or scaled losses), Σ correct]
         self.loss_sum = self.values.view((1,), 0)
         self.correct = self.values.view((1,), 1)
 
@@ -203,7 +203,25 @@ def evaluate(network: Network, images: np.ndarray, labels: np.ndarray, batch_siz
 
 
 def evaluate_batches(network: Network, batches, count: int, keep_predictions: bool = False) -> Evaluation:
-    """``evaluate`` over (x, one-hot target) tensor pairs covering ``count`` samples."""
+    """``evaluate`` over (x, one-hot target) tensor pairs covering ``count`` samples.
+
+    Without predictions, each batch's loss and hits are added up on the device straight from the
+    loss layer's input (one fused kernel per batch for Softmax on CUDA, no softmax output) and read
+    once, at the end: one synchronisation for the whole set.
+    """
+    if keep_predictions:
+        return _evaluate_with_predictions(network, batches, count)
+    totals = Accumulator(network.backend)  # both zero
+    for x, target in batches:
+        # loss += (1/count)·Σₙ Jₙ over the batch;  correct += its hits
+        network.forward_metrics(x, target, totals.loss_sum, totals.correct, 1.0 / count)
+    loss, correct = totals.read()
+    return Evaluation(loss, correct / count)
+
+
+def _evaluate_with_predictions(network: Network, batches, count: int) -> Evaluation:
+    """``evaluate_batches`` keeping each sample's predicted class: the loss layer's output is read
+    back per batch (and its loss with it)."""
     totals = Accumulator(network.backend)
     predictions = []
     loss_sum = 0.0
@@ -212,10 +230,9 @@ def evaluate_batches(network: Network, batches, count: int, keep_predictions: bo
         network.loss_layer.loss(target, totals.loss_sum)
         loss_sum += totals.loss_sum.item() * x.n
         network.loss_layer.correct(target, totals.correct, accumulate=True)
-        if keep_predictions:
-            predictions.append(output.numpy().reshape(x.n, -1).argmax(axis=1))
+        predictions.append(output.numpy().reshape(x.n, -1).argmax(axis=1))
     correct = totals.correct.item()
-    return Evaluation(loss_sum / count, correct / count, np.concatenate(predictions) if keep_predictions else None)
+    return Evaluation(loss_sum / count, correct / count, np.concatenate(predictions))
 
 
 @dataclass

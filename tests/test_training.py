@@ -1,4 +1,5 @@
-"""Training on the real MNIST: accuracy targets, metrics, resumption, faults."""
+"""Training on the real MNIST: accuracy targets, metrics, resumption, faults; evaluation (on a synthetic set)
+against the per-batch forward it replaces."""
 
 import json
 import math
@@ -12,11 +13,14 @@ import numpy as np
 import pytest
 
 from run_helpers import REPO_ROOT, train_cli
+from cudnnnet import Network
 from cudnnnet.checkpoint import load_npz
 from cudnnnet.config import load_config
+from cudnnnet.data.mnist import one_hot
 from cudnnnet.errors import TrainingError
 from cudnnnet import training
-from cudnnnet.training import Interrupted, OnAThread, Trainer
+from cudnnnet.layers import MSE, Activation, Dense, Softmax
+from cudnnnet.training import Interrupted, OnAThread, ResidentTestSet, Trainer, evaluate, evaluate_batches
 
 METRIC_KEYS = {"device", "epochs", "steps", "train_accuracy", "test_accuracy", "test_loss", "train_seconds",
                "images_per_second"}
@@ -50,6 +54,75 @@ def test_outputs_are_written(trained_mlp):
     arrays, metadata = load_npz(trained_mlp / "model.npz")
     assert metadata["position"] == {"epoch": 1, "batch": 0, "step": 938}
     assert "optimizer.velocity.fc1.weight" in arrays
+
+
+# ---- evaluation ----------------------------------------------------------------------------------
+EVAL_COUNT, EVAL_BATCH, EVAL_CLASSES = 1037, 256, 10  # four full batches and one of 13
+
+
+def evaluation_case(backend, loss_type) -> tuple[Network, np.ndarray, np.ndarray]:
+    """A small untrained network ending in ``loss_type`` and a synthetic set of EVAL_COUNT samples."""
+    rng = np.random.default_rng(7)
+    images = rng.standard_normal((EVAL_COUNT, 1, 6, 6)).astype(np.float32)
+    labels = rng.integers(0, EVAL_CLASSES, EVAL_COUNT)
+    network = Network([Dense("fc1", 16), Activation("relu1", "relu"), Dense("fc2", EVAL_CLASSES), loss_type("out")],
+                      backend=backend, seed=2, input_shape=(1, 6, 6))
+    return network, images, labels
+
+
+def per_batch_reference(network, images, labels) -> tuple[float, float, np.ndarray]:
+    """(mean loss, accuracy, predictions) from ``network.forward`` batch by batch, as evaluation read
+    them before: the loss and the hits computed with NumPy from each batch's output."""
+    loss_sum, predictions = 0.0, []
+    for start in range(0, len(labels), EVAL_BATCH):
+        output = network.forward(images[start:start + EVAL_BATCH]).numpy().reshape(-1, EVAL_CLASSES)
+        output, target = output.astype(np.float64), one_hot(labels[start:start + EVAL_BATCH], EVAL_CLASSES)
+        if isinstance(network.loss_layer, Softmax):
+            loss_sum -= np.sum(target * np.log(np.maximum(output, 1e-7)))
+        else:
+            loss_sum += 0.5 * np.sum((output - target) ** 2)
+        predictions.append(output.argmax(axis=1))
+    predictions = np.concatenate(predictions)
+    return loss_sum / len(labels), np.count_nonzero(predictions == labels) / len(labels), predictions
+
+
+@pytest.mark.parametrize("loss_type", [Softmax, MSE])
+def test_evaluation_gives_the_loss_and_accuracy_of_the_per_batch_forward(backend, loss_type):
+    network, images, labels = evaluation_case(backend, loss_type)
+    expected_loss, expected_accuracy, expected_predictions = per_batch_reference(network, images, labels)
+    test_set = ResidentTestSet(backend, images, labels, EVAL_CLASSES)
+    from_host_arrays = evaluate(network, images, labels, EVAL_BATCH)
+    from_resident_set = evaluate_batches(network, test_set.batches(EVAL_BATCH), test_set.count)
+    with_predictions = evaluate(network, images, labels, EVAL_BATCH, keep_predictions=True)
+    for result in (from_host_arrays, from_resident_set, with_predictions):
+        assert result.loss == pytest.approx(expected_loss, rel=1e-5)
+        assert result.accuracy == expected_accuracy
+    assert from_host_arrays.predictions is None and from_resident_set.predictions is None
+    np.testing.assert_array_equal(with_predictions.predictions, expected_predictions)
+    assert 0 < expected_accuracy < 1
+
+
+def test_evaluation_without_predictions_reads_no_batch_s_output(host, monkeypatch):
+    """The fused path never runs the loss layer's forward nor reads a batch's loss back."""
+    network, images, labels = evaluation_case(host, Softmax)
+    for name in ("forward", "loss"):
+        monkeypatch.setattr(network.loss_layer, name, pytest.fail)
+    result = evaluate(network, images, labels, EVAL_BATCH)
+    assert np.isfinite(result.loss) and 0 < result.accuracy < 1
+
+
+@pytest.mark.gpu
+def test_cuda_evaluation_synchronises_once_and_calls_no_cudnn_softmax(cuda):
+    from cudnnnet.backends.cuda import bindings, kernel
+
+    network, images, labels = evaluation_case(cuda, Softmax)
+    test_set = ResidentTestSet(cuda, images, labels, EVAL_CLASSES)
+    evaluate_batches(network, test_set.batches(EVAL_BATCH), test_set.count)  # allocates, plans and compiles
+    bindings.reset_calls()
+    kernel.reset_launches()
+    evaluate_batches(network, test_set.batches(EVAL_BATCH), test_set.count)
+    assert kernel.launches["softmax_cross_entropy_backward"] == 5 and bindings.calls["cudnnSoftmaxForward"] == 0
+    assert bindings.calls["cudaStreamSynchronize"] == 1  # the totals, read once
 
 
 def trainer(mnist_dir, output, steps, **overrides):
