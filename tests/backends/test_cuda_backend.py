@@ -820,6 +820,92 @@ def test_hot_path_creates_no_descriptors(cuda, rng, bindings):
     assert bindings.calls["cudnnPoolingForward"] == 1
 
 
+# ---- the cuDNN handle, made on first use ----------------------------------------------------------
+@pytest.fixture
+def fresh_cuda(cuda):
+    """A CudaBackend of its own, so without a cuDNN handle yet; closed after the test."""
+    from cudnnnet.backends.cuda import CudaBackend
+
+    backend = CudaBackend()
+    yield backend
+    backend.close()
+
+
+def cudnn_calls(bindings) -> set[str]:
+    """The cuDNN functions called since the counters were reset, but cudnnGetVersion (read eagerly)."""
+    return {name for name in bindings.calls if name.startswith("cudnn") and name != "cudnnGetVersion"}
+
+
+def test_an_mlp_trains_and_evaluates_without_ever_making_a_cudnn_handle(bindings, fresh_cuda):
+    """Dense → ReLU → Dense → Softmax runs on cuBLAS(Lt) and our kernels only (bias + ReLU, ReLU
+    gradient, softmax with the loss, SGD, evaluation), eagerly and from a captured graph: no cuDNN
+    call is made, so the handle is never created."""
+    from cudnnnet import Network
+    from cudnnnet.layers import Activation, Dense, Softmax
+    from cudnnnet.optim import SGD
+    from cudnnnet.training import ResidentTestSet, evaluate, evaluate_batches
+
+    rng = np.random.default_rng(5)
+    images, labels = rng.standard_normal((300, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, 300)
+    network = Network([Dense("fc1", 32), Activation("relu1", "relu"), Dense("fc2", 10), Softmax("softmax")],
+                      backend=fresh_cuda, seed=0, input_shape=(1, 8, 8))
+    optimizer = SGD(network, 0.1, momentum=0.9, weight_decay=1e-4)
+    test_set = ResidentTestSet(fresh_cuda, images, labels, 10)
+    x, target = next(test_set.batches(64))
+    loss, count = Tensor.zeros((1,), fresh_cuda), Tensor.zeros((1,), fresh_cuda)
+
+    def step():
+        network.forward_backward(x, target, loss, count)
+        optimizer.step()
+
+    step()
+    with fresh_cuda.capture() as graph:
+        step()
+    graph.launch()
+    evaluated = [evaluate_batches(network, test_set.batches(128), test_set.count), evaluate(network, images, labels, 100)]
+    assert all(np.isfinite(result.loss) and 0 <= result.accuracy <= 1 for result in evaluated)
+    assert fresh_cuda.context._cudnn is None
+    assert cudnn_calls(bindings) == set(), f"cuDNN was called: {sorted(cudnn_calls(bindings))}"
+
+
+def test_the_first_cudnn_call_makes_the_handle_once(host, bindings, fresh_cuda, rng):
+    values = normal(rng, 5, 10)
+    assert fresh_cuda.context._cudnn is None and bindings.calls["cudnnCreate"] == 0
+    x, y = Tensor.from_numpy(values, fresh_cuda), Tensor.zeros((5, 10), fresh_cuda)
+    for _ in range(2):
+        fresh_cuda.softmax_forward(1.0, x, 0.0, y)
+    assert bindings.calls["cudnnCreate"] == 1 and bindings.calls["cudnnSetStream"] == 1
+    assert bindings.calls["cudnnSoftmaxForward"] == 2
+    expected = Tensor.zeros((5, 10), host)
+    host.softmax_forward(1.0, Tensor.from_numpy(values, host), 0.0, expected)
+    assert relative_error(y.numpy(), expected.numpy()) <= FP32_TOLERANCE
+
+
+def test_the_cudnn_handle_is_not_made_inside_a_capture(fresh_cuda, rng):
+    x, y = Tensor.from_numpy(normal(rng, 5, 10), fresh_cuda), Tensor.zeros((5, 10), fresh_cuda)
+    with pytest.raises(DeviceError, match="cuDNN handle would be created during a CUDA graph capture"):
+        with fresh_cuda.capture():
+            fresh_cuda.softmax_forward(1.0, x, 0.0, y)
+    assert not fresh_cuda.context.is_capturing() and fresh_cuda.context._cudnn is None
+    fresh_cuda.softmax_forward(1.0, x, 0.0, y)  # outside the capture: the handle is made here
+    expected = y.numpy()
+    y.fill_(0.0)
+    with fresh_cuda.capture() as graph:
+        fresh_cuda.softmax_forward(1.0, x, 0.0, y)
+    graph.launch()
+    np.testing.assert_array_equal(y.numpy(), expected)
+
+
+def test_a_backend_that_never_called_cudnn_closes(bindings, cuda):
+    from cudnnnet.backends.cuda import CudaBackend
+
+    backend = CudaBackend()
+    backend.close()
+    assert backend.context.closed and bindings.calls["cudnnCreate"] == bindings.calls["cudnnDestroy"] == 0
+    with pytest.raises(UsageError, match="closed"):
+        backend.context.cudnn  # noqa: B018  (raises)
+
+
 # ---- CUDA graphs --------------------------------------------------------------------------------
 def test_graph_replay_reads_the_learning_rate_from_device_memory(host, cuda, rng):
     n = 1000

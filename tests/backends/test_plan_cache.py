@@ -210,9 +210,10 @@ def fake_backend() -> CudaBackend:
     backend = CudaBackend.__new__(CudaBackend)
     backend.context = SimpleNamespace(device_name=KEY.device_name, compute_capability=KEY.compute_capability,
                                       cudnn_version=KEY.cudnn_version, cublas_version=KEY.cublas_version,
-                                      is_capturing=lambda: False, workspace=lambda nbytes: 0, ones=lambda count: 0)
+                                      is_capturing=lambda: False, workspace=lambda nbytes: 0, ones=lambda count: 0,
+                                      cudnn=SimpleNamespace(handle=0))
     backend.workspace_limit, backend.algorithm_search, backend.math = KEY.workspace_limit, "exhaustive", "fp32"
-    backend._plans, backend._cudnn, backend._descriptors = OrderedDict(), 0, FakeDescriptors()
+    backend._plans, backend._descriptors = OrderedDict(), FakeDescriptors()
     return backend
 
 

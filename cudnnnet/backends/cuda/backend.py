@@ -80,7 +80,6 @@ class CudaBackend(Backend):
         self._sgd_tables: OrderedDict = OrderedDict()  # ((param, grad, velocity, size) pointers...) -> SgdTable
         self._stream = self.context.stream.handle
         self._cublas = self.context.cublas.handle
-        self._cudnn = self.context.cudnn.handle
         self._descriptors = self.context.descriptors
         self._constants = {1.0: ctypes.byref(self.context.one), 0.0: ctypes.byref(self.context.zero),
                            -1.0: ctypes.byref(self.context.minus_one)}
@@ -91,6 +90,11 @@ class CudaBackend(Backend):
 
     def __repr__(self) -> str:
         return f"CudaBackend(device={self.context.device}, {self.device_name!r}, math={self.math!r})"
+
+    @property
+    def _cudnn(self) -> int:
+        """The raw cuDNN handle, which the context creates on the first cuDNN call."""
+        return self.context.cudnn.handle
 
     # ---- configuration ------------------------------------------------------------------------
     def set_math(self, mode: str) -> None:

@@ -3,6 +3,9 @@
 One device, ONE non-default stream, a cuBLAS and a cuDNN handle bound to that stream, the
 ``one / zero / minus_one`` constants, a grow-only cuDNN workspace, the descriptor cache and our
 NVRTC kernels. ``close()`` (or leaving a ``with`` block) releases everything; so does collection.
+The cuDNN handle is created on first use (``cudnn``): a network that never calls cuDNN (an MLP,
+whose softmax, loss and ReLU gradient are our kernels) never creates one. The cuDNN library itself
+is loaded, and its version read, when the context is made, so a missing cuDNN is reported then.
 """
 
 from __future__ import annotations
@@ -203,7 +206,7 @@ class CudaContext:
         self.cublas_version = cublas.get_version(self.cublas.handle)
         self.cublas_lt = CublasLtHandle()  # its matmuls use the cuBLAS workspace, on the same stream
         self.cublaslt_version = cublaslt.get_version()
-        self.cudnn = CudnnHandle(self.stream)
+        self._cudnn: CudnnHandle | None = None  # created on first use, by the cudnn property
         self.cudnn_version = cudnn.get_version()
         self.descriptors = DescriptorCache()
         self._workspace: DeviceBuffer | None = None  # shared by every convolution plan, grow-only
@@ -220,6 +223,21 @@ class CudaContext:
         if self._warm_up is not None:
             self._warm_up.join()
             self._warm_up = None
+
+    # ---- cuDNN -------------------------------------------------------------------------------
+    @property
+    def cudnn(self) -> CudnnHandle:
+        """The cuDNN handle bound to the context stream, created (cudnnCreate) on the first call that
+        needs it; never inside a CUDA graph capture (DeviceError), where creating it is not allowed."""
+        if self._cudnn is None:
+            if self.closed:
+                raise UsageError("the CUDA context is closed: it has no cuDNN handle to give")
+            if self.is_capturing():
+                raise DeviceError("the cuDNN handle would be created during a CUDA graph capture; "
+                                  "make one cuDNN call (run one step) before capturing")
+            self._cudnn = CudnnHandle(self.stream)
+            log.debug("cuDNN handle created on device %d", self.device)
+        return self._cudnn
 
     # ---- stream ------------------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -322,7 +340,7 @@ class CudaContext:
         for kernel in self._kernels.values():
             kernel.module.close()
         self._kernels.clear()
-        for owned in (self._ordering_event, self.cudnn, self.cublas_lt, self.cublas):
+        for owned in (self._ordering_event, self._cudnn, self.cublas_lt, self.cublas):  # _cudnn: None if never made
             if owned is not None:
                 owned.close()
         for buffer in (self._workspace, self._ones, self._cublas_workspace, *self._outgrown_buffers):
