@@ -112,7 +112,7 @@ class Accumulator:
     """Loss sum and correct count on the device, read only when a figure is needed."""
 
     def __init__(self, backend):
-        self.values = Tensor.zeros((2,), backend)  # [Σ batch mean losses (or scaled losses), Σ correct]
+        self.values = Tensor.zeros((2,), backend)  # [Σ batch mean losses (training) or the set's mean loss, Σ correct]
         self.loss_sum = self.values.view((1,), 0)
         self.correct = self.values.view((1,), 1)
 
