@@ -2,18 +2,21 @@
 
     from cudnnnet import Network, Tensor
     from cudnnnet.layers import Dense, Activation, Softmax
+
+``Network``, ``Tensor`` and ``predict`` are imported on first use (``lazy``): ``import cudnnnet``
+alone imports no NumPy.
 """
 
 import logging
 
 from .backends import cuda_available, get_backend
 from .errors import CudnnnetError
-from .network import Network
-from .predict import predict  # the function replaces the submodule of the same name as the package's attribute
-from .tensor import Tensor
+from .lazy import lazy_exports
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 
 __all__ = ["CudnnnetError", "Network", "Tensor", "cuda_available", "get_backend", "predict", "__version__"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {"Network": ".network", "Tensor": ".tensor", "predict": ".inference"})

@@ -41,7 +41,7 @@ def warm_up(name: "str | Backend | None") -> None:
     if name not in ("cuda", "auto") or "cuda" in _instances:
         return
     try:
-        from .cuda.context import start_driver
+        from .cuda.startup import start_driver
     except ImportError:
         return
     start_driver()

@@ -11,7 +11,7 @@ import numpy as np
 from ..backends import DEVICES
 from ..data.mnist import load_mnist
 from ..network import Network
-from ..predict import training_normalize
+from ..inference import training_normalize
 from ..training import evaluate
 from .common import ArgumentParser, add_common_arguments, run
 from .train import positive_int

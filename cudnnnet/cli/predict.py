@@ -22,7 +22,7 @@ from ..backends import DEVICES, get_backend
 from ..config import load_config
 from ..errors import UsageError
 from ..network import Network
-from ..predict import predict
+from ..inference import predict
 from ..training import build_network
 from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, run
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cudnnnet import backends
-from cudnnnet.backends.cuda import context
+from cudnnnet.backends.cuda import context, startup
 from cudnnnet.backends.cuda.bindings import driver_start, runtime
 from cudnnnet.errors import CublasError, CudaError, DeviceUnavailableError
 
@@ -39,7 +39,7 @@ class FakeCuda:
         monkeypatch.setattr(runtime, "runtime_get_version", lambda: 13000)
         monkeypatch.setattr(runtime, "get_device_count", lambda: self.device_count("cudaGetDeviceCount"))
         monkeypatch.setattr(context, "_load_libraries", self.load_libraries)
-        monkeypatch.setattr(context, "_early_start", None)
+        monkeypatch.setattr(startup, "_early_start", None)
 
     def record(self, call: str) -> None:
         self.calls.append((call, threading.current_thread().name))
@@ -140,7 +140,7 @@ def test_missing_cuda_python_is_reported_once_the_thread_is_done(monkeypatch):
 def test_a_failure_on_the_thread_is_left_to_the_caller(monkeypatch, capfd, caplog):
     fake = FakeCuda(monkeypatch, devices=1)
     fake.retain_error = CudaError("cuDevicePrimaryCtxRetain", 46, "CUDA_ERROR_DEVICE_UNAVAILABLE")
-    caplog.set_level(logging.DEBUG, logger=context.__name__)
+    caplog.set_level(logging.DEBUG, logger=startup.__name__)
     assert context.open_libraries(0) == (13, 1)  # CudaContext's own cudaSetDevice raises it, as before
     assert "CUDA_ERROR_DEVICE_UNAVAILABLE" in caplog.text
     assert capfd.readouterr().err == ""
@@ -169,14 +169,14 @@ def test_an_early_start_is_taken_by_the_next_open_libraries(monkeypatch):
     assert context.open_libraries(0) == (13, 1)
     assert fake.waits == [True, True]
     assert fake.threads("cuInit") == fake.threads("cuDevicePrimaryCtxRetain(0)") == [START_THREAD]  # one thread, once
-    assert context._early_start is None
+    assert startup._early_start is None
 
 
 @pytest.mark.parametrize("device", ["host", None])
 def test_warm_up_starts_nothing_for_the_host(monkeypatch, device):
     fake = FakeCuda(monkeypatch, devices=1)
     backends.warm_up(device)
-    assert context._early_start is None and fake.calls == []
+    assert startup._early_start is None and fake.calls == []
 
 
 class FakeCublas:
@@ -257,7 +257,7 @@ def test_a_failing_cublas_warm_up_is_logged_and_still_frees_everything(monkeypat
 
 @pytest.mark.gpu
 def test_a_context_started_early_warms_cublas_up_until_its_first_capture(cuda):
-    context.start_driver(cuda.context.device)
+    startup.start_driver(cuda.context.device)
     with context.CudaContext(cuda.context.device) as started_early:
         assert started_early._warm_up is not None
         ones = started_early.ones(4)  # a pointer to 4 floats of 1.0

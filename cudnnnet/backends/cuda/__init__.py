@@ -5,10 +5,13 @@ that own handles, descriptors and memory (``handles``, ``buffer``, ``descriptors
 ``kernel``, ``convolution``), and ``CudaBackend``, the call surface of ``base.Backend``.
 Importing this package needs nothing beyond NumPy; creating a CudaBackend raises
 DeviceUnavailableError, naming what to install, where cuda-python, a library or the GPU is missing.
+The three names below are imported on first use, so that ``startup`` can be imported alone, with
+no NumPy.
 """
 
-from .backend import CudaBackend
-from .buffer import DeviceBuffer
-from .context import CudaContext
+from ...lazy import lazy_exports
 
 __all__ = ["CudaBackend", "CudaContext", "DeviceBuffer"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {"CudaBackend": ".backend", "CudaContext": ".context",
+                                               "DeviceBuffer": ".buffer"})

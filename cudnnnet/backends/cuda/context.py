@@ -19,7 +19,8 @@ from ctypes import byref, c_float
 
 from ..base import OP_N
 from ...errors import CudaError, DeviceError, DeviceUnavailableError, UsageError
-from .bindings import cublas, cublaslt, cudnn, driver_start, nvrtc, runtime
+from . import startup
+from .bindings import cublas, cublaslt, cudnn, nvrtc, runtime
 from .bindings.loader import load_library
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .descriptors import DescriptorCache
@@ -41,7 +42,7 @@ def open_libraries(device: int = 0) -> tuple[int, int]:
     the libraries (imports, dlopen) holds it. Raises DeviceUnavailableError, naming what to install,
     when anything is missing; a missing GPU is reported before a missing library.
     """
-    start = _take_driver_start(device) or DriverStart(device)
+    start = startup.take_driver_start(device) or startup.DriverStart(device)
     try:
         runtime.load()
     except DeviceUnavailableError:
@@ -79,57 +80,6 @@ def _device_count() -> int:
     if device_count == 0:
         raise DeviceUnavailableError("no NVIDIA GPU is visible (cudaGetDeviceCount returned 0)")
     return device_count
-
-
-_early_start: "DriverStart | None" = None  # started by start_driver, taken by the next open_libraries
-
-
-def start_driver(device: int = 0) -> None:
-    """Begin ``DriverStart`` now, for a CudaContext made later in the process (``backends.warm_up``):
-    the caller's work until then overlaps the driver's start-up, and that context warms cuBLAS up
-    (``CublasWarmUp``). Never raises, and imports nothing: whatever is missing, the context reports
-    when made."""
-    global _early_start
-    if _early_start is None:
-        _early_start = DriverStart(device)
-
-
-def _take_driver_start(device: int) -> "DriverStart | None":
-    """The early DriverStart for ``device``, if one was begun (each is taken once)."""
-    global _early_start
-    start, _early_start = _early_start, None
-    if start is not None and start.device != device:
-        start.join()
-        return None
-    return start
-
-
-class DriverStart:
-    """cuInit and, for a valid ``device``, its primary context (cuDevicePrimaryCtxRetain) on a daemon
-    thread, to overlap them with other work. Through libcuda directly (``bindings.driver_start``), so
-    the thread starts at once instead of after cuda-python's import; the runtime then finds the
-    primary context made.
-
-    It only warms up: whatever fails here is left for the caller's own CUDA calls to raise, and the
-    calling thread still sets its device itself (the current device is per thread).
-    """
-
-    def __init__(self, device: int):
-        self.device = device
-        self._thread = threading.Thread(target=self._run, name="cudnnnet-cuda-start", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            driver_start.load()
-            driver_start.init()
-            if 0 <= self.device < driver_start.device_count():
-                driver_start.retain_primary_context(self.device)
-        except DeviceError as error:
-            log.debug("CUDA start-up on a thread: %s (left to the caller to raise)", error)
-
-    def join(self) -> None:
-        self._thread.join()
 
 
 class CublasWarmUp:
@@ -187,7 +137,7 @@ class CudaContext:
     """Everything a backend needs on one device."""
 
     def __init__(self, device: int = 0):
-        started_early = _early_start is not None  # backends.warm_up: the caller wants a head start
+        started_early = startup.early_start_pending()  # backends.warm_up: the caller wants a head start
         self.cuda_major, device_count = open_libraries(device)
         if not 0 <= device < device_count:
             raise UsageError(f"invalid CUDA device {device!r}; this machine has devices 0 to {device_count - 1}")
