@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cudnnnet.cli.train import main  # noqa: E402
+from cudnnnet.cli.launch import train  # noqa: E402  (starts CUDA early, then imports the trainer)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(train())

@@ -21,6 +21,8 @@ from run_helpers import REPO_ROOT
 
 TOOLS = {"cudnnnet-train": "train", "cudnnnet-predict": "predict", "cudnnnet-evaluate": "evaluate",
          "cudnnnet-benchmark": "benchmark"}
+ENTRY_POINTS = {**{name: f"cudnnnet.cli.{module}:main" for name, module in TOOLS.items()},
+                "cudnnnet-train": "cudnnnet.cli.launch:train"}  # starts CUDA before importing cli.train
 OUTPUTS = {"model.npz", "metrics.json", "history.csv", "curves.png"}
 STEPS, BATCH = 45, 2000  # 30 steps an epoch: one whole epoch and half of the next
 
@@ -51,9 +53,9 @@ def short_run(tmp_path_factory, mnist_dir):
 @pytest.mark.parametrize("name, module", TOOLS.items())
 def test_console_entry_point_resolves_to_main_and_helps(name, module, capsys):
     (entry,) = entry_points(group="console_scripts", name=name)
-    assert entry.value == f"cudnnnet.cli.{module}:main"
+    assert entry.value == ENTRY_POINTS[name]
     main = entry.load()
-    assert callable(main) and main.__module__ == f"cudnnnet.cli.{module}"
+    assert callable(main) and f"{main.__module__}:{main.__name__}" == ENTRY_POINTS[name]
     with pytest.raises(SystemExit) as exit:
         main(["--help"])
     assert exit.value.code == 0

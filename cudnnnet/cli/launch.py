@@ -1,0 +1,69 @@
+"""cudnnnet-train's entry point: CUDA's start-up begins before the tool's imports.
+
+Importing the trainer (NumPy, PyYAML, the package) takes ~0.1–0.2 s, and starting the CUDA driver
+~0.2–0.3 s more. Where the command will run on the GPU, ``train`` starts the driver on a thread
+first (``backends.warm_up``, which imports no NumPy and no cuda-python), then imports and runs
+``cli.train.main``: the two overlap. The device is read from the command line, else from the
+config's ``device`` (default auto), as ``cli.train`` will read it; where it cannot be told (no
+config, an unreadable one, ``--help``) nothing starts early and ``cli.train`` reports whatever is
+wrong, as it would have.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..backends import warm_up
+
+DEVICE_OPTION, CONFIG_OPTION = "--device", "--config"
+SHORTEST_PREFIX = 5  # argparse takes an unambiguous prefix: "--dev" (not "--de": --debug), "--con"
+
+
+def train(argv: list[str] | None = None) -> int:
+    """cudnnnet-train (scripts/train.py): ``cli.train.main`` with a head start on the GPU."""
+    arguments = sys.argv[1:] if argv is None else argv
+    warm_up(device_asked_for(arguments))
+    from .train import main
+
+    return main(argv)
+
+
+def device_asked_for(argv: list[str]) -> str | None:
+    """The device a cudnnnet-train command line runs on: its --device, else its config's ``device``
+    (auto where the config has none); None where it cannot be told without the full parse."""
+    if "-h" in argv or "--help" in argv:
+        return None
+    device = _option(argv, DEVICE_OPTION)
+    if device is not None:
+        return device
+    config = _option(argv, CONFIG_OPTION)
+    return None if config is None else _config_device(config)
+
+
+def _option(argv: list[str], option: str) -> str | None:
+    """The value of the last ``option`` in ``argv`` ("--opt value", "--opt=value", or a prefix of
+    --opt that argparse would take), or None."""
+    value = None
+    for index, argument in enumerate(argv):
+        name, equals, inline = argument.partition("=")
+        if len(name) < SHORTEST_PREFIX or not option.startswith(name):
+            continue
+        if equals:
+            value = inline
+        elif index + 1 < len(argv):
+            value = argv[index + 1]
+    return value
+
+
+def _config_device(path: str) -> str | None:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            settings = yaml.safe_load(file)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if not isinstance(settings, dict):
+        return None
+    device = settings.get("device", "auto")
+    return device if isinstance(device, str) else None
