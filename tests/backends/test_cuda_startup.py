@@ -40,7 +40,6 @@ class FakeCuda:
         monkeypatch.setattr(runtime, "get_device_count", lambda: self.device_count("cudaGetDeviceCount"))
         monkeypatch.setattr(context, "_load_libraries", self.load_libraries)
         monkeypatch.setattr(startup, "_early_start", None)
-        monkeypatch.setattr(startup, "preload_libraries", lambda: self.record("preload libraries"))
 
     def record(self, call: str) -> None:
         self.calls.append((call, threading.current_thread().name))
@@ -171,38 +170,6 @@ def test_an_early_start_is_taken_by_the_next_open_libraries(monkeypatch):
     assert fake.waits == [True, True]
     assert fake.threads("cuInit") == fake.threads("cuDevicePrimaryCtxRetain(0)") == [START_THREAD]  # one thread, once
     assert startup._early_start is None
-
-
-def test_an_early_start_preloads_the_libraries_on_a_thread_before_they_load(monkeypatch):
-    fake = FakeCuda(monkeypatch, devices=1)
-    backends.warm_up("cuda")
-    context.open_libraries(0)
-    assert fake.threads("preload libraries") == ["cudnnnet-library-preload"]
-    calls = [call for call, _ in fake.calls]
-    assert calls.index("preload libraries") < calls.index("load libraries")  # joined first: never side by side
-
-
-def test_a_start_made_by_open_libraries_itself_preloads_nothing(monkeypatch):
-    fake = FakeCuda(monkeypatch, devices=1)
-    context.open_libraries(0)
-    assert fake.threads("preload libraries") == []
-
-
-def test_preloading_opens_each_library_and_logs_what_it_cannot(monkeypatch, caplog):
-    from cudnnnet.backends.cuda.bindings import loader
-
-    opened = []
-
-    def preload_library(name):
-        opened.append(name)
-        if name == "cudnn":
-            raise DeviceUnavailableError("libcudnn was not found (no such file)")
-
-    monkeypatch.setattr(loader, "preload_library", preload_library)
-    caplog.set_level(logging.DEBUG, logger=startup.__name__)
-    startup.preload_libraries()
-    assert opened == ["cublasLt", "cublas", "cudnn"]
-    assert "preloading cudnn: libcudnn was not found" in caplog.text
 
 
 @pytest.mark.parametrize("device", ["host", None])

@@ -26,15 +26,13 @@ def start_driver(device: int = 0) -> None:
     when made."""
     global _early_start
     if _early_start is None:
-        _early_start = DriverStart(device, preload=True)
+        _early_start = DriverStart(device)
 
 
 def take_driver_start(device: int) -> "DriverStart | None":
     """The early DriverStart for ``device``, if one was begun (each is taken once)."""
     global _early_start
     start, _early_start = _early_start, None
-    if start is not None:
-        start.join_preload()  # the caller's loading then never runs beside it
     if start is not None and start.device != device:
         start.join()
         return None
@@ -47,20 +45,14 @@ class DriverStart:
     the thread starts at once instead of after cuda-python's import; the runtime then finds the
     primary context made.
 
-    With ``preload``, a second thread opens the NVIDIA libraries meanwhile (``preload_libraries``).
-
     It only warms up: whatever fails here is left for the caller's own CUDA calls to raise, and the
     calling thread still sets its device itself (the current device is per thread).
     """
 
-    def __init__(self, device: int, preload: bool = False):
+    def __init__(self, device: int):
         self.device = device
-        self._preload = threading.Thread(target=preload_libraries, name="cudnnnet-library-preload",
-                                         daemon=True) if preload else None
         self._thread = threading.Thread(target=self._run, name="cudnnnet-cuda-start", daemon=True)
         self._thread.start()
-        if self._preload is not None:
-            self._preload.start()
 
     def _run(self) -> None:
         try:
@@ -71,30 +63,8 @@ class DriverStart:
         except DeviceError as error:
             log.debug("CUDA start-up on a thread: %s (left to the caller to raise)", error)
 
-    def join_preload(self) -> None:
-        if self._preload is not None:
-            self._preload.join()
-
     def join(self) -> None:
-        self.join_preload()
         self._thread.join()
-
-
-PRELOADED = ("cublasLt", "cublas", "cudnn")  # in the order context._load_libraries opens them
-
-
-def preload_libraries() -> None:
-    """dlopen cuBLASLt, cuBLAS and cuDNN where cuda.pathfinder finds them, as the context's loading
-    will (``bindings.loader.load_library``): dlopen runs without the GIL, so on a thread its ~50–80 ms
-    overlap the caller's imports, and the context then finds the libraries mapped. Only warms up:
-    a library that cannot be opened is logged and left to the context's loading to report."""
-    from .bindings.loader import preload_library
-
-    for name in PRELOADED:
-        try:
-            preload_library(name)
-        except DeviceError as error:
-            log.debug("preloading %s: %s (left to the caller to report)", name, error)
 
 
 def early_start_pending() -> bool:

@@ -68,19 +68,6 @@ def load_library(name: str, cuda_major: int | None) -> ctypes.CDLL:
     return _open(loaded.abs_path or f"lib{name}", name, cuda_major, None if loaded.abs_path else loaded._handle_uint)
 
 
-def preload_library(name: str) -> None:
-    """Open ``name`` as ``load_library`` finds it, without binding anything: a later ``load_library``
-    finds it loaded (``startup.preload_libraries``). DeviceUnavailableError where it is missing."""
-    try:
-        import cuda.pathfinder as pathfinder
-    except ImportError:
-        raise DeviceUnavailableError("cuda-pathfinder is not installed") from None
-    try:
-        pathfinder.load_nvidia_dynamic_lib(name)
-    except Exception as error:  # unknown name (older pathfinder) or not found
-        raise DeviceUnavailableError(f"lib{name} was not found ({_first_line(error)})") from None
-
-
 def _open(path: str, name: str, cuda_major: int | None, handle: int | None = None) -> ctypes.CDLL:
     try:
         return ctypes.CDLL(path, handle=handle)
