@@ -6,6 +6,8 @@ NVRTC kernels. ``close()`` (or leaving a ``with`` block) releases everything; so
 The cuDNN handle is created on first use (``cudnn``): a network that never calls cuDNN (an MLP,
 whose softmax, loss and ReLU gradient are our kernels) never creates one. The cuDNN library itself
 is loaded, and its version read, when the context is made, so a missing cuDNN is reported then.
+A context whose start was begun early (``backends.warm_up``) also runs ``CublasWarmUp`` on a
+thread, with a stream and a cuBLAS handle of its own, gone before the first GEMM or capture.
 """
 
 from __future__ import annotations
