@@ -1,6 +1,7 @@
 """scripts/benchmark.py on the host with tiny settings: what it reports, never how fast."""
 
 import json
+import py_compile
 import sys
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from cudnnnet.network import Network
 from cudnnnet.training import Trainer, build_network, input_shape
 from run_helpers import REPO_ROOT, run_script
 
-TOP_KEYS = {"device", "backend", "date", "versions", "settings", "targets", "results", "torch", "table"}
+TOP_KEYS = {"device", "backend", "date", "versions", "settings", "targets", "results", "torch", "table",
+            "uncompiled_packages"}
 ROW_KEYS = {"workload", "unit", "cudnnnet", "torch_eager", "torch_graph", "ratio", "target", "status"}
 
 
@@ -144,6 +146,24 @@ def test_original_that_fails_is_an_error_naming_it(tmp_path, monkeypatch):
     monkeypatch.setattr(benchmark, "TRAIN_SCRIPT", script)
     with pytest.raises(benchmark.BenchmarkError, match=r"original cnn: .* exited with 2: cudnnnet-train: error: no GPU"):
         benchmark.run_original_once("cnn", {"device": "cuda", "data_dir": None})
+
+
+def test_uncompiled_packages_are_those_without_bytecode_when_none_can_be_written(tmp_path, monkeypatch):
+    for name in ("compiled_pkg", "source_pkg"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("VALUE = 1\n")
+    py_compile.compile(str(tmp_path / "compiled_pkg" / "__init__.py"), doraise=True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = ("compiled_pkg", "source_pkg", "no_such_pkg_here")
+    assert benchmark.uncompiled_packages(names, dont_write=True) == ["source_pkg"]
+    assert benchmark.uncompiled_packages(names, dont_write=False) == []
+
+
+def test_header_says_when_processes_compiled_their_imports():
+    report = {"device": "NVIDIA H100 80GB HBM3", "backend": "cuda", "versions": {"cudnnnet": "0.1.0"}}
+    assert "bytecode" not in benchmark.table_header(report)
+    text = benchmark.table_header({**report, "uncompiled_packages": ["numpy", "cuda.bindings"]})
+    assert "note: numpy, cuda.bindings have no cached bytecode" in text and "compileall" in text
 
 
 # ---- the table and its targets -----------------------------------------------------------------

@@ -30,7 +30,9 @@ original
     The C++ original's experiment as a whole command: ``scripts/train.py --config
     configs/original_{mlp,cnn}.yaml --device DEVICE --quiet --data-dir DIR --output TMP`` in a
     subprocess, timed by wall clock (``--original-runs`` runs, median), with the test accuracy
-    from its metrics.json.
+    from its metrics.json. Where NumPy, PyYAML or cuda-python have no cached bytecode and
+    PYTHONDONTWRITEBYTECODE is set, every such process compiles their source first; the report
+    names them (``uncompiled_packages``) and says so above the table.
 
 ``--compare torch`` runs mlp, cnn and micro with PyTorch in the same process, where PyTorch
 imports and sees a GPU (otherwise it says why and skips): the same architectures and optimiser,
@@ -48,10 +50,10 @@ only on the GPU for the full-size workloads. ``--json FILE`` writes every figure
     results {mlp|cnn: {config, images, batch_size, graph|eager: {epoch_ms, epoch_ms_all,
     images_per_second, peak_memory_mib} or null}, micro: {size, layers, repeat,
     fp32|tf32: {step_ms, step_ms_all} or null}, original: {mlp|cnn: {config, seconds,
-    seconds_all, test_accuracy}}}, torch (null unless compared) {version, mlp|cnn: {eager|graph:
-    {epoch_ms, epoch_ms_all, images_per_second}}, micro: {fp32|tf32: {eager|graph: {step_ms,
-    step_ms_all}}}}, table [{workload, unit, cudnnnet, torch_eager, torch_graph, ratio, target,
-    status}]
+    seconds_all, test_accuracy}}}, uncompiled_packages [name], torch (null unless compared)
+    {version, mlp|cnn: {eager|graph: {epoch_ms, epoch_ms_all, images_per_second}},
+    micro: {fp32|tf32: {eager|graph: {step_ms, step_ms_all}}}}, table [{workload, unit, cudnnnet,
+    torch_eager, torch_graph, ratio, target, status}]
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ import contextlib
 import datetime
 import functools
 import gc
+import importlib.util
 import json
 import logging
 import platform
@@ -117,6 +120,9 @@ TARGETS = {
     "original_cnn_s": 2.0,
 }
 TARGET_DEVICE = "H100"
+# Third-party packages every training process imports: where their bytecode is not cached and cannot
+# be written (PYTHONDONTWRITEBYTECODE), each process compiles their source again (~0.3 s on one H100 host).
+PROCESS_IMPORTS = ("numpy", "yaml", "cuda.bindings", "cuda.pathfinder")
 
 
 class BenchmarkError(CudnnnetError):
@@ -397,6 +403,24 @@ def run_original_once(name: str, settings: dict) -> tuple[float, float]:
             raise BenchmarkError(f"original {name}: {' '.join(command)} exited with {finished.returncode}: {last}")
         metrics = json.loads((Path(output) / "metrics.json").read_text(encoding="utf-8"))
     return seconds, metrics["test_accuracy"]
+
+
+def uncompiled_packages(names=PROCESS_IMPORTS, dont_write: bool | None = None) -> list[str]:
+    """The packages among ``names`` that a new process must compile from source every time: their
+    ``__init__.py`` has no cached bytecode and writing it is turned off (``sys.dont_write_bytecode``,
+    which PYTHONDONTWRITEBYTECODE sets and subprocesses inherit). Packages not installed are left out."""
+    if not (sys.flags.dont_write_bytecode if dont_write is None else dont_write):
+        return []
+    uncompiled = []
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = spec.origin if spec is not None else None
+        if origin and origin.endswith(".py") and not Path(importlib.util.cache_from_source(origin)).exists():
+            uncompiled.append(name)
+    return uncompiled
 
 
 def benchmark_original(name: str, settings: dict) -> dict:
@@ -736,6 +760,11 @@ def table_header(report: dict) -> str:
              f"targets are for an {TARGET_DEVICE}"]
     if report["backend"] == "cuda" and TARGET_DEVICE not in report["device"]:
         lines.append(f"note: this GPU is not an {TARGET_DEVICE}, so PASS/MISS compares it with another GPU's targets")
+    uncompiled = report.get("uncompiled_packages")
+    if uncompiled:
+        lines.append(f"note: {', '.join(uncompiled)} have no cached bytecode and PYTHONDONTWRITEBYTECODE is set, "
+                     "so each whole-process run compiled their source; python -m compileall on them (as pip "
+                     "install does) removes that time")
     return "\n".join(lines)
 
 
@@ -775,7 +804,7 @@ def build_report(settings: dict) -> dict:
     report = {"device": backend.device_name, "backend": backend.name,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "versions": found, "settings": settings, "targets": dict(TARGETS), "results": results,
-              "torch": torch_results}
+              "torch": torch_results, "uncompiled_packages": uncompiled_packages() if original is not None else []}
     report["table"] = table_rows(results, torch_results, settings)
     return report
 
