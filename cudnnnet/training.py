@@ -25,7 +25,7 @@ from .config import Config
 from .curves import plot_curves
 from .data.loader import BatchLoader
 from .data.mnist import load_mnist, one_hot
-from .data.streamed import StreamedData, choose_placement
+from .data.streamed import FLOAT32_BYTES, StreamedData, choose_placement
 from .errors import CheckpointError, DataError, TrainingError
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import SGD
@@ -183,6 +183,11 @@ class ResidentTestSet:
         self.images = Tensor.from_numpy(images, backend)  # (N, C, H, W)
         self.targets = Tensor.from_numpy(one_hot(labels, classes), backend)  # (N, classes)
 
+    @staticmethod
+    def nbytes(images: np.ndarray, classes: int) -> int:
+        """The device memory a ResidentTestSet of ``images`` takes: the images and one-hot targets as float32."""
+        return FLOAT32_BYTES * (images.size + images.shape[0] * classes)
+
     def batches(self, batch_size: int):
         """(x, one-hot target) views of ``batch_size`` samples at a time (the last may be shorter)."""
         sample_shape, sample_size = self.images.shape[1:], self.images.sample_size
@@ -263,7 +268,8 @@ class Trainer:
         opt = train.optimizer
         self.optimizer = SGD(self.network, opt.lr, opt.momentum, opt.weight_decay, train.schedule)
         self.loader = BatchLoader(self.train_images, self.train_labels, train.batch_size, seed=train.seed)
-        placement = choose_placement(config.data.placement, self.backend, self.train_images, self.train_labels)
+        placement = choose_placement(config.data.placement, self.backend, self.train_images, self.train_labels,
+                                     ResidentTestSet.nbytes(self.test_images, self.loader.classes))
         data_class = StreamedData if placement == "host" else ResidentData
         self.data = data_class(self.backend, self.train_images, self.train_labels, train.batch_size,
                                self.loader.classes)

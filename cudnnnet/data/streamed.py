@@ -153,12 +153,14 @@ def _check_set(images: np.ndarray, labels: np.ndarray, batch_size: int) -> None:
         raise DataError(f"batch_size must be an integer > 0, got {batch_size!r}")
 
 
-def choose_placement(placement: str, backend, images: np.ndarray, labels: np.ndarray) -> str:
+def choose_placement(placement: str, backend, images: np.ndarray, labels: np.ndarray,
+                     alongside_bytes: int = 0) -> str:
     """Where the training set lives: "device" (ResidentData) or "host" (StreamedData), logged with why.
 
     "auto" is "device" where the set as ResidentData holds it (images, labels and the epoch's order
-    as float32) takes at most half of the device's free memory, and always on a backend that reports
-    no device memory (the host backend).
+    as float32), plus ``alongside_bytes`` that go to the device with it (the Trainer's resident test
+    set), takes at most half of the device's free memory, and always on a backend that reports no
+    device memory (the host backend).
     """
     if placement not in PLACEMENTS:
         raise InvalidArgumentError(f"invalid data placement {placement!r}; valid are {', '.join(PLACEMENTS)}")
@@ -169,7 +171,7 @@ def choose_placement(placement: str, backend, images: np.ndarray, labels: np.nda
     if memory_info is None:
         log.info("training data %s: data.placement auto on the %s backend", _WHERE["device"], backend.name)
         return "device"
-    needed = FLOAT32_BYTES * (images.size + 2 * labels.size)
+    needed = FLOAT32_BYTES * (images.size + 2 * labels.size) + alongside_bytes
     free, _ = memory_info()
     chosen = "device" if needed <= DEVICE_SHARE * free else "host"
     log.info("training data %s: data.placement auto, %.1f MiB %s in half of the %.1f MiB free", _WHERE[chosen],

@@ -11,7 +11,8 @@ from cudnnnet.config import load_config, parse_config
 from cudnnnet.data.streamed import StreamedData, choose_placement
 from cudnnnet.errors import DataError, InvalidArgumentError, UsageError
 from cudnnnet.tensor import Tensor
-from cudnnnet.training import ResidentData, Trainer
+from cudnnnet import training
+from cudnnnet.training import ResidentData, ResidentTestSet, Trainer
 from run_helpers import REPO_ROOT
 
 COUNT, BATCH, CLASSES = 23, 5, 4  # 5 batches an epoch, the last one of 3
@@ -160,6 +161,28 @@ def test_auto_placement_keeps_the_set_on_the_device_when_it_takes_half_the_free_
     assert "resident in device memory (ResidentData): data.placement auto" in caplog.records[0].getMessage()
     assert "streamed from host memory (StreamedData): data.placement auto" in caplog.records[1].getMessage()
     assert "do not fit in half of the" in caplog.records[1].getMessage()
+
+
+def test_auto_placement_counts_what_goes_to_the_device_alongside_the_set():
+    images, labels = np.zeros((100, 1, 10, 10), np.float32), np.zeros(100, int)
+    needed, test_set = 4 * (100 * 100 + 2 * 100), 4 * 1000
+    assert choose_placement("auto", device_with_free_bytes(2 * (needed + test_set)), images, labels, test_set) == "device"
+    assert choose_placement("auto", device_with_free_bytes(2 * needed), images, labels, test_set) == "host"
+
+
+def test_trainer_counts_its_resident_test_set_in_the_placement(monkeypatch, tmp_path, mnist_dir):
+    asked = {}
+
+    def recording_placement(placement, backend, images, labels, alongside_bytes=0):
+        asked.update(images=images.nbytes, alongside=alongside_bytes)
+        return "host"
+
+    monkeypatch.setattr(training, "choose_placement", recording_placement)
+    trainer = mlp_trainer(mnist_dir, tmp_path, "host", "auto", steps=1)
+    classes = trainer.loader.classes
+    assert asked["alongside"] == ResidentTestSet.nbytes(trainer.test_images, classes)
+    assert asked["alongside"] == trainer.test_images.nbytes + 4 * trainer.test_images.shape[0] * classes
+    assert trainer.test_set is None  # streamed training data: the test set stays on the host too
 
 
 def test_auto_placement_on_the_host_backend_is_resident_and_explicit_placements_are_kept(host):
