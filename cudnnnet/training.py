@@ -24,7 +24,8 @@ from .backends import get_backend, warm_up
 from .config import Config
 from .curves import plot_curves
 from .data.loader import BatchLoader
-from .data.mnist import load_mnist, one_hot
+from .data.mnist import load_mnist, load_mnist_pixels, one_hot
+from .data.pixels import PixelImages
 from .data.streamed import FLOAT32_BYTES, StreamedData, choose_placement
 from .errors import CheckpointError, DataError, TrainingError
 from .network import OPTIMIZER_PREFIX, Network
@@ -63,15 +64,23 @@ def build_network(config: Config, backend) -> Network:
 
 
 def load_split(config: Config, split: str, download: bool = True):
+    """(images float32 (N, 1, H, W), labels int64 (N,)) of ``split`` as ``config`` prepares them."""
     normalize = config.data.normalize
     return load_mnist(config.data.dir, split, download=download, normalize=normalize, pad=config.data.pad)
 
 
+def load_split_pixels(config: Config, split: str, download: bool = True):
+    """(PixelImages, labels int64 (N,)): ``load_split`` with the float conversion left to whoever
+    needs the floats (a resident set is converted on the device)."""
+    pixels, labels = load_mnist_pixels(config.data.dir, split, download=download)
+    return PixelImages(pixels, config.data.normalize, config.data.pad), labels
+
+
 def local_splits(config: Config):
-    """(train, test) splits where both are on disk and read without error, else None (the caller
-    then loads them, downloading or raising as load_split does)."""
+    """(train, test) pixel splits where both are on disk and read without error, else None (the
+    caller then loads them, downloading or raising as load_split_pixels does)."""
     try:
-        return load_split(config, "train", download=False), load_split(config, "test", download=False)
+        return load_split_pixels(config, "train", download=False), load_split_pixels(config, "test", download=False)
     except DataError:
         return None
 
@@ -140,6 +149,12 @@ class BatchFeed:
         return x.write_(images), target.write_(onehot)
 
 
+def resident_images(images, backend) -> Tensor:
+    """float32 images (N, C, H, W) held by ``backend``: an array copied as it is, or PixelImages made
+    there from their bytes (on a GPU, a quarter of the float32 copy and a kernel)."""
+    return images.to_tensor(backend) if isinstance(images, PixelImages) else Tensor.from_numpy(images, backend)
+
+
 class ResidentData:
     """The training set held by the backend (device memory on CUDA), its batches gathered there.
 
@@ -148,10 +163,10 @@ class ResidentData:
     the batch of the step being replayed. No host copy or synchronisation happens per step.
     """
 
-    def __init__(self, backend, images: np.ndarray, labels: np.ndarray, batch_size: int, classes: int):
+    def __init__(self, backend, images, labels: np.ndarray, batch_size: int, classes: int):
         self.backend, self.batch_size, self.classes = backend, batch_size, classes
         self.count = images.shape[0]
-        self.images = Tensor.from_numpy(images, backend)  # (N, C, H, W)
+        self.images = resident_images(images, backend)  # (N, C, H, W)
         self.labels = Tensor.from_numpy(labels.astype(np.float32), backend)  # (N,) class ids
         self.order = Tensor((self.count,), backend)  # (N,) the epoch's sample ids, in order
         self.cursor = Tensor((1,), backend)  # where in ``order`` the batch starts
@@ -178,13 +193,13 @@ class ResidentTestSet:
     """A test set held by the backend once (device memory on CUDA), evaluated in batches that are
     views of it: an evaluation copies nothing from the host."""
 
-    def __init__(self, backend, images: np.ndarray, labels: np.ndarray, classes: int):
+    def __init__(self, backend, images, labels: np.ndarray, classes: int):
         self.count, self.classes = images.shape[0], classes
-        self.images = Tensor.from_numpy(images, backend)  # (N, C, H, W)
+        self.images = resident_images(images, backend)  # (N, C, H, W)
         self.targets = Tensor.from_numpy(one_hot(labels, classes), backend)  # (N, classes)
 
     @staticmethod
-    def nbytes(images: np.ndarray, classes: int) -> int:
+    def nbytes(images, classes: int) -> int:
         """The device memory a ResidentTestSet of ``images`` takes: the images and one-hot targets as float32."""
         return FLOAT32_BYTES * (images.size + images.shape[0] * classes)
 
@@ -259,23 +274,25 @@ class Trainer:
         reading = OnAThread(local_splits, config)  # what is on disk already, while get_backend loads
         self.backend = get_backend(config.device)  # before any download: no GPU is reported first
         splits = reading.result()
-        (self.train_images, self.train_labels), (self.test_images, self.test_labels) = (
-            splits or (load_split(config, "train"), load_split(config, "test")))
+        (self.train_pixels, self.train_labels), (self.test_pixels, self.test_labels) = (
+            splits or (load_split_pixels(config, "train"), load_split_pixels(config, "test")))
         if hasattr(self.backend, "set_math"):
             self.backend.set_math(config.math)
         self.network = build_network(config, self.backend)
         train = config.train
         opt = train.optimizer
         self.optimizer = SGD(self.network, opt.lr, opt.momentum, opt.weight_decay, train.schedule)
-        self.loader = BatchLoader(self.train_images, self.train_labels, train.batch_size, seed=train.seed)
-        placement = choose_placement(config.data.placement, self.backend, self.train_images, self.train_labels,
-                                     ResidentTestSet.nbytes(self.test_images, self.loader.classes))
-        data_class = StreamedData if placement == "host" else ResidentData
-        self.data = data_class(self.backend, self.train_images, self.train_labels, train.batch_size,
-                               self.loader.classes)
-        # the test set beside the training set on the device (when that is where the training set is)
-        self.test_set = (ResidentTestSet(self.backend, self.test_images, self.test_labels, self.loader.classes)
-                         if data_class is ResidentData else None)
+        self.loader = BatchLoader(self.train_pixels, self.train_labels, train.batch_size, seed=train.seed)
+        placement = choose_placement(config.data.placement, self.backend, self.train_pixels, self.train_labels,
+                                     ResidentTestSet.nbytes(self.test_pixels, self.loader.classes))
+        if placement == "host":
+            self.data = StreamedData(self.backend, self.train_images, self.train_labels, train.batch_size,
+                                     self.loader.classes)
+            self.test_set = None
+        else:  # both sets made on the device from their bytes
+            self.data = ResidentData(self.backend, self.train_pixels, self.train_labels, train.batch_size,
+                                     self.loader.classes)
+            self.test_set = ResidentTestSet(self.backend, self.test_pixels, self.test_labels, self.loader.classes)
         self.use_graph = train.graph and self.backend.supports_graphs
         self.graph = None  # the captured training step of a full batch, once captured
         self._full_batch_ran = False  # the first full step runs eagerly: it allocates and plans
@@ -287,6 +304,16 @@ class Trainer:
         if resume is not None:
             self._resume(Path(resume))
         self.optimizer.total_steps = self.total_steps
+
+    @property
+    def train_images(self) -> np.ndarray:
+        """The training images as float32 (N, 1, H, W) on the host (converted on first use)."""
+        return self.train_pixels.floats
+
+    @property
+    def test_images(self) -> np.ndarray:
+        """The test images as float32 (N, 1, H, W) on the host (converted on first use)."""
+        return self.test_pixels.floats
 
     # ---- the plan ------------------------------------------------------------------------------
     @property

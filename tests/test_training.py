@@ -351,3 +351,20 @@ def test_the_trainer_reads_the_data_on_a_thread_while_the_backend_loads(mnist_di
     run = Trainer(parse_config(settings), tmp_path, progress=False)
     assert seen == {"read on": "cudnnnet-local_splits", "read saw the backend load": True, "backend saw the read": True}
     assert run.train_images.shape == (60000, 1, 28, 28) and run.test_labels.shape == (10000,)
+
+
+@pytest.mark.parametrize("device", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_resident_sets_are_made_from_their_bytes_and_equal_the_float_images(device, mnist_dir, tmp_path, request):
+    """A resident training and test set are made by the backend from the uint8 pixels (the trainer
+    never asks PixelImages for its floats), and it holds the very floats load_split gives."""
+    if device == "cuda":
+        request.getfixturevalue("cuda")
+    settings = load_config(REPO_ROOT / "configs" / "lenet5.yaml").to_dict()  # padded and normalised
+    settings["device"], settings["data"]["dir"], settings["data"]["placement"] = device, str(mnist_dir), "device"
+    from cudnnnet.config import parse_config
+
+    config = parse_config(settings)
+    run = Trainer(config, tmp_path, progress=False)
+    assert "floats" not in vars(run.train_pixels) and "floats" not in vars(run.test_pixels)
+    assert np.array_equal(run.data.images.numpy(), training.load_split(config, "train")[0])
+    assert np.array_equal(run.test_set.images.numpy(), training.load_split(config, "test")[0])

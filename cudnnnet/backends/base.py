@@ -134,6 +134,12 @@ class Backend(ABC):
         """New storage holding a copy of a flat, C-contiguous float32 NumPy array."""
 
     @abstractmethod
+    def upload_pixels(self, pixels, pad: int, mean: float, std: float) -> Any:
+        """New storage holding the float32 images (N, 1, H+2·pad, W+2·pad) = (pixels/255 − mean)/std,
+        the padding being pixel value 0, made from uint8 ``pixels`` (N, H, W): bit for bit
+        ``data.pixels.to_float_images(pixels, (mean, std), pad)``. A GPU receives only the bytes."""
+
+    @abstractmethod
     def download(self, storage, size: int):
         """A new flat float32 NumPy array with the first ``size`` values of ``storage``."""
 

@@ -256,21 +256,21 @@ def limited_training_set(limit: int | None):
     if limit is None:
         yield
         return
-    load_split = training.load_split
+    load_split_pixels = training.load_split_pixels
 
     def first_images(config, split, download=True):
-        images, labels = load_split(config, split, download)
-        return images[:limit], labels[:limit]
+        images, labels = load_split_pixels(config, split, download)
+        return images.head(limit), labels[:limit]
 
-    training.load_split = first_images
+    training.load_split_pixels = first_images
     try:
         yield
     finally:
-        training.load_split = load_split
+        training.load_split_pixels = load_split_pixels
 
 
 def training_images(config: Config, limit: int | None) -> int:
-    count = len(training.load_split(config, "train")[1])
+    count = len(training.load_split_pixels(config, "train")[1])
     return count if limit is None else min(count, limit)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import DataError
 from .mnist import NUM_CLASSES, check_labels, one_hot
+from .pixels import PixelImages
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ class BatchLoader:
 
     def __init__(self, images, labels, batch_size: int, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, classes: int = NUM_CLASSES):
-        self.images = np.asarray(images, dtype=np.float32)  # (N, C, H, W)
+        # (N, C, H, W) float32, or PixelImages converted by the first batch that needs them
+        self._images = images if isinstance(images, PixelImages) else np.asarray(images, dtype=np.float32)
         self.labels = np.asarray(labels)  # (N,)
         self.batch_size = _positive_int(batch_size, "batch_size")
         self.classes = _positive_int(classes, "classes")
@@ -51,19 +53,25 @@ class BatchLoader:
         self._one_hot_rows = one_hot(np.arange(self.classes), self.classes)  # (classes, classes)
 
     def _check_arrays(self) -> None:
-        if self.images.ndim != 4:
-            raise DataError(f"images must be shaped (N, C, H, W), got shape {self.images.shape}")
-        if self.labels.shape != (self.images.shape[0],):
-            raise DataError(f"labels shaped {self.labels.shape} do not match {self.images.shape[0]} images")
-        if self.images.shape[0] == 0:
+        shape = self._images.shape
+        if len(shape) != 4:
+            raise DataError(f"images must be shaped (N, C, H, W), got shape {shape}")
+        if self.labels.shape != (shape[0],):
+            raise DataError(f"labels shaped {self.labels.shape} do not match {shape[0]} images")
+        if shape[0] == 0:
             raise DataError("the data set is empty")
-        if self.drop_last and self.images.shape[0] < self.batch_size:
-            raise DataError(f"drop_last with batch_size {self.batch_size} > {self.images.shape[0]} samples "
+        if self.drop_last and shape[0] < self.batch_size:
+            raise DataError(f"drop_last with batch_size {self.batch_size} > {shape[0]} samples "
                             f"would yield no batches")
 
     @property
+    def images(self) -> np.ndarray:
+        """The float32 images (N, C, H, W)."""
+        return self._images.floats if isinstance(self._images, PixelImages) else self._images
+
+    @property
     def num_samples(self) -> int:
-        return self.images.shape[0]
+        return self._images.shape[0]
 
     @property
     def steps_per_epoch(self) -> int:

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..checkpoint import atomic_write, new_file_mode
 from ..errors import DataError
+from .pixels import to_float_images  # noqa: F401  (load_mnist's conversion, importable from here as before)
 
 logger = logging.getLogger(__name__)
 
@@ -422,19 +423,6 @@ def _check_options(normalize, pad) -> None:
         raise DataError(f"normalize needs a finite mean and a std > 0, got {normalize!r}")
 
 
-def to_float_images(images: np.ndarray, normalize=None, pad: int = 0) -> np.ndarray:
-    """uint8 (N, H, W) → float32 (N, 1, H+2·pad, W+2·pad): /255, zero-padded, then normalised."""
-    count, height, width = images.shape
-    out = np.zeros((count, 1, height + 2 * pad, width + 2 * pad), dtype=np.float32)
-    interior = out[:, 0, pad:pad + height, pad:pad + width]
-    np.divide(images, np.float32(255.0), out=interior)
-    if normalize is not None:
-        mean, std = (np.float32(value) for value in normalize)
-        out -= mean
-        out /= std
-    return out
-
-
 def load_mnist(data_dir: str | os.PathLike | None = None, split: str = "train", download: bool = True,
                normalize: tuple[float, float] | None = None, pad: int = 0, verify: bool = True,
                mirrors: Iterable[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -446,6 +434,13 @@ def load_mnist(data_dir: str | os.PathLike | None = None, split: str = "train", 
     so the padding is the background value 0 before normalisation.
     """
     _check_options(normalize, pad)
+    pixels, labels = load_mnist_pixels(data_dir, split, download, verify, mirrors)
+    return to_float_images(pixels, normalize, int(pad)), labels
+
+
+def load_mnist_pixels(data_dir: str | os.PathLike | None = None, split: str = "train", download: bool = True,
+                      verify: bool = True, mirrors: Iterable[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(pixels uint8 (N, 28, 28), labels int64 (N,)): ``load_mnist`` before the float conversion."""
     images_path, labels_path = _split_paths(split, data_dir, download, mirrors)
     images_name, labels_name = SPLIT_FILES[split]
     images, images_md5 = _read_mnist_file(images_path, images_name)
@@ -461,7 +456,7 @@ def load_mnist(data_dir: str | os.PathLike | None = None, split: str = "train", 
     if verify:
         _verify_idx_checksum(images_md5, images_path, images_name)
         _verify_idx_checksum(labels_md5, labels_path, labels_name)
-    return to_float_images(images, normalize, int(pad)), labels.astype(np.int64)
+    return images, labels.astype(np.int64)
 
 
 def one_hot(labels, classes: int = NUM_CLASSES) -> np.ndarray:

@@ -174,13 +174,14 @@ def test_trainer_counts_its_resident_test_set_in_the_placement(monkeypatch, tmp_
     asked = {}
 
     def recording_placement(placement, backend, images, labels, alongside_bytes=0):
-        asked.update(images=images.nbytes, alongside=alongside_bytes)
+        asked.update(images=images.size, alongside=alongside_bytes)
         return "host"
 
     monkeypatch.setattr(training, "choose_placement", recording_placement)
     trainer = mlp_trainer(mnist_dir, tmp_path, "host", "auto", steps=1)
     classes = trainer.loader.classes
     assert asked["alongside"] == ResidentTestSet.nbytes(trainer.test_images, classes)
+    assert asked["images"] == trainer.train_images.size
     assert asked["alongside"] == trainer.test_images.nbytes + 4 * trainer.test_images.shape[0] * classes
     assert trainer.test_set is None  # streamed training data: the test set stays on the host too
 

@@ -135,6 +135,25 @@ class CudaBackend(Backend):
             runtime.memcpy_async(buffer.ptr, flat.ctypes.data, flat.nbytes, runtime.MEMCPY_HOST_TO_DEVICE, self._stream)
         return buffer
 
+    def upload_pixels(self, pixels, pad: int, mean: float, std: float) -> DeviceBuffer:
+        """kernels/data.cu: the uint8 pixels (N, H, W) are copied (a quarter of the float32 bytes), then
+        images (N, 1, H+2·pad, W+2·pad) = (pixels/255 − mean)/std are made on the device."""
+        pixels = np.ascontiguousarray(pixels)
+        count, height, width = pixels.shape
+        images = self.empty(count * (height + 2 * pad) * (width + 2 * pad))
+        if images.size == 0:
+            return images
+        staged = DeviceBuffer.allocate(pixels.nbytes)  # (N, H, W) uint8, freed once the kernel has read it
+        try:
+            runtime.memcpy_async(staged.ptr, pixels.ctypes.data, pixels.nbytes, runtime.MEMCPY_HOST_TO_DEVICE,
+                                 self._stream)
+            self.context.kernel("pixels_to_images").launch(blocks_for(images.size), self._stream, images.ptr,
+                                                           staged.ptr, count, height, width, pad, mean, std)
+            runtime.stream_synchronize(self._stream)
+        finally:
+            staged.free()
+        return images
+
     def write(self, storage: DeviceBuffer, array) -> None:
         """cudaMemcpyAsync H2D into existing memory (its address stays, as a captured graph needs)."""
         flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)

@@ -15,6 +15,7 @@ import logging
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ...data.pixels import to_float_images
 from ...errors import ShapeError, UsageError
 from ...tensor import Tensor
 from ..base import (
@@ -265,6 +266,10 @@ class HostBackend(Backend):
     def upload(self, array) -> np.ndarray:
         """A flat float32 copy of ``array``."""
         return np.array(array, dtype=F32, copy=True).reshape(-1)
+
+    def upload_pixels(self, pixels, pad: int, mean: float, std: float) -> np.ndarray:
+        """to_float_images(pixels, (mean, std), pad), flat."""
+        return to_float_images(pixels, (mean, std), pad).reshape(-1)
 
     def download(self, storage, size: int) -> np.ndarray:
         """A copy of the first ``size`` values."""

@@ -1,4 +1,5 @@
-// Batches gathered from a training set resident in device memory, compiled with NVRTC (kernel.py).
+// A training set made resident in device memory from its bytes, and batches gathered from it;
+// compiled with NVRTC (kernel.py).
 //
 // The batch start is read from device memory (cursor[0]) so that a CUDA graph replaying the
 // training step gathers the next batch at every replay; the epoch's order is a device array.
@@ -34,5 +35,22 @@ extern "C" __global__ void gather_batch(float* x, float* target, const float* im
         const long long b = i / classes;
         const int label = (int)labels[(long long)order[start + b]];
         target[i] = label == (int)(i - b * classes) ? 1.f : 0.f;
+    }
+}
+
+// images[n, 0, y, x] = (p / 255 − mean) / std,  p = pixels[n, y − pad, x − pad] inside, 0 in the padding
+//   images (N, 1, H + 2·pad, W + 2·pad) float32, pixels (N, H, W) uint8. Correctly rounded division and
+//   subtraction (__fdiv_rn, __fsub_rn): the float32 operations to_float_images does, so both give the same bits.
+extern "C" __global__ void pixels_to_images(float* images, const unsigned char* pixels, long long count,
+                                            int height, int width, int pad, float mean, float std_dev) {
+    const int padded_height = height + 2 * pad, padded_width = width + 2 * pad;
+    const long long total = count * padded_height * padded_width;
+    for (long long i = first_index(); i < total; i += grid_stride()) {
+        const int x = (int)(i % padded_width) - pad;
+        const int y = (int)(i / padded_width % padded_height) - pad;
+        const long long n = i / ((long long)padded_height * padded_width);
+        const bool inside = 0 <= x && x < width && 0 <= y && y < height;
+        const float scaled = inside ? __fdiv_rn((float)pixels[(n * height + y) * width + x], 255.f) : 0.f;
+        images[i] = __fdiv_rn(__fsub_rn(scaled, mean), std_dev);
     }
 }
