@@ -32,7 +32,7 @@ import numpy as np
 
 from ..checkpoint import atomic_write, new_file_mode
 from ..errors import DataError
-from .pixels import to_float_images  # noqa: F401  (load_mnist's conversion, importable from here as before)
+from .pixels import check_recipe, to_float_images
 
 logger = logging.getLogger(__name__)
 
@@ -410,19 +410,6 @@ def _split_paths(split: str, data_dir, download: bool, mirrors: Iterable[str] | 
 # ---- loading -------------------------------------------------------------------------------
 
 
-def _check_options(normalize, pad) -> None:
-    if isinstance(pad, bool) or not isinstance(pad, (int, np.integer)) or pad < 0:
-        raise DataError(f"pad must be an integer >= 0, got {pad!r}")
-    if normalize is None:
-        return
-    try:
-        mean, std = (float(value) for value in normalize)
-    except (TypeError, ValueError) as error:
-        raise DataError(f"normalize must be None or (mean, std), got {normalize!r}") from error
-    if not (np.isfinite(mean) and np.isfinite(std) and std > 0):
-        raise DataError(f"normalize needs a finite mean and a std > 0, got {normalize!r}")
-
-
 def load_mnist(data_dir: str | os.PathLike | None = None, split: str = "train", download: bool = True,
                normalize: tuple[float, float] | None = None, pad: int = 0, verify: bool = True,
                mirrors: Iterable[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -433,7 +420,7 @@ def load_mnist(data_dir: str | os.PathLike | None = None, split: str = "train", 
     against the real MNIST's. ``normalize`` = (mean, std) is applied after /255 and after padding,
     so the padding is the background value 0 before normalisation.
     """
-    _check_options(normalize, pad)
+    check_recipe(normalize, pad)
     pixels, labels = load_mnist_pixels(data_dir, split, download, verify, mirrors)
     return to_float_images(pixels, normalize, int(pad)), labels
 

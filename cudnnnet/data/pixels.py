@@ -3,8 +3,8 @@
 MNIST's pixels are bytes; the network reads float32 (pixel / 255 − mean) / std, zero-padded
 before normalising. ``to_float_images`` does that on the host. ``PixelImages`` keeps the bytes and
 the recipe together, so that a data set resident on a GPU is copied there as bytes (a quarter of
-the float32 size) and expanded by a kernel (``Tensor.from_pixels``), while host code that needs the
-floats converts once (``PixelImages.floats``).
+the float32 size) and expanded there by a kernel (``PixelImages.to_tensor``), while host code that
+needs the floats converts once (``PixelImages.floats``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DataError
+
+
+def check_recipe(normalize, pad) -> None:
+    """DataError unless ``pad`` is an integer >= 0 and ``normalize`` is None or a finite (mean, std > 0)."""
+    if isinstance(pad, bool) or not isinstance(pad, (int, np.integer)) or pad < 0:
+        raise DataError(f"pad must be an integer >= 0, got {pad!r}")
+    if normalize is None:
+        return
+    try:
+        mean, std = (float(value) for value in normalize)
+    except (TypeError, ValueError) as error:
+        raise DataError(f"normalize must be None or (mean, std), got {normalize!r}") from error
+    if not (np.isfinite(mean) and np.isfinite(std) and std > 0):
+        raise DataError(f"normalize needs a finite mean and a std > 0, got {normalize!r}")
 
 
 def to_float_images(images: np.ndarray, normalize=None, pad: int = 0) -> np.ndarray:
@@ -44,6 +58,7 @@ class PixelImages:
             raise DataError(f"PixelImages needs uint8 pixels shaped (N, H, W), got "
                             f"{getattr(self.pixels, 'dtype', type(self.pixels).__name__)} "
                             f"{getattr(self.pixels, 'shape', '')}")
+        check_recipe(self.normalize, self.pad)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:

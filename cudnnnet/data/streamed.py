@@ -153,12 +153,11 @@ def _check_set(images: np.ndarray, labels: np.ndarray, batch_size: int) -> None:
         raise DataError(f"batch_size must be an integer > 0, got {batch_size!r}")
 
 
-def choose_placement(placement: str, backend, images: np.ndarray, labels: np.ndarray,
-                     alongside_bytes: int = 0) -> str:
+def choose_placement(placement: str, backend, images, labels: np.ndarray, alongside_bytes: int = 0) -> str:
     """Where the training set lives: "device" (ResidentData) or "host" (StreamedData), logged with why.
 
     "auto" is "device" where the set as ResidentData holds it (images, labels and the epoch's order
-    as float32), plus ``alongside_bytes`` that go to the device with it (the Trainer's resident test
+    as float32; ``images`` is an array or PixelImages, its ``size`` the float32 values), plus ``alongside_bytes`` that go to the device with it (the Trainer's resident test
     set), takes at most half of the device's free memory, and always on a backend that reports no
     device memory (the host backend).
     """

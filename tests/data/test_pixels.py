@@ -59,6 +59,13 @@ def test_pixels_must_be_uint8_shaped_n_h_w(pixels):
         PixelImages(pixels)
 
 
+@pytest.mark.parametrize("normalize, pad, problem", [((0.1, 0.0), 0, "a std > 0"), (None, -1, "pad must be"),
+                                                     ("mean", 0, "None or \\(mean, std\\)")])
+def test_the_recipe_is_checked(normalize, pad, problem):
+    with pytest.raises(DataError, match=problem):
+        PixelImages(random_pixels(), normalize, pad)
+
+
 def test_a_loader_of_pixel_images_converts_only_when_a_batch_needs_the_floats():
     pixels = random_pixels(count=10)
     images, labels = PixelImages(pixels, None, 1), np.arange(10) % 3
