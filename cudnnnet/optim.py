@@ -5,9 +5,10 @@ graph of the training step reads the current rate at every replay. Schedules are
 ``config.ScheduleConfig``: constant; inverse lr0/(1 + decay·step) (the original's intent, without
 its compounding); step lr0·gamma^(epoch // step_size).
 
-``step()`` updates every parameter with one ``sgd_update_many`` call (one launch on CUDA) over a
-list of (parameter, gradient, velocity) built once, when the optimiser is made or moved (``to``);
-``Backend.sgd_update`` stays the unfused, per-parameter path.
+``step()`` updates every parameter with one ``sgd_update_many`` call over a list of (parameter,
+gradient, velocity) built once, when the optimiser is made or moved (``to``): on CUDA the slides'
+cublasSaxpy per parameter (the rate read from device memory), or one launch in the fast engine.
+``Backend.sgd_update`` stays the per-parameter call.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class SGD:
         return value
 
     def step(self) -> None:
-        """Apply one update to every parameter with the rate in ``self.lr`` (one fused call)."""
+        """Apply one update to every parameter with the rate in ``self.lr`` (one backend call)."""
         # v = momentum·v + (dW + wd·W);  W = W - lr·v   for every parameter at once
         self.network.backend.sgd_update_many(self.groups, self.lr, self.momentum, self.weight_decay)
         self.step_count += 1
