@@ -1,5 +1,6 @@
 """Shared pytest fixtures."""
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -52,6 +53,28 @@ def cuda():
     if not _cuda_available():
         pytest.skip("no usable GPU or CUDA libraries (pip install 'cudnnnet[cuda13]' on a machine with a GPU)")
     return get_backend("cuda")
+
+
+@contextlib.contextmanager
+def every_backend_using(engine: str):
+    """Inside the block the host backend, and the CUDA backend where usable, run ``engine``."""
+    from cudnnnet.backends import get_backend
+
+    names = ["host"] + (["cuda"] if _cuda_available() else [])
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            stack.enter_context(get_backend(name).using_engine(engine))
+        yield
+
+
+ENGINE_NAMES = ["slides", "fast"]
+
+
+@pytest.fixture(params=ENGINE_NAMES)
+def engine(request):
+    """Each engine in turn, set on every backend for the test (restored afterwards)."""
+    with every_backend_using(request.param):
+        yield request.param
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ Conventions
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -129,6 +130,16 @@ class Backend(ABC):
     def set_engine(self, engine: "str | Engine") -> None:
         """"slides" (the C++ design's library calls) or "fast" (our fusions and kernels), or an Engine."""
         self.engine = get_engine(engine)
+
+    @contextlib.contextmanager
+    def using_engine(self, engine: "str | Engine"):
+        """``engine`` inside the block, the engine before it afterwards (as Chainer's ``using_config``)."""
+        previous = self.engine
+        self.set_engine(engine)
+        try:
+            yield self
+        finally:
+            self.engine = previous
 
     # ---- memory ---------------------------------------------------------------------------
     @abstractmethod
