@@ -12,7 +12,7 @@ The search is the engine's (cudnnnet.engine):
     "heuristic"   cudnnGet*Algorithm_v7's first eligible choice.
 
 Under CUDNN_FMA_MATH (our FP32) only exact algorithms are eligible: no tensor-core algorithm and
-no FFT or Winograd one (they differed from the host by ~1e-3, measured on an H100); and only
+no FFT or Winograd one (they differ from the host by ~1e-3); and only
 deterministic ones, while any is eligible (the same seed then gives the same weights).
 
 ``plan_with`` makes a plan from algorithms chosen before (kept on disk by plan_cache.py, or chosen
@@ -123,7 +123,7 @@ DIRECTION_NAMES = tuple(direction.name for direction in DIRECTIONS)
 
 
 TENSOR_CORE_MATH = (cudnn.TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION)
-# FFT and Winograd algorithms trade accuracy (~1e-3 relative, measured on an H100) for speed; in FP32
+# FFT and Winograd algorithms trade accuracy (~1e-3 relative) for speed; in FP32
 # only the exact GEMM/direct ones are taken (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t values).
 EXACT_ALGORITHMS = {"forward": (0, 1, 2, 3), "backward_data": (0, 1), "backward_filter": (0, 1, 3)}
 
