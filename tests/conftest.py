@@ -17,6 +17,18 @@ def isolated_user_cache(tmp_path_factory):
         yield
 
 
+@pytest.fixture(autouse=True)
+def engines_restored():
+    """Each backend's engine after a test is what it was before it (a Trainer sets its config's)."""
+    from cudnnnet.backends import _instances
+    from cudnnnet.engine import DEFAULT_ENGINE
+
+    before = {name: backend.engine for name, backend in _instances.items()}
+    yield
+    for name, backend in _instances.items():
+        backend.set_engine(before.get(name, DEFAULT_ENGINE))
+
+
 @pytest.fixture(scope="session")
 def mnist_dir() -> Path:
     """The real MNIST files: $CUDNNNET_TEST_DATA, else ../shared/data/mnist beside the repository."""
