@@ -477,7 +477,7 @@ def test_convolution_plan_takes_cudnn_or_the_gemm_engine_by_timing(cuda, caplog,
 
     monkeypatch.setenv("CUDNNNET_NO_CACHE", "1")
     desc = ConvolutionDescriptor(20, 1, 5)
-    backend = CudaBackend()
+    backend = CudaBackend(engine="fast")
     try:
         with caplog.at_level("DEBUG", logger="cudnnnet.backends.cuda.convolution"):
             plan = backend.convolution_plan(desc, (96, 1, 28, 28), desc.output_shape((96, 1, 28, 28)))
@@ -505,9 +505,10 @@ def test_convolution_in_the_slides_engine_takes_cudnn_find_choice(host, cuda, rn
 
     monkeypatch.setenv("CUDNNNET_NO_CACHE", "1")
     desc = ConvolutionDescriptor(7, 3, 3, 1, 1, 1)
+    arrays = convolution_arrays(rng, desc, 13)  # x (13, 3, 13, 13)
     with cuda.using_engine("slides"):
-        plan = cuda.convolution_plan(desc, (13, 3, 10, 10), desc.output_shape((13, 3, 10, 10)))
-        compare(host, cuda, convolution_body(desc), *convolution_arrays(rng, desc, 13))
+        plan = cuda.convolution_plan(desc, arrays[0].shape, desc.output_shape(arrays[0].shape))
+        compare(host, cuda, convolution_body(desc), *arrays)
     for direction in ("forward", "backward_data", "backward_filter"):
         assert getattr(plan, direction).algo in convolution.EXACT_ALGORITHMS[direction]
     assert bindings.calls["cudnnFindConvolutionForwardAlgorithm"] == 1
