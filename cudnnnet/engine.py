@@ -11,7 +11,8 @@ and the CUDA backend read its fields, never attributes of their own.
     Activation  cudnnActivationForward / cudnnActivationBackward
     Softmax     cudnnSoftmaxForward; the loss by kernels/loss.cu; dx by cudaMemcpyAsync + cublasSaxpy + cublasSscal
     Conv2D      cudnnConvolutionForward + cudnnAddTensor; cudnnConvolutionBackwardBias / Filter / Data,
-                algorithms from cudnnFindConvolution*Algorithm within the workspace limit
+                algorithms from cudnnFindConvolution*Algorithm within the workspace limit: the fastest
+                exact one it measured, deterministic or not (the C++ design's PREFER_FASTEST)
     Pooling     cudnnPoolingForward / cudnnPoolingBackward
     SGD         cublasSaxpy (momentum and weight decay: cublasSscal / cublasSaxpy), the rate read from
                 device memory
@@ -20,7 +21,8 @@ and our kernels only where the slides had one or no library call exists (``SLIDE
 
 ``fast`` is the same arithmetic with our fusions and kernels: bias + activation in one kernel,
 softmax + loss + gradient in one, timed cuBLASLt GEMM plans, our explicit-GEMM convolution timed
-against cuDNN's algorithms, ReLU / max-pooling / bias-gradient kernels, one-launch SGD.
+against cuDNN's algorithms (deterministic ones only, so a seed gives the same weights), ReLU /
+max-pooling / bias-gradient kernels, one-launch SGD.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Engine:
     convolution_search: str  # "find": cudnnFind*; "exhaustive": our timer over cuDNN and the GEMM engine;
     #                          "heuristic": cudnnGet*_v7's first choice
     gemm_convolution: bool  # our explicit-GEMM convolution (gemm_convolution.py) is a candidate
+    deterministic_convolution: bool  # only deterministic algorithms where any is eligible; else cuDNN's fastest
     relu_kernel: bool  # ReLU backward by kernels/activation.cu; else cudnnActivationBackward
     max_pooling_kernel: bool  # non-overlapping max-pooling backward by kernels/pooling.cu; else cudnnPoolingBackward
     channel_sum: bool  # convolution bias gradient by kernels/channel_sum.cu; else cudnnConvolutionBackwardBias
@@ -74,11 +77,11 @@ class Engine:
 
 
 SLIDES = Engine("slides", fuse_bias_activation=False, fuse_loss=False, gemm_plans=False, convolution_search="find",
-                gemm_convolution=False, relu_kernel=False, max_pooling_kernel=False, channel_sum=False,
-                sgd_kernel=False, kernels=SLIDES_KERNELS)
+                gemm_convolution=False, deterministic_convolution=False, relu_kernel=False, max_pooling_kernel=False,
+                channel_sum=False, sgd_kernel=False, kernels=SLIDES_KERNELS)
 FAST = Engine("fast", fuse_bias_activation=True, fuse_loss=True, gemm_plans=True, convolution_search="exhaustive",
-              gemm_convolution=True, relu_kernel=True, max_pooling_kernel=True, channel_sum=True, sgd_kernel=True,
-              kernels=None)
+              gemm_convolution=True, deterministic_convolution=True, relu_kernel=True, max_pooling_kernel=True,
+              channel_sum=True, sgd_kernel=True, kernels=None)
 ENGINES = {engine.name: engine for engine in (SLIDES, FAST)}
 DEFAULT_ENGINE = SLIDES.name
 

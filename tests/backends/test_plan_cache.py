@@ -187,7 +187,7 @@ class FakeCudnn:
         return query
 
     def make_plan(self, handle, descriptors, desc, x_shape, y_shape, math, math_type, limit, search,
-                  gemm_candidate=True, measure=None):
+                  gemm_candidate=True, measure=None, deterministic=True):
         self.searches += 1
         algorithms = {name: Algorithm(algo, 0) for name, algo in self.choice.items()}
         return convolution.plan_with(handle, descriptors, desc, x_shape, y_shape, math, math_type, limit, algorithms)

@@ -101,8 +101,10 @@ class CudaBackend(Backend):
     def algorithm_search(self) -> str:
         """How convolution algorithms are chosen, as plan keys name it: the engine's search, and
         whether our explicit-GEMM convolution is among the candidates."""
-        search = self.engine.convolution_search
-        return search if self.engine.gemm_convolution or search == "find" else f"{search}-cudnn"
+        engine = self.engine
+        search = engine.convolution_search
+        label = search if engine.gemm_convolution or search == "find" else f"{search}-cudnn"
+        return label if engine.deterministic_convolution else f"{label}-any"
 
     @property
     def _cudnn(self) -> int:
@@ -346,7 +348,8 @@ class CudaBackend(Backend):
             plan = make_plan(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math,
                              MATH_MODES[self.math][1], self.workspace_limit, engine.convolution_search,
                              gemm_candidate=engine.gemm_convolution,
-                             measure=self._convolution_timer(desc, x_shape, y_shape))
+                             measure=self._convolution_timer(desc, x_shape, y_shape),
+                             deterministic=engine.deterministic_convolution)
             plan_cache.write_plan(disk_key, {name: getattr(plan, name) for name in DIRECTION_NAMES})
         return plan
 
@@ -373,8 +376,9 @@ class CudaBackend(Backend):
     def _plan_from_larger_batch(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan | None:
         """A plan with the algorithms of this convolution's plan at the nearest larger batch (same
         sample shape, math and search), where cuDNN runs them at this batch within the workspace
-        limit; workspaces are asked again. A larger plan holding a non-deterministic algorithm is
-        not reused: this batch may have a deterministic one within the limit."""
+        limit; workspaces are asked again. Where the engine asks for deterministic algorithms, a larger
+        plan holding a non-deterministic one is not reused: this batch may have a deterministic one
+        within the limit."""
         larger = [plan for (other, shape, math, search), plan in self._plans.items()
                   if other == desc and math == self.math and search == self.algorithm_search
                   and shape[1:] == x_shape[1:] and shape[0] > x_shape[0]]
@@ -382,7 +386,7 @@ class CudaBackend(Backend):
             return None
         source = min(larger, key=lambda plan: plan.x_shape[0])
         algorithms = {name: getattr(source, name) for name in DIRECTION_NAMES}
-        if not all(algorithm.deterministic for algorithm in algorithms.values()):
+        if self.engine.deterministic_convolution and not all(algorithm.deterministic for algorithm in algorithms.values()):
             return None
         plan = plan_with(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math, MATH_MODES[self.math][1],
                          self.workspace_limit, algorithms)

@@ -13,7 +13,8 @@ The search is the engine's (cudnnnet.engine):
 
 Under CUDNN_FMA_MATH (our FP32) only exact algorithms are eligible: no tensor-core algorithm and
 no FFT or Winograd one (they differ from the host by ~1e-3); and only
-deterministic ones, while any is eligible (the same seed then gives the same weights).
+deterministic ones, while any is eligible, where the engine asks for them (the fast engine: the same
+seed then gives the same weights); the slides engine takes cuDNN's fastest, as the C++ design did.
 
 ``plan_with`` makes a plan from algorithms chosen before (kept on disk by plan_cache.py, or chosen
 for a larger batch of the same convolution): no listing and no timing, only cudnnGet*WorkspaceSize,
@@ -131,8 +132,8 @@ EXACT_ALGORITHMS = {"forward": (0, 1, 2, 3), "backward_data": (0, 1), "backward_
 def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: int, math_type: int,
                      find: bool = False) -> list[Algorithm]:
     """cuDNN's algorithms that it supports here, exact under CUDNN_FMA_MATH, whose workspace fits in
-    ``limit`` bytes: deterministic ones first, each group in cuDNN's order — by its heuristic
-    (cudnnGet*_v7), or with ``find`` by the times it measured (cudnnFind*)."""
+    ``limit`` bytes, in cuDNN's order: by its heuristic (cudnnGet*_v7), or with ``find`` by the
+    times it measured (cudnnFind*)."""
     count = direction.max_count(handle)
     results = (cudnn.AlgoPerf * count)()
     returned = (direction.find if find else direction.heuristic)(handle, *operands, count, results)
@@ -150,19 +151,19 @@ def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: 
             continue
         if nbytes <= limit:
             candidates.append(Algorithm(perf.algo, nbytes, perf.determinism == cudnn.DETERMINISTIC))
-    return sorted(candidates, key=lambda algorithm: not algorithm.deterministic)  # stable
+    return candidates
 
 
 def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape,
               math: str, math_type: int, limit: int, search: str, gemm_candidate: bool = True,
-              measure=None) -> ConvolutionPlan:
+              measure=None, deterministic: bool = True) -> ConvolutionPlan:
     """Descriptors from the cache, then one algorithm per direction.
 
-    The candidates are cuDNN's deterministic algorithms (``cudnn_candidates``, ranked by cudnnFind*
-    for ``search="find"``) and, with ``gemm_candidate``, our explicit-GEMM engine where its workspace
-    fits (cuDNN's non-deterministic ones only if none of those does). With ``search="exhaustive"``,
-    ``measure(plan, direction)`` (milliseconds of one run, timed by the backend) picks the fastest of
-    them; otherwise cuDNN's first choice wins.
+    The candidates are cuDNN's algorithms (``cudnn_candidates``, ranked by cudnnFind* for
+    ``search="find"``) — with ``deterministic``, its deterministic ones, the others only if none of
+    those nor the GEMM engine fits — and, with ``gemm_candidate``, our explicit-GEMM engine where its
+    workspace fits. With ``search="exhaustive"``, ``measure(plan, direction)`` (milliseconds of one
+    run, timed by the backend) picks the fastest of them; otherwise cuDNN's first choice wins.
     """
     x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math_type)
     handles = (x.handle, w.handle, conv.handle, y.handle)
@@ -170,7 +171,7 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     choices = {}
     for direction in DIRECTIONS:
         found = cudnn_candidates(handle, direction, direction.operands(*handles), limit, math_type, search == "find")
-        candidates = [algorithm for algorithm in found if algorithm.deterministic]
+        candidates = [algorithm for algorithm in found if algorithm.deterministic or not deterministic]
         gemm_bytes = gemm_convolution.workspace_bytes(direction.name, gemm_shape)
         if gemm_candidate and gemm_bytes <= limit and gemm_convolution.supports(gemm_shape):
             candidates.append(Algorithm(GEMM_ALGORITHM, gemm_bytes))
