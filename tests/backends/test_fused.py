@@ -374,7 +374,30 @@ def test_sgd_step_is_one_fused_call_over_every_parameter(host, monkeypatch):
     optimizer.step()
     (groups, lr, momentum, weight_decay), = calls
     assert lr is optimizer.lr and (momentum, weight_decay) == (0.9, 0.01)
-    assert [(p.value, p.grad, optimizer.velocity[p.name]) for p in network.parameter_list()] == list(groups)
+    ((values, grads, velocity),) = groups  # every parameter packed into one buffer of each kind
+    for p in network.parameter_list():
+        for tensor, packed in ((p.value, values), (p.grad, grads), (optimizer.velocity[p.name], velocity)):
+            start = (tensor.data.ctypes.data - packed.data.ctypes.data) // 4
+            assert start % 64 == 0 and np.shares_memory(tensor.data, packed.data), p.name
+            np.testing.assert_array_equal(packed.data[start:start + tensor.size], tensor.data[:tensor.size])
+
+
+def test_packing_keeps_every_value_and_zero_padding(host):
+    network = small_network(host)
+    before = {p.name: (p.value.numpy().copy(), p.grad.numpy().copy()) for p in network.parameter_list()}
+    optimizer = SGD(network, lr=0.1)
+    ((values, grads, velocity),) = optimizer.groups
+    assert velocity is None and values.size == grads.size == sum(-(-p.value.size // 64) * 64
+                                                                  for p in network.parameter_list())
+    for p in network.parameter_list():
+        np.testing.assert_array_equal(p.value.numpy(), before[p.name][0])
+        np.testing.assert_array_equal(p.grad.numpy(), before[p.name][1])
+    optimizer.step()
+    owned = np.zeros(values.size, bool)
+    for p in network.parameter_list():
+        start = (p.value.data.ctypes.data - values.data.ctypes.data) // 4
+        owned[start:start + p.value.size] = True
+    assert not values.numpy()[~owned].any() and not grads.numpy()[~owned].any()
 
 
 def test_sgd_step_equals_per_parameter_updates(host):
