@@ -15,7 +15,7 @@ and the CUDA backend read its fields, never attributes of their own.
                 exact one it measured, deterministic or not (the C++ design's PREFER_FASTEST)
     Pooling     cudnnPoolingForward / cudnnPoolingBackward
     SGD         cublasSaxpy (momentum and weight decay: cublasSscal / cublasSaxpy), the rate read from
-                device memory
+                device memory, each call over all parameters at once (optim.pack)
 
 and our kernels only where the slides had one or no library call exists (``SLIDES_KERNELS``).
 

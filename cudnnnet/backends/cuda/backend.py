@@ -266,11 +266,8 @@ class CudaBackend(Backend):
             function(self._cublas, n, self._scalar(alpha), *operands)
             return
         self._check_device_scalar(function.__name__, alpha)
-        cublas.set_pointer_mode(self._cublas, cublas.POINTER_MODE_DEVICE)
-        try:
+        with self._pointer_mode(device=True):
             function(self._cublas, n, alpha.data.ptr, *operands)
-        finally:
-            cublas.set_pointer_mode(self._cublas, cublas.POINTER_MODE_HOST)
 
     def _check_device_scalar(self, call: str, value: Tensor) -> None:
         if value.backend is not self:
