@@ -212,6 +212,7 @@ def fake_backend() -> CudaBackend:
     backend.context = SimpleNamespace(device_name=KEY.device_name, compute_capability=KEY.compute_capability,
                                       cudnn_version=KEY.cudnn_version, cublas_version=KEY.cublas_version,
                                       is_capturing=lambda: False, workspace=lambda nbytes: 0, ones=lambda count: 0,
+                                      finish_warm_up=lambda: None,
                                       cudnn=SimpleNamespace(handle=0))
     backend.workspace_limit, backend.math = KEY.workspace_limit, "fp32"
     backend.set_engine("fast")  # KEY's search: "exhaustive", the GEMM engine among the candidates

@@ -222,6 +222,7 @@ class CudaBackend(Backend):
         _check_matrix("sgemm", "C", C, m, n, ldc)
         a, b, c = A.data.ptr, B.data.ptr, C.data.ptr
         if not self.engine.gemm_plans:
+            self.context.finish_warm_up()  # the first GEMM waits for the cuBLAS warm-up thread, as a plan does
             # C = alpha·op(A)·op(B) + beta·C
             cublas.sgemm(self._cublas, transa, transb, m, n, k, self._scalar(alpha), a, lda, b, ldb, self._scalar(beta),
                          c, ldc)
@@ -342,6 +343,7 @@ class CudaBackend(Backend):
         plan = self._plan_from_disk(disk_key) or self._plan_from_larger_batch(desc, x_shape, y_shape)
         if plan is None:
             engine = self.engine
+            self.context.finish_warm_up()  # nothing else on the GPU while cuDNN (or our timer) measures
             plan = make_plan(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math,
                              MATH_MODES[self.math][1], self.workspace_limit, engine.convolution_search,
                              gemm_candidate=engine.gemm_convolution,

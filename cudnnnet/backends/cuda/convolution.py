@@ -170,7 +170,12 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
     choices = {}
     for direction in DIRECTIONS:
-        found = cudnn_candidates(handle, direction, direction.operands(*handles), limit, math_type, search == "find")
+        operands = direction.operands(*handles)
+        found = cudnn_candidates(handle, direction, operands, limit, math_type, search == "find")
+        if not found and search == "find":
+            log.info("cudnnFind offered no eligible convolution %s algorithm at %s: taking cudnnGet*_v7's",
+                     direction.name, x_shape)
+            found = cudnn_candidates(handle, direction, operands, limit, math_type)
         candidates = [algorithm for algorithm in found if algorithm.deterministic or not deterministic]
         gemm_bytes = gemm_convolution.workspace_bytes(direction.name, gemm_shape)
         if gemm_candidate and gemm_bytes <= limit and gemm_convolution.supports(gemm_shape):
