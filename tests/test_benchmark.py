@@ -281,4 +281,4 @@ def test_script_prints_the_table_last(tmp_path):
                           "--json", str(tmp_path / "out.json"), timeout=300)
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.strip().splitlines()[-1].startswith("micro fp32 step (16)")
-    assert json.loads((tmp_path / "out.json").read_text())["results"]["micro"]["size"] == 16
+    assert json.loads((tmp_path / "out.json").read_text())["results"]["slides"]["micro"]["size"] == 16
