@@ -1,7 +1,7 @@
 """YAML → typed, validated, frozen config.
 
 A config file holds ``model`` (a list of layers, the last a loss layer), ``data``, ``train``,
-``device`` and ``math``. ``load_config(path)`` reads it with ``yaml.safe_load``;
+``device``, ``math`` and ``engine`` (cudnnnet.engine: ``slides`` or ``fast``). ``load_config(path)`` reads it with ``yaml.safe_load``;
 ``parse_config(mapping)`` validates an already-loaded mapping (for example the copy a checkpoint
 stores from ``Config.to_dict()``). Every problem is a ``ConfigError`` whose one-line message names
 the file, the key path (``model[2].out_size``, ``train.optimizer.lr``) and what would be valid.
@@ -23,6 +23,7 @@ from typing import Any, Callable, NoReturn
 import yaml
 
 from .data.mnist import MNIST_MEAN, MNIST_STD
+from .engine import DEFAULT_ENGINE, ENGINES
 from .errors import ConfigError
 
 DEVICES = ("auto", "cuda", "host")
@@ -144,16 +145,18 @@ class Config:
     train: TrainConfig
     device: str = "auto"
     math: str = "fp32"
+    engine: str = DEFAULT_ENGINE  # "slides": the C++ design's library calls; "fast": our fusions and kernels
     source: str = field(default="<dict>", compare=False)
 
     def to_dict(self) -> dict:
         """Plain dicts, lists and scalars; ``parse_config(config.to_dict())`` gives an equal Config."""
         return {"model": [layer.to_dict() for layer in self.model], "data": self.data.to_dict(),
-                "train": self.train.to_dict(), "device": self.device, "math": self.math}
+                "train": self.train.to_dict(), "device": self.device, "math": self.math, "engine": self.engine}
 
     def with_overrides(self, epochs: int | None = None, steps: int | None = None, batch_size: int | None = None,
                        seed: int | None = None, device: str | None = None,
-                       data_dir: str | os.PathLike | None = None, graph: bool | None = None) -> "Config":
+                       data_dir: str | os.PathLike | None = None, graph: bool | None = None,
+                       engine: str | None = None) -> "Config":
         """A new validated Config with the given values replaced (None keeps a value).
 
         Giving ``epochs`` without ``steps`` drops the file's ``steps``, so the epochs asked for run.
@@ -165,6 +168,8 @@ class Config:
             raw["train"].pop("steps", None)
         if device is not None:
             raw["device"] = device
+        if engine is not None:
+            raw["engine"] = engine
         if data_dir is not None:
             raw["data"]["dir"] = os.fspath(data_dir)
         return parse_config(raw, source=f"{self.source} (with overrides)")
@@ -479,15 +484,16 @@ def parse_config(mapping: Any, source: str = "<dict>") -> Config:
     """Validate an already-loaded mapping (YAML or ``Config.to_dict()``) into a Config."""
     if not isinstance(mapping, dict):
         raise ConfigError(f"{source}: the top level must be a mapping with keys model, data, train, "
-                          f"device, math; got {_describe(mapping)}")
+                          f"device, math, engine; got {_describe(mapping)}")
     root = _Section(mapping, "", source)
-    root.only(("model", "data", "train", "device", "math"))
+    root.only(("model", "data", "train", "device", "math", "engine"))
     return Config(
         model=_parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
         data=_parse_data(root.section("data")),
         train=_parse_train(root.section("train", required=True)),
         device=root.choice("device", DEVICES, "auto"),
         math=root.choice("math", MATH_MODES, "fp32"),
+        engine=root.choice("engine", tuple(ENGINES), DEFAULT_ENGINE),
         source=source,
     )
 

@@ -28,11 +28,10 @@ _TYPE_NAMES = {cls: name for name, cls in LAYER_TYPES.items()}
 
 
 class Network:
-    def __init__(self, layers=(), backend="host", seed: int = 0, input_shape=None, fuse: bool = True):
+    def __init__(self, layers=(), backend="host", seed: int = 0, input_shape=None):
         self.layers: list[Layer] = []
-        self.backend = get_backend(backend)
+        self.backend = get_backend(backend)  # its ``engine`` says which calls the layers make
         self.seed = int(seed)
-        self.fuse = bool(fuse)  # run each Activation after a Dense/Conv2D inside that layer's bias kernel
         self.input_shape: tuple[int, int, int] | None = None  # (c, h, w) of one sample
         self._scalars = None  # device scalars: loss, correct count
         for layer in layers:
@@ -81,19 +80,19 @@ class Network:
         for index, layer in enumerate(self.layers):
             shape = layer.build(shape, self.backend, np.random.default_rng([self.seed, index]))
         self.layers[0].gradient_stop = True
-        if self.fuse:
-            self._fuse_activations()
+        self._pair_activations()
         self.input_shape = input_shape
         return self
 
-    def _fuse_activations(self) -> None:
-        """A Dense or Conv2D followed by an Activation: f runs in the first one's bias kernel
-        (``bias_activation_forward``), one launch and one pass over y fewer per pair."""
+    def _pair_activations(self) -> None:
+        """A Dense or Conv2D followed by an Activation: where the engine fuses them
+        (``fuse_bias_activation``), f runs in the first one's bias kernel, one launch and one pass
+        over y fewer per pair; otherwise each layer makes its own calls."""
         for layer, following in zip(self.layers, self.layers[1:]):
             if isinstance(layer, WeightBiasLayer) and isinstance(following, Activation):
                 layer.activation = following.descriptor
-                following.fused = True
-                log.debug("fused %s into %s", following.name, layer.name)
+                following.after_bias = True
+                log.debug("%s may run in %s's bias kernel", following.name, layer.name)
 
     def summary(self) -> str:
         lines, shape = [], self.input_shape
@@ -272,9 +271,9 @@ class Network:
         self.load_state_dict(checkpoint.read_original(directory, expected))
 
     @classmethod
-    def from_spec(cls, model: list[dict], input_shape, backend="host", seed: int = 0, fuse: bool = True) -> "Network":
+    def from_spec(cls, model: list[dict], input_shape, backend="host", seed: int = 0) -> "Network":
         """A network from config mappings ({type, name, ...params}) built for ``input_shape`` (c, h, w)."""
-        network = cls(backend=backend, seed=seed, fuse=fuse)
+        network = cls(backend=backend, seed=seed)
         for entry in model:
             params = {key: value for key, value in entry.items() if key not in ("type", "name")}
             network.add_layer(LAYER_TYPES[entry["type"]](entry["name"], **params))

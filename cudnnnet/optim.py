@@ -5,9 +5,12 @@ graph of the training step reads the current rate at every replay. Schedules are
 ``config.ScheduleConfig``: constant; inverse lr0/(1 + decay·step) (the original's intent, without
 its compounding); step lr0·gamma^(epoch // step_size).
 
-``step()`` updates every parameter with one ``sgd_update_many`` call (one launch on CUDA) over a
-list of (parameter, gradient, velocity) built once, when the optimiser is made or moved (``to``);
-``Backend.sgd_update`` stays the unfused, per-parameter path.
+``step()`` updates every parameter with one ``sgd_update_many`` call. When the optimiser is made or
+moved (``to``), the network's parameters, their gradients and the velocities are packed (``pack``):
+each tensor keeps its values and its identity, its storage becomes a view into one buffer of its
+kind, so the update covers all of them at once: on CUDA the slides' cublasSaxpy (with cublasSscal
+and cublasSaxpy for momentum and weight decay, the rate read from device memory) once over the
+buffer, or one launch in the fast engine. ``Backend.sgd_update`` stays the per-parameter call.
 """
 
 from __future__ import annotations
@@ -17,6 +20,26 @@ import numpy as np
 from .config import ScheduleConfig
 from .errors import CheckpointError, InvalidArgumentError
 from .tensor import Tensor
+
+PACK_ALIGNMENT = 64  # floats (256 bytes): each packed tensor starts as aligned as an allocation of its own
+
+
+def pack(tensors, backend) -> Tensor:
+    """One zero-filled buffer holding ``tensors`` in turn, each at a PACK_ALIGNMENT boundary: every
+    tensor's values are copied in and its storage becomes its view of the buffer (the same Tensor
+    objects, so whoever holds them sees it). The padding stays zero under SGD: the gradients, values
+    and velocities of a padding cell are all 0."""
+    offsets, total = [], 0
+    for tensor in tensors:
+        offsets.append(total)
+        total += -(-tensor.size // PACK_ALIGNMENT) * PACK_ALIGNMENT
+    packed = Tensor.zeros((total,), backend)
+    for tensor, offset in zip(tensors, offsets):
+        view = packed.view(tensor.shape, offset)
+        view.copy_(tensor)
+        tensor.data = view.data
+    return packed
+
 
 class SGD:
     """v = momentum·v + (dW + weight_decay·W);  W = W - lr·v   (PyTorch's formulation)."""
@@ -47,8 +70,16 @@ class SGD:
         return {p.name: Tensor.zeros(p.value.shape, self.network.backend) for p in self.network.parameter_list()}
 
     def _parameter_groups(self) -> tuple[tuple[Tensor, Tensor, Tensor | None], ...]:
-        """(value, grad, velocity or None) of every parameter, as sgd_update_many takes them."""
-        return tuple((p.value, p.grad, self.velocity.get(p.name)) for p in self.network.parameter_list())
+        """((values, grads, velocities or None),): every parameter, gradient and velocity packed into
+        one buffer each (``pack``), as sgd_update_many takes them; () without parameters."""
+        parameters = self.network.parameter_list()
+        if not parameters:
+            return ()
+        backend = self.network.backend
+        values = pack([p.value for p in parameters], backend)
+        grads = pack([p.grad for p in parameters], backend)
+        velocity = pack([self.velocity[p.name] for p in parameters], backend) if self.velocity else None
+        return ((values, grads, velocity),)
 
     def current_lr(self, epoch: int) -> float:
         return self.schedule.learning_rate(self.lr0, self.step_count, epoch, self.total_steps)
@@ -63,7 +94,7 @@ class SGD:
         return value
 
     def step(self) -> None:
-        """Apply one update to every parameter with the rate in ``self.lr`` (one fused call)."""
+        """Apply one update to every parameter with the rate in ``self.lr`` (one backend call)."""
         # v = momentum·v + (dW + wd·W);  W = W - lr·v   for every parameter at once
         self.network.backend.sgd_update_many(self.groups, self.lr, self.momentum, self.weight_decay)
         self.step_count += 1

@@ -104,13 +104,14 @@ class Tensor:
         return Tensor(self.shape, backend, backend.upload(self.backend.download(self.data, self.size)))
 
     def copy_(self, source: "Tensor") -> "Tensor":
-        """Overwrite this tensor's values with ``source``'s (same size; either backend)."""
+        """Overwrite this tensor's values with ``source``'s (same size; either backend), in place: the
+        storage keeps its address (a view, or a captured graph, still sees the new values)."""
         if source.size != self.size:
             raise ShapeError(f"cannot copy a tensor of shape {source.shape} into one of shape {self.shape}")
         if source.backend is self.backend:
             self.backend.copy(source.data, self.data, self.size)
         else:
-            self.data = self.backend.upload(source.backend.download(source.data, source.size))
+            self.backend.write(self.data, source.backend.download(source.data, source.size))
         return self
 
     def write_(self, array) -> "Tensor":

@@ -278,6 +278,7 @@ class Trainer:
             splits or (load_split_pixels(config, "train"), load_split_pixels(config, "test")))
         if hasattr(self.backend, "set_math"):
             self.backend.set_math(config.math)
+        self.backend.set_engine(config.engine)
         self.network = build_network(config, self.backend)
         train = config.train
         opt = train.optimizer
@@ -455,6 +456,7 @@ class Trainer:
             "device": self.backend.device_name,
             "backend": self.backend.name,
             "math": self.config.math,
+            "engine": self.config.engine,
             "epochs": round(self.position.step / self.loader.steps_per_epoch, 4),
             "steps": self.position.step,
             "batch_size": self.config.train.batch_size,

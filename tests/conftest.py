@@ -1,5 +1,6 @@
 """Shared pytest fixtures."""
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -14,6 +15,18 @@ def isolated_user_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
         yield
+
+
+@pytest.fixture(autouse=True)
+def engines_restored():
+    """Each backend's engine after a test is what it was before it (a Trainer sets its config's)."""
+    from cudnnnet.backends import _instances
+    from cudnnnet.engine import DEFAULT_ENGINE
+
+    before = {name: backend.engine for name, backend in _instances.items()}
+    yield
+    for name, backend in _instances.items():
+        backend.set_engine(before.get(name, DEFAULT_ENGINE))
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +65,28 @@ def cuda():
     if not _cuda_available():
         pytest.skip("no usable GPU or CUDA libraries (pip install 'cudnnnet[cuda13]' on a machine with a GPU)")
     return get_backend("cuda")
+
+
+@contextlib.contextmanager
+def every_backend_using(engine: str):
+    """Inside the block the host backend, and the CUDA backend where usable, run ``engine``."""
+    from cudnnnet.backends import get_backend
+
+    names = ["host"] + (["cuda"] if _cuda_available() else [])
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            stack.enter_context(get_backend(name).using_engine(engine))
+        yield
+
+
+ENGINE_NAMES = ["slides", "fast"]
+
+
+@pytest.fixture(params=ENGINE_NAMES)
+def engine(request):
+    """Each engine in turn, set on every backend for the test (restored afterwards)."""
+    with every_backend_using(request.param):
+        yield request.param
 
 
 @pytest.fixture

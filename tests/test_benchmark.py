@@ -16,7 +16,8 @@ from run_helpers import REPO_ROOT, run_script
 
 TOP_KEYS = {"device", "backend", "date", "versions", "settings", "targets", "results", "torch", "table",
             "uncompiled_packages"}
-ROW_KEYS = {"workload", "unit", "cudnnnet", "torch_eager", "torch_graph", "ratio", "target", "status"}
+ROW_KEYS = {"workload", "unit", "slides", "fast", "torch_eager", "torch_graph", "ratio_slides", "ratio_fast",
+            "target_slides", "target_fast", "status_slides", "status_fast"}
 
 
 def run_benchmark(tmp_path, capsys, *arguments) -> tuple[dict, str, str]:
@@ -39,16 +40,19 @@ def test_micro_on_the_host_reports_each_step(tmp_path, capsys):
     assert set(report) == TOP_KEYS
     assert report["backend"] == "host" and report["torch"] is None
     assert report["versions"]["cudnnnet"] and report["date"]
-    micro = report["results"]["micro"]
-    assert set(report["results"]) == {"micro"}
-    assert micro["size"] == 64 and micro["layers"] == [64, 32, 6, 10] and micro["repeat"] == 3
-    assert set(micro["fp32"]) == {"step_ms", "step_ms_all"} and len(micro["fp32"]["step_ms_all"]) == 3
-    assert positive_numbers(micro["fp32"]["step_ms_all"]) and micro["fp32"]["step_ms"] > 0
-    assert micro["tf32"] is None  # the host has no TF32 mode
+    assert set(report["results"]) == {"slides", "fast"}  # one column per engine
     (row,) = report["table"]
     assert set(row) == ROW_KEYS
-    assert row["cudnnnet"] == micro["fp32"]["step_ms"] and row["target"] == benchmark.TARGETS["micro_fp32_ms"]
-    assert row["status"] == "n/a"  # a shrunk micro on the host is not the target's workload
+    for engine in ("slides", "fast"):
+        micro = report["results"][engine]["micro"]
+        assert set(report["results"][engine]) == {"micro"}
+        assert micro["size"] == 64 and micro["layers"] == [64, 32, 6, 10] and micro["repeat"] == 3
+        assert set(micro["fp32"]) == {"step_ms", "step_ms_all"} and len(micro["fp32"]["step_ms_all"]) == 3
+        assert positive_numbers(micro["fp32"]["step_ms_all"]) and micro["fp32"]["step_ms"] > 0
+        assert micro["tf32"] is None  # the host has no TF32 mode
+        assert row[engine] == micro["fp32"]["step_ms"]
+    assert row["target_fast"] == benchmark.TARGETS["micro_fp32_ms"] and row["target_slides"] is None
+    assert row["status_fast"] == "n/a"  # a shrunk micro on the host is not the target's workload
     lines = out.strip().splitlines()
     assert lines[0].startswith("device: host") and lines[-1].startswith("micro fp32 step (64)")
 
@@ -80,10 +84,10 @@ def test_mlp_and_cnn_epochs_on_a_subset(tmp_path, capsys, monkeypatch, mnist_dir
     train_batch = Trainer.train_batch
     monkeypatch.setattr(Trainer, "train_batch", lambda self, index: steps.append(index) or train_batch(self, index))
     report, out, _ = run_benchmark(tmp_path, capsys, "--only", "mlp,cnn", "--limit-images", 300, "--epochs", 2,
-                                   "--data-dir", mnist_dir)
-    assert set(report["results"]) == {"mlp", "cnn"}
+                                   "--data-dir", mnist_dir, "--engines", "slides")
+    assert set(report["results"]) == {"slides"} and set(report["results"]["slides"]) == {"mlp", "cnn"}
     for name in ("mlp", "cnn"):
-        section = report["results"][name]
+        section = report["results"]["slides"][name]
         assert section["config"] == f"configs/mnist_{name}.yaml"
         assert section["images"] == 300 and section["batch_size"] == 256
         assert section["graph"] is None  # no CUDA graphs on the host
@@ -97,6 +101,7 @@ def test_mlp_and_cnn_epochs_on_a_subset(tmp_path, capsys, monkeypatch, mnist_dir
     workloads = [row["workload"] for row in report["table"]]
     assert workloads == ["mlp epoch, eager", "mlp throughput, eager", "cnn epoch, eager", "cnn throughput, eager"]
     assert "mlp epoch, eager" in out
+    assert all(row["fast"] is None for row in report["table"])  # the engine not asked for: an empty column
 
 
 def test_workload_config_is_batch_256_fp32_with_the_graph_setting():
@@ -104,6 +109,16 @@ def test_workload_config_is_batch_256_fp32_with_the_graph_setting():
     assert config.train.batch_size == 256 and config.train.epochs == 3 and config.train.graph is False
     assert config.math == "fp32" and config.train.optimizer.momentum == 0.9
     assert benchmark.workload_config("cnn", "host", None, 1, graph=True).train.graph is True
+    assert config.engine == "slides" and benchmark.workload_config("mlp", "host", None, 1, False, "fast").engine == "fast"
+
+
+def test_engines_flag_picks_the_columns(capsys):
+    parse = benchmark.build_parser().parse_args
+    assert benchmark.resolve_settings(parse(["--device", "host"]))["engines"] == ["slides", "fast"]
+    assert benchmark.resolve_settings(parse(["--device", "host", "--engines", "fast"]))["engines"] == ["fast"]
+    with pytest.raises(SystemExit) as exit:
+        benchmark.main(["--engines", "slides,turbo"])
+    assert exit.value.code == 2 and "unknown engine 'turbo'" in capsys.readouterr().err
 
 
 # ---- original ----------------------------------------------------------------------------------
@@ -139,6 +154,7 @@ def test_original_reads_the_accuracy_of_each_run(tmp_path, monkeypatch):
     assert command[:2] == [sys.executable, str(script)]
     assert command[2:] == ["--config", str(REPO_ROOT / "configs" / "original_cnn.yaml"), "--device", "host",
                            "--quiet", "--output", "OUT", "--data-dir", str(tmp_path)]
+    assert benchmark.original_command("cnn", settings, "OUT", "fast")[-2:] == ["--engine", "fast"]
 
 
 def test_original_that_fails_is_an_error_naming_it(tmp_path, monkeypatch):
@@ -169,7 +185,7 @@ def test_header_says_when_processes_compiled_their_imports():
 # ---- the table and its targets -----------------------------------------------------------------
 
 
-def fake_results(mlp_graph_ms: float, cnn_graph_ms: float) -> dict:
+def fake_engine_results(mlp_graph_ms: float, cnn_graph_ms: float) -> dict:
     def training(graph_ms):
         mode = {"epoch_ms": graph_ms, "images_per_second": 60000 / graph_ms * 1000, "peak_memory_mib": 100.0}
         return {"graph": mode, "eager": {**mode, "epoch_ms": 2 * graph_ms}}
@@ -178,23 +194,34 @@ def fake_results(mlp_graph_ms: float, cnn_graph_ms: float) -> dict:
             "original": {"mlp": {"seconds": 0.9, "test_accuracy": 0.97}, "cnn": {"seconds": 2.5, "test_accuracy": 0.99}}}
 
 
+def fake_results(mlp_graph_ms: float, cnn_graph_ms: float) -> dict:
+    """The fast engine at the given graph epochs, the slides engine at three times them."""
+    return {"fast": fake_engine_results(mlp_graph_ms, cnn_graph_ms),
+            "slides": fake_engine_results(3 * mlp_graph_ms, 3 * cnn_graph_ms)}
+
+
 def test_targets_pass_or_miss_on_the_gpu_only_for_full_workloads():
     settings = {"device": "cuda", "limit_images": None, "micro_size": benchmark.MICRO_SIZE}
     torch_results = {"mlp": {"graph": {"epoch_ms": 20.0, "images_per_second": 3e6}, "eager": {"epoch_ms": 10.0}}}
     rows = {row["workload"]: row for row in benchmark.table_rows(fake_results(10.0, 100.0), torch_results, settings)}
-    assert rows["mlp epoch, graph"]["status"] == "PASS" and rows["cnn epoch, graph"]["status"] == "MISS"
-    assert rows["mlp epoch, eager"]["target"] is None and rows["mlp epoch, eager"]["status"] is None
-    assert rows["original mlp, whole process"]["status"] == "PASS"
-    assert rows["original cnn, whole process"]["status"] == "MISS"
-    assert rows["original cnn, test accuracy"]["cudnnnet"] == pytest.approx(99.0)
-    assert rows["mlp epoch, graph"]["ratio"] == pytest.approx(2.0)  # torch graph 20 ms / ours 10 ms
+    assert rows["mlp epoch, graph"]["status_fast"] == "PASS" and rows["cnn epoch, graph"]["status_fast"] == "MISS"
+    # slides against PyTorch's graph of this run (20 ms: 30 ms misses), else the H100's figure (133 ms: 300 misses)
+    assert rows["mlp epoch, graph"]["target_slides"] == 20.0 and rows["mlp epoch, graph"]["status_slides"] == "MISS"
+    assert rows["cnn epoch, graph"]["target_slides"] == benchmark.SLIDES_TARGETS["cnn_epoch_ms"]
+    assert rows["mlp epoch, eager"]["target_fast"] is None and rows["mlp epoch, eager"]["status_fast"] is None
+    assert rows["original mlp, whole process"]["status_fast"] == "PASS"
+    assert rows["original cnn, whole process"]["status_fast"] == "MISS"
+    assert rows["original cnn, test accuracy"]["fast"] == pytest.approx(99.0)
+    assert rows["mlp epoch, graph"]["ratio_fast"] == pytest.approx(2.0)  # torch graph 20 ms / ours 10 ms
+    assert rows["mlp epoch, graph"]["ratio_slides"] == pytest.approx(20.0 / 30.0)
     assert rows["mlp epoch, graph"]["torch_eager"] is None and rows["mlp epoch, graph"]["torch_graph"] == 20.0
-    assert rows["mlp epoch, eager"]["ratio"] == pytest.approx(0.5)  # torch eager 10 ms / ours 20 ms
-    assert rows["mlp peak memory, graph"]["cudnnnet"] == 100.0
+    assert rows["mlp epoch, eager"]["ratio_fast"] == pytest.approx(0.5)  # torch eager 10 ms / ours 20 ms
+    assert rows["mlp peak memory, graph"]["fast"] == 100.0
     limited = benchmark.table_rows(fake_results(10.0, 100.0), None, {**settings, "limit_images": 512})
-    assert {row["status"] for row in limited if "epoch" in row["workload"] and row["target"]} == {"n/a"}
+    assert {row["status_fast"] for row in limited if "epoch" in row["workload"] and row["target_fast"]} == {"n/a"}
     on_host = benchmark.table_rows(fake_results(10.0, 100.0), None, {**settings, "device": "host"})
-    assert {row["status"] for row in on_host if row["target"] is not None} == {"n/a"}
+    assert {row[f"status_{engine}"] for row in on_host for engine in ("slides", "fast")
+            if row[f"target_{engine}"] is not None} == {"n/a"}
 
 
 def test_table_prints_every_row_under_the_device():
@@ -236,7 +263,7 @@ def test_compare_torch_is_skipped_off_the_gpu(tmp_path, capsys):
     report, _, err = run_benchmark(tmp_path, capsys, "--only", "micro", "--micro-size", 16, "--repeat", 1,
                                    "--compare", "torch")
     assert report["torch"] is None and "--compare torch: only with --device cuda; no comparison" in err
-    assert report["table"][0]["torch_eager"] is None and report["table"][0]["ratio"] is None
+    assert report["table"][0]["torch_eager"] is None and report["table"][0]["ratio_slides"] is None
 
 
 # ---- the command line --------------------------------------------------------------------------
@@ -254,4 +281,4 @@ def test_script_prints_the_table_last(tmp_path):
                           "--json", str(tmp_path / "out.json"), timeout=300)
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.strip().splitlines()[-1].startswith("micro fp32 step (16)")
-    assert json.loads((tmp_path / "out.json").read_text())["results"]["micro"]["size"] == 16
+    assert json.loads((tmp_path / "out.json").read_text())["results"]["slides"]["micro"]["size"] == 16

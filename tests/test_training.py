@@ -17,6 +17,7 @@ from cudnnnet import Network
 from cudnnnet.checkpoint import load_npz
 from cudnnnet.config import load_config
 from cudnnnet.data.mnist import one_hot
+from cudnnnet.engine import SLIDES_KERNELS
 from cudnnnet.errors import TrainingError
 from cudnnnet import training
 from cudnnnet.layers import MSE, Activation, Dense, Softmax
@@ -40,14 +41,15 @@ def test_mlp_one_host_epoch_reaches_97_percent(trained_mlp):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["slides", "fast"])
 @pytest.mark.parametrize("config, target", [("mnist_mlp", 0.982), ("mnist_cnn", 0.992), ("lenet5", 0.990)])
-def test_ten_cuda_epochs_reach_the_accuracy_target(cuda, mnist_dir, tmp_path, config, target):
-    """The configs as they are (10 epochs, the fast path: resident data, graph replay, fused kernels)
-    reach the CUDA backend's targets on the full MNIST: MLP 98.2 %, CNN 99.2 %, LeNet-5 99.0 %."""
-    finished = train_cli(f"configs/{config}.yaml", tmp_path, mnist_dir, device="cuda")
+def test_ten_cuda_epochs_reach_the_accuracy_target(cuda, mnist_dir, tmp_path, config, target, engine):
+    """The configs as they are (10 epochs, resident data, graph replay) reach the CUDA backend's
+    targets on the full MNIST in each engine: MLP 98.2 %, CNN 99.2 %, LeNet-5 99.0 %."""
+    finished = train_cli(f"configs/{config}.yaml", tmp_path, mnist_dir, "--engine", engine, device="cuda")
     assert finished.returncode == 0, finished.stderr
     metrics = metrics_of(tmp_path)
-    assert metrics["epochs"] == 10 and metrics["backend"] == "cuda"
+    assert metrics["epochs"] == 10 and metrics["backend"] == "cuda" and metrics["engine"] == engine
     assert metrics["test_accuracy"] >= target, f"{config}: {metrics['test_accuracy']:.4f} < {target}"
 
 
@@ -115,25 +117,34 @@ def test_evaluation_gives_the_loss_and_accuracy_of_the_per_batch_forward(backend
 
 
 def test_evaluation_without_predictions_reads_no_batch_s_output(host, monkeypatch):
-    """The fused path never runs the loss layer's forward nor reads a batch's loss back."""
+    """The fast engine's fused path never runs the loss layer's forward nor reads a batch's loss back."""
     network, images, labels = evaluation_case(host, Softmax)
     for name in ("forward", "loss"):
         monkeypatch.setattr(network.loss_layer, name, pytest.fail)
-    result = evaluate(network, images, labels, EVAL_BATCH)
+    with host.using_engine("fast"):
+        result = evaluate(network, images, labels, EVAL_BATCH)
     assert np.isfinite(result.loss) and 0 < result.accuracy < 1
 
 
 @pytest.mark.gpu
-def test_cuda_evaluation_synchronises_once_and_calls_no_cudnn_softmax(cuda):
+@pytest.mark.parametrize("engine", ["slides", "fast"])
+def test_cuda_evaluation_synchronises_once(cuda, engine):
+    """Five batches, their totals read once; the fast engine without cudnnSoftmaxForward (one fused
+    launch a batch), the slides engine with it (and our loss and accuracy kernels)."""
     from cudnnnet.backends.cuda import bindings, kernel
 
-    network, images, labels = evaluation_case(cuda, Softmax)
-    test_set = ResidentTestSet(cuda, images, labels, EVAL_CLASSES)
-    evaluate_batches(network, test_set.batches(EVAL_BATCH), test_set.count)  # allocates, plans and compiles
-    bindings.reset_calls()
-    kernel.reset_launches()
-    evaluate_batches(network, test_set.batches(EVAL_BATCH), test_set.count)
-    assert kernel.launches["softmax_cross_entropy_backward"] == 5 and bindings.calls["cudnnSoftmaxForward"] == 0
+    with cuda.using_engine(engine):
+        network, images, labels = evaluation_case(cuda, Softmax)
+        test_set = ResidentTestSet(cuda, images, labels, EVAL_CLASSES)
+        evaluate_batches(network, test_set.batches(EVAL_BATCH), test_set.count)  # allocates, plans and compiles
+        bindings.reset_calls()
+        kernel.reset_launches()
+        evaluate_batches(network, test_set.batches(EVAL_BATCH), test_set.count)
+    if engine == "fast":
+        assert kernel.launches["softmax_cross_entropy_backward"] == 5 and bindings.calls["cudnnSoftmaxForward"] == 0
+    else:
+        assert bindings.calls["cudnnSoftmaxForward"] == 5 and kernel.launches["cross_entropy_loss"] == 5
+        assert kernel.launches["accuracy_count"] == 5 and set(kernel.launches) <= SLIDES_KERNELS
     assert bindings.calls["cudaStreamSynchronize"] == 1  # the totals, read once
 
 
@@ -207,15 +218,17 @@ def test_a_signal_saves_an_interrupted_checkpoint_that_resumes(mnist_dir, tmp_pa
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["mnist_mlp", "mnist_cnn"])
-def test_graph_replay_gives_the_same_weights_as_eager_steps(cuda, mnist_dir, tmp_path, config):
+@pytest.mark.parametrize("config, engine", [("mnist_mlp", "slides"), ("mnist_mlp", "fast"), ("mnist_cnn", "fast")])
+def test_graph_replay_gives_the_same_weights_as_eager_steps(cuda, mnist_dir, tmp_path, config, engine):
     """60 steps (one of them the short last batch of an epoch) with the step captured as a CUDA graph
-    and replayed, and with every call made eagerly, end with the same weights."""
+    and replayed, and with every call made eagerly, end with the same weights. (The slides engine's
+    convolutions take cuDNN's fastest algorithms, non-deterministic ones included: its CNN is not
+    bit-reproducible, so its two runs would differ by their rounding, amplified over 60 steps.)"""
     finals = []
     for graph in (True, False):
         settings = load_config(REPO_ROOT / "configs" / f"{config}.yaml").to_dict()
         settings["train"].update(graph=graph, batch_size=1100, steps=60)
-        settings["device"], settings["data"]["dir"] = "cuda", str(mnist_dir)
+        settings["device"], settings["data"]["dir"], settings["engine"] = "cuda", str(mnist_dir), engine
         from cudnnnet.config import parse_config
 
         run = Trainer(parse_config(settings), tmp_path / str(graph), progress=False)
@@ -250,7 +263,8 @@ def test_device_memory_does_not_grow_over_2000_training_steps(cuda, mnist_dir, t
 @pytest.mark.gpu
 def test_one_cnn_training_step_on_cuda_leaves_the_host_weights(cuda, host, mnist_dir, tmp_path):
     """One step of configs/mnist_cnn.yaml (momentum, weight decay, schedule) from the same seed and batch,
-    run through cuBLAS, cuDNN and our kernels, ends within 1e-4 of the host backend's weights."""
+    run through cuBLAS, cuDNN and our kernels (the fast engine), ends within 1e-4 of the host backend's
+    weights."""
     from cudnnnet.backends.cuda import bindings, kernel
     from cudnnnet.backends.cuda.gemm_convolution import GEMM_ALGORITHM
     from cudnnnet.config import parse_config
@@ -260,7 +274,7 @@ def test_one_cnn_training_step_on_cuda_leaves_the_host_weights(cuda, host, mnist
     for device in ("host", "cuda"):
         settings = load_config(REPO_ROOT / "configs" / "mnist_cnn.yaml").to_dict()
         settings["train"].update(steps=1, graph=False)
-        settings["device"], settings["data"]["dir"] = device, str(mnist_dir)
+        settings["device"], settings["data"]["dir"], settings["engine"] = device, str(mnist_dir), "fast"
         run = Trainer(parse_config(settings), tmp_path / device, progress=False)
         run.data.start_epoch(run.loader.permutation(0))
         bindings.reset_calls()

@@ -22,11 +22,13 @@ Conventions
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
+from ..engine import SLIDES, Engine, get_engine
 from ..errors import ShapeError, UsageError
 
 if TYPE_CHECKING:
@@ -123,6 +125,21 @@ class Backend(ABC):
 
     name: str = "abstract"
     device_name: str = "abstract"  # what a user is told runs the work ("NVIDIA H100 80GB HBM3")
+    engine: Engine = SLIDES  # which calls run each choice point (cudnnnet.engine); per instance once set
+
+    def set_engine(self, engine: "str | Engine") -> None:
+        """"slides" (the C++ design's library calls) or "fast" (our fusions and kernels), or an Engine."""
+        self.engine = get_engine(engine)
+
+    @contextlib.contextmanager
+    def using_engine(self, engine: "str | Engine"):
+        """``engine`` inside the block, the engine before it afterwards (as Chainer's ``using_config``)."""
+        previous = self.engine
+        self.set_engine(engine)
+        try:
+            yield self
+        finally:
+            self.engine = previous
 
     # ---- memory ---------------------------------------------------------------------------
     @abstractmethod

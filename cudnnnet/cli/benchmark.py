@@ -3,6 +3,10 @@
     python scripts/benchmark.py [--device cuda|host] [--json FILE] [--compare torch] [--repeat N]
                                 [--epochs N] [--only mlp,cnn,micro,original] [--micro-size N]
                                 [--limit-images N] [--original-runs N] [--data-dir DIR]
+                                [--engines slides,fast]
+
+Every workload runs once per engine (``--engines``, both by default: cudnnnet.engine), each in a
+column of its own.
 
 Workloads (``--only`` picks some; all by default):
 
@@ -40,20 +44,24 @@ MNIST as one CUDA tensor indexed by a device permutation, eager and with each st
 CUDA graph (static index tensors; a second graph for the epoch's last, shorter batch); FP32 (TF32
 off for matmuls and cuDNN) and, for the micro, TF32.
 
-Output: log lines on stderr, then the table on stdout (workload | cudnnnet | torch eager | torch
-graph | torch/cudnnnet | target | status), the device at the top. The ratio is torch's time over
-ours in the same mode (> 1: cudnnnet is faster); targets are an H100's and are judged PASS/MISS
-only on the GPU for the full-size workloads. ``--json FILE`` writes every figure::
+Output: log lines on stderr, then the table on stdout (workload | unit | slides | fast | torch
+eager | torch graph | torch/slides | torch/fast | slides target | fast target | status), the device
+at the top. A ratio is torch's time over ours in the same mode (> 1: cudnnnet is faster). Targets
+are an H100's, judged PASS/MISS (slides / fast) only on the GPU for the full-size workloads: the
+fast engine against ``TARGETS``, the slides engine's graph epochs against PyTorch's captured graph
+measured in the same run (``SLIDES_TARGETS`` where PyTorch was not run). ``--json FILE`` writes
+every figure::
 
     device, backend, date, versions {cudnnnet, python, numpy, [cuda_runtime, cuda_driver, cudnn,
     cublas], [torch, torch_cudnn]}, settings {...}, targets {name: limit},
-    results {mlp|cnn: {config, images, batch_size, graph|eager: {epoch_ms, epoch_ms_all,
-    images_per_second, peak_memory_mib} or null}, micro: {size, layers, repeat,
+    results {slides|fast: {mlp|cnn: {config, images, batch_size, graph|eager: {epoch_ms,
+    epoch_ms_all, images_per_second, peak_memory_mib} or null}, micro: {size, layers, repeat,
     fp32|tf32: {step_ms, step_ms_all} or null}, original: {mlp|cnn: {config, seconds,
-    seconds_all, test_accuracy}}}, uncompiled_packages [name], torch (null unless compared)
+    seconds_all, test_accuracy}}}}, uncompiled_packages [name], torch (null unless compared)
     {version, mlp|cnn: {eager|graph: {epoch_ms, epoch_ms_all, images_per_second}},
-    micro: {fp32|tf32: {eager|graph: {step_ms, step_ms_all}}}}, table [{workload, unit, cudnnnet,
-    torch_eager, torch_graph, ratio, target, status}]
+    micro: {fp32|tf32: {eager|graph: {step_ms, step_ms_all}}}}, table [{workload, unit, slides,
+    fast, torch_eager, torch_graph, ratio_slides, ratio_fast, target_slides, target_fast,
+    status_slides, status_fast}]
 """
 
 from __future__ import annotations
@@ -80,6 +88,7 @@ import numpy as np
 from .. import __version__, training
 from ..backends import get_backend
 from ..config import Config, load_config, parse_config
+from ..engine import ENGINES
 from ..errors import CudnnnetError
 from ..layers import LAYER_TYPES, MSE, Activation, Dense
 from ..network import Network
@@ -119,6 +128,11 @@ TARGETS = {
     "original_mlp_s": 1.0,
     "original_cnn_s": 2.0,
 }
+# The slides engine's graph epochs: PyTorch's captured graph on an H100 (used where --compare torch was not run).
+SLIDES_TARGETS = {
+    "mlp_epoch_ms": 31.5,
+    "cnn_epoch_ms": 133.0,
+}
 TARGET_DEVICE = "H100"
 # Third-party packages every training process imports: where their bytecode is not cached and cannot
 # be written (PYTHONDONTWRITEBYTECODE), each process compiles their source again (~0.3 s on one H100 host).
@@ -141,6 +155,15 @@ def workload_list(text: str) -> tuple[str, ...]:
     return tuple(name for name in WORKLOADS if name in names)
 
 
+def engine_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in ENGINES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown engine {', '.join(map(repr, unknown)) or repr(text)}; "
+                                         f"valid: a comma-separated list of {', '.join(ENGINES)}")
+    return tuple(name for name in ENGINES if name in names)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="cudnnnet-benchmark", description="Time cudnnnet's training workloads.")
     parser.add_argument("--device", choices=("cuda", "host"), default="cuda", help="where to run (default cuda)")
@@ -160,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--original-runs", type=positive_int, default=3,
                         help="runs of each original workload (default 3; the median is reported)")
     parser.add_argument("--data-dir", help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
+    parser.add_argument("--engines", "--engine", type=engine_list, default=tuple(ENGINES), metavar="LIST",
+                        help=f"comma-separated engines among {','.join(ENGINES)}, one column each (default all)")
     add_common_arguments(parser)
     return parser
 
@@ -179,7 +204,7 @@ def resolve_settings(args) -> dict:
     return {"device": args.device, "workloads": list(args.only), "batch_size": BATCH_SIZE,
             "epochs": args.epochs or epochs, "repeat": repeat, "micro_size": micro_size,
             "limit_images": args.limit_images, "original_runs": args.original_runs, "data_dir": args.data_dir,
-            "compare": args.compare}
+            "compare": args.compare, "engines": list(args.engines)}
 
 
 # ---- measuring --------------------------------------------------------------------------------
@@ -240,10 +265,10 @@ class DeviceMemory:
 # ---- mlp and cnn: the Trainer -----------------------------------------------------------------
 
 
-def workload_config(name: str, device: str, data_dir, epochs: int, graph: bool) -> Config:
+def workload_config(name: str, device: str, data_dir, epochs: int, graph: bool, engine: str = "slides") -> Config:
     """The config file's model and optimiser at batch 256, FP32, with ``epochs`` planned epochs."""
     config = load_config(CONFIG_DIR / TRAINING_CONFIGS[name]).with_overrides(
-        epochs=epochs, batch_size=BATCH_SIZE, device=device, data_dir=data_dir)
+        epochs=epochs, batch_size=BATCH_SIZE, device=device, data_dir=data_dir, engine=engine)
     raw = config.to_dict()
     raw["train"]["graph"] = graph
     raw["math"] = "fp32"
@@ -283,10 +308,10 @@ def train_epoch(trainer: Trainer) -> float:
     return seconds
 
 
-def benchmark_training(name: str, settings: dict, graph: bool, images: int) -> dict:
+def benchmark_training(name: str, settings: dict, graph: bool, images: int, engine: str = "slides") -> dict:
     """Median epoch of ``name`` (mlp or cnn) after a warm-up epoch, with the peak device memory."""
     epochs = settings["epochs"]
-    config = workload_config(name, settings["device"], settings["data_dir"], epochs + 1, graph)
+    config = workload_config(name, settings["device"], settings["data_dir"], epochs + 1, graph, engine)
     backend = get_backend(config.device)
     gc.collect()
     memory = DeviceMemory(backend)
@@ -300,12 +325,12 @@ def benchmark_training(name: str, settings: dict, graph: bool, images: int) -> d
         del trainer
     gc.collect()
     summary = {**epoch_summary(seconds, images), "peak_memory_mib": memory.peak_mib}
-    log.info("%s %s: %.2f ms an epoch, %.0f images/s", name, "graph" if graph else "eager", summary["epoch_ms"],
-             summary["images_per_second"])
+    log.info("%s %s %s: %.2f ms an epoch, %.0f images/s", name, engine, "graph" if graph else "eager",
+             summary["epoch_ms"], summary["images_per_second"])
     return summary
 
 
-def training_section(name: str, settings: dict, backend) -> dict:
+def training_section(name: str, settings: dict, backend, engine: str = "slides") -> dict:
     modes = ("graph", "eager") if backend.supports_graphs else ("eager",)
     if not backend.supports_graphs:
         log.info("%s: the %s backend has no CUDA graphs; timing eager steps only", name, backend.name)
@@ -314,7 +339,7 @@ def training_section(name: str, settings: dict, backend) -> dict:
     section = {"config": f"configs/{TRAINING_CONFIGS[name]}", "images": images, "batch_size": BATCH_SIZE,
                "graph": None, "eager": None}
     for mode in modes:
-        section[mode] = benchmark_training(name, settings, mode == "graph", images)
+        section[mode] = benchmark_training(name, settings, mode == "graph", images, engine)
     return section
 
 
@@ -347,8 +372,9 @@ def micro_maths(backend) -> tuple[str, ...]:
     return ("fp32",)
 
 
-def benchmark_micro(backend, size: int, repeat: int) -> dict:
+def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides") -> dict:
     """Median ms of one forward + backward + update step, in each math mode the backend has."""
+    backend.set_engine(engine)
     network = build_micro_network(size, backend)
     inputs, targets = micro_data(size)
     x = Tensor.from_numpy(inputs.reshape(size, size, 1, 1), backend)  # (N, features, 1, 1)
@@ -364,7 +390,7 @@ def benchmark_micro(backend, size: int, repeat: int) -> dict:
         with math_mode(backend, math):
             seconds = timed_calls(step, repeat, backend.synchronize, MICRO_WARMUP)
         section[math] = step_summary(seconds)
-        log.info("micro %s: %.2f ms a step (%d × %d)", math, section[math]["step_ms"], size, size)
+        log.info("micro %s %s: %.2f ms a step (%d × %d)", engine, math, section[math]["step_ms"], size, size)
     return section
 
 
@@ -383,18 +409,20 @@ def math_mode(backend, math: str):
 # ---- original: scripts/train.py as a whole -----------------------------------------------------
 
 
-def original_command(name: str, settings: dict, output: str) -> list[str]:
+def original_command(name: str, settings: dict, output: str, engine: str | None = None) -> list[str]:
     command = [sys.executable, str(TRAIN_SCRIPT), "--config", str(CONFIG_DIR / ORIGINAL_CONFIGS[name]),
                "--device", settings["device"], "--quiet", "--output", output]
     if settings["data_dir"] is not None:
         command += ["--data-dir", str(settings["data_dir"])]
+    if engine is not None:
+        command += ["--engine", engine]
     return command
 
 
-def run_original_once(name: str, settings: dict) -> tuple[float, float]:
+def run_original_once(name: str, settings: dict, engine: str | None = None) -> tuple[float, float]:
     """(wall-clock seconds, test accuracy) of one run of the original workload ``name``."""
     with tempfile.TemporaryDirectory(prefix="cudnnnet-original-") as output:
-        command = original_command(name, settings, output)
+        command = original_command(name, settings, output, engine)
         started = time.perf_counter()
         finished = subprocess.run(command, capture_output=True, text=True)
         seconds = time.perf_counter() - started
@@ -423,12 +451,12 @@ def uncompiled_packages(names=PROCESS_IMPORTS, dont_write: bool | None = None) -
     return uncompiled
 
 
-def benchmark_original(name: str, settings: dict) -> dict:
-    runs = [run_original_once(name, settings) for _ in range(settings["original_runs"])]
+def benchmark_original(name: str, settings: dict, engine: str | None = None) -> dict:
+    runs = [run_original_once(name, settings, engine) for _ in range(settings["original_runs"])]
     seconds = [run[0] for run in runs]
     summary = {"config": f"configs/{ORIGINAL_CONFIGS[name]}", "seconds": statistics.median(seconds),
                "seconds_all": seconds, "test_accuracy": runs[-1][1]}
-    log.info("original %s: %.2f s for the whole process, test accuracy %.4f", name, summary["seconds"],
+    log.info("original %s %s: %.2f s for the whole process, test accuracy %.4f", name, engine or "", summary["seconds"],
              summary["test_accuracy"])
     return summary
 
@@ -649,10 +677,19 @@ def _get(mapping, *keys):
     return mapping
 
 
-def _row(workload: str, unit: str, ours, torch_eager=None, torch_graph=None, ratio_of=None, target=None) -> dict:
-    ratio = ratio_of / ours if ratio_of is not None and ours else None
-    return {"workload": workload, "unit": unit, "cudnnnet": ours, "torch_eager": torch_eager,
-            "torch_graph": torch_graph, "ratio": ratio, "target": target, "status": None}
+def _row(workload: str, unit: str, ours: dict, torch_eager=None, torch_graph=None, ratio_of=None,
+         targets: dict | None = None) -> dict:
+    """One table row: ``ours`` and ``targets`` by engine name."""
+    row = {"workload": workload, "unit": unit}
+    row.update({engine: ours.get(engine) for engine in ENGINES})
+    row.update(torch_eager=torch_eager, torch_graph=torch_graph)
+    for engine in ENGINES:
+        value = ours.get(engine)
+        row[f"ratio_{engine}"] = ratio_of / value if ratio_of is not None and value else None
+    for engine in ENGINES:
+        row[f"target_{engine}"] = (targets or {}).get(engine)
+        row[f"status_{engine}"] = None
+    return row
 
 
 def _in_column(mode: str, value) -> tuple:
@@ -660,65 +697,89 @@ def _in_column(mode: str, value) -> tuple:
     return (None, value) if mode == "graph" else (value, None)
 
 
-def training_rows(name: str, section: dict, torch_results) -> list[dict]:
+def _by_engine(sections: dict, *keys) -> dict:
+    """{engine: the value at ``keys`` in that engine's results} for the engines that have one."""
+    found = {engine: _get(section, *keys) for engine, section in sections.items()}
+    return {engine: value for engine, value in found.items() if value is not None}
+
+
+def training_rows(name: str, sections: dict, torch_results) -> list[dict]:
+    """Rows of ``name`` (mlp or cnn) from ``sections`` ({engine: its section})."""
     rows = []
-    target_mode = "graph" if section["graph"] is not None else "eager"
+    has_graph = any(section["graph"] is not None for section in sections.values())
+    target_mode = "graph" if has_graph else "eager"
     for mode in ("graph", "eager"):
-        ours = section[mode]
-        if ours is None:
+        epochs = _by_engine(sections, mode, "epoch_ms")
+        if not epochs:
             continue
         theirs = _get(torch_results, name, mode, "epoch_ms")
-        target = TARGETS[f"{name}_epoch_ms"] if mode == target_mode else None
-        rows.append(_row(f"{name} epoch, {mode}", "ms", ours["epoch_ms"], *_in_column(mode, theirs), theirs, target))
+        targets = {}
+        if mode == target_mode:
+            targets = {"fast": TARGETS[f"{name}_epoch_ms"],
+                       "slides": _get(torch_results, name, "graph", "epoch_ms") or SLIDES_TARGETS[f"{name}_epoch_ms"]}
+        rows.append(_row(f"{name} epoch, {mode}", "ms", epochs, *_in_column(mode, theirs), theirs, targets))
         rate = _get(torch_results, name, mode, "images_per_second")
-        rows.append(_row(f"{name} throughput, {mode}", "img/s", ours["images_per_second"], *_in_column(mode, rate)))
-        if ours.get("peak_memory_mib") is not None:
-            rows.append(_row(f"{name} peak memory, {mode}", "MiB", ours["peak_memory_mib"]))
+        rows.append(_row(f"{name} throughput, {mode}", "img/s", _by_engine(sections, mode, "images_per_second"),
+                         *_in_column(mode, rate)))
+        memory = _by_engine(sections, mode, "peak_memory_mib")
+        if memory:
+            rows.append(_row(f"{name} peak memory, {mode}", "MiB", memory))
     return rows
 
 
-def micro_rows(section: dict, torch_results) -> list[dict]:
+def micro_rows(sections: dict, torch_results) -> list[dict]:
     rows = []
+    size = next(iter(sections.values()))["size"]
     for math in MATHS:
-        if section[math] is None:
+        steps = _by_engine(sections, math, "step_ms")
+        if not steps:
             continue
         eager = _get(torch_results, "micro", math, "eager", "step_ms")
         graph = _get(torch_results, "micro", math, "graph", "step_ms")
-        rows.append(_row(f"micro {math} step ({section['size']})", "ms", section[math]["step_ms"], eager, graph,
-                         eager, TARGETS[f"micro_{math}_ms"]))
+        rows.append(_row(f"micro {math} step ({size})", "ms", steps, eager, graph, eager,
+                         {"fast": TARGETS[f"micro_{math}_ms"]}))
     return rows
 
 
-def original_rows(section: dict) -> list[dict]:
+def original_rows(sections: dict) -> list[dict]:
     rows = []
-    for name, result in section.items():
-        rows.append(_row(f"original {name}, whole process", "s", result["seconds"],
-                         target=TARGETS[f"original_{name}_s"]))
-        rows.append(_row(f"original {name}, test accuracy", "%", 100.0 * result["test_accuracy"]))
+    names = next(iter(sections.values()))
+    for name in names:
+        rows.append(_row(f"original {name}, whole process", "s", _by_engine(sections, name, "seconds"),
+                         targets={"fast": TARGETS[f"original_{name}_s"]}))
+        accuracy = {engine: 100.0 * value for engine, value in _by_engine(sections, name, "test_accuracy").items()}
+        rows.append(_row(f"original {name}, test accuracy", "%", accuracy))
     return rows
 
 
 def judge(rows: list[dict], applicable: bool) -> None:
-    """Mark each row with a target PASS or MISS, or n/a where the run is not the target's workload."""
+    """Mark each engine's cell that has a target PASS or MISS, or n/a where the run is not the target's workload."""
     for row in rows:
-        if row["target"] is not None:
-            row["status"] = ("PASS" if row["cudnnnet"] <= row["target"] else "MISS") if applicable else "n/a"
+        for engine in ENGINES:
+            target, value = row[f"target_{engine}"], row[engine]
+            if target is not None and value is not None:
+                row[f"status_{engine}"] = ("PASS" if value <= target else "MISS") if applicable else "n/a"
 
 
 def table_rows(results: dict, torch_results, settings: dict) -> list[dict]:
+    """The table from ``results`` ({engine: {workload: section}})."""
     on_gpu = settings["device"] == "cuda"
     rows = []
+
+    def sections(name: str) -> dict:
+        return {engine: found[name] for engine, found in results.items() if name in found}
+
     for name in ("mlp", "cnn"):
-        if name in results:
-            section_rows = training_rows(name, results[name], torch_results)
+        if sections(name):
+            section_rows = training_rows(name, sections(name), torch_results)
             judge(section_rows, on_gpu and settings["limit_images"] is None)
             rows += section_rows
-    if "micro" in results:
-        section_rows = micro_rows(results["micro"], torch_results)
+    if sections("micro"):
+        section_rows = micro_rows(sections("micro"), torch_results)
         judge(section_rows, on_gpu and settings["micro_size"] == MICRO_SIZE)
         rows += section_rows
-    if "original" in results:
-        section_rows = original_rows(results["original"])
+    if sections("original"):
+        section_rows = original_rows(sections("original"))
         judge(section_rows, on_gpu)
         rows += section_rows
     return rows
@@ -736,14 +797,25 @@ def _cell(value, unit: str | None = None) -> str:
     return f"{value:,.2f}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
-COLUMNS = ("workload", "unit", "cudnnnet", "torch eager", "torch graph", "torch/cudnnnet", "target", "status")
+COLUMNS = ("workload", "unit", *ENGINES, "torch eager", "torch graph", *(f"torch/{engine}" for engine in ENGINES),
+           *(f"{engine} target" for engine in ENGINES), f"status ({'/'.join(ENGINES)})")
+
+
+def _target_cell(target) -> str:
+    return "-" if target is None else f"<= {target:g}"
+
+
+def _status_cell(row: dict) -> str:
+    statuses = [row[f"status_{engine}"] for engine in ENGINES]
+    return "-" if not any(statuses) else "/".join(status or "-" for status in statuses)
 
 
 def format_table(rows: list[dict], header: str) -> str:
     cells = [COLUMNS] + [
-        (row["workload"], row["unit"], _cell(row["cudnnnet"], row["unit"]), _cell(row["torch_eager"], row["unit"]),
-         _cell(row["torch_graph"], row["unit"]), _cell(row["ratio"], "ratio"),
-         "-" if row["target"] is None else f"<= {row['target']:g}", _cell(row["status"]))
+        (row["workload"], row["unit"], *(_cell(row[engine], row["unit"]) for engine in ENGINES),
+         _cell(row["torch_eager"], row["unit"]), _cell(row["torch_graph"], row["unit"]),
+         *(_cell(row[f"ratio_{engine}"], "ratio") for engine in ENGINES),
+         *(_target_cell(row[f"target_{engine}"]) for engine in ENGINES), _status_cell(row))
         for row in rows
     ]
     widths = [max(len(line[column]) for line in cells) for column in range(len(COLUMNS))]
@@ -756,8 +828,9 @@ def table_header(report: dict) -> str:
     versions_text = ", ".join(f"{key} {value}" for key, value in report["versions"].items())
     device = report["device"] if report["backend"] in report["device"] else f"{report['device']} ({report['backend']})"
     lines = [f"device: {device}; {versions_text}",
-             "torch/cudnnnet: PyTorch's time over cudnnnet's in the same mode (> 1: cudnnnet is faster); "
-             f"targets are for an {TARGET_DEVICE}"]
+             "slides, fast: cudnnnet's engines (cudnnnet.engine); torch/ENGINE: PyTorch's time over that "
+             "engine's in the same mode (> 1: cudnnnet is faster); "
+             f"targets are for an {TARGET_DEVICE}, the slides engine's graph epochs PyTorch's captured graph"]
     if report["backend"] == "cuda" and TARGET_DEVICE not in report["device"]:
         lines.append(f"note: this GPU is not an {TARGET_DEVICE}, so PASS/MISS compares it with another GPU's targets")
     uncompiled = report.get("uncompiled_packages")
@@ -772,20 +845,24 @@ def table_header(report: dict) -> str:
 
 
 def measure_original(settings: dict) -> dict:
-    """The original workloads, run before this process touches the GPU (its subprocesses have it alone)."""
+    """The original workloads of each engine ({engine: {name: summary}}), run before this process
+    touches the GPU (its subprocesses have it alone)."""
     if settings["device"] == "host":
         log.info("original on the host: each run trains 1600 steps of batch 256 with NumPy (minutes for the cnn)")
-    return {name: benchmark_original(name, settings) for name in ORIGINAL_CONFIGS}
+    return {engine: {name: benchmark_original(name, settings, engine) for name in ORIGINAL_CONFIGS}
+            for engine in settings["engines"]}
 
 
 def measure(settings: dict, backend) -> dict:
-    """The in-process workloads asked for, in order: mlp, cnn, micro."""
+    """The in-process workloads asked for, in order: mlp, cnn, micro, for each engine: {engine: {name: section}}."""
     results = {}
-    for name in ("mlp", "cnn"):
-        if name in settings["workloads"]:
-            results[name] = training_section(name, settings, backend)
-    if "micro" in settings["workloads"]:
-        results["micro"] = benchmark_micro(backend, settings["micro_size"], settings["repeat"])
+    for engine in settings["engines"]:
+        found = results[engine] = {}
+        for name in ("mlp", "cnn"):
+            if name in settings["workloads"]:
+                found[name] = training_section(name, settings, backend, engine)
+        if "micro" in settings["workloads"]:
+            found["micro"] = benchmark_micro(backend, settings["micro_size"], settings["repeat"], engine)
     return results
 
 
@@ -795,8 +872,8 @@ def build_report(settings: dict) -> dict:
     backend = get_backend(settings["device"])
     log.info("device: %s", backend.device_name)
     results = measure(settings, backend)
-    if original is not None:
-        results["original"] = original
+    for engine, found in (original or {}).items():
+        results[engine]["original"] = found
     torch_results = compare_torch(settings) if settings["compare"] == "torch" else None
     found = versions(backend)
     if torch_results is not None:

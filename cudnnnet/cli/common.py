@@ -14,6 +14,7 @@ import traceback
 
 import numpy as np
 
+from ..engine import DEFAULT_ENGINE, ENGINES
 from ..errors import CudnnnetError, DeviceUnavailableError, UsageError
 
 log = logging.getLogger("cudnnnet")
@@ -29,6 +30,14 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="logging level (default INFO)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, only warnings and errors")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+
+
+def add_engine_argument(parser: argparse.ArgumentParser, default: str | None = DEFAULT_ENGINE,
+                        default_text: str = f"default {DEFAULT_ENGINE}") -> None:
+    """--engine slides|fast: which calls run the layers on the GPU (cudnnnet.engine)."""
+    parser.add_argument("--engine", choices=tuple(ENGINES), default=default,
+                        help="slides: the C++ design's cuBLAS/cuDNN calls; fast: our fused kernels and tuned "
+                             f"GEMMs ({default_text})")
 
 
 class StderrHandler(logging.StreamHandler):

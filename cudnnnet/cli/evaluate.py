@@ -13,7 +13,7 @@ from ..data.mnist import load_mnist
 from ..network import Network
 from ..inference import training_normalize
 from ..training import evaluate
-from .common import ArgumentParser, add_common_arguments, run
+from .common import ArgumentParser, add_common_arguments, add_engine_argument, run
 from .train import positive_int
 
 
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default auto)")
     parser.add_argument("--batch-size", type=positive_int, default=1000, help="evaluation batch size")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_engine_argument(parser)
     add_common_arguments(parser)
     return parser
 
@@ -43,6 +44,7 @@ def format_matrix(matrix: np.ndarray) -> str:
 
 def main_with_args(args) -> int:
     network = Network.load(args.weights, backend=args.device)
+    network.backend.set_engine(args.engine)
     pad = (network.input_shape[1] - 28) // 2
     images, labels = load_mnist(args.data_dir, "test", normalize=training_normalize(network), pad=pad)
     result = evaluate(network, images, labels, args.batch_size, keep_predictions=True)

@@ -24,7 +24,7 @@ from ..errors import UsageError
 from ..network import Network
 from ..inference import predict
 from ..training import build_network
-from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, run
+from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, add_engine_argument, run
 
 log = logging.getLogger("cudnnnet.predict")
 
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, BMP, ...) or folders")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default auto)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of {image, digit, probabilities}")
+    add_engine_argument(parser)
     add_common_arguments(parser)
     return parser
 
@@ -75,6 +76,7 @@ def print_results(results, as_json: bool) -> None:
 
 def main_with_args(args) -> int:
     network, normalize = load_network(args.weights, args.config, args.device)
+    network.backend.set_engine(args.engine)
     results = predict(network, args.images, normalize=normalize)
     print_results(results, args.json)
     if not results:

@@ -19,7 +19,7 @@ from ..data.mnist import NUM_CLASSES
 from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, UsageError
 from ..layers import LAYER_TYPES
 from ..training import Interrupted, Trainer, input_shape
-from .common import ArgumentParser, add_common_arguments, run
+from .common import ArgumentParser, add_common_arguments, add_engine_argument, run
 
 log = logging.getLogger("cudnnnet.train")
 
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--export-original", metavar="DIR",
                         help="after training, also write the weights as the C++ original's .bin files into DIR")
     parser.add_argument("--no-graph", action="store_true", help="on the GPU, run each step eagerly, not as a CUDA graph")
+    add_engine_argument(parser, default=None, default_text="default: the config's engine, else slides")
     add_common_arguments(parser)
     return parser
 
@@ -120,7 +121,7 @@ def prepare(args) -> tuple[Trainer, Path]:
     check_model(config)
     config = config.with_overrides(
         epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device,
-        data_dir=args.data_dir, graph=False if args.no_graph else None,
+        data_dir=args.data_dir, graph=False if args.no_graph else None, engine=args.engine,
     )
     output = Path(args.output or f"runs/{Path(args.config).stem}")
     check_output(output)

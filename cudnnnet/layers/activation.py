@@ -1,12 +1,15 @@
 """Activation layer on cuDNN: relu, sigmoid, tanh, clipped relu, elu.
 
-    forward   y  = f(x)                    cudnnActivationForward
-    backward  dx = f'(x) ⊙ dy              cudnnActivationBackward (ReLU on CUDA: kernels/activation.cu)
+                                   slides engine               fast engine
+    forward   y  = f(x)            cudnnActivationForward      applied in the bias kernel of the Dense or
+                                                               Conv2D before (``fused``), else cuDNN's call
+    backward  dx = f'(x) ⊙ dy      cudnnActivationBackward     ReLU: our kernel (kernels/activation.cu);
+                                                               other modes: cudnnActivationBackward
 
-When the network fuses this layer into the Dense or Conv2D before it (``fused``), that layer's
-bias kernel has already applied f: forward passes y through, and backward reads f' from y alone
-(every mode here can: relu, clipped relu and elu test y > 0 as x > 0, elu's f'(x) = y + α for
-x ≤ 0, sigmoid's is y(1 − y), tanh's 1 − y²), so y is handed to cuDNN as x too.
+When this layer is fused into the layer before it, that layer's bias kernel has already applied f:
+forward passes y through, and backward reads f' from y alone (every mode here can: relu, clipped
+relu and elu test y > 0 as x > 0, elu's f'(x) = y + α for x ≤ 0, sigmoid's is y(1 − y), tanh's
+1 − y²), so y is handed to the backend as x too.
 """
 
 from __future__ import annotations
@@ -34,10 +37,15 @@ class Activation(Layer):
         self.mode = mode
         self.coef = coef
         self.descriptor = ActivationDescriptor(ActivationMode(ACTIVATION_MODES[mode]), coef)
-        self.fused = False  # f applied by the layer before (Network fuses it), not here
+        self.after_bias = False  # the layer before is a Dense or Conv2D that can apply f (set by Network)
 
     def config(self):
         return {"mode": self.mode, "coef": self.coef}
+
+    @property
+    def fused(self) -> bool:
+        """Whether f runs in the bias kernel of the layer before: where it can, in the fast engine."""
+        return self.after_bias and self.backend is not None and self.backend.engine.fuse_bias_activation
 
     def forward(self, input: Tensor) -> Tensor:
         self.prepare(input)

@@ -146,7 +146,7 @@ class WeightBiasLayer(Layer):
     def __init__(self, name: str):
         super().__init__(name)
         self.weight = self.bias = self.grad_weight = self.grad_bias = None
-        self.activation = None  # the ActivationDescriptor of a following Activation fused into this layer
+        self.activation = None  # the ActivationDescriptor of a following Activation (applied here in the fast engine)
 
     def zero_gradients(self) -> None:
         """grad_weight, grad_bias: zeros shaped like the weight and the bias (create them after those)."""

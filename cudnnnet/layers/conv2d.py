@@ -1,18 +1,18 @@
 """2-D convolution layer on cuDNN (cross-correlation, NCHW, filters (K, C, k, k)).
 
-    forward   y  = f(x ⋆ w + b)              cudnnConvolutionForward + our bias_activation_forward
-    backward  db = Σₙ Σ_{h,w} dy             convolution_backward_bias: our channel_sum kernel
-              dw = Σₙ xₙ ⋆ dyₙ               cudnnConvolutionBackwardFilter
-              dx = dy ⋆ᵀ w                   cudnnConvolutionBackwardData
+                                   slides engine                       fast engine
+    forward   y  = x ⋆ w           cudnnConvolutionForward             the plan's algorithm: cuDNN's or
+                                                                       our explicit-GEMM convolution
+              y  = y + b           cudnnAddTensor                      y = f(y + b): our bias_activation
+                                                                       kernel, f of the next Activation
+    backward  db = Σₙ Σ_{h,w} dy   cudnnConvolutionBackwardBias        our channel_sum kernel
+              dw = Σₙ xₙ ⋆ dyₙ     cudnnConvolutionBackwardFilter      the plan's algorithm
+              dx = dy ⋆ᵀ w         cudnnConvolutionBackwardData        the plan's algorithm
 
-Algorithms and the workspace are chosen by the backend once per input shape (``plan``), so a
-new batch size (the test set's, say) gets a plan of its own; on CUDA a plan's algorithm is
-cuDNN's or the backend's explicit-GEMM engine, whichever it timed faster. The bias gradient is
-one launch of our deterministic kernel on CUDA (backends/cuda/channel_sum.py):
-cudnnConvolutionBackwardBias took 95 µs for conv1 of configs/mnist_cnn.yaml at batch 256 on an
-H100, and the two cublasSgemv that replaced it ~20 µs of a ~380 µs CNN step. f is the identity
-unless the network fused the Activation layer that follows (``activation``): the bias and f then
-run in one kernel instead of cudnnAddTensor and cudnnActivationForward.
+Algorithms and the workspace are chosen by the backend once per input shape (``plan``), so a new
+batch size (the test set's, say) gets a plan of its own: in the slides engine cuDNN's own choice
+(cudnnFindConvolution*Algorithm within the workspace limit), in the fast engine the fastest of
+cuDNN's algorithms and our explicit-GEMM convolution as the backend timed them.
 """
 
 from __future__ import annotations
@@ -70,8 +70,12 @@ class Conv2D(WeightBiasLayer):
         b = self.backend
         # y = x ⋆ w
         b.convolution_forward(self.plan, 1.0, input, self.weight, 0.0, self.output)
-        # y = f(y + b)      (bias (1, K, 1, 1) broadcast over N, H, W; f fused or the identity)
-        b.bias_activation_forward(self.activation, self.bias, self.output)
+        if b.engine.fuse_bias_activation:
+            # y = f(y + b)  (bias (1, K, 1, 1) broadcast over N, H, W; f of the next layer or the identity)
+            b.bias_activation_forward(self.activation, self.bias, self.output)
+        else:
+            # y = 1·b + 1·y  (bias (1, K, 1, 1) broadcast over N, H, W)
+            b.add_tensor(1.0, self.bias, 1.0, self.output)
         return self.output
 
     def backward(self, grad_output: Tensor) -> Tensor:

@@ -4,12 +4,13 @@ The weight is the original's (in_size × out_size) column-major matrix W, stored
 shape (out_size, in_size, 1, 1) — the same bytes. Inputs and outputs are read as column-major
 matrices with one sample per column: x (in_size × N), y (out_size × N).
 
-    forward   y  = f(Wᵀ·x + b·1ᵀ)
-    backward  db = dy·1,   dW = x·dyᵀ,   dx = W·dy
-
-f is the identity unless the network fused the Activation layer that follows into this one
-(``activation``): the bias and f then run in one kernel of ours (``bias_activation_forward``,
-where the original adds the bias with a rank-1 cublasSgemm and a separate cudnnActivationForward).
+                               slides engine                    fast engine
+    forward   y  = Wᵀ·x        cublasSgemm                      timed GEMM plan (cuBLASLt or cublasSgemm)
+              y  = y + b·1ᵀ    rank-1 cublasSgemm               y = f(y + b·1ᵀ): our bias_activation kernel,
+                                                                f of the Activation that follows (if any)
+    backward  db = dy·1        cublasSgemv                      cublasSgemv
+              dW = x·dyᵀ       cublasSgemm                      timed GEMM plan
+              dx = W·dy        cublasSgemm                      timed GEMM plan
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class Dense(WeightBiasLayer):
         super().__init__(name)
         self.out_size = positive_int(name, "out_size", out_size)
         self.in_size = None
-        self.ones = None  # (N,) of 1.0: sums the bias gradient over the batch
+        self.ones = None  # (N,) of 1.0: broadcasts the bias, sums its gradient over the batch
 
     def config(self):
         return {"out_size": self.out_size}
@@ -51,8 +52,13 @@ class Dense(WeightBiasLayer):
         # y = Wᵀ·x            (out_size × N) = (in_size × out_size)ᵀ · (in_size × N)
         b.sgemm(OP_T, OP_N, self.out_size, n, self.in_size,
                 1.0, self.weight, self.in_size, input, self.in_size, 0.0, self.output, self.out_size)
-        # y = f(y + b·1ᵀ)      (out_size × N), b broadcast over the batch; f fused or the identity
-        b.bias_activation_forward(self.activation, self.bias, self.output)
+        if b.engine.fuse_bias_activation:
+            # y = f(y + b·1ᵀ)  (out_size × N), b broadcast over the batch; f of the next layer or the identity
+            b.bias_activation_forward(self.activation, self.bias, self.output)
+        else:
+            # y = b·1ᵀ + y     (out_size × N) = (out_size × 1) · (1 × N) + (out_size × N)
+            b.sgemm(OP_N, OP_N, self.out_size, n, 1,
+                    1.0, self.bias, self.out_size, self.ones, 1, 1.0, self.output, self.out_size)
         return self.output
 
     def backward(self, grad_output: Tensor) -> Tensor:

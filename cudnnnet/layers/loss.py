@@ -32,7 +32,7 @@ class LossLayer(Layer):
     def backward_with_metrics(self, target: Tensor, loss: Tensor, count: Tensor) -> Tensor:
         """The training step's last layer: ``backward(target)``, then loss[0] += the batch's mean loss
         and count[0] += its samples whose argmax matches the target's (both always added to).
-        Here through the unfused calls; Softmax does it in one fused call."""
+        Here through the unfused calls; Softmax in the fast engine does it in one fused call."""
         grad = self.backward(target)
         self.loss(target, loss, accumulate=True)
         self.correct(target, count, accumulate=True)
@@ -40,15 +40,15 @@ class LossLayer(Layer):
 
     def forward_backward_with_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor) -> Tensor:
         """``forward(input)`` then ``backward_with_metrics``: the training step at the loss layer.
-        Here through the two calls; Softmax does both in one fused call."""
+        Here through the two calls; Softmax in the fast engine does both in one fused call."""
         self.forward(input)
         return self.backward_with_metrics(target, loss, count)
 
     def forward_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor, loss_scale: float) -> None:
         """An evaluation batch at the loss layer: ``forward(input)``, then loss[0] += loss_scale·N·(the
         batch's mean loss) and count[0] += its samples whose argmax matches the target's (both always
-        added to, on the device: nothing is read back). Here through the unfused calls; Softmax does
-        it in one fused call."""
+        added to, on the device: nothing is read back). Here through the unfused calls; Softmax in
+        the fast engine does it in one fused call."""
         self.forward(input)
         self.loss(target, self.batch_loss)
         # J_set += (loss_scale·N)·J_batch

@@ -1,14 +1,14 @@
 """Pooling layer: max or average (counting padding) over square windows.
 
-    forward   y  = pool(x)                                           cudnnPoolingForward
-    backward  dx = pool'(x) · dy
-      max, no padding, stride ≥ window (windows do not overlap):    kernels/pooling.cu
+    forward   y  = pool(x)              cudnnPoolingForward (both engines)
+    backward  dx = pool'(x) · dy        cudnnPoolingBackward (slides engine; fast engine: average pooling
+                                        and max pooling whose windows overlap or are padded)
+      fast engine, max, no padding, stride ≥ window (windows do not overlap): our kernel, kernels/pooling.cu
               dx[cell] = dy[w] if cell is window w's first cell (row-major) equal to its maximum,
                          0     otherwise (every cell of a window holding a NaN, cells of no window)
-      average pooling, any other max pooling                         cudnnPoolingBackward
 
-The host backend computes the same with NumPy. The CNN's 2×2, stride-2 max pooling takes our
-kernel (backends/cuda/pooling.py decides which path runs).
+The host backend computes the same with NumPy (backends/cuda/pooling.py decides where the kernel
+can run).
 """
 
 from __future__ import annotations

@@ -2,9 +2,14 @@
 
     forward   ŷ  = softmax(x)                        cudnnSoftmaxForward (ACCURATE, CHANNEL)
     loss      J  = -(1/N) Σₙ Σ_c y·log ŷ             our NVRTC kernel (kernels/loss.cu)
-    backward  dx = (ŷ - y) / N                       cudaMemcpy + cublasSaxpy + cublasSscal
-    training  dx, J (+=) and hits (+=) together      one launch (kernels/cross_entropy_backward.cu)
-    training  ŷ, dx, J (+=) and hits (+=) from x     one launch (the same file, with the softmax)
+    backward  dx = (ŷ - y) / N                       cudaMemcpyAsync + cublasSaxpy + cublasSscal
+    hits      #{n : argmax ŷₙ == argmax yₙ}         our accuracy_count kernel (kernels/loss.cu)
+
+The slides engine runs those calls in turn in training and evaluation (LossLayer). The fast engine
+fuses them:
+
+    training  ŷ, dx, J (+=) and hits (+=) from x     one launch (kernels/cross_entropy_backward.cu)
+    training  dx, J (+=) and hits (+=) from ŷ        one launch (the same file, without the softmax)
     evaluate  J (+=) and hits (+=) from x, ŷ unkept  one launch (that kernel, ŷ and dx not written)
 """
 
@@ -28,14 +33,18 @@ class Softmax(LossLayer):
         return out
 
     def backward_with_metrics(self, target: Tensor, loss: Tensor, count: Tensor) -> Tensor:
-        """backward, loss and correct in one fused call (one launch on CUDA)."""
+        """backward, loss and correct: in turn (slides), or in one fused call (fast; one launch on CUDA)."""
+        if not self.backend.engine.fuse_loss:
+            return super().backward_with_metrics(target, loss, count)
         self.check_target(target)
         # dx = (ŷ - y) / N;  J += -(1/N) Σ y·log(max(ŷ, 1e-7));  hits += #{n : argmax ŷₙ == argmax yₙ}
         self.backend.cross_entropy_backward(self.output, target, self.grad_input, loss, count)
         return self.grad_input
 
     def forward_backward_with_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor) -> Tensor:
-        """forward and backward_with_metrics in one fused call (one launch on CUDA)."""
+        """forward and backward_with_metrics: in turn (slides), or in one fused call (fast; one launch on CUDA)."""
+        if not self.backend.engine.fuse_loss:
+            return super().forward_backward_with_metrics(input, target, loss, count)
         self.prepare(input)
         self.check_target(target)
         # ŷ = softmax(x);  dx = (ŷ - y) / N;  J += -(1/N) Σ y·log(max(ŷ, 1e-7));  hits += #{n : argmax ŷₙ == argmax yₙ}
@@ -43,8 +52,12 @@ class Softmax(LossLayer):
         return self.grad_input
 
     def forward_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor, loss_scale: float) -> None:
-        """An evaluation batch in one fused call (one launch on CUDA, no cudnnSoftmaxForward). ŷ is
-        not kept: ``self.output`` does not hold this batch's probabilities afterwards."""
+        """An evaluation batch: forward, loss and correct in turn (slides), or one fused call (fast;
+        one launch on CUDA, no cudnnSoftmaxForward, and ŷ is not kept: ``self.output`` does not hold
+        this batch's probabilities afterwards)."""
+        if not self.backend.engine.fuse_loss:
+            super().forward_metrics(input, target, loss, count, loss_scale)
+            return
         self.prepare(input)
         self.check_target(target)
         # ŷ = softmax(x);  J += -loss_scale·Σ y·log(max(ŷ, 1e-7));  hits += #{n : argmax ŷₙ == argmax yₙ}

@@ -17,6 +17,7 @@ import pytest
 from cudnnnet.backends.cuda import channel_sum
 from cudnnnet.errors import ShapeError, UsageError
 from cudnnnet.tensor import Tensor
+from conftest import every_backend_using
 
 FP32_TOLERANCE = 1e-5
 CNN_SHAPES = [(256, 20, 24, 24), (256, 50, 8, 8)]  # conv1's and conv2's dy in configs/mnist_cnn.yaml
@@ -102,6 +103,13 @@ def test_fits_indices_counts_what_a_thread_steps_past():
 
 
 # ---- CUDA: the kernel against the host ----------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def fast_engine():
+    """convolution_backward_bias runs this kernel in the fast engine (cudnnConvolutionBackwardBias in the slides one)."""
+    with every_backend_using("fast"):
+        yield
+
+
 @pytest.fixture
 def counters():
     """The library-call and kernel-launch counters, reset."""

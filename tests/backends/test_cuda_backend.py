@@ -2,7 +2,9 @@
 
 Every test is marked ``gpu`` and skips itself where cuda-python, a CUDA library or a GPU is
 missing. Each comparison runs one test body on both backends and checks the relative error
-‖cuda − host‖ / ‖host‖ of every output (1e-5 in FP32, 1e-3 in TF32).
+‖cuda − host‖ / ‖host‖ of every output (1e-5 in FP32, 1e-3 in TF32). The CUDA backend runs the fast
+engine here (timed GEMM plans, our kernels beside cuDNN); a test that checks a library path asks
+for it with ``using_engine``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 from cudnnnet.backends import cuda_available, get_backend
+from cudnnnet.engine import FAST
 from cudnnnet.backends.base import (
     OP_N,
     OP_T,
@@ -39,7 +42,8 @@ def cuda():
     if not cuda_available():
         pytest.skip("no usable GPU, cuda-python or CUDA library (get_backend('cuda') says why)")
     backend = get_backend("cuda")
-    yield backend
+    with backend.using_engine("fast"):
+        yield backend
     backend.set_math("fp32")
 
 
@@ -289,14 +293,11 @@ def test_sgemm_on_unaligned_views(host, cuda, rng):
     compare(host, cuda, body, *storage)
 
 
-def test_sgemm_heuristic_search_runs_cublas_sgemm_untimed(host, cuda, rng, bindings):
+def test_sgemm_in_the_slides_engine_runs_cublas_sgemm_untimed(host, cuda, rng, bindings):
     a, b, c, lda, ldb = gemm_arrays(rng, OP_N, OP_N, 33, 17, 9)
-    cuda.algorithm_search = "heuristic"
-    try:
+    with cuda.using_engine("slides"):
         compare(host, cuda, lambda bk, A, B, C: [bk.sgemm(OP_N, OP_N, 33, 17, 9, 1.0, A, lda, B, ldb, 0.0, C, 33) or C],
                 a, b, c)
-    finally:
-        cuda.algorithm_search = "exhaustive"
     assert bindings.calls["cublasSgemm_v2"] == 1
     assert not any(name.startswith("cublasLt") for name in bindings.calls)
 
@@ -476,7 +477,7 @@ def test_convolution_plan_takes_cudnn_or_the_gemm_engine_by_timing(cuda, caplog,
 
     monkeypatch.setenv("CUDNNNET_NO_CACHE", "1")
     desc = ConvolutionDescriptor(20, 1, 5)
-    backend = CudaBackend()
+    backend = CudaBackend(engine="fast")
     try:
         with caplog.at_level("DEBUG", logger="cudnnnet.backends.cuda.convolution"):
             plan = backend.convolution_plan(desc, (96, 1, 28, 28), desc.output_shape((96, 1, 28, 28)))
@@ -491,13 +492,29 @@ def test_convolution_plan_takes_cudnn_or_the_gemm_engine_by_timing(cuda, caplog,
 
 
 def test_convolution_heuristic_search(host, cuda, rng):
-    """The default times every candidate (exhaustive); cuDNN's first choice must agree with the host too."""
+    """The fast engine times every candidate (exhaustive); cuDNN's first choice must agree with the host too."""
     desc = ConvolutionDescriptor(8, 3, 3, 1, 1, 1)
-    cuda.algorithm_search = "heuristic"
-    try:
+    with cuda.using_engine(dataclasses.replace(FAST, convolution_search="heuristic")):
         compare(host, cuda, convolution_body(desc), *convolution_arrays(rng, desc, 16))
-    finally:
-        cuda.algorithm_search = "exhaustive"
+
+
+def test_convolution_in_the_slides_engine_takes_cudnn_find_choice(host, cuda, rng, bindings, monkeypatch):
+    """The slides engine asks cudnnFind* in each direction and runs cuDNN's algorithms only (no GEMM
+    engine, nothing timed by us), in agreement with the host."""
+    from cudnnnet.backends.cuda import convolution
+
+    monkeypatch.setenv("CUDNNNET_NO_CACHE", "1")
+    desc = ConvolutionDescriptor(7, 3, 3, 1, 1, 1)
+    arrays = convolution_arrays(rng, desc, 13)  # x (13, 3, 13, 13)
+    with cuda.using_engine("slides"):
+        plan = cuda.convolution_plan(desc, arrays[0].shape, desc.output_shape(arrays[0].shape))
+        compare(host, cuda, convolution_body(desc), *arrays)
+    for direction in ("forward", "backward_data", "backward_filter"):
+        assert getattr(plan, direction).algo in convolution.EXACT_ALGORITHMS[direction]
+    assert bindings.calls["cudnnFindConvolutionForwardAlgorithm"] == 1
+    assert bindings.calls["cudnnFindConvolutionBackwardDataAlgorithm"] == 1
+    assert bindings.calls["cudnnFindConvolutionBackwardFilterAlgorithm"] == 1
+    assert bindings.calls["cuLaunchKernel"] == 0  # no im2col, no timing spin
 
 
 def test_convolution_plans_per_batch_size_and_workspace_only_grows(cuda, bindings, monkeypatch):
@@ -655,7 +672,7 @@ def test_max_pooling_kernel_with_nan_and_infinities_equals_the_host(host, cuda, 
 @pytest.mark.parametrize("n", [1, 255])
 @pytest.mark.parametrize("window, stride", KERNEL_POOLINGS)
 def test_max_pooling_kernel_equals_cudnn(cuda, rng, bindings, launches, window, stride, n, alpha, beta, data):
-    """The same call through cudnnPoolingBackward (max_pooling_kernel off). With alpha, beta = (1, 0) both
+    """The same call through cudnnPoolingBackward (the fast engine's max_pooling_kernel off). With alpha, beta = (1, 0) both
     copy dy: equal bit for bit; otherwise within float32 rounding (cuDNN may fuse a multiply-add). On
     "relu_ties" they are equal only if cuDNN, like the host, gives dy to each window's first maximum:
     the failure message counts the differing values that lie in tied windows."""
@@ -664,11 +681,8 @@ def test_max_pooling_kernel_equals_cudnn(cuda, rng, bindings, launches, window, 
     dy = normal(rng, *desc.output_shape(x.shape))
     dx = np.full(x.shape, np.nan, np.float32) if beta == 0 else normal(rng, *x.shape)
     ours = pooling_dx(cuda, desc, alpha, beta, x, dy, dx)
-    cuda.max_pooling_kernel = False
-    try:
+    with cuda.using_engine(dataclasses.replace(FAST, max_pooling_kernel=False)):
         theirs = pooling_dx(cuda, desc, alpha, beta, x, dy, dx)
-    finally:
-        cuda.max_pooling_kernel = True
     assert launches["max_pooling_backward"] == 1 and bindings.calls["cudnnPoolingBackward"] == 1, \
         f"expected one run of each: launches {dict(launches)}, calls {dict(bindings.calls)}"
     report = dx_mismatches(desc, x, ours, theirs, tolerance=0.0 if (alpha, beta) == (1.0, 0.0) else 1e-6)
@@ -790,12 +804,9 @@ def test_calls_reach_cublas_cudnn_and_our_kernels(cuda, rng, bindings):
     x = Tensor.from_numpy(normal(rng, 2, 3, 6, 6), cuda)
     desc = ConvolutionDescriptor(2, 3, 3)
     y = Tensor(desc.output_shape(x.shape), cuda)
-    cuda.algorithm_search = "heuristic"  # the libraries' first choices: cublasSgemm, cuDNN; nothing timed
-    try:
+    with cuda.using_engine("slides"):  # the libraries' own choices: cublasSgemm, cuDNN; nothing timed by us
         cuda.sgemm(OP_N, OP_N, 4, 4, 4, 1.0, a, 4, a, 4, 0.0, Tensor(a.shape, cuda), 4)
         plan = cuda.convolution_plan(desc, x.shape, y.shape)
-    finally:
-        cuda.algorithm_search = "exhaustive"
     cuda.convolution_forward(plan, 1.0, x, Tensor.zeros(desc.filter_shape, cuda), 0.0, y)
     cuda.activation_forward(ACTIVATIONS[1], 1.0, y, 0.0, y)
     cuda.cross_entropy_loss(a, a, Tensor.zeros((1,), cuda))
@@ -836,15 +847,16 @@ def cudnn_calls(bindings) -> set[str]:
     return {name for name in bindings.calls if name.startswith("cudnn") and name != "cudnnGetVersion"}
 
 
-def test_an_mlp_trains_and_evaluates_without_ever_making_a_cudnn_handle(bindings, fresh_cuda):
-    """Dense → ReLU → Dense → Softmax runs on cuBLAS(Lt) and our kernels only (bias + ReLU, ReLU
-    gradient, softmax with the loss, SGD, evaluation), eagerly and from a captured graph: no cuDNN
-    call is made, so the handle is never created."""
+def test_in_the_fast_engine_an_mlp_trains_and_evaluates_without_ever_making_a_cudnn_handle(bindings, fresh_cuda):
+    """In the fast engine Dense → ReLU → Dense → Softmax runs on cuBLAS(Lt) and our kernels only
+    (bias + ReLU, ReLU gradient, softmax with the loss, SGD, evaluation), eagerly and from a captured
+    graph: no cuDNN call is made, so the handle is never created."""
     from cudnnnet import Network
     from cudnnnet.layers import Activation, Dense, Softmax
     from cudnnnet.optim import SGD
     from cudnnnet.training import ResidentTestSet, evaluate, evaluate_batches
 
+    fresh_cuda.set_engine("fast")
     rng = np.random.default_rng(5)
     images, labels = rng.standard_normal((300, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, 300)
     network = Network([Dense("fc1", 32), Activation("relu1", "relu"), Dense("fc2", 10), Softmax("softmax")],
@@ -1071,18 +1083,15 @@ RELU_SHAPES = [(1, 1, 1, 1), (256, 500, 1, 1), (7, 20, 24, 24)]
 @pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (-2.0, 0.75)])
 @pytest.mark.parametrize("shape", RELU_SHAPES)
 def test_relu_kernel_equals_cudnn(cuda, rng, bindings, launches, shape, alpha, beta):
-    """The same ReLU backward through cudnnActivationBackward (relu_kernel off), x holding zeros and
+    """The same ReLU backward through cudnnActivationBackward (the fast engine's relu_kernel off), x holding zeros and
     -inf: with alpha, beta = (1, 0) equal bit for bit (a NaN in dx does not survive beta = 0),
     otherwise within float32 rounding (cuDNN may fuse a multiply-add)."""
     x, dy = normal(rng, *shape), normal(rng, *shape)
     x.reshape(-1)[::5], x.reshape(-1)[2::17] = 0.0, -np.inf
     dx = np.full(shape, np.nan, np.float32) if beta == 0 else normal(rng, *shape)
     ours = relu_dx(cuda, alpha, beta, x, dy, dx)
-    cuda.relu_kernel = False
-    try:
+    with cuda.using_engine(dataclasses.replace(FAST, relu_kernel=False)):
         theirs = relu_dx(cuda, alpha, beta, x, dy, dx)
-    finally:
-        cuda.relu_kernel = True
     assert launches["relu_backward"] == 1 and bindings.calls["cudnnActivationBackward"] == 1
     if (alpha, beta) == (1.0, 0.0):
         np.testing.assert_array_equal(ours, theirs)

@@ -8,7 +8,8 @@ that forward with ``cross_entropy_loss`` (scaled) and ``accuracy_count``; ``sgd_
 ``activation_forward``, and a network with its activations fused the same network unfused. On the host the results are checked exactly; on CUDA (marked
 ``gpu``, skipped without a GPU) the fused kernels are checked against the CUDA unfused path and
 against the host, within 1e-5 relative error, and proven to take one launch and to replay
-inside a CUDA graph.
+inside a CUDA graph. These are the fast engine's calls: every test here runs with it, except where
+one names the slides engine as the reference.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from cudnnnet.backends.base import ACTIVATION_MODES, ActivationDescriptor, Activ
 from cudnnnet.layers import MSE, Activation, Conv2D, Dense, Pooling, Softmax
 from cudnnnet.optim import SGD
 from cudnnnet.tensor import Tensor
+from conftest import every_backend_using
 
 FP32_TOLERANCE = 1e-5
 LOSS_BATCHES = (1, 7, 255, 256, 1000, 4097)
@@ -35,6 +37,12 @@ PARAMETER_LISTS = {  # sample shapes of the parameters; odd sizes straddle block
     "many": [(size,) for size in np.random.default_rng(5).integers(1, 3000, 40)],
 }
 HYPER = [(0.0, 0.0), (0.9, 0.0), (0.0, 0.01), (0.9, 0.01)]  # (momentum, weight_decay)
+
+
+@pytest.fixture(autouse=True)
+def fast_engine():
+    with every_backend_using("fast"):
+        yield
 
 
 def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
@@ -366,7 +374,30 @@ def test_sgd_step_is_one_fused_call_over_every_parameter(host, monkeypatch):
     optimizer.step()
     (groups, lr, momentum, weight_decay), = calls
     assert lr is optimizer.lr and (momentum, weight_decay) == (0.9, 0.01)
-    assert [(p.value, p.grad, optimizer.velocity[p.name]) for p in network.parameter_list()] == list(groups)
+    ((values, grads, velocity),) = groups  # every parameter packed into one buffer of each kind
+    for p in network.parameter_list():
+        for tensor, packed in ((p.value, values), (p.grad, grads), (optimizer.velocity[p.name], velocity)):
+            start = (tensor.data.ctypes.data - packed.data.ctypes.data) // 4
+            assert start % 64 == 0 and np.shares_memory(tensor.data, packed.data), p.name
+            np.testing.assert_array_equal(packed.data[start:start + tensor.size], tensor.data[:tensor.size])
+
+
+def test_packing_keeps_every_value_and_zero_padding(host):
+    network = small_network(host)
+    before = {p.name: (p.value.numpy().copy(), p.grad.numpy().copy()) for p in network.parameter_list()}
+    optimizer = SGD(network, lr=0.1)
+    ((values, grads, velocity),) = optimizer.groups
+    assert velocity is None and values.size == grads.size == sum(-(-p.value.size // 64) * 64
+                                                                  for p in network.parameter_list())
+    for p in network.parameter_list():
+        np.testing.assert_array_equal(p.value.numpy(), before[p.name][0])
+        np.testing.assert_array_equal(p.grad.numpy(), before[p.name][1])
+    optimizer.step()
+    owned = np.zeros(values.size, bool)
+    for p in network.parameter_list():
+        start = (p.value.data.ctypes.data - values.data.ctypes.data) // 4
+        owned[start:start + p.value.size] = True
+    assert not values.numpy()[~owned].any() and not grads.numpy()[~owned].any()
 
 
 def test_sgd_step_equals_per_parameter_updates(host):
@@ -408,22 +439,24 @@ def bias_then_activation(backend, desc, y: np.ndarray, bias: np.ndarray, fused: 
     return out.numpy()
 
 
-def mnist_like_network(backend, fuse: bool) -> Network:
+def mnist_like_network(backend) -> Network:
     layers = [Conv2D("conv1", 4, 3), Activation("relu1", "relu"), Pooling("pool1", 2),
               Conv2D("conv2", 6, 3, padding=1), Activation("tanh2", "tanh"), Dense("fc1", 12),
               Activation("sig3", "sigmoid"), Dense("fc2", 9), Activation("elu4", "elu"), Dense("fc3", CLASSES),
               Softmax("out")]
-    return Network(layers, backend=backend, seed=3, input_shape=(2, 12, 12), fuse=fuse)
+    return Network(layers, backend=backend, seed=3, input_shape=(2, 12, 12))
 
 
-def train_steps(network: Network, steps: int = 3) -> dict:
+def train_steps(network: Network, engine: str, steps: int = 3) -> dict:
+    """``steps`` training steps with ``engine`` on the network's backend (restored afterwards)."""
     rng = np.random.default_rng(4)
     x = rng.standard_normal((5, 2, 12, 12)).astype(np.float32)
     target = np.eye(CLASSES, dtype=np.float32)[rng.integers(0, CLASSES, 5)]
-    for _ in range(steps):
-        network.forward(x)
-        network.backward(Tensor.from_numpy(target, network.backend))
-        network.update(0.1)
+    with network.backend.using_engine(engine):
+        for _ in range(steps):
+            network.forward(x)
+            network.backward(Tensor.from_numpy(target, network.backend))
+            network.update(0.1)
     return network.state_dict()
 
 
@@ -440,16 +473,17 @@ def test_bias_activation_rejects_a_bias_of_another_size(host):
         host.bias_activation_forward(None, Tensor.zeros((1, 3, 1, 1), host), Tensor.zeros((2, 4, 1, 1), host))
 
 
-def test_network_fuses_each_activation_after_a_dense_or_conv(host):
-    network = mnist_like_network(host, fuse=True)
+def test_network_fuses_each_activation_after_a_dense_or_conv_in_the_fast_engine(host):
+    network = mnist_like_network(host)
     fused = {layer.name for layer in network.layers if getattr(layer, "fused", False)}
     assert fused == {"relu1", "tanh2", "sig3", "elu4"}
     assert network.layers[0].activation == network.layers[1].descriptor
-    assert not any(getattr(layer, "fused", False) for layer in mnist_like_network(host, fuse=False).layers)
+    with host.using_engine("slides"):
+        assert not any(getattr(layer, "fused", False) for layer in network.layers)
 
 
 def test_host_fused_network_trains_as_the_unfused_one(host):
-    fused, unfused = train_steps(mnist_like_network(host, True)), train_steps(mnist_like_network(host, False))
+    fused, unfused = train_steps(mnist_like_network(host), "fast"), train_steps(mnist_like_network(host), "slides")
     for name, value in unfused.items():
         np.testing.assert_allclose(fused[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
@@ -734,6 +768,6 @@ def test_cuda_bias_activation_of_a_dense_layer_reads_float4s_where_aligned(host,
 
 @pytest.mark.gpu
 def test_cuda_fused_network_trains_as_the_unfused_one_and_the_host(host, cuda):
-    fused = train_steps(mnist_like_network(cuda, True))
-    for reference in (train_steps(mnist_like_network(cuda, False)), train_steps(mnist_like_network(host, True))):
+    fused = train_steps(mnist_like_network(cuda), "fast")
+    for reference in (train_steps(mnist_like_network(cuda), "slides"), train_steps(mnist_like_network(host), "fast")):
         assert_close([fused[name] for name in reference], list(reference.values()), tolerance=1e-4)

@@ -186,7 +186,8 @@ class FakeCudnn:
 
         return query
 
-    def make_plan(self, handle, descriptors, desc, x_shape, y_shape, math, math_type, limit, search, measure=None):
+    def make_plan(self, handle, descriptors, desc, x_shape, y_shape, math, math_type, limit, search,
+                  gemm_candidate=True, measure=None, deterministic=True):
         self.searches += 1
         algorithms = {name: Algorithm(algo, 0) for name, algo in self.choice.items()}
         return convolution.plan_with(handle, descriptors, desc, x_shape, y_shape, math, math_type, limit, algorithms)
@@ -211,8 +212,10 @@ def fake_backend() -> CudaBackend:
     backend.context = SimpleNamespace(device_name=KEY.device_name, compute_capability=KEY.compute_capability,
                                       cudnn_version=KEY.cudnn_version, cublas_version=KEY.cublas_version,
                                       is_capturing=lambda: False, workspace=lambda nbytes: 0, ones=lambda count: 0,
+                                      finish_warm_up=lambda: None,
                                       cudnn=SimpleNamespace(handle=0))
-    backend.workspace_limit, backend.algorithm_search, backend.math = KEY.workspace_limit, "exhaustive", "fp32"
+    backend.workspace_limit, backend.math = KEY.workspace_limit, "fp32"
+    backend.set_engine("fast")  # KEY's search: "exhaustive", the GEMM engine among the candidates
     backend._plans, backend._descriptors = OrderedDict(), FakeDescriptors()
     return backend
 

@@ -96,9 +96,19 @@ def counted(function) -> tuple[collections.Counter, collections.Counter]:
 
 
 @pytest.mark.gpu
-def test_cuda_bias_gradient_is_one_channel_sum_launch(cuda, host):
+@pytest.mark.parametrize("engine, bias_calls, bias_launches", [
+    ("fast", {"cuLaunchKernel": 1}, {"channel_sum": 1}),
+    ("slides", {"cudnnConvolutionBackwardBias": 1}, {}),
+])
+def test_cuda_bias_gradient_is_one_call(cuda, host, engine, bias_calls, bias_launches):
     """conv1 of configs/mnist_cnn.yaml at batch 256: db agrees with the host, and the backward pass
-    makes one channel_sum launch more than its two convolution calls, and nothing else."""
+    makes one call more than its two convolution calls, and nothing else: one channel_sum launch in
+    the fast engine, cudnnConvolutionBackwardBias in the slides engine."""
+    with cuda.using_engine(engine):
+        bias_gradient_calls(cuda, host, bias_calls, bias_launches)
+
+
+def bias_gradient_calls(cuda, host, bias_calls: dict, bias_launches: dict) -> None:
     rng = np.random.default_rng(2)
     x = rng.standard_normal((256, 1, 28, 28)).astype(np.float32)
     dy = (rng.standard_normal((256, 20, 24, 24)) + 0.5).astype(np.float32)  # no channel sums to nearly 0
@@ -114,7 +124,7 @@ def test_cuda_bias_gradient_is_one_channel_sum_launch(cuda, host):
     calls, launches = counted(lambda: layer.backward(dy_cuda))
     convolution_only, convolution_launches = counted(lambda: convolution_calls(layer, dy_cuda))
     extra, missing = launches - convolution_launches, convolution_launches - launches
-    assert extra == collections.Counter(channel_sum=1) and not missing, \
+    assert extra == collections.Counter(bias_launches) and not missing, \
         f"backward launched {dict(launches)}, its convolutions {dict(convolution_launches)}"
-    assert calls - convolution_only == collections.Counter(cuLaunchKernel=1) and not convolution_only - calls, \
+    assert calls - convolution_only == collections.Counter(bias_calls) and not convolution_only - calls, \
         f"backward called {dict(calls)}, its convolutions {dict(convolution_only)}: the bias must add one launch only"

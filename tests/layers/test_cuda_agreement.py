@@ -1,4 +1,6 @@
-"""Every layer on CUDA agrees with the host backend: same weights, same inputs, every output and gradient."""
+"""Every layer on CUDA agrees with the host backend: same weights, same inputs, every output and
+gradient, in both engines (the ``engine`` fixture); each convolution engine (cuDNN's algorithms, our
+explicit-GEMM convolution) is run explicitly, not whichever the timer picks."""
 
 import numpy as np
 import pytest
@@ -37,7 +39,7 @@ def run_layer(factory, sample_shape, backend, x, dy):
 
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("kind", sorted(LAYERS))
-def test_layer_agrees_with_host(cuda, host, kind, batch):
+def test_layer_agrees_with_host(cuda, host, kind, batch, engine):
     factory, sample_shape = LAYERS[kind]
     rng = np.random.default_rng(batch)
     x = rng.standard_normal((batch,) + sample_shape).astype(np.float32)
@@ -53,7 +55,7 @@ def test_layer_agrees_with_host(cuda, host, kind, batch):
 
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("layer_class", [Softmax, MSE])
-def test_loss_layer_agrees_with_host(cuda, host, layer_class, batch):
+def test_loss_layer_agrees_with_host(cuda, host, layer_class, batch, engine):
     rng = np.random.default_rng(batch)
     x = (rng.standard_normal((batch, 10)) * 4).astype(np.float32)
     target = np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)]
@@ -71,3 +73,50 @@ def test_loss_layer_agrees_with_host(cuda, host, layer_class, batch):
     assert cuda_loss == pytest.approx(host_loss, rel=1e-5)
     assert cuda_correct == host_correct
     assert relative_error(cuda_grad, host_grad) < 1e-5
+
+
+CONVOLUTIONS = sorted(kind for kind in LAYERS if kind.startswith("conv"))
+
+
+def forced_plans(cuda, convolution_engine: str):
+    """CudaBackend.convolution_plan giving plans that run ``convolution_engine`` in every direction:
+    "cudnn" (cuDNN's first exact choice, cudnnGet*_v7) or "gemm" (our explicit-GEMM convolution)."""
+    from cudnnnet.backends.cuda import backend as cuda_backend, convolution
+
+    def plan(desc, x_shape, y_shape):
+        args = (cuda._cudnn, cuda._descriptors, desc, tuple(x_shape), tuple(y_shape), cuda.math,
+                cuda_backend.MATH_MODES[cuda.math][1], cuda.workspace_limit)
+        if convolution_engine == "cudnn":
+            made = convolution.make_plan(*args, "heuristic", gemm_candidate=False)
+        else:
+            gemm = convolution.Algorithm(convolution.GEMM_ALGORITHM, 0)
+            made = convolution.plan_with(*args, {name: gemm for name in convolution.DIRECTION_NAMES})
+        cuda.context.workspace(made.workspace_bytes)
+        cuda.context.ones(x_shape[0])
+        return made
+
+    return plan
+
+
+@pytest.mark.parametrize("batch", [1, 7, 256])
+@pytest.mark.parametrize("convolution_engine", ["cudnn", "gemm"])
+@pytest.mark.parametrize("kind", CONVOLUTIONS)
+def test_each_convolution_engine_agrees_with_host(cuda, host, kind, convolution_engine, batch, monkeypatch):
+    from cudnnnet.backends.cuda import convolution
+
+    factory, sample_shape = LAYERS[kind]
+    rng = np.random.default_rng(batch)
+    x = rng.standard_normal((batch,) + sample_shape).astype(np.float32)
+    dy = rng.standard_normal((batch,) + factory().output_sample_shape(sample_shape)).astype(np.float32)
+    monkeypatch.setattr(cuda, "convolution_plan", forced_plans(cuda, convolution_engine))
+    layer = build(factory(), sample_shape, cuda, seed=3)
+    layer.gradient_stop = False
+    on_cuda = (layer.forward(Tensor.from_numpy(x, cuda)).numpy(), layer.backward(Tensor.from_numpy(dy, cuda)).numpy(),
+               {p.name: p.grad.numpy() for p in layer.parameters()})
+    algorithms = {getattr(layer.plan, name).algo == convolution.GEMM_ALGORITHM for name in convolution.DIRECTION_NAMES}
+    assert algorithms == {convolution_engine == "gemm"}, layer.plan
+    on_host = run_layer(factory, sample_shape, host, x, dy)
+    assert relative_error(on_cuda[0], on_host[0]) < 1e-5, "forward output"
+    assert relative_error(on_cuda[1], on_host[1]) < 1e-5, "grad_input"
+    for name, grad in on_host[2].items():
+        assert relative_error(on_cuda[2][name], grad) < 1e-5, name

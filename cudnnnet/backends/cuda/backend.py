@@ -6,6 +6,11 @@ tensors of ``saxpy``, ``sscal``, ``sgd_update`` and ``sgd_update_many``, which a
 memory (cuBLAS device pointer mode, or our kernel reading ``lr[0]``) so that they can change under
 CUDA-graph replay.
 
+Where a call can run either the slides' library call or our fast path, ``self.engine``
+(cudnnnet.engine) decides: cublasSgemm or a timed GEMM plan (sgemm), cuDNN or our kernel (ReLU
+and max-pooling backward, the convolution bias gradient), cuDNN's own algorithm search or ours
+with the explicit-GEMM convolution among the candidates, cuBLAS level-1 calls or one launch (SGD).
+
 Math: "fp32" (default) runs cuBLAS in CUBLAS_DEFAULT_MATH and sets CUDNN_FMA_MATH on every
 convolution descriptor (cuDNN would otherwise be free to use TF32 on Ampere and later); "tf32"
 switches cuBLAS to CUBLAS_TF32_TENSOR_OP_MATH and convolutions to
@@ -14,6 +19,7 @@ CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION. Plans made before ``set_math`` keep their
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import struct
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...engine import Engine
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
 from ..base import (OP_N, OP_T, ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor, PoolingDescriptor,
@@ -33,7 +40,8 @@ from .channel_sum import ChannelSum
 from .context import CudaContext
 from .handles import Event
 from . import gemm_convolution, plan_cache
-from .convolution import DIRECTION_NAMES, SEARCHES, ConvolutionPlan, make_plan, plan_with
+from .convolution import BACKWARD_DATA, BACKWARD_FILTER, DIRECTION_NAMES, FORWARD, ConvolutionPlan, Direction, \
+    make_plan, plan_with
 from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
 from .kernel import BLOCK_SIZE, blocks_for
 from . import pooling
@@ -67,16 +75,13 @@ class CudaBackend(Backend):
 
     name = "cuda"
 
-    def __init__(self, device: int = 0, workspace_limit: int = 256 << 20, algorithm_search: str = "exhaustive"):
-        if algorithm_search not in SEARCHES:
-            raise UsageError(f"invalid algorithm_search {algorithm_search!r}; valid are {', '.join(SEARCHES)}")
+    def __init__(self, device: int = 0, workspace_limit: int = 256 << 20, engine: "str | Engine" = "slides"):
         self.context = CudaContext(device)
         self.device_name = self.context.device_name
         self.workspace_limit = workspace_limit  # bytes a convolution algorithm may use
-        self.algorithm_search = algorithm_search  # "exhaustive" (every candidate timed) or "heuristic" (cuDNN's first)
-        self.max_pooling_kernel = True  # pooling_backward: kernels/pooling.cu where pooling.supports; False: cuDNN always
-        self.relu_kernel = True  # activation_backward of a ReLU: kernels/activation.cu; False: cuDNN
+        self.set_engine(engine)
         self._plans: OrderedDict = OrderedDict()  # (desc, x_shape, math, search) -> ConvolutionPlan
+        self._update_scalars: Tensor | None = None  # (3,): −lr, 1 − lr·wd, 1.0 for the cuBLAS SGD with a device rate
         self._sgd_tables: OrderedDict = OrderedDict()  # ((param, grad, velocity, size) pointers...) -> SgdTable
         self._stream = self.context.stream.handle
         self._cublas = self.context.cublas.handle
@@ -89,7 +94,17 @@ class CudaBackend(Backend):
         self.set_math("fp32")
 
     def __repr__(self) -> str:
-        return f"CudaBackend(device={self.context.device}, {self.device_name!r}, math={self.math!r})"
+        return (f"CudaBackend(device={self.context.device}, {self.device_name!r}, math={self.math!r}, "
+                f"engine={self.engine.name!r})")
+
+    @property
+    def algorithm_search(self) -> str:
+        """How convolution algorithms are chosen, as plan keys name it: the engine's search, and
+        whether our explicit-GEMM convolution is among the candidates."""
+        engine = self.engine
+        search = engine.convolution_search
+        label = search if engine.gemm_convolution or search == "find" else f"{search}-cudnn"
+        return label if engine.deterministic_convolution else f"{label}-any"
 
     @property
     def _cudnn(self) -> int:
@@ -112,6 +127,7 @@ class CudaBackend(Backend):
         """Release the context (handles, workspace, stream). The backend is unusable afterwards."""
         self._plans.clear()
         self._sgd_tables.clear()
+        self._update_scalars = None
         self._gemm.close()
         self.context.close()
         self._channel_sum.close()
@@ -205,13 +221,19 @@ class CudaBackend(Backend):
         _check_matrix("sgemm", "B", B, *_stored(transb, k, n, "B"), ldb)
         _check_matrix("sgemm", "C", C, m, n, ldc)
         a, b, c = A.data.ptr, B.data.ptr, C.data.ptr
+        if not self.engine.gemm_plans:
+            self.context.finish_warm_up()  # the first GEMM waits for the cuBLAS warm-up thread, as a plan does
+            # C = alpha·op(A)·op(B) + beta·C
+            cublas.sgemm(self._cublas, transa, transb, m, n, k, self._scalar(alpha), a, lda, b, ldb, self._scalar(beta),
+                         c, ldc)
+            return
         self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math=self.math, alignment=alignment(a, b, c)),
                   alpha, a, b, beta, c)
 
     def gemm(self, problem: GemmProblem, alpha: float, a: int, b: int, beta: float, c: int) -> None:
         """``problem`` on raw device pointers (sizes checked by the caller), with its timed plan:
         cublasLtMatmul with the fastest algorithm, or cublasSgemm (see matmul.py)."""
-        self._gemm.run(problem, self.algorithm_search, alpha, a, b, beta, c)
+        self._gemm.run(problem, "exhaustive", alpha, a, b, beta, c)
 
     def sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
         _stored(trans, m, n, "A")
@@ -245,11 +267,8 @@ class CudaBackend(Backend):
             function(self._cublas, n, self._scalar(alpha), *operands)
             return
         self._check_device_scalar(function.__name__, alpha)
-        cublas.set_pointer_mode(self._cublas, cublas.POINTER_MODE_DEVICE)
-        try:
+        with self._pointer_mode(device=True):
             function(self._cublas, n, alpha.data.ptr, *operands)
-        finally:
-            cublas.set_pointer_mode(self._cublas, cublas.POINTER_MODE_HOST)
 
     def _check_device_scalar(self, call: str, value: Tensor) -> None:
         if value.backend is not self:
@@ -263,15 +282,16 @@ class CudaBackend(Backend):
                                  t, x.data.ptr, self._scalar(beta), t, y.data.ptr)
 
     def activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
-        """cudnnActivationBackward; a ReLU runs kernels/activation.cu instead (``relu_kernel``)."""
+        """cudnnActivationBackward; in fast mode a ReLU runs kernels/activation.cu instead."""
         for other in (y, dy, dx):
             _same_shape("activation_backward", x, other)
-        if self.relu_kernel and desc.mode == ActivationMode.RELU and not isinstance(alpha, Tensor) \
+        if self.engine.relu_kernel and desc.mode == ActivationMode.RELU and not isinstance(alpha, Tensor) \
                 and not isinstance(beta, Tensor):
             # dx = alpha·(dy·[x > 0]) + beta·dx
             self.context.kernel("relu_backward").launch(blocks_for(x.size), self._stream, dx.data.ptr, x.data.ptr,
                                                         dy.data.ptr, float(alpha), float(beta), x.size)
             return
+        # dx = alpha·f'(x)·dy + beta·dx
         t = self._descriptors.tensor(x.shape).handle
         cudnn.activation_backward(self._cudnn, self._descriptors.activation(desc).handle, self._scalar(alpha),
                                   t, y.data.ptr, t, dy.data.ptr, t, x.data.ptr, self._scalar(beta), t, dx.data.ptr)
@@ -284,6 +304,7 @@ class CudaBackend(Backend):
                               t, x.data.ptr, self._scalar(beta), t, y.data.ptr)
 
     def add_tensor(self, alpha, bias, beta, y) -> None:
+        """cudnnAddTensor."""
         if any(b not in (1, s) for b, s in zip(bias.shape, y.shape)):
             raise ShapeError(f"add_tensor: bias of shape {bias.shape} does not broadcast to {y.shape}")
         cudnn.add_tensor(self._cudnn, self._scalar(alpha), self._descriptors.tensor(bias.shape).handle, bias.data.ptr,
@@ -294,7 +315,7 @@ class CudaBackend(Backend):
         """Algorithms for this (descriptor, input shape, math mode), chosen once and cached; the
         shared workspace grows to fit them now, so that no later call allocates."""
         x_shape, y_shape = as_shape(x_shape), as_shape(y_shape)
-        key = (desc, x_shape, self.math, self.algorithm_search)
+        key = (desc, x_shape, self.math, self.algorithm_search)  # the search names the engine's choice
         plan = self._plans.get(key)
         if plan is None:
             _check_convolution_shapes(desc, x_shape, y_shape)
@@ -321,9 +342,13 @@ class CudaBackend(Backend):
         disk_key = self._plan_key(desc, x_shape, y_shape)
         plan = self._plan_from_disk(disk_key) or self._plan_from_larger_batch(desc, x_shape, y_shape)
         if plan is None:
+            engine = self.engine
+            self.context.finish_warm_up()  # nothing else on the GPU while cuDNN (or our timer) measures
             plan = make_plan(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math,
-                             MATH_MODES[self.math][1], self.workspace_limit, self.algorithm_search,
-                             measure=self._convolution_timer(desc, x_shape, y_shape))
+                             MATH_MODES[self.math][1], self.workspace_limit, engine.convolution_search,
+                             gemm_candidate=engine.gemm_convolution,
+                             measure=self._convolution_timer(desc, x_shape, y_shape),
+                             deterministic=engine.deterministic_convolution)
             plan_cache.write_plan(disk_key, {name: getattr(plan, name) for name in DIRECTION_NAMES})
         return plan
 
@@ -350,8 +375,9 @@ class CudaBackend(Backend):
     def _plan_from_larger_batch(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan | None:
         """A plan with the algorithms of this convolution's plan at the nearest larger batch (same
         sample shape, math and search), where cuDNN runs them at this batch within the workspace
-        limit; workspaces are asked again. A larger plan holding a non-deterministic algorithm is
-        not reused: this batch may have a deterministic one within the limit."""
+        limit; workspaces are asked again. Where the engine asks for deterministic algorithms, a larger
+        plan holding a non-deterministic one is not reused: this batch may have a deterministic one
+        within the limit."""
         larger = [plan for (other, shape, math, search), plan in self._plans.items()
                   if other == desc and math == self.math and search == self.algorithm_search
                   and shape[1:] == x_shape[1:] and shape[0] > x_shape[0]]
@@ -359,7 +385,7 @@ class CudaBackend(Backend):
             return None
         source = min(larger, key=lambda plan: plan.x_shape[0])
         algorithms = {name: getattr(source, name) for name in DIRECTION_NAMES}
-        if not all(algorithm.deterministic for algorithm in algorithms.values()):
+        if self.engine.deterministic_convolution and not all(algorithm.deterministic for algorithm in algorithms.values()):
             return None
         plan = plan_with(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math, MATH_MODES[self.math][1],
                          self.workspace_limit, algorithms)
@@ -370,7 +396,7 @@ class CudaBackend(Backend):
     def _convolution_timer(self, desc: ConvolutionDescriptor, x_shape, y_shape):
         """What times the candidates of an exhaustive search (None for a heuristic one); its scratch
         tensors are allocated at the first measurement (none where every direction has one candidate)."""
-        if self.algorithm_search != "exhaustive":
+        if self.engine.convolution_search != "exhaustive":
             return None
         timers: list[ConvolutionTimer] = []
 
@@ -383,42 +409,43 @@ class CudaBackend(Backend):
 
     def convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
         _check_plan("convolution_forward", plan, x=x, w=w, y=y)
-        algorithm = plan.forward
-        if algorithm.algo == GEMM_ALGORITHM:
-            workspace = self.context.workspace(algorithm.workspace_bytes)
-            gemm_convolution.forward(self, plan.gemm_shape, alpha, x, w, beta, y, workspace)
-            return
-        cudnn.convolution_forward(self._cudnn, self._scalar(alpha), plan.x.handle, x.data.ptr, plan.w.handle, w.data.ptr,
-                                  plan.conv.handle, algorithm.algo, self.context.workspace(algorithm.workspace_bytes),
-                                  algorithm.workspace_bytes, self._scalar(beta), plan.y.handle, y.data.ptr)
+        # y = alpha·(x ⋆ w) + beta·y
+        self._convolve(FORWARD, plan, alpha, x, w, beta, y)
 
     def convolution_backward_data(self, plan: ConvolutionPlan, alpha, w, dy, beta, dx) -> None:
         _check_plan("convolution_backward_data", plan, x=dx, w=w, y=dy)
-        algorithm = plan.backward_data
-        if algorithm.algo == GEMM_ALGORITHM:
-            workspace = self.context.workspace(algorithm.workspace_bytes)
-            gemm_convolution.backward_data(self, plan.gemm_shape, alpha, w, dy, beta, dx, workspace)
-            return
-        cudnn.convolution_backward_data(self._cudnn, self._scalar(alpha), plan.w.handle, w.data.ptr, plan.y.handle, dy.data.ptr,
-                                        plan.conv.handle, algorithm.algo, self.context.workspace(algorithm.workspace_bytes),
-                                        algorithm.workspace_bytes, self._scalar(beta), plan.x.handle, dx.data.ptr)
+        # dx = alpha·(dy ⋆ᵀ w) + beta·dx
+        self._convolve(BACKWARD_DATA, plan, alpha, w, dy, beta, dx)
 
     def convolution_backward_filter(self, plan: ConvolutionPlan, alpha, x, dy, beta, dw) -> None:
         _check_plan("convolution_backward_filter", plan, x=x, w=dw, y=dy)
-        algorithm = plan.backward_filter
+        # dw = alpha·Σₙ xₙ ⋆ dyₙ + beta·dw
+        self._convolve(BACKWARD_FILTER, plan, alpha, x, dy, beta, dw)
+
+    def _convolve(self, direction: Direction, plan: ConvolutionPlan, alpha, a, b, beta, out) -> None:
+        """One direction with the plan's algorithm: cudnnConvolution{Forward,BackwardData,BackwardFilter}
+        (``direction.run``), or our explicit-GEMM engine (``direction.gemm``) where the plan chose it."""
+        algorithm = getattr(plan, direction.name)
+        workspace = self.context.workspace(algorithm.workspace_bytes)
         if algorithm.algo == GEMM_ALGORITHM:
-            workspace = self.context.workspace(algorithm.workspace_bytes)
-            gemm_convolution.backward_filter(self, plan.gemm_shape, alpha, x, dy, beta, dw, workspace,
-                                             self.context.ones(plan.gemm_shape.batch))
+            direction.gemm(self, plan.gemm_shape, alpha, a, b, beta, out, workspace)
             return
-        cudnn.convolution_backward_filter(self._cudnn, self._scalar(alpha), plan.x.handle, x.data.ptr, plan.y.handle, dy.data.ptr,
-                                          plan.conv.handle, algorithm.algo, self.context.workspace(algorithm.workspace_bytes),
-                                          algorithm.workspace_bytes, self._scalar(beta), plan.w.handle, dw.data.ptr)
+        a_desc, b_desc, conv, out_desc = direction.operands(plan.x.handle, plan.w.handle, plan.conv.handle,
+                                                            plan.y.handle)
+        direction.run(self._cudnn, self._scalar(alpha), a_desc, a.data.ptr, b_desc, b.data.ptr, conv, algorithm.algo,
+                      workspace, algorithm.workspace_bytes, self._scalar(beta), out_desc, out.data.ptr)
 
     def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
-        """kernels/channel_sum.cu (see channel_sum.py): one launch, deterministic, no cuDNN or cuBLAS call."""
+        """cudnnConvolutionBackwardBias; in fast mode kernels/channel_sum.cu (see channel_sum.py): one
+        launch, deterministic, no library call."""
         _expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
-        self._channel_sum(alpha, dy, beta, db)
+        if self.engine.channel_sum:
+            self._channel_sum(alpha, dy, beta, db)
+            return
+        # db = alpha·Σ_{n,h,w} dy + beta·db
+        cudnn.convolution_backward_bias(self._cudnn, self._scalar(alpha), self._descriptors.tensor(dy.shape).handle,
+                                        dy.data.ptr, self._scalar(beta), self._descriptors.tensor(db.shape).handle,
+                                        db.data.ptr)
 
     # ---- cuDNN: pooling -----------------------------------------------------------------------
     def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
@@ -428,12 +455,12 @@ class CudaBackend(Backend):
                               self._descriptors.tensor(y.shape).handle, y.data.ptr)
 
     def pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
-        """Max pooling without padding whose windows do not overlap (stride ≥ window): kernels/pooling.cu
-        (see pooling.py), y not read; average pooling and any other max pooling: cudnnPoolingBackward."""
+        """cudnnPoolingBackward; in fast mode, max pooling without padding whose windows do not overlap
+        (stride ≥ window) runs kernels/pooling.cu (see pooling.py), y not read."""
         _expect_shape("pooling_backward", "dy", dy, desc.output_shape(x.shape))
         _expect_shape("pooling_backward", "y", y, dy.shape)
         _expect_shape("pooling_backward", "dx", dx, x.shape)
-        if self.max_pooling_kernel and pooling.supports(desc, x.shape):
+        if self.engine.max_pooling_kernel and pooling.supports(desc, x.shape):
             pooling.max_backward(self, desc, alpha, dy, x, beta, dx)
             return
         # dx = alpha·pool'(x, y)·dy + beta·dx
@@ -475,8 +502,8 @@ class CudaBackend(Backend):
             runtime.memset_async(out.data.ptr, 0, FLOAT32_BYTES, self._stream)
 
     def sgd_update(self, param, grad, velocity, lr, momentum: float, weight_decay: float) -> None:
-        """A float ``lr``: cuBLAS (sscal/saxpy). A one-element tensor ``lr``: kernels/sgd.cu, one
-        launch reading lr[0] on the device. ``grad`` is never modified."""
+        """cuBLAS level-1 calls (``_sgd_cublas``); in fast mode with a one-element tensor ``lr``,
+        kernels/sgd.cu, one launch reading lr[0] on the device. ``grad`` is never modified."""
         _same_shape("sgd_update", param, grad)
         if momentum:
             if velocity is None:
@@ -484,27 +511,74 @@ class CudaBackend(Backend):
             _same_shape("sgd_update", param, velocity)
         if isinstance(lr, Tensor):
             self._check_device_scalar("sgd_update", lr)
+        if self.engine.sgd_kernel and isinstance(lr, Tensor):
             v = velocity.data.ptr if momentum else None
             self.context.kernel("sgd_update").launch(blocks_for(param.size), self._stream, param.data.ptr, grad.data.ptr,
                                                      v, lr.data.ptr, momentum, weight_decay, param.size)
-        elif momentum:
-            self._sgd_momentum_cublas(param, grad, velocity, float(lr), momentum, weight_decay)
-        else:
-            self._sgd_plain_cublas(param, grad, float(lr), weight_decay)
+            return
+        self._sgd_cublas(((param, grad, velocity),), lr, momentum, weight_decay)
 
-    def _sgd_momentum_cublas(self, param, grad, velocity, lr, momentum, weight_decay) -> None:
-        h, n, p, g, v = self._cublas, param.size, param.data.ptr, grad.data.ptr, velocity.data.ptr
-        cublas.sscal(h, n, self._scalar(momentum), v, 1)  # v = momentum·v
-        cublas.saxpy(h, n, self._scalar(1.0), g, 1, v, 1)  # v += grad
-        if weight_decay:
-            cublas.saxpy(h, n, self._scalar(weight_decay), p, 1, v, 1)  # v += wd·param
-        cublas.saxpy(h, n, self._scalar(-lr), v, 1, p, 1)  # param -= lr·v
+    def _sgd_cublas(self, groups, lr, momentum: float, weight_decay: float) -> None:
+        """SGD on every (param, grad, velocity) of ``groups`` with cuBLAS level-1 calls only, as the
+        slides' cublasSaxpy update. A one-element tensor ``lr`` is read in device pointer mode through
+        scalars made from it by cublasScopy/cublasSscal/cublasSaxpy, so a replayed graph follows it."""
+        h = self._cublas
+        neg_lr, decay, device = self._sgd_scalars(lr, momentum, weight_decay)
+        if momentum:
+            for param, grad, velocity in groups:
+                n, p, g, v = param.size, param.data.ptr, grad.data.ptr, velocity.data.ptr
+                cublas.sscal(h, n, self._scalar(momentum), v, 1)  # v = momentum·v
+                cublas.saxpy(h, n, self._scalar(1.0), g, 1, v, 1)  # v += grad
+                if weight_decay:
+                    cublas.saxpy(h, n, self._scalar(weight_decay), p, 1, v, 1)  # v += wd·param
+        with self._pointer_mode(device):
+            for param, grad, velocity in groups:
+                n, p = param.size, param.data.ptr
+                if momentum:
+                    cublas.saxpy(h, n, neg_lr, velocity.data.ptr, 1, p, 1)  # param -= lr·v
+                    continue
+                if weight_decay:
+                    cublas.sscal(h, n, decay, p, 1)  # param = (1 - lr·wd)·param
+                cublas.saxpy(h, n, neg_lr, grad.data.ptr, 1, p, 1)  # param -= lr·grad
 
-    def _sgd_plain_cublas(self, param, grad, lr, weight_decay) -> None:
-        h, n, p, g = self._cublas, param.size, param.data.ptr, grad.data.ptr
-        if weight_decay:
-            cublas.sscal(h, n, self._scalar(1.0 - lr * weight_decay), p, 1)  # param = (1 - lr·wd)·param
-        cublas.saxpy(h, n, self._scalar(-lr), g, 1, p, 1)  # param -= lr·grad
+    def _sgd_scalars(self, lr, momentum: float, weight_decay: float):
+        """(−lr, 1 − lr·wd, device): host pointers for a float ``lr``; for a tensor, pointers into
+        ``_update_scalars`` computed from lr[0] on the device, read in device pointer mode."""
+        if not isinstance(lr, Tensor):
+            lr = float(lr)
+            return self._scalar(-lr), self._scalar(1.0 - lr * weight_decay), False
+        h, scalars = self._cublas, self._sgd_scalar_buffer().data.ptr
+        neg_lr, decay, one = scalars, scalars + FLOAT32_BYTES, scalars + 2 * FLOAT32_BYTES
+        # −lr = −1·lr
+        cublas.scopy(h, 1, lr.data.ptr, 1, neg_lr, 1)
+        cublas.sscal(h, 1, self._scalar(-1.0), neg_lr, 1)
+        if weight_decay and not momentum:
+            # 1 − lr·wd = 1 + (−wd)·lr
+            cublas.scopy(h, 1, one, 1, decay, 1)
+            cublas.saxpy(h, 1, self._scalar(-weight_decay), lr.data.ptr, 1, decay, 1)
+        return neg_lr, decay, True
+
+    def _sgd_scalar_buffer(self) -> Tensor:
+        """(3,) device floats: −lr, 1 − lr·wd and the constant 1.0, allocated on first use (never in a capture)."""
+        if self._update_scalars is None:
+            if self.context.is_capturing():
+                raise DeviceError("the cuBLAS SGD update was first called during a CUDA graph capture; its device "
+                                  "scalars are allocated on that call: run one step before capturing")
+            self._update_scalars = Tensor.zeros((3,), self)
+            self.fill(self._update_scalars.view((1,), 2).data, 1.0, 1)
+        return self._update_scalars
+
+    @contextlib.contextmanager
+    def _pointer_mode(self, device: bool):
+        """CUBLAS_POINTER_MODE_DEVICE inside the block where ``device``; host mode afterwards."""
+        if not device:
+            yield
+            return
+        cublas.set_pointer_mode(self._cublas, cublas.POINTER_MODE_DEVICE)
+        try:
+            yield
+        finally:
+            cublas.set_pointer_mode(self._cublas, cublas.POINTER_MODE_HOST)
 
     # ---- fused calls: one launch each ---------------------------------------------------------
     def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
@@ -560,9 +634,18 @@ class CudaBackend(Backend):
             logits.data.ptr, target.data.ptr, logits.n, logits.sample_size, grad_scale, loss_scale)
 
     def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float) -> None:
-        """kernels/sgd_update_many.cu: one launch over every parameter of ``groups``, through a device
+        """The slides' cuBLAS calls on every parameter (``_sgd_cublas``); in fast mode
+        kernels/sgd_update_many.cu: one launch over every parameter of ``groups``, through a device
         table of their pointers uploaded on the first call with this list (never inside a capture).
         ``grad`` is never modified."""
+        if not self.engine.sgd_kernel:
+            for param, grad, velocity in groups:
+                _sgd_entry(param, grad, velocity, momentum)
+            if isinstance(lr, Tensor):
+                self._check_device_scalar("sgd_update_many", lr)
+            if groups:
+                self._sgd_cublas(groups, lr, momentum, weight_decay)
+            return
         table = self._sgd_table(groups, momentum)
         if table is None:
             return

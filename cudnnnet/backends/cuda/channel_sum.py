@@ -1,11 +1,10 @@
-"""A convolution's bias gradient in one launch of our kernel (kernels/channel_sum.cu):
+"""A convolution's bias gradient in one launch of our kernel (kernels/channel_sum.cu), the fast
+engine's replacement for cudnnConvolutionBackwardBias (which the slides engine calls):
 
     db = alpha·Σₙ Σ_{h,w} dy + beta·db        dy (N, C, H, W), db (1, C, 1, 1)
 
-cudnnConvolutionBackwardBias took 95 µs for conv1 of configs/mnist_cnn.yaml at batch 256 on an
-H100, and the two cublasSgemv that replaced it (a sum over positions into an (N·C) buffer, then
-over the batch) ~20 µs of the ~380 µs CNN step. Here a grid of (channel, chunk) blocks fills the
-GPU for both of the CNN's shapes (conv1 dy (256, 20, 24, 24): 20 × 51 blocks; conv2 dy
+cuDNN's reduction leaves most of the GPU idle at the CNN's shapes. Here a grid of (channel,
+chunk) blocks fills the GPU for both of the CNN's shapes (conv1 dy (256, 20, 24, 24): 20 × 51 blocks; conv2 dy
 (256, 50, 8, 8): 50 × 16 blocks), and the last block to finish adds the chunks' partial sums, in a
 fixed order: the result has the same bits on every launch, eager or replayed in a CUDA graph.
 
@@ -28,7 +27,7 @@ from .kernel import BLOCK_SIZE, MAX_BLOCKS
 
 KERNEL = "channel_sum"
 UNROLL = 4  # values a thread loads before adding them (kernels/channel_sum.cu: UNROLL)
-MAX_PARTIALS = MAX_BLOCKS  # about one wave of blocks on an H100 (132 SMs × 8 blocks of 256 threads)
+MAX_PARTIALS = MAX_BLOCKS  # about one wave of blocks on a large GPU (132 SMs × 8 blocks of 256 threads)
 MIN_CHUNK = UNROLL * BLOCK_SIZE  # a block sums at least one full pass of its threads' loads
 CHUNK_ALIGNMENT = 32  # chunk lengths are whole warps' worth of values
 

@@ -87,8 +87,8 @@ def _device_count() -> int:
 class CublasWarmUp:
     """One small cublasSgemm on a stream, handle and buffer of its own, on a daemon thread.
 
-    cuBLAS's first GEMM in a process loads its kernels: ~60–100 ms of host time on an H100 (~45 ms
-    more for the first GEMM of another shape). Here that overlaps the caller's work until its own
+    cuBLAS's first GEMM in a process loads its kernels, tens of milliseconds of host time (and more
+    for the first GEMM of another shape). Here that overlaps the caller's work until its own
     first GEMM, which joins this thread (``CudaContext.finish_warm_up``), as do a capture and
     ``close``: everything it made is freed by then, so none of its allocations falls inside a graph
     capture. A failure here only loses the head start; it is logged, never raised.

@@ -2,15 +2,19 @@
 (descriptor, input shape, math mode) by one search helper, and the workspace they need.
 
 An algorithm is cuDNN's (its cudnnConvolution*Algo_t value) or ``GEMM_ALGORITHM``, our
-explicit-GEMM engine (gemm_convolution.py: im2col + cuBLAS). cuDNN lists its algorithms with
-cudnnGet*Algorithm_v7 (instant, every algorithm with its support status); an "exhaustive" search
-then times each eligible one and the GEMM engine the same way (CUDA events, on scratch tensors)
-and takes the fastest, a "heuristic" one takes cuDNN's first choice. cudnnFind* is not used: it
-runs every algorithm, FFT and Winograd ones included, and cost 80 ms a call on an H100.
+explicit-GEMM engine (gemm_convolution.py: im2col + cuBLAS), a candidate in the fast engine only.
+The search is the engine's (cudnnnet.engine):
+
+    "find"        cudnnFindConvolution*Algorithm: cuDNN runs its algorithms and ranks them by time
+                  (the slides' engine: cuDNN's own choice, nothing timed by us);
+    "exhaustive"  cudnnGet*Algorithm_v7 lists the algorithms (no run); each eligible one and the GEMM
+                  engine are timed by the backend (CUDA events, on scratch tensors), the fastest taken;
+    "heuristic"   cudnnGet*Algorithm_v7's first eligible choice.
 
 Under CUDNN_FMA_MATH (our FP32) only exact algorithms are eligible: no tensor-core algorithm and
-no FFT or Winograd one (they differed from the host by ~1e-3, measured on an H100); and only
-deterministic ones, while any is eligible (the same seed then gives the same weights).
+no FFT or Winograd one (they differ from the host by ~1e-3); and only
+deterministic ones, while any is eligible, where the engine asks for them (the fast engine: the same
+seed then gives the same weights); the slides engine takes cuDNN's fastest, as the C++ design did.
 
 ``plan_with`` makes a plan from algorithms chosen before (kept on disk by plan_cache.py, or chosen
 for a larger batch of the same convolution): no listing and no timing, only cudnnGet*WorkspaceSize,
@@ -77,48 +81,62 @@ class Direction:
     name: str
     max_count: Callable
     heuristic: Callable  # cudnnGet*Algorithm_v7
+    find: Callable  # cudnnFind*Algorithm
     workspace_size: Callable  # cudnnGet*WorkspaceSize
     operands: Callable
+    run: Callable  # cudnnConvolution{Forward,BackwardData,BackwardFilter}(handle, alpha, a, b, conv, algo, ws, beta, out)
+    gemm: Callable  # the explicit-GEMM engine's run(backend, gemm_shape, alpha, a, b, beta, out, workspace)
 
 
 FORWARD = Direction(
     "forward",
     cudnn.get_convolution_forward_algorithm_max_count,
     cudnn.get_convolution_forward_algorithm_v7,
+    cudnn.find_convolution_forward_algorithm,
     cudnn.get_convolution_forward_workspace_size,
     lambda x, w, conv, y: (x, w, conv, y),
+    cudnn.convolution_forward,
+    gemm_convolution.forward,
 )
 BACKWARD_DATA = Direction(
     "backward_data",
     cudnn.get_convolution_backward_data_algorithm_max_count,
     cudnn.get_convolution_backward_data_algorithm_v7,
+    cudnn.find_convolution_backward_data_algorithm,
     cudnn.get_convolution_backward_data_workspace_size,
     lambda x, w, conv, y: (w, y, conv, x),  # (w, dy, conv, dx)
+    cudnn.convolution_backward_data,
+    gemm_convolution.backward_data,
 )
 BACKWARD_FILTER = Direction(
     "backward_filter",
     cudnn.get_convolution_backward_filter_algorithm_max_count,
     cudnn.get_convolution_backward_filter_algorithm_v7,
+    cudnn.find_convolution_backward_filter_algorithm,
     cudnn.get_convolution_backward_filter_workspace_size,
     lambda x, w, conv, y: (x, y, conv, w),  # (x, dy, conv, dw)
+    cudnn.convolution_backward_filter,
+    lambda backend, shape, alpha, x, dy, beta, dw, workspace: gemm_convolution.backward_filter(
+        backend, shape, alpha, x, dy, beta, dw, workspace, backend.context.ones(shape.batch)),
 )
 DIRECTIONS = (FORWARD, BACKWARD_DATA, BACKWARD_FILTER)
 DIRECTION_NAMES = tuple(direction.name for direction in DIRECTIONS)
-SEARCHES = ("exhaustive", "heuristic")
 
 
 TENSOR_CORE_MATH = (cudnn.TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION)
-# FFT and Winograd algorithms trade accuracy (~1e-3 relative, measured on an H100) for speed; in FP32
+# FFT and Winograd algorithms trade accuracy (~1e-3 relative) for speed; in FP32
 # only the exact GEMM/direct ones are taken (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t values).
 EXACT_ALGORITHMS = {"forward": (0, 1, 2, 3), "backward_data": (0, 1), "backward_filter": (0, 1, 3)}
 
 
-def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: int, math_type: int) -> list[Algorithm]:
+def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: int, math_type: int,
+                     find: bool = False) -> list[Algorithm]:
     """cuDNN's algorithms that it supports here, exact under CUDNN_FMA_MATH, whose workspace fits in
-    ``limit`` bytes: deterministic ones first, each group in cuDNN's heuristic order (cudnnGet*_v7)."""
+    ``limit`` bytes, in cuDNN's order: by its heuristic (cudnnGet*_v7), or with ``find`` by the
+    times it measured (cudnnFind*)."""
     count = direction.max_count(handle)
     results = (cudnn.AlgoPerf * count)()
-    returned = direction.heuristic(handle, *operands, count, results)
+    returned = (direction.find if find else direction.heuristic)(handle, *operands, count, results)
     candidates = []
     for perf in results[:returned]:
         if perf.status != cudnn.STATUS_SUCCESS:
@@ -133,27 +151,34 @@ def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: 
             continue
         if nbytes <= limit:
             candidates.append(Algorithm(perf.algo, nbytes, perf.determinism == cudnn.DETERMINISTIC))
-    return sorted(candidates, key=lambda algorithm: not algorithm.deterministic)  # stable
+    return candidates
 
 
 def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape,
-              math: str, math_type: int, limit: int, search: str, measure=None) -> ConvolutionPlan:
+              math: str, math_type: int, limit: int, search: str, gemm_candidate: bool = True,
+              measure=None, deterministic: bool = True) -> ConvolutionPlan:
     """Descriptors from the cache, then one algorithm per direction.
 
-    The candidates are cuDNN's deterministic algorithms (``cudnn_candidates``) and our
-    explicit-GEMM engine where its workspace fits (cuDNN's non-deterministic ones only if none of
-    those does). With ``search="exhaustive"``, ``measure(plan, direction)`` (milliseconds of
-    one run, timed by the backend) picks the fastest of them; otherwise cuDNN's first choice wins.
+    The candidates are cuDNN's algorithms (``cudnn_candidates``, ranked by cudnnFind* for
+    ``search="find"``) — with ``deterministic``, its deterministic ones, the others only if none of
+    those nor the GEMM engine fits — and, with ``gemm_candidate``, our explicit-GEMM engine where its
+    workspace fits. With ``search="exhaustive"``, ``measure(plan, direction)`` (milliseconds of one
+    run, timed by the backend) picks the fastest of them; otherwise cuDNN's first choice wins.
     """
     x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math_type)
     handles = (x.handle, w.handle, conv.handle, y.handle)
     gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
     choices = {}
     for direction in DIRECTIONS:
-        found = cudnn_candidates(handle, direction, direction.operands(*handles), limit, math_type)
-        candidates = [algorithm for algorithm in found if algorithm.deterministic]
+        operands = direction.operands(*handles)
+        found = cudnn_candidates(handle, direction, operands, limit, math_type, search == "find")
+        if not found and search == "find":
+            log.info("cudnnFind offered no eligible convolution %s algorithm at %s: taking cudnnGet*_v7's",
+                     direction.name, x_shape)
+            found = cudnn_candidates(handle, direction, operands, limit, math_type)
+        candidates = [algorithm for algorithm in found if algorithm.deterministic or not deterministic]
         gemm_bytes = gemm_convolution.workspace_bytes(direction.name, gemm_shape)
-        if gemm_bytes <= limit and gemm_convolution.supports(gemm_shape):
+        if gemm_candidate and gemm_bytes <= limit and gemm_convolution.supports(gemm_shape):
             candidates.append(Algorithm(GEMM_ALGORITHM, gemm_bytes))
         candidates = candidates or found
         if not candidates:

@@ -1,35 +1,33 @@
-"""GEMMs with a timed choice of algorithm: the engine behind ``sgemm`` and the convolution GEMMs.
+"""GEMMs with a timed choice of algorithm: the fast engine's ``sgemm`` and its convolution GEMMs.
 
-cublasSgemm takes the kernel cuBLAS's heuristic picks for the sizes. For the small matrices of our
-networks that pick is often not the fastest: the MLP's last dx (500 × 256 with k = 10) runs in
-6.3 µs with it and in 2.9 µs with another of cuBLASLt's algorithms (H100, in a CUDA graph). So a
-GEMM problem — transposes, m, n, k, leading dimensions, batch and strides, math mode, the operands'
-alignment — gets a plan once, as a convolution does:
+cublasSgemm takes the kernel cuBLAS's heuristic picks for the sizes; for the small matrices of our
+networks another of cuBLASLt's algorithms is often faster. So a GEMM problem — transposes, m, n,
+k, leading dimensions, batch and strides, math mode, the operands' alignment — gets a plan once, as
+a convolution does:
 
     candidates = cublasSgemm(StridedBatched) + cublasLtMatmulAlgoGetHeuristic's algorithms
+                 + the transposing candidate below
     plan       = the candidate with the least GPU time, each timed on the call's own operands
 
 and every later call of that problem runs its plan: cublasLtMatmul with the stored algorithm, or
-cublasSgemm when that won (a cuBLASLt algorithm must be ``MARGIN`` faster to be taken). One more
-candidate copies the operands to the layout tensor cores read fastest, both with K contiguous
-(cublasSgeam transposes them into the engine's scratch), then runs the "TN" cublasSgemm:
+cublasSgemm when that won (a cuBLASLt algorithm must be ``MARGIN`` faster to be taken). The
+transposing candidate copies the operands to the layout tensor cores read fastest, both with K
+contiguous (cublasSgeam into the engine's scratch), then runs the "TN" cublasSgemm:
 
     A' = op(A)ᵀ (k × m),  B' = op(B) (k × n)       cublasSgeam where op(A) or op(B) needs it
     C  = alpha·A'ᵀ·B' + beta·C                     cublasSgemm (OP_T, OP_N)
 
-A weight gradient dW = x·dyᵀ has both operands with K (the batch) as the slow dimension; in TF32
-the micro-benchmark's 10 000 × 5 000 × 10 000 one takes 3.85 ms as it is and 2.69 ms as TN, for two
-copies that cost a fraction of that. The
-search "heuristic", and a problem first met during a CUDA-graph capture (nothing can be timed
-there), take cublasSgemm without timing. Every candidate computes the same FP32 (or TF32) GEMM,
-deterministically; they differ in tiling and in how K is split.
+which helps a weight gradient dW = x·dyᵀ, whose operands both have K (the batch) as the slow
+dimension. The search "heuristic", and a problem first met during a CUDA-graph capture (nothing
+can be timed there), take cublasSgemm without timing. Every candidate computes the same FP32 (or
+TF32) GEMM, deterministically; they differ in tiling and in how K is split.
 
 Timed plans are kept on disk (plan_cache.py: one file per problem, keyed by the GPU, the cuBLAS and
 cuBLASLt versions, the problem, the cuBLAS workspace and the rules above), so that a new process
 neither asks the heuristic nor times anything for a problem met before. A stored cuBLASLt
-algorithm is checked by its first run, the call that read it (cublasLtMatmulAlgoCheck would cost as
-much as the heuristic, ~6 ms on an H100): a status error there sends the problem back to the
-search, as does a transposing plan no longer within TRANSPOSE_LIMIT_BYTES; the file is rewritten.
+algorithm is checked by its first run, the call that read it (cublasLtMatmulAlgoCheck would cost
+as much as the heuristic): a status error there sends the problem back to the search, as does a
+transposing plan no longer within TRANSPOSE_LIMIT_BYTES; the file is rewritten.
 """
 
 from __future__ import annotations
@@ -217,14 +215,15 @@ class GemmEngine:
             self._transposed(p, alpha, a, b, beta, c, self._scratch.ptr)
             return
         if plan.algorithm is None:
-            self._legacy(p, alpha, a, b, beta, c)
+            self._cublas_sgemm(p, alpha, a, b, beta, c)
             return
         workspace, workspace_bytes = self.context.cublas_workspace
         layout_a, layout_b, layout_c = plan.lt.layouts
         cublaslt.matmul(self.context.cublas_lt.handle, plan.lt.desc, alpha, a, layout_a, b, layout_b, beta, c, layout_c,
                         c, layout_c, plan.algorithm, workspace, workspace_bytes, self.context.stream.address)
 
-    def _legacy(self, p: GemmProblem, alpha, a: int, b: int, beta, c: int) -> None:
+    def _cublas_sgemm(self, p: GemmProblem, alpha, a: int, b: int, beta, c: int) -> None:
+        """The slides' call: cublasSgemm (cublasSgemmStridedBatched for a batch)."""
         handle = self.context.cublas.handle
         if p.batch == 1:
             cublas.sgemm(handle, p.transa, p.transb, p.m, p.n, p.k, alpha, a, p.lda, b, p.ldb, beta, c, p.ldc)
@@ -345,16 +344,16 @@ class GemmEngine:
         scratch = None if c is not None else DeviceBuffer.allocate(FLOAT32_BYTES * problem.c_values)
         target = c if scratch is None else scratch.ptr
         try:
-            legacy = GemmPlan(problem)
-            best, best_us = legacy, self._timer.microseconds(lambda: self._execute(legacy, alpha, a, b, beta, target))
-            legacy_us = best_us
+            sgemm = GemmPlan(problem)
+            best, best_us = sgemm, self._timer.microseconds(lambda: self._execute(sgemm, alpha, a, b, beta, target))
+            sgemm_us = best_us
             for algorithm in algorithms:
                 plan = GemmPlan(problem, lt, cublaslt.MatmulAlgo.from_buffer_copy(algorithm.algo))
                 us = self._timer.microseconds(lambda: self._execute(plan, alpha, a, b, beta, target))
-                if us is not None and us < MARGIN * legacy_us and us < best_us:
+                if us is not None and us < MARGIN * sgemm_us and us < best_us:
                     best, best_us = plan, us
             us = self._time_transposed(problem, alpha, a, b, beta, target)
-            if us is not None and us < MARGIN * legacy_us and us < best_us:
+            if us is not None and us < MARGIN * sgemm_us and us < best_us:
                 best, best_us = GemmPlan(problem, transposed=True), us
                 self._grow_scratch(problem.transposed_values)
         finally:
@@ -363,7 +362,7 @@ class GemmEngine:
         if best.lt is None:
             lt.close()
         best.microseconds = best_us
-        log.debug("%r (cublasSgemm %.2f us, %d cuBLASLt algorithms timed)", best, legacy_us, len(algorithms))
+        log.debug("%r (cublasSgemm %.2f us, %d cuBLASLt algorithms timed)", best, sgemm_us, len(algorithms))
         return best
 
     def _time_transposed(self, problem: GemmProblem, alpha, a: int, b: int, beta, c: int) -> float | None:

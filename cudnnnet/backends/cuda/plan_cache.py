@@ -1,5 +1,5 @@
 """Convolution and GEMM plans kept on disk, so that a new process skips the candidate listing
-(cudnnGet*Algorithm_v7, ~13 ms a call on an H100; cublasLtMatmulAlgoGetHeuristic, ~6.5 ms) and the
+(cudnnGet*Algorithm_v7 or cudnnFind*, cublasLtMatmulAlgoGetHeuristic: milliseconds a call) and the
 timing of candidates.
 
 One JSON file per plan in ``plan_cache_dir()``, named by the SHA-256 of its key: everything that

@@ -1,7 +1,7 @@
 """The driver calls that start CUDA (cuInit, the device count, a device's primary context) through
 ctypes on libcuda.so.1, which every NVIDIA driver installs.
 
-``runtime`` reaches the same driver through cuda-python, but importing cuda-python takes ~60 ms
+``runtime`` reaches the same driver through cuda-python, but importing cuda-python takes a while
 holding the GIL; these calls need no import, so ``startup.DriverStart`` can begin the driver's
 ~0.2–0.3 s start-up the moment a caller asks for it. Every status is checked and raised as a
 CudaError naming the function (its CUresult name from cuGetErrorName).

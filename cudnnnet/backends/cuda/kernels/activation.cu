@@ -1,9 +1,10 @@
-// ReLU backward in one launch, compiled with NVRTC (kernel.py), in place of cudnnActivationBackward:
+// ReLU backward in one launch, compiled with NVRTC (kernel.py), in place of cudnnActivationBackward
+// in the fast engine (the slides engine calls cuDNN):
 //
 //   dx = alpha·(dy·[x > 0]) + beta·dx        x, dy, dx: count values each; [x > 0] is 1 or 0
 //
-// cuDNN's first cudnnActivationBackward of a process loads its kernel (~50 ms on an H100, in the
-// MLP's first training step), and each call took 2.0 µs of the MLP's step. With beta == 0, dx is
+// cuDNN's first cudnnActivationBackward of a process loads its kernel, a cost an MLP without other
+// cuDNN calls avoids altogether. With beta == 0, dx is
 // not read (a NaN there does not survive). As in the host backend (NumPy's dy * (x > 0)), dy is
 // multiplied, not selected: a NaN or infinite dy gives NaN where x <= 0; a NaN x counts as x <= 0.
 // The blend is rounded step by step (no fused multiply-add), as the host backend rounds it.

@@ -1,0 +1,95 @@
+"""The engine: which calls run a layer — the slides' cuBLAS/cuDNN calls, or our fast path.
+
+One policy, consulted where a choice is made (as Chainer's ``chainer.config.use_cudnn`` is read
+by each function, and CuPy's ``CUPY_ACCELERATORS`` by each routine). A backend holds the current
+one (``backend.engine``, set with ``backend.set_engine("slides" | "fast")``); layers, the network
+and the CUDA backend read its fields, never attributes of their own.
+
+``slides`` (the default) runs the C++ design's library calls and nothing in their place:
+
+    Dense       y = Wᵀx (cublasSgemm), y += b·1ᵀ (rank-1 cublasSgemm); db cublasSgemv, dW, dx cublasSgemm
+    Activation  cudnnActivationForward / cudnnActivationBackward
+    Softmax     cudnnSoftmaxForward; the loss by kernels/loss.cu; dx by cudaMemcpyAsync + cublasSaxpy + cublasSscal
+    Conv2D      cudnnConvolutionForward + cudnnAddTensor; cudnnConvolutionBackwardBias / Filter / Data,
+                algorithms from cudnnFindConvolution*Algorithm within the workspace limit: the fastest
+                exact one it measured, deterministic or not (the C++ design's PREFER_FASTEST)
+    Pooling     cudnnPoolingForward / cudnnPoolingBackward
+    SGD         cublasSaxpy (momentum and weight decay: cublasSscal / cublasSaxpy), the rate read from
+                device memory, each call over all parameters at once (optim.pack)
+
+and our kernels only where the slides had one or no library call exists (``SLIDES_KERNELS``).
+
+``fast`` is the same arithmetic with our fusions and kernels: bias + activation in one kernel,
+softmax + loss + gradient in one, timed cuBLASLt GEMM plans, our explicit-GEMM convolution timed
+against cuDNN's algorithms (deterministic ones only, so a seed gives the same weights), ReLU /
+max-pooling / bias-gradient kernels, one-launch SGD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import UsageError
+
+# Our NVRTC kernels that slides mode may launch: the loss reduction (the slides' own kernel), the
+# accuracy count, the batch gather and the uint8 -> float32 image conversion (no library call does
+# these). Extend it when a kernel of that kind is added (a watch on the training loss, say).
+SLIDES_KERNELS = frozenset({
+    "cross_entropy_loss",
+    "squared_error_loss",
+    "accuracy_count",
+    "gather_batch",
+    "pixels_to_images",
+})
+
+CONVOLUTION_SEARCHES = ("find", "exhaustive", "heuristic")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What runs each choice point; every field is read by exactly the code named beside it."""
+
+    name: str
+    fuse_bias_activation: bool  # Dense/Conv2D: bias + a following activation in one kernel (bias_activation_forward)
+    fuse_loss: bool  # Softmax: softmax, loss, accuracy and gradient in one kernel
+    gemm_plans: bool  # CudaBackend.sgemm: timed cuBLASLt / cublasSgemm plans (matmul.py); else cublasSgemm
+    convolution_search: str  # "find": cudnnFind*; "exhaustive": our timer over cuDNN and the GEMM engine;
+    #                          "heuristic": cudnnGet*_v7's first choice
+    gemm_convolution: bool  # our explicit-GEMM convolution (gemm_convolution.py) is a candidate
+    deterministic_convolution: bool  # only deterministic algorithms where any is eligible; else cuDNN's fastest
+    relu_kernel: bool  # ReLU backward by kernels/activation.cu; else cudnnActivationBackward
+    max_pooling_kernel: bool  # non-overlapping max-pooling backward by kernels/pooling.cu; else cudnnPoolingBackward
+    channel_sum: bool  # convolution bias gradient by kernels/channel_sum.cu; else cudnnConvolutionBackwardBias
+    sgd_kernel: bool  # SGD by kernels/sgd*.cu (one launch for all parameters); else cuBLAS level-1 calls
+    kernels: frozenset | None  # our kernels this engine may launch (None: any)
+
+    def __post_init__(self):
+        if self.convolution_search not in CONVOLUTION_SEARCHES:
+            raise UsageError(f"invalid convolution_search {self.convolution_search!r}; "
+                             f"valid are {', '.join(CONVOLUTION_SEARCHES)}")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def allows_kernel(self, name: str) -> bool:
+        """Whether our kernel ``name`` is one this engine may launch."""
+        return self.kernels is None or name in self.kernels
+
+
+SLIDES = Engine("slides", fuse_bias_activation=False, fuse_loss=False, gemm_plans=False, convolution_search="find",
+                gemm_convolution=False, deterministic_convolution=False, relu_kernel=False, max_pooling_kernel=False,
+                channel_sum=False, sgd_kernel=False, kernels=SLIDES_KERNELS)
+FAST = Engine("fast", fuse_bias_activation=True, fuse_loss=True, gemm_plans=True, convolution_search="exhaustive",
+              gemm_convolution=True, deterministic_convolution=True, relu_kernel=True, max_pooling_kernel=True,
+              channel_sum=True, sgd_kernel=True, kernels=None)
+ENGINES = {engine.name: engine for engine in (SLIDES, FAST)}
+DEFAULT_ENGINE = SLIDES.name
+
+
+def get_engine(engine: "str | Engine") -> Engine:
+    """The engine called ``engine`` ("slides" or "fast"), or ``engine`` itself if an Engine."""
+    if isinstance(engine, Engine):
+        return engine
+    if engine not in ENGINES:
+        raise UsageError(f"unknown engine {engine!r}; valid engines are {', '.join(ENGINES)}")
+    return ENGINES[engine]
