@@ -29,7 +29,7 @@ from .data.pixels import PixelImages
 from .data.streamed import FLOAT32_BYTES, StreamedData, choose_placement
 from .errors import CheckpointError, DataError, TrainingError
 from .network import OPTIMIZER_PREFIX, Network
-from .optim import SGD
+from .optim import make_optimizer
 from .tensor import Tensor
 
 log = logging.getLogger(__name__)
@@ -280,8 +280,7 @@ class Trainer:
             self.backend.set_math(config.math)
         self.network = build_network(config, self.backend)
         train = config.train
-        opt = train.optimizer
-        self.optimizer = SGD(self.network, opt.lr, opt.momentum, opt.weight_decay, train.schedule)
+        self.optimizer = make_optimizer(self.network, train.optimizer, train.schedule)
         self.loader = BatchLoader(self.train_pixels, self.train_labels, train.batch_size, seed=train.seed)
         placement = choose_placement(config.data.placement, self.backend, self.train_pixels, self.train_labels,
                                      ResidentTestSet.nbytes(self.test_pixels, self.loader.classes))
