@@ -365,6 +365,10 @@ def _pooling(layer: _Section) -> dict:
     }
 
 
+def _dropout(layer: _Section) -> dict:
+    return {"rate": layer.number("rate", 0.5, low=0.0, high=1.0, high_open=True)}
+
+
 def _no_params(layer: _Section) -> dict:
     return {}
 
@@ -376,6 +380,7 @@ LAYER_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[_Section], dict]]] = {
     "mse": ((), _no_params),
     "conv2d": (("out_channels", "kernel_size", "stride", "padding", "dilation"), _conv2d),
     "pooling": (("kernel_size", "stride", "padding", "mode"), _pooling),
+    "dropout": (("rate",), _dropout),
 }
 
 

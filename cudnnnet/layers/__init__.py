@@ -4,6 +4,7 @@ from .activation import Activation
 from .base import Layer, Parameter, WeightBiasLayer
 from .conv2d import Conv2D
 from .dense import Dense
+from .dropout import Dropout
 from .loss import LossLayer
 from .mse import MSE
 from .pooling import Pooling
@@ -16,7 +17,8 @@ LAYER_TYPES = {
     "mse": MSE,
     "conv2d": Conv2D,
     "pooling": Pooling,
+    "dropout": Dropout,
 }
 
-__all__ = ["Activation", "Conv2D", "Dense", "Layer", "LossLayer", "MSE", "Parameter", "Pooling", "Softmax",
+__all__ = ["Activation", "Conv2D", "Dense", "Dropout", "Layer", "LossLayer", "MSE", "Parameter", "Pooling", "Softmax",
            "WeightBiasLayer", "LAYER_TYPES"]

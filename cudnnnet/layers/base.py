@@ -42,6 +42,7 @@ class Layer:
     """Base class. Subclasses implement ``output_sample_shape``, ``forward`` and ``backward``."""
 
     is_loss = False
+    training = True  # False in evaluation (Network.eval): Dropout is the identity, BatchNorm uses its running statistics
 
     def __init__(self, name: str):
         if not isinstance(name, str) or not name:
