@@ -369,6 +369,17 @@ def _dropout(layer: _Section) -> dict:
     return {"rate": layer.number("rate", 0.5, low=0.0, high=1.0, high_open=True)}
 
 
+BATCH_NORM_MODES = ("auto", "spatial", "per_activation")
+
+
+def _batchnorm(layer: _Section) -> dict:
+    return {
+        "mode": layer.choice("mode", BATCH_NORM_MODES, "auto"),
+        "momentum": layer.number("momentum", 0.1, low=0.0, high=1.0, low_open=True),
+        "eps": layer.number("eps", 1e-5, low=1e-5),
+    }
+
+
 def _no_params(layer: _Section) -> dict:
     return {}
 
@@ -381,6 +392,7 @@ LAYER_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[_Section], dict]]] = {
     "conv2d": (("out_channels", "kernel_size", "stride", "padding", "dilation"), _conv2d),
     "pooling": (("kernel_size", "stride", "padding", "mode"), _pooling),
     "dropout": (("rate",), _dropout),
+    "batchnorm": (("mode", "momentum", "eps"), _batchnorm),
 }
 
 

@@ -194,15 +194,19 @@ class Network:
         self._scalars = None
         return self
 
+    def buffers(self) -> dict[str, Tensor]:
+        """Every layer's non-trainable state (BatchNorm's running statistics), by qualified name."""
+        return {name: value for layer in self.layers for name, value in layer.buffers().items()}
+
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Every parameter as a host array, by qualified name (``fc1.weight``)."""
-        return {name: value.numpy() for name, value in self.parameters().items()}
+        """Every parameter and buffer as a host array, by qualified name (``fc1.weight``, ``bn1.running_mean``)."""
+        return {name: value.numpy() for name, value in {**self.parameters(), **self.buffers()}.items()}
 
     def load_state_dict(self, arrays: dict) -> None:
-        """Copy parameters in by name; checks every name and shape first, so a mismatch changes nothing."""
-        expected = {name: value.shape for name, value in self.parameters().items()}
-        checkpoint.check_compatible(arrays, expected)
-        for name, value in self.parameters().items():
+        """Copy parameters and buffers in by name; checks every name and shape first, so a mismatch changes nothing."""
+        tensors = {**self.parameters(), **self.buffers()}
+        checkpoint.check_compatible(arrays, {name: value.shape for name, value in tensors.items()})
+        for name, value in tensors.items():
             value.copy_(Tensor.from_numpy(np.asarray(arrays[name], dtype=np.float32).reshape(value.shape)))
 
     # ---- training and evaluation mode ----------------------------------------------------------

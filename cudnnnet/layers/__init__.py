@@ -2,6 +2,7 @@
 
 from .activation import Activation
 from .base import Layer, Parameter, WeightBiasLayer
+from .batchnorm import BatchNorm
 from .conv2d import Conv2D
 from .dense import Dense
 from .dropout import Dropout
@@ -18,7 +19,8 @@ LAYER_TYPES = {
     "conv2d": Conv2D,
     "pooling": Pooling,
     "dropout": Dropout,
+    "batchnorm": BatchNorm,
 }
 
-__all__ = ["Activation", "Conv2D", "Dense", "Dropout", "Layer", "LossLayer", "MSE", "Parameter", "Pooling", "Softmax",
+__all__ = ["Activation", "BatchNorm", "Conv2D", "Dense", "Dropout", "Layer", "LossLayer", "MSE", "Parameter", "Pooling", "Softmax",
            "WeightBiasLayer", "LAYER_TYPES"]

@@ -81,6 +81,10 @@ class Layer:
     def parameters(self) -> list[Parameter]:
         return []
 
+    def buffers(self) -> dict[str, Tensor]:
+        """Non-trainable state saved with the weights (BatchNorm's running statistics), by qualified name."""
+        return {}
+
     def to(self, backend) -> None:
         """Move parameters to ``backend``; activations are re-allocated on the next forward."""
         self.backend = backend
