@@ -393,6 +393,7 @@ LAYER_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[_Section], dict]]] = {
     "pooling": (("kernel_size", "stride", "padding", "mode"), _pooling),
     "dropout": (("rate",), _dropout),
     "batchnorm": (("mode", "momentum", "eps"), _batchnorm),
+    "global_average_pooling": ((), _no_params),
 }
 
 

@@ -6,6 +6,7 @@ from .batchnorm import BatchNorm
 from .conv2d import Conv2D
 from .dense import Dense
 from .dropout import Dropout
+from .global_average_pooling import GlobalAveragePooling
 from .loss import LossLayer
 from .mse import MSE
 from .pooling import Pooling
@@ -20,7 +21,8 @@ LAYER_TYPES = {
     "pooling": Pooling,
     "dropout": Dropout,
     "batchnorm": BatchNorm,
+    "global_average_pooling": GlobalAveragePooling,
 }
 
-__all__ = ["Activation", "BatchNorm", "Conv2D", "Dense", "Dropout", "Layer", "LossLayer", "MSE", "Parameter", "Pooling", "Softmax",
+__all__ = ["Activation", "BatchNorm", "Conv2D", "Dense", "Dropout", "GlobalAveragePooling", "Layer", "LossLayer", "MSE", "Parameter", "Pooling", "Softmax",
            "WeightBiasLayer", "LAYER_TYPES"]
