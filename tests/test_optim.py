@@ -152,16 +152,23 @@ def test_adam_on_cuda_matches_the_host(cuda, host, decoupled):
             optimizer.set_lr(epoch=0)
             optimizer.step()
             new_gradients(network, step)
+    from cudnnnet.backends.cuda import kernel
+
+    kernel.reset_launches()
+    optimizers[1].step()
+    optimizers[0].step()
+    assert kernel.launches["adam_update_many"] == 1  # one launch for every parameter
     host_weights, cuda_weights = (network.parameters() for network in networks)
     for name, value in host_weights.items():
         assert np.allclose(cuda_weights[name].numpy(), value.numpy(), rtol=1e-5, atol=1e-7), name
-    assert optimizers[1].counter.numpy().reshape(-1).tolist() == [5.0, 0.0]
+    assert optimizers[1].counter.numpy().reshape(-1).tolist() == [6.0, 0.0]
 
 
 @pytest.mark.gpu
 def test_adam_replayed_in_a_captured_graph_follows_the_bias_correction_and_schedule(cuda, host):
     """A graph of one Adam step replayed five times gives the weights of five eager steps: the step
-    count and the warm-up rate are read from device memory at every replay."""
+    count (bias correction) and the warm-up rate are read from device memory at every replay. New
+    gradients are written into the same buffers before each step, so that the bias correction matters."""
     networks = [network_with_gradients(backend) for backend in (host, cuda)]
     optimizers = [Adam(network, lr=0.05, schedule=ScheduleConfig("constant", warmup_steps=4)) for network in networks]
     optimizers[1].step()  # uploads the pointer table before the capture
@@ -169,8 +176,12 @@ def test_adam_replayed_in_a_captured_graph_follows_the_bias_correction_and_sched
     with cuda.capture() as graph:
         optimizers[1].network.backend.adam_update_many(optimizers[1].groups, optimizers[1].lr, optimizers[1].counter,
                                                        0.9, 0.999, 1e-8, 0.0, False)
+    rng = np.random.default_rng(9)
     for _ in range(5):
+        grads = {p.name: rng.standard_normal(p.grad.shape) * rng.uniform(0.1, 10) for p in networks[0].parameter_list()}
         for index, optimizer in enumerate(optimizers):
+            for parameter in networks[index].parameter_list():
+                parameter.grad.write_(grads[parameter.name])
             optimizer.set_lr(epoch=0)
             if index == 0:
                 optimizer.step()

@@ -124,3 +124,18 @@ def test_config_reads_batchnorm_with_defaults():
     model[1]["mode"] = "channel"
     with pytest.raises(ConfigError, match=r"model\[1\].mode: expected one of auto, spatial, per_activation"):
         parse_config({"model": model, "train": {"optimizer": {"lr": 0.1}}})
+
+
+@pytest.mark.gpu
+def test_cuda_runs_cudnns_batch_normalisation_calls(cuda):
+    from cudnnnet.backends.cuda import bindings
+
+    layer = random_layer((4, 3, 3), "auto", cuda)
+    x = Tensor.from_numpy(np.random.default_rng(0).standard_normal((5, 4, 3, 3)), cuda)
+    bindings.reset_calls()
+    layer.forward(x)
+    layer.backward(x)
+    layer.training = False
+    layer.forward(x)
+    assert [bindings.calls[f"cudnnBatchNormalization{call}"] for call in ("ForwardTraining", "Backward",
+                                                                          "ForwardInference")] == [1, 1, 1]

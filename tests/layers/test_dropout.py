@@ -119,3 +119,15 @@ def test_config_reads_dropout_with_its_default_rate():
     model[1]["rate"] = 1
     with pytest.raises(ConfigError, match=r"model\[1\].rate: expected a number in \[0, 1\), got 1"):
         parse_config({"model": model, "train": {"optimizer": {"lr": 0.1}}})
+
+
+@pytest.mark.gpu
+def test_cuda_runs_cudnns_dropout_calls(cuda):
+    from cudnnnet.backends.cuda import bindings
+
+    layer = build(Dropout("drop", 0.3), SHAPE[1:], cuda)
+    x = Tensor.from_numpy(positive_input(), cuda)
+    bindings.reset_calls()
+    layer.forward(x)
+    layer.backward(x)
+    assert bindings.calls["cudnnDropoutForward"] == 1 and bindings.calls["cudnnDropoutBackward"] == 1

@@ -515,8 +515,9 @@ class HostBackend(Backend):
             raise ShapeError(f"adam_update_many: counter must hold 2 values (steps, 0), got shape {counter.shape}")
         t = float(counter.data[0]) + 1.0
         rate = _scalar(lr)
-        step_size = F32(rate / (1.0 - beta1 ** t))
-        root_correction2 = F32(np.sqrt(1.0 - beta2 ** t))
+        # 1 - βᵗ of the float32 β the kernel reads, in float64
+        step_size = F32(rate / (1.0 - float(F32(beta1)) ** t))
+        root_correction2 = F32(np.sqrt(1.0 - float(F32(beta2)) ** t))
         b1, b2 = F32(beta1), F32(beta2)
         for param, grad, m, v in groups:
             for other in (grad, m, v):

@@ -41,8 +41,9 @@ extern "C" __global__ void adam_update_many(const AdamTensor* table, int tensors
                                             float weight_decay, int decoupled) {
     const float rate = lr != nullptr ? lr[0] : lr_value;
     const float t = *(volatile const float*)counter + 1.0f;
-    const float step_size = rate / (1.0f - powf(beta1, t));
-    const float root_correction2 = sqrtf(1.0f - powf(beta2, t));
+    // 1 - βᵗ = -expm1(t·log β): no cancellation when βᵗ is close to 1 (β2 = 0.999 at small t)
+    const float step_size = rate / -expm1f(t * logf(beta1));
+    const float root_correction2 = sqrtf(-expm1f(t * logf(beta2)));
     for (long long i = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x; i < total;
          i += (long long)gridDim.x * BLOCK_SIZE) {
         const AdamTensor p = table[find_adam_tensor(table, tensors, i)];
