@@ -510,9 +510,12 @@ class HostBackend(Backend):
     # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
     def adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
                          decoupled: bool) -> None:
-        """Adam or AdamW on each (param, grad, m, v) in turn, float32 like the CUDA kernel; counter[0] += 1."""
+        """Adam or AdamW on each (param, grad, m, v) in turn, float32 like the CUDA kernel; counter[0] += 1
+        (an empty list changes nothing, as on CUDA, where no kernel is launched for it)."""
         if counter.size != 2:
             raise ShapeError(f"adam_update_many: counter must hold 2 values (steps, 0), got shape {counter.shape}")
+        if not groups:
+            return
         t = float(counter.data[0]) + 1.0
         rate = _scalar(lr)
         # 1 - βᵗ of the float32 β the kernel reads, in float64
