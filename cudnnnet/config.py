@@ -33,7 +33,7 @@ POOLING_MODES = ("max", "average")
 LOSS_LAYERS = ("softmax", "mse")
 DATASETS = ("mnist",)
 PLACEMENTS = ("auto", "device", "host")  # where the training set lives: see data/streamed.py
-OPTIMIZERS = ("sgd",)
+OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "inverse", "step", "cosine")
 LAYER_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -80,27 +80,46 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
+    """sgd: lr, momentum, weight_decay (L2, added to the gradient); adam: lr, betas, eps,
+    weight_decay (L2, as sgd); adamw: the same with the weight decay decoupled from the gradient."""
+
     lr: float
     name: str = "sgd"
     momentum: float = 0.0
     weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam's β1, β2
+    eps: float = 1e-8
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
+        if self.name == "sgd":
+            return {"name": self.name, "lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
+        return {"name": self.name, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
+                "weight_decay": self.weight_decay}
 
 
 @dataclass(frozen=True)
 class ScheduleConfig:
     """constant; inverse: lr0 / (1 + decay·step); step: lr0 · gamma^(epoch // step_size);
-    cosine: lr0 · ½(1 + cos(π·step / total_steps)), annealing to 0 over the run's planned steps."""
+    cosine: lr0 · ½(1 + cos(π·step / total_steps)), annealing to 0 over the run's planned steps.
+
+    Any of them with ``warmup_steps`` = W > 0 is multiplied by (step + 1) / W for step < W: a
+    linear warm-up from lr/W at the first step to the schedule's own rate at step W."""
 
     name: str = "constant"
     decay: float | None = None
     step_size: int | None = None
     gamma: float | None = None
+    warmup_steps: int = 0
 
     def learning_rate(self, base_lr: float, step: int, epoch: int, total_steps: int | None = None) -> float:
         """The learning rate at global ``step`` (from 0) during ``epoch`` (from 0) of a run of ``total_steps``."""
+        rate = self._scheduled_rate(base_lr, step, epoch, total_steps)
+        if step < self.warmup_steps:
+            rate *= (step + 1) / self.warmup_steps
+        return rate
+
+    def _scheduled_rate(self, base_lr: float, step: int, epoch: int, total_steps: int | None) -> float:
+        """The schedule's rate before any warm-up."""
         if self.name == "cosine":
             if not total_steps:
                 raise ValueError("the cosine schedule needs the run's total_steps")
@@ -113,7 +132,7 @@ class ScheduleConfig:
 
     def to_dict(self) -> dict:
         return _without_none({"name": self.name, "decay": self.decay, "step_size": self.step_size,
-                              "gamma": self.gamma})
+                              "gamma": self.gamma, "warmup_steps": self.warmup_steps or None})
 
 
 @dataclass(frozen=True)
@@ -351,6 +370,21 @@ def _pooling(layer: _Section) -> dict:
     }
 
 
+def _dropout(layer: _Section) -> dict:
+    return {"rate": layer.number("rate", 0.5, low=0.0, high=1.0, high_open=True)}
+
+
+BATCH_NORM_MODES = ("auto", "spatial", "per_activation")
+
+
+def _batchnorm(layer: _Section) -> dict:
+    return {
+        "mode": layer.choice("mode", BATCH_NORM_MODES, "auto"),
+        "momentum": layer.number("momentum", 0.1, low=0.0, high=1.0, low_open=True),
+        "eps": layer.number("eps", 1e-5, low=1e-5),
+    }
+
+
 def _no_params(layer: _Section) -> dict:
     return {}
 
@@ -362,6 +396,9 @@ LAYER_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[_Section], dict]]] = {
     "mse": ((), _no_params),
     "conv2d": (("out_channels", "kernel_size", "stride", "padding", "dilation"), _conv2d),
     "pooling": (("kernel_size", "stride", "padding", "mode"), _pooling),
+    "dropout": (("rate",), _dropout),
+    "batchnorm": (("mode", "momentum", "eps"), _batchnorm),
+    "global_average_pooling": ((), _no_params),
 }
 
 
@@ -435,29 +472,53 @@ def _parse_data(data: _Section) -> DataConfig:
                       placement=data.choice("placement", PLACEMENTS, "auto"))
 
 
+ADAMW_WEIGHT_DECAY = 0.01  # AdamW's default decoupled weight decay (PyTorch's)
+
+
 def _parse_optimizer(optimizer: _Section) -> OptimizerConfig:
-    optimizer.only(("name", "lr", "momentum", "weight_decay", "nesterov"))
+    name = optimizer.choice("name", OPTIMIZERS, "sgd")
+    if name != "sgd":
+        return _parse_adam(optimizer, name)
+    optimizer.only(("name", "lr", "momentum", "weight_decay", "nesterov"), context="optimizer sgd")
     if optimizer.boolean("nesterov", False):
         optimizer.fail("nesterov", "nesterov momentum is not supported; remove the key or set it to false")
     return OptimizerConfig(
-        name=optimizer.choice("name", OPTIMIZERS, "sgd"),
+        name=name,
         lr=optimizer.number("lr", low=0.0, low_open=True),
         momentum=optimizer.number("momentum", 0.0, low=0.0, high=1.0, high_open=True),
         weight_decay=optimizer.number("weight_decay", 0.0, low=0.0),
     )
 
 
+def _parse_adam(optimizer: _Section, name: str) -> OptimizerConfig:
+    """adam or adamw: lr, betas [β1, β2] each in [0, 1), eps > 0, weight_decay >= 0."""
+    optimizer.only(("name", "lr", "betas", "eps", "weight_decay"), context=f"optimizer {name}")
+    betas = optimizer.get("betas", [0.9, 0.999], "a list [beta1, beta2]")
+    if not isinstance(betas, (list, tuple)) or len(betas) != 2:
+        optimizer.fail("betas", f"expected a list of two numbers [beta1, beta2], each in [0, 1), got {_describe(betas)}")
+    pair = _Section({"beta1": betas[0], "beta2": betas[1]}, optimizer.key_path("betas"), optimizer.source)
+    return OptimizerConfig(
+        name=name,
+        lr=optimizer.number("lr", low=0.0, low_open=True),
+        betas=(pair.number("beta1", low=0.0, high=1.0, high_open=True),
+               pair.number("beta2", low=0.0, high=1.0, high_open=True)),
+        eps=optimizer.number("eps", 1e-8, low=0.0, low_open=True),
+        weight_decay=optimizer.number("weight_decay", ADAMW_WEIGHT_DECAY if name == "adamw" else 0.0, low=0.0),
+    )
+
+
 def _parse_schedule(schedule: _Section) -> ScheduleConfig:
     name = schedule.choice("name", SCHEDULES, "constant")
+    warmup = {"warmup_steps": schedule.integer("warmup_steps", 0, low=0)}
     if name == "inverse":
-        schedule.only(("name", "decay"), context="schedule inverse")
-        return ScheduleConfig(name, decay=schedule.number("decay", low=0.0))
+        schedule.only(("name", "decay", "warmup_steps"), context="schedule inverse")
+        return ScheduleConfig(name, decay=schedule.number("decay", low=0.0), **warmup)
     if name == "step":
-        schedule.only(("name", "step_size", "gamma"), context="schedule step")
+        schedule.only(("name", "step_size", "gamma", "warmup_steps"), context="schedule step")
         return ScheduleConfig(name, step_size=schedule.integer("step_size", low=0, low_open=True),
-                              gamma=schedule.number("gamma", low=0.0, high=1.0, low_open=True))
-    schedule.only(("name",), context=f"schedule {name}")
-    return ScheduleConfig(name)
+                              gamma=schedule.number("gamma", low=0.0, high=1.0, low_open=True), **warmup)
+    schedule.only(("name", "warmup_steps"), context=f"schedule {name}")
+    return ScheduleConfig(name, **warmup)
 
 
 def _parse_train(train: _Section) -> TrainConfig:

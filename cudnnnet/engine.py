@@ -33,13 +33,15 @@ from .errors import UsageError
 
 # Our NVRTC kernels that slides mode may launch: the loss reduction (the slides' own kernel), the
 # accuracy count, the batch gather and the uint8 -> float32 image conversion (no library call does
-# these). Extend it when a kernel of that kind is added (a watch on the training loss, say).
+# these), and the Adam update, an optimiser the slides do not have and no library call computes.
+# Extend it when a kernel of that kind is added (a watch on the training loss, say).
 SLIDES_KERNELS = frozenset({
     "cross_entropy_loss",
     "squared_error_loss",
     "accuracy_count",
     "gather_batch",
     "pixels_to_images",
+    "adam_update_many",
 })
 
 CONVOLUTION_SEARCHES = ("find", "exhaustive", "heuristic")

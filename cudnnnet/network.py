@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -156,8 +157,9 @@ class Network:
             self.backend.sgd_update(parameter.value, parameter.grad, None, learning_rate, 0.0, 0.0)
 
     def predict(self, x) -> Tensor:
-        """The output of a forward pass (no gradients are needed or kept)."""
-        return self.forward(x)
+        """The output of a forward pass in evaluation mode (no gradients are needed or kept)."""
+        with self.evaluating():
+            return self.forward(x)
 
     def _scalar(self, index: int) -> Tensor:
         if self._scalars is None or self._scalars.backend is not self.backend:
@@ -191,16 +193,45 @@ class Network:
         self._scalars = None
         return self
 
+    def buffers(self) -> dict[str, Tensor]:
+        """Every layer's non-trainable state (BatchNorm's running statistics), by qualified name."""
+        return {name: value for layer in self.layers for name, value in layer.buffers().items()}
+
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Every parameter as a host array, by qualified name (``fc1.weight``)."""
-        return {name: value.numpy() for name, value in self.parameters().items()}
+        """Every parameter and buffer as a host array, by qualified name (``fc1.weight``, ``bn1.running_mean``)."""
+        return {name: value.numpy() for name, value in {**self.parameters(), **self.buffers()}.items()}
 
     def load_state_dict(self, arrays: dict) -> None:
-        """Copy parameters in by name; checks every name and shape first, so a mismatch changes nothing."""
-        expected = {name: value.shape for name, value in self.parameters().items()}
-        checkpoint.check_compatible(arrays, expected)
-        for name, value in self.parameters().items():
+        """Copy parameters and buffers in by name; checks every name and shape first, so a mismatch changes nothing."""
+        tensors = {**self.parameters(), **self.buffers()}
+        checkpoint.check_compatible(arrays, {name: value.shape for name, value in tensors.items()})
+        for name, value in tensors.items():
             value.copy_(Tensor.from_numpy(np.asarray(arrays[name], dtype=np.float32).reshape(value.shape)))
+
+    # ---- training and evaluation mode ----------------------------------------------------------
+    training = True
+
+    def train(self, mode: bool = True) -> "Network":
+        """Training mode (``mode`` True, the default state) or evaluation mode for every layer: in
+        evaluation Dropout is the identity and BatchNorm normalises with its running statistics."""
+        self.training = bool(mode)
+        for layer in self.layers:
+            layer.training = self.training
+        return self
+
+    def eval(self) -> "Network":
+        """Evaluation mode: ``train(False)``."""
+        return self.train(False)
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """Evaluation mode inside the block, the previous mode restored after it."""
+        previous = self.training
+        self.eval()
+        try:
+            yield self
+        finally:
+            self.train(previous)
 
     # ---- checkpoints -------------------------------------------------------------------------
     def spec(self) -> list[dict]:

@@ -1,4 +1,4 @@
-"""SGD with optional momentum and weight decay, following a learning-rate schedule.
+"""SGD (optional momentum and weight decay), Adam and AdamW, following a learning-rate schedule.
 
 The learning rate lives in a one-element tensor on the network's backend, so that a captured CUDA
 graph of the training step reads the current rate at every replay. Schedules are
@@ -11,13 +11,17 @@ each tensor keeps its values and its identity, its storage becomes a view into o
 kind, so the update covers all of them at once: on CUDA the slides' cublasSaxpy (with cublasSscal
 and cublasSaxpy for momentum and weight decay, the rate read from device memory) once over the
 buffer, or one launch in the fast engine. ``Backend.sgd_update`` stays the per-parameter call.
+``Adam`` (and AdamW, its decoupled weight decay) updates every parameter with one
+``adam_update_many`` call; its step count lives on the device beside the rate and is advanced by
+that call, so a captured graph applies the bias correction of the step it replays.
+``make_optimizer`` builds the one a config names.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .config import ScheduleConfig
+from .config import OptimizerConfig, ScheduleConfig
 from .errors import CheckpointError, InvalidArgumentError
 from .tensor import Tensor
 
@@ -123,3 +127,98 @@ class SGD:
         for name, value in self.velocity.items():
             value.copy_(Tensor.from_numpy(arrays[f"{prefix}velocity.{name}"].reshape(value.shape)))
         self.step_count = int(step.reshape(-1)[0])
+
+
+class Adam:
+    """Adam (``decoupled`` False: weight decay added to the gradient, PyTorch's Adam) or AdamW
+    (``decoupled`` True: W = W - lr·wd·W before the step, PyTorch's AdamW), bias-corrected:
+
+        m = β1·m + (1 - β1)·g;  v = β2·v + (1 - β2)·g²;  W = W - lr·m̂/(√v̂ + eps),
+        m̂ = m/(1 - β1ᵗ), v̂ = v/(1 - β2ᵗ)
+    """
+
+    def __init__(self, network, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 decoupled: bool = False, schedule: ScheduleConfig | None = None):
+        if not lr > 0:
+            raise InvalidArgumentError(f"learning rate must be > 0, got {lr!r}")
+        if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+            raise InvalidArgumentError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        if not eps > 0:
+            raise InvalidArgumentError(f"eps must be > 0, got {eps!r}")
+        if not weight_decay >= 0:
+            raise InvalidArgumentError(f"weight decay must be >= 0, got {weight_decay!r}")
+        if network.input_shape is None:
+            raise InvalidArgumentError("build the network (its parameters) before making its optimiser")
+        if not network.parameter_list():
+            raise InvalidArgumentError("the network has no parameters for Adam to update")
+        self.network = network
+        self.lr0, self.eps, self.weight_decay = float(lr), float(eps), float(weight_decay)
+        self.beta1, self.beta2 = (float(beta) for beta in betas)
+        self.decoupled = bool(decoupled)
+        self.schedule = schedule or ScheduleConfig()
+        self.step_count = 0  # steps taken, as the host counts them (the schedule's position)
+        self.total_steps = None
+        backend = network.backend
+        self.lr = Tensor((1,), backend).fill_(self.lr0)  # the current rate, on the device
+        self._lr_written = self.lr0
+        self.counter = Tensor.zeros((2,), backend)  # [steps taken, 0]: advanced on the device by each step
+        self.moments = {p.name: (Tensor.zeros(p.value.shape, backend), Tensor.zeros(p.value.shape, backend))
+                        for p in network.parameter_list()}  # name -> (m, v)
+        self.groups = self._parameter_groups()
+
+    def _parameter_groups(self) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], ...]:
+        """(value, grad, m, v) of every parameter, as adam_update_many takes them."""
+        return tuple((p.value, p.grad, *self.moments[p.name]) for p in self.network.parameter_list())
+
+    current_lr = SGD.current_lr  # the schedule and the device rate behave as SGD's
+    set_lr = SGD.set_lr
+
+    def step(self) -> None:
+        """One bias-corrected step on every parameter (one fused call); the device counter advances."""
+        # m = β1·m + (1-β1)·g;  v = β2·v + (1-β2)·g²;  W = W - lr·m̂/(√v̂ + eps)   for every parameter at once
+        self.network.backend.adam_update_many(self.groups, self.lr, self.counter, self.beta1, self.beta2, self.eps,
+                                              self.weight_decay, self.decoupled)
+        self.step_count += 1
+
+    def to(self, backend) -> None:
+        """Move the rate, the step counter and the moments to ``backend``, after the network."""
+        self.lr = self.lr.to(backend)
+        self.counter = self.counter.to(backend)
+        self.moments = {name: (m.to(backend), v.to(backend)) for name, (m, v) in self.moments.items()}
+        self.groups = self._parameter_groups()
+
+    # ---- state for checkpoints -----------------------------------------------------------------
+    def state_arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        arrays = {}
+        for name, (m, v) in self.moments.items():
+            arrays[f"{prefix}m.{name}"] = m.numpy()
+            arrays[f"{prefix}v.{name}"] = v.numpy()
+        arrays[f"{prefix}step"] = np.array([self.step_count], dtype=np.float32)
+        return arrays
+
+    def load_state_arrays(self, arrays: dict, prefix: str) -> None:
+        """Restore both moments of every parameter and the step count (the device's too), all or nothing."""
+        step = arrays.get(f"{prefix}step")
+        if step is None or step.size != 1:
+            raise CheckpointError("the checkpoint holds no optimiser state (it cannot be resumed from)")
+        for name, (m, _) in self.moments.items():
+            for moment in ("m", "v"):
+                saved = arrays.get(f"{prefix}{moment}.{name}")
+                if saved is None or saved.size != m.size:
+                    raise CheckpointError(f"the checkpoint's optimiser state has no Adam moment {moment} of shape "
+                                          f"{m.shape} for {name} (was it saved with another optimiser?)")
+        for name, (m, v) in self.moments.items():
+            m.copy_(Tensor.from_numpy(arrays[f"{prefix}m.{name}"].reshape(m.shape)))
+            v.copy_(Tensor.from_numpy(arrays[f"{prefix}v.{name}"].reshape(v.shape)))
+        self.step_count = int(step.reshape(-1)[0])
+        self.counter.write_(np.array([self.step_count, 0], dtype=np.float32))
+
+
+def make_optimizer(network, config: OptimizerConfig, schedule: ScheduleConfig | None = None):
+    """The optimiser ``config`` names (sgd, adam or adamw) for ``network``."""
+    if config.name == "sgd":
+        return SGD(network, config.lr, config.momentum, config.weight_decay, schedule)
+    if config.name in ("adam", "adamw"):
+        return Adam(network, config.lr, config.betas, config.eps, config.weight_decay,
+                    decoupled=config.name == "adamw", schedule=schedule)
+    raise InvalidArgumentError(f"unknown optimizer {config.name!r}; valid are sgd, adam, adamw")

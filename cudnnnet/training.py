@@ -29,7 +29,7 @@ from .data.pixels import PixelImages
 from .data.streamed import FLOAT32_BYTES, StreamedData, choose_placement
 from .errors import CheckpointError, DataError, TrainingError
 from .network import OPTIMIZER_PREFIX, Network
-from .optim import SGD
+from .optim import make_optimizer
 from .tensor import Tensor
 
 log = logging.getLogger(__name__)
@@ -225,17 +225,19 @@ def evaluate(network: Network, images: np.ndarray, labels: np.ndarray, batch_siz
 def evaluate_batches(network: Network, batches, count: int, keep_predictions: bool = False) -> Evaluation:
     """``evaluate`` over (x, one-hot target) tensor pairs covering ``count`` samples.
 
-    Without predictions, each batch's loss and hits are added up on the device straight from the
-    loss layer's input (one fused kernel per batch for Softmax on CUDA, no softmax output) and read
-    once, at the end: one synchronisation for the whole set.
+    The network runs in evaluation mode (``Network.evaluating``). Without predictions, each batch's
+    loss and hits are added up on the device straight from the loss layer's input (one fused kernel
+    per batch for Softmax on CUDA, no softmax output) and read once, at the end: one
+    synchronisation for the whole set.
     """
-    if keep_predictions:
-        return _evaluate_with_predictions(network, batches, count)
-    totals = Accumulator(network.backend)  # both zero
-    for x, target in batches:
-        # loss += (1/count)·Σₙ Jₙ over the batch;  correct += its hits
-        network.forward_metrics(x, target, totals.loss_sum, totals.correct, 1.0 / count)
-    loss, correct = totals.read()
+    with network.evaluating():  # Dropout off, BatchNorm on its running statistics
+        if keep_predictions:
+            return _evaluate_with_predictions(network, batches, count)
+        totals = Accumulator(network.backend)  # both zero
+        for x, target in batches:
+            # loss += (1/count)·Σₙ Jₙ over the batch;  correct += its hits
+            network.forward_metrics(x, target, totals.loss_sum, totals.correct, 1.0 / count)
+        loss, correct = totals.read()
     return Evaluation(loss, correct / count)
 
 
@@ -281,8 +283,7 @@ class Trainer:
         self.backend.set_engine(config.engine)
         self.network = build_network(config, self.backend)
         train = config.train
-        opt = train.optimizer
-        self.optimizer = SGD(self.network, opt.lr, opt.momentum, opt.weight_decay, train.schedule)
+        self.optimizer = make_optimizer(self.network, train.optimizer, train.schedule)
         self.loader = BatchLoader(self.train_pixels, self.train_labels, train.batch_size, seed=train.seed)
         placement = choose_placement(config.data.placement, self.backend, self.train_pixels, self.train_labels,
                                      ResidentTestSet.nbytes(self.test_pixels, self.loader.classes))

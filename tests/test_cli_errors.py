@@ -204,7 +204,7 @@ CONFIG_CASES = {
     "lr as YAML 1.1 text": ("model:\n" + MLP + "train: {optimizer: {lr: 1e-3}}\n", r"write 1\.0e-3 or 0\.001"),
     "unknown layer kind": ("model:\n  - {type: lstm, out_size: 10}\n  - {type: softmax}\n" + VALID_TRAIN,
                            r"model\[0\]\.type: expected one of dense, activation, softmax, mse, conv2d, pooling, "
-                           r"got 'lstm'"),
+                           r"dropout, batchnorm, global_average_pooling, got 'lstm'"),
     "unknown activation": ("model:\n  - {type: dense, out_size: 10}\n  - {type: activation, mode: relu6}\n"
                            "  - {type: softmax}\n" + VALID_TRAIN,
                            r"model\[1\]\.mode: expected one of relu, sigmoid, tanh, clipped_relu, elu, got 'relu6'"),

@@ -7,7 +7,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cudnnnet.config import Config, ConfigError, LayerSpec, load_config, parse_config
+from cudnnnet.config import Config, ConfigError, LayerSpec, OptimizerConfig, ScheduleConfig, load_config, parse_config
 from cudnnnet.errors import UsageError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -262,7 +262,18 @@ INVALID = [
     (("train", "optimizer", "lr"), "1e-3", "train.optimizer.lr: expected a number > 0, got '1e-3' (string); YAML 1.1"),
     (("train", "optimizer", "lr"), float("inf"), "train.optimizer.lr: expected a number > 0, got inf (not finite)"),
     (("train", "optimizer", "lr"), 10**400, "train.optimizer.lr: expected a number > 0, got 1000"),
-    (("train", "optimizer", "name"), "adam", "train.optimizer.name: expected one of sgd, got 'adam'"),
+    (("train", "optimizer", "name"), "rmsprop", "train.optimizer.name: expected one of sgd, adam, adamw, got 'rmsprop'"),
+    (("train", "optimizer"), {"name": "adam", "lr": 0.1, "momentum": 0.9},
+     "train.optimizer.momentum: unknown key 'momentum' for optimizer adam; valid keys: name, lr, betas, eps, weight_decay"),
+    (("train", "optimizer"), {"name": "sgd", "lr": 0.1, "betas": [0.9, 0.99]},
+     "train.optimizer.betas: unknown key 'betas' for optimizer sgd"),
+    (("train", "optimizer"), {"name": "adamw", "lr": 0.1, "betas": 0.9},
+     "train.optimizer.betas: expected a list of two numbers [beta1, beta2], each in [0, 1), got 0.9 (number)"),
+    (("train", "optimizer"), {"name": "adamw", "lr": 0.1, "betas": [0.9, 1.0]},
+     r"train.optimizer.betas.beta2: expected a number in [0, 1), got 1.0"),
+    (("train", "optimizer"), {"name": "adam", "lr": 0.1, "eps": 0}, "train.optimizer.eps: expected a number > 0, got 0"),
+    (("train", "optimizer"), {"name": "adamw", "lr": 0.1, "weight_decay": -0.01},
+     "train.optimizer.weight_decay: expected a number >= 0"),
     (("train", "optimizer", "momentum"), 1.0, r"train.optimizer.momentum: expected a number in [0, 1), got 1.0"),
     (("train", "optimizer", "momentum"), -0.1, "train.optimizer.momentum: expected a number in [0, 1)"),
     (("train", "optimizer", "weight_decay"), -1, "train.optimizer.weight_decay: expected a number >= 0"),
@@ -277,7 +288,11 @@ INVALID = [
     (("train", "schedule"), {"name": "step", "step_size": 1.5, "gamma": 0.5}, "train.schedule.step_size: expected an integer > 0"),
     (("train", "schedule"), {"name": "step", "step_size": 1, "gamma": 0}, r"train.schedule.gamma: expected a number in (0, 1]"),
     (("train", "schedule"), {"name": "step", "step_size": 1, "gamma": 1.5}, r"train.schedule.gamma: expected a number in (0, 1]"),
-    (("train", "schedule"), {"decay": 0.1}, "train.schedule.decay: unknown key 'decay' for schedule constant; valid keys: name"),
+    (("train", "schedule"), {"decay": 0.1},
+     "train.schedule.decay: unknown key 'decay' for schedule constant; valid keys: name, warmup_steps"),
+    (("train", "schedule"), {"name": "cosine", "warmup_steps": -1}, "train.schedule.warmup_steps: expected an integer >= 0"),
+    (("train", "schedule"), {"name": "step", "step_size": 1, "gamma": 0.5, "warmup_steps": 2.5},
+     "train.schedule.warmup_steps: expected an integer >= 0, got 2.5"),
     (("train", "schedule"), "inverse", "train.schedule: expected a mapping, got 'inverse' (string)"),
     (("train", "batch_size"), 0, "train.batch_size: expected an integer > 0, got 0"),
     (("train", "batch_size"), False, "train.batch_size: expected an integer > 0, got False (boolean)"),
@@ -351,6 +366,21 @@ def test_error_messages_keep_long_values_short():
     with pytest.raises(ConfigError) as caught:
         parse_config(_set(minimal(), ("device",), "x" * 10_000))
     assert len(str(caught.value)) < 200
+
+
+@pytest.mark.parametrize("optimizer, expected", [
+    ({"name": "adam", "lr": 0.001}, OptimizerConfig(0.001, "adam", betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)),
+    ({"name": "adamw", "lr": 0.002, "betas": [0.8, 0.99], "eps": 1.0e-6},
+     OptimizerConfig(0.002, "adamw", betas=(0.8, 0.99), eps=1e-6, weight_decay=0.01)),
+    ({"name": "adamw", "lr": 0.002, "weight_decay": 0}, OptimizerConfig(0.002, "adamw", weight_decay=0.0)),
+])
+def test_adam_optimizers_are_read_with_defaults_and_round_trip(optimizer, expected):
+    raw = {"model": [{"type": "dense", "out_size": 10}, {"type": "softmax"}],
+           "train": {"optimizer": optimizer, "schedule": {"name": "cosine", "warmup_steps": 50}}}
+    config = parse_config(raw)
+    assert config.train.optimizer == expected
+    assert config.train.schedule == ScheduleConfig("cosine", warmup_steps=50)
+    assert parse_config(config.to_dict()) == config
 
 
 @pytest.mark.parametrize("path", sorted((REPO_ROOT / "configs").glob("*.yaml")), ids=lambda path: path.name)

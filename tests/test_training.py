@@ -42,10 +42,12 @@ def test_mlp_one_host_epoch_reaches_97_percent(trained_mlp):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("engine", ["slides", "fast"])
-@pytest.mark.parametrize("config, target", [("mnist_mlp", 0.982), ("mnist_cnn", 0.992), ("lenet5", 0.990)])
+@pytest.mark.parametrize("config, target", [("mnist_mlp", 0.982), ("mnist_cnn", 0.992), ("lenet5", 0.990),
+                                            ("mnist_bn_cnn", 0.994)])
 def test_ten_cuda_epochs_reach_the_accuracy_target(cuda, mnist_dir, tmp_path, config, target, engine):
     """The configs as they are (10 epochs, resident data, graph replay) reach the CUDA backend's
-    targets on the full MNIST in each engine: MLP 98.2 %, CNN 99.2 %, LeNet-5 99.0 %."""
+    targets on the full MNIST in each engine: MLP 98.2 %, CNN 99.2 %, LeNet-5 99.0 %, the BatchNorm
+    CNN (AdamW, dropout) 99.4 %."""
     finished = train_cli(f"configs/{config}.yaml", tmp_path, mnist_dir, "--engine", engine, device="cuda")
     assert finished.returncode == 0, finished.stderr
     metrics = metrics_of(tmp_path)
@@ -382,3 +384,62 @@ def test_resident_sets_are_made_from_their_bytes_and_equal_the_float_images(devi
     assert "floats" not in vars(run.train_pixels) and "floats" not in vars(run.test_pixels)
     assert np.array_equal(run.data.images.numpy(), training.load_split(config, "train")[0])
     assert np.array_equal(run.test_set.images.numpy(), training.load_split(config, "test")[0])
+
+
+# ---- the BatchNorm CNN: AdamW, BatchNorm, dropout --------------------------------------------------
+def bn_cnn_settings(mnist_dir, device, steps, **train):
+    """configs/mnist_bn_cnn.yaml as a mapping, shortened to ``steps`` on ``device``."""
+    settings = load_config(REPO_ROOT / "configs" / "mnist_bn_cnn.yaml").to_dict()
+    settings["train"].update(steps=steps, **train)
+    settings["device"], settings["data"]["dir"] = device, str(mnist_dir)
+    return settings
+
+
+def test_a_bn_cnn_run_without_dropout_resumes_to_the_same_weights_and_running_statistics(mnist_dir, tmp_path):
+    """AdamW's moments and step, and BatchNorm's running statistics, survive an interruption. (Dropout
+    is set to 0 here: a resumed run draws its masks afresh from the seed.)"""
+    from cudnnnet.config import parse_config
+
+    settings = bn_cnn_settings(mnist_dir, "host", 12, batch_size=32)
+    settings["model"] = [dict(layer, rate=0.0) if layer["type"] == "dropout" else layer for layer in settings["model"]]
+    config = parse_config(settings)
+    straight = Trainer(config, tmp_path / "straight", progress=False)
+    straight.run()
+    interrupted = Trainer(config, tmp_path / "resumed", progress=False)
+    train_batch = interrupted.train_batch
+
+    def stop_at_step_5(index):
+        size = train_batch(index)
+        if interrupted.position.step == 4:
+            interrupted.stop_signal = signal.SIGINT
+        return size
+
+    interrupted.train_batch = stop_at_step_5
+    with pytest.raises(Interrupted):
+        interrupted.run()
+    resumed = Trainer(config, tmp_path / "resumed", resume=tmp_path / "resumed" / "interrupted.npz", progress=False)
+    assert resumed.position.step == 5 and resumed.optimizer.counter.numpy().reshape(-1)[0] == 5
+    resumed.run()
+    final = resumed.network.state_dict()
+    assert "bn1.running_var" in final and "optimizer.m.conv1.weight" in load_npz(tmp_path / "resumed" / "model.npz")[0]
+    for name, value in straight.network.state_dict().items():
+        assert np.allclose(final[name], value, rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.gpu
+def test_bn_cnn_graph_replay_gives_the_same_weights_as_eager_steps(cuda, mnist_dir, tmp_path):
+    """60 steps of the BatchNorm CNN (AdamW, dropout) replayed from a captured graph and made eagerly
+    end alike: the replays follow Adam's step count and the warm-up, and draw the dropout masks the
+    eager calls draw (cuDNN advances the same states buffer either way)."""
+    from cudnnnet.config import parse_config
+
+    finals = []
+    for graph in (True, False):
+        run = Trainer(parse_config(bn_cnn_settings(mnist_dir, "cuda", 60, graph=graph, batch_size=1100)),
+                      tmp_path / str(graph), progress=False)
+        run.run()
+        assert (run.graph is not None) == graph
+        assert run.optimizer.counter.numpy().reshape(-1).tolist() == [60.0, 0.0]
+        finals.append(run.network.state_dict())
+    for name, value in finals[0].items():
+        assert np.allclose(finals[1][name], value, rtol=1e-3, atol=1e-5), name

@@ -67,6 +67,16 @@ class PoolingMode(enum.IntEnum):
 POOLING_MODES = {"max": PoolingMode.MAX, "average": PoolingMode.AVERAGE}
 
 
+class BatchNormMode(enum.IntEnum):
+    """cudnnBatchNormMode_t values: statistics per value of a sample, or per channel."""
+
+    PER_ACTIVATION = 0  # over N: parameters (1, C, H, W)
+    SPATIAL = 1  # over N, H, W: parameters (1, C, 1, 1)
+
+
+BATCH_NORM_MODES = {"per_activation": BatchNormMode.PER_ACTIVATION, "spatial": BatchNormMode.SPATIAL}
+
+
 @dataclass(frozen=True)
 class ActivationDescriptor:
     """cudnnActivationDescriptor_t: the mode and ``coef`` (clipping threshold, or ELU's alpha)."""
@@ -360,6 +370,69 @@ class Backend(ABC):
         or a float. On CUDA this is one launch over a device table of the groups' pointers, built
         and uploaded on the first call with a given list: that first call must not be made inside
         a CUDA graph capture (DeviceError).
+        """
+
+    # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
+    @abstractmethod
+    def adam_update_many(self, groups, lr: Scalar, counter, beta1: float, beta2: float, eps: float,
+                         weight_decay: float, decoupled: bool) -> None:
+        """One Adam (``decoupled`` False) or AdamW step, PyTorch's formulation, on every
+        ``(param, grad, m, v)`` of ``groups``, with t = counter[0] + 1:
+
+            AdamW: param = param - lr·weight_decay·param;   Adam: g = grad + weight_decay·param
+            m = β1·m + (1 - β1)·g;   v = β2·v + (1 - β2)·g²
+            param = param - (lr / (1 - β1ᵗ))·m / (√v / √(1 - β2ᵗ) + eps)
+            counter[0] = t
+
+        ``counter`` is a (2,) tensor: the steps taken (exact below 2²⁴) and 0 (scratch the CUDA
+        kernel counts its finished blocks in). ``lr`` is a one-element tensor or a float. Both are
+        read on the device, so a captured graph follows the schedule and the bias correction. On
+        CUDA this is one launch; as with ``sgd_update_many``, the first call with a given list
+        must not be made inside a capture.
+        """
+
+    @abstractmethod
+    def dropout_state(self, rate: float, seed: int) -> Any:
+        """The random state of one dropout layer (cudnnSetDropoutDescriptor with its states buffer
+        on CUDA, a seeded NumPy generator on the host): drops each value with probability ``rate``."""
+
+    @abstractmethod
+    def dropout_reserve(self, state, x_shape) -> Any:
+        """Where ``dropout_forward`` keeps its mask for inputs of ``x_shape``, for the backward pass
+        (cudnnDropoutGetReserveSpaceSize bytes on CUDA)."""
+
+    @abstractmethod
+    def dropout_forward(self, state, reserve, x, y) -> None:
+        """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask (each value kept with probability
+        1 - rate) drawn from ``state`` at every call, even a replayed graph's, and kept in ``reserve``."""
+
+    @abstractmethod
+    def dropout_backward(self, state, reserve, dy, dx) -> None:
+        """cudnnDropoutBackward: dx = dy·mask/(1 - rate), with the mask of the last dropout_forward."""
+
+    @abstractmethod
+    def batch_norm_forward_training(self, mode: "BatchNormMode", x, y, scale, bias, factor: float, running_mean,
+                                    running_var, eps: float, save_mean, save_inv_std) -> None:
+        """cudnnBatchNormalizationForwardTraining (alpha 1, beta 0), statistics over N (PER_ACTIVATION,
+        parameters (1, C, H, W)) or over N, H, W (SPATIAL, parameters (1, C, 1, 1)), m values each:
+
+            μ = mean(x);  σ² = mean((x - μ)²);  y = scale·(x - μ)/√(σ² + eps) + bias
+            running_mean = (1 - factor)·running_mean + factor·μ
+            running_var  = (1 - factor)·running_var  + factor·σ²·m/(m - 1)
+            save_mean = μ;  save_inv_std = 1/√(σ² + eps)
+        """
+
+    @abstractmethod
+    def batch_norm_forward_inference(self, mode: "BatchNormMode", x, y, scale, bias, mean, var, eps: float) -> None:
+        """cudnnBatchNormalizationForwardInference: y = scale·(x - mean)/√(var + eps) + bias."""
+
+    @abstractmethod
+    def batch_norm_backward(self, mode: "BatchNormMode", x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
+                            save_inv_std) -> None:
+        """cudnnBatchNormalizationBackward (all alphas 1, betas 0), from the saved μ and 1/√(σ² + eps):
+
+            x̂ = (x - μ)/√(σ² + eps);  dbias = Σ dy;  dscale = Σ dy·x̂
+            dx = scale/(m·√(σ² + eps))·(m·dy - dbias - x̂·dscale)
         """
 
 

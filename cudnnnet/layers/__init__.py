@@ -2,8 +2,11 @@
 
 from .activation import Activation
 from .base import Layer, Parameter, WeightBiasLayer
+from .batchnorm import BatchNorm
 from .conv2d import Conv2D
 from .dense import Dense
+from .dropout import Dropout
+from .global_average_pooling import GlobalAveragePooling
 from .loss import LossLayer
 from .mse import MSE
 from .pooling import Pooling
@@ -16,7 +19,10 @@ LAYER_TYPES = {
     "mse": MSE,
     "conv2d": Conv2D,
     "pooling": Pooling,
+    "dropout": Dropout,
+    "batchnorm": BatchNorm,
+    "global_average_pooling": GlobalAveragePooling,
 }
 
-__all__ = ["Activation", "Conv2D", "Dense", "Layer", "LossLayer", "MSE", "Parameter", "Pooling", "Softmax",
+__all__ = ["Activation", "BatchNorm", "Conv2D", "Dense", "Dropout", "GlobalAveragePooling", "Layer", "LossLayer", "MSE", "Parameter", "Pooling", "Softmax",
            "WeightBiasLayer", "LAYER_TYPES"]

@@ -42,6 +42,7 @@ class Layer:
     """Base class. Subclasses implement ``output_sample_shape``, ``forward`` and ``backward``."""
 
     is_loss = False
+    training = True  # False in evaluation (Network.eval): Dropout is the identity, BatchNorm uses its running statistics
 
     def __init__(self, name: str):
         if not isinstance(name, str) or not name:
@@ -79,6 +80,10 @@ class Layer:
 
     def parameters(self) -> list[Parameter]:
         return []
+
+    def buffers(self) -> dict[str, Tensor]:
+        """Non-trainable state saved with the weights (BatchNorm's running statistics), by qualified name."""
+        return {}
 
     def to(self, backend) -> None:
         """Move parameters to ``backend``; activations are re-allocated on the next forward."""

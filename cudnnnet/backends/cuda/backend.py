@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import struct
 from collections import OrderedDict
@@ -33,6 +34,8 @@ from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
 from ..base import (OP_N, OP_T, ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor, PoolingDescriptor,
                     check_bias)
+from ..base import BatchNormMode
+from .dropout import DropoutReserve, DropoutState
 from . import dlpack
 from .bindings import cublas, cudnn, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
@@ -717,6 +720,135 @@ class CudaBackend(Backend):
         shape, buffer = dlpack.consume(capsule, self.context.device)
         return cls(shape, self, buffer)
 
+    # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
+    def adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
+                         decoupled: bool) -> None:
+        """kernels/adam_update_many.cu: one launch over every parameter of ``groups``, through a device
+        table of their pointers uploaded on the first call with this list (never inside a capture).
+        The kernel reads the step from counter[0] and its last block advances it."""
+        _check_fits("adam_update_many", counter.data, 0, 2)
+        table = self._adam_table(groups)
+        if table is None:
+            return
+        if isinstance(lr, Tensor):
+            self._check_device_scalar("adam_update_many", lr)
+            rate, value = lr.data.ptr, 0.0
+        else:
+            rate, value = None, float(lr)
+        self.context.kernel("adam_update_many").launch(
+            blocks_for(table.total), self._stream, table.buffer.ptr, table.tensors, table.total, rate, value,
+            counter.data.ptr, beta1, beta2, eps, weight_decay, int(bool(decoupled)))
+
+    @functools.cached_property
+    def _adam_tables(self) -> OrderedDict:
+        """((param, grad, m, v, size) pointers...) -> SgdTable of kernels/adam_update_many.cu's rows."""
+        return OrderedDict()
+
+    def _adam_table(self, groups) -> SgdTable | None:
+        """The cached table of this list of pointers (None for an empty list)."""
+        key = tuple(_adam_entry(*group) for group in groups)
+        if not key:
+            return None
+        table = self._adam_tables.get(key)
+        if table is None:
+            if self.context.is_capturing():
+                raise DeviceError(
+                    f"adam_update_many was first called with this list of {len(key)} parameters during a CUDA graph "
+                    "capture; its device table is uploaded on that call: run one step before capturing")
+            table = self._adam_tables[key] = self._upload_adam_table(key)
+            if len(self._adam_tables) > SGD_TABLE_CACHE_SIZE:
+                self._adam_tables.popitem(last=False)
+        self._adam_tables.move_to_end(key)
+        return table
+
+    def _upload_adam_table(self, key) -> SgdTable:
+        """struct AdamTensor[] of (param, grad, m, v, offset, size), copied to a new device buffer."""
+        rows, offset = [], 0
+        for param, grad, m, v, size in key:
+            rows.append((param, grad, m, v, offset, size))
+            offset += size
+        host_rows = np.array(rows, dtype=np.uint64)
+        buffer = DeviceBuffer.allocate(host_rows.nbytes)
+        runtime.memcpy_async(buffer.ptr, host_rows.ctypes.data, host_rows.nbytes, runtime.MEMCPY_HOST_TO_DEVICE,
+                             self._stream)
+        log.debug("adam_update_many: table of %d parameters, %d values", len(rows), offset)
+        return SgdTable(buffer, host_rows, len(rows), offset)
+
+    def dropout_state(self, rate: float, seed: int) -> DropoutState:
+        """cudnnDropoutGetStatesSize, then cudnnSetDropoutDescriptor on a new states buffer."""
+        return DropoutState(self.context, rate, seed)
+
+    def dropout_reserve(self, state, x_shape) -> DropoutReserve:
+        """cudnnDropoutGetReserveSpaceSize bytes for inputs of ``x_shape``."""
+        x_shape = as_shape(x_shape)
+        nbytes = cudnn.dropout_get_reserve_space_size(self._descriptors.tensor(x_shape).handle)
+        return DropoutReserve(x_shape, DeviceBuffer.allocate(max(nbytes, FLOAT32_BYTES)), nbytes)
+
+    def dropout_forward(self, state, reserve, x, y) -> None:
+        """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask from the state's generator."""
+        _same_shape("dropout_forward", x, y)
+        _expect_shape("dropout_forward", "the input (the reserve's shape)", x, reserve.shape)
+        t = self._descriptors.tensor(x.shape).handle
+        cudnn.dropout_forward(self._cudnn, state.descriptor.handle, t, x.data.ptr, t, y.data.ptr, reserve.buffer.ptr,
+                              reserve.nbytes)
+
+    def dropout_backward(self, state, reserve, dy, dx) -> None:
+        """cudnnDropoutBackward: dx = dy·mask/(1 - rate), the last forward's mask."""
+        _same_shape("dropout_backward", dy, dx)
+        _expect_shape("dropout_backward", "dy (the reserve's shape)", dy, reserve.shape)
+        t = self._descriptors.tensor(dy.shape).handle
+        cudnn.dropout_backward(self._cudnn, state.descriptor.handle, t, dy.data.ptr, t, dx.data.ptr,
+                               reserve.buffer.ptr, reserve.nbytes)
+
+    def batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
+                                    eps: float, save_mean, save_inv_std) -> None:
+        """cudnnBatchNormalizationForwardTraining."""
+        _same_shape("batch_norm_forward_training", x, y)
+        p = self._batch_norm_parameters("batch_norm_forward_training", mode, x, scale, bias, running_mean,
+                                        running_var, save_mean, save_inv_std)
+        t = self._descriptors.tensor(x.shape).handle
+        cudnn.batch_normalization_forward_training(
+            self._cudnn, int(mode), self._scalar(1.0), self._scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
+            scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
+            save_mean.data.ptr, save_inv_std.data.ptr)
+
+    def batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
+        """cudnnBatchNormalizationForwardInference."""
+        _same_shape("batch_norm_forward_inference", x, y)
+        p = self._batch_norm_parameters("batch_norm_forward_inference", mode, x, scale, bias, mean, var)
+        t = self._descriptors.tensor(x.shape).handle
+        cudnn.batch_normalization_forward_inference(
+            self._cudnn, int(mode), self._scalar(1.0), self._scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
+            scale.data.ptr, bias.data.ptr, mean.data.ptr, var.data.ptr, float(eps))
+
+    def batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
+                            save_inv_std) -> None:
+        """cudnnBatchNormalizationBackward."""
+        _same_shape("batch_norm_backward", x, dy)
+        _same_shape("batch_norm_backward", x, dx)
+        p = self._batch_norm_parameters("batch_norm_backward", mode, x, scale, dscale, dbias, save_mean,
+                                        save_inv_std)
+        t = self._descriptors.tensor(x.shape).handle
+        one, zero = self._scalar(1.0), self._scalar(0.0)
+        cudnn.batch_normalization_backward(
+            self._cudnn, int(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
+            scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)
+
+    def _batch_norm_parameters(self, call: str, mode, x, *parameters) -> int:
+        """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors,
+        each checked to hold that many values."""
+        if mode == BatchNormMode.SPATIAL:
+            shape = (1, x.c, 1, 1)
+        elif mode == BatchNormMode.PER_ACTIVATION:
+            shape = (1,) + x.shape[1:]
+        else:
+            raise UsageError(f"{call}: unknown mode {mode!r}; valid are PER_ACTIVATION (0) and SPATIAL (1)")
+        for tensor in parameters:
+            if tensor.size != shape[1] * shape[2] * shape[3]:
+                raise ShapeError(f"{call}: a parameter of shape {tensor.shape} does not fit x {x.shape} in mode "
+                                 f"{BatchNormMode(mode).name}; expected {shape}")
+        return self._descriptors.tensor(shape).handle
+
 
 class ConvolutionTimer:
     """Times one run of a convolution direction with a candidate plan, on scratch tensors of the
@@ -797,6 +929,13 @@ def _sgd_entry(param, grad, velocity, momentum: float) -> tuple[int, int, int, i
         raise UsageError("sgd_update_many: momentum is non-zero but a parameter has no velocity tensor")
     _same_shape("sgd_update_many", param, velocity)
     return (param.data.ptr, grad.data.ptr, velocity.data.ptr, param.size)
+
+
+def _adam_entry(param, grad, m, v) -> tuple[int, int, int, int, int]:
+    """(param, grad, m, v, size) pointers of one parameter for adam_update_many, its shapes checked."""
+    for other in (grad, m, v):
+        _same_shape("adam_update_many", param, other)
+    return (param.data.ptr, grad.data.ptr, m.data.ptr, v.data.ptr, param.size)
 
 
 def _same_shape(call: str, a, b) -> None:

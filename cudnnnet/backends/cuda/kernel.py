@@ -54,6 +54,9 @@ KERNELS = {
     "channel_sum": ("channel_sum.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 5),
     "spin": ("timing.cu", (c_longlong,)),
     "relu_backward": ("activation.cu", (c_void_p, c_void_p, c_void_p, c_float, c_float, c_longlong)),
+    # layers and optimisers of issue 18
+    "adam_update_many": ("adam_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_void_p, c_float,
+                                                 c_float, c_float, c_float, c_int)),
 }
 
 # Launches of our kernels by kernel name (as ``bindings.calls`` counts library calls), so that a

@@ -24,6 +24,7 @@ from ..base import (
     ActivationDescriptor,
     ActivationMode,
     Backend,
+    BatchNormMode,
     ConvolutionDescriptor,
     PoolingDescriptor,
     PoolingMode,
@@ -505,3 +506,114 @@ class HostBackend(Backend):
     def from_dlpack(self, cls, external):
         """A host tensor holding a copy of a CPU DLPack producer's values."""
         return cls.from_numpy(np.from_dlpack(external), self)
+
+    # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
+    def adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
+                         decoupled: bool) -> None:
+        """Adam or AdamW on each (param, grad, m, v) in turn, float32 like the CUDA kernel; counter[0] += 1
+        (an empty list changes nothing, as on CUDA, where no kernel is launched for it)."""
+        if counter.size != 2:
+            raise ShapeError(f"adam_update_many: counter must hold 2 values (steps, 0), got shape {counter.shape}")
+        if not groups:
+            return
+        t = float(counter.data[0]) + 1.0
+        rate = _scalar(lr)
+        # 1 - βᵗ of the float32 β the kernel reads, in float64
+        step_size = F32(rate / (1.0 - float(F32(beta1)) ** t))
+        root_correction2 = F32(np.sqrt(1.0 - float(F32(beta2)) ** t))
+        b1, b2 = F32(beta1), F32(beta2)
+        for param, grad, m, v in groups:
+            for other in (grad, m, v):
+                _same_shape("adam_update_many", param, other)
+            p, g = param.data[: param.size], grad.data[: grad.size]
+            if decoupled:
+                p -= F32(rate) * F32(weight_decay) * p
+            elif weight_decay:
+                g = g + F32(weight_decay) * p
+            mean, square = m.data[: m.size], v.data[: v.size]
+            mean *= b1
+            mean += (F32(1) - b1) * g
+            square *= b2
+            square += (F32(1) - b2) * g * g
+            p -= step_size * mean / (np.sqrt(square) / root_correction2 + F32(eps))
+        counter.data[0] = t
+
+    def dropout_state(self, rate: float, seed: int) -> HostDropoutState:
+        return HostDropoutState(float(rate), np.random.default_rng(int(seed)))
+
+    def dropout_reserve(self, state, x_shape) -> np.ndarray:
+        """The scaled mask mask/(1 - rate) as float32 of ``x_shape``."""
+        return np.zeros(tuple(x_shape), F32)
+
+    def dropout_forward(self, state, reserve, x, y) -> None:
+        """mask ~ Bernoulli(1 - rate) from the layer's generator; y = x·mask/(1 - rate)."""
+        _same_shape("dropout_forward", x, y)
+        if reserve.shape != x.shape:
+            raise ShapeError(f"dropout_forward: the reserve was made for inputs of shape {reserve.shape}, got {x.shape}")
+        keep = state.generator.random(x.shape, dtype=F32) >= F32(state.rate)
+        np.multiply(keep, F32(1.0 / (1.0 - state.rate)), out=reserve)
+        np.multiply(_nd(x), reserve, out=_nd(y))
+
+    def dropout_backward(self, state, reserve, dy, dx) -> None:
+        """dx = dy·mask/(1 - rate), the mask of the last forward."""
+        _same_shape("dropout_backward", dy, dx)
+        np.multiply(_nd(dy), reserve.reshape(dy.shape), out=_nd(dx))
+
+    def batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
+                                    eps: float, save_mean, save_inv_std) -> None:
+        """Batch statistics in float64, cuDNN's running averages (unbiased variance)."""
+        axes, shape = _batch_norm_axes(mode, x, scale)
+        values = _nd(x).astype(np.float64)
+        count = values.size // int(np.prod(shape))
+        mean = values.mean(axis=axes, keepdims=True)
+        variance = ((values - mean) ** 2).mean(axis=axes, keepdims=True)
+        inv_std = 1.0 / np.sqrt(variance + eps)
+        _nd(y)[...] = _nd(scale).reshape(shape) * (values - mean) * inv_std + _nd(bias).reshape(shape)
+        unbiased = variance * count / max(count - 1, 1)
+        _nd(running_mean)[...] = ((1 - factor) * _nd(running_mean).reshape(shape) + factor * mean).reshape(running_mean.shape)
+        _nd(running_var)[...] = ((1 - factor) * _nd(running_var).reshape(shape) + factor * unbiased).reshape(running_var.shape)
+        _nd(save_mean)[...] = mean.reshape(save_mean.shape)
+        _nd(save_inv_std)[...] = inv_std.reshape(save_inv_std.shape)
+
+    def batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
+        """y = scale·(x - mean)/√(var + eps) + bias."""
+        _, shape = _batch_norm_axes(mode, x, scale)
+        inv_std = 1.0 / np.sqrt(_nd(var).reshape(shape).astype(np.float64) + eps)
+        _nd(y)[...] = _nd(scale).reshape(shape) * (_nd(x) - _nd(mean).reshape(shape)) * inv_std + _nd(bias).reshape(shape)
+
+    def batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
+                            save_inv_std) -> None:
+        """dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale·inv_std/m·(m·dy - dbias - x̂·dscale)."""
+        axes, shape = _batch_norm_axes(mode, x, scale)
+        _same_shape("batch_norm_backward", x, dy)
+        _same_shape("batch_norm_backward", x, dx)
+        inv_std = _nd(save_inv_std).reshape(shape).astype(np.float64)
+        normalized = (_nd(x) - _nd(save_mean).reshape(shape)) * inv_std  # x̂
+        grad = _nd(dy).astype(np.float64)
+        count = grad.size // int(np.prod(shape))
+        bias_grad = grad.sum(axis=axes, keepdims=True)
+        scale_grad = (grad * normalized).sum(axis=axes, keepdims=True)
+        _nd(dx)[...] = _nd(scale).reshape(shape) * inv_std / count * (count * grad - bias_grad - normalized * scale_grad)
+        _nd(dscale)[...] = scale_grad.reshape(dscale.shape)
+        _nd(dbias)[...] = bias_grad.reshape(dbias.shape)
+
+
+class HostDropoutState:
+    """A dropout layer's rate and the seeded generator its masks are drawn from."""
+
+    def __init__(self, rate: float, generator: np.random.Generator):
+        self.rate, self.generator = rate, generator
+
+
+def _batch_norm_axes(mode, x: Tensor, scale: Tensor) -> tuple[tuple[int, ...], tuple[int, int, int, int]]:
+    """(the axes statistics run over, the parameters' shape) for ``mode``; a ShapeError if ``scale`` does not fit."""
+    if mode == BatchNormMode.SPATIAL:
+        axes, shape = (0, 2, 3), (1, x.c, 1, 1)
+    elif mode == BatchNormMode.PER_ACTIVATION:
+        axes, shape = (0,), (1,) + x.shape[1:]
+    else:
+        raise UsageError(f"unknown batch normalisation mode {mode!r}; valid are PER_ACTIVATION (0) and SPATIAL (1)")
+    if scale.size != int(np.prod(shape)):
+        raise ShapeError(f"batch normalisation: parameters of shape {scale.shape} do not fit x {x.shape} in mode {mode!r}; "
+                         f"expected {shape}")
+    return axes, shape

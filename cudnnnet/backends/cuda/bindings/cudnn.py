@@ -7,7 +7,7 @@ Handles and descriptors are ``void*`` (int); ``alpha``/``beta`` are host pointer
 from __future__ import annotations
 
 import ctypes
-from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_size_t, c_void_p
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_size_t, c_ulonglong, c_void_p
 
 from ....errors import CudnnError, DeviceUnavailableError, OutOfMemoryError
 from . import calls
@@ -91,6 +91,19 @@ SIGNATURES = {
     "cudnnGetConvolutionBackwardFilterWorkspaceSize": (_P, _P, _P, _P, _P, c_int, _SIZE),
     "cudnnPoolingForward": (_P, _P, _P, _P, _P, _P, _P, _P),
     "cudnnPoolingBackward": (_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P),
+    # dropout and batch normalisation (issue 18)
+    "cudnnCreateDropoutDescriptor": (_OUT,),
+    "cudnnDestroyDropoutDescriptor": (_P,),
+    "cudnnDropoutGetStatesSize": (_P, _SIZE),
+    "cudnnDropoutGetReserveSpaceSize": (_P, _SIZE),
+    "cudnnSetDropoutDescriptor": (_P, _P, c_float, _P, c_size_t, c_ulonglong),
+    "cudnnDropoutForward": (_P, _P, _P, _P, _P, _P, _P, c_size_t),
+    "cudnnDropoutBackward": (_P, _P, _P, _P, _P, _P, _P, c_size_t),
+    "cudnnBatchNormalizationForwardTraining": (_P, c_int, _P, _P, _P, _P, _P, _P, _P, _P, _P, c_double, _P, _P,
+                                               c_double, _P, _P),
+    "cudnnBatchNormalizationForwardInference": (_P, c_int, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, c_double),
+    "cudnnBatchNormalizationBackward": (_P, c_int, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, c_double,
+                                        _P, _P),
 }
 
 _functions: dict[str, ctypes._CFuncPtr] = {}
@@ -344,3 +357,59 @@ def get_convolution_backward_data_workspace_size(handle, w_desc, dy_desc, conv, 
 
 def get_convolution_backward_filter_workspace_size(handle, x_desc, dy_desc, conv, dw_desc, algo) -> int:
     return _out_size("cudnnGetConvolutionBackwardFilterWorkspaceSize", handle, x_desc, dy_desc, conv, dw_desc, algo)
+
+
+# ---- dropout (issue 18) ----------------------------------------------------------------------
+def create_dropout_descriptor() -> int:
+    return _new_handle("cudnnCreateDropoutDescriptor")
+
+
+def destroy_dropout_descriptor(desc) -> None:
+    _call("cudnnDestroyDropoutDescriptor", desc)
+
+
+def dropout_get_states_size(handle) -> int:
+    """Bytes of the random-number states cudnnSetDropoutDescriptor initialises."""
+    return _out_size("cudnnDropoutGetStatesSize", handle)
+
+
+def dropout_get_reserve_space_size(x_desc) -> int:
+    """Bytes the forward pass keeps its mask in, for the backward pass, for inputs of ``x_desc``."""
+    return _out_size("cudnnDropoutGetReserveSpaceSize", x_desc)
+
+
+def set_dropout_descriptor(desc, handle, dropout: float, states, states_bytes: int, seed: int) -> None:
+    """Set the rate and initialise ``states`` from ``seed`` (a kernel on the handle's stream)."""
+    _call("cudnnSetDropoutDescriptor", desc, handle, dropout, states, states_bytes, seed)
+
+
+def dropout_forward(handle, desc, x_desc, x, y_desc, y, reserve, reserve_bytes) -> None:
+    """y = x·mask/(1 - dropout), the mask drawn from the states and kept in ``reserve``."""
+    _call("cudnnDropoutForward", handle, desc, x_desc, x, y_desc, y, reserve, reserve_bytes)
+
+
+def dropout_backward(handle, desc, dy_desc, dy, dx_desc, dx, reserve, reserve_bytes) -> None:
+    """dx = dy·mask/(1 - dropout), the mask in ``reserve``."""
+    _call("cudnnDropoutBackward", handle, desc, dy_desc, dy, dx_desc, dx, reserve, reserve_bytes)
+
+
+# ---- batch normalisation (issue 18) ----------------------------------------------------------
+def batch_normalization_forward_training(handle, mode, alpha, beta, x_desc, x, y_desc, y, param_desc, scale, bias,
+                                         factor, running_mean, running_var, eps, save_mean, save_inv_var) -> None:
+    """y = scale·(x - μ)/√(σ² + eps) + bias with the batch's μ, σ²; running averages updated."""
+    _call("cudnnBatchNormalizationForwardTraining", handle, mode, alpha, beta, x_desc, x, y_desc, y, param_desc, scale,
+          bias, factor, running_mean, running_var, eps, save_mean, save_inv_var)
+
+
+def batch_normalization_forward_inference(handle, mode, alpha, beta, x_desc, x, y_desc, y, param_desc, scale, bias,
+                                          mean, var, eps) -> None:
+    """y = scale·(x - mean)/√(var + eps) + bias."""
+    _call("cudnnBatchNormalizationForwardInference", handle, mode, alpha, beta, x_desc, x, y_desc, y, param_desc,
+          scale, bias, mean, var, eps)
+
+
+def batch_normalization_backward(handle, mode, alpha_data, beta_data, alpha_param, beta_param, x_desc, x, dy_desc, dy,
+                                 dx_desc, dx, param_desc, scale, dscale, dbias, eps, save_mean, save_inv_var) -> None:
+    """dx, dscale, dbias from the saved batch statistics."""
+    _call("cudnnBatchNormalizationBackward", handle, mode, alpha_data, beta_data, alpha_param, beta_param, x_desc, x,
+          dy_desc, dy, dx_desc, dx, param_desc, scale, dscale, dbias, eps, save_mean, save_inv_var)

@@ -1,0 +1,93 @@
+"""Batch normalisation on cuDNN, per channel after a Conv2D (spatial) or per value after a Dense
+(per activation), with a learnt scale γ (``weight``) and shift β (``bias``).
+
+    training   μ, σ² = mean and variance of x over the batch (and H, W when spatial)
+               y = γ·(x - μ)/√(σ² + eps) + β                   cudnnBatchNormalizationForwardTraining
+               running_mean ← (1 - momentum)·running_mean + momentum·μ
+               running_var  ← (1 - momentum)·running_var  + momentum·σ²·m/(m - 1)
+    evaluation y = γ·(x - running_mean)/√(running_var + eps) + β  cudnnBatchNormalizationForwardInference
+    backward   x̂ = (x - μ)/√(σ² + eps);  dβ = Σ dy;  dγ = Σ dy·x̂
+               dx = γ/(m·√(σ² + eps))·(m·dy - dβ - x̂·dγ)         cudnnBatchNormalizationBackward
+
+m is the number of values each statistic is taken over. The running mean and variance are
+buffers, not parameters: saved in checkpoints beside the weights, never touched by the optimiser.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from ..backends.base import BATCH_NORM_MODES, BatchNormMode
+from ..errors import InvalidArgumentError
+from ..tensor import Tensor
+from .base import Layer, Parameter
+
+MODES = ("auto", *BATCH_NORM_MODES)  # auto: spatial on planes (h·w > 1), per activation on vectors
+MIN_EPS = 1e-5  # CUDNN_BN_MIN_EPSILON
+
+
+class BatchNorm(Layer):
+    def __init__(self, name: str, mode: str = "auto", momentum: float = 0.1, eps: float = 1e-5):
+        super().__init__(name)
+        if mode not in MODES:
+            raise InvalidArgumentError(f"layer {name!r}: unknown batch normalisation mode {mode!r}; "
+                                       f"valid modes are {', '.join(MODES)}")
+        if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0 < momentum <= 1:
+            raise InvalidArgumentError(f"layer {name!r}: momentum must be a number in (0, 1], got {momentum!r}")
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= MIN_EPS:
+            raise InvalidArgumentError(f"layer {name!r}: eps must be a number >= {MIN_EPS:g} (cuDNN's minimum), got {eps!r}")
+        self.mode, self.momentum, self.eps = mode, float(momentum), float(eps)
+        self.batch_norm_mode = None  # BatchNormMode, resolved from ``mode`` and the input at build
+        self.weight = self.bias = self.grad_weight = self.grad_bias = None  # γ, β and their gradients
+        self.running_mean = self.running_var = None
+        self.save_mean = self.save_inv_std = None  # the last training batch's μ and 1/√(σ² + eps)
+
+    def config(self):
+        return {"mode": self.mode, "momentum": self.momentum, "eps": self.eps}
+
+    def init_parameters(self, rng):
+        c, h, w = self.input_sample_shape
+        mode = self.mode if self.mode != "auto" else ("spatial" if h * w > 1 else "per_activation")
+        self.batch_norm_mode = BatchNormMode(BATCH_NORM_MODES[mode])
+        shape = (1, c, 1, 1) if self.batch_norm_mode == BatchNormMode.SPATIAL else (1, c, h, w)
+        b = self.backend
+        self.weight = Tensor(shape, b).fill_(1.0)  # γ
+        self.bias = Tensor.zeros(shape, b)  # β
+        self.grad_weight, self.grad_bias = Tensor.zeros(shape, b), Tensor.zeros(shape, b)
+        self.running_mean, self.running_var = Tensor.zeros(shape, b), Tensor(shape, b).fill_(1.0)
+        self.save_mean, self.save_inv_std = Tensor.zeros(shape, b), Tensor.zeros(shape, b)
+
+    def _parameter_attributes(self):
+        return ("weight", "bias", "grad_weight", "grad_bias", "running_mean", "running_var", "save_mean",
+                "save_inv_std")
+
+    def parameters(self):
+        return [
+            Parameter(f"{self.name}.weight", self.weight, self.grad_weight),
+            Parameter(f"{self.name}.bias", self.bias, self.grad_bias),
+        ]
+
+    def buffers(self) -> dict[str, Tensor]:
+        return {f"{self.name}.running_mean": self.running_mean, f"{self.name}.running_var": self.running_var}
+
+    def forward(self, input: Tensor) -> Tensor:
+        self.prepare(input)
+        b, mode = self.backend, self.batch_norm_mode
+        if not self.training:
+            # y = γ·(x - running_mean)/√(running_var + eps) + β
+            b.batch_norm_forward_inference(mode, input, self.output, self.weight, self.bias, self.running_mean,
+                                           self.running_var, self.eps)
+            return self.output
+        # y = γ·(x - μ)/√(σ² + eps) + β;  running statistics ← (1 - momentum)·running + momentum·batch
+        b.batch_norm_forward_training(mode, input, self.output, self.weight, self.bias, self.momentum,
+                                      self.running_mean, self.running_var, self.eps, self.save_mean,
+                                      self.save_inv_std)
+        return self.output
+
+    def backward(self, grad_output: Tensor) -> Tensor:
+        # dβ = Σ dy;  dγ = Σ dy·x̂;  dx = γ/(m·√(σ² + eps))·(m·dy - dβ - x̂·dγ)
+        self.backend.batch_norm_backward(self.batch_norm_mode, self.input, grad_output, self.grad_input, self.weight,
+                                         self.grad_weight, self.grad_bias, self.eps, self.save_mean,
+                                         self.save_inv_std)
+        return self.grad_input
+

@@ -1,0 +1,70 @@
+"""Dropout layer on cuDNN: in training, each value is kept with probability 1 - rate and scaled by
+1/(1 - rate) (inverted dropout, so evaluation needs no rescaling); in evaluation, the identity.
+
+    forward   y  = x ⊙ mask / (1 - rate),   mask ~ Bernoulli(1 - rate)     cudnnDropoutForward
+    backward  dx = dy ⊙ mask / (1 - rate),  the forward's mask             cudnnDropoutBackward
+
+The mask stream is seeded from the network's seed and the layer's position, so a run is
+reproducible. On CUDA the random-number states live in a buffer that cudnnSetDropoutDescriptor
+fills once and every cudnnDropoutForward advances, so each replay of a captured training step
+draws a new mask; the mask is kept in a reserve space per batch shape for the backward pass.
+The host draws its masks with a seeded NumPy generator (not cuDNN's stream).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from ..errors import InvalidArgumentError
+from ..tensor import Tensor
+from .base import Layer
+
+SEED_LIMIT = 2**63  # the layer's seed is drawn below this (cuDNN takes an unsigned 64-bit seed)
+
+
+class Dropout(Layer):
+    def __init__(self, name: str, rate: float = 0.5):
+        super().__init__(name)
+        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0 <= rate < 1:
+            raise InvalidArgumentError(f"layer {name!r}: rate must be a number in [0, 1), got {rate!r}")
+        self.rate = float(rate)
+        self.seed = None
+        self.state = None  # the backend's dropout state: rate and random-number generator
+        self.reserve = None  # the last forward's mask, per batch shape
+
+    def config(self):
+        return {"rate": self.rate}
+
+    def init_parameters(self, rng):
+        self.seed = int(rng.integers(SEED_LIMIT))
+        self.state = self.backend.dropout_state(self.rate, self.seed)
+
+    def to(self, backend) -> None:
+        """Move to ``backend``: a new state there, seeded as this layer was built."""
+        super().to(backend)
+        self.state = backend.dropout_state(self.rate, self.seed)
+
+    def allocate(self, input_shape, output_shape):
+        return {"reserve": self.backend.dropout_reserve(self.state, input_shape)}
+
+    def _is_identity(self) -> bool:
+        return not self.training or self.rate == 0
+
+    def forward(self, input: Tensor) -> Tensor:
+        if self._is_identity():
+            # y = x
+            self.check_input(input)
+            return input
+        self.prepare(input)
+        # y = x ⊙ mask / (1 - rate),  a new mask
+        self.backend.dropout_forward(self.state, self.reserve, input, self.output)
+        return self.output
+
+    def backward(self, grad_output: Tensor) -> Tensor:
+        if self._is_identity():
+            # dx = dy
+            return grad_output
+        if not self.gradient_stop:
+            # dx = dy ⊙ mask / (1 - rate),  the forward's mask
+            self.backend.dropout_backward(self.state, self.reserve, grad_output, self.grad_input)
+        return self.grad_input

@@ -1,0 +1,141 @@
+import numpy as np
+import pytest
+
+from cudnnnet import Network, Tensor
+from cudnnnet.backends.base import BatchNormMode
+from cudnnnet.config import parse_config
+from cudnnnet.errors import CheckpointError, ConfigError, InvalidArgumentError
+from cudnnnet.layers import BatchNorm, Conv2D, Dense, Softmax
+from layer_checks import build, check_layer_gradients, relative_error
+
+CASES = [  # (sample shape, mode, the mode it resolves to)
+    ((3, 5, 4), "auto", BatchNormMode.SPATIAL),
+    ((6, 1, 1), "auto", BatchNormMode.PER_ACTIVATION),
+    ((2, 3, 3), "per_activation", BatchNormMode.PER_ACTIVATION),
+]
+
+
+def direct_batch_norm(x, gamma, beta, axes, eps):
+    """y and the batch statistics, in float64 from the definition."""
+    x = x.astype(np.float64)
+    mean = x.mean(axis=axes, keepdims=True)
+    variance = x.var(axis=axes, keepdims=True)
+    return gamma * (x - mean) / np.sqrt(variance + eps) + beta, mean, variance
+
+
+def random_layer(sample_shape, mode, backend, momentum=0.1):
+    """A built BatchNorm whose γ and β are not 1 and 0."""
+    layer = build(BatchNorm("bn", mode, momentum=momentum), sample_shape, backend)
+    rng = np.random.default_rng(5)
+    layer.weight.write_(rng.uniform(0.5, 1.5, layer.weight.shape))
+    layer.bias.write_(rng.standard_normal(layer.bias.shape))
+    return layer
+
+
+@pytest.mark.parametrize("sample_shape, mode, resolved", CASES)
+def test_training_forward_normalises_with_batch_statistics_and_updates_the_running_ones(backend, sample_shape, mode,
+                                                                                        resolved):
+    layer = random_layer(sample_shape, mode, backend, momentum=0.3)
+    assert layer.batch_norm_mode == resolved
+    axes = (0, 2, 3) if resolved == BatchNormMode.SPATIAL else (0,)
+    x = (np.random.default_rng(0).standard_normal((8,) + sample_shape) * 2 + 1).astype(np.float32)
+    y = layer.forward(Tensor.from_numpy(x, backend)).numpy()
+    expected, mean, variance = direct_batch_norm(x, layer.weight.numpy(), layer.bias.numpy(), axes, 1e-5)
+    assert relative_error(y, expected) < 1e-5
+    m = x.size // mean.size
+    assert np.allclose(layer.running_mean.numpy(), 0.3 * mean, rtol=1e-5, atol=1e-6)
+    assert np.allclose(layer.running_var.numpy(), 0.7 + 0.3 * variance * m / (m - 1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("sample_shape, mode, resolved", CASES)
+def test_evaluation_uses_the_running_statistics(backend, sample_shape, mode, resolved):
+    layer = random_layer(sample_shape, mode, backend)
+    rng = np.random.default_rng(1)
+    layer.running_mean.write_(rng.standard_normal(layer.running_mean.shape))
+    layer.running_var.write_(rng.uniform(0.5, 2.0, layer.running_var.shape))
+    stats = layer.running_mean.numpy(), layer.running_var.numpy()
+    layer.training = False
+    x = rng.standard_normal((4,) + sample_shape).astype(np.float32)
+    y = layer.forward(Tensor.from_numpy(x, backend)).numpy()
+    expected = layer.weight.numpy() * (x - stats[0]) / np.sqrt(stats[1] + 1e-5) + layer.bias.numpy()
+    assert relative_error(y, expected) < 1e-5
+    assert np.array_equal(layer.running_mean.numpy(), stats[0])  # evaluation leaves them alone
+
+
+@pytest.mark.parametrize("sample_shape, mode, resolved", CASES)
+def test_gradient_matches_finite_differences(backend, sample_shape, mode, resolved):
+    layer = random_layer(sample_shape, mode, backend)
+    x = np.random.default_rng(2).standard_normal((6,) + sample_shape).astype(np.float32)
+    check_layer_gradients(layer, x, eps=1e-2, tolerance=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sample_shape, mode, resolved", CASES)
+def test_cuda_matches_the_host(cuda, host, sample_shape, mode, resolved):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((16,) + sample_shape).astype(np.float32)
+    dy = rng.standard_normal((16,) + sample_shape).astype(np.float32)
+    results = []
+    for backend in (host, cuda):
+        layer = random_layer(sample_shape, mode, backend)
+        y = layer.forward(Tensor.from_numpy(x, backend)).numpy()
+        dx = layer.backward(Tensor.from_numpy(dy, backend)).numpy()
+        layer.training = False
+        inference = layer.forward(Tensor.from_numpy(x, backend)).numpy()
+        results.append((y, dx, layer.grad_weight.numpy(), layer.grad_bias.numpy(), layer.running_mean.numpy(),
+                        layer.running_var.numpy(), inference))
+    for what, on_host, on_cuda in zip(("y", "dx", "dγ", "dβ", "running mean", "running var", "inference"), *results):
+        assert relative_error(on_cuda, on_host) < 1e-4, what
+
+
+def test_running_statistics_are_saved_and_loaded_as_buffers_not_trained(backend, tmp_path):
+    def network():
+        return Network(backend=backend, seed=1, layers=[Conv2D("conv", 3, 3), BatchNorm("bn"), Dense("fc", 10),
+                                                         BatchNorm("bn2"), Softmax("softmax")]).build((1, 6, 6))
+
+    trained = network()
+    x = np.random.default_rng(0).standard_normal((8, 1, 6, 6)).astype(np.float32)
+    trained.forward(x)
+    assert {p.name for p in trained.parameter_list()} >= {"bn.weight", "bn.bias"}
+    assert not {"bn.running_mean", "bn.running_var"} & {p.name for p in trained.parameter_list()}
+    trained.save(tmp_path / "model.npz")
+    loaded = Network.load(tmp_path / "model.npz", backend=backend)
+    for name, value in trained.buffers().items():
+        assert np.array_equal(loaded.buffers()[name].numpy(), value.numpy()), name
+    assert np.array_equal(loaded.predict(x).numpy(), trained.predict(x).numpy())
+    with pytest.raises(CheckpointError, match="running_mean: the original format stores only"):
+        trained.save_original(tmp_path / "original")
+
+
+@pytest.mark.parametrize("arguments, message", [({"mode": "batch"}, "unknown batch normalisation mode"),
+                                                ({"momentum": 0}, "momentum must be a number in \\(0, 1\\]"),
+                                                ({"eps": 1e-6}, "eps must be a number >= 1e-05")])
+def test_invalid_arguments_are_refused(arguments, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        BatchNorm("bn", **arguments)
+
+
+def test_config_reads_batchnorm_with_defaults():
+    model = [{"type": "conv2d", "out_channels": 4, "kernel_size": 3}, {"type": "batchnorm"},
+             {"type": "batchnorm", "mode": "spatial", "momentum": 0.01, "eps": 1.0e-3}, {"type": "softmax"}]
+    config = parse_config({"model": model, "train": {"optimizer": {"lr": 0.1}}})
+    assert config.model[1].params == {"mode": "auto", "momentum": 0.1, "eps": 1e-5}
+    assert config.model[2].params == {"mode": "spatial", "momentum": 0.01, "eps": 1e-3}
+    model[1]["mode"] = "channel"
+    with pytest.raises(ConfigError, match=r"model\[1\].mode: expected one of auto, spatial, per_activation"):
+        parse_config({"model": model, "train": {"optimizer": {"lr": 0.1}}})
+
+
+@pytest.mark.gpu
+def test_cuda_runs_cudnns_batch_normalisation_calls(cuda):
+    from cudnnnet.backends.cuda import bindings
+
+    layer = random_layer((4, 3, 3), "auto", cuda)
+    x = Tensor.from_numpy(np.random.default_rng(0).standard_normal((5, 4, 3, 3)), cuda)
+    bindings.reset_calls()
+    layer.forward(x)
+    layer.backward(x)
+    layer.training = False
+    layer.forward(x)
+    assert [bindings.calls[f"cudnnBatchNormalization{call}"] for call in ("ForwardTraining", "Backward",
+                                                                          "ForwardInference")] == [1, 1, 1]
