@@ -124,7 +124,7 @@ class TrainConfig:
     steps: int | None = None  # when given, stop after this many steps (overrides epochs)
     seed: int = 0
     log_every: int = 100  # steps
-    checkpoint_every: int = 0  # epochs; 0: only at the end
+    checkpoint_every: int = 1  # epochs between published output sets; 0 ("never"): only at the end
     graph: bool = True  # capture the CUDA training step as a CUDA graph
     eval_batch_size: int = 1000
 
@@ -455,6 +455,19 @@ def _parse_schedule(schedule: _Section) -> ScheduleConfig:
     return ScheduleConfig(name)
 
 
+CHECKPOINT_WORDS = {"epoch": 1, "never": 0}
+
+
+def _checkpoint_every(train: _Section) -> int:
+    """train.checkpoint_every: epochs between checkpoints, "epoch" (1, the default) or "never" (0: only at the end)."""
+    value = train.value.get("checkpoint_every")
+    if isinstance(value, str):
+        if value not in CHECKPOINT_WORDS:
+            train.fail("checkpoint_every", f"expected an integer >= 0, epoch or never, got {_describe(value)}")
+        return CHECKPOINT_WORDS[value]
+    return train.integer("checkpoint_every", 1, low=0)
+
+
 def _parse_train(train: _Section) -> TrainConfig:
     train.only(("batch_size", "epochs", "steps", "seed", "optimizer", "schedule", "log_every",
                 "checkpoint_every", "graph", "eval_batch_size"))
@@ -466,7 +479,7 @@ def _parse_train(train: _Section) -> TrainConfig:
         optimizer=_parse_optimizer(train.section("optimizer", required=True)),
         schedule=_parse_schedule(train.section("schedule")),
         log_every=train.integer("log_every", 100, low=0, low_open=True),
-        checkpoint_every=train.integer("checkpoint_every", 0, low=0),
+        checkpoint_every=_checkpoint_every(train),
         graph=train.boolean("graph", True),
         eval_batch_size=train.integer("eval_batch_size", 1000, low=0, low_open=True),
     )
@@ -513,11 +526,12 @@ def _tag_problem(tag: str) -> str:
     return f"unknown YAML tag {short}; a config holds plain mappings, lists, strings and numbers only"
 
 
-def load_config(path: str | os.PathLike) -> Config:
-    """Read and validate the YAML config at ``path``."""
+def load_config(path: str | os.PathLike, data: bytes | None = None) -> Config:
+    """Read and validate the YAML config at ``path``; ``data``: its bytes where they were read already
+    (a pipe, ``--config <(...)`` or /dev/stdin, can be read once only)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = (path.read_bytes() if data is None else data).decode("utf-8")
     except FileNotFoundError as error:
         raise ConfigError(f"config file {path} does not exist") from error
     except UnicodeDecodeError as error:

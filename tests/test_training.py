@@ -158,8 +158,7 @@ def test_an_interrupted_run_resumes_to_the_same_weights_as_an_uninterrupted_one(
     interrupted.train_batch = stop_at_step_25
     with pytest.raises(Interrupted):
         interrupted.run()
-    resumed = Trainer(interrupted.config, tmp_path / "resumed", resume=tmp_path / "resumed" / "interrupted.npz",
-                      progress=False)
+    resumed = Trainer(interrupted.config, tmp_path / "resumed", resume=tmp_path / "resumed", progress=False)
     assert resumed.position.step == 25
     resumed.run()
     for name, value in straight.network.state_dict().items():
@@ -182,7 +181,7 @@ def test_a_diverging_loss_stops_with_the_step_and_keeps_the_last_checkpoint(mnis
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_saves_an_interrupted_checkpoint_that_resumes(mnist_dir, tmp_path, signum, code):
+def test_a_signal_publishes_a_consistent_set_that_resumes_from_the_folder(mnist_dir, tmp_path, signum, code):
     command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "--config",
                str(REPO_ROOT / "configs" / "mnist_mlp.yaml"), "--device", "host", "--data-dir", str(mnist_dir),
                "--output", str(tmp_path), "--epochs", "3", "--log-level", "INFO"]
@@ -195,12 +194,13 @@ def test_a_signal_saves_an_interrupted_checkpoint_that_resumes(mnist_dir, tmp_pa
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == code, stderr
-    assert "interrupted" in stderr
-    arrays, metadata = load_npz(tmp_path / "interrupted.npz")
+    assert "interrupted" in stderr and f"--resume {tmp_path}" in stderr
+    arrays, metadata = load_npz(tmp_path / "model.npz")
     assert metadata["position"]["step"] > 0
     assert metrics_of(tmp_path)["interrupted"] is True
+    assert metrics_of(tmp_path)["steps"] == metadata["position"]["step"]
     resumed = train_cli("configs/mnist_mlp.yaml", tmp_path, mnist_dir, "--steps", str(metadata["position"]["step"] + 5),
-                        "--resume", str(tmp_path / "interrupted.npz"))
+                        "--resume", str(tmp_path))
     assert resumed.returncode == 0, resumed.stderr
     assert metrics_of(tmp_path)["steps"] == metadata["position"]["step"] + 5
     assert math.isfinite(metrics_of(tmp_path)["test_loss"])
