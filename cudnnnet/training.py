@@ -442,9 +442,9 @@ class Trainer:
             return
         first = first or self.position.step
         epoch = (first - 1) // self.loader.steps_per_epoch + 1
-        raise TrainingError(f"the loss became {'nan' if math.isnan(loss) else loss} at step {first} (epoch {epoch}, "
-                            f"noticed at step {self.position.step}); try a lower learning rate. The outputs "
-                            f"published before, if any, are intact")
+        noticed = f", noticed at step {self.position.step}" if first != self.position.step else ""
+        raise TrainingError(f"the loss became {'nan' if math.isnan(loss) else loss} at step {first} (epoch {epoch}"
+                            f"{noticed}); try a lower learning rate. The outputs published before, if any, are intact")
 
     def _evaluate(self) -> Evaluation:
         """The test set's loss and accuracy, from device-resident batches where it is resident."""

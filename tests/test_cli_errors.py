@@ -447,7 +447,9 @@ CHECKPOINT_CASES = {
     "NaN weights": ("nan.npz", r"nan\.npz: fc2\.bias holds NaN or infinite values"),
 }
 RESUME_CASES = {
-    **CHECKPOINT_CASES,
+    **{name: case for name, case in CHECKPOINT_CASES.items() if name != "a directory"},
+    "a folder without a checkpoint": (".", r"--resume .*checkpoints\d*: this folder holds no model\.npz; give an "
+                                           r"output folder that a training wrote into, or a checkpoint file"),
     "another architecture": ("cnn.npz", r"cnn\.npz: trained with a different model than .*mnist_mlp\.yaml: model\[0\] "
                                         r"is conv2d 'conv1' \(.*kernel_size=5.*\) in the checkpoint, dense 'fc1' "
                                         r"\(out_size=500\) in the config"),
@@ -498,10 +500,29 @@ def test_truncated_bin_files_to_predict(run, request, checkpoints, tmp_path):
                                                   r"of shape \(10, 500, 1, 1\)\), found 1000 bytes")
 
 
-def test_resuming_a_finished_run_asks_for_more_steps(tool, mnist_dir, untouched):
-    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", untouched / "model.npz"))
-    assert_one_line_error(finished, "train", 2, r"model\.npz is at step 3 and the run asks for 2 steps: nothing left "
+@pytest.mark.parametrize("resume", ["model.npz", "."])
+def test_resuming_a_finished_run_asks_for_more_steps(tool, mnist_dir, untouched, resume):
+    """From the checkpoint file or from its output folder."""
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", untouched / resume))
+    assert_one_line_error(finished, "train", 2, r" is at step 3 and the run asks for 2 steps: nothing left "
                                                 r"to train; raise --epochs or --steps")
+
+
+def test_resuming_with_another_batch_size_is_refused(tool, mnist_dir, untouched):
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", untouched, "--steps", "9",
+                                         "--batch-size", "32"))
+    assert_one_line_error(finished, "train", 2, r"model\.npz was trained with batch size 64 and this run asks for 32; "
+                                                r"its position counts batches of 64: resume with --batch-size 64$")
+
+
+def test_an_unusable_export_path_is_refused_before_training(tool, mnist_dir, untouched, monkeypatch):
+    from cudnnnet.cli import train
+
+    monkeypatch.setattr(train, "Trainer", pytest.fail)  # nothing may be built, let alone trained
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--export-original",
+                                         untouched / "metrics.json" / "bins"))
+    assert_one_line_error(finished, "train", 2, r"--export-original .*metrics\.json/bins: .*metrics\.json is a file, "
+                                                r"not a directory")
 
 
 # ---- prediction -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ against the per-batch forward it replaces."""
 
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from run_helpers import REPO_ROOT, train_cli
-from cudnnnet import Network
+from cudnnnet import Network, Tensor
 from cudnnnet.checkpoint import load_npz
 from cudnnnet.config import load_config
 from cudnnnet.data.mnist import one_hot
@@ -178,6 +179,53 @@ def test_a_diverging_loss_stops_with_the_step_and_keeps_the_last_checkpoint(mnis
     with pytest.raises(TrainingError, match=r"loss became (nan|inf).* at step \d+"):
         diverging.run()
     assert (tmp_path / "model.npz").read_bytes() == saved
+
+
+def watch_counts(watch) -> list[int]:
+    return watch.numpy().reshape(-1).view(np.int32).tolist()
+
+
+def test_record_nonfinite_counts_steps_and_keeps_the_first_non_finite_one(backend):
+    watch = Tensor.from_numpy(np.array([5, 0], np.int32).view(np.float32), backend)
+    for loss, expected in ((1.5, [6, 0]), (np.inf, [7, 7]), (2.0, [8, 7]), (np.nan, [9, 7])):
+        backend.record_nonfinite(watch, Tensor.from_numpy(np.array([loss], np.float32), backend))
+        assert watch_counts(watch) == expected
+
+
+@pytest.mark.gpu
+def test_record_nonfinite_counts_inside_a_replayed_cuda_graph(cuda):
+    """The step counter lives on the device: each replay of the captured step counts once, and the
+    replay that first sees a non-finite loss is the one recorded."""
+    watch = Tensor.from_numpy(np.array([0, 0], np.int32).view(np.float32), cuda)
+    loss = Tensor.from_numpy(np.array([0.5], np.float32), cuda)
+    with cuda.capture() as graph:
+        cuda.record_nonfinite(watch, loss)
+    for _ in range(3):
+        graph.launch()
+    loss.write_(np.array([np.nan], np.float32))
+    for _ in range(2):
+        graph.launch()
+    assert watch_counts(watch) == [5, 4]
+
+
+def diverging_trainer(mnist_dir, output, log_every):
+    config = load_config(REPO_ROOT / "configs" / "mnist_mlp.yaml").with_overrides(
+        steps=60, device="host", data_dir=mnist_dir).to_dict()
+    config["train"]["optimizer"]["lr"] = 1.0e6
+    config["train"]["log_every"] = log_every
+    from cudnnnet.config import parse_config
+
+    return Trainer(parse_config(config), output, progress=False)
+
+
+def test_a_non_finite_loss_names_the_step_it_first_appeared_not_where_it_was_checked(mnist_dir, tmp_path):
+    """Checked every step, the loss first fails at step N; checked every 50 steps, the error still names N."""
+    with pytest.raises(TrainingError) as every_step:
+        diverging_trainer(mnist_dir, tmp_path / "a", log_every=1).run()
+    first = int(re.search(r"at step (\d+)", str(every_step.value)).group(1))
+    assert first < 50, "the loss must diverge before the first check every 50 steps: the test proves nothing"
+    with pytest.raises(TrainingError, match=rf"at step {first} \(epoch 1, noticed at step 50\)"):
+        diverging_trainer(mnist_dir, tmp_path / "b", log_every=50).run()
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
