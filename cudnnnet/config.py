@@ -526,10 +526,36 @@ def _tag_problem(tag: str) -> str:
     return f"unknown YAML tag {short}; a config holds plain mappings, lists, strings and numbers only"
 
 
+@dataclass(frozen=True)
+class ModelDescription:
+    """What a network needs to be built and fed, without training: its layers and its data preparation."""
+
+    model: tuple[LayerSpec, ...]
+    data: DataConfig
+    source: str = "<dict>"
+
+
+def load_model_description(path: str | os.PathLike) -> ModelDescription:
+    """The ``model`` and ``data`` of the YAML config at ``path``; its ``train`` section, if any, is not
+    needed and not read (predicting with the original's .bin files needs no optimiser)."""
+    mapping = _read_mapping(Path(path), None)
+    source = str(path)
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping with keys model and data; got {_describe(mapping)}")
+    root = _Section(mapping, "", source)
+    root.only(("model", "data", "train", "device", "math"))
+    return ModelDescription(model=_parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
+                            data=_parse_data(root.section("data")), source=source)
+
+
 def load_config(path: str | os.PathLike, data: bytes | None = None) -> Config:
     """Read and validate the YAML config at ``path``; ``data``: its bytes where they were read already
     (a pipe, ``--config <(...)`` or /dev/stdin, can be read once only)."""
-    path = Path(path)
+    return parse_config(_read_mapping(Path(path), data), source=str(path))
+
+
+def _read_mapping(path: Path, data: bytes | None):
+    """The YAML document at ``path`` (or in ``data``, its bytes), ConfigError where it cannot be read or is empty."""
     try:
         text = (path.read_bytes() if data is None else data).decode("utf-8")
     except FileNotFoundError as error:
@@ -544,4 +570,4 @@ def load_config(path: str | os.PathLike, data: bytes | None = None) -> Config:
         raise ConfigError(f"{path}: {_yaml_problem(error)}") from error
     if mapping is None:
         raise ConfigError(f"{path}: the file is empty; a config needs at least model and train.optimizer.lr")
-    return parse_config(mapping, source=str(path))
+    return mapping

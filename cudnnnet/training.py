@@ -56,14 +56,19 @@ def write_atomic(path: Path, text: str) -> None:
         file.write(text.encode("utf-8"))
 
 
-def input_shape(config: Config) -> tuple[int, int, int]:
+def input_shape(config) -> tuple[int, int, int]:
+    """The (C, H, W) of one input sample of ``config`` (a Config or a ModelDescription)."""
     side = 28 + 2 * config.data.pad
     return (1, side, side)
 
 
+def model_mapping(config) -> list[dict]:
+    """``config``'s layers (a Config or a ModelDescription) as Network.from_spec takes them."""
+    return [{"type": spec.type, "name": spec.name, **spec.params} for spec in config.model]
+
+
 def build_network(config: Config, backend) -> Network:
-    model = [{"type": spec.type, "name": spec.name, **spec.params} for spec in config.model]
-    return Network.from_spec(model, input_shape(config), backend, seed=config.train.seed)
+    return Network.from_spec(model_mapping(config), input_shape(config), backend, seed=config.train.seed)
 
 
 def load_split(config: Config, split: str, download: bool = True):

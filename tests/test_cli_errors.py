@@ -711,3 +711,31 @@ def test_any_layer_stack_passes_the_model_check_or_is_a_config_error(layers, cla
         return
     network = build_network(config, "host")
     assert network.output_shapes(network.input_shape)[-1] == (10, 1, 1)
+
+
+@pytest.mark.parametrize("failing, status, pattern", [
+    ("free", "cudaErrorMemoryAllocation", r"the GPU \(device 0\) could not be initialised: cudaFree failed with "
+                                          r"cudaErrorMemoryAllocation; its memory is taken, probably by another process"),
+    ("set_device", "cudaErrorDevicesUnavailable", r"the GPU \(device 0\) could not be initialised: cudaSetDevice failed "
+                                                  r"with cudaErrorDevicesUnavailable \(46\)$"),
+])
+def test_a_gpu_that_cannot_start_is_not_a_batch_too_large(monkeypatch, failing, status, pattern):
+    """GPU memory held by another process at start-up: the context cannot be made. The message names
+    the CUDA error and does not suggest a smaller batch."""
+    from cudnnnet.backends.cuda import context
+    from cudnnnet.backends.cuda.bindings import runtime
+    from cudnnnet.errors import DeviceInitError
+
+    function = {"free": "cudaFree", "set_device": "cudaSetDevice"}[failing]
+    code = {"cudaErrorMemoryAllocation": 2, "cudaErrorDevicesUnavailable": 46}[status]
+
+    def fails(*args):
+        raise runtime.status_error(function, FakeStatus(code, status))
+
+    monkeypatch.setattr(context, "open_libraries", lambda device=0: (13, 1))
+    monkeypatch.setattr(context.startup, "early_start_pending", lambda: False)
+    monkeypatch.setattr(runtime, "set_device", lambda device: None)
+    monkeypatch.setattr(runtime, failing, fails)
+    with pytest.raises(DeviceInitError) as caught:
+        context.CudaContext(0)
+    assert re.search(pattern, str(caught.value)) and "smaller batch" not in str(caught.value)

@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default auto)")
     parser.add_argument("--batch-size", type=positive_int, default=1000, help="evaluation batch size")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    add_common_arguments(parser)
+    add_common_arguments(parser, progress_bar=False)
     return parser
 
 
