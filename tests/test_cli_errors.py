@@ -739,3 +739,37 @@ def test_a_gpu_that_cannot_start_is_not_a_batch_too_large(monkeypatch, failing, 
     with pytest.raises(DeviceInitError) as caught:
         context.CudaContext(0)
     assert re.search(pattern, str(caught.value)) and "smaller batch" not in str(caught.value)
+
+
+def test_a_reader_that_goes_away_ends_the_tool_quietly(tmp_path, checkpoints):
+    """``cudnnnet-predict ... | head``: the reader exits first; the tool stops with 141 (128 + SIGPIPE)
+    as Unix tools do, and says nothing."""
+    digit = np.zeros((28, 28), np.uint8)
+    digit[5:23, 13:16] = 255
+    image = tmp_path / "one.png"
+    Image.fromarray(digit, "L").save(image)
+    predict = [sys.executable, str(REPO_ROOT / "scripts" / "predict.py"), "--weights", str(checkpoints / "mlp.npz"),
+               "--device", "host", "--quiet", str(image), str(image)]
+    script = f"{' '.join(map(repr, predict))} 2>{tmp_path / 'stderr'} | true; echo ${{PIPESTATUS[0]}}"
+    finished = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300)
+    assert finished.stdout.strip() == "141", finished.stdout + finished.stderr
+    assert (tmp_path / "stderr").read_text() == ""
+
+
+def test_a_broken_pipe_is_no_error_message(capsys):
+    from cudnnnet.cli.common import ArgumentParser, add_common_arguments, run
+
+    def writes_to_a_closed_pipe(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    parser = ArgumentParser(prog="cudnnnet-x")
+    add_common_arguments(parser)
+    assert run(writes_to_a_closed_pipe, parser, []) == 141
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("tool_name, progress_bar", [("train", True), ("predict", False), ("evaluate", False)])
+def test_quiet_mentions_a_progress_bar_only_where_there_is_one(tool_name, progress_bar):
+    module = importlib.import_module(f"cudnnnet.cli.{tool_name}")
+    quiet = next(action for action in module.build_parser()._actions if "--quiet" in action.option_strings)
+    assert ("progress bar" in quiet.help) == progress_bar and "warnings and errors" in quiet.help
