@@ -171,9 +171,9 @@ def _legend_size(font, entries) -> tuple[int, int]:
             row_height * len(entries) + 6 * SCALE)
 
 
-def _draw_legend(draw, font, box, entries) -> None:
+def _draw_legend(draw, font, box, entries) -> tuple[float, float, float, float]:
     """A framed legend in the plot area's top-right corner, in the band the y axis leaves above the
-    data: a marked line and a label per series."""
+    data: a marked line and a label per series. Returns its frame (left, top, right, bottom)."""
     row_height, sample = FONT_SIZE + 6 * SCALE, 24 * SCALE
     width, height = _legend_size(font, entries)
     right = box[2] - 8 * SCALE
@@ -186,3 +186,4 @@ def _draw_legend(draw, font, box, entries) -> None:
         centre = x + sample // 2
         draw.ellipse((centre - MARKER_RADIUS, y - MARKER_RADIUS, centre + MARKER_RADIUS, y + MARKER_RADIUS), fill=colour)
         draw.text((x + sample + 6 * SCALE, y), label, fill=BLACK, font=font, anchor="lm")
+    return right - width, top, right, top + height
