@@ -91,21 +91,29 @@ class OutputFolder:
             staging.mkdir()
             yield staging
             _fsync_directory(staging)
-            self.publish(staging)
         except BaseException as error:
             shutil.rmtree(staging, ignore_errors=True)
             if isinstance(error, (OSError, WriteError)):
-                raise WriteError(f"cannot write the outputs into {self.path} ({_reason(error)}); "
-                                 f"the outputs published there before are intact") from error
+                raise self._write_error(error, "the outputs published there before are intact") from error
             raise
+        try:
+            self.publish(staging)
+        except OSError as error:
+            if self.current_set() != staging.resolve():  # not published: the previous set still is
+                shutil.rmtree(staging, ignore_errors=True)
+                raise self._write_error(error, "the outputs published there before are intact") from error
+            raise self._write_error(error, f"the new outputs are complete in {self.path / CURRENT}") from error
+
+    def _write_error(self, error: BaseException, outcome: str) -> WriteError:
+        return WriteError(f"cannot write the outputs into {self.path} ({_reason(error)}); {outcome}")
 
     def publish(self, staging: Path) -> None:
         """Point ``current`` at ``staging`` (one atomic rename), link the names to it, remove older sets."""
         self._replace_link(CURRENT, staging.name)
         for name in NAMES:
             link, target = self.path / name, f"{CURRENT}/{name}"
-            if not (staging / name).exists():
-                if link.is_symlink():
+            if not (staging / name).exists():  # the new set has none: the previous one's would mix two sets
+                if link.is_symlink() or link.is_file():
                     link.unlink()
             elif not (link.is_symlink() and os.readlink(link) == target):
                 self._replace_link(name, target)
