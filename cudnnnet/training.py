@@ -544,7 +544,7 @@ class NonFiniteWatch:
 
     def __init__(self, backend):
         self.backend = backend
-        self.watch = Tensor((2,), backend)  # int32 bits: [steps run, first non-finite step (0: none yet)]
+        self.watch = Tensor.zeros((2,), backend)  # int32 bits: [steps run, first non-finite step (0: none yet)]
 
     def start(self, step: int) -> None:
         """Count on from ``step`` (the steps already run), no non-finite step seen."""
