@@ -370,7 +370,9 @@ DATA_CASES = {
                            r"train-labels-idx1-ubyte\.gz: label 10 at index 3 is outside 0\.\.9"),
     "wrong checksum": (few_images(5), few_labels(),
                        r"train-images-idx3-ubyte\.gz: checksum mismatch: the uncompressed data has MD5 [0-9a-f]{32}, "
-                       r"MNIST's train-images-idx3-ubyte has 6bbc9ace898e44ae57da46a324031adb; delete the file"),
+                       r"MNIST's train-images-idx3-ubyte has 6bbc9ace898e44ae57da46a324031adb; the file is damaged or not "
+                       r"MNIST's: delete it so it is downloaded again, or check that --data-dir points at the MNIST "
+                       r"files$"),
 }
 
 
