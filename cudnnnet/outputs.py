@@ -154,7 +154,7 @@ def checkpoint_to_resume(path) -> Path:
     if not model.is_file():
         raise CheckpointError(f"--resume {path}: this folder holds no model.npz; give an output folder that a "
                               f"training wrote into, or a checkpoint file")
-    return model.resolve()
+    return model
 
 
 def _fsync_directory(directory: Path) -> None:

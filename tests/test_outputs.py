@@ -79,5 +79,5 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path):
 def test_resume_takes_a_folder_or_a_file(tmp_path):
     with OutputFolder(tmp_path / "run") as folder:
         write_set(folder, "first")
-    assert checkpoint_to_resume(tmp_path / "run") == (tmp_path / "run" / "current" / "model.npz").resolve()
+    assert checkpoint_to_resume(tmp_path / "run") == tmp_path / "run" / "model.npz"
     assert checkpoint_to_resume(tmp_path / "other.npz") == tmp_path / "other.npz"
