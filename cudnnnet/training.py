@@ -517,8 +517,11 @@ class Trainer:
             self.optimizer.load_state_arrays(arrays, OPTIMIZER_PREFIX)
         except CheckpointError as error:
             raise CheckpointError(f"{path}: {error}") from None
-        self.position = Position(position["epoch"], position["batch"], position["step"],
-                                 list(metadata.get("history") or []))
+        history = metadata.get("history") or []
+        if not isinstance(history, list) or not all(_is_history_row(row) for row in history):
+            raise CheckpointError(f"{path}: the training history in its metadata is malformed (each row needs "
+                                  f"{', '.join(HISTORY_FIELDS)} as numbers); it can be loaded but not resumed")
+        self.position = Position(position["epoch"], position["batch"], position["step"], list(history))
         log.info("resumed from %s at epoch %d, batch %d (step %d)", path, self.position.epoch + 1,
                  self.position.batch, self.position.step)
 
@@ -529,7 +532,7 @@ class Trainer:
         train = config.get("train") if isinstance(config, dict) else None
         saved = train.get("batch_size") if isinstance(train, dict) else None
         ours = self.config.train.batch_size
-        if isinstance(saved, int) and saved != ours:
+        if isinstance(saved, int) and not isinstance(saved, bool) and saved != ours:
             raise CheckpointError(f"{path} was trained with batch size {saved} and this run asks for {ours}; its "
                                   f"position counts batches of {saved}: resume with --batch-size {saved}")
 
@@ -608,6 +611,12 @@ def _progress_bar(enabled: bool, total: int, initial: int, description: str):
 
     return tqdm(total=total, initial=initial, desc=description, disable=not enabled, leave=False, unit="step",
                 dynamic_ncols=True)
+
+
+def _is_history_row(row) -> bool:
+    """A row of ``Position.history`` as the trainer writes it: every HISTORY_FIELDS key, a number each."""
+    return isinstance(row, dict) and all(
+        isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool) for key in HISTORY_FIELDS)
 
 
 def _csv_value(value) -> str:

@@ -134,6 +134,7 @@ def write_bad_checkpoints(folder: Path, good: Path) -> None:
     save_npz(folder / "narrow.npz", {**arrays, "fc1.weight": arrays["fc1.weight"][:, :700]}, metadata)
     save_npz(folder / "nan.npz", {**arrays, "fc2.bias": np.full(10, np.nan, np.float32)}, metadata)
     save_npz(folder / "no_config.npz", arrays, {key: value for key, value in metadata.items() if key != "config"})
+    save_npz(folder / "bad_history.npz", arrays, {**metadata, "history": [{"epoch": 1, "steps": "three"}]})
     (folder / "text.npz").write_text("model weights\n")
     (folder / "empty.npz").write_bytes(b"")
     (folder / "pickle.npz").write_bytes(pickle.dumps({"fc1.weight": [0.0]}))
@@ -455,6 +456,9 @@ RESUME_CASES = {
     "another architecture": ("cnn.npz", r"cnn\.npz: trained with a different model than .*mnist_mlp\.yaml: model\[0\] "
                                         r"is conv2d 'conv1' \(.*kernel_size=5.*\) in the checkpoint, dense 'fc1' "
                                         r"\(out_size=500\) in the config"),
+    "a malformed history": ("bad_history.npz", r"bad_history\.npz: the training history in its metadata is "
+                                               r"malformed \(each row needs epoch, steps, .*\); it can be loaded "
+                                               r"but not resumed"),
     "no training config": ("no_config.npz", r"no_config\.npz: no training config in its metadata; it can be loaded "
                                             r"but not resumed"),
     "wrong shapes": ("narrow.npz", r"narrow\.npz: fc1\.weight: checkpoint has \(500, 700, 1, 1\), network needs "
