@@ -148,8 +148,8 @@ def test_a_damaged_checkpoint_loads_unchanged_or_is_refused(tmp_path, small_chec
 
 # ---- an output folder's files are one set at every moment ------------------------------------
 
-TRAIN = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "--config", str(REPO_ROOT / "configs" / "mnist_mlp.yaml"),
-         "--device", "host", "--quiet"]
+TRAIN = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "--config",
+         str(REPO_ROOT / "configs" / "mnist_mlp.yaml"), "--device", "host", "--quiet"]
 SMALL_EPOCHS = ("--batch-size", "6000")  # 10 steps an epoch: a new set about every second on the host
 
 

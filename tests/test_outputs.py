@@ -33,7 +33,8 @@ def test_each_set_replaces_the_previous_one_whole(tmp_path):
 def test_a_failure_while_writing_a_set_leaves_the_published_one(tmp_path):
     with OutputFolder(tmp_path) as folder:
         write_set(folder, "first")
-        with pytest.raises(WriteError, match=r"\(No space left on device\); the outputs published there before are intact"):
+        full_disk = r"\(No space left on device\); the outputs published there before are intact"
+        with pytest.raises(WriteError, match=full_disk):
             with folder.new_set() as staging:
                 (staging / "model.npz").write_text("half")
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
