@@ -31,7 +31,7 @@ from typing import BinaryIO, Iterator, Mapping
 
 import numpy as np
 
-from .errors import CheckpointError
+from .errors import CheckpointError, WriteError
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +97,12 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def _write_file(path: Path, write) -> None:
-    """Write ``path`` atomically through ``write(file)``; an OSError becomes a CheckpointError."""
+    """Write ``path`` atomically through ``write(file)``; an OSError (a full disk, say) becomes a WriteError."""
     try:
         with atomic_write(path) as file:
             write(file)
     except OSError as exc:
-        raise CheckpointError(f"{path}: cannot write the checkpoint ({_one_line(exc)})") from exc
+        raise WriteError(f"{path}: cannot write the checkpoint ({_one_line(exc)})") from exc
 
 
 def _one_line(exc: BaseException) -> str:
@@ -116,8 +116,8 @@ def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], metadata
     """Write ``arrays`` (as float32) and ``metadata`` (as JSON) to one ``.npz``, atomically.
 
     Parent directories are created. Raises CheckpointError for a name that cannot be stored, a
-    non-floating-point array, metadata that is not JSON, or a failed write (the previous file at
-    ``path``, if any, is then left as it was).
+    non-floating-point array or metadata that is not JSON, and WriteError for a failed write (the
+    previous file at ``path``, if any, is then left as it was).
     """
     path = Path(path)
     members = {f"{name}.npy": _float32_for_saving(path, name, array) for name, array in arrays.items()}

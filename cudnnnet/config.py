@@ -144,7 +144,7 @@ class TrainConfig:
     steps: int | None = None  # when given, stop after this many steps (overrides epochs)
     seed: int = 0
     log_every: int = 100  # steps
-    checkpoint_every: int = 0  # epochs; 0: only at the end
+    checkpoint_every: int = 1  # epochs between published output sets; 0 ("never"): only at the end
     graph: bool = True  # capture the CUDA training step as a CUDA graph
     eval_batch_size: int = 1000
 
@@ -521,6 +521,19 @@ def _parse_schedule(schedule: _Section) -> ScheduleConfig:
     return ScheduleConfig(name, **warmup)
 
 
+CHECKPOINT_WORDS = {"epoch": 1, "never": 0}
+
+
+def _checkpoint_every(train: _Section) -> int:
+    """train.checkpoint_every: epochs between checkpoints, "epoch" (1, the default) or "never" (0: only at the end)."""
+    value = train.value.get("checkpoint_every")
+    if isinstance(value, str):
+        if value not in CHECKPOINT_WORDS:
+            train.fail("checkpoint_every", f"expected an integer >= 0, epoch or never, got {_describe(value)}")
+        return CHECKPOINT_WORDS[value]
+    return train.integer("checkpoint_every", 1, low=0)
+
+
 def _parse_train(train: _Section) -> TrainConfig:
     train.only(("batch_size", "epochs", "steps", "seed", "optimizer", "schedule", "log_every",
                 "checkpoint_every", "graph", "eval_batch_size"))
@@ -532,7 +545,7 @@ def _parse_train(train: _Section) -> TrainConfig:
         optimizer=_parse_optimizer(train.section("optimizer", required=True)),
         schedule=_parse_schedule(train.section("schedule")),
         log_every=train.integer("log_every", 100, low=0, low_open=True),
-        checkpoint_every=train.integer("checkpoint_every", 0, low=0),
+        checkpoint_every=_checkpoint_every(train),
         graph=train.boolean("graph", True),
         eval_batch_size=train.integer("eval_batch_size", 1000, low=0, low_open=True),
     )
@@ -580,11 +593,38 @@ def _tag_problem(tag: str) -> str:
     return f"unknown YAML tag {short}; a config holds plain mappings, lists, strings and numbers only"
 
 
-def load_config(path: str | os.PathLike) -> Config:
-    """Read and validate the YAML config at ``path``."""
-    path = Path(path)
+@dataclass(frozen=True)
+class ModelDescription:
+    """What a network needs to be built and fed, without training: its layers and its data preparation."""
+
+    model: tuple[LayerSpec, ...]
+    data: DataConfig
+    source: str = "<dict>"
+
+
+def load_model_description(path: str | os.PathLike) -> ModelDescription:
+    """The ``model`` and ``data`` of the YAML config at ``path``; its ``train`` section, if any, is not
+    needed and not read (predicting with the original's .bin files needs no optimiser)."""
+    mapping = _read_mapping(Path(path), None)
+    source = str(path)
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping with keys model and data; got {_describe(mapping)}")
+    root = _Section(mapping, "", source)
+    root.only(("model", "data", "train", "device", "math"))
+    return ModelDescription(model=_parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
+                            data=_parse_data(root.section("data")), source=source)
+
+
+def load_config(path: str | os.PathLike, data: bytes | None = None) -> Config:
+    """Read and validate the YAML config at ``path``; ``data``: its bytes where they were read already
+    (a pipe, ``--config <(...)`` or /dev/stdin, can be read once only)."""
+    return parse_config(_read_mapping(Path(path), data), source=str(path))
+
+
+def _read_mapping(path: Path, data: bytes | None):
+    """The YAML document at ``path`` (or in ``data``, its bytes), ConfigError where it cannot be read or is empty."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = (path.read_bytes() if data is None else data).decode("utf-8")
     except FileNotFoundError as error:
         raise ConfigError(f"config file {path} does not exist") from error
     except UnicodeDecodeError as error:
@@ -597,4 +637,4 @@ def load_config(path: str | os.PathLike) -> Config:
         raise ConfigError(f"{path}: {_yaml_problem(error)}") from error
     if mapping is None:
         raise ConfigError(f"{path}: the file is empty; a config needs at least model and train.optimizer.lr")
-    return parse_config(mapping, source=str(path))
+    return mapping

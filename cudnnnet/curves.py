@@ -1,7 +1,9 @@
 """``curves.png``: loss and accuracy per epoch, train and test, drawn with Pillow.
 
-Two panels side by side, each with its title, axis labels, a light grid, integer epoch ticks,
-the train and test series as lines with round markers, and a legend. The figure is drawn at
+Two panels side by side, each with its title, axis labels, a light grid, epoch ticks, the train
+and test series as lines with round markers, and a legend. A point sits at its fractional epoch
+(steps / steps per epoch), so a run stopped part-way through an epoch is drawn where it stopped.
+The y axis leaves a band above the data for the legend, which therefore hides no point or line. The figure is drawn at
 ``SCALE`` times its size and shrunk at the end by averaging each SCALE × SCALE block (Image.reduce),
 which smooths lines, markers and text. Pillow draws; the PNG file is written here (unfiltered rows,
 fast zlib level), which skips the image plugins Pillow's save imports and its per-row filter search.
@@ -30,14 +32,17 @@ SERIES = (  # (history key suffix, legend label, colour): matplotlib's first two
     ("train", "train (mean over the epoch)", (31, 119, 180)),
     ("test", "test (end of the epoch)", (255, 127, 14)),
 )
-PANELS = (("loss", "top"), ("accuracy", "bottom"))  # (metric, where its legend goes)
+PANELS = ("loss", "accuracy")
 LINE_WIDTH, MARKER_RADIUS = 2 * SCALE, 4 * SCALE
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_COMPRESSION = 1  # zlib level: the figure is mostly flat colour, so the fastest level costs little size
 
 
-def plot_curves(history: list[dict], path: Path) -> None:
-    """Write ``path`` (PNG, atomically) showing ``history``'s rows; an empty history writes nothing."""
+def plot_curves(history: list[dict], path: Path, steps_per_epoch: int | None = None) -> None:
+    """Write ``path`` (PNG, atomically) showing ``history``'s rows; an empty history writes nothing.
+
+    With ``steps_per_epoch``, a row is drawn at its fractional epoch (its ``steps`` / steps_per_epoch),
+    else at its ``epoch`` number."""
     if not history:
         return
     from PIL import Image, ImageDraw, ImageFont
@@ -45,10 +50,11 @@ def plot_curves(history: list[dict], path: Path) -> None:
     font = ImageFont.load_default(FONT_SIZE)
     canvas = Image.new("RGB", (WIDTH * SCALE, HEIGHT * SCALE), WHITE)
     panel_width = canvas.width // len(PANELS)
-    for index, (metric, legend_at) in enumerate(PANELS):
+    epochs = [_epoch_of(row, steps_per_epoch) for row in history]
+    for index, metric in enumerate(PANELS):
         box = (index * panel_width + MARGINS[0], MARGINS[1],
                (index + 1) * panel_width - MARGINS[2], canvas.height - MARGINS[3])
-        _draw_panel(canvas, ImageDraw.Draw(canvas), font, box, history, metric, legend_at)
+        _draw_panel(canvas, ImageDraw.Draw(canvas), font, box, epochs, history, metric)
     figure = canvas.reduce(SCALE)
     with checkpoint.atomic_write(path) as file:
         file.write(png_bytes(figure))
@@ -70,19 +76,27 @@ def _png_chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
-def _draw_panel(canvas, draw, font, box, history, metric, legend_at) -> None:
-    epochs = [float(row["epoch"]) for row in history]
+def _epoch_of(row: dict, steps_per_epoch: int | None) -> float:
+    """Where a history row is drawn: its fractional epoch where the steps per epoch are known."""
+    if steps_per_epoch and isinstance(row.get("steps"), (int, float)):
+        return row["steps"] / steps_per_epoch
+    return float(row["epoch"])
+
+
+def _draw_panel(canvas, draw, font, box, epochs, history, metric) -> None:
     series = [(label, colour, [float(row[f"{key}_{metric}"]) for row in history]) for key, label, colour in SERIES]
+    entries = [(label, colour) for label, colour, _ in series]
     x_range = _padded_range(epochs)
-    y_range = _padded_range([value for _, _, values in series for value in values])
-    x_ticks = _ticks(*x_range, min_step=1)
+    y_range = _with_legend_band(_padded_range([value for _, _, values in series for value in values]),
+                                box, _legend_size(font, entries)[1] + 16 * SCALE)
+    x_ticks = _ticks(*x_range, min_step=1 if x_range[1] - x_range[0] >= 2 else 0.0)
     y_ticks = _ticks(*y_range)
     to_pixel = _mapping(box, x_range, y_range)
     left, top, right, bottom = box
     for tick in x_ticks:
         x, _ = to_pixel(tick, y_range[0])
         draw.line((x, top, x, bottom), fill=GRID, width=SCALE)
-        draw.text((x, bottom + 4 * SCALE), f"{tick:.0f}", fill=BLACK, font=font, anchor="mt")
+        draw.text((x, bottom + 4 * SCALE), _tick_label(tick, x_ticks), fill=BLACK, font=font, anchor="mt")
     for tick in y_ticks:
         _, y = to_pixel(x_range[0], tick)
         draw.line((left, y, right, y), fill=GRID, width=SCALE)
@@ -97,7 +111,7 @@ def _draw_panel(canvas, draw, font, box, history, metric, legend_at) -> None:
     draw.text(((left + right) / 2, top - 8 * SCALE), metric, fill=BLACK, font=font, anchor="md")
     draw.text(((left + right) / 2, canvas.height - 6 * SCALE), "epoch", fill=BLACK, font=font, anchor="md")
     _draw_vertical_text(canvas, font, metric, (box[0] - 70 * SCALE, (top + bottom) // 2))
-    _draw_legend(draw, font, box, [(label, colour) for label, colour, _ in series], legend_at)
+    _draw_legend(draw, font, box, entries)
 
 
 def _padded_range(values: list[float]) -> tuple[float, float]:
@@ -106,6 +120,14 @@ def _padded_range(values: list[float]) -> tuple[float, float]:
     low, high = min(finite), max(finite)
     pad = (high - low) * 0.05 or max(abs(high) * 0.05, 0.5)
     return low - pad, high + pad
+
+
+def _with_legend_band(y_range: tuple[float, float], box, band: float) -> tuple[float, float]:
+    """``y_range`` raised at the top so that the highest value is drawn ``band`` drawing pixels below
+    the plot area's top edge: the legend goes in that band."""
+    low, high = y_range
+    height = box[3] - box[1]
+    return low, low + (high - low) * height / max(height - band, 1)
 
 
 def _ticks(low: float, high: float, min_step: float = 0.0, count: int = 5) -> list[float]:
@@ -142,13 +164,20 @@ def _draw_vertical_text(canvas, font, text: str, left_middle: tuple[int, int]) -
     canvas.paste(label, (left_middle[0], left_middle[1] - label.height // 2))
 
 
-def _draw_legend(draw, font, box, entries, at: str) -> None:
-    """A framed legend in the plot area's top-right or bottom-right corner: a marked line and a label per series."""
+def _legend_size(font, entries) -> tuple[int, int]:
+    """(width, height) of the legend in drawing pixels."""
     row_height, sample = FONT_SIZE + 6 * SCALE, 24 * SCALE
-    width = sample + 12 * SCALE + max(int(font.getlength(label)) for label, _ in entries)
-    height = row_height * len(entries) + 6 * SCALE
+    return (sample + 12 * SCALE + max(int(font.getlength(label)) for label, _ in entries),
+            row_height * len(entries) + 6 * SCALE)
+
+
+def _draw_legend(draw, font, box, entries) -> tuple[float, float, float, float]:
+    """A framed legend in the plot area's top-right corner, in the band the y axis leaves above the
+    data: a marked line and a label per series. Returns its frame (left, top, right, bottom)."""
+    row_height, sample = FONT_SIZE + 6 * SCALE, 24 * SCALE
+    width, height = _legend_size(font, entries)
     right = box[2] - 8 * SCALE
-    top = box[1] + 8 * SCALE if at == "top" else box[3] - 8 * SCALE - height
+    top = box[1] + 8 * SCALE
     draw.rectangle((right - width, top, right, top + height), fill=WHITE, outline=LEGEND_EDGE, width=SCALE)
     for row, (label, colour) in enumerate(entries):
         y = top + 3 * SCALE + row_height * row + row_height // 2
@@ -157,3 +186,4 @@ def _draw_legend(draw, font, box, entries, at: str) -> None:
         centre = x + sample // 2
         draw.ellipse((centre - MARKER_RADIUS, y - MARKER_RADIUS, centre + MARKER_RADIUS, y + MARKER_RADIUS), fill=colour)
         draw.text((x + sample + 6 * SCALE, y), label, fill=BLACK, font=font, anchor="lm")
+    return right - width, top, right, top + height

@@ -37,6 +37,14 @@ class ShapeError(UsageError, ValueError):
     """A tensor or layer received a shape it cannot take; the message names the layer and both shapes."""
 
 
+class OutputInUseError(UsageError):
+    """Another training is writing into the output folder asked for."""
+
+
+class WriteError(CudnnnetError):
+    """A file could not be written (a full disk, a lost permission): a runtime failure, not bad input."""
+
+
 class TrainingError(CudnnnetError):
     """Training cannot go on (for example the loss became NaN or infinite)."""
 
@@ -50,7 +58,15 @@ class DeviceUnavailableError(DeviceError, UsageError):
 
 
 class OutOfMemoryError(DeviceError):
-    """The GPU ran out of memory."""
+    """The GPU ran out of memory. ``function`` and ``status_name`` name the failing call where known."""
+
+    def __init__(self, message: str, function: str | None = None, status_name: str | None = None):
+        self.function, self.status_name = function, status_name
+        super().__init__(message)
+
+
+class DeviceInitError(DeviceError):
+    """The GPU is present but could not be initialised (its context, stream or library handles)."""
 
 
 class _LibraryStatusError(DeviceError):

@@ -1,6 +1,6 @@
 """Recognise digits in image files (or arrays) with a trained network.
 
-    network = Network.load("runs/mnist_cnn/model.npz", backend="cuda")
+    network = Network.load("runs/mnist_cnn/model.npz", backend="auto")  # the GPU where usable, else the host
     for result in cudnnnet.predict(network, ["5.jpg", "digits/"]):
         print(result.image, result.digit, result.probability)
 

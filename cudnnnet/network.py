@@ -111,6 +111,21 @@ class Network:
             self.build(x.shape[1:])
         return x.to(self.backend)
 
+    def _as_target(self, target) -> Tensor:
+        """The one-hot ``target`` as a tensor on this backend: a Tensor, or an array-like converted as
+        ``forward`` converts its input; an array of the last output's size per sample (N, classes) is
+        taken in the output's shape (N, classes, 1, 1). The loss layer checks the shape."""
+        if not isinstance(target, Tensor):
+            array = np.asarray(target, dtype=np.float32)
+            output = self.loss_layer.output
+            if output is not None:
+                if array.size != output.size or array.shape[:1] != output.shape[:1]:
+                    raise ShapeError(f"layer {self.loss_layer.name!r}: target has shape {array.shape}, the output "
+                                     f"has shape {output.shape}")
+                array = array.reshape(output.shape)
+            target = Tensor.from_numpy(array, self.backend)
+        return target.to(self.backend)
+
     def forward(self, x) -> Tensor:
         """Run every layer; returns the last layer's output (probabilities for Softmax), (N, classes, 1, 1)."""
         output = self._as_input(x)
@@ -118,13 +133,14 @@ class Network:
             output = layer.forward(output)
         return output
 
-    def backward(self, target: Tensor, loss: Tensor | None = None, count: Tensor | None = None) -> None:
-        """Back-propagate from the loss layer given the one-hot ``target`` of the last forward.
+    def backward(self, target, loss: Tensor | None = None, count: Tensor | None = None) -> None:
+        """Back-propagate from the loss layer given the one-hot ``target`` of the last forward (a Tensor
+        or an array-like, as ``forward`` takes its input).
 
         With ``loss`` and ``count`` (one-element tensors), the loss layer also adds the batch's mean
         loss and its number of correct predictions into them (one fused kernel for Softmax on CUDA).
         """
-        target = target.to(self.backend)
+        target = self._as_target(target)
         if loss is None:
             grad = self.loss_layer.backward(target)
         else:
@@ -166,13 +182,13 @@ class Network:
             self._scalars = Tensor.zeros((2,), self.backend)
         return self._scalars.view((1,), index)
 
-    def loss(self, target: Tensor) -> float:
+    def loss(self, target) -> float:
         """Mean loss of the last forward against ``target`` (synchronises a GPU)."""
-        return self.loss_layer.loss(target.to(self.backend), self._scalar(0)).item()
+        return self.loss_layer.loss(self._as_target(target), self._scalar(0)).item()
 
-    def accuracy(self, target: Tensor) -> float:
+    def accuracy(self, target) -> float:
         """Fraction of the last forward's samples whose argmax matches ``target``'s."""
-        target = target.to(self.backend)
+        target = self._as_target(target)
         return self.loss_layer.correct(target, self._scalar(1)).item() / target.n
 
     # ---- parameters --------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 ``Trainer(config, output_dir).run()`` trains, evaluates on the full test set after each epoch and
 writes into ``output_dir``: ``model.npz`` (weights, optimiser state and position, so a run can be
-resumed), ``metrics.json``, ``history.csv`` and ``curves.png`` (drawn with Pillow).
-Nothing outside ``output_dir`` is written.
+resumed), ``metrics.json``, ``history.csv`` and ``curves.png`` (drawn with Pillow), as one set
+published at once (``outputs.OutputFolder``): after every ``checkpoint_every`` epochs, at the end,
+and when a signal stops the run. Nothing outside ``output_dir`` is written.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .data.streamed import FLOAT32_BYTES, StreamedData, choose_placement
 from .errors import CheckpointError, DataError, TrainingError
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import make_optimizer
+from .outputs import OutputFolder, checkpoint_to_resume
 from .tensor import Tensor
 
 log = logging.getLogger(__name__)
@@ -39,12 +41,13 @@ HISTORY_FIELDS = ("epoch", "steps", "learning_rate", "train_loss", "train_accura
 
 
 class Interrupted(Exception):
-    """Training stopped on a signal after saving an ``interrupted.npz`` checkpoint."""
+    """Training stopped on a signal after publishing its outputs, a resumable model.npz among them."""
 
-    def __init__(self, signum: int, checkpoint_path: Path):
+    def __init__(self, signum: int, step: int, output_dir: Path):
         self.signum = signum
-        self.checkpoint_path = checkpoint_path
-        super().__init__(f"interrupted by {signal.Signals(signum).name}; saved {checkpoint_path} (resume with --resume)")
+        self.output_dir = output_dir
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step}; its outputs and checkpoint "
+                         f"are in {output_dir} (continue with --resume {output_dir})")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -53,14 +56,19 @@ def write_atomic(path: Path, text: str) -> None:
         file.write(text.encode("utf-8"))
 
 
-def input_shape(config: Config) -> tuple[int, int, int]:
+def input_shape(config) -> tuple[int, int, int]:
+    """The (C, H, W) of one input sample of ``config`` (a Config or a ModelDescription)."""
     side = 28 + 2 * config.data.pad
     return (1, side, side)
 
 
+def model_mapping(config) -> list[dict]:
+    """``config``'s layers (a Config or a ModelDescription) as Network.from_spec takes them."""
+    return [{"type": spec.type, "name": spec.name, **spec.params} for spec in config.model]
+
+
 def build_network(config: Config, backend) -> Network:
-    model = [{"type": spec.type, "name": spec.name, **spec.params} for spec in config.model]
-    return Network.from_spec(model, input_shape(config), backend, seed=config.train.seed)
+    return Network.from_spec(model_mapping(config), input_shape(config), backend, seed=config.train.seed)
 
 
 def load_split(config: Config, split: str, download: bool = True):
@@ -271,6 +279,7 @@ class Trainer:
     def __init__(self, config: Config, output_dir, resume=None, progress: bool = True):
         self.config = config
         self.output_dir = Path(output_dir)
+        self.outputs = OutputFolder(self.output_dir)
         self.progress = progress
         warm_up(config.device)  # the GPU starts while the data is read and the libraries load
         reading = OnAThread(local_splits, config)  # what is on disk already, while get_backend loads
@@ -299,6 +308,7 @@ class Trainer:
         self.graph = None  # the captured training step of a full batch, once captured
         self._full_batch_ran = False  # the first full step runs eagerly: it allocates and plans
         self.totals = Accumulator(self.backend)
+        self.watch = NonFiniteWatch(self.backend)
         self.position = Position()
         self.stop_signal: int | None = None
         self.train_seconds = 0.0
@@ -332,6 +342,7 @@ class Trainer:
         """gather → forward → backward with the loss and accuracy counted (on the device) → SGD: device work only."""
         self.data.gather(x, target)
         self.network.forward_backward(x, target, self.totals.loss_sum, self.totals.correct)
+        self.watch.record(self.totals.loss_sum)
         self.optimizer.step()
 
     def train_batch(self, index: int) -> int:
@@ -355,15 +366,16 @@ class Trainer:
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self) -> dict:
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        log.info("training %s on %s: %d steps of batch %d (%d epochs)%s", self.config.source,
-                 self.backend.device_name, self.total_steps, self.config.train.batch_size, self.total_epochs,
-                 ", each step replayed as a CUDA graph" if self.use_graph else "")
-        with _signals_to(self):
+        """Train to the planned step; returns the final metrics. The output folder is locked meanwhile
+        (OutputInUseError where another training holds it)."""
+        with self.outputs, _signals_to(self):
+            log.info("training %s on %s: %d steps of batch %d (%d epochs)%s", self.config.source,
+                     self.backend.device_name, self.total_steps, self.config.train.batch_size, self.total_epochs,
+                     ", each step replayed as a CUDA graph" if self.use_graph else "")
+            self.watch.start(self.position.step)
             while self.position.step < self.total_steps:
                 self._run_epoch()
-        self._save("model.npz")
-        return self._finish()
+            return self._publish(finished=True)
 
     def _run_epoch(self) -> None:
         first_batch = self.position.batch
@@ -401,11 +413,7 @@ class Trainer:
     def _log_progress(self, bar, started: float, steps_done: int) -> None:
         loss_sum, correct = self.totals.read()
         loss = loss_sum / max(steps_done, 1)
-        if not math.isfinite(loss):
-            raise TrainingError(
-                f"the loss became {loss} at step {self.position.step} (epoch {self.position.epoch + 1}); "
-                f"try a lower learning rate. The last checkpoint written, if any, is intact"
-            )
+        self._stop_if_not_finite(loss)
         seen = min(steps_done * self.config.train.batch_size, self.loader.num_samples)
         rate = seen / max(time.perf_counter() - started, 1e-9)
         accuracy = correct / seen
@@ -416,9 +424,7 @@ class Trainer:
         """Evaluate on the test set and record the epoch; a run stopped mid-epoch by ``steps`` stays in it."""
         loss_sum, correct = self.totals.read()
         train_loss = loss_sum / max(steps_done, 1)
-        if not math.isfinite(train_loss):
-            raise TrainingError(f"the loss became {train_loss} in epoch {self.position.epoch + 1} "
-                                f"(by step {self.position.step}); try a lower learning rate")
+        self._stop_if_not_finite(train_loss)
         images_seen = min(steps_done * self.config.train.batch_size, self.loader.num_samples)
         test = self._evaluate()
         row = {"epoch": self.position.epoch + 1, "steps": self.position.step,
@@ -433,8 +439,19 @@ class Trainer:
             self.position.batch = 0
         every = self.config.train.checkpoint_every
         if completed and every and self.position.epoch % every == 0 and self.position.step < self.total_steps:
-            self._save("model.npz")
-        self._write_history()
+            self._publish(finished=False)
+
+    def _stop_if_not_finite(self, loss: float) -> None:
+        """TrainingError naming the first step whose loss was NaN or infinite (recorded on the device
+        by ``NonFiniteWatch``), where there is one; called where the host reads the totals anyway."""
+        first = self.watch.first_step()
+        if first is None and math.isfinite(loss):
+            return
+        first = first or self.position.step
+        epoch = (first - 1) // self.loader.steps_per_epoch + 1
+        noticed = f", noticed at step {self.position.step}" if first != self.position.step else ""
+        raise TrainingError(f"the loss became {'nan' if math.isnan(loss) else loss} at step {first} (epoch {epoch}"
+                            f"{noticed}); try a lower learning rate. The outputs published before, if any, are intact")
 
     def _evaluate(self) -> Evaluation:
         """The test set's loss and accuracy, from device-resident batches where it is resident."""
@@ -444,10 +461,21 @@ class Trainer:
         return evaluate_batches(self.network, self.test_set.batches(batch_size), self.test_set.count)
 
     # ---- outputs ---------------------------------------------------------------------------------
-    def _save(self, name: str) -> Path:
+    def _publish(self, **status) -> dict:
+        """Write model.npz, metrics.json (with ``status``), history.csv and curves.png as one new set of
+        the output folder, published at once; returns the metrics written."""
+        metrics = {**self.metrics(), **status}
+        with self.outputs.new_set() as folder:
+            self._save(folder / "model.npz")
+            write_atomic(folder / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+            write_atomic(folder / "history.csv", self._history_text())
+            plot_curves(self.position.history, folder / "curves.png", self.loader.steps_per_epoch)
+        return metrics
+
+    def _save(self, path: Path) -> Path:
         arrays = self.optimizer.state_arrays(OPTIMIZER_PREFIX)
         position = {"epoch": self.position.epoch, "batch": self.position.batch, "step": self.position.step}
-        return self.network.save(self.output_dir / name, extra_arrays=arrays, config=self.config.to_dict(),
+        return self.network.save(path, extra_arrays=arrays, config=self.config.to_dict(),
                                  position=position, history=self.position.history)
 
     def metrics(self) -> dict:
@@ -469,27 +497,21 @@ class Trainer:
             "images_per_second": self.images_trained / self.train_seconds if self.train_seconds else None,
         }
 
-    def _finish(self) -> dict:
-        metrics = self.metrics()
-        write_atomic(self.output_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-        self._write_history()
-        plot_curves(self.position.history, self.output_dir / "curves.png")
-        return metrics
-
-    def _write_history(self) -> None:
+    def _history_text(self) -> str:
         lines = [",".join(HISTORY_FIELDS)]
         lines += [",".join(_csv_value(row[key]) for key in HISTORY_FIELDS) for row in self.position.history]
-        write_atomic(self.output_dir / "history.csv", "\n".join(lines) + "\n")
+        return "\n".join(lines) + "\n"
 
     # ---- interruption and resumption ---------------------------------------------------------
     def _interrupt(self) -> None:
         self.backend.synchronize()
-        path = self._save("interrupted.npz")
-        write_atomic(self.output_dir / "metrics.json", json.dumps({**self.metrics(), "interrupted": True}, indent=2) + "\n")
-        raise Interrupted(self.stop_signal, path)
+        self._publish(finished=False, interrupted=True)
+        raise Interrupted(self.stop_signal, self.position.step, self.output_dir)
 
     def _resume(self, path: Path) -> None:
+        path = checkpoint_to_resume(path)
         arrays, metadata = checkpoint.load_npz(path)
+        self._check_batch_size(path, metadata)
         self.network.load_weights(path)
         position = metadata.get("position")
         if not isinstance(position, dict) or not all(isinstance(position.get(k), int) for k in ("epoch", "batch", "step")):
@@ -498,10 +520,51 @@ class Trainer:
             self.optimizer.load_state_arrays(arrays, OPTIMIZER_PREFIX)
         except CheckpointError as error:
             raise CheckpointError(f"{path}: {error}") from None
-        self.position = Position(position["epoch"], position["batch"], position["step"],
-                                 list(metadata.get("history") or []))
+        history = metadata.get("history") or []
+        if not isinstance(history, list) or not all(_is_history_row(row) for row in history):
+            raise CheckpointError(f"{path}: the training history in its metadata is malformed (each row needs "
+                                  f"{', '.join(HISTORY_FIELDS)} as numbers); it can be loaded but not resumed")
+        self.position = Position(position["epoch"], position["batch"], position["step"], list(history))
         log.info("resumed from %s at epoch %d, batch %d (step %d)", path, self.position.epoch + 1,
                  self.position.batch, self.position.step)
+
+
+    def _check_batch_size(self, path: Path, metadata: dict) -> None:
+        """A position counts batches of the size it was trained with: resuming needs that size."""
+        config = metadata.get("config")
+        train = config.get("train") if isinstance(config, dict) else None
+        saved = train.get("batch_size") if isinstance(train, dict) else None
+        ours = self.config.train.batch_size
+        if isinstance(saved, int) and not isinstance(saved, bool) and saved != ours:
+            raise CheckpointError(f"{path} was trained with batch size {saved} and this run asks for {ours}; its "
+                                  f"position counts batches of {saved}: resume with --batch-size {saved}")
+
+
+class NonFiniteWatch:
+    """The first step whose training loss was NaN or infinite, found on the device at every step
+    (``record``, one tiny kernel, graph-safe) and read only where the host synchronises anyway.
+
+    ``watch`` holds two int32 counts in float32 storage: [steps run, first non-finite step or 0].
+    The step counter lives on the device so that a replayed CUDA graph counts too.
+    """
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.watch = Tensor.zeros((2,), backend)  # int32 bits: [steps run, first non-finite step (0: none yet)]
+
+    def start(self, step: int) -> None:
+        """Count on from ``step`` (the steps already run), no non-finite step seen."""
+        self.watch.write_(np.array([step, 0], np.int32).view(np.float32))
+
+    def record(self, loss_sum: Tensor) -> None:
+        """After a step that added its loss into ``loss_sum`` (this epoch's sum: non-finite from the
+        first non-finite loss on): count the step and note it if ``loss_sum`` is not finite."""
+        self.backend.record_nonfinite(self.watch, loss_sum)
+
+    def first_step(self) -> int | None:
+        """The first step whose loss was not finite, or None (reads the device)."""
+        first = int(self.watch.numpy().reshape(-1).view(np.int32)[1])
+        return first or None
 
 
 class _signals_to:
@@ -551,6 +614,12 @@ def _progress_bar(enabled: bool, total: int, initial: int, description: str):
 
     return tqdm(total=total, initial=initial, desc=description, disable=not enabled, leave=False, unit="step",
                 dynamic_ncols=True)
+
+
+def _is_history_row(row) -> bool:
+    """A row of ``Position.history`` as the trainer writes it: every HISTORY_FIELDS key, a number each."""
+    return isinstance(row, dict) and all(
+        isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool) for key in HISTORY_FIELDS)
 
 
 def _csv_value(value) -> str:

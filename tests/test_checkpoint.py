@@ -20,7 +20,7 @@ from cudnnnet.checkpoint import (
     save_npz,
     write_original,
 )
-from cudnnnet.errors import CheckpointError
+from cudnnnet.errors import CheckpointError, WriteError
 
 
 def lenet_like_arrays(seed=0):
@@ -357,7 +357,7 @@ def test_failed_replace_leaves_previous_checkpoint_and_no_temp(tmp_path, monkeyp
     save_npz(path, lenet_like_arrays(0), {"epoch": 1})
     before = path.read_bytes()
     monkeypatch.setattr(os, "replace", failing)
-    with pytest.raises(CheckpointError, match="model.npz: cannot write the checkpoint .*No space left"):
+    with pytest.raises(WriteError, match="model.npz: cannot write the checkpoint .*No space left"):
         save_npz(path, lenet_like_arrays(1), {"epoch": 2})
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["model.npz"]
@@ -388,7 +388,7 @@ def test_failure_in_the_middle_of_writing_leaves_previous_checkpoint(tmp_path, m
 def test_failed_bin_write_leaves_previous_file(tmp_path, monkeypatch):
     write_original(tmp_path, {"dense1.weight": tiny_dense_weight()})
     monkeypatch.setattr(os, "replace", failing)
-    with pytest.raises(CheckpointError, match="dense1.bin: cannot write"):
+    with pytest.raises(WriteError, match="dense1.bin: cannot write"):
         write_original(tmp_path, {"dense1.weight": tiny_dense_weight() + 1})
     assert (tmp_path / "dense1.bin").read_bytes() == hand_made_original_bytes()
     assert [p.name for p in tmp_path.iterdir()] == ["dense1.bin"]

@@ -76,7 +76,11 @@ def test_an_installed_console_script_runs(tmp_path):
 
 def test_a_run_writes_only_its_outputs(short_run):
     _, output, cwd, cache = short_run
-    assert {path.name for path in output.iterdir()} == OUTPUTS  # no temporary file left behind
+    names = {path.name for path in output.iterdir()}
+    (published,) = [name for name in names if name.startswith(".set-")]  # one set, no temporary file left behind
+    assert names == OUTPUTS | {"current", published} and os.readlink(output / "current") == published
+    assert {path.name for path in (output / published).iterdir()} == OUTPUTS
+    assert all(os.readlink(output / name) == f"current/{name}" for name in OUTPUTS)
     assert not any(cwd.iterdir())
     assert [path.name for path in cache.iterdir()] == ["cudnnnet"]
     assert [path.name for path in (cache / "cudnnnet").iterdir()] == ["parsed"]  # the parsed MNIST files only
@@ -87,8 +91,9 @@ def test_outputs_are_readable_by_others_as_the_umask_allows(short_run):
     _, output, _, _ = short_run
     umask = os.umask(0o022)
     os.umask(umask)
-    for path in output.iterdir():
+    for path in (output / "current").iterdir():
         assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path.name
+    assert (output / "current").stat().st_mode & 0o777 == 0o777 & ~umask
 
 
 def test_metrics_history_and_summary_agree(short_run):

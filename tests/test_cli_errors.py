@@ -134,6 +134,7 @@ def write_bad_checkpoints(folder: Path, good: Path) -> None:
     save_npz(folder / "narrow.npz", {**arrays, "fc1.weight": arrays["fc1.weight"][:, :700]}, metadata)
     save_npz(folder / "nan.npz", {**arrays, "fc2.bias": np.full(10, np.nan, np.float32)}, metadata)
     save_npz(folder / "no_config.npz", arrays, {key: value for key, value in metadata.items() if key != "config"})
+    save_npz(folder / "bad_history.npz", arrays, {**metadata, "history": [{"epoch": 1, "steps": "three"}]})
     (folder / "text.npz").write_text("model weights\n")
     (folder / "empty.npz").write_bytes(b"")
     (folder / "pickle.npz").write_bytes(pickle.dumps({"fc1.weight": [0.0]}))
@@ -370,7 +371,9 @@ DATA_CASES = {
                            r"train-labels-idx1-ubyte\.gz: label 10 at index 3 is outside 0\.\.9"),
     "wrong checksum": (few_images(5), few_labels(),
                        r"train-images-idx3-ubyte\.gz: checksum mismatch: the uncompressed data has MD5 [0-9a-f]{32}, "
-                       r"MNIST's train-images-idx3-ubyte has 6bbc9ace898e44ae57da46a324031adb; delete the file"),
+                       r"MNIST's train-images-idx3-ubyte has 6bbc9ace898e44ae57da46a324031adb; the file is damaged or not "
+                       r"MNIST's: delete it so it is downloaded again, or check that --data-dir points at the MNIST "
+                       r"files$"),
 }
 
 
@@ -447,10 +450,15 @@ CHECKPOINT_CASES = {
     "NaN weights": ("nan.npz", r"nan\.npz: fc2\.bias holds NaN or infinite values"),
 }
 RESUME_CASES = {
-    **CHECKPOINT_CASES,
+    **{name: case for name, case in CHECKPOINT_CASES.items() if name != "a directory"},
+    "a folder without a checkpoint": (".", r"--resume .*checkpoints\d*: this folder holds no model\.npz; give an "
+                                           r"output folder that a training wrote into, or a checkpoint file"),
     "another architecture": ("cnn.npz", r"cnn\.npz: trained with a different model than .*mnist_mlp\.yaml: model\[0\] "
                                         r"is conv2d 'conv1' \(.*kernel_size=5.*\) in the checkpoint, dense 'fc1' "
                                         r"\(out_size=500\) in the config"),
+    "a malformed history": ("bad_history.npz", r"bad_history\.npz: the training history in its metadata is "
+                                               r"malformed \(each row needs epoch, steps, .*\); it can be loaded "
+                                               r"but not resumed"),
     "no training config": ("no_config.npz", r"no_config\.npz: no training config in its metadata; it can be loaded "
                                             r"but not resumed"),
     "wrong shapes": ("narrow.npz", r"narrow\.npz: fc1\.weight: checkpoint has \(500, 700, 1, 1\), network needs "
@@ -498,10 +506,29 @@ def test_truncated_bin_files_to_predict(run, request, checkpoints, tmp_path):
                                                   r"of shape \(10, 500, 1, 1\)\), found 1000 bytes")
 
 
-def test_resuming_a_finished_run_asks_for_more_steps(tool, mnist_dir, untouched):
-    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", untouched / "model.npz"))
-    assert_one_line_error(finished, "train", 2, r"model\.npz is at step 3 and the run asks for 2 steps: nothing left "
+@pytest.mark.parametrize("resume", ["model.npz", "."])
+def test_resuming_a_finished_run_asks_for_more_steps(tool, mnist_dir, untouched, resume):
+    """From the checkpoint file or from its output folder."""
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", untouched / resume))
+    assert_one_line_error(finished, "train", 2, r" is at step 3 and the run asks for 2 steps: nothing left "
                                                 r"to train; raise --epochs or --steps")
+
+
+def test_resuming_with_another_batch_size_is_refused(tool, mnist_dir, untouched):
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", untouched, "--steps", "9",
+                                         "--batch-size", "32"))
+    assert_one_line_error(finished, "train", 2, r"model\.npz was trained with batch size 64 and this run asks for 32; "
+                                                r"its position counts batches of 64: resume with --batch-size 64$")
+
+
+def test_an_unusable_export_path_is_refused_before_training(tool, mnist_dir, untouched, monkeypatch):
+    from cudnnnet.cli import train
+
+    monkeypatch.setattr(train, "Trainer", pytest.fail)  # nothing may be built, let alone trained
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--export-original",
+                                         untouched / "metrics.json" / "bins"))
+    assert_one_line_error(finished, "train", 2, r"--export-original .*metrics\.json/bins: .*metrics\.json is a file, "
+                                                r"not a directory")
 
 
 # ---- prediction -------------------------------------------------------------------------------
@@ -690,3 +717,65 @@ def test_any_layer_stack_passes_the_model_check_or_is_a_config_error(layers, cla
         return
     network = build_network(config, "host")
     assert network.output_shapes(network.input_shape)[-1] == (10, 1, 1)
+
+
+@pytest.mark.parametrize("failing, status, pattern", [
+    ("free", "cudaErrorMemoryAllocation", r"the GPU \(device 0\) could not be initialised: cudaFree failed with "
+                                          r"cudaErrorMemoryAllocation; its memory is taken, probably by another process"),
+    ("set_device", "cudaErrorDevicesUnavailable", r"the GPU \(device 0\) could not be initialised: cudaSetDevice failed "
+                                                  r"with cudaErrorDevicesUnavailable \(46\)$"),
+])
+def test_a_gpu_that_cannot_start_is_not_a_batch_too_large(monkeypatch, failing, status, pattern):
+    """GPU memory held by another process at start-up: the context cannot be made. The message names
+    the CUDA error and does not suggest a smaller batch."""
+    from cudnnnet.backends.cuda import context
+    from cudnnnet.backends.cuda.bindings import runtime
+    from cudnnnet.errors import DeviceInitError
+
+    function = {"free": "cudaFree", "set_device": "cudaSetDevice"}[failing]
+    code = {"cudaErrorMemoryAllocation": 2, "cudaErrorDevicesUnavailable": 46}[status]
+
+    def fails(*args):
+        raise runtime.status_error(function, FakeStatus(code, status))
+
+    monkeypatch.setattr(context, "open_libraries", lambda device=0: (13, 1))
+    monkeypatch.setattr(context.startup, "early_start_pending", lambda: False)
+    monkeypatch.setattr(runtime, "set_device", lambda device: None)
+    monkeypatch.setattr(runtime, failing, fails)
+    with pytest.raises(DeviceInitError) as caught:
+        context.CudaContext(0)
+    assert re.search(pattern, str(caught.value)) and "smaller batch" not in str(caught.value)
+
+
+def test_a_reader_that_goes_away_ends_the_tool_quietly(tmp_path, checkpoints):
+    """``cudnnnet-predict ... | head``: the reader exits first; the tool stops with 141 (128 + SIGPIPE)
+    as Unix tools do, and says nothing."""
+    digit = np.zeros((28, 28), np.uint8)
+    digit[5:23, 13:16] = 255
+    image = tmp_path / "one.png"
+    Image.fromarray(digit, "L").save(image)
+    predict = [sys.executable, str(REPO_ROOT / "scripts" / "predict.py"), "--weights", str(checkpoints / "mlp.npz"),
+               "--device", "host", "--quiet", str(image), str(image)]
+    script = f"{' '.join(map(repr, predict))} 2>{tmp_path / 'stderr'} | true; echo ${{PIPESTATUS[0]}}"
+    finished = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300)
+    assert finished.stdout.strip() == "141", finished.stdout + finished.stderr
+    assert (tmp_path / "stderr").read_text() == ""
+
+
+def test_a_broken_pipe_is_no_error_message(capsys):
+    from cudnnnet.cli.common import ArgumentParser, add_common_arguments, run
+
+    def writes_to_a_closed_pipe(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    parser = ArgumentParser(prog="cudnnnet-x")
+    add_common_arguments(parser)
+    assert run(writes_to_a_closed_pipe, parser, []) == 141
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("tool_name, progress_bar", [("train", True), ("predict", False), ("evaluate", False)])
+def test_quiet_mentions_a_progress_bar_only_where_there_is_one(tool_name, progress_bar):
+    module = importlib.import_module(f"cudnnnet.cli.{tool_name}")
+    quiet = next(action for action in module.build_parser()._actions if "--quiet" in action.option_strings)
+    assert ("progress bar" in quiet.help) == progress_bar and "warnings and errors" in quiet.help

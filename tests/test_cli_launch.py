@@ -63,3 +63,26 @@ def test_cuda_starts_before_numpy_is_imported_and_the_trainer_runs_after(tmp_pat
                               cwd=REPO_ROOT)
     assert finished.stdout.splitlines() == ["numpy imported: False", "warm_up auto numpy imported: False"]
     assert finished.returncode == 2 and "absent.yaml" in finished.stderr
+
+
+def test_the_config_is_read_once_and_handed_on(config, monkeypatch):
+    """What the device sniffing read is what cli.train parses: a pipe is not read twice."""
+    path = config("device: host\nmodel: []\n")
+    handed = {}
+    monkeypatch.setattr(launch, "warm_up", lambda device: handed.setdefault("device", device))
+    import cudnnnet.cli.train as train_cli_module
+
+    monkeypatch.setattr(train_cli_module, "main", lambda argv, config_text: handed.update(text=config_text) or 0)
+    assert launch.train(["--config", path]) == 0
+    assert handed == {"device": "host", "text": {path: b"device: host\nmodel: []\n"}}
+
+
+@pytest.mark.parametrize("device_flag", [[], ["--device", "host"]])
+def test_a_config_from_a_pipe_trains(mnist_dir, tmp_path, device_flag):
+    """``--config /dev/stdin`` (as ``--config <(...)``): read once, not reported empty."""
+    text = (REPO_ROOT / "configs" / "mnist_mlp.yaml").read_text().replace("device: auto", "") + "\ndevice: host\n"
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "--config", "/dev/stdin", *device_flag,
+               "--data-dir", str(mnist_dir), "--output", str(tmp_path / "run"), "--steps", "2", "--quiet"]
+    finished = subprocess.run(command, input=text, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    assert (tmp_path / "run" / "model.npz").is_file()

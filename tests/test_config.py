@@ -63,7 +63,7 @@ def test_load_config_types_values_and_defaults(tmp_path):
     assert config.data.normalize == (0.1307, 0.3081) and config.data.pad == 2 and config.data.dir is None
     train = config.train
     assert (train.batch_size, train.epochs, train.steps, train.seed) == (256, 3, None, 0)
-    assert (train.log_every, train.checkpoint_every, train.graph, train.eval_batch_size) == (100, 0, True, 1000)
+    assert (train.log_every, train.checkpoint_every, train.graph, train.eval_batch_size) == (100, 1, True, 1000)
     assert train.optimizer.lr == 0.02 and train.optimizer.momentum == 0.9 and train.optimizer.weight_decay == 5e-4
     assert train.schedule.name == "inverse" and train.schedule.decay == 1e-4
     assert (config.device, config.math) == ("host", "tf32")
@@ -76,6 +76,14 @@ def test_minimal_config_defaults():
     assert config.data.placement == "auto"
     assert config.train.batch_size == 64 and config.train.epochs == 1 and config.train.schedule.name == "constant"
     assert config.train.optimizer.name == "sgd" and config.train.optimizer.momentum == 0.0
+
+
+@pytest.mark.parametrize("value, epochs", [("epoch", 1), ("never", 0), (3, 3), (0, 0)])
+def test_checkpoint_every_takes_a_number_of_epochs_or_a_word(value, epochs):
+    raw = minimal()
+    raw["train"]["checkpoint_every"] = value
+    assert parse_config(raw).train.checkpoint_every == epochs
+    assert parse_config(minimal()).train.checkpoint_every == 1
 
 
 def test_ints_are_accepted_for_floats_and_nulls_mean_absent():
@@ -302,6 +310,7 @@ INVALID = [
     (("train", "seed"), 1.5, "train.seed: expected an integer >= 0, got 1.5 (number)"),
     (("train", "log_every"), 0, "train.log_every: expected an integer > 0"),
     (("train", "checkpoint_every"), -1, "train.checkpoint_every: expected an integer >= 0"),
+    (("train", "checkpoint_every"), "weekly", "train.checkpoint_every: expected an integer >= 0, epoch or never, got 'weekly'"),
     (("train", "graph"), 1, "train.graph: expected true or false, got 1 (integer)"),
     (("train", "eval_batch_size"), 0, "train.eval_batch_size: expected an integer > 0"),
     (("train", "lr"), 0.1, "train.lr: unknown key 'lr'; valid keys: batch_size"),

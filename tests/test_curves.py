@@ -93,3 +93,55 @@ def test_importing_the_module_does_not_import_pillow():
     finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.strip() == "[]"
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """What plot_curves draws, per panel: the data markers (centres, drawn before the legend) and the legend's frame."""
+    from PIL import ImageDraw
+
+    panels, markers = [], []
+    ellipse = ImageDraw.ImageDraw.ellipse
+
+    def record_ellipse(draw, box, *args, **kwargs):
+        markers.append(((box[0] + box[2]) / 2, (box[1] + box[3]) / 2, (box[2] - box[0]) / 2))
+        return ellipse(draw, box, *args, **kwargs)
+
+    legend = curves._draw_legend
+
+    def record_legend(*args, **kwargs):
+        points = list(markers)
+        frame = legend(*args, **kwargs)
+        panels.append((points, frame))
+        markers.clear()  # the legend's own markers too
+        return frame
+
+    monkeypatch.setattr(ImageDraw.ImageDraw, "ellipse", record_ellipse)
+    monkeypatch.setattr(curves, "_draw_legend", record_legend)
+    return panels
+
+
+def rising(epochs: int) -> list[dict]:
+    return [{**row, "train_accuracy": 0.9 + 0.01 * index, "test_accuracy": 0.99, "train_loss": 0.1,
+             "test_loss": 0.2 - 0.01 * index} for index, row in enumerate(history(epochs))]
+
+
+@pytest.mark.parametrize("rows", [history(1), history(2), history(10, flat=True), rising(1), rising(5)],
+                         ids=["one epoch", "two epochs", "flat", "one epoch, high accuracy", "rising to the top"])
+def test_the_legend_hides_no_point(tmp_path, drawn, rows):
+    plot_curves(rows, tmp_path / "curves.png", steps_per_epoch=30)
+    assert len(drawn) == len(curves.PANELS)
+    for points, (left, top, right, bottom) in drawn:
+        assert len(points) == 2 * len(rows)  # every point of both series was drawn
+        for x, y, radius in points:
+            clear = x + radius < left or x - radius > right or y + radius < top or y - radius > bottom
+            assert clear, f"a point at ({x:.0f}, {y:.0f}) is under the legend {left, top, right, bottom}"
+
+
+def test_points_sit_at_their_fractional_epoch(tmp_path, drawn):
+    """Steps 10, 30 and 45 of 30 an epoch are epochs 1/3, 1 and 1.5, spaced in that proportion."""
+    rows = [{**row, "epoch": epoch, "steps": steps} for row, epoch, steps in zip(history(3), (1, 1, 2), (10, 30, 45))]
+    plot_curves(rows, tmp_path / "curves.png", steps_per_epoch=30)
+    points, _ = drawn[0]
+    first, second, third = sorted(x for x, _, _ in points[:3])
+    assert (second - first) / (third - second) == pytest.approx((1 - 1 / 3) / 0.5, rel=1e-3)

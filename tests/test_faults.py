@@ -1,14 +1,18 @@
-"""Faults from outside: a process killed while it writes a checkpoint, device memory over many networks.
+"""Faults from outside: a process killed while it writes a checkpoint or trains, a signal, a full disk,
+two trainings in one folder, device memory over many networks.
 
 (A NaN loss and Ctrl-C/SIGTERM during training are in test_training.py.)
 """
 
+import errno
 import gc
+import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -140,3 +144,124 @@ def test_a_damaged_checkpoint_loads_unchanged_or_is_refused(tmp_path, small_chec
         return
     assert metadata == {"format": "test", "step": 3}
     assert arrays.keys() == _SMALL.keys() and all(np.array_equal(arrays[name], _SMALL[name]) for name in _SMALL)
+
+
+# ---- an output folder's files are one set at every moment ------------------------------------
+
+TRAIN = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "--config",
+         str(REPO_ROOT / "configs" / "mnist_mlp.yaml"), "--device", "host", "--quiet"]
+SMALL_EPOCHS = ("--batch-size", "6000")  # 10 steps an epoch: a new set about every second on the host
+
+
+def assert_one_consistent_set(output) -> int:
+    """The folder's model.npz, metrics.json, history.csv and curves.png come from one moment of one
+    run: the same step everywhere, the same history. Returns that step."""
+    arrays, metadata = load_npz(output / "model.npz")
+    metrics = json.loads((output / "metrics.json").read_text())
+    rows = (output / "history.csv").read_text().splitlines()
+    step = metadata["position"]["step"]
+    assert metrics["steps"] == step
+    assert len(rows) == 1 + len(metadata["history"])
+    if metadata["history"]:
+        assert rows[-1].split(",")[1] == str(metadata["history"][-1]["steps"])
+        assert (output / "curves.png").read_bytes().startswith(b"\x89PNG")
+    sets = [path.name for path in output.iterdir() if path.name.startswith(".set-")]
+    assert os.readlink(output / "current") in sets
+    return step
+
+
+def train_until_published(mnist_dir, output, *extra: str, sets: int = 1):
+    """A training into ``output`` started and waited for until it has published ``sets`` sets."""
+    link = output / "current"
+    published = lambda: os.readlink(link) if link.is_symlink() else None  # noqa: E731
+    last = published()
+    process = subprocess.Popen([*TRAIN, "--data-dir", str(mnist_dir), "--output", str(output), *extra],
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    seen = 0
+    deadline = time.monotonic() + 120
+    while seen < sets and time.monotonic() < deadline and process.poll() is None:
+        target = published()
+        if target != last:
+            seen, last = seen + 1, target
+        time.sleep(0.02)
+    assert seen >= sets, process.stderr.read() if process.poll() is not None else "no set published in time"
+    return process
+
+
+def test_kill_9_mid_run_leaves_the_last_epoch_set_whole_and_resumes_from_the_folder(mnist_dir, tmp_path):
+    output = tmp_path / "run"
+    rng = random.Random(7)
+    steps = []
+    for _ in range(3):
+        resume = ("--resume", str(output)) if steps else ()
+        process = train_until_published(mnist_dir, output, *SMALL_EPOCHS, "--epochs", "40", *resume)
+        time.sleep(rng.uniform(0.0, 1.0))
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        process.stderr.close()
+        steps.append(assert_one_consistent_set(output))
+        assert steps[-1] % 10 == 0, "every set of a run that is killed is an epoch's checkpoint"
+    assert steps == sorted(steps) and steps[-1] > steps[0], steps
+    finished = subprocess.run([*TRAIN, "--data-dir", str(mnist_dir), "--output", str(output), *SMALL_EPOCHS,
+                               "--steps", str(steps[-1] + 3), "--resume", str(output)], capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
+    assert assert_one_consistent_set(output) == steps[-1] + 3
+    hidden = [path.name for path in output.iterdir() if path.name.startswith(".")]
+    assert len(hidden) == 1, f"leftovers of the killed runs: {hidden}"
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_mid_run_publishes_one_consistent_set(mnist_dir, tmp_path, signum, code):
+    output = tmp_path / "run"
+    process = train_until_published(mnist_dir, output, *SMALL_EPOCHS, "--epochs", "40")
+    time.sleep(0.3)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == code, stderr
+    step = assert_one_consistent_set(output)
+    assert step > 10 and json.loads((output / "metrics.json").read_text())["interrupted"] is True
+    assert [line for line in stderr.splitlines() if "Traceback" in line] == []
+
+
+def test_a_second_training_into_a_busy_folder_is_refused_in_one_line(mnist_dir, tmp_path):
+    output = tmp_path / "run"
+    first = train_until_published(mnist_dir, output, *SMALL_EPOCHS, "--epochs", "40")
+    try:
+        second = subprocess.run([*TRAIN, "--data-dir", str(mnist_dir), "--output", str(output), "--steps", "2"],
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stderr
+        assert second.stderr.splitlines() == [
+            f"cudnnnet-train: error: --output {output}: another training is writing into this folder; "
+            f"wait for it to finish or choose another --output"]
+        assert first.poll() is None, "the first training must go on"
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        first.stderr.close()
+    assert_one_consistent_set(output)
+
+
+def test_a_full_disk_is_exit_1_in_one_line_and_the_published_set_stays(mnist_dir, tmp_path, monkeypatch, capsys):
+    """The second set's writes fail with ENOSPC: the first set is still what the folder shows."""
+    from cudnnnet import training
+    from cudnnnet.cli import train
+
+    output = tmp_path / "run"
+    writes = {"count": 0}
+    real_write = training.write_atomic
+
+    def disk_fills_up(path, text):
+        writes["count"] += 1
+        if writes["count"] > 2:  # metrics.json and history.csv of the first set go through
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real_write(path, text)
+
+    monkeypatch.setattr(training, "write_atomic", disk_fills_up)
+    code = train.main(["--config", str(REPO_ROOT / "configs" / "mnist_mlp.yaml"), "--device", "host", "--data-dir",
+                       str(mnist_dir), "--output", str(output), *SMALL_EPOCHS, "--epochs", "3", "--quiet"])
+    stderr = capsys.readouterr().err
+    assert code == 1, stderr
+    assert stderr.splitlines() == [f"cudnnnet-train: error: cannot write the outputs into {output} (No space left on "
+                                   f"device); the outputs published there before are intact"]
+    assert assert_one_consistent_set(output) == 10
+    assert len([path for path in output.iterdir() if path.name.startswith(".set-")]) == 1

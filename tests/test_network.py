@@ -116,3 +116,39 @@ def test_weights_trained_on_one_backend_predict_identically_on_the_other(cuda, h
         moved = loaded.predict(Tensor.from_numpy(x, destination)).numpy()
         assert np.array_equal(moved.argmax(axis=1), expected.argmax(axis=1))
         assert np.allclose(moved, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("as_given", [lambda t: t, lambda t: t.reshape(8, 10, 1, 1), lambda t: t.tolist()],
+                         ids=["array (N, classes)", "array (N, classes, 1, 1)", "nested lists"])
+def test_backward_loss_and_accuracy_take_the_target_as_forward_takes_its_input(backend, as_given):
+    """An array-like target gives the same gradients as the same target made into a Tensor."""
+    x, target = batch()
+    from_tensor, from_array = small_cnn(backend), small_cnn(backend)
+    from_tensor.forward(Tensor.from_numpy(x, backend))
+    from_tensor.backward(Tensor.from_numpy(target.reshape(8, 10, 1, 1), backend))
+    from_array.forward(x)
+    from_array.backward(as_given(target))
+    expected = {name: grad.numpy() for name, grad in from_tensor.gradients().items()}
+    assert all(np.array_equal(grad.numpy(), expected[name]) for name, grad in from_array.gradients().items())
+    assert from_array.loss(as_given(target)) == pytest.approx(from_tensor.loss(Tensor.from_numpy(
+        target.reshape(8, 10, 1, 1), backend)))
+    assert 0 <= from_array.accuracy(as_given(target)) <= 1
+
+
+def test_a_target_of_another_shape_names_both_shapes(host):
+    network = small_cnn(host)
+    x, target = batch()
+    network.forward(x)
+    with pytest.raises(ShapeError, match=r"target has shape \(8, 9\), the output has shape \(8, 10, 1, 1\)"):
+        network.backward(target[:, :9])
+
+
+def test_load_with_backend_auto_runs_where_it_can(tmp_path, monkeypatch):
+    """Network.load(path, backend="auto"): the GPU where usable, else the host (logged), never an error."""
+    from cudnnnet.backends import cuda_available
+
+    small_cnn("host").save(tmp_path / "model.npz")
+    network = Network.load(tmp_path / "model.npz", backend="auto")
+    assert network.backend.name == ("cuda" if cuda_available() else "host")
+    x, _ = batch()
+    assert np.allclose(network.forward(x).numpy().reshape(8, 10).sum(axis=1), 1, atol=1e-5)

@@ -69,3 +69,8 @@ def test_export_original_writes_bin_files_that_predict_as_the_npz(mnist_dir, tmp
     image = write_digit_image(tmp_path / "one.png")
     assert predict_json(tmp_path / "pretrained", image, "--config", str(MLP_CONFIG)) == \
         predict_json(tmp_path / "run" / "model.npz", image)
+    model_and_data = tmp_path / "model_and_data.yaml"  # no train section: no optimiser is needed to predict
+    model_and_data.write_text(MLP_CONFIG.read_text().split("train:")[0])
+    assert "optimizer" not in model_and_data.read_text() and "normalize: true" in model_and_data.read_text()
+    assert predict_json(tmp_path / "pretrained", image, "--config", str(model_and_data)) == \
+        predict_json(tmp_path / "run" / "model.npz", image)

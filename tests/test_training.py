@@ -3,6 +3,7 @@ against the per-batch forward it replaces."""
 
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from run_helpers import REPO_ROOT, train_cli
-from cudnnnet import Network
+from cudnnnet import Network, Tensor
 from cudnnnet.checkpoint import load_npz
 from cudnnnet.config import load_config
 from cudnnnet.data.mnist import one_hot
@@ -171,8 +172,7 @@ def test_an_interrupted_run_resumes_to_the_same_weights_as_an_uninterrupted_one(
     interrupted.train_batch = stop_at_step_25
     with pytest.raises(Interrupted):
         interrupted.run()
-    resumed = Trainer(interrupted.config, tmp_path / "resumed", resume=tmp_path / "resumed" / "interrupted.npz",
-                      progress=False)
+    resumed = Trainer(interrupted.config, tmp_path / "resumed", resume=tmp_path / "resumed", progress=False)
     assert resumed.position.step == 25
     resumed.run()
     for name, value in straight.network.state_dict().items():
@@ -194,8 +194,55 @@ def test_a_diverging_loss_stops_with_the_step_and_keeps_the_last_checkpoint(mnis
     assert (tmp_path / "model.npz").read_bytes() == saved
 
 
+def watch_counts(watch) -> list[int]:
+    return watch.numpy().reshape(-1).view(np.int32).tolist()
+
+
+def test_record_nonfinite_counts_steps_and_keeps_the_first_non_finite_one(backend):
+    watch = Tensor.from_numpy(np.array([5, 0], np.int32).view(np.float32), backend)
+    for loss, expected in ((1.5, [6, 0]), (np.inf, [7, 7]), (2.0, [8, 7]), (np.nan, [9, 7])):
+        backend.record_nonfinite(watch, Tensor.from_numpy(np.array([loss], np.float32), backend))
+        assert watch_counts(watch) == expected
+
+
+@pytest.mark.gpu
+def test_record_nonfinite_counts_inside_a_replayed_cuda_graph(cuda):
+    """The step counter lives on the device: each replay of the captured step counts once, and the
+    replay that first sees a non-finite loss is the one recorded."""
+    watch = Tensor.from_numpy(np.array([0, 0], np.int32).view(np.float32), cuda)
+    loss = Tensor.from_numpy(np.array([0.5], np.float32), cuda)
+    with cuda.capture() as graph:
+        cuda.record_nonfinite(watch, loss)
+    for _ in range(3):
+        graph.launch()
+    loss.write_(np.array([np.nan], np.float32))
+    for _ in range(2):
+        graph.launch()
+    assert watch_counts(watch) == [5, 4]
+
+
+def diverging_trainer(mnist_dir, output, log_every):
+    config = load_config(REPO_ROOT / "configs" / "mnist_mlp.yaml").with_overrides(
+        steps=60, device="host", data_dir=mnist_dir).to_dict()
+    config["train"]["optimizer"]["lr"] = 1.0e6
+    config["train"]["log_every"] = log_every
+    from cudnnnet.config import parse_config
+
+    return Trainer(parse_config(config), output, progress=False)
+
+
+def test_a_non_finite_loss_names_the_step_it_first_appeared_not_where_it_was_checked(mnist_dir, tmp_path):
+    """Checked every step, the loss first fails at step N; checked every 50 steps, the error still names N."""
+    with pytest.raises(TrainingError) as every_step:
+        diverging_trainer(mnist_dir, tmp_path / "a", log_every=1).run()
+    first = int(re.search(r"at step (\d+)", str(every_step.value)).group(1))
+    assert first < 50, "the loss must diverge before the first check every 50 steps: the test proves nothing"
+    with pytest.raises(TrainingError, match=rf"at step {first} \(epoch 1, noticed at step 50\)"):
+        diverging_trainer(mnist_dir, tmp_path / "b", log_every=50).run()
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_saves_an_interrupted_checkpoint_that_resumes(mnist_dir, tmp_path, signum, code):
+def test_a_signal_publishes_a_consistent_set_that_resumes_from_the_folder(mnist_dir, tmp_path, signum, code):
     command = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "--config",
                str(REPO_ROOT / "configs" / "mnist_mlp.yaml"), "--device", "host", "--data-dir", str(mnist_dir),
                "--output", str(tmp_path), "--epochs", "3", "--log-level", "INFO"]
@@ -208,12 +255,13 @@ def test_a_signal_saves_an_interrupted_checkpoint_that_resumes(mnist_dir, tmp_pa
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == code, stderr
-    assert "interrupted" in stderr
-    arrays, metadata = load_npz(tmp_path / "interrupted.npz")
+    assert "interrupted" in stderr and f"--resume {tmp_path}" in stderr
+    arrays, metadata = load_npz(tmp_path / "model.npz")
     assert metadata["position"]["step"] > 0
     assert metrics_of(tmp_path)["interrupted"] is True
+    assert metrics_of(tmp_path)["steps"] == metadata["position"]["step"]
     resumed = train_cli("configs/mnist_mlp.yaml", tmp_path, mnist_dir, "--steps", str(metadata["position"]["step"] + 5),
-                        "--resume", str(tmp_path / "interrupted.npz"))
+                        "--resume", str(tmp_path))
     assert resumed.returncode == 0, resumed.stderr
     assert metrics_of(tmp_path)["steps"] == metadata["position"]["step"] + 5
     assert math.isfinite(metrics_of(tmp_path)["test_loss"])
@@ -417,7 +465,7 @@ def test_a_bn_cnn_run_without_dropout_resumes_to_the_same_weights_and_running_st
     interrupted.train_batch = stop_at_step_5
     with pytest.raises(Interrupted):
         interrupted.run()
-    resumed = Trainer(config, tmp_path / "resumed", resume=tmp_path / "resumed" / "interrupted.npz", progress=False)
+    resumed = Trainer(config, tmp_path / "resumed", resume=tmp_path / "resumed", progress=False)
     assert resumed.position.step == 5 and resumed.optimizer.counter.numpy().reshape(-1)[0] == 5
     resumed.run()
     final = resumed.network.state_dict()

@@ -303,6 +303,13 @@ class Backend(ABC):
         """count[0] (+)= number of samples whose argmax(predict) equals argmax(target)."""
 
     @abstractmethod
+    def record_nonfinite(self, watch, loss) -> None:
+        """Training bookkeeping, one step: watch[0] += 1; if watch[1] == 0 and loss[0] is NaN or ±inf,
+        watch[1] = watch[0]. ``watch`` holds two int32 counts in float32 storage (their bits), so a
+        replayed CUDA graph keeps counting steps and the first non-finite one is known without a sync.
+        """
+
+    @abstractmethod
     def gather_batch(self, images, labels, order, cursor, x, target) -> None:
         """A batch from a resident data set: j = order[cursor[0] + b]; x[b] = images[j]; target[b] = one_hot(labels[j]).
 
@@ -440,3 +447,9 @@ def check_bias(call: str, bias, y) -> None:
     """A ShapeError unless ``bias`` holds one value per channel of ``y`` (N, C, H, W)."""
     if bias.size != y.c:
         raise ShapeError(f"{call}: the bias must hold one value per channel of y {y.shape} ({y.c}), got shape {bias.shape}")
+
+
+def check_nonfinite_operands(watch, loss) -> None:
+    """record_nonfinite's operands: a two-count ``watch`` and a one-value ``loss``, else a ShapeError."""
+    if watch.size != 2 or loss.size != 1:
+        raise ShapeError(f"record_nonfinite: watch must hold 2 values and loss 1, got shapes {watch.shape} and {loss.shape}")

@@ -1,7 +1,8 @@
 """What the command-line tools share: logging flags and turning errors into one line and an exit code.
 
 Exit codes: 0 success; 2 bad usage, config, data, checkpoint or image; 1 a runtime failure;
-128 + signal number when training was interrupted (130 for Ctrl-C, 143 for SIGTERM).
+128 + signal number when training was interrupted (130 for Ctrl-C, 143 for SIGTERM); 141
+(128 + SIGPIPE), quietly, when the reader of the output went away (``| head``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 import traceback
 
@@ -22,13 +24,16 @@ log = logging.getLogger("cudnnnet")
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a Unix tool whose reader went away
 DEVICE_HINT = "use --device host (or auto) to run on the CPU"
 
 
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser, progress_bar: bool = True) -> None:
+    """--log-level, --quiet and --debug; ``progress_bar``: whether the tool shows one (--quiet's help says so)."""
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="logging level (default INFO)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar, only warnings and errors")
+    quiet = "no progress bar, only warnings and errors" if progress_bar else "log only warnings and errors"
+    parser.add_argument("--quiet", action="store_true", help=quiet)
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
 
 
@@ -99,12 +104,24 @@ def _run_main(main, parser: argparse.ArgumentParser, args) -> int:
         return _fail(args, parser.prog, error, EXIT_USAGE)
     except CudnnnetError as error:
         return _fail(args, parser.prog, error, EXIT_FAILURE)
+    except BrokenPipeError:
+        return _reader_gone()
     except KeyboardInterrupt as error:
         return _fail(args, parser.prog, error, EXIT_INTERRUPTED, "interrupted")
     except MemoryError as error:
         return _fail(args, parser.prog, error, EXIT_FAILURE, f"out of host memory ({error or 'MemoryError'})")
     except OSError as error:
         return _fail(args, parser.prog, error, EXIT_FAILURE, _os_error_text(error))
+
+
+def _reader_gone() -> int:
+    """Stop quietly, as Unix tools do when the reader of their output exits (``| head``): no message,
+    and stdout pointed at /dev/null so the interpreter's final flush cannot fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 def _os_error_text(error: OSError) -> str:

@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=positive_int, default=1000, help="evaluation batch size")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     add_engine_argument(parser)
-    add_common_arguments(parser)
+    add_common_arguments(parser, progress_bar=False)
     return parser
 
 

@@ -6,7 +6,8 @@ first (``backends.warm_up``, which imports no NumPy and no cuda-python), then im
 ``cli.train.main``: the two overlap. The device is read from the command line, else from the
 config's ``device`` (default auto), as ``cli.train`` will read it; where it cannot be told (no
 config, an unreadable one, ``--help``) nothing starts early and ``cli.train`` reports whatever is
-wrong, as it would have.
+wrong, as it would have. The config is read once: its bytes are handed on to ``cli.train``, so a
+config from a pipe (``--config <(...)``, /dev/stdin) is not consumed here and found empty there.
 """
 
 from __future__ import annotations
@@ -22,22 +23,42 @@ SHORTEST_PREFIX = 5  # argparse takes an unambiguous prefix: "--dev" (not "--de"
 def train(argv: list[str] | None = None) -> int:
     """cudnnnet-train (scripts/train.py): ``cli.train.main`` with a head start on the GPU."""
     arguments = sys.argv[1:] if argv is None else argv
-    warm_up(device_asked_for(arguments))
+    config_text = config_read(arguments)
+    warm_up(device_asked_for(arguments, config_text))
     from .train import main
 
-    return main(argv)
+    return main(argv, config_text=config_text)
 
 
-def device_asked_for(argv: list[str]) -> str | None:
+def config_read(argv: list[str]) -> dict[str, bytes]:
+    """{the --config path: its bytes}, read once here; empty where there is none or it cannot be read
+    (``cli.train`` then reads it and reports the problem)."""
+    if "-h" in argv or "--help" in argv:
+        return {}
+    path = _option(argv, CONFIG_OPTION)
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as file:
+            return {path: file.read()}
+    except OSError:
+        return {}
+
+
+def device_asked_for(argv: list[str], config_text: dict[str, bytes] | None = None) -> str | None:
     """The device a cudnnnet-train command line runs on: its --device, else its config's ``device``
-    (auto where the config has none); None where it cannot be told without the full parse."""
+    (auto where the config has none); None where it cannot be told without the full parse.
+    ``config_text``: the config's bytes as ``config_read`` gives them (read here when not given)."""
     if "-h" in argv or "--help" in argv:
         return None
     device = _option(argv, DEVICE_OPTION)
     if device is not None:
         return device
     config = _option(argv, CONFIG_OPTION)
-    return None if config is None else _config_device(config)
+    if config is None:
+        return None
+    data = (config_read(argv) if config_text is None else config_text).get(config)
+    return None if data is None else _config_device(data)
 
 
 def _option(argv: list[str], option: str) -> str | None:
@@ -55,13 +76,12 @@ def _option(argv: list[str], option: str) -> str | None:
     return value
 
 
-def _config_device(path: str) -> str | None:
+def _config_device(data: bytes) -> str | None:
     import yaml
 
     try:
-        with open(path, encoding="utf-8") as file:
-            settings = yaml.safe_load(file)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        settings = yaml.safe_load(data.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError, RecursionError):
         return None
     if not isinstance(settings, dict):
         return None

@@ -5,7 +5,7 @@
 
 ``--weights`` takes a ``.npz`` checkpoint (it describes its own network) or a directory of the C++
 original's ``.bin`` files, which carry no architecture: ``--config`` then names the YAML config
-that built them (its model and its input normalisation).
+that built them (its model and its input normalisation; a ``train`` section is not needed).
 
 Exit code 0 when every image was predicted, 2 when any could not be read (each named on stderr).
 """
@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 
 from ..backends import DEVICES, get_backend
-from ..config import load_config
+from ..config import load_model_description
 from ..errors import UsageError
 from ..network import Network
 from ..inference import predict
-from ..training import build_network
+from ..training import input_shape, model_mapping
 from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, add_engine_argument, run
 
 log = logging.getLogger("cudnnnet.predict")
@@ -34,12 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--weights", required=True, metavar="CHECKPOINT",
                         help="a model.npz written by cudnnnet-train, or a directory of the original's .bin files")
     parser.add_argument("--config", metavar="CONFIG",
-                        help="with a .bin directory: the YAML config that describes its network (see configs/)")
+                        help="with a .bin directory: a YAML config describing its network (model and data; see configs/)")
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, BMP, ...) or folders")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default auto)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of {image, digit, probabilities}")
     add_engine_argument(parser)
-    add_common_arguments(parser)
+    add_common_arguments(parser, progress_bar=False)
     return parser
 
 
@@ -56,10 +56,10 @@ def load_network(weights: str, config_path: str | None, device: str) -> tuple[Ne
     if config_path is None:
         raise UsageError(f"{weights} is a directory, read as the original's .bin files, which do not say the "
                          f"network's architecture: add --config CONFIG (the YAML config they were trained with)")
-    config = load_config(config_path)
-    network = build_network(config, get_backend(device))
+    description = load_model_description(config_path)
+    network = Network.from_spec(model_mapping(description), input_shape(description), get_backend(device))
     network.load_original(weights)
-    return network, config.data.normalize
+    return network, description.data.normalize
 
 
 def print_results(results, as_json: bool) -> None:

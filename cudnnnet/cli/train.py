@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from ..config import Config, load_config
 from ..data.mnist import NUM_CLASSES
 from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, UsageError
 from ..layers import LAYER_TYPES
+from ..outputs import checkpoint_to_resume
 from ..training import Interrupted, Trainer, input_shape
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, run
 
@@ -54,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=positive_int, help="override train.batch_size")
     parser.add_argument("--seed", type=non_negative_int, help="override train.seed")
     parser.add_argument("--output", default=None, help="output directory (default runs/<config name>)")
-    parser.add_argument("--resume", metavar="CHECKPOINT", help="continue from a model.npz or interrupted.npz")
+    parser.add_argument("--resume", metavar="CHECKPOINT",
+                        help="continue from an output folder (its latest checkpoint) or a model.npz file; with the "
+                             "batch size it was trained with")
     parser.add_argument("--export-original", metavar="DIR",
                         help="after training, also write the weights as the C++ original's .bin files into DIR")
     parser.add_argument("--no-graph", action="store_true", help="on the GPU, run each step eagerly, not as a CUDA graph")
@@ -81,15 +85,15 @@ def check_model(config: Config) -> None:
                           f"layer with out_size {NUM_CLASSES})")
 
 
-def check_output(output: Path) -> None:
+def check_output(output: Path, flag: str = "--output") -> None:
     """``output`` is a directory, or can be created as one, and can be written to."""
     if output.exists() and not output.is_dir():
-        raise UsageError(f"--output {output} is a file, not a directory")
+        raise UsageError(f"{flag} {output} is a file, not a directory")
     existing = next(parent for parent in (output, *output.absolute().parents) if parent.exists())
     if not existing.is_dir():
-        raise UsageError(f"--output {output}: {existing} is a file, not a directory")
+        raise UsageError(f"{flag} {output}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"--output {output}: cannot write in {existing} (permission denied)")
+        raise UsageError(f"{flag} {output}: cannot write in {existing} (permission denied)")
 
 
 def check_resume(path: str, config: Config, config_path: str) -> None:
@@ -115,9 +119,12 @@ def _layer_text(layer) -> str:
     return f"{layer.get('type')} {layer.get('name')!r}" + (f" ({params})" if params else "")
 
 
-def prepare(args) -> tuple[Trainer, Path]:
-    """Check everything the run needs, then build the trainer; nothing is written before it runs."""
-    config = load_config(args.config)
+def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
+    """Check everything the run needs, then build the trainer; nothing is written before it runs.
+
+    ``config_text`` maps a config path to its bytes where they were read already (a pipe such as
+    ``--config <(...)`` can be read once only)."""
+    config = load_config(args.config, data=(config_text or {}).get(args.config))
     check_model(config)
     config = config.with_overrides(
         epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device,
@@ -125,17 +132,20 @@ def prepare(args) -> tuple[Trainer, Path]:
     )
     output = Path(args.output or f"runs/{Path(args.config).stem}")
     check_output(output)
-    if args.resume is not None:
-        check_resume(args.resume, config, args.config)
-    trainer = Trainer(config, output, resume=args.resume, progress=not args.quiet and sys.stderr.isatty())
+    if args.export_original:
+        check_output(Path(args.export_original), "--export-original")
+    resume = None if args.resume is None else checkpoint_to_resume(args.resume)
+    if resume is not None:
+        check_resume(resume, config, args.config)
+    trainer = Trainer(config, output, resume=resume, progress=not args.quiet and sys.stderr.isatty())
     if trainer.position.step >= trainer.total_steps:
         raise UsageError(f"{args.resume} is at step {trainer.position.step} and the run asks for "
                          f"{trainer.total_steps} steps: nothing left to train; raise --epochs or --steps")
     return trainer, output
 
 
-def main_with_args(args) -> int:
-    trainer, output = prepare(args)
+def main_with_args(args, config_text: dict | None = None) -> int:
+    trainer, output = prepare(args, config_text)
     try:
         metrics = trainer.run()
     except Interrupted as interrupted:
@@ -155,8 +165,9 @@ def _rate_text(rate) -> str:
     return "?" if rate is None else f"{rate:,.0f}"
 
 
-def main(argv=None) -> int:
-    return run(main_with_args, build_parser(), argv)
+def main(argv=None, config_text: dict | None = None) -> int:
+    """cudnnnet-train; ``config_text``: {config path: its bytes} already read (see ``launch``)."""
+    return run(functools.partial(main_with_args, config_text=config_text), build_parser(), argv)
 
 
 if __name__ == "__main__":

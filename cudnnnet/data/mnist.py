@@ -185,8 +185,8 @@ def _verify_idx_checksum(found: str, path: Path, idx_name: str) -> None:
     expected = IDX_MD5[idx_name]
     if found != expected:
         raise DataError(f"{path}: checksum mismatch: the uncompressed data has MD5 {found}, "
-                        f"MNIST's {idx_name} has {expected}; delete the file so it is downloaded "
-                        f"again, or pass verify=False to load a different IDX dataset")
+                        f"MNIST's {idx_name} has {expected}; the file is damaged or not MNIST's: delete it "
+                        f"so it is downloaded again, or check that --data-dir points at the MNIST files")
 
 
 @functools.lru_cache(maxsize=8)

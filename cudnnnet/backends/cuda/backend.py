@@ -33,7 +33,7 @@ from ...engine import Engine
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
 from ..base import (OP_N, OP_T, ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor, PoolingDescriptor,
-                    check_bias)
+                    check_bias, check_nonfinite_operands)
 from ..base import BatchNormMode
 from .dropout import DropoutReserve, DropoutState
 from . import dlpack
@@ -491,6 +491,11 @@ class CudaBackend(Backend):
         self._zero_unless(accumulate, count)
         self.context.kernel("accuracy_count").launch(blocks_for(predict.n), self._stream, count.data.ptr,
                                                      predict.data.ptr, target.data.ptr, predict.n, predict.sample_size)
+
+    def record_nonfinite(self, watch, loss) -> None:
+        """kernels/nonfinite.cu: one thread counts the step and notes it if loss[0] is not finite (graph-safe)."""
+        check_nonfinite_operands(watch, loss)
+        self.context.kernel("record_nonfinite").launch(1, self._stream, watch.data.ptr, loss.data.ptr)
 
     def gather_batch(self, images, labels, order, cursor, x, target) -> None:
         """kernels/data.cu: x[b] = images[order[cursor + b]], target[b] = one_hot(labels[order[cursor + b]])."""

@@ -30,11 +30,12 @@ class DeviceBuffer:
         """cudaMalloc(nbytes); OutOfMemoryError (naming the size and what is free) if it fails."""
         try:
             return cls(runtime.malloc(nbytes), nbytes)
-        except OutOfMemoryError:
+        except OutOfMemoryError as error:
             free, total = runtime.mem_get_info()
             raise OutOfMemoryError(
                 f"the GPU is out of memory: cannot allocate {nbytes / 2**20:,.1f} MiB "
-                f"({free / 2**20:,.0f} of {total / 2**20:,.0f} MiB free); try a smaller batch size"
+                f"({free / 2**20:,.0f} of {total / 2**20:,.0f} MiB free); try a smaller batch size",
+                error.function, error.status_name,
             ) from None
 
     @property

@@ -20,7 +20,8 @@ import threading
 from ctypes import byref, c_float
 
 from ..base import OP_N
-from ...errors import CudaError, DeviceError, DeviceUnavailableError, UsageError
+from ...errors import (CublasError, CudaError, DeviceError, DeviceInitError, DeviceUnavailableError, OutOfMemoryError,
+                       UsageError)
 from . import startup
 from .bindings import cublas, cublaslt, cudnn, nvrtc, runtime
 from .bindings.loader import load_library
@@ -130,6 +131,21 @@ class CublasWarmUp:
         self._thread.join()
 
 
+@contextlib.contextmanager
+def _initialising(device: int):
+    """A failure while the context, stream, handles and workspace are made is reported as the GPU that
+    could not be initialised (the CUDA error named), not as a batch too large for its memory."""
+    try:
+        yield
+    except (OutOfMemoryError, CudaError, CublasError) as error:
+        if isinstance(error, OutOfMemoryError):
+            failure = f"{error.function or 'an allocation'} failed with {error.status_name or 'out of memory'}"
+            hint = "; its memory is taken, probably by another process (see nvidia-smi)"
+        else:
+            failure, hint = str(error), ""
+        raise DeviceInitError(f"the GPU (device {device}) could not be initialised: {failure}{hint}") from error
+
+
 def _text(name) -> str:
     """A C char[] field from cuda-python (bytes, possibly NUL-padded) as str."""
     return name.split(b"\0")[0].decode() if isinstance(name, (bytes, bytearray)) else str(name)
@@ -144,19 +160,20 @@ class CudaContext:
         if not 0 <= device < device_count:
             raise UsageError(f"invalid CUDA device {device!r}; this machine has devices 0 to {device_count - 1}")
         self.device = device
-        runtime.set_device(device)
-        runtime.free(0)  # cudaFree(0): create the primary context now, for the driver API too
-        properties = runtime.get_device_properties(device)
-        self.device_name = _text(properties.name)
-        self.compute_capability = (int(properties.major), int(properties.minor))
-        self.arch = f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
-        self.stream = Stream()
-        self.one, self.zero, self.minus_one = c_float(1.0), c_float(0.0), c_float(-1.0)
-        self.cublas = CublasHandle(self.stream)
-        self._cublas_workspace = DeviceBuffer.allocate(CUBLAS_WORKSPACE_BYTES)
-        cublas.set_workspace(self.cublas.handle, self._cublas_workspace.ptr, CUBLAS_WORKSPACE_BYTES)
-        self.cublas_version = cublas.get_version(self.cublas.handle)
-        self.cublas_lt = CublasLtHandle()  # its matmuls use the cuBLAS workspace, on the same stream
+        with _initialising(device):
+            runtime.set_device(device)
+            runtime.free(0)  # cudaFree(0): create the primary context now, for the driver API too
+            properties = runtime.get_device_properties(device)
+            self.device_name = _text(properties.name)
+            self.compute_capability = (int(properties.major), int(properties.minor))
+            self.arch = f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
+            self.stream = Stream()
+            self.one, self.zero, self.minus_one = c_float(1.0), c_float(0.0), c_float(-1.0)
+            self.cublas = CublasHandle(self.stream)
+            self._cublas_workspace = DeviceBuffer.allocate(CUBLAS_WORKSPACE_BYTES)
+            cublas.set_workspace(self.cublas.handle, self._cublas_workspace.ptr, CUBLAS_WORKSPACE_BYTES)
+            self.cublas_version = cublas.get_version(self.cublas.handle)
+            self.cublas_lt = CublasLtHandle()  # its matmuls use the cuBLAS workspace, on the same stream
         self.cublaslt_version = cublaslt.get_version()
         self._cudnn: CudnnHandle | None = None  # created on first use, by the cudnn property
         self.cudnn_version = cudnn.get_version()

@@ -40,6 +40,7 @@ KERNELS = {
     "sgd_update": ("sgd.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_float, c_float, c_longlong)),
     "gather_batch": ("data.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_longlong,
                                  c_longlong, c_int)),
+    "record_nonfinite": ("nonfinite.cu", (c_void_p, c_void_p)),
     "pixels_to_images": ("data.cu", (c_void_p, c_void_p, c_longlong, c_int, c_int, c_int, c_float, c_float)),
     "cross_entropy_backward": ("cross_entropy_backward.cu",
                                (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_longlong, c_int, c_float)),

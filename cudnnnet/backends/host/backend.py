@@ -29,6 +29,7 @@ from ..base import (
     PoolingDescriptor,
     PoolingMode,
     check_bias,
+    check_nonfinite_operands,
 )
 
 log = logging.getLogger(__name__)
@@ -420,6 +421,14 @@ class HostBackend(Backend):
         _same_shape("squared_error_loss", predict, target)
         diff = _nd(predict) - _nd(target)
         self._store(loss, 0.5 * np.sum(diff * diff, dtype=np.float64) / predict.n, accumulate)
+
+    def record_nonfinite(self, watch, loss) -> None:
+        """watch[0] += 1;  watch[1] = watch[0] where it is 0 and loss[0] is not finite (int32 bits)."""
+        check_nonfinite_operands(watch, loss)
+        counts = watch.data.reshape(-1).view(np.int32)
+        counts[0] += 1
+        if counts[1] == 0 and not np.isfinite(loss.data.reshape(-1)[0]):
+            counts[1] = counts[0]
 
     def gather_batch(self, images, labels, order, cursor, x, target) -> None:
         """x[b] = images[order[cursor + b]];  target[b] = one_hot(labels[order[cursor + b]])."""

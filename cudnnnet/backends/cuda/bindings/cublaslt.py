@@ -83,7 +83,8 @@ def _call(function: str, *args) -> None:
     status = _functions[function](*args)
     if status != 0:
         if status == cublas.ALLOC_FAILED:
-            raise OutOfMemoryError(f"{function} failed with CUBLAS_STATUS_ALLOC_FAILED: the GPU is out of memory; try a smaller batch size")
+            raise OutOfMemoryError(f"{function} failed with CUBLAS_STATUS_ALLOC_FAILED: the GPU is out of memory; try a smaller batch size",
+                                   function, "CUBLAS_STATUS_ALLOC_FAILED")
         raise CublasError(function, status, cublas.status_name(status))
 
 

@@ -140,7 +140,8 @@ def _call(function: str, *args) -> None:
     if status != STATUS_SUCCESS:
         name = get_error_string(status)
         if name in ALLOCATION_FAILED:
-            raise OutOfMemoryError(f"{function} failed with {name}: the GPU is out of memory; try a smaller batch size")
+            raise OutOfMemoryError(f"{function} failed with {name}: the GPU is out of memory; try a smaller batch size",
+                                   function, name)
         raise CudnnError(function, status, name)
 
 

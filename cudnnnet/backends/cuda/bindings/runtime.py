@@ -42,7 +42,8 @@ def status_error(function: str, status) -> Exception:
     """The exception for a failing cudaError_t / CUresult."""
     name = getattr(status, "name", str(status))
     if name in OUT_OF_MEMORY:
-        return OutOfMemoryError(f"{function} failed with {name}: the GPU is out of memory; try a smaller batch size")
+        return OutOfMemoryError(f"{function} failed with {name}: the GPU is out of memory; try a smaller batch size",
+                                function, name)
     return CudaError(function, int(status), name)
 
 

@@ -1,0 +1,177 @@
+"""A training's output folder, whose files are replaced together, as one set.
+
+    OUT/
+      model.npz     -> current/model.npz      the names users read: fixed relative links
+      metrics.json  -> current/metrics.json
+      history.csv   -> current/history.csv
+      curves.png    -> current/curves.png
+      current       -> .set-<run>-<n>          the set published last (a relative link)
+      .set-<run>-<n>/                          a complete set: every file written and fsynced
+
+A set is written in full into a fresh hidden folder, then published by renaming a new ``current``
+link over the old one (rename(2) is atomic): at every moment the names above show one complete
+set, never files of two runs or of two epochs. A failure while a set is written (a full disk, a
+crash, kill -9) leaves the published set as it was; the unfinished folder is removed then, or by
+the next training in the folder. Older sets are removed once a newer one is published.
+
+While a training runs it holds an exclusive ``flock`` on the folder itself, so a second training
+into the same folder is refused; the lock goes with the process, however it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import itertools
+import logging
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Iterator
+
+from .errors import CheckpointError, OutputInUseError, WriteError
+
+log = logging.getLogger(__name__)
+
+NAMES = ("model.npz", "metrics.json", "history.csv", "curves.png")
+CURRENT = "current"
+SET_PREFIX = ".set-"
+LINK_TEMP_PREFIX = ".link-"
+
+
+class OutputFolder:
+    """The output folder ``path`` of one training run; ``lock()`` before writing any set."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+        self._sequence = itertools.count(1)
+        self._lock_fd: int | None = None
+
+    # ---- the lock ------------------------------------------------------------------------------
+    def lock(self) -> None:
+        """Create the folder if needed and take its lock; OutputInUseError where another training holds it.
+        Then remove what an earlier training killed mid-write left behind."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputInUseError(f"--output {self.path}: another training is writing into this folder; "
+                                   f"wait for it to finish or choose another --output") from None
+        self._lock_fd = fd
+        self.remove_leftovers()
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the last descriptor releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> "OutputFolder":
+        self.lock()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.unlock()
+
+    # ---- sets ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def new_set(self) -> Iterator[Path]:
+        """Yield a fresh hidden folder to write one set of outputs into; on leaving the block without
+        an error the set is published (``publish``). On an error the folder is removed and the
+        published set stays as it was; an OSError (a full disk) is raised as WriteError."""
+        if self._lock_fd is None:
+            raise RuntimeError("OutputFolder.new_set before lock()")
+        staging = self.path / f"{SET_PREFIX}{self.run_id}-{next(self._sequence):04d}"
+        try:
+            staging.mkdir()
+            yield staging
+            _fsync_directory(staging)
+        except BaseException as error:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(error, (OSError, WriteError)):
+                raise self._write_error(error, "the outputs published there before are intact") from error
+            raise
+        try:
+            self.publish(staging)
+        except OSError as error:
+            if self.current_set() != staging.resolve():  # not published: the previous set still is
+                shutil.rmtree(staging, ignore_errors=True)
+                raise self._write_error(error, "the outputs published there before are intact") from error
+            raise self._write_error(error, f"the new outputs are complete in {self.path / CURRENT}") from error
+
+    def _write_error(self, error: BaseException, outcome: str) -> WriteError:
+        return WriteError(f"cannot write the outputs into {self.path} ({_reason(error)}); {outcome}")
+
+    def publish(self, staging: Path) -> None:
+        """Point ``current`` at ``staging`` (one atomic rename), link the names to it, remove older sets."""
+        self._replace_link(CURRENT, staging.name)
+        for name in NAMES:
+            link, target = self.path / name, f"{CURRENT}/{name}"
+            if not (staging / name).exists():  # the new set has none: the previous one's would mix two sets
+                if link.is_symlink() or link.is_file():
+                    link.unlink()
+            elif not (link.is_symlink() and os.readlink(link) == target):
+                self._replace_link(name, target)
+        _fsync_directory(self.path)
+        self.remove_leftovers()
+        log.debug("published %s", staging)
+
+    def _replace_link(self, name: str, target: str) -> None:
+        temporary = self.path / f"{LINK_TEMP_PREFIX}{name}-{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+        os.symlink(target, temporary)
+        os.replace(temporary, self.path / name)
+
+    def current_set(self) -> Path | None:
+        """The published set's folder, or None before the first set."""
+        link = self.path / CURRENT
+        return link.resolve() if link.is_symlink() and link.resolve().is_dir() else None
+
+    def remove_leftovers(self) -> None:
+        """Remove every set but the published one, and stray temporary links (what kill -9 leaves)."""
+        current = self.current_set()
+        for entry in self.path.iterdir():
+            if entry.name.startswith(SET_PREFIX) and entry.is_dir() and not entry.is_symlink():
+                if current is None or entry.resolve() != current:
+                    shutil.rmtree(entry, ignore_errors=True)
+            elif entry.name.startswith(LINK_TEMP_PREFIX) and entry.is_symlink():
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+
+
+def checkpoint_to_resume(path) -> Path:
+    """``path`` itself for a checkpoint file; for an output folder, the checkpoint of its published set."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    model = path / "model.npz"
+    if not model.is_file():
+        raise CheckpointError(f"--resume {path}: this folder holds no model.npz; give an output folder that a "
+                              f"training wrote into, or a checkpoint file")
+    return model
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the entries just written or renamed in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno not in (errno.EINVAL, errno.ENOTSUP):  # file systems that cannot fsync a directory
+            raise
+    finally:
+        os.close(fd)
+
+
+def _reason(error: BaseException) -> str:
+    """What went wrong in a failed write, without the temporary file's name: "No space left on device"."""
+    cause = error.__cause__ if isinstance(error, WriteError) and isinstance(error.__cause__, OSError) else error
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror
+    return " ".join(str(cause).split()) or type(cause).__name__

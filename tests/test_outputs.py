@@ -1,0 +1,84 @@
+"""OutputFolder: a folder's outputs replaced together as one set, locked against a second writer."""
+
+import errno
+import os
+
+import pytest
+
+from cudnnnet.errors import OutputInUseError, WriteError
+from cudnnnet.outputs import NAMES, OutputFolder, checkpoint_to_resume
+
+
+def write_set(folder: OutputFolder, tag: str, names=NAMES):
+    with folder.new_set() as staging:
+        for name in names:
+            (staging / name).write_text(tag)
+
+
+def shown(path) -> dict:
+    return {name: (path / name).read_text() for name in NAMES if (path / name).exists()}
+
+
+def test_each_set_replaces_the_previous_one_whole(tmp_path):
+    with OutputFolder(tmp_path) as folder:
+        write_set(folder, "first")
+        assert shown(tmp_path) == dict.fromkeys(NAMES, "first")
+        write_set(folder, "second")
+    assert shown(tmp_path) == dict.fromkeys(NAMES, "second")
+    sets = [path.name for path in tmp_path.iterdir() if path.name.startswith(".set-")]
+    assert sets == [os.readlink(tmp_path / "current")]
+    assert all(os.readlink(tmp_path / name) == f"current/{name}" for name in NAMES)
+
+
+def test_a_failure_while_writing_a_set_leaves_the_published_one(tmp_path):
+    with OutputFolder(tmp_path) as folder:
+        write_set(folder, "first")
+        full_disk = r"\(No space left on device\); the outputs published there before are intact"
+        with pytest.raises(WriteError, match=full_disk):
+            with folder.new_set() as staging:
+                (staging / "model.npz").write_text("half")
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        with pytest.raises(ZeroDivisionError):
+            with folder.new_set():
+                1 / 0
+    assert shown(tmp_path) == dict.fromkeys(NAMES, "first")
+    assert len([path for path in tmp_path.iterdir() if path.name.startswith(".")]) == 1
+
+
+def test_what_a_killed_writer_left_is_removed_by_the_next(tmp_path):
+    with OutputFolder(tmp_path) as folder:
+        write_set(folder, "first")
+    (tmp_path / ".set-killed-0001").mkdir()
+    (tmp_path / ".set-killed-0001" / ".model.npz.x.tmp").write_text("torn")
+    os.symlink(".set-killed-0001", tmp_path / ".link-current-99")
+    with OutputFolder(tmp_path):
+        pass
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".")) == \
+        [os.readlink(tmp_path / "current")]
+    assert shown(tmp_path) == dict.fromkeys(NAMES, "first")
+
+
+def test_files_of_an_older_layout_become_links_at_the_first_set(tmp_path):
+    for name in NAMES:
+        (tmp_path / name).write_text("old")
+    with OutputFolder(tmp_path) as folder:
+        write_set(folder, "new", names=NAMES[:3])
+    assert shown(tmp_path) == dict.fromkeys(NAMES[:3], "new")  # none of the older files is mixed in
+    assert all((tmp_path / name).is_symlink() for name in NAMES[:3])
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path):
+    first = OutputFolder(tmp_path)
+    first.lock()
+    with pytest.raises(OutputInUseError, match="another training is writing into this folder"):
+        OutputFolder(tmp_path).lock()
+    first.unlock()
+    with OutputFolder(tmp_path):
+        pass
+
+
+def test_resume_takes_a_folder_or_a_file(tmp_path):
+    with OutputFolder(tmp_path / "run") as folder:
+        write_set(folder, "first")
+    assert checkpoint_to_resume(tmp_path / "run") == tmp_path / "run" / "model.npz"
+    assert checkpoint_to_resume(tmp_path / "other.npz") == tmp_path / "other.npz"
