@@ -438,13 +438,13 @@ def benchmark_original(name: str, settings: dict) -> dict:
 
 def compare_torch(settings: dict) -> dict | None:
     """The mlp, cnn and micro workloads with PyTorch on the GPU; None (with a warning) where it cannot run."""
+    if settings["device"] != "cuda":
+        log.warning("--compare torch: only with --device cuda; no comparison")
+        return None
     try:
         import torch
     except ImportError as error:
         log.warning("--compare torch: PyTorch cannot be imported (%s); no comparison", error)
-        return None
-    if settings["device"] != "cuda":
-        log.warning("--compare torch: only with --device cuda; no comparison")
         return None
     if not torch.cuda.is_available():
         log.warning("--compare torch: PyTorch %s sees no CUDA GPU; no comparison", torch.__version__)
