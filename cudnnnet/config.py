@@ -24,6 +24,7 @@ import yaml
 
 from .data.mnist import MNIST_MEAN, MNIST_STD
 from .errors import ConfigError
+from .shipped_configs import resolve_config, valid_configs
 
 DEVICES = ("auto", "cuda", "host")
 MATH_MODES = ("fp32", "tf32")
@@ -514,12 +515,13 @@ def _tag_problem(tag: str) -> str:
 
 
 def load_config(path: str | os.PathLike) -> Config:
-    """Read and validate the YAML config at ``path``."""
-    path = Path(path)
+    """Read and validate the YAML config at ``path``, or the shipped config so named ("mnist_mlp":
+    ``shipped_configs``)."""
+    path = resolve_config(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as error:
-        raise ConfigError(f"config file {path} does not exist") from error
+        raise ConfigError(f"config file {path} does not exist; {valid_configs()}") from error
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from error
     except OSError as error:

@@ -6,7 +6,7 @@ first (``backends.warm_up``, which imports no NumPy and no cuda-python), then im
 ``cli.train.main``: the two overlap. The device is read from the command line, else from the
 config's ``device`` (default auto), as ``cli.train`` will read it; where it cannot be told (no
 config, an unreadable one, ``--help``) nothing starts early and ``cli.train`` reports whatever is
-wrong, as it would have.
+wrong, as it would have. ``python -m cudnnnet.cli.launch`` runs it as cudnnnet-train does.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 
 from ..backends import warm_up
+from ..errors import ConfigError
+from ..shipped_configs import resolve_config
 
 DEVICE_OPTION, CONFIG_OPTION = "--device", "--config"
 SHORTEST_PREFIX = 5  # argparse takes an unambiguous prefix: "--dev" (not "--de": --debug), "--con"
@@ -55,15 +57,19 @@ def _option(argv: list[str], option: str) -> str | None:
     return value
 
 
-def _config_device(path: str) -> str | None:
+def _config_device(name: str) -> str | None:
     import yaml
 
     try:
-        with open(path, encoding="utf-8") as file:
+        with open(resolve_config(name), encoding="utf-8") as file:
             settings = yaml.safe_load(file)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+    except (ConfigError, OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     if not isinstance(settings, dict):
         return None
     device = settings.get("device", "auto")
     return device if isinstance(device, str) else None
+
+
+if __name__ == "__main__":
+    sys.exit(train())
