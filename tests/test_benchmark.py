@@ -130,20 +130,20 @@ def fake_train_script(tmp_path: Path, body: str) -> Path:
 
 def test_original_reads_the_accuracy_of_each_run(tmp_path, monkeypatch):
     script = fake_train_script(tmp_path, "(output / 'metrics.json').write_text(json.dumps({'test_accuracy': 0.97}))\n")
-    monkeypatch.setattr(benchmark, "TRAIN_SCRIPT", script)
+    monkeypatch.setattr(benchmark, "TRAINER", (str(script),))
     settings = {"device": "host", "data_dir": tmp_path, "original_runs": 2}
     result = benchmark.benchmark_original("mlp", settings)
     assert result["test_accuracy"] == 0.97 and result["config"] == "configs/original_mlp.yaml"
     assert len(result["seconds_all"]) == 2 and positive_numbers(result["seconds_all"]) and result["seconds"] > 0
     command = benchmark.original_command("cnn", settings, "OUT")
     assert command[:2] == [sys.executable, str(script)]
-    assert command[2:] == ["--config", str(REPO_ROOT / "configs" / "original_cnn.yaml"), "--device", "host",
+    assert command[2:] == ["--config", str(benchmark.CONFIG_DIR / "original_cnn.yaml"), "--device", "host",
                            "--quiet", "--output", "OUT", "--data-dir", str(tmp_path)]
 
 
 def test_original_that_fails_is_an_error_naming_it(tmp_path, monkeypatch):
     script = fake_train_script(tmp_path, "print('cudnnnet-train: error: no GPU', file=sys.stderr)\nsys.exit(2)\n")
-    monkeypatch.setattr(benchmark, "TRAIN_SCRIPT", script)
+    monkeypatch.setattr(benchmark, "TRAINER", (str(script),))
     with pytest.raises(benchmark.BenchmarkError, match=r"original cnn: .* exited with 2: cudnnnet-train: error: no GPU"):
         benchmark.run_original_once("cnn", {"device": "cuda", "data_dir": None})
 

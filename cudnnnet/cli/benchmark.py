@@ -27,9 +27,9 @@ micro
     CUDA only). ``--micro-size N`` shrinks it to N samples of N features with hidden layers of
     N/2 and N/10 (the host default is 1 000, as 10 000 takes many seconds a step there).
 original
-    The C++ original's experiment as a whole command: ``scripts/train.py --config
-    configs/original_{mlp,cnn}.yaml --device DEVICE --quiet --data-dir DIR --output TMP`` in a
-    subprocess, timed by wall clock (``--original-runs`` runs, median), with the test accuracy
+    The C++ original's experiment as a whole command: ``python -m cudnnnet.cli.launch --config
+    configs/original_{mlp,cnn}.yaml --device DEVICE --quiet --data-dir DIR --output TMP`` (what
+    cudnnnet-train and scripts/train.py run) in a subprocess, timed by wall clock (``--original-runs`` runs, median), with the test accuracy
     from its metrics.json. Where NumPy, PyYAML or cuda-python have no cached bytecode and
     PYTHONDONTWRITEBYTECODE is set, every such process compiles their source first; the report
     names them (``uncompiled_packages``) and says so above the table.
@@ -83,6 +83,7 @@ from ..config import Config, load_config, parse_config
 from ..errors import CudnnnetError
 from ..layers import LAYER_TYPES, MSE, Activation, Dense
 from ..network import Network
+from ..shipped_configs import CONFIG_DIR
 from ..tensor import Tensor
 from ..training import Trainer
 from .common import ArgumentParser, add_common_arguments, run
@@ -90,9 +91,7 @@ from .train import positive_int
 
 log = logging.getLogger("cudnnnet.benchmark")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO_ROOT / "configs"
-TRAIN_SCRIPT = REPO_ROOT / "scripts" / "train.py"
+TRAINER = ("-m", "cudnnnet.cli.launch")  # cudnnnet-train as a module: the same in a checkout and an install
 
 WORKLOADS = ("mlp", "cnn", "micro", "original")
 TRAINING_CONFIGS = {"mlp": "mnist_mlp.yaml", "cnn": "mnist_cnn.yaml"}
@@ -384,7 +383,7 @@ def math_mode(backend, math: str):
 
 
 def original_command(name: str, settings: dict, output: str) -> list[str]:
-    command = [sys.executable, str(TRAIN_SCRIPT), "--config", str(CONFIG_DIR / ORIGINAL_CONFIGS[name]),
+    command = [sys.executable, *TRAINER, "--config", str(CONFIG_DIR / ORIGINAL_CONFIGS[name]),
                "--device", settings["device"], "--quiet", "--output", output]
     if settings["data_dir"] is not None:
         command += ["--data-dir", str(settings["data_dir"])]
