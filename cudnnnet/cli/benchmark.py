@@ -1,6 +1,6 @@
 """cudnnnet-benchmark: how fast cudnnnet trains, against targets and, if asked, against PyTorch.
 
-    python scripts/benchmark.py [--device cuda|host] [--json FILE] [--compare torch] [--repeat N]
+    python scripts/benchmark.py [--device auto|cuda|host] [--json FILE] [--compare torch] [--repeat N]
                                 [--epochs N] [--only mlp,cnn,micro,original] [--micro-size N]
                                 [--limit-images N] [--original-runs N] [--data-dir DIR]
 
@@ -33,6 +33,12 @@ original
     from its metrics.json. Where NumPy, PyYAML or cuda-python have no cached bytecode and
     PYTHONDONTWRITEBYTECODE is set, every such process compiles their source first; the report
     names them (``uncompiled_packages``) and says so above the table.
+
+``--device auto`` (the default) runs on the GPU where the NVIDIA driver counts one, else on the
+host; it asks the driver alone (no CUDA context), so the original workload's processes still have
+the GPU to themselves. ``--device cuda`` without a GPU is one error line before anything runs. Each
+workload logs a line when it is done (each run of the original workload too); on the host the
+whole run takes about 13 minutes on a 2-core CPU, most of it the original workload (HOST_DURATION).
 
 ``--compare torch`` runs mlp, cnn and micro with PyTorch in the same process, where PyTorch
 imports and sees a GPU (otherwise it says why and skips): the same architectures and optimiser,
@@ -78,9 +84,9 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__, training
-from ..backends import get_backend
+from ..backends import get_backend, no_gpu_reason
 from ..config import Config, load_config, parse_config
-from ..errors import CudnnnetError
+from ..errors import CudnnnetError, DeviceUnavailableError
 from ..layers import LAYER_TYPES, MSE, Activation, Dense
 from ..network import Network
 from ..shipped_configs import CONFIG_DIR
@@ -119,6 +125,8 @@ TARGETS = {
     "original_cnn_s": 2.0,
 }
 TARGET_DEVICE = "H100"
+HOST_DURATION = ("all workloads take about 13 minutes on a 2-core CPU, 10 of them in the original workload's "
+                 "six training processes (--only mlp,cnn,micro skips those)")
 # Third-party packages every training process imports: where their bytecode is not cached and cannot
 # be written (PYTHONDONTWRITEBYTECODE), each process compiles their source again (~0.3 s on one H100 host).
 PROCESS_IMPORTS = ("numpy", "yaml", "cuda.bindings", "cuda.pathfinder")
@@ -141,8 +149,11 @@ def workload_list(text: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="cudnnnet-benchmark", description="Time cudnnnet's training workloads.")
-    parser.add_argument("--device", choices=("cuda", "host"), default="cuda", help="where to run (default cuda)")
+    parser = ArgumentParser(prog="cudnnnet-benchmark", description="Time cudnnnet's training workloads.",
+                            epilog=f"On the host (no GPU), {HOST_DURATION}. A line is logged as each workload "
+                                   "finishes.")
+    parser.add_argument("--device", choices=("auto", "cuda", "host"), default="auto",
+                        help="where to run (default auto: the GPU where the driver sees one, else the host)")
     parser.add_argument("--only", type=workload_list, default=WORKLOADS, metavar="LIST",
                         help=f"comma-separated workloads among {','.join(WORKLOADS)} (default all)")
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE as JSON")
@@ -163,19 +174,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resolve_device(device: str) -> str:
+    """cuda or host for ``--device``: auto is cuda where the NVIDIA driver counts a GPU, else the host.
+    Only the driver is asked (no CUDA context, no library), so the original workload's processes
+    still have the GPU alone; cuda without a GPU is a DeviceUnavailableError before anything runs."""
+    if device == "host":
+        return device
+    reason = no_gpu_reason()
+    if device == "cuda" and reason is not None:
+        raise DeviceUnavailableError(f"--device cuda: no GPU ({reason})")
+    if device == "auto":
+        device = "host" if reason is not None else "cuda"
+        log.info("--device auto: %s", "the driver counts a GPU; running on cuda" if reason is None else
+                 f"no GPU ({reason}); running on the host, where {HOST_DURATION}")
+    return device
+
+
 def resolve_settings(args) -> dict:
-    """The settings of this run, with each device's defaults filled in."""
-    epochs, repeat = DEFAULTS[args.device]
+    """The settings of this run, with the device resolved and each device's defaults filled in."""
+    device = resolve_device(args.device)
+    epochs, repeat = DEFAULTS[device]
     micro_size = args.micro_size
     if micro_size is None:
-        micro_size = MICRO_SIZE if args.device == "cuda" else HOST_MICRO_SIZE
-        if args.device == "host" and "micro" in args.only:
+        micro_size = MICRO_SIZE if device == "cuda" else HOST_MICRO_SIZE
+        if device == "host" and "micro" in args.only:
             log.info("micro-benchmark on the host at %d × %d instead of %d × %d (use --micro-size to change)",
                      micro_size, micro_size, MICRO_SIZE, MICRO_SIZE)
     repeat = args.repeat or repeat
-    if args.device == "cuda" and repeat < 10 and "micro" in args.only:
+    if device == "cuda" and repeat < 10 and "micro" in args.only:
         log.warning("--repeat %d: fewer than 10 timed micro-benchmark steps", repeat)
-    return {"device": args.device, "workloads": list(args.only), "batch_size": BATCH_SIZE,
+    return {"device": device, "workloads": list(args.only), "batch_size": BATCH_SIZE,
             "epochs": args.epochs or epochs, "repeat": repeat, "micro_size": micro_size,
             "limit_images": args.limit_images, "original_runs": args.original_runs, "data_dir": args.data_dir,
             "compare": args.compare}
@@ -285,6 +313,7 @@ def train_epoch(trainer: Trainer) -> float:
 def benchmark_training(name: str, settings: dict, graph: bool, images: int) -> dict:
     """Median epoch of ``name`` (mlp or cnn) after a warm-up epoch, with the peak device memory."""
     epochs = settings["epochs"]
+    log.info("%s %s: a warm-up epoch, then %d timed", name, "graph" if graph else "eager", epochs)
     config = workload_config(name, settings["device"], settings["data_dir"], epochs + 1, graph)
     backend = get_backend(config.device)
     gc.collect()
@@ -399,7 +428,9 @@ def run_original_once(name: str, settings: dict) -> tuple[float, float]:
         seconds = time.perf_counter() - started
         if finished.returncode != 0:
             last = (finished.stderr.strip().splitlines() or ["no output"])[-1]
-            raise BenchmarkError(f"original {name}: {' '.join(command)} exited with {finished.returncode}: {last}")
+            reason = last.split(": error: ", 1)[-1]  # the trainer's own message, without its program name
+            raise BenchmarkError(f"original {name}: the training process ({ORIGINAL_CONFIGS[name]}, --device "
+                                 f"{settings['device']}) failed with exit code {finished.returncode}: {reason}")
         metrics = json.loads((Path(output) / "metrics.json").read_text(encoding="utf-8"))
     return seconds, metrics["test_accuracy"]
 
@@ -423,7 +454,12 @@ def uncompiled_packages(names=PROCESS_IMPORTS, dont_write: bool | None = None) -
 
 
 def benchmark_original(name: str, settings: dict) -> dict:
-    runs = [run_original_once(name, settings) for _ in range(settings["original_runs"])]
+    runs = []
+    for run_number in range(1, settings["original_runs"] + 1):
+        log.info("original %s: run %d of %d, a whole training process on %s", name, run_number,
+                 settings["original_runs"], settings["device"])
+        runs.append(run_original_once(name, settings))
+        log.info("original %s: run %d took %.2f s (test accuracy %.4f)", name, run_number, *runs[-1])
     seconds = [run[0] for run in runs]
     summary = {"config": f"configs/{ORIGINAL_CONFIGS[name]}", "seconds": statistics.median(seconds),
                "seconds_all": seconds, "test_accuracy": runs[-1][1]}
