@@ -2,6 +2,7 @@
 
 import json
 import py_compile
+import subprocess
 import sys
 from pathlib import Path
 
@@ -173,6 +174,20 @@ def test_original_reads_the_accuracy_of_each_run(tmp_path, monkeypatch, caplog):
     assert command[:2] == [sys.executable, str(script)]
     assert command[2:] == ["--config", str(benchmark.CONFIG_DIR / "original_cnn.yaml"), "--device", "host",
                            "--quiet", "--output", "OUT", "--data-dir", str(tmp_path)]
+
+
+def test_the_trainer_process_imports_this_cudnnnet_installed_or_not(tmp_path, monkeypatch):
+    site_folder = Path(benchmark.sysconfig.get_paths()["purelib"])
+    assert benchmark.trainer_environment(site_folder) is None  # installed: the interpreter finds it
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")
+    checkout = benchmark.trainer_environment(tmp_path)["PYTHONPATH"]
+    assert checkout.split(benchmark.os.pathsep) == [str(tmp_path), "elsewhere"]
+    monkeypatch.delenv("PYTHONPATH")
+    probe = "import cudnnnet; print(cudnnnet.__file__)"
+    finished = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                              env=benchmark.trainer_environment(), timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    assert Path(finished.stdout.strip()).parent == Path(benchmark.__file__).resolve().parents[1]
 
 
 def test_original_that_fails_is_an_error_naming_it(tmp_path, monkeypatch):

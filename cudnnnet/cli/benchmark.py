@@ -72,10 +72,13 @@ import gc
 import importlib.util
 import json
 import logging
+import os
 import platform
+import site
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from math import prod
@@ -98,6 +101,7 @@ from .train import positive_int
 log = logging.getLogger("cudnnnet.benchmark")
 
 TRAINER = ("-m", "cudnnnet.cli.launch")  # cudnnnet-train as a module: the same in a checkout and an install
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the folder holding this cudnnnet package
 
 WORKLOADS = ("mlp", "cnn", "micro", "original")
 TRAINING_CONFIGS = {"mlp": "mnist_mlp.yaml", "cnn": "mnist_cnn.yaml"}
@@ -419,12 +423,25 @@ def original_command(name: str, settings: dict, output: str) -> list[str]:
     return command
 
 
+def trainer_environment(package_parent: Path = PACKAGE_PARENT) -> dict | None:
+    """The environment of the trainer's process, so that it imports this very cudnnnet: unchanged
+    (None) where the package is installed in a site-packages folder; otherwise (a checkout run
+    through scripts/, which puts the checkout on sys.path) with ``package_parent`` first on PYTHONPATH."""
+    paths = sysconfig.get_paths()
+    site_folders = {Path(folder).resolve() for folder in (*site.getsitepackages(), paths["purelib"], paths["platlib"])}
+    if package_parent.resolve() in site_folders:
+        return None
+    inherited = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(package_parent), inherited)))}
+
+
 def run_original_once(name: str, settings: dict) -> tuple[float, float]:
     """(wall-clock seconds, test accuracy) of one run of the original workload ``name``."""
     with tempfile.TemporaryDirectory(prefix="cudnnnet-original-") as output:
         command = original_command(name, settings, output)
+        environment = trainer_environment()
         started = time.perf_counter()
-        finished = subprocess.run(command, capture_output=True, text=True)
+        finished = subprocess.run(command, capture_output=True, text=True, env=environment)
         seconds = time.perf_counter() - started
         if finished.returncode != 0:
             last = (finished.stderr.strip().splitlines() or ["no output"])[-1]
