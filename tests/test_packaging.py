@@ -109,11 +109,13 @@ def installed(distributions, tmp_path_factory) -> Path:
     python = venv / "bin" / "python"
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    here = {*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    (Path(purelib) / "_this_environment.pth").write_text("\n".join(sorted(here)) + "\n")
     finished = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
                                "--disable-pip-version-check", str(wheel)], capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
+    # After the install: pip would otherwise find this environment's cudnnnet (CI installs it) and skip the wheel.
+    # The .pth folders come after the venv's own site-packages on sys.path, so the wheel's cudnnnet is imported.
+    here = {*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    (Path(purelib) / "_this_environment.pth").write_text("\n".join(sorted(here)) + "\n")
     return venv
 
 
