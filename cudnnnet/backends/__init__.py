@@ -2,10 +2,13 @@
 
 ``get_backend("auto")`` returns the CUDA backend where a GPU and the CUDA libraries are usable and
 the host backend otherwise; ``get_backend("cuda")`` raises DeviceUnavailableError instead of
-falling back. ``auto`` first asks the driver whether it sees a GPU (``gpu_visible``: libcuda through
-ctypes), so a machine without one loads neither cuda-python nor cuBLAS and cuDNN. Whatever a
-missing or broken driver raises (an OSError, cuda-python's RuntimeError "Failed to dlopen
-libcuda.so.1", an ImportError) reads as "no GPU".
+falling back. ``auto`` first asks the driver whether it sees a GPU (``no_gpu_reason``: libcuda through
+ctypes), so a machine without one loads neither cuda-python nor cuBLAS and cuDNN. Where a command
+has already begun the driver's start on a thread (``warm_up``), ``auto`` only checks that libcuda
+loads, and the libraries load while the driver starts, as for ``cuda``; a GPU missing behind a
+driver is then found when the context is made, and ``auto`` still falls back. Whatever a missing or
+broken driver raises (an OSError, cuda-python's RuntimeError "Failed to dlopen libcuda.so.1", an
+ImportError) reads as "no GPU".
 """
 
 from __future__ import annotations
@@ -76,18 +79,31 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else "no message"
 
 
-def no_gpu_reason() -> str | None:
+def no_gpu_reason(count_devices: bool = True) -> str | None:
     """Why the NVIDIA driver sees no GPU (no libcuda.so.1, cuInit failing, no device), or None where
-    it counts at least one. Through libcuda with ctypes: no CUDA library is loaded to find out."""
+    it counts at least one. Through libcuda with ctypes: no CUDA library is loaded to find out.
+    ``count_devices=False`` only checks that libcuda.so.1 loads (milliseconds; cuInit takes ~0.2 s
+    where there is a GPU)."""
     try:
         from .cuda.bindings import driver_start
 
         driver_start.load()
+        if not count_devices:
+            return None
         driver_start.init()
         count = driver_start.device_count()
     except (DeviceError, *NO_DEVICE_ERRORS) as error:
         return _first_line(error)
     return None if count > 0 else "the NVIDIA driver counts no GPU"
+
+
+def _driver_starting() -> bool:
+    """True where ``warm_up`` began the driver's start on a thread that no context has taken yet."""
+    try:
+        from .cuda.startup import early_start_pending
+    except ImportError:
+        return False
+    return early_start_pending()
 
 
 def gpu_visible() -> bool:
@@ -97,7 +113,7 @@ def gpu_visible() -> bool:
 
 def _auto() -> Backend:
     if "cuda" not in _instances:
-        reason = no_gpu_reason()
+        reason = no_gpu_reason(count_devices=not _driver_starting())
         if reason is not None:
             log.info("device auto: no GPU (%s); running on the host", reason)
             return get_backend("host")

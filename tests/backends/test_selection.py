@@ -5,7 +5,7 @@ False, ``cuda`` is one DeviceUnavailableError. Everything CUDA is simulated, so 
 import pytest
 
 from cudnnnet import backends
-from cudnnnet.backends.cuda import context
+from cudnnnet.backends.cuda import context, startup
 from cudnnnet.backends.cuda.bindings import driver_start, runtime
 from cudnnnet.errors import CudaError, DeviceUnavailableError
 
@@ -51,6 +51,30 @@ def test_without_a_gpu_auto_is_the_host_before_any_cuda_library_loads(monkeypatc
     with caplog.at_level("INFO", logger="cudnnnet.backends"):
         assert backends.get_backend("auto").name == "host"
     assert f"device auto: no GPU ({backends.no_gpu_reason()}); running on the host" in caplog.text
+
+
+def test_with_the_driver_starting_on_a_thread_auto_keeps_the_overlap(monkeypatch, caplog):
+    """After warm_up (the command-line tools): libcuda loads, so auto makes the context at once and the
+    libraries load while the driver starts; no cuInit waits on the calling thread first."""
+    simulated_driver(monkeypatch, init=AssertionError("cuInit on the calling thread"))
+    monkeypatch.setattr(startup, "early_start_pending", lambda: True)
+    made = []
+
+    def open_libraries(*_):
+        made.append(True)
+        raise DeviceUnavailableError("no NVIDIA GPU is visible (cudaGetDeviceCount returned 0)")
+
+    monkeypatch.setattr(context, "open_libraries", open_libraries)
+    with caplog.at_level("INFO", logger="cudnnnet.backends"):
+        assert backends.get_backend("auto").name == "host"  # no GPU behind the driver: found by the context
+    assert made == [True] and "no usable GPU" in caplog.text
+
+
+def test_with_the_driver_starting_but_no_libcuda_auto_loads_nothing(monkeypatch):
+    simulated_driver(monkeypatch, load=NO_LIBCUDA)
+    monkeypatch.setattr(startup, "early_start_pending", lambda: True)
+    monkeypatch.setattr(context, "open_libraries", lambda *_: pytest.fail("auto loaded the CUDA libraries"))
+    assert backends.get_backend("auto").name == "host"
 
 
 def test_a_counted_gpu_is_visible(monkeypatch):
