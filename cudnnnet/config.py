@@ -25,6 +25,7 @@ import yaml
 from .data.mnist import MNIST_MEAN, MNIST_STD
 from .engine import DEFAULT_ENGINE, ENGINES
 from .errors import ConfigError
+from .shipped_configs import resolve_config, valid_configs
 
 DEVICES = ("auto", "cuda", "host")
 MATH_MODES = ("fp32", "tf32")
@@ -605,7 +606,8 @@ class ModelDescription:
 def load_model_description(path: str | os.PathLike) -> ModelDescription:
     """The ``model`` and ``data`` of the YAML config at ``path``; its ``train`` section, if any, is not
     needed and not read (predicting with the original's .bin files needs no optimiser)."""
-    mapping = _read_mapping(Path(path), None)
+    path = resolve_config(path)
+    mapping = _read_mapping(path, None)
     source = str(path)
     if not isinstance(mapping, dict):
         raise ConfigError(f"{source}: the top level must be a mapping with keys model and data; got {_describe(mapping)}")
@@ -617,8 +619,10 @@ def load_model_description(path: str | os.PathLike) -> ModelDescription:
 
 def load_config(path: str | os.PathLike, data: bytes | None = None) -> Config:
     """Read and validate the YAML config at ``path``; ``data``: its bytes where they were read already
-    (a pipe, ``--config <(...)`` or /dev/stdin, can be read once only)."""
-    return parse_config(_read_mapping(Path(path), data), source=str(path))
+    (a pipe, ``--config <(...)`` or /dev/stdin, can be read once only). ``path`` may name a shipped
+    config ("mnist_mlp": ``shipped_configs``)."""
+    path = resolve_config(path) if data is None else Path(path)
+    return parse_config(_read_mapping(path, data), source=str(path))
 
 
 def _read_mapping(path: Path, data: bytes | None):
@@ -626,7 +630,7 @@ def _read_mapping(path: Path, data: bytes | None):
     try:
         text = (path.read_bytes() if data is None else data).decode("utf-8")
     except FileNotFoundError as error:
-        raise ConfigError(f"config file {path} does not exist") from error
+        raise ConfigError(f"config file {path} does not exist; {valid_configs()}") from error
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from error
     except OSError as error:

@@ -33,8 +33,9 @@ from .errors import UsageError
 
 # Our NVRTC kernels that slides mode may launch: the loss reduction (the slides' own kernel), the
 # accuracy count, the batch gather and the uint8 -> float32 image conversion (no library call does
-# these), and the Adam update, an optimiser the slides do not have and no library call computes.
-# Extend it when a kernel of that kind is added (a watch on the training loss, say).
+# these), the Adam update (an optimiser the slides do not have, which no library call computes) and
+# the trainer's watch on the loss (the first non-finite step, recorded on the device). Extend it when
+# a kernel of that kind is added.
 SLIDES_KERNELS = frozenset({
     "cross_entropy_loss",
     "squared_error_loss",
@@ -42,6 +43,7 @@ SLIDES_KERNELS = frozenset({
     "gather_batch",
     "pixels_to_images",
     "adam_update_many",
+    "record_nonfinite",
 })
 
 CONVOLUTION_SEARCHES = ("find", "exhaustive", "heuristic")

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """see ``cudnnnet-predict --help``."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if importlib.util.find_spec("cudnnnet") is None:  # not installed: run the package of this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cudnnnet.cli.predict import main  # noqa: E402
 

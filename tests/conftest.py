@@ -53,7 +53,7 @@ def backend(request):
     from cudnnnet.backends import get_backend
 
     if request.param == "cuda" and not _cuda_available():
-        pytest.skip("no usable GPU or CUDA libraries (pip install 'cudnnnet[cuda13]' on a machine with a GPU)")
+        pytest.skip("no usable GPU or CUDA libraries (on a machine with a GPU: pip install -e \".[cuda13,test]\")")
     return get_backend(request.param)
 
 
@@ -63,7 +63,7 @@ def cuda():
     from cudnnnet.backends import get_backend
 
     if not _cuda_available():
-        pytest.skip("no usable GPU or CUDA libraries (pip install 'cudnnnet[cuda13]' on a machine with a GPU)")
+        pytest.skip("no usable GPU or CUDA libraries (on a machine with a GPU: pip install -e \".[cuda13,test]\")")
     return get_backend("cuda")
 
 

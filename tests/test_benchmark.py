@@ -2,6 +2,7 @@
 
 import json
 import py_compile
+import subprocess
 import sys
 from pathlib import Path
 
@@ -66,14 +67,43 @@ def test_micro_network_is_the_series_network_at_full_size():
     assert network.output_shapes(network.input_shape)[-1] == (10, 1, 1)
 
 
-def test_micro_size_defaults_smaller_on_the_host(caplog):
+def test_micro_size_defaults_smaller_on_the_host(caplog, monkeypatch):
     args = benchmark.build_parser().parse_args(["--device", "host", "--only", "micro"])
     with caplog.at_level("INFO", logger="cudnnnet.benchmark"):
         settings = benchmark.resolve_settings(args)
     assert settings["micro_size"] == benchmark.HOST_MICRO_SIZE < benchmark.MICRO_SIZE
     assert "instead of 10000 × 10000" in caplog.text
-    cuda = benchmark.resolve_settings(benchmark.build_parser().parse_args(["--only", "micro"]))
+    monkeypatch.setattr(benchmark, "no_gpu_reason", lambda: None)  # the driver counts a GPU
+    cuda = benchmark.resolve_settings(benchmark.build_parser().parse_args(["--device", "cuda", "--only", "micro"]))
     assert cuda["micro_size"] == benchmark.MICRO_SIZE and cuda["repeat"] >= 10
+
+
+@pytest.mark.parametrize(("reason", "device"), [(None, "cuda"), ("libcuda.so.1 cannot be loaded", "host")],
+                         ids=["a GPU", "no GPU"])
+def test_device_auto_is_the_default_and_asks_the_driver(caplog, monkeypatch, reason, device):
+    monkeypatch.setattr(benchmark, "no_gpu_reason", lambda: reason)
+    with caplog.at_level("INFO", logger="cudnnnet.benchmark"):
+        settings = benchmark.resolve_settings(benchmark.build_parser().parse_args([]))
+    assert settings["device"] == device
+    assert f"running on {'cuda' if device == 'cuda' else 'the host, where ' + benchmark.HOST_DURATION}" in caplog.text
+
+
+def test_device_cuda_without_a_gpu_is_one_line_before_any_workload_runs(capsys, monkeypatch):
+    monkeypatch.setattr(benchmark, "no_gpu_reason", lambda: "libcuda.so.1 cannot be loaded")
+    monkeypatch.setattr(benchmark.subprocess, "run", lambda *_, **__: pytest.fail("a workload process started"))
+    assert benchmark.main(["--device", "cuda", "--only", "original,micro"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip().splitlines()[-1] == (
+        "cudnnnet-benchmark: error: --device cuda: no GPU (libcuda.so.1 cannot be loaded); use --device host "
+        "(or auto) to run on the CPU")
+
+
+def test_help_says_how_long_the_host_takes(capsys):
+    with pytest.raises(SystemExit):
+        benchmark.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "about 13 minutes on a 2-core CPU" in out and "default auto" in out
 
 
 # ---- mlp and cnn -------------------------------------------------------------------------------
@@ -143,25 +173,46 @@ def fake_train_script(tmp_path: Path, body: str) -> Path:
     return script
 
 
-def test_original_reads_the_accuracy_of_each_run(tmp_path, monkeypatch):
+def test_original_reads_the_accuracy_of_each_run(tmp_path, monkeypatch, caplog):
     script = fake_train_script(tmp_path, "(output / 'metrics.json').write_text(json.dumps({'test_accuracy': 0.97}))\n")
-    monkeypatch.setattr(benchmark, "TRAIN_SCRIPT", script)
+    monkeypatch.setattr(benchmark, "TRAINER", (str(script),))
     settings = {"device": "host", "data_dir": tmp_path, "original_runs": 2}
-    result = benchmark.benchmark_original("mlp", settings)
+    with caplog.at_level("INFO", logger="cudnnnet.benchmark"):
+        result = benchmark.benchmark_original("mlp", settings)
+    progress = [message for message in caplog.messages if message.startswith("original mlp: run")]
+    assert [message.split(" took ")[0] for message in progress] == [
+        "original mlp: run 1 of 2, a whole training process on host", "original mlp: run 1",
+        "original mlp: run 2 of 2, a whole training process on host", "original mlp: run 2"]
     assert result["test_accuracy"] == 0.97 and result["config"] == "configs/original_mlp.yaml"
     assert len(result["seconds_all"]) == 2 and positive_numbers(result["seconds_all"]) and result["seconds"] > 0
     command = benchmark.original_command("cnn", settings, "OUT")
     assert command[:2] == [sys.executable, str(script)]
-    assert command[2:] == ["--config", str(REPO_ROOT / "configs" / "original_cnn.yaml"), "--device", "host",
+    assert command[2:] == ["--config", str(benchmark.CONFIG_DIR / "original_cnn.yaml"), "--device", "host",
                            "--quiet", "--output", "OUT", "--data-dir", str(tmp_path)]
     assert benchmark.original_command("cnn", settings, "OUT", "fast")[-2:] == ["--engine", "fast"]
 
 
+def test_the_trainer_process_imports_this_cudnnnet_installed_or_not(tmp_path, monkeypatch):
+    site_folder = Path(benchmark.sysconfig.get_paths()["purelib"])
+    assert benchmark.trainer_environment(site_folder) is None  # installed: the interpreter finds it
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")
+    checkout = benchmark.trainer_environment(tmp_path)["PYTHONPATH"]
+    assert checkout.split(benchmark.os.pathsep) == [str(tmp_path), "elsewhere"]
+    monkeypatch.delenv("PYTHONPATH")
+    probe = "import cudnnnet; print(cudnnnet.__file__)"
+    finished = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                              env=benchmark.trainer_environment(), timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    assert Path(finished.stdout.strip()).parent == Path(benchmark.__file__).resolve().parents[1]
+
+
 def test_original_that_fails_is_an_error_naming_it(tmp_path, monkeypatch):
     script = fake_train_script(tmp_path, "print('cudnnnet-train: error: no GPU', file=sys.stderr)\nsys.exit(2)\n")
-    monkeypatch.setattr(benchmark, "TRAIN_SCRIPT", script)
-    with pytest.raises(benchmark.BenchmarkError, match=r"original cnn: .* exited with 2: cudnnnet-train: error: no GPU"):
+    monkeypatch.setattr(benchmark, "TRAINER", (str(script),))
+    with pytest.raises(benchmark.BenchmarkError) as raised:
         benchmark.run_original_once("cnn", {"device": "cuda", "data_dir": None})
+    assert str(raised.value) == ("original cnn: the training process (original_cnn.yaml, --device cuda) failed with "
+                                 "exit code 2: no GPU")
 
 
 def test_uncompiled_packages_are_those_without_bytecode_when_none_can_be_written(tmp_path, monkeypatch):

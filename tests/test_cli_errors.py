@@ -605,10 +605,11 @@ def test_a_missing_cuda_library_names_the_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda", ModuleType("cuda"))
     monkeypatch.setitem(sys.modules, "cuda.pathfinder", pathfinder)
     monkeypatch.setitem(sys.modules, "nvidia.cudnn", None)
-    with pytest.raises(DeviceUnavailableError, match=r"libcublas was not found .*pip install \"nvidia-cublas-cu12\""):
+    with pytest.raises(DeviceUnavailableError, match=r"libcublas was not found .*pip install -e \"\.\[cuda12\]\" from the "
+                                                     r"repository checkout, or pip install \"nvidia-cublas-cu12<13\""):
         loader.load_library("cublas", 12)
-    with pytest.raises(DeviceUnavailableError, match=r"libcudnn\.so\.9 was not found .*pip install "
-                                                     r"\"cudnnnet\[cuda13\]\" .*\"nvidia-cudnn-cu13\""):
+    with pytest.raises(DeviceUnavailableError, match=r"libcudnn\.so\.9 was not found .*pip install -e \"\.\[cuda13\]\" "
+                                                     r"from the repository checkout .*\"nvidia-cudnn-cu13>=9,<10\""):
         loader.load_library("cudnn", 13)
 
 
@@ -618,8 +619,8 @@ def test_missing_cuda_python_names_the_package(monkeypatch):
 
     for name in ("cuda.bindings", "cuda.cuda"):
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(DeviceUnavailableError, match=r"needs cuda-python, which is not installed .*pip install "
-                                                     r"\"cudnnnet\[cuda13\]\""):
+    with pytest.raises(DeviceUnavailableError, match=r"needs cuda-python, which is not installed .*pip install -e "
+                                                     r"\"\.\[cuda13\]\" from the repository checkout"):
         loader.cuda_python.__wrapped__()
 
 

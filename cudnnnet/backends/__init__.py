@@ -2,7 +2,13 @@
 
 ``get_backend("auto")`` returns the CUDA backend where a GPU and the CUDA libraries are usable and
 the host backend otherwise; ``get_backend("cuda")`` raises DeviceUnavailableError instead of
-falling back.
+falling back. ``auto`` first asks the driver whether it sees a GPU (``no_gpu_reason``: libcuda through
+ctypes), so a machine without one loads neither cuda-python nor cuBLAS and cuDNN. Where a command
+has already begun the driver's start on a thread (``warm_up``), ``auto`` only checks that libcuda
+loads, and the libraries load while the driver starts, as for ``cuda``; a GPU missing behind a
+driver is then found when the context is made, and ``auto`` still falls back. Whatever a missing or
+broken driver raises (an OSError, cuda-python's RuntimeError "Failed to dlopen libcuda.so.1", an
+ImportError) reads as "no GPU".
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ from .base import Backend
 log = logging.getLogger(__name__)
 
 DEVICES = ("auto", "cuda", "host")
+# What a missing or unusable driver or library raises on the way up, besides our own DeviceError:
+# cuda-python 12.x raises RuntimeError("Failed to dlopen libcuda.so.1"), ctypes OSError.
+NO_DEVICE_ERRORS = (ImportError, OSError, RuntimeError)
 _instances: dict[str, Backend] = {}
 
 
@@ -54,15 +63,60 @@ def _create(name: str) -> Backend:
         return HostBackend()
     try:
         from .cuda import CudaBackend
-    except ImportError as error:
+
+        return CudaBackend()
+    except NO_DEVICE_ERRORS as error:
+        from .cuda.bindings.loader import install_hint
+
         raise DeviceUnavailableError(
-            f"the CUDA backend cannot be imported ({error}); install the CUDA extras: "
-            f"pip install 'cudnnnet[cuda13]' (or 'cudnnnet[cuda12]')"
-        ) from None
-    return CudaBackend()
+            f"the CUDA backend cannot start ({type(error).__name__}: {_first_line(error)}); is the NVIDIA "
+            f"driver installed? The CUDA libraries: {install_hint()}"
+        ) from error
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no message"
+
+
+def no_gpu_reason(count_devices: bool = True) -> str | None:
+    """Why the NVIDIA driver sees no GPU (no libcuda.so.1, cuInit failing, no device), or None where
+    it counts at least one. Through libcuda with ctypes: no CUDA library is loaded to find out.
+    ``count_devices=False`` only checks that libcuda.so.1 loads (milliseconds; cuInit takes ~0.2 s
+    where there is a GPU)."""
+    try:
+        from .cuda.bindings import driver_start
+
+        driver_start.load()
+        if not count_devices:
+            return None
+        driver_start.init()
+        count = driver_start.device_count()
+    except (DeviceError, *NO_DEVICE_ERRORS) as error:
+        return _first_line(error)
+    return None if count > 0 else "the NVIDIA driver counts no GPU"
+
+
+def _driver_starting() -> bool:
+    """True where ``warm_up`` began the driver's start on a thread that no context has taken yet."""
+    try:
+        from .cuda.startup import early_start_pending
+    except ImportError:
+        return False
+    return early_start_pending()
+
+
+def gpu_visible() -> bool:
+    """True where the NVIDIA driver loads and counts at least one GPU (``no_gpu_reason``)."""
+    return no_gpu_reason() is None
 
 
 def _auto() -> Backend:
+    if "cuda" not in _instances:
+        reason = no_gpu_reason(count_devices=not _driver_starting())
+        if reason is not None:
+            log.info("device auto: no GPU (%s); running on the host", reason)
+            return get_backend("host")
     try:
         backend = get_backend("cuda")
     except DeviceError as error:
@@ -73,7 +127,10 @@ def _auto() -> Backend:
 
 
 def cuda_available() -> bool:
-    """True where the CUDA backend can be created (a GPU, the driver and the CUDA libraries)."""
+    """True where the CUDA backend can be created (a GPU, the driver and the CUDA libraries); a
+    machine without a GPU answers False before any CUDA library is loaded."""
+    if "cuda" not in _instances and not gpu_visible():
+        return False
     try:
         get_backend("cuda")
     except DeviceError:

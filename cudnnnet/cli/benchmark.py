@@ -1,6 +1,6 @@
 """cudnnnet-benchmark: how fast cudnnnet trains, against targets and, if asked, against PyTorch.
 
-    python scripts/benchmark.py [--device cuda|host] [--json FILE] [--compare torch] [--repeat N]
+    python scripts/benchmark.py [--device auto|cuda|host] [--json FILE] [--compare torch] [--repeat N]
                                 [--epochs N] [--only mlp,cnn,micro,original] [--micro-size N]
                                 [--limit-images N] [--original-runs N] [--data-dir DIR]
                                 [--engines slides,fast]
@@ -31,12 +31,18 @@ micro
     CUDA only). ``--micro-size N`` shrinks it to N samples of N features with hidden layers of
     N/2 and N/10 (the host default is 1 000, as 10 000 takes many seconds a step there).
 original
-    The C++ original's experiment as a whole command: ``scripts/train.py --config
-    configs/original_{mlp,cnn}.yaml --device DEVICE --quiet --data-dir DIR --output TMP`` in a
-    subprocess, timed by wall clock (``--original-runs`` runs, median), with the test accuracy
+    The C++ original's experiment as a whole command: ``python -m cudnnnet.cli.launch --config
+    configs/original_{mlp,cnn}.yaml --device DEVICE --quiet --data-dir DIR --output TMP`` (what
+    cudnnnet-train and scripts/train.py run) in a subprocess, timed by wall clock (``--original-runs`` runs, median), with the test accuracy
     from its metrics.json. Where NumPy, PyYAML or cuda-python have no cached bytecode and
     PYTHONDONTWRITEBYTECODE is set, every such process compiles their source first; the report
     names them (``uncompiled_packages``) and says so above the table.
+
+``--device auto`` (the default) runs on the GPU where the NVIDIA driver counts one, else on the
+host; it asks the driver alone (no CUDA context), so the original workload's processes still have
+the GPU to themselves. ``--device cuda`` without a GPU is one error line before anything runs. Each
+workload logs a line when it is done (each run of the original workload too); on the host the
+whole run takes about 13 minutes on a 2-core CPU, most of it the original workload (HOST_DURATION).
 
 ``--compare torch`` runs mlp, cnn and micro with PyTorch in the same process, where PyTorch
 imports and sees a GPU (otherwise it says why and skips): the same architectures and optimiser,
@@ -74,10 +80,13 @@ import gc
 import importlib.util
 import json
 import logging
+import os
 import platform
+import site
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from math import prod
@@ -86,12 +95,13 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__, training
-from ..backends import get_backend
+from ..backends import get_backend, no_gpu_reason
 from ..config import Config, load_config, parse_config
 from ..engine import ENGINES
-from ..errors import CudnnnetError
+from ..errors import CudnnnetError, DeviceUnavailableError
 from ..layers import LAYER_TYPES, MSE, Activation, Dense
 from ..network import Network
+from ..shipped_configs import CONFIG_DIR
 from ..tensor import Tensor
 from ..training import Trainer
 from .common import ArgumentParser, add_common_arguments, run
@@ -99,9 +109,8 @@ from .train import positive_int
 
 log = logging.getLogger("cudnnnet.benchmark")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO_ROOT / "configs"
-TRAIN_SCRIPT = REPO_ROOT / "scripts" / "train.py"
+TRAINER = ("-m", "cudnnnet.cli.launch")  # cudnnnet-train as a module: the same in a checkout and an install
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the folder holding this cudnnnet package
 
 WORKLOADS = ("mlp", "cnn", "micro", "original")
 TRAINING_CONFIGS = {"mlp": "mnist_mlp.yaml", "cnn": "mnist_cnn.yaml"}
@@ -134,6 +143,8 @@ SLIDES_TARGETS = {
     "cnn_epoch_ms": 133.0,
 }
 TARGET_DEVICE = "H100"
+HOST_DURATION = ("all workloads take about 13 minutes on a 2-core CPU, 10 of them in the original workload's "
+                 "six training processes (--only mlp,cnn,micro skips those)")
 # Third-party packages every training process imports: where their bytecode is not cached and cannot
 # be written (PYTHONDONTWRITEBYTECODE), each process compiles their source again (~0.3 s on one H100 host).
 PROCESS_IMPORTS = ("numpy", "yaml", "cuda.bindings", "cuda.pathfinder")
@@ -165,8 +176,11 @@ def engine_list(text: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="cudnnnet-benchmark", description="Time cudnnnet's training workloads.")
-    parser.add_argument("--device", choices=("cuda", "host"), default="cuda", help="where to run (default cuda)")
+    parser = ArgumentParser(prog="cudnnnet-benchmark", description="Time cudnnnet's training workloads.",
+                            epilog=f"On the host (no GPU), {HOST_DURATION}. A line is logged as each workload "
+                                   "finishes.")
+    parser.add_argument("--device", choices=("auto", "cuda", "host"), default="auto",
+                        help="where to run (default auto: the GPU where the driver sees one, else the host)")
     parser.add_argument("--only", type=workload_list, default=WORKLOADS, metavar="LIST",
                         help=f"comma-separated workloads among {','.join(WORKLOADS)} (default all)")
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE as JSON")
@@ -189,19 +203,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resolve_device(device: str) -> str:
+    """cuda or host for ``--device``: auto is cuda where the NVIDIA driver counts a GPU, else the host.
+    Only the driver is asked (no CUDA context, no library), so the original workload's processes
+    still have the GPU alone; cuda without a GPU is a DeviceUnavailableError before anything runs."""
+    if device == "host":
+        return device
+    reason = no_gpu_reason()
+    if device == "cuda" and reason is not None:
+        raise DeviceUnavailableError(f"--device cuda: no GPU ({reason})")
+    if device == "auto":
+        device = "host" if reason is not None else "cuda"
+        log.info("--device auto: %s", "the driver counts a GPU; running on cuda" if reason is None else
+                 f"no GPU ({reason}); running on the host, where {HOST_DURATION}")
+    return device
+
+
 def resolve_settings(args) -> dict:
-    """The settings of this run, with each device's defaults filled in."""
-    epochs, repeat = DEFAULTS[args.device]
+    """The settings of this run, with the device resolved and each device's defaults filled in."""
+    device = resolve_device(args.device)
+    epochs, repeat = DEFAULTS[device]
     micro_size = args.micro_size
     if micro_size is None:
-        micro_size = MICRO_SIZE if args.device == "cuda" else HOST_MICRO_SIZE
-        if args.device == "host" and "micro" in args.only:
+        micro_size = MICRO_SIZE if device == "cuda" else HOST_MICRO_SIZE
+        if device == "host" and "micro" in args.only:
             log.info("micro-benchmark on the host at %d × %d instead of %d × %d (use --micro-size to change)",
                      micro_size, micro_size, MICRO_SIZE, MICRO_SIZE)
     repeat = args.repeat or repeat
-    if args.device == "cuda" and repeat < 10 and "micro" in args.only:
+    if device == "cuda" and repeat < 10 and "micro" in args.only:
         log.warning("--repeat %d: fewer than 10 timed micro-benchmark steps", repeat)
-    return {"device": args.device, "workloads": list(args.only), "batch_size": BATCH_SIZE,
+    return {"device": device, "workloads": list(args.only), "batch_size": BATCH_SIZE,
             "epochs": args.epochs or epochs, "repeat": repeat, "micro_size": micro_size,
             "limit_images": args.limit_images, "original_runs": args.original_runs, "data_dir": args.data_dir,
             "compare": args.compare, "engines": list(args.engines)}
@@ -311,6 +342,7 @@ def train_epoch(trainer: Trainer) -> float:
 def benchmark_training(name: str, settings: dict, graph: bool, images: int, engine: str = "slides") -> dict:
     """Median epoch of ``name`` (mlp or cnn) after a warm-up epoch, with the peak device memory."""
     epochs = settings["epochs"]
+    log.info("%s %s %s: a warm-up epoch, then %d timed", name, engine, "graph" if graph else "eager", epochs)
     config = workload_config(name, settings["device"], settings["data_dir"], epochs + 1, graph, engine)
     backend = get_backend(config.device)
     gc.collect()
@@ -410,7 +442,7 @@ def math_mode(backend, math: str):
 
 
 def original_command(name: str, settings: dict, output: str, engine: str | None = None) -> list[str]:
-    command = [sys.executable, str(TRAIN_SCRIPT), "--config", str(CONFIG_DIR / ORIGINAL_CONFIGS[name]),
+    command = [sys.executable, *TRAINER, "--config", str(CONFIG_DIR / ORIGINAL_CONFIGS[name]),
                "--device", settings["device"], "--quiet", "--output", output]
     if settings["data_dir"] is not None:
         command += ["--data-dir", str(settings["data_dir"])]
@@ -419,16 +451,31 @@ def original_command(name: str, settings: dict, output: str, engine: str | None 
     return command
 
 
+def trainer_environment(package_parent: Path = PACKAGE_PARENT) -> dict | None:
+    """The environment of the trainer's process, so that it imports this very cudnnnet: unchanged
+    (None) where the package is installed in a site-packages folder; otherwise (a checkout run
+    through scripts/, which puts the checkout on sys.path) with ``package_parent`` first on PYTHONPATH."""
+    paths = sysconfig.get_paths()
+    site_folders = {Path(folder).resolve() for folder in (*site.getsitepackages(), paths["purelib"], paths["platlib"])}
+    if package_parent.resolve() in site_folders:
+        return None
+    inherited = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(package_parent), inherited)))}
+
+
 def run_original_once(name: str, settings: dict, engine: str | None = None) -> tuple[float, float]:
     """(wall-clock seconds, test accuracy) of one run of the original workload ``name``."""
     with tempfile.TemporaryDirectory(prefix="cudnnnet-original-") as output:
         command = original_command(name, settings, output, engine)
+        environment = trainer_environment()
         started = time.perf_counter()
-        finished = subprocess.run(command, capture_output=True, text=True)
+        finished = subprocess.run(command, capture_output=True, text=True, env=environment)
         seconds = time.perf_counter() - started
         if finished.returncode != 0:
             last = (finished.stderr.strip().splitlines() or ["no output"])[-1]
-            raise BenchmarkError(f"original {name}: {' '.join(command)} exited with {finished.returncode}: {last}")
+            reason = last.split(": error: ", 1)[-1]  # the trainer's own message, without its program name
+            raise BenchmarkError(f"original {name}: the training process ({ORIGINAL_CONFIGS[name]}, --device "
+                                 f"{settings['device']}) failed with exit code {finished.returncode}: {reason}")
         metrics = json.loads((Path(output) / "metrics.json").read_text(encoding="utf-8"))
     return seconds, metrics["test_accuracy"]
 
@@ -452,7 +499,12 @@ def uncompiled_packages(names=PROCESS_IMPORTS, dont_write: bool | None = None) -
 
 
 def benchmark_original(name: str, settings: dict, engine: str | None = None) -> dict:
-    runs = [run_original_once(name, settings, engine) for _ in range(settings["original_runs"])]
+    runs = []
+    for run_number in range(1, settings["original_runs"] + 1):
+        log.info("original %s: run %d of %d, a whole training process on %s%s", name, run_number,
+                 settings["original_runs"], settings["device"], f" ({engine} engine)" if engine else "")
+        runs.append(run_original_once(name, settings, engine))
+        log.info("original %s: run %d took %.2f s (test accuracy %.4f)", name, run_number, *runs[-1])
     seconds = [run[0] for run in runs]
     summary = {"config": f"configs/{ORIGINAL_CONFIGS[name]}", "seconds": statistics.median(seconds),
                "seconds_all": seconds, "test_accuracy": runs[-1][1]}
@@ -466,13 +518,13 @@ def benchmark_original(name: str, settings: dict, engine: str | None = None) -> 
 
 def compare_torch(settings: dict) -> dict | None:
     """The mlp, cnn and micro workloads with PyTorch on the GPU; None (with a warning) where it cannot run."""
+    if settings["device"] != "cuda":
+        log.warning("--compare torch: only with --device cuda; no comparison")
+        return None
     try:
         import torch
     except ImportError as error:
         log.warning("--compare torch: PyTorch cannot be imported (%s); no comparison", error)
-        return None
-    if settings["device"] != "cuda":
-        log.warning("--compare torch: only with --device cuda; no comparison")
         return None
     if not torch.cuda.is_available():
         log.warning("--compare torch: PyTorch %s sees no CUDA GPU; no comparison", torch.__version__)

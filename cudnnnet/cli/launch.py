@@ -8,6 +8,7 @@ config's ``device`` (default auto), as ``cli.train`` will read it; where it cann
 config, an unreadable one, ``--help``) nothing starts early and ``cli.train`` reports whatever is
 wrong, as it would have. The config is read once: its bytes are handed on to ``cli.train``, so a
 config from a pipe (``--config <(...)``, /dev/stdin) is not consumed here and found empty there.
+``python -m cudnnnet.cli.launch`` runs it as cudnnnet-train does.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import sys
 
 from ..backends import warm_up
+from ..errors import ConfigError
+from ..shipped_configs import resolve_config
 
 DEVICE_OPTION, CONFIG_OPTION = "--device", "--config"
 SHORTEST_PREFIX = 5  # argparse takes an unambiguous prefix: "--dev" (not "--de": --debug), "--con"
@@ -39,9 +42,9 @@ def config_read(argv: list[str]) -> dict[str, bytes]:
     if path is None:
         return {}
     try:
-        with open(path, "rb") as file:
+        with open(resolve_config(path), "rb") as file:
             return {path: file.read()}
-    except OSError:
+    except (ConfigError, OSError):
         return {}
 
 
@@ -87,3 +90,7 @@ def _config_device(data: bytes) -> str | None:
         return None
     device = settings.get("device", "auto")
     return device if isinstance(device, str) else None
+
+
+if __name__ == "__main__":
+    sys.exit(train())

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..backends import DEVICES, get_backend
 from ..config import load_model_description
+from ..shipped_configs import shipped_config_names
 from ..errors import UsageError
 from ..network import Network
 from ..inference import predict
@@ -34,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--weights", required=True, metavar="CHECKPOINT",
                         help="a model.npz written by cudnnnet-train, or a directory of the original's .bin files")
     parser.add_argument("--config", metavar="CONFIG",
-                        help="with a .bin directory: a YAML config describing its network (model and data; see configs/)")
+                        help="with a .bin directory: a YAML config describing its network (model and data; a "
+                             f"file, or a shipped config by name: {', '.join(shipped_config_names())})")
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, BMP, ...) or folders")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default auto)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of {image, digit, probabilities}")

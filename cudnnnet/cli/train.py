@@ -16,6 +16,7 @@ from pathlib import Path
 from .. import checkpoint
 from ..backends import DEVICES
 from ..config import Config, load_config
+from ..shipped_configs import shipped_config_names
 from ..data.mnist import NUM_CLASSES
 from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, UsageError
 from ..layers import LAYER_TYPES
@@ -48,7 +49,8 @@ def non_negative_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="cudnnnet-train", description="Train a network from a YAML config.")
-    parser.add_argument("--config", required=True, help="YAML config (see configs/)")
+    parser.add_argument("--config", required=True,
+                        help=f"a YAML config file, or a shipped config by name: {', '.join(shipped_config_names())}")
     parser.add_argument("--device", choices=DEVICES, help="override the config's device (auto uses a GPU when usable)")
     parser.add_argument("--data-dir", help="MNIST directory (default: $CUDNNNET_DATA, else the user cache, downloading)")
     parser.add_argument("--epochs", type=positive_int, help="override train.epochs")

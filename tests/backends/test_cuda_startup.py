@@ -77,7 +77,8 @@ class FakeCuda:
 
 
 NO_DEVICE = CudaError("cudaGetDeviceCount", 100, "cudaErrorNoDevice")
-NO_CUDNN = DeviceUnavailableError('libcudnn.so.9 was not found (no such file); pip install "cudnnnet[cuda13]"')
+NO_CUDNN = DeviceUnavailableError('libcudnn.so.9 was not found (no such file); pip install -e ".[cuda13]" from the '
+                                  'repository checkout')
 
 
 def test_the_driver_starts_on_a_thread_while_the_libraries_load(monkeypatch):

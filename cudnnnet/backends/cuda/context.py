@@ -72,12 +72,14 @@ def _load_libraries(cuda_major: int) -> None:
 
 
 def _device_count() -> int:
-    """cudaGetDeviceCount; DeviceUnavailableError where it fails or finds no GPU."""
+    """cudaGetDeviceCount; DeviceUnavailableError where it fails or finds no GPU (cuda-bindings 12.8
+    raises RuntimeError "Failed to dlopen libcuda.so.1" where there is no driver)."""
     try:
         device_count = runtime.get_device_count()
-    except CudaError as error:
+    except (CudaError, RuntimeError) as error:
+        failure = error.status_name if isinstance(error, CudaError) else str(error).strip()
         raise DeviceUnavailableError(
-            f"no usable NVIDIA GPU: cudaGetDeviceCount failed with {error.status_name} "
+            f"no usable NVIDIA GPU: cudaGetDeviceCount failed with {failure} "
             "(is the NVIDIA driver installed and a GPU visible?)"
         ) from None
     if device_count == 0:

@@ -13,23 +13,28 @@ from ....errors import DeviceUnavailableError
 
 log = logging.getLogger(__name__)
 
-# library: (wheel for CUDA 13, wheel for CUDA 12)
+# library: (wheel for CUDA 13, wheel for CUDA 12), as the extras in pyproject.toml pin them
 WHEELS = {
-    "cuda-python": ("cuda-python>=13", "cuda-python>=12.3,<13"),
-    "cublas": ("nvidia-cublas", "nvidia-cublas-cu12"),
-    "cublasLt": ("nvidia-cublas", "nvidia-cublas-cu12"),
-    "cudnn": ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12"),
-    "nvrtc": ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12"),
+    "cuda-bindings": ("cuda-bindings>=13,<14", "cuda-bindings>=12.8,<13"),
+    "cublas": ("nvidia-cublas>=13,<14", "nvidia-cublas-cu12<13"),
+    "cublasLt": ("nvidia-cublas>=13,<14", "nvidia-cublas-cu12<13"),
+    "cudnn": ("nvidia-cudnn-cu13>=9,<10", "nvidia-cudnn-cu12>=9,<10"),
+    "nvrtc": ("nvidia-cuda-nvrtc>=13,<14", "nvidia-cuda-nvrtc-cu12<13"),
 }
 CUDNN_IN_WHEEL = os.path.join("lib", "libcudnn.so.9")  # under nvidia/cudnn in both cuDNN 9 wheels
 
 
-def install_hint(library: str, cuda_major: int | None = None) -> str:
-    """What to pip install for ``library``, for the CUDA major version in use (13 if unknown)."""
-    wheel13, wheel12 = WHEELS[library]
+def install_hint(library: str | None = None, cuda_major: int | None = None) -> str:
+    """What to install: the project's CUDA extra for the CUDA major version in use (13 if unknown),
+    from the repository checkout (the package is not on PyPI), or ``library``'s wheel alone."""
     if cuda_major == 12:
-        return f'pip install "cudnnnet[cuda12]" (or pip install "{wheel12}")'
-    return f'pip install "cudnnnet[cuda13]" (or "cudnnnet[cuda12]" for a CUDA 12 driver; or pip install "{wheel13}")'
+        extra = 'pip install -e ".[cuda12]" from the repository checkout'
+    else:
+        extra = 'pip install -e ".[cuda13]" from the repository checkout (".[cuda12]" for a CUDA 12 driver)'
+    if library is None:
+        return extra
+    wheel13, wheel12 = WHEELS[library]
+    return f'{extra}, or pip install "{wheel12 if cuda_major == 12 else wheel13}"'
 
 
 @functools.cache
@@ -44,7 +49,7 @@ def cuda_python():
             from cuda import nvrtc
         except ImportError as error:
             raise DeviceUnavailableError(
-                f"the CUDA backend needs cuda-python, which is not installed ({error}); {install_hint('cuda-python')}"
+                f"the CUDA backend needs cuda-python, which is not installed ({error}); {install_hint('cuda-bindings')}"
             ) from None
     return runtime, driver, nvrtc
 
