@@ -353,7 +353,7 @@ def flipped_middle_byte(data: bytes) -> bytes:
 DATA_CASES = {
     "truncated gzip": (lambda real: (real / f"{TRAIN_IMAGES}.gz").read_bytes()[:65536], None,
                        r"train-images-idx3-ubyte\.gz: corrupt or truncated gzip data"),
-    "corrupt gzip": (flipped_middle_byte(few_images(50)), None,
+    "corrupt gzip": (flipped_middle_byte(few_images(50)), few_labels([0] * 50),
                      r"train-images-idx3-ubyte\.gz: corrupt or truncated gzip data"),
     "an HTML page": (b"<!DOCTYPE html><title>404 Not Found</title>", None,
                      r"train-images-idx3-ubyte\.gz: not an IDX file \(magic \d+; MNIST uses 2051 for images and 2049"),
