@@ -35,6 +35,9 @@ PLACEMENTS = ("auto", "device", "host")  # where the training set lives: see dat
 OPTIMIZERS = ("sgd",)
 SCHEDULES = ("constant", "inverse", "step", "cosine")
 LAYER_NAME = re.compile(r"[A-Za-z0-9_-]+")
+MAX_CONFIG_BYTES = 1 << 20
+MAX_DEPTH = 32  # nesting of mappings and lists
+MAX_INTEGER = 2**31 - 1  # every integer setting: cuBLAS and cuDNN take 32-bit sizes, and no count needs more
 
 _REQUIRED = object()
 _SHORT_REPR = reprlib.Repr()
@@ -262,6 +265,8 @@ class _Section:
             self.fail(key, f"expected {expected}, got {_describe(value)}")
         if not _in_range(value, low, high, low_open, False):
             self.fail(key, f"expected {expected}, got {value}")
+        if value > MAX_INTEGER:
+            self.fail(key, f"expected {expected} and at most {MAX_INTEGER} (2^31 - 1), got {_SHORT_REPR.repr(value)}")
         return int(value)
 
     def number(self, key: str, default: Any = _REQUIRED, low: float | None = None, high: float | None = None,
@@ -492,6 +497,23 @@ def parse_config(mapping: Any, source: str = "<dict>") -> Config:
     )
 
 
+def _read_config_text(path: Path) -> str:
+    """The file's text; refused when it is not UTF-8 or longer than MAX_CONFIG_BYTES (read no further)."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError as error:
+        raise ConfigError(f"config file {path} does not exist") from error
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error.strerror or error}") from error
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: longer than {MAX_CONFIG_BYTES} bytes; a config is a short YAML file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from error
+
+
 _YAML_TAG = re.compile(r"constructor for the tag '([^']*)'")
 
 
@@ -513,19 +535,42 @@ def _tag_problem(tag: str) -> str:
     return f"unknown YAML tag {short}; a config holds plain mappings, lists, strings and numbers only"
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader that refuses, with the line, what would otherwise escape as a
+    RecursionError or ValueError: nesting deeper than MAX_DEPTH, integers too long to convert."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels; a config "
+                                                  f"is a few levels of mappings and lists", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {len(node.value)} characters is too long to read; every integer "
+                f"setting is at most {MAX_INTEGER}", node.start_mark) from None
+
+
+_ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
+
+
 def load_config(path: str | os.PathLike) -> Config:
-    """Read and validate the YAML config at ``path``."""
+    """Read and validate the YAML config at ``path`` (at most MAX_CONFIG_BYTES)."""
     path = Path(path)
+    text = _read_config_text(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as error:
-        raise ConfigError(f"config file {path} does not exist") from error
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from error
-    except OSError as error:
-        raise ConfigError(f"cannot read config file {path}: {error.strerror or error}") from error
-    try:
-        mapping = yaml.safe_load(text)
+        mapping = yaml.load(text, Loader=_ConfigLoader)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: {_yaml_problem(error)}") from error
     if mapping is None:
