@@ -37,6 +37,10 @@ class ShapeError(UsageError, ValueError):
     """A tensor or layer received a shape it cannot take; the message names the layer and both shapes."""
 
 
+class TensorSizeError(ShapeError):
+    """A tensor, or a model's tensors together, would be larger than the libraries or the machine can hold."""
+
+
 class TrainingError(CudnnnetError):
     """Training cannot go on (for example the loss became NaN or infinite)."""
 

@@ -9,15 +9,17 @@
 from __future__ import annotations
 
 import logging
+import os
+from math import prod
 from pathlib import Path
 
 import numpy as np
 
 from . import checkpoint
 from .backends import get_backend
-from .errors import CheckpointError, InvalidArgumentError, ShapeError
+from .errors import CheckpointError, InvalidArgumentError, ShapeError, TensorSizeError
 from .layers import LAYER_TYPES, Activation, Layer, LossLayer, Parameter, WeightBiasLayer
-from .tensor import Tensor, as_shape
+from .tensor import Tensor, as_shape, check_tensor_values
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ class Network:
             raise InvalidArgumentError("the network has no layers")
         self.loss_layer  # noqa: B018  (raises if missing)
         input_shape = as_shape(input_shape)[:3]
-        self.output_shapes(input_shape)
+        check_model_size(self.layers, input_shape)
         shape = input_shape
         for index, layer in enumerate(self.layers):
             shape = layer.build(shape, self.backend, np.random.default_rng([self.seed, index]))
@@ -283,6 +285,50 @@ class Network:
     def _require_built(self, action: str) -> None:
         if self.input_shape is None:
             raise InvalidArgumentError(f"cannot {action}: the network is not built yet (call build or forward first)")
+
+
+class ModelSizeError(TensorSizeError):
+    """A model too large to build; ``index`` is the layer at fault (None: the model as a whole)."""
+
+    def __init__(self, message: str, index: int | None):
+        super().__init__(message)
+        self.index = index
+
+
+def check_model_size(layers, input_shape, batch_size: int = 1) -> None:
+    """Refuse, before anything is allocated, a model that could not be made.
+
+    Every parameter and every layer's output for a batch of ``batch_size`` must fit one tensor
+    (``MAX_TENSOR_VALUES``), and the float32 memory they take together (parameters three times:
+    value, gradient, velocity; outputs twice: output, gradient) must fit the machine's physical
+    memory. Raises ModelSizeError naming the layer, or ShapeError if a layer does not fit the
+    output of the one before it.
+    """
+    shape, total_values = tuple(input_shape), 0
+    check_tensor_values((batch_size, *shape), f"the input for a batch of {batch_size}")
+    for index, layer in enumerate(layers):
+        try:
+            parameters = layer.parameter_shapes(shape)
+            for name, parameter_shape in parameters.items():
+                check_tensor_values(parameter_shape, f"layer {layer.name!r}: its {name}")
+            shape = layer.output_sample_shape(shape)
+            check_tensor_values((batch_size, *shape), f"layer {layer.name!r}: its output for a batch of {batch_size}")
+        except TensorSizeError as error:
+            raise ModelSizeError(str(error), index) from None
+        total_values += 3 * sum(prod(p) for p in parameters.values()) + 2 * batch_size * prod(shape)
+    memory = physical_memory()
+    if memory is not None and 4 * total_values > memory:
+        raise ModelSizeError(f"the model needs {4 * total_values / 2**30:.1f} GiB for its parameters, gradients and "
+                             f"the outputs of a batch of {batch_size}, more than this machine's "
+                             f"{memory / 2**30:.1f} GiB of memory", None)
+
+
+def physical_memory() -> int | None:
+    """Bytes of physical memory of this machine, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _model_spec(metadata: dict, path) -> list[dict]:

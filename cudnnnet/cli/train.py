@@ -15,9 +15,10 @@ from pathlib import Path
 from .. import checkpoint
 from ..backends import DEVICES
 from ..config import Config, load_config
-from ..data.mnist import NUM_CLASSES
-from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, UsageError
+from ..data.mnist import NUM_CLASSES, SPLIT_COUNTS
+from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError, UsageError
 from ..layers import LAYER_TYPES
+from ..network import ModelSizeError, check_model_size
 from ..training import Interrupted, Trainer, input_shape
 from .common import ArgumentParser, add_common_arguments, run
 
@@ -67,17 +68,37 @@ def check_model(config: Config) -> None:
 
     Raises ConfigError naming the config file and the layer, before anything is built or loaded.
     """
-    shape = input_shape(config)
+    shape, layers = input_shape(config), []
     for index, spec in enumerate(config.model):
         try:
-            shape = LAYER_TYPES[spec.type](spec.name, **spec.params).output_sample_shape(shape)
+            layers.append(LAYER_TYPES[spec.type](spec.name, **spec.params))
+            shape = layers[-1].output_sample_shape(shape)
         except (ShapeError, InvalidArgumentError) as error:
-            raise ConfigError(f"{config.source}: model[{index}] ({spec.type}): {error}") from None
+            raise ConfigError(f"{config.source}: {_model_key(config, index)}: {error}") from None
     if shape != (NUM_CLASSES, 1, 1):
         last = len(config.model) - 1
         raise ConfigError(f"{config.source}: model[{last}]: the model ends in outputs of shape {shape} per image; "
                           f"MNIST needs {NUM_CLASSES} class scores, shape ({NUM_CLASSES}, 1, 1) (a last dense "
                           f"layer with out_size {NUM_CLASSES})")
+    check_size(config, layers)
+
+
+def check_size(config: Config, layers) -> None:
+    """The model's tensors, for the largest batch the run makes, fit the libraries and this machine
+    (see ``check_model_size``); checked before any array is made."""
+    batch = max(min(config.train.batch_size, SPLIT_COUNTS["train"]),
+                min(config.train.eval_batch_size, SPLIT_COUNTS["test"]))
+    try:
+        check_model_size(layers, input_shape(config), batch)
+    except ModelSizeError as error:
+        raise ConfigError(f"{config.source}: {_model_key(config, error.index)}: {error}; make the model or "
+                          f"train.batch_size / train.eval_batch_size smaller") from None
+    except TensorSizeError as error:
+        raise ConfigError(f"{config.source}: data.pad: {error}; make data.pad or train.batch_size smaller") from None
+
+
+def _model_key(config: Config, index: int | None) -> str:
+    return "model" if index is None else f"model[{index}] ({config.model[index].type})"
 
 
 def check_output(output: Path) -> None:
@@ -122,6 +143,7 @@ def prepare(args) -> tuple[Trainer, Path]:
         epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device,
         data_dir=args.data_dir, graph=False if args.no_graph else None,
     )
+    check_size(config, [LAYER_TYPES[spec.type](spec.name, **spec.params) for spec in config.model])
     output = Path(args.output or f"runs/{Path(args.config).stem}")
     check_output(output)
     if args.resume is not None:
