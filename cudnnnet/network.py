@@ -17,7 +17,7 @@ import numpy as np
 
 from . import checkpoint
 from .backends import get_backend
-from .errors import CheckpointError, InvalidArgumentError, ShapeError, TensorSizeError
+from .errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError
 from .layers import LAYER_TYPES, Activation, Layer, LossLayer, Parameter, WeightBiasLayer
 from .tensor import Tensor, as_shape, check_tensor_values
 
@@ -37,6 +37,8 @@ class Network:
         self.fuse = bool(fuse)  # run each Activation after a Dense/Conv2D inside that layer's bias kernel
         self.input_shape: tuple[int, int, int] | None = None  # (c, h, w) of one sample
         self._scalars = None  # device scalars: loss, correct count
+        self.checkpoint_metadata: dict | None = None  # set by Network.load
+        self.training_config = None  # the validated Config in that checkpoint's metadata, if it has one
         for layer in layers:
             self.add_layer(layer)
         if input_shape is not None:
@@ -227,9 +229,20 @@ class Network:
     def load_weights(self, path) -> dict:
         """Load weights from a checkpoint into this (built) network; returns the checkpoint's metadata."""
         self._require_built("load weights")
-        arrays, metadata = checkpoint.load_npz(path)
+        arrays, metadata = checkpoint.load_npz(path, self.checkpoint_shape)
         self._load_checkpoint_arrays(arrays, path)
         return metadata
+
+    def checkpoint_shape(self, name: str) -> tuple | None:
+        """The shape this network's checkpoints store under ``name``: a parameter's, its optimiser
+        state's (``optimizer.velocity.fc1.weight``, ``optimizer.step``), or None for any other name."""
+        if name == f"{OPTIMIZER_PREFIX}step":
+            return (1,)
+        parameters = self.parameters()
+        for prefix in ("", f"{OPTIMIZER_PREFIX}velocity."):
+            if name.startswith(prefix) and name[len(prefix):] in parameters:
+                return parameters[name[len(prefix):]].shape
+        return None
 
     def _load_checkpoint_arrays(self, arrays: dict, path) -> None:
         """The weights among a checkpoint's arrays (its optimiser state aside), all or nothing."""
@@ -241,14 +254,21 @@ class Network:
 
     @classmethod
     def load(cls, path, backend="host") -> "Network":
-        """Rebuild the network a checkpoint describes and load its weights (ready for inference)."""
-        arrays, metadata = checkpoint.load_npz(path)
+        """Rebuild the network a checkpoint describes and load its weights (ready for inference).
+
+        The metadata is read and the network built (its size checked) first; each array is then
+        checked against the shape the network expects before it is read.
+        """
+        metadata = checkpoint.load_npz_metadata(path)
+        training_config = _training_config(metadata, path)
         try:
             network = cls.from_spec(_model_spec(metadata, path), _input_shape(metadata, path), backend)
         except (TypeError, InvalidArgumentError, ShapeError) as error:
             raise CheckpointError(f"{path}: its model description cannot be built: {error}") from None
+        arrays, _ = checkpoint.load_npz(path, network.checkpoint_shape)
         network._load_checkpoint_arrays(arrays, path)
         network.checkpoint_metadata = metadata
+        network.training_config = training_config
         return network
 
     def save_original(self, directory) -> Path:
@@ -340,6 +360,19 @@ def _model_spec(metadata: dict, path) -> list[dict]:
     if metadata.get("format") != CHECKPOINT_FORMAT or not valid:
         raise CheckpointError(f"{path}: not a cudnnnet checkpoint (no valid model description in its metadata)")
     return model
+
+
+def _training_config(metadata: dict, path):
+    """The validated training config a checkpoint carries (its data normalisation is predicted
+    with), or None when it carries none."""
+    from .config import parse_config  # YAML comes with it: imported when a checkpoint is loaded, not with Network
+
+    if metadata.get("config") is None:
+        return None
+    try:
+        return parse_config(metadata["config"], source=f"{path}: the training config in its metadata")
+    except ConfigError as error:
+        raise CheckpointError(str(error)) from None
 
 
 def _input_shape(metadata: dict, path) -> tuple[int, int, int]:

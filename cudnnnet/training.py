@@ -486,7 +486,7 @@ class Trainer:
         raise Interrupted(self.stop_signal, path)
 
     def _resume(self, path: Path) -> None:
-        arrays, metadata = checkpoint.load_npz(path)
+        arrays, metadata = checkpoint.load_npz(path, self.network.checkpoint_shape)
         self.network.load_weights(path)
         position = metadata.get("position")
         if not isinstance(position, dict) or not all(isinstance(position.get(k), int) for k in ("epoch", "batch", "step")):

@@ -132,7 +132,7 @@ def save_untrained(config, path: Path) -> None:
 def write_bad_checkpoints(folder: Path, good: Path) -> None:
     arrays, metadata = load_npz(good)
     save_npz(folder / "narrow.npz", {**arrays, "fc1.weight": arrays["fc1.weight"][:, :700]}, metadata)
-    save_npz(folder / "nan.npz", {**arrays, "fc2.bias": np.full(10, np.nan, np.float32)}, metadata)
+    save_npz(folder / "nan.npz", {**arrays, "fc2.bias": np.full(arrays["fc2.bias"].shape, np.nan, np.float32)}, metadata)
     save_npz(folder / "no_config.npz", arrays, {key: value for key, value in metadata.items() if key != "config"})
     (folder / "text.npz").write_text("model weights\n")
     (folder / "empty.npz").write_bytes(b"")

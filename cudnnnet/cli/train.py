@@ -114,7 +114,7 @@ def check_output(output: Path) -> None:
 
 def check_resume(path: str, config: Config, config_path: str) -> None:
     """The checkpoint to resume from loads and was trained with the model of the config at ``config_path``."""
-    _, metadata = checkpoint.load_npz(path)
+    metadata = checkpoint.load_npz_metadata(path)
     saved = (metadata.get("config") or {}).get("model") if isinstance(metadata.get("config"), dict) else None
     if not isinstance(saved, list):
         raise CheckpointError(f"{path}: no training config in its metadata; it can be loaded but not resumed")
