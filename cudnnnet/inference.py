@@ -85,6 +85,8 @@ def predict(network, images, normalize=None, batch_size: int = 256) -> list[Pred
     prepared = _inputs(images, height, normalize)
     results = [Prediction(name, error=error) for name, _, error in prepared]
     ready = [(index, array) for index, (_, array, _) in enumerate(prepared) if array is not None]
+    if ready:
+        network.check_batch(min(batch_size, len(ready)))
     for start in range(0, len(ready), batch_size):
         chunk = ready[start:start + batch_size]
         batch = np.stack([array for _, array in chunk])  # (B, 1, H, W)

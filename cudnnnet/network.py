@@ -160,6 +160,12 @@ class Network:
         for parameter in self.parameter_list():
             self.backend.sgd_update(parameter.value, parameter.grad, None, learning_rate, 0.0, 0.0)
 
+    def check_batch(self, batch_size: int) -> None:
+        """Refuse (ModelSizeError) a batch whose tensors this built network could not make, before
+        any is allocated (see ``check_model_size``)."""
+        self._require_built("check a batch size")
+        check_model_size(self.layers, self.input_shape, batch_size)
+
     def predict(self, x) -> Tensor:
         """The output of a forward pass (no gradients are needed or kept)."""
         return self.forward(x)
