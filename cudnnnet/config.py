@@ -1,8 +1,8 @@
 """YAML → typed, validated, frozen config.
 
 A config file holds ``model`` (a list of layers, the last a loss layer), ``data``, ``train``,
-``device`` and ``math``. ``load_config(path)`` reads it with ``yaml.safe_load``;
-``parse_config(mapping)`` validates an already-loaded mapping (for example the copy a checkpoint
+``device`` and ``math``. ``load_config(path)`` reads it as ``yaml.safe_load`` does, within the
+limits of ``config_file``; ``parse_config(mapping)`` validates an already-loaded mapping (for example the copy a checkpoint
 stores from ``Config.to_dict()``). Every problem is a ``ConfigError`` whose one-line message names
 the file, the key path (``model[2].out_size``, ``train.optimizer.lr``) and what would be valid.
 """
@@ -20,9 +20,9 @@ from math import isfinite
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-import yaml
 
 from .data.mnist import MNIST_MEAN, MNIST_STD
+from .config_file import MAX_INTEGER, read_yaml
 from .errors import ConfigError
 
 DEVICES = ("auto", "cuda", "host")
@@ -35,9 +35,6 @@ PLACEMENTS = ("auto", "device", "host")  # where the training set lives: see dat
 OPTIMIZERS = ("sgd",)
 SCHEDULES = ("constant", "inverse", "step", "cosine")
 LAYER_NAME = re.compile(r"[A-Za-z0-9_-]+")
-MAX_CONFIG_BYTES = 1 << 20
-MAX_DEPTH = 32  # nesting of mappings and lists
-MAX_INTEGER = 2**31 - 1  # every integer setting: cuBLAS and cuDNN take 32-bit sizes, and no count needs more
 
 _REQUIRED = object()
 _SHORT_REPR = reprlib.Repr()
@@ -497,82 +494,10 @@ def parse_config(mapping: Any, source: str = "<dict>") -> Config:
     )
 
 
-def _read_config_text(path: Path) -> str:
-    """The file's text; refused when it is not UTF-8 or longer than MAX_CONFIG_BYTES (read no further)."""
-    try:
-        with open(path, "rb") as file:
-            data = file.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError as error:
-        raise ConfigError(f"config file {path} does not exist") from error
-    except OSError as error:
-        raise ConfigError(f"cannot read config file {path}: {error.strerror or error}") from error
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: longer than {MAX_CONFIG_BYTES} bytes; a config is a short YAML file")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from error
-
-
-_YAML_TAG = re.compile(r"constructor for the tag '([^']*)'")
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    mark = getattr(error, "problem_mark", None)
-    problem = getattr(error, "problem", None) or str(error)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    tag = _YAML_TAG.search(problem)
-    if tag is not None:
-        return f"{where}{_tag_problem(tag.group(1))}"
-    return "not valid YAML: " + " ".join(f"{where}{problem}".split())
-
-
-def _tag_problem(tag: str) -> str:
-    short = tag.replace("tag:yaml.org,2002:", "!!")
-    if short.startswith("!!python/"):
-        return (f"refused the tag {short}: a config may not create Python objects "
-                f"(configs are read with yaml.safe_load: plain mappings, lists, strings and numbers only)")
-    return f"unknown YAML tag {short}; a config holds plain mappings, lists, strings and numbers only"
-
-
-class _ConfigLoader(yaml.SafeLoader):
-    """``yaml.safe_load``'s loader that refuses, with the line, what would otherwise escape as a
-    RecursionError or ValueError: nesting deeper than MAX_DEPTH, integers too long to convert."""
-
-    def __init__(self, stream):
-        super().__init__(stream)
-        self.depth = 0
-
-    def compose_node(self, parent, index):
-        self.depth += 1
-        try:
-            if self.depth > MAX_DEPTH:
-                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels; a config "
-                                                  f"is a few levels of mappings and lists", self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-    def construct_yaml_int(self, node):
-        try:
-            return super().construct_yaml_int(node)
-        except ValueError:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"an integer of {len(node.value)} characters is too long to read; every integer "
-                f"setting is at most {MAX_INTEGER}", node.start_mark) from None
-
-
-_ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
-
-
 def load_config(path: str | os.PathLike) -> Config:
-    """Read and validate the YAML config at ``path`` (at most MAX_CONFIG_BYTES)."""
+    """Read and validate the YAML config at ``path`` (see ``config_file.read_yaml``)."""
     path = Path(path)
-    text = _read_config_text(path)
-    try:
-        mapping = yaml.load(text, Loader=_ConfigLoader)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: {_yaml_problem(error)}") from error
+    mapping = read_yaml(path)
     if mapping is None:
         raise ConfigError(f"{path}: the file is empty; a config needs at least model and train.optimizer.lr")
     return parse_config(mapping, source=str(path))

@@ -56,12 +56,12 @@ def _option(argv: list[str], option: str) -> str | None:
 
 
 def _config_device(path: str) -> str | None:
-    import yaml
+    from ..config_file import read_yaml
+    from ..errors import ConfigError
 
     try:
-        with open(path, encoding="utf-8") as file:
-            settings = yaml.safe_load(file)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        settings = read_yaml(path)
+    except ConfigError:
         return None
     if not isinstance(settings, dict):
         return None
