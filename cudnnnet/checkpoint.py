@@ -481,12 +481,14 @@ def _read_original_file(directory: Path, name: str, shape: tuple) -> np.ndarray:
         raise CheckpointError(f"{path}: missing (it holds {name}, shape {shape})")
     expected_bytes = prod(shape) * ORIGINAL_DTYPE.itemsize
     try:
-        blob = path.read_bytes()
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            blob = file.read(expected_bytes) if size == expected_bytes else b""  # a file of another size is not read
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({_one_line(exc)})") from exc
-    if len(blob) != expected_bytes:
+    if size != expected_bytes or len(blob) != expected_bytes:
         raise CheckpointError(
-            f"{path}: expected {expected_bytes} bytes (float32 {name} of shape {shape}), found {len(blob)} bytes"
+            f"{path}: expected {expected_bytes} bytes (float32 {name} of shape {shape}), found {size} bytes"
         )
     array = _from_original(name, blob, shape)
     _check_finite(path, name, array)

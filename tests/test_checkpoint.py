@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import struct
+import tracemalloc
 import zipfile
 
 import numpy as np
@@ -403,6 +404,19 @@ def test_original_truncated_bin(tmp_path):
     path.write_bytes(path.read_bytes()[:-4])
     with pytest.raises(CheckpointError, match=r"fc1\.bin: expected 1600000 bytes .* found 1599996 bytes"):
         read_original(tmp_path, shapes_of(arrays))
+
+
+def test_original_bin_file_of_the_wrong_size_is_not_read(tmp_path):
+    with open(tmp_path / "fc1.bin", "wb") as file:
+        file.truncate(8 << 30)  # sparse: 8 GiB declared, nothing on disk
+    (tmp_path / "fc1.bias.bin").write_bytes(bytes(40))
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError, match=r"fc1\.bin: expected 1600 bytes .* found 8589934592 bytes"):
+            read_original(tmp_path, {"fc1.weight": (10, 40, 1, 1), "fc1.bias": (10,)})
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+    finally:
+        tracemalloc.stop()
 
 
 def test_original_missing_file_and_directory(tmp_path):
