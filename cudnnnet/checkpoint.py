@@ -309,11 +309,23 @@ def _read_member(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo, na
         if info.file_size != header_size + nbytes:
             raise CheckpointError(f"{path}: truncated or corrupt .npz checkpoint (entry {name!r} holds "
                                   f"{info.file_size} bytes, its header declares {header_size + nbytes})")
-        data = stream.read(nbytes)
-    if len(data) != nbytes:
+        data = bytearray(nbytes)  # writable, as np.load's arrays are
+        filled = _read_into(stream, memoryview(data))
+    if filled != nbytes:
         raise CheckpointError(f"{path}: truncated or corrupt .npz checkpoint (entry {name!r} ends after "
-                              f"{len(data)} of {nbytes} bytes)")
+                              f"{filled} of {nbytes} bytes)")
     return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran_order else "C")
+
+
+def _read_into(stream, buffer: memoryview) -> int:
+    """Fill ``buffer`` from ``stream``; the number of bytes read (fewer where the stream ends)."""
+    filled = 0
+    while filled < len(buffer):
+        count = stream.readinto(buffer[filled:])
+        if not count:
+            break
+        filled += count
+    return filled
 
 
 def _decode_metadata(path: Path, encoded: np.ndarray | None) -> dict:
