@@ -193,9 +193,9 @@ def test_a_data_file_inflating_to_gigabytes_is_refused_within_the_memory_of_a_no
     ("huge_pad", "data.pad: the input for a batch of 1000 of shape (1000, 1, 60028, 60028) would hold"),
 ])
 def test_a_config_declaring_enormous_shapes_is_refused_within_the_memory_of_a_normal_start(
-        files, normal_train_mib, tmp_path, name, pattern):
+        files, mnist_dir, normal_train_mib, tmp_path, name, pattern):
     finished, peak = run_measured("train", "--config", files / f"{name}.yaml", "--device", "host", "--data-dir",
-                                  tmp_path, "--output", tmp_path / "out", cwd=tmp_path)
+                                  mnist_dir, "--output", tmp_path / "out", cwd=tmp_path)
     assert_refused_within_memory(finished, peak, normal_train_mib, "train", f"{name}.yaml: {pattern}")
     assert not (tmp_path / "out").exists()
 
