@@ -64,15 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_model(config: Config) -> None:
-    """Every layer fits the output of the one before it, and the last gives one score per class.
+    """Every layer fits the output of the one before it, the last gives one score per class, and
+    every tensor fits (``check_size``).
 
     Raises ConfigError naming the config file and the layer, before anything is built or loaded.
     """
-    shape, layers = input_shape(config), []
+    shape = input_shape(config)
     for index, spec in enumerate(config.model):
         try:
-            layers.append(LAYER_TYPES[spec.type](spec.name, **spec.params))
-            shape = layers[-1].output_sample_shape(shape)
+            shape = LAYER_TYPES[spec.type](spec.name, **spec.params).output_sample_shape(shape)
         except (ShapeError, InvalidArgumentError) as error:
             raise ConfigError(f"{config.source}: {_model_key(config, index)}: {error}") from None
     if shape != (NUM_CLASSES, 1, 1):
@@ -80,12 +80,13 @@ def check_model(config: Config) -> None:
         raise ConfigError(f"{config.source}: model[{last}]: the model ends in outputs of shape {shape} per image; "
                           f"MNIST needs {NUM_CLASSES} class scores, shape ({NUM_CLASSES}, 1, 1) (a last dense "
                           f"layer with out_size {NUM_CLASSES})")
-    check_size(config, layers)
+    check_size(config)
 
 
-def check_size(config: Config, layers) -> None:
+def check_size(config: Config) -> None:
     """The model's tensors, for the largest batch the run makes, fit the libraries and this machine
-    (see ``check_model_size``); checked before any array is made."""
+    (see ``check_model_size``); checked before any array is made, on a model whose shapes fit."""
+    layers = [LAYER_TYPES[spec.type](spec.name, **spec.params) for spec in config.model]
     batch = max(min(config.train.batch_size, SPLIT_COUNTS["train"]),
                 min(config.train.eval_batch_size, SPLIT_COUNTS["test"]))
     try:
@@ -143,7 +144,7 @@ def prepare(args) -> tuple[Trainer, Path]:
         epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device,
         data_dir=args.data_dir, graph=False if args.no_graph else None,
     )
-    check_size(config, [LAYER_TYPES[spec.type](spec.name, **spec.params) for spec in config.model])
+    check_size(config)  # again: --batch-size may have changed the largest batch
     output = Path(args.output or f"runs/{Path(args.config).stem}")
     check_output(output)
     if args.resume is not None:
