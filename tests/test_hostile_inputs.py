@@ -358,6 +358,63 @@ def test_generated_checkpoint_metadata_is_loaded_or_refused_in_one_line(tmp_path
         assert snapshot(folder) == before
 
 
+def with_normalize(normalize):
+    def edit(metadata):
+        metadata["config"]["data"]["normalize"] = normalize
+    return edit
+
+
+def without_std(metadata):
+    del metadata["config"]["data"]["normalize"]["std"]
+
+
+METADATA_CASES = {
+    "nested too deeply": (None, "invalid __metadata__: JSON nested too deeply to read"),
+    "out_size 10**30": (lambda meta: meta["model"][0].update(out_size=10**30),
+                        "its model description cannot be built: layer 'fc1': its weight of shape (10000000000000000000"),
+    "out_size 1e20": (lambda meta: meta["model"][0].update(out_size=1e20),
+                      "its model description cannot be built: layer 'fc1': out_size must be an integer >= 1, got 1e+20"),
+    "input_shape 1e20": (lambda meta: meta.update(input_shape=[1, 1e20, 28]), "invalid input_shape [1, 1e+20, 28]"),
+    "std 0": (with_normalize({"mean": 0.1, "std": 0}), "data.normalize.std: expected a number > 0, got 0"),
+    "std a string": (with_normalize({"mean": 0.1, "std": "0.3"}), "data.normalize.std: expected a number > 0, got '0.3'"),
+    "std missing": (without_std, "data.normalize.std: missing required key"),
+    "mean NaN": (with_normalize({"mean": float("nan"), "std": 0.3}), "data.normalize.mean: expected a number, got nan"),
+    "batch size 10**30": (lambda meta: meta["config"]["train"].update(batch_size=10**30),
+                          "train.batch_size: expected an integer > 0 and at most 2147483647"),
+}
+
+
+@pytest.mark.parametrize("edit, message", [pytest.param(*case, id=name) for name, case in METADATA_CASES.items()])
+@pytest.mark.parametrize("script", ["predict", "evaluate"])
+def test_hostile_checkpoint_metadata_is_named_in_one_line(tmp_path, good_checkpoint, script, edit, message):
+    arrays, metadata = checkpoint.load_npz(good_checkpoint)
+    members = {f"{name}.npy": array for name, array in arrays.items()}
+    if edit is None:
+        encoded = nested_text(100_000, False).encode()
+    else:
+        edit(metadata)
+        encoded = metadata_bytes(metadata)
+    members[f"{checkpoint.METADATA_KEY}.npy"] = np.frombuffer(encoded, np.uint8)
+    with open(tmp_path / "model.npz", "wb") as file:
+        checkpoint._write_zip(file, members)
+    arguments = [digit_png(tmp_path / "digit.png")] if script == "predict" else ["--data-dir", tmp_path]
+    with offline_tools(tmp_path) as call:
+        finished = call(script, "--weights", tmp_path / "model.npz", "--device", "host", *arguments)
+    assert_clean_outcome(finished, script)
+    assert finished.returncode == 2 and f"model.npz: " in finished.stderr and message in finished.stderr, finished.stderr
+
+
+def test_evaluate_names_an_input_shape_that_is_not_mnists(tmp_path, good_checkpoint):
+    arrays, metadata = checkpoint.load_npz(good_checkpoint)
+    wider = np.zeros((500, 3 * 784, 1, 1), np.float32)  # fc1 of a network taking three channels
+    checkpoint.save_npz(tmp_path / "model.npz", {**arrays, "fc1.weight": wider, "optimizer.velocity.fc1.weight": wider},
+                        {**metadata, "input_shape": [3, 28, 28]})
+    with offline_tools(tmp_path) as call:
+        finished = call("evaluate", "--weights", tmp_path / "model.npz", "--device", "host", "--data-dir", tmp_path)
+    assert_clean_outcome(finished, "evaluate")
+    assert "model.npz: the network takes inputs of shape (3, 28, 28); MNIST's test images are (1, 28 + 2·pad" in finished.stderr
+
+
 MODES = {  # mode: (NumPy dtype of its samples, the formats that store it)
     "L": (np.uint8, ["png", "tiff", "bmp", "pgm"]), "I;16": (np.uint16, ["png", "tiff"]),
     "I": (np.int32, ["tiff"]), "F": (np.float32, ["tiff", "pfm"]), "RGB": (np.uint8, ["png", "jpeg", "tiff"]),
