@@ -304,16 +304,17 @@ def _load_entry(entry: Path, file_key: tuple[str, int, int]) -> tuple[np.ndarray
     """(array, MD5) from the cache entry when it describes the source as it is now, else None."""
     try:
         sidecar = json.loads(entry.with_suffix(".json").read_text())
-        array = np.load(entry.with_suffix(".npy"), allow_pickle=False)
+        mapped = np.load(entry.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)  # nothing read yet
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, EOFError) as error:
+    except (OSError, ValueError, EOFError, RecursionError) as error:
         logger.debug("ignoring the unreadable cache entry %s: %s", entry, error)
         return None
     md5 = sidecar.get("md5") if isinstance(sidecar, dict) else None
-    if not isinstance(md5, str) or sidecar != _sidecar(file_key, md5, array):
+    if not isinstance(md5, str) or sidecar != _sidecar(file_key, md5, mapped) or mapped.nbytes > MAX_IDX_BYTES:
         logger.debug("ignoring the cache entry %s: it describes another file or array", entry)
         return None
+    array = np.array(mapped)  # read only once the entry is known to describe this file
     array.flags.writeable = False
     return array, md5
 

@@ -1,5 +1,6 @@
 import gzip
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -497,11 +498,14 @@ def test_a_changed_source_is_parsed_again(tmp_path, idx_tools, parse_calls, chan
 
 def _damage(path: Path, how: str) -> None:
     data = path.read_bytes()
-    path.write_bytes({"emptied": b"", "truncated": data[:len(data) // 2], "garbage": b"\x93NUMPY\x01\x00junk"}[how])
+    huge = io.BytesIO()
+    np.lib.format.write_array_header_1_0(huge, {"descr": "|u1", "fortran_order": False, "shape": (2**40,)})
+    path.write_bytes({"emptied": b"", "truncated": data[:len(data) // 2], "garbage": b"\x93NUMPY\x01\x00junk",
+                      "nested": b"[" * 100_000 + b"]" * 100_000, "declaring a terabyte": huge.getvalue()}[how])
 
 
 @pytest.mark.parametrize("suffix", [".npy", ".json"])
-@pytest.mark.parametrize("how", ["emptied", "truncated", "garbage"])
+@pytest.mark.parametrize("how", ["emptied", "truncated", "garbage", "nested", "declaring a terabyte"])
 def test_a_damaged_cache_entry_is_ignored_and_rewritten(tmp_path, idx_tools, parse_calls, parsed_dir, suffix, how):
     images, labels = idx_tools.fake_split(3)
     idx_tools.write_split(tmp_path, "test", images, labels)
