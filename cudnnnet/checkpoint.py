@@ -27,11 +27,12 @@ import tempfile
 import zipfile
 from math import prod
 from pathlib import Path
-from typing import BinaryIO, Iterator, Mapping
+from typing import BinaryIO, Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
 from .errors import CheckpointError, WriteError
+from .tensor import MAX_TENSOR_VALUES
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ WEIGHT_SUFFIX, BIAS_SUFFIX = ".weight", ".bias"
 ORIGINAL_DTYPE = np.dtype("<f4")  # raw little-endian float32, as Blob::file_write writes it
 
 _ZIP_SIGNATURE = b"PK\x03\x04"
+MAX_METADATA_BYTES = 16 << 20  # the model, the training config and a history of up to ~100 000 epochs
+MAX_CHECKPOINT_BYTES = 4 << 30  # all arrays of a checkpoint read without the network's shapes
 # What a damaged archive makes zipfile and NumPy raise; a flipped header bit can claim an unknown compression
 # method (NotImplementedError) or encryption (RuntimeError).
 _NPZ_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError,
@@ -160,20 +163,36 @@ def _write_zip(file: BinaryIO, members: Mapping[str, np.ndarray]) -> None:
                 np.lib.format.write_array(stream, array, allow_pickle=False)
 
 
-def load_npz(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
+def load_npz(path: str | os.PathLike, shapes: Callable[[str], tuple | None] | None = None
+             ) -> tuple[dict[str, np.ndarray], dict]:
     """Read a checkpoint written by ``save_npz``: ({name: float32 array}, metadata).
 
     Never unpickles. Raises CheckpointError (one line naming the file) for a missing file, a
     file that is not an ``.npz``, a truncated or corrupt archive, a pickled object array, a
     missing or invalid ``__metadata__``, or an array that is not floating point or not finite.
+
+    Sizes are checked before anything is decompressed or allocated: each array's ``.npy`` header
+    (its shape) against ``shapes(name)`` — the shape the network expects, or None for a name it has
+    no use for — and, without ``shapes``, against MAX_TENSOR_VALUES per array and MAX_CHECKPOINT_BYTES
+    in all; the metadata against MAX_METADATA_BYTES. Only the bytes a header declares are read,
+    so a small archive whose members inflate to gigabytes is refused from its headers.
     """
     path = Path(path)
     _check_exists(path)
-    members = _read_members(path)
-    metadata = _decode_metadata(path, members.pop(METADATA_KEY, None))
-    arrays = {name: _float32_for_loading(path, name, array) for name, array in members.items()}
+    with _open_archive(path) as archive:
+        entries = _entries(path, archive)
+        metadata = _decode_metadata(path, _read_metadata_entry(path, archive, entries))
+        arrays = _read_arrays(path, archive, entries, shapes)
     log.info("loaded %d arrays from %s", len(arrays), path)
     return arrays, metadata
+
+
+def load_npz_metadata(path: str | os.PathLike) -> dict:
+    """Only the metadata of a checkpoint (of the arrays only the headers are read); the errors of ``load_npz``."""
+    path = Path(path)
+    _check_exists(path)
+    with _open_archive(path) as archive:
+        return _decode_metadata(path, _read_metadata_entry(path, archive, _entries(path, archive)))
 
 
 def _check_exists(path: Path) -> None:
@@ -183,11 +202,13 @@ def _check_exists(path: Path) -> None:
         raise CheckpointError(f"{path}: is a folder, not a checkpoint file")
 
 
-def _read_members(path: Path) -> dict[str, np.ndarray]:
+@contextlib.contextmanager
+def _open_archive(path: Path) -> Iterator[zipfile.ZipFile]:
+    """The checkpoint's zip archive; every error reading it becomes a CheckpointError naming the file."""
     _check_zip_signature(path)
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {name: _read_member(path, archive, name) for name in archive.files}
+        with zipfile.ZipFile(path) as archive:
+            yield archive
     except CheckpointError:
         raise
     except _NPZ_READ_ERRORS as exc:
@@ -208,18 +229,103 @@ def _check_zip_signature(path: Path) -> None:
         raise CheckpointError(f"{path}: not an .npz checkpoint (not a zip archive; starts with {head!r})")
 
 
-def _read_member(path: Path, archive, name: str) -> np.ndarray:
-    try:
-        member = archive[name]
-    except ValueError as exc:
-        if "pickle" in str(exc).lower():
-            raise CheckpointError(
-                f"{path}: array {name!r} holds pickled Python objects; refused (a checkpoint holds plain arrays)"
-            ) from exc
-        raise
-    if not isinstance(member, np.ndarray):
-        raise CheckpointError(f"{path}: entry {name!r} is not a NumPy array")
-    return member
+class _Entry(NamedTuple):
+    """One ``NAME.npy`` entry of the archive, as its zip and .npy headers declare it."""
+
+    info: zipfile.ZipInfo
+    shape: tuple
+    dtype: np.dtype
+
+
+def _entries(path: Path, archive: zipfile.ZipFile) -> dict[str, _Entry]:
+    """{array name: entry} of every entry, from the headers alone (no data is decompressed)."""
+    entries = {}
+    for info in archive.infolist():
+        if not info.filename.endswith(".npy") or info.is_dir():
+            raise CheckpointError(f"{path}: entry {info.filename!r} is not a NumPy array (.npy)")
+        name = info.filename[: -len(".npy")]
+        with archive.open(info) as stream:
+            shape, dtype, _, _ = _read_npy_header(path, stream, name)
+        entries[name] = _Entry(info, shape, dtype)
+    return entries
+
+
+def _read_metadata_entry(path: Path, archive: zipfile.ZipFile, entries: Mapping[str, _Entry]) -> np.ndarray | None:
+    entry = entries.get(METADATA_KEY)
+    if entry is None:
+        return None
+    if entry.info.file_size > MAX_METADATA_BYTES:
+        raise CheckpointError(f"{path}: {METADATA_KEY} declares {entry.info.file_size} bytes, more than the "
+                              f"{MAX_METADATA_BYTES} metadata may take")
+    return _read_member(path, archive, entry.info, METADATA_KEY)
+
+
+def _read_arrays(path: Path, archive: zipfile.ZipFile, entries: Mapping[str, _Entry], shapes) -> dict[str, np.ndarray]:
+    """Every array but the metadata, all checked from their headers before any data is read."""
+    arrays = {name: entry for name, entry in entries.items() if name != METADATA_KEY}
+    _check_declared(path, arrays, shapes)
+    return {name: _float32_for_loading(path, name, _read_member(path, archive, entry.info, name))
+            for name, entry in arrays.items()}
+
+
+def _read_npy_header(path: Path, stream, name: str) -> tuple[tuple, np.dtype, bool, int]:
+    """(shape, dtype, fortran order, header length) of the .npy file ``stream`` is at the start of."""
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        raise CheckpointError(f"{path}: array {name!r} is a .npy file of version {version}; checkpoints use 1.0 or 2.0")
+    if dtype.hasobject:
+        raise CheckpointError(
+            f"{path}: array {name!r} holds pickled Python objects; refused (a checkpoint holds plain arrays)")
+    return tuple(shape), dtype, fortran_order, stream.tell()
+
+
+def _check_declared(path: Path, entries: Mapping[str, _Entry], shapes) -> None:
+    """Every array's declared shape is the one the network expects, or within the limits."""
+    total = 0
+    for name, (_, shape, dtype) in entries.items():
+        expected = None if shapes is None else shapes(name)
+        if shapes is not None and expected is None:
+            raise CheckpointError(f"{path}: {name}: in the checkpoint, but the network has no such parameter")
+        if expected is not None and shape != tuple(expected):
+            raise CheckpointError(f"{path}: {name}: checkpoint has {shape}, network needs {tuple(expected)}")
+        if prod(shape) > MAX_TENSOR_VALUES:
+            raise CheckpointError(f"{path}: array {name!r} declares shape {shape}, {prod(shape)} values, more than "
+                                  f"the {MAX_TENSOR_VALUES} a tensor may hold")
+        total += prod(shape) * dtype.itemsize
+    if shapes is None and total > MAX_CHECKPOINT_BYTES:
+        raise CheckpointError(f"{path}: the arrays declare {total} bytes in all, more than the "
+                              f"{MAX_CHECKPOINT_BYTES} a checkpoint may hold")
+
+
+def _read_member(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> np.ndarray:
+    """The array of one entry, reading (decompressing) only the bytes its header declares."""
+    with archive.open(info) as stream:
+        shape, dtype, fortran_order, header_size = _read_npy_header(path, stream, name)
+        nbytes = prod(shape) * dtype.itemsize
+        if info.file_size != header_size + nbytes:
+            raise CheckpointError(f"{path}: truncated or corrupt .npz checkpoint (entry {name!r} holds "
+                                  f"{info.file_size} bytes, its header declares {header_size + nbytes})")
+        data = bytearray(nbytes)  # writable, as np.load's arrays are
+        filled = _read_into(stream, memoryview(data))
+    if filled != nbytes:
+        raise CheckpointError(f"{path}: truncated or corrupt .npz checkpoint (entry {name!r} ends after "
+                              f"{filled} of {nbytes} bytes)")
+    return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran_order else "C")
+
+
+def _read_into(stream, buffer: memoryview) -> int:
+    """Fill ``buffer`` from ``stream``; the number of bytes read (fewer where the stream ends)."""
+    filled = 0
+    while filled < len(buffer):
+        count = stream.readinto(buffer[filled:])
+        if not count:
+            break
+        filled += count
+    return filled
 
 
 def _decode_metadata(path: Path, encoded: np.ndarray | None) -> dict:
@@ -231,6 +337,8 @@ def _decode_metadata(path: Path, encoded: np.ndarray | None) -> dict:
         metadata = json.loads(encoded.tobytes().decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise CheckpointError(f"{path}: invalid {METADATA_KEY}: not UTF-8 JSON ({_one_line(exc)})") from exc
+    except RecursionError:
+        raise CheckpointError(f"{path}: invalid {METADATA_KEY}: JSON nested too deeply to read") from None
     if not isinstance(metadata, dict):
         raise CheckpointError(f"{path}: invalid {METADATA_KEY}: a JSON {type(metadata).__name__}, not an object")
     return metadata
@@ -385,12 +493,14 @@ def _read_original_file(directory: Path, name: str, shape: tuple) -> np.ndarray:
         raise CheckpointError(f"{path}: missing (it holds {name}, shape {shape})")
     expected_bytes = prod(shape) * ORIGINAL_DTYPE.itemsize
     try:
-        blob = path.read_bytes()
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            blob = file.read(expected_bytes) if size == expected_bytes else b""  # a file of another size is not read
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({_one_line(exc)})") from exc
-    if len(blob) != expected_bytes:
+    if size != expected_bytes or len(blob) != expected_bytes:
         raise CheckpointError(
-            f"{path}: expected {expected_bytes} bytes (float32 {name} of shape {shape}), found {len(blob)} bytes"
+            f"{path}: expected {expected_bytes} bytes (float32 {name} of shape {shape}), found {size} bytes"
         )
     array = _from_original(name, blob, shape)
     _check_finite(path, name, array)

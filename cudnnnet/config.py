@@ -1,8 +1,9 @@
 """YAML → typed, validated, frozen config.
 
 A config file holds ``model`` (a list of layers, the last a loss layer), ``data``, ``train``,
-``device``, ``math`` and ``engine`` (cudnnnet.engine: ``slides`` or ``fast``). ``load_config(path)`` reads it with ``yaml.safe_load``;
-``parse_config(mapping)`` validates an already-loaded mapping (for example the copy a checkpoint
+``device``, ``math`` and ``engine`` (cudnnnet.engine: ``slides`` or ``fast``). ``load_config(path)``
+reads it as ``yaml.safe_load`` does, within the limits of ``config_file``; ``parse_config(mapping)``
+validates an already-loaded mapping (for example the copy a checkpoint
 stores from ``Config.to_dict()``). Every problem is a ``ConfigError`` whose one-line message names
 the file, the key path (``model[2].out_size``, ``train.optimizer.lr``) and what would be valid.
 """
@@ -20,9 +21,9 @@ from math import isfinite
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-import yaml
 
 from .data.mnist import MNIST_MEAN, MNIST_STD
+from .config_file import MAX_INTEGER, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
 from .errors import ConfigError
 from .shipped_configs import resolve_config, valid_configs
@@ -287,6 +288,8 @@ class _Section:
             self.fail(key, f"expected {expected}, got {_describe(value)}")
         if not _in_range(value, low, high, low_open, False):
             self.fail(key, f"expected {expected}, got {value}")
+        if value > MAX_INTEGER:
+            self.fail(key, f"expected {expected} and at most {MAX_INTEGER} (2^31 - 1), got {_SHORT_REPR.repr(value)}")
         return int(value)
 
     def number(self, key: str, default: Any = _REQUIRED, low: float | None = None, high: float | None = None,
@@ -573,27 +576,6 @@ def parse_config(mapping: Any, source: str = "<dict>") -> Config:
     )
 
 
-_YAML_TAG = re.compile(r"constructor for the tag '([^']*)'")
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    mark = getattr(error, "problem_mark", None)
-    problem = getattr(error, "problem", None) or str(error)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    tag = _YAML_TAG.search(problem)
-    if tag is not None:
-        return f"{where}{_tag_problem(tag.group(1))}"
-    return "not valid YAML: " + " ".join(f"{where}{problem}".split())
-
-
-def _tag_problem(tag: str) -> str:
-    short = tag.replace("tag:yaml.org,2002:", "!!")
-    if short.startswith("!!python/"):
-        return (f"refused the tag {short}: a config may not create Python objects "
-                f"(configs are read with yaml.safe_load: plain mappings, lists, strings and numbers only)")
-    return f"unknown YAML tag {short}; a config holds plain mappings, lists, strings and numbers only"
-
-
 @dataclass(frozen=True)
 class ModelDescription:
     """What a network needs to be built and fed, without training: its layers and its data preparation."""
@@ -627,18 +609,7 @@ def load_config(path: str | os.PathLike, data: bytes | None = None) -> Config:
 
 def _read_mapping(path: Path, data: bytes | None):
     """The YAML document at ``path`` (or in ``data``, its bytes), ConfigError where it cannot be read or is empty."""
-    try:
-        text = (path.read_bytes() if data is None else data).decode("utf-8")
-    except FileNotFoundError as error:
-        raise ConfigError(f"config file {path} does not exist; {valid_configs()}") from error
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from error
-    except OSError as error:
-        raise ConfigError(f"cannot read config file {path}: {error.strerror or error}") from error
-    try:
-        mapping = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: {_yaml_problem(error)}") from error
+    mapping = read_yaml(path, data)
     if mapping is None:
         raise ConfigError(f"{path}: the file is empty; a config needs at least model and train.optimizer.lr")
     return mapping

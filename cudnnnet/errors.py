@@ -45,6 +45,10 @@ class WriteError(CudnnnetError):
     """A file could not be written (a full disk, a lost permission): a runtime failure, not bad input."""
 
 
+class TensorSizeError(ShapeError):
+    """A tensor, or a model's tensors together, would be larger than the libraries or the machine can hold."""
+
+
 class TrainingError(CudnnnetError):
     """Training cannot go on (for example the loss became NaN or infinite)."""
 

@@ -41,14 +41,9 @@ class Prediction:
 
 
 def training_normalize(network) -> tuple[float, float] | None:
-    """The (mean, std) a network was trained with, from its checkpoint's config (None: pixels in [0, 1])."""
-    config = (getattr(network, "checkpoint_metadata", None) or {}).get("config") or {}
-    normalize = (config.get("data") or {}).get("normalize")
-    if isinstance(normalize, dict):
-        return float(normalize["mean"]), float(normalize["std"])
-    if isinstance(normalize, (list, tuple)) and len(normalize) == 2:
-        return float(normalize[0]), float(normalize[1])
-    return None
+    """The (mean, std) a network was trained with, from its checkpoint's config (validated when
+    ``Network.load`` read it); None (pixels in [0, 1]) without one."""
+    return None if network.training_config is None else network.training_config.data.normalize
 
 
 def _inputs(images, size: int, normalize) -> list[tuple[str, np.ndarray | None, str | None]]:
@@ -90,6 +85,8 @@ def predict(network, images, normalize=None, batch_size: int = 256) -> list[Pred
     prepared = _inputs(images, height, normalize)
     results = [Prediction(name, error=error) for name, _, error in prepared]
     ready = [(index, array) for index, (_, array, _) in enumerate(prepared) if array is not None]
+    if ready:
+        network.check_batch(min(batch_size, len(ready)))
     for start in range(0, len(ready), batch_size):
         chunk = ready[start:start + batch_size]
         batch = np.stack([array for _, array in chunk])  # (B, 1, H, W)

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+from math import prod
 from pathlib import Path
 
 import numpy as np
 
 from . import checkpoint
 from .backends import get_backend
-from .errors import CheckpointError, InvalidArgumentError, ShapeError
+from .errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError
 from .layers import LAYER_TYPES, Activation, Layer, LossLayer, Parameter, WeightBiasLayer
-from .tensor import Tensor, as_shape
+from .tensor import Tensor, as_shape, check_tensor_values
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ class Network:
         self.seed = int(seed)
         self.input_shape: tuple[int, int, int] | None = None  # (c, h, w) of one sample
         self._scalars = None  # device scalars: loss, correct count
+        self.checkpoint_metadata: dict | None = None  # set by Network.load
+        self.training_config = None  # the validated Config in that checkpoint's metadata, if it has one
         for layer in layers:
             self.add_layer(layer)
         if input_shape is not None:
@@ -76,7 +80,7 @@ class Network:
             raise InvalidArgumentError("the network has no layers")
         self.loss_layer  # noqa: B018  (raises if missing)
         input_shape = as_shape(input_shape)[:3]
-        self.output_shapes(input_shape)
+        check_model_size(self.layers, input_shape)
         shape = input_shape
         for index, layer in enumerate(self.layers):
             shape = layer.build(shape, self.backend, np.random.default_rng([self.seed, index]))
@@ -171,6 +175,12 @@ class Network:
         """Plain SGD, the original's update: W = W - lr·dW for every parameter (cublasSaxpy)."""
         for parameter in self.parameter_list():
             self.backend.sgd_update(parameter.value, parameter.grad, None, learning_rate, 0.0, 0.0)
+
+    def check_batch(self, batch_size: int) -> None:
+        """Refuse (ModelSizeError) a batch whose tensors this built network could not make, before
+        any is allocated (see ``check_model_size``)."""
+        self._require_built("check a batch size")
+        check_model_size(self.layers, self.input_shape, batch_size)
 
     def predict(self, x) -> Tensor:
         """The output of a forward pass in evaluation mode (no gradients are needed or kept)."""
@@ -271,9 +281,25 @@ class Network:
     def load_weights(self, path) -> dict:
         """Load weights from a checkpoint into this (built) network; returns the checkpoint's metadata."""
         self._require_built("load weights")
-        arrays, metadata = checkpoint.load_npz(path)
+        arrays, metadata = checkpoint.load_npz(path, self.checkpoint_shape)
         self._load_checkpoint_arrays(arrays, path)
         return metadata
+
+    def checkpoint_shape(self, name: str) -> tuple | None:
+        """The shape this network's checkpoints store under ``name``: a parameter's or a buffer's
+        (``bn1.running_mean``), its optimiser state's (``optimizer.velocity.fc1.weight``, Adam's
+        ``optimizer.m.fc1.weight`` and ``optimizer.v.fc1.weight``, ``optimizer.step``), or None for
+        any other name."""
+        if name == f"{OPTIMIZER_PREFIX}step":
+            return (1,)
+        buffers = self.buffers()
+        if name in buffers:
+            return buffers[name].shape
+        parameters = self.parameters()
+        for prefix in ("", *(f"{OPTIMIZER_PREFIX}{state}." for state in ("velocity", "m", "v"))):
+            if name.startswith(prefix) and name[len(prefix):] in parameters:
+                return parameters[name[len(prefix):]].shape
+        return None
 
     def _load_checkpoint_arrays(self, arrays: dict, path) -> None:
         """The weights among a checkpoint's arrays (its optimiser state aside), all or nothing."""
@@ -285,14 +311,21 @@ class Network:
 
     @classmethod
     def load(cls, path, backend="host") -> "Network":
-        """Rebuild the network a checkpoint describes and load its weights (ready for inference)."""
-        arrays, metadata = checkpoint.load_npz(path)
+        """Rebuild the network a checkpoint describes and load its weights (ready for inference).
+
+        The metadata is read and the network built (its size checked) first; each array is then
+        checked against the shape the network expects before it is read.
+        """
+        metadata = checkpoint.load_npz_metadata(path)
+        training_config = _training_config(metadata, path)
         try:
             network = cls.from_spec(_model_spec(metadata, path), _input_shape(metadata, path), backend)
         except (TypeError, InvalidArgumentError, ShapeError) as error:
             raise CheckpointError(f"{path}: its model description cannot be built: {error}") from None
+        arrays, _ = checkpoint.load_npz(path, network.checkpoint_shape)
         network._load_checkpoint_arrays(arrays, path)
         network.checkpoint_metadata = metadata
+        network.training_config = training_config
         return network
 
     def save_original(self, directory) -> Path:
@@ -331,6 +364,50 @@ class Network:
             raise InvalidArgumentError(f"cannot {action}: the network is not built yet (call build or forward first)")
 
 
+class ModelSizeError(TensorSizeError):
+    """A model too large to build; ``index`` is the layer at fault (None: the model as a whole)."""
+
+    def __init__(self, message: str, index: int | None):
+        super().__init__(message)
+        self.index = index
+
+
+def check_model_size(layers, input_shape, batch_size: int = 1) -> None:
+    """Refuse, before anything is allocated, a model that could not be made.
+
+    Every parameter and every layer's output for a batch of ``batch_size`` must fit one tensor
+    (``MAX_TENSOR_VALUES``), and the float32 memory they take together (parameters three times:
+    value, gradient, velocity; outputs twice: output, gradient) must fit the machine's physical
+    memory. Raises ModelSizeError naming the layer, or ShapeError if a layer does not fit the
+    output of the one before it.
+    """
+    shape, total_values = tuple(input_shape), 0
+    check_tensor_values((batch_size, *shape), f"the input for a batch of {batch_size}")
+    for index, layer in enumerate(layers):
+        try:
+            parameters = layer.parameter_shapes(shape)
+            for name, parameter_shape in parameters.items():
+                check_tensor_values(parameter_shape, f"layer {layer.name!r}: its {name}")
+            shape = layer.output_sample_shape(shape)
+            check_tensor_values((batch_size, *shape), f"layer {layer.name!r}: its output for a batch of {batch_size}")
+        except TensorSizeError as error:
+            raise ModelSizeError(str(error), index) from None
+        total_values += 3 * sum(prod(p) for p in parameters.values()) + 2 * batch_size * prod(shape)
+    memory = physical_memory()
+    if memory is not None and 4 * total_values > memory:
+        raise ModelSizeError(f"the model needs {4 * total_values / 2**30:.1f} GiB for its parameters, gradients and "
+                             f"the outputs of a batch of {batch_size}, more than this machine's "
+                             f"{memory / 2**30:.1f} GiB of memory", None)
+
+
+def physical_memory() -> int | None:
+    """Bytes of physical memory of this machine, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def _model_spec(metadata: dict, path) -> list[dict]:
     model = metadata.get("model")
     valid = isinstance(model, list) and all(
@@ -340,6 +417,19 @@ def _model_spec(metadata: dict, path) -> list[dict]:
     if metadata.get("format") != CHECKPOINT_FORMAT or not valid:
         raise CheckpointError(f"{path}: not a cudnnnet checkpoint (no valid model description in its metadata)")
     return model
+
+
+def _training_config(metadata: dict, path):
+    """The validated training config a checkpoint carries (its data normalisation is predicted
+    with), or None when it carries none."""
+    from .config import parse_config  # YAML comes with it: imported when a checkpoint is loaded, not with Network
+
+    if metadata.get("config") is None:
+        return None
+    try:
+        return parse_config(metadata["config"], source=f"{path}: the training config in its metadata")
+    except ConfigError as error:
+        raise CheckpointError(str(error)) from None
 
 
 def _input_shape(metadata: dict, path) -> tuple[int, int, int]:

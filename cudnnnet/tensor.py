@@ -12,18 +12,35 @@ from typing import Iterable
 
 import numpy as np
 
-from .errors import ShapeError
+from .errors import ShapeError, TensorSizeError
+
+
+# cuBLAS and cuDNN take sizes, leading dimensions and strides as 32-bit ints: no tensor may hold more values.
+MAX_TENSOR_VALUES = 2**31 - 1
 
 
 def as_shape(shape: Iterable[int] | int) -> tuple[int, int, int, int]:
-    """Normalise 1 to 4 positive sizes to (n, c, h, w), padding missing trailing sizes with 1."""
+    """Normalise 1 to 4 positive sizes to (n, c, h, w), padding missing trailing sizes with 1.
+
+    Raises TensorSizeError for a shape of more than MAX_TENSOR_VALUES values, before anything is allocated.
+    """
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     if not 1 <= len(dims) <= 4:
         raise ShapeError(f"a tensor has 1 to 4 dimensions (n, c, h, w), got shape {dims!r}")
     for size in dims:
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size <= 0:
             raise ShapeError(f"tensor sizes must be positive integers, got shape {dims!r}")
-    return tuple(int(d) for d in dims) + (1,) * (4 - len(dims))
+    dims = tuple(int(d) for d in dims)
+    check_tensor_values(dims)
+    return dims + (1,) * (4 - len(dims))
+
+
+def check_tensor_values(shape: tuple[int, ...], what: str = "a tensor") -> None:
+    """Raise TensorSizeError when ``shape`` holds more than MAX_TENSOR_VALUES values."""
+    values = prod(shape)
+    if values > MAX_TENSOR_VALUES:
+        raise TensorSizeError(f"{what} of shape {shape} would hold {values} values, more than the {MAX_TENSOR_VALUES} "
+                         f"(2^31 - 1) that cuBLAS and cuDNN can index")
 
 
 def _resolve(backend):

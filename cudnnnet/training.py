@@ -510,7 +510,7 @@ class Trainer:
 
     def _resume(self, path: Path) -> None:
         path = checkpoint_to_resume(path)
-        arrays, metadata = checkpoint.load_npz(path)
+        arrays, metadata = checkpoint.load_npz(path, self.network.checkpoint_shape)
         self._check_batch_size(path, metadata)
         self.network.load_weights(path)
         position = metadata.get("position")

@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import struct
+import tracemalloc
 import zipfile
 
 import numpy as np
@@ -21,6 +22,7 @@ from cudnnnet.checkpoint import (
     write_original,
 )
 from cudnnnet.errors import CheckpointError, WriteError
+from hostile_files import Entry, npy_header, write_zip
 
 
 def lenet_like_arrays(seed=0):
@@ -243,6 +245,80 @@ def test_load_refuses_zip_member_that_is_not_an_array(tmp_path):
 # ---- compatibility ------------------------------------------------------------------------
 
 
+# ---- declared sizes: headers are checked before any data is decompressed -----------------------
+
+
+def metadata_entry(text: bytes = b"{}") -> Entry:
+    return Entry(npy_header((len(text),), "|u1") + text)
+
+
+def test_an_array_declaring_another_shape_than_the_network_needs_is_refused_from_its_header(tmp_path):
+    path = tmp_path / "bomb.npz"
+    write_zip(path, {"fc.weight.npy": Entry(npy_header((2**28,)), 1024), "__metadata__.npy": metadata_entry()})
+    assert path.stat().st_size < 2 * (1 << 20)
+    with pytest.raises(CheckpointError, match=r"bomb\.npz: fc\.weight: checkpoint has \(268435456,\), network needs \(10, 4\)"):
+        load_npz(path, {"fc.weight": (10, 4)}.get)
+
+
+def test_an_array_the_network_has_no_use_for_is_refused_from_its_header(tmp_path):
+    path = tmp_path / "extra.npz"
+    write_zip(path, {"junk.npy": Entry(npy_header((2**28,)), 1024), "__metadata__.npy": metadata_entry()})
+    with pytest.raises(CheckpointError, match=r"extra\.npz: junk: in the checkpoint, but the network has no such parameter"):
+        load_npz(path, {"fc.weight": (10, 4)}.get)
+
+
+def test_without_shapes_an_array_larger_than_a_tensor_is_refused_from_its_header(tmp_path):
+    path = tmp_path / "huge.npz"
+    write_zip(path, {"w.npy": Entry(npy_header((2**31,)), 1), "__metadata__.npy": metadata_entry()})
+    with pytest.raises(CheckpointError, match=r"huge\.npz: array 'w' declares shape \(2147483648,\), 2147483648 values, "
+                                              r"more than the 2147483647 a tensor may hold"):
+        load_npz(path)
+
+
+def test_without_shapes_the_total_is_limited(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "MAX_CHECKPOINT_BYTES", 1000)
+    path = tmp_path / "many.npz"
+    save_npz(path, {f"a{index}": np.zeros(100, np.float32) for index in range(3)}, {})
+    with pytest.raises(CheckpointError, match=r"many\.npz: the arrays declare 1200 bytes in all, more than the 1000"):
+        load_npz(path)
+
+
+def test_an_entry_larger_than_its_header_declares_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "long.npz"
+    write_zip(path, {"w.npy": Entry(npy_header((4,)), 1024), "__metadata__.npy": metadata_entry()})
+    with pytest.raises(CheckpointError, match=r"long\.npz: truncated or corrupt \.npz checkpoint \(entry 'w' holds "
+                                              r"1073741952 bytes, its header declares 144\)"):
+        load_npz(path, {"w": (4,)}.get)
+
+
+def test_metadata_declaring_more_than_the_limit_is_refused_from_its_header(tmp_path):
+    path = tmp_path / "meta.npz"
+    write_zip(path, {"__metadata__.npy": Entry(npy_header((1 << 30,), "|u1"), 1024)})
+    with pytest.raises(CheckpointError, match=r"meta\.npz: __metadata__ declares 1073741952 bytes, more than the 16777216"):
+        checkpoint.load_npz_metadata(path)
+
+
+@pytest.mark.parametrize("text, problem", [
+    (b"[" * 100_000 + b"]" * 100_000, "JSON nested too deeply to read"),
+    (b'{"a": 1' + b"0" * 5000 + b"}", "not UTF-8 JSON"),
+])
+def test_metadata_that_json_cannot_read_is_a_checkpoint_error(tmp_path, text, problem):
+    path = tmp_path / "meta.npz"
+    save_npz(path, {}, {})
+    with zipfile.ZipFile(path, "w") as archive:
+        with archive.open("__metadata__.npy", "w") as stream:
+            np.lib.format.write_array(stream, np.frombuffer(text, np.uint8))
+    with pytest.raises(CheckpointError, match=rf"meta\.npz: invalid __metadata__: {problem}"):
+        load_npz(path)
+
+
+def test_load_npz_metadata_reads_no_array(tmp_path, monkeypatch):
+    path = tmp_path / "model.npz"
+    save_npz(path, lenet_like_arrays(), {"epoch": 3})
+    monkeypatch.setattr(checkpoint, "_read_arrays", lambda *args: pytest.fail("an array was read"))
+    assert checkpoint.load_npz_metadata(path) == {"epoch": 3}
+
+
 def test_check_compatible_accepts_matching_shapes():
     arrays = lenet_like_arrays()
     check_compatible(arrays, shapes_of(arrays))
@@ -328,6 +404,19 @@ def test_original_truncated_bin(tmp_path):
     path.write_bytes(path.read_bytes()[:-4])
     with pytest.raises(CheckpointError, match=r"fc1\.bin: expected 1600000 bytes .* found 1599996 bytes"):
         read_original(tmp_path, shapes_of(arrays))
+
+
+def test_original_bin_file_of_the_wrong_size_is_not_read(tmp_path):
+    with open(tmp_path / "fc1.bin", "wb") as file:
+        file.truncate(8 << 30)  # sparse: 8 GiB declared, nothing on disk
+    (tmp_path / "fc1.bias.bin").write_bytes(bytes(40))
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError, match=r"fc1\.bin: expected 1600 bytes .* found 8589934592 bytes"):
+            read_original(tmp_path, {"fc1.weight": (10, 40, 1, 1), "fc1.bias": (10,)})
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+    finally:
+        tracemalloc.stop()
 
 
 def test_original_missing_file_and_directory(tmp_path):

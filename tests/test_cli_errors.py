@@ -132,7 +132,7 @@ def save_untrained(config, path: Path) -> None:
 def write_bad_checkpoints(folder: Path, good: Path) -> None:
     arrays, metadata = load_npz(good)
     save_npz(folder / "narrow.npz", {**arrays, "fc1.weight": arrays["fc1.weight"][:, :700]}, metadata)
-    save_npz(folder / "nan.npz", {**arrays, "fc2.bias": np.full(10, np.nan, np.float32)}, metadata)
+    save_npz(folder / "nan.npz", {**arrays, "fc2.bias": np.full(arrays["fc2.bias"].shape, np.nan, np.float32)}, metadata)
     save_npz(folder / "no_config.npz", arrays, {key: value for key, value in metadata.items() if key != "config"})
     save_npz(folder / "bad_history.npz", arrays, {**metadata, "history": [{"epoch": 1, "steps": "three"}]})
     (folder / "text.npz").write_text("model weights\n")
@@ -354,7 +354,7 @@ def flipped_middle_byte(data: bytes) -> bytes:
 DATA_CASES = {
     "truncated gzip": (lambda real: (real / f"{TRAIN_IMAGES}.gz").read_bytes()[:65536], None,
                        r"train-images-idx3-ubyte\.gz: corrupt or truncated gzip data"),
-    "corrupt gzip": (flipped_middle_byte(few_images(50)), None,
+    "corrupt gzip": (flipped_middle_byte(few_images(50)), few_labels([0] * 50),
                      r"train-images-idx3-ubyte\.gz: corrupt or truncated gzip data"),
     "an HTML page": (b"<!DOCTYPE html><title>404 Not Found</title>", None,
                      r"train-images-idx3-ubyte\.gz: not an IDX file \(magic \d+; MNIST uses 2051 for images and 2049"),

@@ -357,6 +357,44 @@ def test_file_level_errors_name_the_file(tmp_path, text, fragment):
     assert str(path) in message and fragment in message and "\n" not in message
 
 
+@pytest.mark.parametrize("text, fragment", [
+    ("model: " + "[" * 5000 + "]" * 5000 + "\n", "line 1, column 39: nested deeper than 32 levels"),
+    ("model: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n", "nested deeper than 32 levels"),
+    ("model:\n  - {type: dense, out_size: 1" + "0" * 5000 + "}\n",
+     "line 2, column 29: an integer of 5001 characters is too long to read; every integer setting is at most 2147483647"),
+], ids=["deep lists", "deep mappings", "long integer"])
+def test_documents_python_cannot_read_are_config_errors_with_the_line(tmp_path, text, fragment):
+    path = write(tmp_path, text, "hostile.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f"{path}: ") and fragment in str(caught.value)
+
+
+def test_a_config_longer_than_the_limit_is_refused_without_reading_it_all(tmp_path):
+    path = write(tmp_path, "# padding\n" * 200_000, "long.yaml")
+    with pytest.raises(ConfigError, match=r"long\.yaml: longer than 1048576 bytes; a config is a short YAML file"):
+        load_config(path)
+
+
+INTEGER_KEYS = [("model", 0, "out_size"), ("train", "batch_size"), ("train", "epochs"), ("train", "steps"),
+                ("train", "seed"), ("train", "log_every"), ("train", "checkpoint_every"), ("train", "eval_batch_size")]
+
+
+@pytest.mark.parametrize("path", INTEGER_KEYS, ids=lambda path: ".".join(map(str, path)))
+@pytest.mark.parametrize("value", [2**31, 10**20, 10**30])
+def test_absurd_integers_are_refused_naming_the_key(path, value):
+    with pytest.raises(ConfigError) as caught:
+        parse_config(_set(minimal(), path, value), source="cfg.yaml")
+    key = ".".join(str(part) for part in path).replace(".0.", "[0].")
+    assert f"cfg.yaml: {key}: expected an integer" in str(caught.value)
+    assert "at most 2147483647 (2^31 - 1)" in str(caught.value)
+
+
+def test_the_largest_integers_are_accepted():
+    config = parse_config(_set(_set(minimal(), ("train", "seed"), 2**31 - 1), ("train", "epochs"), 2**31 - 1))
+    assert config.train.seed == config.train.epochs == 2**31 - 1
+
+
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"config file .*absent\.yaml does not exist"):
         load_config(tmp_path / "absent.yaml")

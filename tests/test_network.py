@@ -2,7 +2,12 @@ import numpy as np
 import pytest
 
 from cudnnnet import Network, Tensor
+from cudnnnet import network as network_module
+from cudnnnet.checkpoint import save_npz
+from cudnnnet.data.mnist import MNIST_MEAN, MNIST_STD
 from cudnnnet.errors import CheckpointError, InvalidArgumentError, ShapeError
+from cudnnnet.inference import training_normalize
+from cudnnnet.network import ModelSizeError, check_model_size
 from cudnnnet.layers import Activation, Conv2D, Dense, Pooling, Softmax
 
 
@@ -152,3 +157,85 @@ def test_load_with_backend_auto_runs_where_it_can(tmp_path, monkeypatch):
     assert network.backend.name == ("cuda" if cuda_available() else "host")
     x, _ = batch()
     assert np.allclose(network.forward(x).numpy().reshape(8, 10).sum(axis=1), 1, atol=1e-5)
+
+
+# ---- sizes checked before anything is allocated ----------------------------------------------
+
+
+@pytest.mark.parametrize("config", ["mnist_cnn", "mnist_bn_cnn"])
+def test_parameter_shapes_are_the_shapes_build_creates(config):
+    from cudnnnet.config import load_config
+    from cudnnnet.training import build_network
+
+    network = build_network(load_config(config), "host")
+    shape = network.input_shape
+    for layer in network.layers:
+        declared = {f"{layer.name}.{name}": shape for name, shape in layer.parameter_shapes(shape).items()}
+        assert declared == {parameter.name: parameter.value.shape for parameter in layer.parameters()}
+        shape = layer.output_sample_shape(shape)
+
+
+@pytest.mark.parametrize("layers, input_shape, batch_size, pattern", [
+    ([Dense("fc1", 2**22), Softmax("softmax")], (1, 28, 28),
+     1, r"layer 'fc1': its weight of shape \(4194304, 784, 1, 1\) would hold 3288334336 values, more than the 2147483647"),
+    ([Conv2D("conv1", 2**16, 3), Dense("fc", 10), Softmax("softmax")], (1, 28, 28),
+     64, r"layer 'conv1': its output for a batch of 64 of shape \(64, 65536, 26, 26\) would hold"),
+    ([Dense("fc", 10), Softmax("softmax")], (1, 50_000, 50_000), 1, r"the input for a batch of 1 of shape"),
+])
+def test_a_model_too_large_for_one_tensor_is_refused_before_anything_is_allocated(layers, input_shape, batch_size,
+                                                                                  pattern, monkeypatch):
+    monkeypatch.setattr(Tensor, "__init__", lambda *args: pytest.fail("a tensor was made"))
+    with pytest.raises(ShapeError, match=pattern):
+        check_model_size(layers, input_shape, batch_size)
+
+
+def test_a_model_larger_than_the_machine_is_refused_naming_both_sizes(monkeypatch):
+    monkeypatch.setattr(network_module, "physical_memory", lambda: 2**20)
+    with pytest.raises(ModelSizeError, match=r"the model needs 0\.0 GiB .* a batch of 1, more than this machine's 0\.0 GiB"):
+        Network(layers=[Dense("fc", 1000), Softmax("softmax")]).build((1, 28, 28))
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (lambda meta: meta.update(input_shape=[1, 100_000, 100_000]), r"invalid input_shape \[1, 100000, 100000\]"),
+    (lambda meta: meta["model"][0].update(out_size=2**31 - 1),
+     r"its model description cannot be built: layer 'fc1': its weight .* more than the 2147483647"),
+    (lambda meta: meta["model"][0].update(out_size=10**30), r"its model description cannot be built: .*fc1"),
+    (lambda meta: meta["model"][0].update(out_size=1e20), r"its model description cannot be built: layer 'fc1': out_size"),
+])
+def test_metadata_declaring_enormous_shapes_is_refused_before_anything_is_allocated(tmp_path, edit, pattern):
+    path = _checkpoint_with_metadata(tmp_path, edit)
+    with pytest.raises(CheckpointError, match=pattern):
+        Network.load(path)
+
+
+@pytest.mark.parametrize("normalize, pattern", [
+    ({"mean": 0.1, "std": 0}, r"data\.normalize\.std: expected a number > 0, got 0"),
+    ({"mean": 0.1, "std": "wide"}, r"data\.normalize\.std: expected a number > 0, got 'wide' \(string\)"),
+    ({"mean": 0.1}, r"data\.normalize\.std: missing required key"),
+    ({"mean": float("nan"), "std": 1.0}, r"data\.normalize\.mean: expected a number, got nan \(not finite\)"),
+    ([0.1, 0.3], r"data\.normalize: expected false, true .* or a mapping with mean and std"),
+], ids=["std 0", "std a string", "std missing", "mean NaN", "a list"])
+def test_malformed_normalisation_in_a_checkpoint_is_refused_naming_the_key(tmp_path, normalize, pattern):
+    config = {"model": [{"type": "dense", "out_size": 10}, {"type": "softmax"}], "train": {"optimizer": {"lr": 0.1}},
+              "data": {"normalize": normalize}}
+    path = _checkpoint_with_metadata(tmp_path, lambda meta: meta.update(config=config))
+    with pytest.raises(CheckpointError, match=r"model\.npz: the training config in its metadata: " + pattern):
+        Network.load(path)
+
+
+def test_the_normalisation_comes_from_the_checkpoints_validated_config(tmp_path):
+    config = {"model": [{"type": "dense", "out_size": 10}, {"type": "softmax"}], "train": {"optimizer": {"lr": 0.1}},
+              "data": {"normalize": True}}
+    loaded = Network.load(_checkpoint_with_metadata(tmp_path, lambda meta: meta.update(config=config)))
+    assert training_normalize(loaded) == (MNIST_MEAN, MNIST_STD)
+    assert training_normalize(Network.load(_checkpoint_with_metadata(tmp_path, lambda meta: None))) is None
+
+
+def _checkpoint_with_metadata(tmp_path, edit):
+    """A small MLP's checkpoint with its metadata changed by ``edit(metadata)``."""
+    network = Network(layers=[Dense("fc1", 10), Softmax("softmax")]).build((1, 28, 28))
+    metadata = network.metadata()
+    edit(metadata)
+    path = tmp_path / "model.npz"
+    save_npz(path, network.state_dict(), metadata)
+    return path

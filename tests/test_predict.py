@@ -172,6 +172,20 @@ def test_bad_files_are_each_named_and_the_others_predicted(untrained_mlp, tmp_pa
     assert {Path(result["image"]).name for result in results if "error" in result} == {"text.png", "empty.jpg"}
 
 
+def test_an_image_with_nan_samples_is_named_and_the_others_predicted(untrained_mlp, tmp_path):
+    digits = np.zeros((2, 28, 28), np.uint8)
+    digits[:, 6:22, 12:16] = 255
+    folder = render(tmp_path / "mixed", "white_on_black", digits)
+    samples = digits[0].astype(np.float32) / 255.0
+    samples[0, 0] = np.nan
+    Image.fromarray(samples, mode="F").save(folder / "nan.tif")
+    finished, results = predict_cli(untrained_mlp / "model.npz", str(folder))
+    assert finished.returncode == 2
+    assert finished.stderr.splitlines() == [f"cudnnnet-predict: error: {folder / 'nan.tif'}: the image holds NaN or "
+                                            f"infinite values (1 of its 784 samples); a digit image holds finite values only"]
+    assert [result["digit"] is not None for result in results] == [True, True, False]
+
+
 def test_the_api_takes_folders_files_and_arrays_and_can_be_called_again(untrained_mlp, tmp_path):
     digits = np.zeros((3, 28, 28), np.uint8)
     digits[:, 6:22, 12:16] = 255

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 
 from ..backends import DEVICES
-from ..data.mnist import load_mnist
+from ..data.mnist import IMAGE_SIDE, load_mnist
+from ..errors import CheckpointError
 from ..network import Network
 from ..inference import training_normalize
 from ..training import evaluate
@@ -42,11 +43,22 @@ def format_matrix(matrix: np.ndarray) -> str:
     return "\n".join([header] + rows)
 
 
+def mnist_pad(network: Network, weights: str) -> int:
+    """The padding that makes MNIST's 28×28 digits the network's input, (1, 28 + 2·pad, 28 + 2·pad)."""
+    channels, height, width = network.input_shape
+    pad = (height - IMAGE_SIDE) // 2
+    if channels != 1 or height != width or pad < 0 or height != IMAGE_SIDE + 2 * pad:
+        raise CheckpointError(f"{weights}: the network takes inputs of shape {network.input_shape}; MNIST's test "
+                              f"images are (1, 28 + 2·pad, 28 + 2·pad)")
+    return pad
+
+
 def main_with_args(args) -> int:
     network = Network.load(args.weights, backend=args.device)
     network.backend.set_engine(args.engine)
-    pad = (network.input_shape[1] - 28) // 2
+    pad = mnist_pad(network, args.weights)
     images, labels = load_mnist(args.data_dir, "test", normalize=training_normalize(network), pad=pad)
+    network.check_batch(min(args.batch_size, len(labels)))
     result = evaluate(network, images, labels, args.batch_size, keep_predictions=True)
     matrix = confusion_matrix(labels, result.predictions)
     if args.json:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 
 from ..backends import warm_up
+from ..config_file import MAX_CONFIG_BYTES
 from ..errors import ConfigError
 from ..shipped_configs import resolve_config
 
@@ -43,7 +44,7 @@ def config_read(argv: list[str]) -> dict[str, bytes]:
         return {}
     try:
         with open(resolve_config(path), "rb") as file:
-            return {path: file.read()}
+            return {path: file.read(MAX_CONFIG_BYTES + 1)}
     except (ConfigError, OSError):
         return {}
 
@@ -80,11 +81,11 @@ def _option(argv: list[str], option: str) -> str | None:
 
 
 def _config_device(data: bytes) -> str | None:
-    import yaml
+    from ..config_file import read_yaml
 
     try:
-        settings = yaml.safe_load(data.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        settings = read_yaml("--config", data)
+    except ConfigError:
         return None
     if not isinstance(settings, dict):
         return None

@@ -17,9 +17,10 @@ from .. import checkpoint
 from ..backends import DEVICES
 from ..config import Config, load_config
 from ..shipped_configs import shipped_config_names
-from ..data.mnist import NUM_CLASSES
-from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, UsageError
+from ..data.mnist import NUM_CLASSES, SPLIT_COUNTS
+from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError, UsageError
 from ..layers import LAYER_TYPES
+from ..network import ModelSizeError, check_model_size
 from ..outputs import checkpoint_to_resume
 from ..training import Interrupted, Trainer, input_shape
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, run
@@ -70,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_model(config: Config) -> None:
-    """Every layer fits the output of the one before it, and the last gives one score per class.
+    """Every layer fits the output of the one before it, the last gives one score per class, and
+    every tensor fits (``check_size``).
 
     Raises ConfigError naming the config file and the layer, before anything is built or loaded.
     """
@@ -79,12 +81,32 @@ def check_model(config: Config) -> None:
         try:
             shape = LAYER_TYPES[spec.type](spec.name, **spec.params).output_sample_shape(shape)
         except (ShapeError, InvalidArgumentError) as error:
-            raise ConfigError(f"{config.source}: model[{index}] ({spec.type}): {error}") from None
+            raise ConfigError(f"{config.source}: {_model_key(config, index)}: {error}") from None
     if shape != (NUM_CLASSES, 1, 1):
         last = len(config.model) - 1
         raise ConfigError(f"{config.source}: model[{last}]: the model ends in outputs of shape {shape} per image; "
                           f"MNIST needs {NUM_CLASSES} class scores, shape ({NUM_CLASSES}, 1, 1) (a last dense "
                           f"layer with out_size {NUM_CLASSES})")
+    check_size(config)
+
+
+def check_size(config: Config) -> None:
+    """The model's tensors, for the largest batch the run makes, fit the libraries and this machine
+    (see ``check_model_size``); checked before any array is made, on a model whose shapes fit."""
+    layers = [LAYER_TYPES[spec.type](spec.name, **spec.params) for spec in config.model]
+    batch = max(min(config.train.batch_size, SPLIT_COUNTS["train"]),
+                min(config.train.eval_batch_size, SPLIT_COUNTS["test"]))
+    try:
+        check_model_size(layers, input_shape(config), batch)
+    except ModelSizeError as error:
+        raise ConfigError(f"{config.source}: {_model_key(config, error.index)}: {error}; make the model or "
+                          f"train.batch_size / train.eval_batch_size smaller") from None
+    except TensorSizeError as error:
+        raise ConfigError(f"{config.source}: data.pad: {error}; make data.pad or train.batch_size smaller") from None
+
+
+def _model_key(config: Config, index: int | None) -> str:
+    return "model" if index is None else f"model[{index}] ({config.model[index].type})"
 
 
 def check_output(output: Path, flag: str = "--output") -> None:
@@ -100,7 +122,7 @@ def check_output(output: Path, flag: str = "--output") -> None:
 
 def check_resume(path: str, config: Config, config_path: str) -> None:
     """The checkpoint to resume from loads and was trained with the model of the config at ``config_path``."""
-    _, metadata = checkpoint.load_npz(path)
+    metadata = checkpoint.load_npz_metadata(path)
     saved = (metadata.get("config") or {}).get("model") if isinstance(metadata.get("config"), dict) else None
     if not isinstance(saved, list):
         raise CheckpointError(f"{path}: no training config in its metadata; it can be loaded but not resumed")
@@ -132,6 +154,7 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
         epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device,
         data_dir=args.data_dir, graph=False if args.no_graph else None, engine=args.engine,
     )
+    check_size(config)  # again: --batch-size may have changed the largest batch
     output = Path(args.output or f"runs/{Path(args.config).stem}")
     check_output(output)
     if args.export_original:

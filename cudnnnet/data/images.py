@@ -36,7 +36,7 @@ from ..errors import ImageError
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = frozenset(
-    {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm", ".pbm", ".pnm"}
+    {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm", ".pbm", ".pnm", ".pfm"}
 )
 DEFAULT_MAX_PIXELS = 50_000_000
 DIGIT_BOX = 20  # MNIST's digits fit a 20x20 box
@@ -188,7 +188,7 @@ def _to_grey(image: Image.Image, source) -> np.ndarray:
         if image.mode in _SIXTEEN_BIT_MODES:
             return np.asarray(image, dtype=np.float32) / 65535.0
         if image.mode in ("I", "F"):
-            return _scale_unit(np.asarray(image, dtype=np.float32))
+            return _scale_unit(_finite(np.asarray(image, dtype=np.float32), source))
         if _has_alpha(image):
             white = Image.new("RGBA", image.size, (255, 255, 255, 255))
             image = Image.alpha_composite(white, image.convert("RGBA"))
@@ -245,10 +245,16 @@ def _array_to_unit(array: np.ndarray) -> np.ndarray:
         return array.astype(np.float32) / 65535.0
     if not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array):
         raise ImageError(f"<array>: cannot read an array of dtype {array.dtype} as an image")
-    values = array.astype(np.float32)
-    if not np.isfinite(values).all():
-        raise ImageError("<array>: the image holds NaN or infinite values")
-    return _scale_unit(values)
+    return _scale_unit(_finite(array.astype(np.float32), "<array>"))
+
+
+def _finite(values: np.ndarray, source) -> np.ndarray:
+    """``values`` when every sample is finite; a float image (TIFF, PFM) may hold NaN or infinities."""
+    bad = values.size - int(np.count_nonzero(np.isfinite(values)))
+    if bad:
+        raise ImageError(f"{source}: the image holds NaN or infinite values ({bad} of its {values.size} samples); "
+                         f"a digit image holds finite values only")
+    return values
 
 
 # ---- the MNIST-like digit -------------------------------------------------------------------

@@ -16,6 +16,7 @@ Every error this module raises on purpose is a ``DataError`` naming the file and
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
@@ -45,6 +46,7 @@ NUM_CLASSES = 10
 MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081
 
+SPLIT_COUNTS = {"train": 60_000, "test": 10_000}  # images (and labels) in MNIST's files
 SPLIT_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
@@ -80,7 +82,9 @@ DOWNLOAD_CHUNK = 1 << 20
 # ---- IDX parsing ---------------------------------------------------------------------------
 
 
-MAX_IDX_BYTES = 1 << 40  # no IDX file we read comes near; larger dims are a corrupt header
+# Larger than any IDX data set of 28x28 digits (EMNIST's largest split holds ~550 MB of pixels); a
+# header declaring more is refused before anything is decompressed or allocated.
+MAX_IDX_BYTES = 1 << 30
 
 
 def parse_idx(data: bytes, source: str = "<bytes>") -> np.ndarray:
@@ -100,9 +104,8 @@ def parse_idx(data: bytes, source: str = "<bytes>") -> np.ndarray:
     if len(data) < header_size:
         raise DataError(f"{source}: truncated header: {ndim} dimensions need a {header_size}-byte "
                         f"header, the file has {len(data)} bytes")
-    dims = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    if math.prod(size for size in dims if size) > MAX_IDX_BYTES:
-        raise DataError(f"{source}: IDX header dims {dims} describe more than {MAX_IDX_BYTES} bytes; not an MNIST file")
+    dims = _header_dims(data[:header_size])
+    _check_declared_size(dims, source)
     expected = math.prod(dims)
     found = len(data) - header_size
     if found != expected:
@@ -112,18 +115,77 @@ def parse_idx(data: bytes, source: str = "<bytes>") -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, count=expected, offset=header_size).reshape(dims)
 
 
-def read_idx_bytes(path: Path) -> bytes:
-    """The uncompressed IDX bytes of ``path``, gunzipped when it starts with the gzip magic."""
+def _header_dims(header: bytes) -> tuple[int, ...]:
+    """The big-endian uint32 sizes after the 4 magic bytes of a complete IDX header."""
+    return tuple(int.from_bytes(header[4 + 4 * i: 8 + 4 * i], "big") for i in range(header[3]))
+
+
+def _check_declared_size(dims: tuple[int, ...], source: str, limit: int = MAX_IDX_BYTES) -> None:
+    if math.prod(dims) > limit:
+        raise DataError(f"{source}: IDX header dims {dims} describe {math.prod(dims)} bytes, more than the "
+                        f"{limit} bytes an MNIST-like file may hold; not an MNIST file")
+
+
+def read_idx_bytes(path: Path, limit: int = MAX_IDX_BYTES) -> bytes:
+    """The uncompressed IDX bytes of ``path``, gunzipped when it starts with the gzip magic.
+
+    Only the header and then at most the data bytes it declares (plus one, to tell a file that is
+    too long) are decompressed, after the declared size is checked against ``limit``: a small
+    gzip stream that inflates to gigabytes is refused from its header.
+    """
+    with _idx_stream(path) as stream:
+        try:
+            return _read_declared(stream, path, limit)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+            raise DataError(f"{path}: corrupt or truncated gzip data ({error})") from error
+        except OSError as error:
+            raise DataError(f"cannot read {path}: {error.strerror or error}") from error
+
+
+def read_idx_dims(path: Path) -> tuple[int, ...] | None:
+    """The dims an IDX file's header declares, decompressing only the header; None when the file
+    is too short, damaged or not an IDX ubyte file (reading it all then says why)."""
     try:
-        raw = Path(path).read_bytes()
+        with _idx_stream(path) as stream:
+            return _read_header(stream)[1]
+    except (DataError, OSError, EOFError, zlib.error):
+        return None
+
+
+@contextlib.contextmanager
+def _idx_stream(path: Path):
+    """A binary stream of the uncompressed bytes of ``path`` (gunzipped when it starts with the gzip magic)."""
+    try:
+        file = open(path, "rb")
+        compressed = file.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+        file.seek(0)
     except OSError as error:
         raise DataError(f"cannot read {path}: {error.strerror or error}") from error
-    if not raw.startswith(GZIP_MAGIC):
-        return raw
-    try:
-        return gzip.decompress(raw)
-    except (EOFError, OSError, zlib.error) as error:
-        raise DataError(f"{path}: corrupt or truncated gzip data ({error})") from error
+    with file:
+        yield gzip.GzipFile(fileobj=file) if compressed else file
+
+
+def _read_header(stream) -> tuple[bytes, tuple[int, ...] | None]:
+    """(the header bytes read, the dims they declare or None when they are not a complete IDX ubyte header)."""
+    header = stream.read(4)
+    if len(header) < 4 or header[:3] != bytes([0, 0, UBYTE_CODE]) or header[3] == 0:
+        return header, None
+    header += stream.read(4 * header[3])
+    return header, (_header_dims(header) if len(header) == 4 + 4 * header[3] else None)
+
+
+def _read_declared(stream, path: Path, limit: int) -> bytes:
+    """The header, then the data bytes it declares and one more; a malformed header reads no data
+    (``parse_idx`` then says what is wrong with it)."""
+    header, dims = _read_header(stream)
+    if dims is None:
+        return header
+    _check_declared_size(dims, str(path), limit)
+    size = math.prod(dims)
+    data = header + stream.read(size + 1)
+    if len(data) > len(header) + size:
+        raise DataError(f"{path}: too long: header dims {dims} call for {size} data bytes, the file holds more")
+    return data
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -132,8 +194,12 @@ def read_idx(path: Path) -> np.ndarray:
 
 
 def _check_magic(array: np.ndarray, path: Path, magic: int, ndim: int, what: str) -> None:
-    if array.ndim != ndim:
-        found = (UBYTE_CODE << 8) | array.ndim
+    _check_magic_dims(array.shape, path, magic, ndim, what)
+
+
+def _check_magic_dims(dims: tuple[int, ...], path: Path, magic: int, ndim: int, what: str) -> None:
+    if len(dims) != ndim:
+        found = (UBYTE_CODE << 8) | len(dims)
         raise DataError(f"{path}: magic {found} is not an MNIST {what} file (expected magic {magic}, "
                         f"{ndim} dimension{'s' if ndim > 1 else ''})")
 
@@ -238,16 +304,17 @@ def _load_entry(entry: Path, file_key: tuple[str, int, int]) -> tuple[np.ndarray
     """(array, MD5) from the cache entry when it describes the source as it is now, else None."""
     try:
         sidecar = json.loads(entry.with_suffix(".json").read_text())
-        array = np.load(entry.with_suffix(".npy"), allow_pickle=False)
+        mapped = np.load(entry.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)  # nothing read yet
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, EOFError) as error:
+    except (OSError, ValueError, EOFError, RecursionError) as error:
         logger.debug("ignoring the unreadable cache entry %s: %s", entry, error)
         return None
     md5 = sidecar.get("md5") if isinstance(sidecar, dict) else None
-    if not isinstance(md5, str) or sidecar != _sidecar(file_key, md5, array):
+    if not isinstance(md5, str) or sidecar != _sidecar(file_key, md5, mapped) or mapped.nbytes > MAX_IDX_BYTES:
         logger.debug("ignoring the cache entry %s: it describes another file or array", entry)
         return None
+    array = np.array(mapped)  # read only once the entry is known to describe this file
     array.flags.writeable = False
     return array, md5
 
@@ -430,6 +497,7 @@ def load_mnist_pixels(data_dir: str | os.PathLike | None = None, split: str = "t
     """(pixels uint8 (N, 28, 28), labels int64 (N,)): ``load_mnist`` before the float conversion."""
     images_path, labels_path = _split_paths(split, data_dir, download, mirrors)
     images_name, labels_name = SPLIT_FILES[split]
+    _check_declared_pair(images_path, labels_path, SPLIT_COUNTS[split] if verify else None)
     images, images_md5 = _read_mnist_file(images_path, images_name)
     labels, labels_md5 = _read_mnist_file(labels_path, labels_name)
     if images.shape[0] != labels.shape[0]:
@@ -444,6 +512,28 @@ def load_mnist_pixels(data_dir: str | os.PathLike | None = None, split: str = "t
         _verify_idx_checksum(images_md5, images_path, images_name)
         _verify_idx_checksum(labels_md5, labels_path, labels_name)
     return images, labels.astype(np.int64)
+
+
+def _check_declared_pair(images_path: Path, labels_path: Path, mnist_count: int | None) -> None:
+    """What the two headers declare, before either file's data is read: an images file of
+    N × 28 × 28 and a labels file of N, with N at most MNIST's own count when the data must
+    be MNIST (``mnist_count``), so a small file declaring a huge size allocates nothing.
+    A header that cannot be read here is left to the full read, which names the problem."""
+    images_dims, labels_dims = read_idx_dims(images_path), read_idx_dims(labels_path)
+    if images_dims is not None:
+        _check_magic_dims(images_dims, images_path, IMAGES_MAGIC, 3, "images")
+        if images_dims[1:] != (IMAGE_SIDE, IMAGE_SIDE):
+            raise DataError(f"{images_path}: images are {images_dims[1]}×{images_dims[2]}, MNIST's are "
+                            f"{IMAGE_SIDE}×{IMAGE_SIDE}")
+    if labels_dims is not None:
+        _check_magic_dims(labels_dims, labels_path, LABELS_MAGIC, 1, "labels")
+    if images_dims is not None and labels_dims is not None and images_dims[0] != labels_dims[0]:
+        raise DataError(f"{images_path} holds {images_dims[0]} images but {labels_path} holds "
+                        f"{labels_dims[0]} labels")
+    for path, dims, what in ((images_path, images_dims, "images"), (labels_path, labels_dims, "labels")):
+        if mnist_count is not None and dims is not None and dims[0] > mnist_count:
+            raise DataError(f"{path}: the header declares {dims[0]} {what}; MNIST's file holds {mnist_count}, "
+                            f"so this is not MNIST")
 
 
 def one_hot(labels, classes: int = NUM_CLASSES) -> np.ndarray:

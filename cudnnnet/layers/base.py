@@ -78,6 +78,10 @@ class Layer:
     def init_parameters(self, rng: np.random.Generator) -> None:
         """Create this layer's parameters (none by default)."""
 
+    def parameter_shapes(self, input_shape: SampleShape) -> dict[str, tuple[int, int, int, int]]:
+        """{"weight": shape, ...}: the parameters ``build`` would create for ``input_shape``, none made."""
+        return {}
+
     def parameters(self) -> list[Parameter]:
         return []
 

@@ -45,11 +45,20 @@ class BatchNorm(Layer):
     def config(self):
         return {"mode": self.mode, "momentum": self.momentum, "eps": self.eps}
 
-    def init_parameters(self, rng):
-        c, h, w = self.input_sample_shape
+    def _mode_for(self, input_shape) -> BatchNormMode:
+        """spatial on planes (after Conv2D), per activation on vectors (after Dense), unless set."""
+        _, h, w = input_shape
         mode = self.mode if self.mode != "auto" else ("spatial" if h * w > 1 else "per_activation")
-        self.batch_norm_mode = BatchNormMode(BATCH_NORM_MODES[mode])
-        shape = (1, c, 1, 1) if self.batch_norm_mode == BatchNormMode.SPATIAL else (1, c, h, w)
+        return BatchNormMode(BATCH_NORM_MODES[mode])
+
+    def parameter_shapes(self, input_shape):
+        c, h, w = input_shape
+        shape = (1, c, 1, 1) if self._mode_for(input_shape) == BatchNormMode.SPATIAL else (1, c, h, w)
+        return {"weight": shape, "bias": shape}
+
+    def init_parameters(self, rng):
+        self.batch_norm_mode = self._mode_for(self.input_sample_shape)
+        shape = self.parameter_shapes(self.input_sample_shape)["weight"]  # (1, C, 1, 1) or (1, C, H, W)
         b = self.backend
         self.weight = Tensor(shape, b).fill_(1.0)  # γ
         self.bias = Tensor.zeros(shape, b)  # β

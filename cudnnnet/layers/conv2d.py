@@ -55,6 +55,10 @@ class Conv2D(WeightBiasLayer):
             )
         return self._descriptor(c).output_shape((1, c, h, w))[1:]
 
+    def parameter_shapes(self, input_shape):
+        return {"weight": (self.out_channels, input_shape[0], self.kernel_size, self.kernel_size),
+                "bias": (1, self.out_channels, 1, 1)}
+
     def init_parameters(self, rng):
         self.descriptor = self._descriptor(self.input_sample_shape[0])
         fan_in = self.input_sample_shape[0] * self.kernel_size ** 2  # C·k·k

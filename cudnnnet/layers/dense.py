@@ -35,6 +35,9 @@ class Dense(WeightBiasLayer):
     def output_sample_shape(self, input_shape):
         return (self.out_size, 1, 1)
 
+    def parameter_shapes(self, input_shape):
+        return {"weight": (self.out_size, prod(input_shape), 1, 1), "bias": (self.out_size, 1, 1, 1)}
+
     def init_parameters(self, rng):
         self.in_size = prod(self.input_sample_shape)
         self.weight = Tensor.from_numpy(

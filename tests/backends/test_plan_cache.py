@@ -98,6 +98,7 @@ DAMAGED = {
     "not json": b"\x00\x01 not json",
     "truncated": entry_with(lambda entry: None)[:-20],
     "a list": b"[1, 2, 3]",
+    "nested too deeply": b"[" * 100_000 + b"]" * 100_000,
     "another key": entry_with(lambda entry: entry["key"].update(x_shape=[96, 1, 28, 28])),
     "a direction missing": entry_with(lambda entry: entry["algorithms"].pop("backward_filter")),
     "algo as text": entry_with(lambda entry: entry["algorithms"]["forward"].update(algo="1")),

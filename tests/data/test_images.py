@@ -261,6 +261,21 @@ def test_arrays_that_are_not_images_are_refused(array):
         preprocess(array)
 
 
+@pytest.mark.parametrize("suffix", [".tif", ".pfm"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_float_images_with_non_finite_samples_are_refused(tmp_path, suffix, value):
+    samples = np.zeros((28, 28), np.float32)
+    samples[6:22, 12:16] = 1.0
+    samples[3, 4] = value
+    path = tmp_path / f"float{suffix}"
+    Image.fromarray(samples, mode="F").save(path)
+    with pytest.raises(ImageError, match=rf"float\{suffix}: the image holds NaN or infinite values \(1 of its 784 samples\)"):
+        load_image(path)
+    samples[3, 4] = 0.0
+    Image.fromarray(samples, mode="F").save(path)
+    assert np.isfinite(load_image(path)).all()
+
+
 def test_preprocess_refuses_other_types():
     with pytest.raises(TypeError, match="list"):
         preprocess([[0, 1]])

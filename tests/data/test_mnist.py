@@ -1,5 +1,6 @@
 import gzip
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -498,11 +499,14 @@ def test_a_changed_source_is_parsed_again(tmp_path, idx_tools, parse_calls, chan
 
 def _damage(path: Path, how: str) -> None:
     data = path.read_bytes()
-    path.write_bytes({"emptied": b"", "truncated": data[:len(data) // 2], "garbage": b"\x93NUMPY\x01\x00junk"}[how])
+    huge = io.BytesIO()
+    np.lib.format.write_array_header_1_0(huge, {"descr": "|u1", "fortran_order": False, "shape": (2**40,)})
+    path.write_bytes({"emptied": b"", "truncated": data[:len(data) // 2], "garbage": b"\x93NUMPY\x01\x00junk",
+                      "nested": b"[" * 100_000 + b"]" * 100_000, "declaring a terabyte": huge.getvalue()}[how])
 
 
 @pytest.mark.parametrize("suffix", [".npy", ".json"])
-@pytest.mark.parametrize("how", ["emptied", "truncated", "garbage"])
+@pytest.mark.parametrize("how", ["emptied", "truncated", "garbage", "nested", "declaring a terabyte"])
 def test_a_damaged_cache_entry_is_ignored_and_rewritten(tmp_path, idx_tools, parse_calls, parsed_dir, suffix, how):
     images, labels = idx_tools.fake_split(3)
     idx_tools.write_split(tmp_path, "test", images, labels)
@@ -587,3 +591,58 @@ def test_an_invalid_file_is_not_cached(tmp_path, idx_tools, parsed_dir):
         load_mnist(tmp_path, "test", download=False, verify=False)
     sources = [json.loads(path.read_text())["source"] for path in parsed_dir.glob("*.json")]
     assert sources == [str((tmp_path / "t10k-images-idx3-ubyte.gz").resolve())]  # the valid images only
+
+
+# ---- declared sizes: nothing is decompressed beyond what a header declares ----------------------
+
+
+def zeros_gzip(header: bytes, megabytes: int) -> bytes:
+    """A gzip stream of ``header`` then ``megabytes`` MiB of zeros, a few KiB on disk (repeated members)."""
+    return gzip.compress(header) + gzip.compress(bytes(1 << 20)) * megabytes
+
+
+def test_a_stream_inflating_past_its_declared_size_is_refused_as_too_long(tmp_path, monkeypatch):
+    path = tmp_path / "labels.gz"
+    path.write_bytes(zeros_gzip(bytes([0, 0, 8, 1, 0, 0, 0, 3, 1, 2, 3]), 64))
+    reads = []
+    original_read = gzip.GzipFile.read
+    monkeypatch.setattr(gzip.GzipFile, "read", lambda self, size=-1: reads.append(size) or original_read(self, size))
+    with pytest.raises(DataError, match=r"labels\.gz: too long: header dims \(3,\) call for 3 data bytes, the file holds more"):
+        read_labels(path)
+    assert -1 not in reads and sum(reads) <= 4 + 4 + 3 + 1
+
+
+def test_a_header_declaring_more_than_the_limit_is_refused_before_any_data(tmp_path):
+    path = tmp_path / "images.gz"
+    path.write_bytes(zeros_gzip(bytes([0, 0, 8, 3]) + b"".join(size.to_bytes(4, "big") for size in (2**20, 2**10, 28)), 1))
+    with pytest.raises(DataError, match=rf"images\.gz: IDX header dims \(1048576, 1024, 28\) describe 30064771072 bytes, "
+                                        rf"more than the {mnist.MAX_IDX_BYTES} bytes"):
+        read_idx(path)
+
+
+@pytest.mark.parametrize("declared, pattern", [
+    ({"images": (60001, 28, 28), "labels": (60001,)},
+     r"train-images-idx3-ubyte\.gz: the header declares 60001 images; MNIST's file holds 60000, so this is not MNIST"),
+    ({"labels": (70000,)}, r"holds 12 images but .*train-labels-idx1-ubyte\.gz holds 70000 labels"),
+    ({"images": (12, 4000, 4000)}, r"train-images-idx3-ubyte\.gz: images are 4000×4000, MNIST's are 28×28"),
+    ({"images": (2**20,)}, r"train-images-idx3-ubyte\.gz: magic 2049 is not an MNIST images file"),
+])
+def test_mnist_headers_are_checked_as_a_pair_before_any_data_is_read(tmp_path, idx_tools, monkeypatch, declared, pattern):
+    images, labels = idx_tools.fake_split(12)
+    idx_tools.write_split(tmp_path, "train", images, labels)
+    for which, dims in declared.items():
+        name = mnist.SPLIT_FILES["train"][0 if which == "images" else 1]
+        header = bytes([0, 0, 8, len(dims)]) + b"".join(size.to_bytes(4, "big") for size in dims)
+        (tmp_path / f"{name}.gz").write_bytes(zeros_gzip(header, 8))
+    monkeypatch.setattr(mnist, "read_idx_bytes", lambda *args: pytest.fail("data read before the headers were checked"))
+    with pytest.raises(DataError, match=pattern):
+        load_mnist(tmp_path, "train", download=False)
+
+
+def test_without_verification_a_larger_data_set_still_loads(tmp_path, idx_tools, monkeypatch):
+    monkeypatch.setitem(mnist.SPLIT_COUNTS, "train", 5)
+    images, labels = idx_tools.fake_split(12)
+    idx_tools.write_split(tmp_path, "train", images, labels)
+    with pytest.raises(DataError, match="declares 12 images; MNIST's file holds 5"):
+        load_mnist(tmp_path, "train", download=False)
+    assert load_mnist(tmp_path, "train", download=False, verify=False)[0].shape == (12, 1, 28, 28)

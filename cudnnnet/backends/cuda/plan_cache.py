@@ -195,7 +195,7 @@ def _read(key: PlanKey | GemmKey, parse: Callable[[dict], Parsed | None]) -> Par
         entry = json.loads(path.read_bytes())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         log.debug("ignoring the unreadable cached plan %s: %s", path, error)
         return None
     parsed = parse(entry) if isinstance(entry, dict) and entry.get("key") == key.as_json() else None

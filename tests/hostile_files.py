@@ -1,0 +1,72 @@
+"""Builders of small hostile files the tests share (not fixtures): streams that inflate to far more
+than they take on disk, and zip archives whose entries declare what their writer chose."""
+
+import gzip
+import io
+import struct
+import zipfile
+import zlib
+
+import numpy as np
+
+MIB = 1 << 20
+
+
+def gzip_bomb(header: bytes, megabytes: int) -> bytes:
+    """``header`` then ``megabytes`` MiB of zeros as one gzip file of about ``megabytes`` KiB
+    (one gzip member per MiB; readers take a multi-member file as one stream)."""
+    return gzip.compress(header) + gzip.compress(bytes(MIB)) * megabytes
+
+
+def idx_header(dims: tuple[int, ...]) -> bytes:
+    """The header of an IDX ubyte file of ``dims``."""
+    return bytes([0, 0, 8, len(dims)]) + b"".join(int(size).to_bytes(4, "big") for size in dims)
+
+
+def npy_header(shape: tuple[int, ...], dtype="<f4") -> bytes:
+    """A .npy (version 1.0) header declaring ``shape`` and ``dtype``."""
+    header = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": tuple(shape)}
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, header)
+    return buffer.getvalue()
+
+
+class Entry:
+    """A zip entry: ``head`` (stored as is) then ``zero_megabytes`` MiB of zeros, deflated."""
+
+    def __init__(self, head: bytes, zero_megabytes: int = 0):
+        self.head, self.zero_megabytes = head, zero_megabytes
+
+    def deflated(self) -> tuple[bytes, int, int]:
+        """(raw deflate data, uncompressed size, CRC-32), built without inflating the zeros in memory."""
+        compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+        data = compressor.compress(self.head) + compressor.flush(zlib.Z_FULL_FLUSH)
+        zeros = compressor.compress(bytes(MIB)) + compressor.flush(zlib.Z_FULL_FLUSH)
+        crc = zlib.crc32(self.head)
+        for _ in range(self.zero_megabytes):
+            crc = zlib.crc32(bytes(MIB), crc)
+        data += zeros * self.zero_megabytes + compressor.flush()
+        return data, len(self.head) + self.zero_megabytes * MIB, crc
+
+
+def write_zip(path, entries: dict[str, Entry]) -> None:
+    """A zip archive of deflated ``entries`` whose headers declare their true sizes (ZIP64 where needed)."""
+    local, central = bytearray(), bytearray()
+    for name, entry in entries.items():
+        data, size, crc = entry.deflated()
+        encoded = name.encode()
+        extra = struct.pack("<HHQQ", 1, 16, size, len(data))
+        offset = len(local)
+        local += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 45, 0, 8, 0, 0x21, crc, 0xFFFFFFFF, 0xFFFFFFFF,
+                             len(encoded), len(extra)) + encoded + extra + data
+        central_extra = struct.pack("<HHQQQ", 1, 24, size, len(data), offset)
+        central += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 45, 45, 0, 8, 0, 0x21, crc, 0xFFFFFFFF,
+                               0xFFFFFFFF, len(encoded), len(central_extra), 0, 0, 0, 0, 0xFFFFFFFF) + encoded + central_extra
+    count = len(entries)
+    zip64_end = struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count, len(central), len(local))
+    locator = struct.pack("<4sIQI", b"PK\x06\x07", 0, len(local) + len(central), 1)
+    end = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, count, count, len(central), len(local), 0)
+    with open(path, "wb") as file:
+        file.write(bytes(local) + bytes(central) + zip64_end + locator + end)
+    with zipfile.ZipFile(path) as archive:  # the archive is well formed: its directory reads
+        assert [info.filename for info in archive.infolist()] == list(entries)
