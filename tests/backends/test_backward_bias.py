@@ -1,5 +1,5 @@
 """The slides engine's convolution bias gradient (backends/cuda/backward_bias.py): one
-cudnnConvolutionBackwardBias, or two where dy has few channels of many values.
+cudnnConvolutionBackwardBias, or two on reshaped views of dy from MIN_SAMPLES samples on.
 
 On the host: the shape rule. On CUDA (marked ``gpu``): both forms agree with the host backend within
 float32 rounding for every blend of alpha and beta, make exactly ``passes`` library calls and nothing
@@ -16,8 +16,10 @@ from cudnnnet.tensor import Tensor
 from conftest import every_backend_using
 
 FP32_TOLERANCE = 1e-5
-TWO_PASSES = [(256, 20, 24, 24), (256, 50, 8, 8), (64, 6, 28, 28), (7, 3, 40, 40)]  # the CNN's and LeNet's c1 dy
-ONE_PASS = [(64, 120, 1, 1), (2, 600, 3, 3), (1, 3, 64, 64), (4096, 20, 24, 24), (3, 2, 5, 5)]
+# the CNN's dy at batch 256 and 32, LeNet-5's at 64, and a batch that splits unevenly (60 = 10·6)
+TWO_PASSES = [(256, 20, 24, 24), (256, 50, 8, 8), (32, 20, 24, 24), (64, 6, 28, 28), (64, 120, 1, 1), (60, 7, 3, 5)]
+# fewer than MIN_SAMPLES, a prime batch, and more channels B·K than one view may have
+ONE_PASS = [(16, 50, 8, 8), (2, 600, 3, 3), (1, 3, 64, 64), (37, 20, 8, 8), (256, 4096, 1, 1)]
 BLENDS = [(1.0, 0.0), (0.5, 2.0), (-1.5, 1.0)]  # (alpha, beta); beta = 0 starts from NaN
 
 
@@ -51,11 +53,17 @@ def bias_gradient(backend, dy: np.ndarray, db: np.ndarray, alpha: float, beta: f
 @pytest.mark.parametrize("shape", TWO_PASSES, ids=describe)
 def test_few_channels_of_many_values_take_two_passes(shape):
     assert backward_bias.passes(shape) == 2
-    assert backward_bias.scratch_bytes(shape) == 4 * shape[0] * shape[1]
+    b = backward_bias.split(shape[0])
+    assert 1 < b <= shape[0] // b and shape[0] % b == 0
+    assert backward_bias.scratch_bytes(shape) == 4 * b * shape[1]
+
+
+def test_the_split_is_the_largest_divisor_up_to_the_square_root():
+    assert [backward_bias.split(n) for n in (256, 64, 60, 32, 37, 1)] == [16, 8, 6, 4, 1, 1]
 
 
 @pytest.mark.parametrize("shape", ONE_PASS, ids=describe)
-def test_one_value_per_plane_many_channels_one_sample_or_too_many_planes_take_one_call(shape):
+def test_small_or_prime_batches_and_too_many_channels_take_one_call(shape):
     assert backward_bias.passes(shape) == 1
     assert backward_bias.scratch_bytes(shape) == 0
 

@@ -442,14 +442,14 @@ class CudaBackend(Backend):
                       workspace, algorithm.workspace_bytes, self._scalar(beta), out_desc, out.data.ptr)
 
     def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
-        """cudnnConvolutionBackwardBias, in two passes where dy has few channels of many values (see
-        backward_bias.py); in fast mode kernels/channel_sum.cu (see channel_sum.py): one launch,
+        """cudnnConvolutionBackwardBias, in two passes over reshaped views of dy from 32 samples on
+        (see backward_bias.py); in fast mode kernels/channel_sum.cu (see channel_sum.py): one launch,
         deterministic, no library call."""
         _expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
         if self.engine.channel_sum:
             self._channel_sum(alpha, dy, beta, db)
             return
-        # db = alpha·Σ_{n,h,w} dy + beta·db      in one call, or two where one leaves the GPU idle
+        # db = alpha·Σ_{n,h,w} dy + beta·db      in one call, or two on reshaped views of dy
         backward_bias(self, alpha, dy, beta, db)
 
     # ---- cuDNN: pooling -----------------------------------------------------------------------

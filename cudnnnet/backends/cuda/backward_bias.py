@@ -2,12 +2,14 @@
 
     db = alpha·Σₙ Σ_{h,w} dy + beta·db          dy (N, K, H, W), db (1, K, 1, 1)
 
-cuDNN sums each channel in about one block, so with few channels K and many values per channel
-N·H·W most of the GPU idles while a few blocks read the whole of dy. Two calls of the same
-function spread that work over N·K blocks, each reading one contiguous (h, w) plane:
+cuDNN's reduction steps through the N samples one after another, so its time grows with N far
+more than with K or H·W (small planes of a batch of 256 take several times as long as the bytes
+need). Two calls of the same function on reshaped views each step through about √N samples
+instead. With N = A·B (sample n = a·B + b), dy is also a packed (A, B·K, H, W) tensor whose
+channel b·K + k holds sample a·B + b's channel k, so
 
-    s  = Σ_{h,w} dy              dy viewed as (1, N·K, H, W), s (1, N·K, 1, 1)
-    db = alpha·Σₙ s + beta·db    s viewed as (N, K, 1, 1)
+    s  = Σ_a Σ_{h,w} dy          dy viewed as (A, B·K, H, W), s (1, B·K, 1, 1)
+    db = alpha·Σ_b s + beta·db   s viewed as (B, K, 1, 1)
 
 ``passes`` decides from the shape alone (so a shape always adds in the same order); s lives in the
 backend's cuDNN workspace, which ``CudaBackend.convolution_plan`` grows to ``scratch_bytes`` of the
@@ -16,31 +18,32 @@ plan's output, so that no call allocates (nor can, inside a CUDA graph capture).
 
 from __future__ import annotations
 
+import math
+
 from .bindings import cudnn
 from .buffer import FLOAT32_BYTES
 
-# Two passes where cuDNN's one call leaves the GPU idle: fewer channels than MAX_CHANNELS (about
-# one block per channel), at least MIN_PLANE values per (n, k) plane (a block of the first pass
-# sums one plane) and at least MIN_PER_CHANNEL values per channel; N·K within MAX_PLANES, the
-# channels one cuDNN call reduces.
-MAX_CHANNELS = 256
-MIN_PLANE = 16
-MIN_PER_CHANNEL = 4096
-MAX_PLANES = 65535
+MIN_SAMPLES = 32  # below this a second call costs about what it saves
+MAX_CHANNELS = 65535  # the most channels B·K of the first call's view
+
+
+def split(n: int) -> int:
+    """B: the largest divisor of n that is at most √n (1 for a prime n)."""
+    return next(b for b in range(math.isqrt(n), 0, -1) if n % b == 0)
 
 
 def passes(dy_shape) -> int:
-    """How many cudnnConvolutionBackwardBias calls reduce a dy of this shape: 1 or 2."""
-    n, k, h, w = dy_shape
-    two = (k < MAX_CHANNELS and h * w >= MIN_PLANE and n * h * w >= MIN_PER_CHANNEL and 1 < n
-           and n * k <= MAX_PLANES)
-    return 2 if two else 1
+    """How many cudnnConvolutionBackwardBias calls reduce a dy of this shape: 1 or 2 (from
+    MIN_SAMPLES samples on, where they split into A·B with 1 < B ≤ A)."""
+    n, k, _, _ = dy_shape
+    b = split(n)
+    return 2 if n >= MIN_SAMPLES and b > 1 and b * k <= MAX_CHANNELS else 1
 
 
 def scratch_bytes(dy_shape) -> int:
-    """Bytes of workspace the two-pass form needs for this dy (0 where one call does it)."""
+    """Bytes of workspace the two-pass form needs for this dy: B·K floats (0 where one call does it)."""
     n, k, _, _ = dy_shape
-    return FLOAT32_BYTES * n * k if passes(dy_shape) == 2 else 0
+    return FLOAT32_BYTES * split(n) * k if passes(dy_shape) == 2 else 0
 
 
 def backward_bias(backend, alpha, dy, beta, db) -> None:
@@ -54,10 +57,11 @@ def backward_bias(backend, alpha, dy, beta, db) -> None:
         cudnn.convolution_backward_bias(handle, scalar(alpha), descriptors.tensor(dy.shape).handle, dy.data.ptr,
                                         scalar(beta), db_desc, db.data.ptr)
         return
-    planes = backend.context.workspace(scratch_bytes(dy.shape))  # s (N·K,)
-    # s = Σ_{h,w} dy      dy as (1, N·K, H, W), s as (1, N·K, 1, 1)
-    cudnn.convolution_backward_bias(handle, scalar(1.0), descriptors.tensor((1, n * k, h, w)).handle, dy.data.ptr,
-                                    scalar(0.0), descriptors.tensor((1, n * k, 1, 1)).handle, planes)
-    # db = alpha·Σₙ s + beta·db      s as (N, K, 1, 1)
-    cudnn.convolution_backward_bias(handle, scalar(alpha), descriptors.tensor((n, k, 1, 1)).handle, planes,
+    b = split(n)
+    partial = backend.context.workspace(scratch_bytes(dy.shape))  # s (B·K,)
+    # s = Σ_a Σ_{h,w} dy      dy as (A, B·K, H, W), s as (1, B·K, 1, 1)
+    cudnn.convolution_backward_bias(handle, scalar(1.0), descriptors.tensor((n // b, b * k, h, w)).handle,
+                                    dy.data.ptr, scalar(0.0), descriptors.tensor((1, b * k, 1, 1)).handle, partial)
+    # db = alpha·Σ_b s + beta·db      s as (B, K, 1, 1)
+    cudnn.convolution_backward_bias(handle, scalar(alpha), descriptors.tensor((b, k, 1, 1)).handle, partial,
                                     scalar(beta), db_desc, db.data.ptr)
