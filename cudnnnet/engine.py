@@ -10,7 +10,8 @@ and the CUDA backend read its fields, never attributes of their own.
     Dense       y = Wᵀx (cublasSgemm), y += b·1ᵀ (rank-1 cublasSgemm); db cublasSgemv, dW, dx cublasSgemm
     Activation  cudnnActivationForward / cudnnActivationBackward
     Softmax     cudnnSoftmaxForward; the loss by kernels/loss.cu; dx by cudaMemcpyAsync + cublasSaxpy + cublasSscal
-    Conv2D      cudnnConvolutionForward + cudnnAddTensor; cudnnConvolutionBackwardBias / Filter / Data,
+    Conv2D      cudnnConvolutionForward + cudnnAddTensor; cudnnConvolutionBackwardBias (in two passes over
+                reshaped views of dy from 32 samples on: backends/cuda/backward_bias.py) / Filter / Data,
                 algorithms from cudnnFindConvolution*Algorithm within the workspace limit: the fastest
                 exact one it measured, deterministic or not (the C++ design's PREFER_FASTEST)
     Pooling     cudnnPoolingForward / cudnnPoolingBackward

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from cudnnnet.backends import get_backend
+from cudnnnet.backends.cuda import backward_bias
 from cudnnnet.cli import evaluate as evaluate_cli
 from cudnnnet.cli import predict as predict_cli
 from cudnnnet.cli import train as train_cli
@@ -293,10 +294,10 @@ def cuda_library_calls(layer, phase, method) -> dict:
     first = layer.gradient_stop
     if isinstance(layer, Dense):
         return {"cublasSgemm_v2": 2} if method == "forward" else {"cublasSgemv_v2": 1, "cublasSgemm_v2": 1 if first else 2}
-    if isinstance(layer, Conv2D):
+    if isinstance(layer, Conv2D):  # the bias gradient in one cudnnConvolutionBackwardBias or two (backward_bias.py)
         return {"cudnnConvolutionForward": 1, "cudnnAddTensor": 1} if method == "forward" else \
-            {"cudnnConvolutionBackwardBias": 1, "cudnnConvolutionBackwardFilter": 1,
-             "cudnnConvolutionBackwardData": int(not first)}
+            {"cudnnConvolutionBackwardBias": backward_bias.passes(layer.output.shape),
+             "cudnnConvolutionBackwardFilter": 1, "cudnnConvolutionBackwardData": int(not first)}
     if isinstance(layer, Activation):
         return {"cudnnActivationForward": 1} if method == "forward" else {"cudnnActivationBackward": int(not first)}
     if isinstance(layer, Pooling):

@@ -5,7 +5,10 @@
                                                                        our explicit-GEMM convolution
               y  = y + b           cudnnAddTensor                      y = f(y + b): our bias_activation
                                                                        kernel, f of the next Activation
-    backward  db = Σₙ Σ_{h,w} dy   cudnnConvolutionBackwardBias        our channel_sum kernel
+    backward  db = Σₙ Σ_{h,w} dy   cudnnConvolutionBackwardBias, in    our channel_sum kernel
+                                   two passes from 32 samples on
+                                   (N = A·B: Σ over a, h, w, then
+                                   over b; see backward_bias.py)
               dw = Σₙ xₙ ⋆ dyₙ     cudnnConvolutionBackwardFilter      the plan's algorithm
               dx = dy ⋆ᵀ w         cudnnConvolutionBackwardData        the plan's algorithm
 

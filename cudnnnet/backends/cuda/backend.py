@@ -39,6 +39,8 @@ from .dropout import DropoutReserve, DropoutState
 from . import dlpack
 from .bindings import cublas, cudnn, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
+from .backward_bias import backward_bias
+from .backward_bias import scratch_bytes as bias_scratch_bytes
 from .channel_sum import ChannelSum
 from .context import CudaContext
 from .handles import Event
@@ -316,7 +318,8 @@ class CudaBackend(Backend):
     # ---- cuDNN: convolution -------------------------------------------------------------------
     def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
         """Algorithms for this (descriptor, input shape, math mode), chosen once and cached; the
-        shared workspace grows to fit them now, so that no later call allocates."""
+        shared workspace grows to fit them and the two-pass bias gradient of ``y_shape`` now, so
+        that no later call allocates."""
         x_shape, y_shape = as_shape(x_shape), as_shape(y_shape)
         key = (desc, x_shape, self.math, self.algorithm_search)  # the search names the engine's choice
         plan = self._plans.get(key)
@@ -328,7 +331,7 @@ class CudaBackend(Backend):
                     "run one forward pass at this batch size before capturing"
                 )
             plan = self._new_plan(desc, x_shape, y_shape)
-            self.context.workspace(plan.workspace_bytes)
+            self.context.workspace(max(plan.workspace_bytes, bias_scratch_bytes(y_shape)))
             self.context.ones(x_shape[0])
             self._plans[key] = plan
             if len(self._plans) > PLAN_CACHE_SIZE:
@@ -439,16 +442,15 @@ class CudaBackend(Backend):
                       workspace, algorithm.workspace_bytes, self._scalar(beta), out_desc, out.data.ptr)
 
     def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
-        """cudnnConvolutionBackwardBias; in fast mode kernels/channel_sum.cu (see channel_sum.py): one
-        launch, deterministic, no library call."""
+        """cudnnConvolutionBackwardBias, in two passes over reshaped views of dy from 32 samples on
+        (see backward_bias.py); in fast mode kernels/channel_sum.cu (see channel_sum.py): one launch,
+        deterministic, no library call."""
         _expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
         if self.engine.channel_sum:
             self._channel_sum(alpha, dy, beta, db)
             return
-        # db = alpha·Σ_{n,h,w} dy + beta·db
-        cudnn.convolution_backward_bias(self._cudnn, self._scalar(alpha), self._descriptors.tensor(dy.shape).handle,
-                                        dy.data.ptr, self._scalar(beta), self._descriptors.tensor(db.shape).handle,
-                                        db.data.ptr)
+        # db = alpha·Σ_{n,h,w} dy + beta·db      in one call, or two on reshaped views of dy
+        backward_bias(self, alpha, dy, beta, db)
 
     # ---- cuDNN: pooling -----------------------------------------------------------------------
     def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
