@@ -29,6 +29,7 @@ from .data.mnist import load_mnist, load_mnist_pixels, one_hot
 from .data.pixels import PixelImages
 from .data.streamed import FLOAT32_BYTES, StreamedData, choose_placement
 from .errors import CheckpointError, DataError, TrainingError
+from .files import atomic_write
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import make_optimizer
 from .outputs import OutputFolder, checkpoint_to_resume
@@ -52,7 +53,7 @@ class Interrupted(Exception):
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
-    with checkpoint.atomic_write(path) as file:
+    with atomic_write(path) as file:
         file.write(text.encode("utf-8"))
 
 

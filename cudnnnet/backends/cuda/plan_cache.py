@@ -33,19 +33,19 @@ import hashlib
 import json
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from ...checkpoint import atomic_write
+from ... import cache
 from ..base import ConvolutionDescriptor
 from . import matmul
 from .bindings.cublaslt import MatmulAlgo
 from .convolution import DIRECTION_NAMES, EXACT_ALGORITHMS, Algorithm
-from .kernel import NO_CACHE_ENV
 from .matmul import GemmPlan, GemmProblem
 
 log = logging.getLogger(__name__)
+
+NO_CACHE_ENV = cache.NO_CACHE_ENV
 
 PLAN_FORMAT = 1  # raise when what a file holds, or how a plan is chosen, changes
 GEMM_PLAN_FORMAT = 1  # the same for GEMM plans
@@ -150,18 +150,15 @@ class GemmChoice:
 
 def plan_cache_dir() -> Path:
     """$XDG_CACHE_HOME/cudnnnet/plans, else ~/.cache/cudnnnet/plans."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cudnnnet" / "plans"
+    return cache.cache_root() / "plans"
 
 
 def plan_path(key: PlanKey | GemmKey) -> Path | None:
     """The cache file of ``key``, or None when the disk cache is turned off."""
-    if os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
+    if cache.cache_off():
         return None
     digest = hashlib.sha256(_canonical(key.as_json()).encode()).hexdigest()
-    try:
-        return plan_cache_dir() / f"{digest}.json"
-    except RuntimeError:  # no $XDG_CACHE_HOME and no home directory
-        return None
+    return cache.entry_path(plan_cache_dir, f"{digest}.json")
 
 
 def read_plan(key: PlanKey) -> dict[str, Algorithm] | None:
@@ -189,14 +186,8 @@ def _read(key: PlanKey | GemmKey, parse: Callable[[dict], Parsed | None]) -> Par
     """What ``parse`` makes of the entry stored for ``key``; None where there is no entry, the cache
     is off, or the file cannot be read, does not parse, holds another key or ``parse`` refuses it."""
     path = plan_path(key)
-    if path is None:
-        return None
-    try:
-        entry = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, RecursionError) as error:
-        log.debug("ignoring the unreadable cached plan %s: %s", path, error)
+    entry = cache.read_entry(lambda: json.loads(path.read_bytes()), path, "plan", log) if path else None
+    if entry is None:
         return None
     parsed = parse(entry) if isinstance(entry, dict) and entry.get("key") == key.as_json() else None
     if parsed is None:
@@ -207,13 +198,9 @@ def _read(key: PlanKey | GemmKey, parse: Callable[[dict], Parsed | None]) -> Par
 def _write(key: PlanKey | GemmKey, content: dict, what: str) -> None:
     """Write {"key": key, **content} to the file of ``key``, atomically; a failure is only logged."""
     path = plan_path(key)
-    if path is None:
-        return
-    try:
-        with atomic_write(path) as file:
-            file.write(_canonical({"key": key.as_json(), **content}).encode())
-    except OSError as error:
-        log.debug("not caching the %s plan in %s: %s", what, path.parent, error.strerror or error)
+    if path is not None:
+        stored = _canonical({"key": key.as_json(), **content}).encode()
+        cache.store_entry({path: lambda file: file.write(stored)}, f"the {what} plan", log)
 
 
 def _canonical(value: dict) -> str:
