@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint
+from .background import Background
 from .backends import get_backend, warm_up
 from .config import Config
 from .curves import plot_curves
@@ -92,31 +92,6 @@ def local_splits(config: Config):
         return load_split_pixels(config, "train", download=False), load_split_pixels(config, "test", download=False)
     except DataError:
         return None
-
-
-class OnAThread:
-    """``function(*args)`` running on a daemon thread from now on; ``result()`` waits for it and
-    returns its value or raises its exception. NumPy and file reads release the GIL, so reading
-    the data this way overlaps the CUDA libraries' loading."""
-
-    def __init__(self, function, *args):
-        self._outcome: tuple | None = None  # (True, value) or (False, exception)
-        self._thread = threading.Thread(target=self._run, args=(function, args), daemon=True,
-                                        name=f"cudnnnet-{function.__name__}")
-        self._thread.start()
-
-    def _run(self, function, args) -> None:
-        try:
-            self._outcome = (True, function(*args))
-        except BaseException as error:
-            self._outcome = (False, error)
-
-    def result(self):
-        self._thread.join()
-        succeeded, value = self._outcome
-        if not succeeded:
-            raise value
-        return value
 
 
 @dataclass
@@ -283,7 +258,7 @@ class Trainer:
         self.outputs = OutputFolder(self.output_dir)
         self.progress = progress
         warm_up(config.device)  # the GPU starts while the data is read and the libraries load
-        reading = OnAThread(local_splits, config)  # what is on disk already, while get_backend loads
+        reading = Background("cudnnnet-local_splits", local_splits, config)  # what is on disk, while get_backend loads
         self.backend = get_backend(config.device)  # before any download: no GPU is reported first
         splits = reading.result()
         (self.train_pixels, self.train_labels), (self.test_pixels, self.test_labels) = (

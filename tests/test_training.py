@@ -22,7 +22,7 @@ from cudnnnet.engine import SLIDES_KERNELS
 from cudnnnet.errors import TrainingError
 from cudnnnet import training
 from cudnnnet.layers import MSE, Activation, Dense, Softmax
-from cudnnnet.training import Interrupted, OnAThread, ResidentTestSet, Trainer, evaluate, evaluate_batches
+from cudnnnet.training import Interrupted, ResidentTestSet, Trainer, evaluate, evaluate_batches
 
 METRIC_KEYS = {"device", "epochs", "steps", "train_accuracy", "test_accuracy", "test_loss", "train_seconds",
                "images_per_second"}
@@ -374,20 +374,6 @@ def test_cnn_steps_replayed_as_a_cuda_graph_leave_the_host_weights(cuda, host, m
     for name, value in weights["host"].items():
         error = np.linalg.norm(weights["cuda"][name] - value) / np.linalg.norm(value)
         assert error < 1e-4, f"{name}: relative difference {error:.2e} after 3 steps (2 of them from the graph)"
-
-
-def test_on_a_thread_returns_the_value_computed_on_another_thread():
-    running = OnAThread(lambda value: (value * 2, threading.current_thread().name), 21)
-    value, thread = running.result()
-    assert value == 42 and thread == "cudnnnet-<lambda>" and thread != threading.current_thread().name
-
-
-def test_on_a_thread_raises_the_exception_of_the_function_in_the_caller():
-    def failing():
-        raise TrainingError("the data is broken")
-
-    with pytest.raises(TrainingError, match="the data is broken"):
-        OnAThread(failing).result()
 
 
 def test_the_trainer_reads_the_data_on_a_thread_while_the_backend_loads(mnist_dir, tmp_path, monkeypatch):
