@@ -15,8 +15,8 @@ import logging
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ...data.pixels import to_float_images
 from ...errors import ShapeError, UsageError
+from ...float_images import to_float_images
 from ...tensor import Tensor
 from ..base import (
     OP_N,
