@@ -252,7 +252,9 @@ class Position:
 
 
 class Trainer:
-    def __init__(self, config: Config, output_dir, resume=None, progress: bool = True):
+    def __init__(self, config: Config, output_dir, resume=None, progress: bool = True, image_limit: int | None = None):
+        """``image_limit``: train and test on the first ``image_limit`` images of each split only
+        (the benchmark's smoke tests); None takes every image."""
         self.config = config
         self.output_dir = Path(output_dir)
         self.outputs = OutputFolder(self.output_dir)
@@ -263,6 +265,9 @@ class Trainer:
         splits = reading.result()
         (self.train_pixels, self.train_labels), (self.test_pixels, self.test_labels) = (
             splits or (load_split_pixels(config, "train"), load_split_pixels(config, "test")))
+        if image_limit is not None:
+            self.train_pixels, self.train_labels = self.train_pixels.head(image_limit), self.train_labels[:image_limit]
+            self.test_pixels, self.test_labels = self.test_pixels.head(image_limit), self.test_labels[:image_limit]
         if hasattr(self.backend, "set_math"):
             self.backend.set_math(config.math)
         self.backend.set_engine(config.engine)
