@@ -403,6 +403,16 @@ def test_the_trainer_reads_the_data_on_a_thread_while_the_backend_loads(mnist_di
     assert run.train_images.shape == (60000, 1, 28, 28) and run.test_labels.shape == (10000,)
 
 
+def test_an_image_limit_keeps_the_first_images_of_each_split(mnist_dir, tmp_path):
+    limited = trainer(mnist_dir, tmp_path, steps=1)
+    full_train, full_test = limited.train_pixels.pixels, limited.test_pixels.pixels
+    config = limited.config
+    run = Trainer(config, tmp_path / "limited", progress=False, image_limit=300)
+    assert np.array_equal(run.train_pixels.pixels, full_train[:300]) and len(run.train_labels) == 300
+    assert np.array_equal(run.test_pixels.pixels, full_test[:300]) and len(run.test_labels) == 300
+    assert run.loader.num_samples == 300 and run.test_set.count == 300
+
+
 @pytest.mark.parametrize("device", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_resident_sets_are_made_from_their_bytes_and_equal_the_float_images(device, mnist_dir, tmp_path, request):
     """A resident training and test set are made by the backend from the uint8 pixels (the trainer
