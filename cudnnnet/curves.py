@@ -18,7 +18,7 @@ import struct
 import zlib
 from pathlib import Path
 
-from . import checkpoint
+from .files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def plot_curves(history: list[dict], path: Path, steps_per_epoch: int | None = N
                (index + 1) * panel_width - MARGINS[2], canvas.height - MARGINS[3])
         _draw_panel(canvas, ImageDraw.Draw(canvas), font, box, epochs, history, metric)
     figure = canvas.reduce(SCALE)
-    with checkpoint.atomic_write(path) as file:
+    with atomic_write(path) as file:
         file.write(png_bytes(figure))
     log.debug("wrote %s (%d epochs)", path, len(history))
 

@@ -5,6 +5,9 @@ writes into ``output_dir``: ``model.npz`` (weights, optimiser state and position
 resumed), ``metrics.json``, ``history.csv`` and ``curves.png`` (drawn with Pillow), as one set
 published at once (``outputs.OutputFolder``): after every ``checkpoint_every`` epochs, at the end,
 and when a signal stops the run. Nothing outside ``output_dir`` is written.
+
+The data sets held on the device are ``data/resident.py``'s, the evaluation ``evaluation.py``'s;
+their names are re-exported here.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import json
 import logging
 import math
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,14 +23,18 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint
+from .background import Background
 from .backends import get_backend, warm_up
 from .config import Config
 from .curves import plot_curves
 from .data.loader import BatchLoader
-from .data.mnist import load_mnist, load_mnist_pixels, one_hot
+from .data.mnist import load_mnist, load_mnist_pixels
 from .data.pixels import PixelImages
-from .data.streamed import FLOAT32_BYTES, StreamedData, choose_placement
+from .data.resident import BatchFeed, ResidentData, ResidentTestSet, resident_images  # noqa: F401 (re-exported)
+from .data.streamed import StreamedData, choose_placement
 from .errors import CheckpointError, DataError, TrainingError
+from .evaluation import Accumulator, Evaluation, evaluate, evaluate_batches  # noqa: F401 (re-exported)
+from .files import atomic_write
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import make_optimizer
 from .outputs import OutputFolder, checkpoint_to_resume
@@ -52,7 +58,7 @@ class Interrupted(Exception):
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
-    with checkpoint.atomic_write(path) as file:
+    with atomic_write(path) as file:
         file.write(text.encode("utf-8"))
 
 
@@ -93,178 +99,6 @@ def local_splits(config: Config):
         return None
 
 
-class OnAThread:
-    """``function(*args)`` running on a daemon thread from now on; ``result()`` waits for it and
-    returns its value or raises its exception. NumPy and file reads release the GIL, so reading
-    the data this way overlaps the CUDA libraries' loading."""
-
-    def __init__(self, function, *args):
-        self._outcome: tuple | None = None  # (True, value) or (False, exception)
-        self._thread = threading.Thread(target=self._run, args=(function, args), daemon=True,
-                                        name=f"cudnnnet-{function.__name__}")
-        self._thread.start()
-
-    def _run(self, function, args) -> None:
-        try:
-            self._outcome = (True, function(*args))
-        except BaseException as error:
-            self._outcome = (False, error)
-
-    def result(self):
-        self._thread.join()
-        succeeded, value = self._outcome
-        if not succeeded:
-            raise value
-        return value
-
-
-@dataclass
-class Evaluation:
-    loss: float
-    accuracy: float
-    predictions: np.ndarray | None = None  # (N,) argmax per sample, when asked for
-
-
-class Accumulator:
-    """Loss sum and correct count on the device, read only when a figure is needed."""
-
-    def __init__(self, backend):
-        self.values = Tensor.zeros((2,), backend)  # [Σ batch mean losses (training) or the set's mean loss, Σ correct]
-        self.loss_sum = self.values.view((1,), 0)
-        self.correct = self.values.view((1,), 1)
-
-    def reset(self) -> None:
-        self.values.fill_(0.0)
-
-    def read(self) -> tuple[float, float]:
-        loss_sum, correct = self.values.numpy().reshape(-1)
-        return float(loss_sum), float(correct)
-
-
-class BatchFeed:
-    """Host batches copied into device tensors kept per batch size (no allocation per step)."""
-
-    def __init__(self, backend, sample_shape, classes: int):
-        self.backend, self.sample_shape, self.classes = backend, tuple(sample_shape), classes
-        self._tensors: dict[int, tuple[Tensor, Tensor]] = {}
-
-    def __call__(self, images: np.ndarray, onehot: np.ndarray) -> tuple[Tensor, Tensor]:
-        size = images.shape[0]
-        if size not in self._tensors:
-            self._tensors[size] = (Tensor((size,) + self.sample_shape, self.backend),
-                                   Tensor((size, self.classes), self.backend))
-        x, target = self._tensors[size]
-        return x.write_(images), target.write_(onehot)
-
-
-def resident_images(images, backend) -> Tensor:
-    """float32 images (N, C, H, W) held by ``backend``: an array copied as it is, or PixelImages made
-    there from their bytes (on a GPU, a quarter of the float32 copy and a kernel)."""
-    return images.to_tensor(backend) if isinstance(images, PixelImages) else Tensor.from_numpy(images, backend)
-
-
-class ResidentData:
-    """The training set held by the backend (device memory on CUDA), its batches gathered there.
-
-    Each epoch's order is uploaded once; a batch is then selected by writing its start into a
-    one-element ``cursor`` on the device, so that the gather inside a captured CUDA graph reads
-    the batch of the step being replayed. No host copy or synchronisation happens per step.
-    """
-
-    def __init__(self, backend, images, labels: np.ndarray, batch_size: int, classes: int):
-        self.backend, self.batch_size, self.classes = backend, batch_size, classes
-        self.count = images.shape[0]
-        self.images = resident_images(images, backend)  # (N, C, H, W)
-        self.labels = Tensor.from_numpy(labels.astype(np.float32), backend)  # (N,) class ids
-        self.order = Tensor((self.count,), backend)  # (N,) the epoch's sample ids, in order
-        self.cursor = Tensor((1,), backend)  # where in ``order`` the batch starts
-        self._batches: dict[int, tuple[Tensor, Tensor]] = {}  # batch size -> (x, one-hot target)
-
-    def start_epoch(self, order: np.ndarray) -> None:
-        self.order.write_(order.astype(np.float32))
-
-    def select(self, index: int) -> tuple[Tensor, Tensor]:
-        """Point the cursor at batch ``index`` (outside any graph); returns that batch's tensors."""
-        size = min(self.batch_size, self.count - index * self.batch_size)
-        if size not in self._batches:
-            self._batches[size] = (Tensor((size,) + self.images.shape[1:], self.backend),
-                                   Tensor((size, self.classes), self.backend))
-        self.cursor.fill_(index * self.batch_size)
-        return self._batches[size]
-
-    def gather(self, x: Tensor, target: Tensor) -> None:
-        """x[b] = images[order[cursor + b]], target[b] = one_hot(...) — on the device, graph-safe."""
-        self.backend.gather_batch(self.images, self.labels, self.order, self.cursor, x, target)
-
-
-class ResidentTestSet:
-    """A test set held by the backend once (device memory on CUDA), evaluated in batches that are
-    views of it: an evaluation copies nothing from the host."""
-
-    def __init__(self, backend, images, labels: np.ndarray, classes: int):
-        self.count, self.classes = images.shape[0], classes
-        self.images = resident_images(images, backend)  # (N, C, H, W)
-        self.targets = Tensor.from_numpy(one_hot(labels, classes), backend)  # (N, classes)
-
-    @staticmethod
-    def nbytes(images, classes: int) -> int:
-        """The device memory a ResidentTestSet of ``images`` takes: the images and one-hot targets as float32."""
-        return FLOAT32_BYTES * (images.size + images.shape[0] * classes)
-
-    def batches(self, batch_size: int):
-        """(x, one-hot target) views of ``batch_size`` samples at a time (the last may be shorter)."""
-        sample_shape, sample_size = self.images.shape[1:], self.images.sample_size
-        for start in range(0, self.count, batch_size):
-            size = min(batch_size, self.count - start)
-            yield (self.images.view((size,) + sample_shape, start * sample_size),
-                   self.targets.view((size, self.classes), start * self.classes))
-
-
-def evaluate(network: Network, images: np.ndarray, labels: np.ndarray, batch_size: int = 1000,
-             keep_predictions: bool = False) -> Evaluation:
-    """Mean loss and accuracy over a whole set (and, if asked, each sample's predicted class),
-    its batches copied from the host."""
-    loader = BatchLoader(images, labels, batch_size, shuffle=False)
-    feed = BatchFeed(network.backend, images.shape[1:], loader.classes)
-    batches = (feed(batch_images, onehot) for batch_images, onehot, _ in loader.epoch_batches(0))
-    return evaluate_batches(network, batches, loader.num_samples, keep_predictions)
-
-
-def evaluate_batches(network: Network, batches, count: int, keep_predictions: bool = False) -> Evaluation:
-    """``evaluate`` over (x, one-hot target) tensor pairs covering ``count`` samples.
-
-    The network runs in evaluation mode (``Network.evaluating``). Without predictions, each batch's
-    loss and hits are added up on the device straight from the loss layer's input (one fused kernel
-    per batch for Softmax on CUDA, no softmax output) and read once, at the end: one
-    synchronisation for the whole set.
-    """
-    with network.evaluating():  # Dropout off, BatchNorm on its running statistics
-        if keep_predictions:
-            return _evaluate_with_predictions(network, batches, count)
-        totals = Accumulator(network.backend)  # both zero
-        for x, target in batches:
-            # loss += (1/count)·Σₙ Jₙ over the batch;  correct += its hits
-            network.forward_metrics(x, target, totals.loss_sum, totals.correct, 1.0 / count)
-        loss, correct = totals.read()
-    return Evaluation(loss, correct / count)
-
-
-def _evaluate_with_predictions(network: Network, batches, count: int) -> Evaluation:
-    """``evaluate_batches`` keeping each sample's predicted class: the loss layer's output is read
-    back per batch (and its loss with it)."""
-    totals = Accumulator(network.backend)
-    predictions = []
-    loss_sum = 0.0
-    for x, target in batches:
-        output = network.forward(x)
-        network.loss_layer.loss(target, totals.loss_sum)
-        loss_sum += totals.loss_sum.item() * x.n
-        network.loss_layer.correct(target, totals.correct, accumulate=True)
-        predictions.append(output.numpy().reshape(x.n, -1).argmax(axis=1))
-    correct = totals.correct.item()
-    return Evaluation(loss_sum / count, correct / count, np.concatenate(predictions))
-
-
 @dataclass
 class Position:
     """Where training stands: the next batch to run is ``batch`` of ``epoch``; ``step`` counts all steps."""
@@ -276,17 +110,22 @@ class Position:
 
 
 class Trainer:
-    def __init__(self, config: Config, output_dir, resume=None, progress: bool = True):
+    def __init__(self, config: Config, output_dir, resume=None, progress: bool = True, image_limit: int | None = None):
+        """``image_limit``: train and test on the first ``image_limit`` images of each split only
+        (the benchmark's smoke tests); None takes every image."""
         self.config = config
         self.output_dir = Path(output_dir)
         self.outputs = OutputFolder(self.output_dir)
         self.progress = progress
         warm_up(config.device)  # the GPU starts while the data is read and the libraries load
-        reading = OnAThread(local_splits, config)  # what is on disk already, while get_backend loads
+        reading = Background("cudnnnet-local_splits", local_splits, config)  # what is on disk, while get_backend loads
         self.backend = get_backend(config.device)  # before any download: no GPU is reported first
         splits = reading.result()
         (self.train_pixels, self.train_labels), (self.test_pixels, self.test_labels) = (
             splits or (load_split_pixels(config, "train"), load_split_pixels(config, "test")))
+        if image_limit is not None:
+            self.train_pixels, self.train_labels = self.train_pixels.head(image_limit), self.train_labels[:image_limit]
+            self.test_pixels, self.test_labels = self.test_pixels.head(image_limit), self.test_labels[:image_limit]
         if hasattr(self.backend, "set_math"):
             self.backend.set_math(config.math)
         self.backend.set_engine(config.engine)

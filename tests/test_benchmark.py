@@ -8,6 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from cudnnnet.benchmark import original as bench_original
+from cudnnnet.benchmark import report as bench_report
+from cudnnnet.benchmark import settings as bench_settings
+from cudnnnet.benchmark import torch_reference as bench_torch
+from cudnnnet.benchmark import workloads as bench_workloads
 from cudnnnet.cli import benchmark
 from cudnnnet.cli.train import check_model
 from cudnnnet.config import load_config
@@ -52,15 +57,15 @@ def test_micro_on_the_host_reports_each_step(tmp_path, capsys):
         assert positive_numbers(micro["fp32"]["step_ms_all"]) and micro["fp32"]["step_ms"] > 0
         assert micro["tf32"] is None  # the host has no TF32 mode
         assert row[engine] == micro["fp32"]["step_ms"]
-    assert row["target_fast"] == benchmark.TARGETS["micro_fp32_ms"] and row["target_slides"] is None
+    assert row["target_fast"] == bench_settings.TARGETS["micro_fp32_ms"] and row["target_slides"] is None
     assert row["status_fast"] == "n/a"  # a shrunk micro on the host is not the target's workload
     lines = out.strip().splitlines()
     assert lines[0].startswith("device: host") and lines[-1].startswith("micro fp32 step (64)")
 
 
 def test_micro_network_is_the_series_network_at_full_size():
-    assert benchmark.micro_layer_sizes(10_000) == (10_000, 5_000, 1_000, 10)
-    network = benchmark.build_micro_network(20, "host")
+    assert bench_workloads.micro_layer_sizes(10_000) == (10_000, 5_000, 1_000, 10)
+    network = bench_workloads.build_micro_network(20, "host")
     kinds = [(type(layer).__name__, getattr(layer, "mode", None)) for layer in network.layers]
     assert kinds == [("Dense", None), ("Activation", "tanh"), ("Dense", None), ("Activation", "sigmoid"),
                      ("Dense", None), ("Activation", "sigmoid"), ("MSE", None)]
@@ -71,11 +76,11 @@ def test_micro_size_defaults_smaller_on_the_host(caplog, monkeypatch):
     args = benchmark.build_parser().parse_args(["--device", "host", "--only", "micro"])
     with caplog.at_level("INFO", logger="cudnnnet.benchmark"):
         settings = benchmark.resolve_settings(args)
-    assert settings["micro_size"] == benchmark.HOST_MICRO_SIZE < benchmark.MICRO_SIZE
+    assert settings["micro_size"] == bench_settings.HOST_MICRO_SIZE < bench_settings.MICRO_SIZE
     assert "instead of 10000 × 10000" in caplog.text
     monkeypatch.setattr(benchmark, "no_gpu_reason", lambda: None)  # the driver counts a GPU
     cuda = benchmark.resolve_settings(benchmark.build_parser().parse_args(["--device", "cuda", "--only", "micro"]))
-    assert cuda["micro_size"] == benchmark.MICRO_SIZE and cuda["repeat"] >= 10
+    assert cuda["micro_size"] == bench_settings.MICRO_SIZE and cuda["repeat"] >= 10
 
 
 @pytest.mark.parametrize(("reason", "device"), [(None, "cuda"), ("libcuda.so.1 cannot be loaded", "host")],
@@ -85,12 +90,12 @@ def test_device_auto_is_the_default_and_asks_the_driver(caplog, monkeypatch, rea
     with caplog.at_level("INFO", logger="cudnnnet.benchmark"):
         settings = benchmark.resolve_settings(benchmark.build_parser().parse_args([]))
     assert settings["device"] == device
-    assert f"running on {'cuda' if device == 'cuda' else 'the host, where ' + benchmark.HOST_DURATION}" in caplog.text
+    assert f"running on {'cuda' if device == 'cuda' else 'the host, where ' + bench_settings.HOST_DURATION}" in caplog.text
 
 
 def test_device_cuda_without_a_gpu_is_one_line_before_any_workload_runs(capsys, monkeypatch):
     monkeypatch.setattr(benchmark, "no_gpu_reason", lambda: "libcuda.so.1 cannot be loaded")
-    monkeypatch.setattr(benchmark.subprocess, "run", lambda *_, **__: pytest.fail("a workload process started"))
+    monkeypatch.setattr(bench_original.subprocess, "run", lambda *_, **__: pytest.fail("a workload process started"))
     assert benchmark.main(["--device", "cuda", "--only", "original,micro"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -135,11 +140,11 @@ def test_mlp_and_cnn_epochs_on_a_subset(tmp_path, capsys, monkeypatch, mnist_dir
 
 
 def test_workload_config_is_batch_256_fp32_with_the_graph_setting():
-    config = benchmark.workload_config("mlp", "host", None, 3, graph=False)
+    config = bench_workloads.workload_config("mlp", "host", None, 3, graph=False)
     assert config.train.batch_size == 256 and config.train.epochs == 3 and config.train.graph is False
     assert config.math == "fp32" and config.train.optimizer.momentum == 0.9
-    assert benchmark.workload_config("cnn", "host", None, 1, graph=True).train.graph is True
-    assert config.engine == "slides" and benchmark.workload_config("mlp", "host", None, 1, False, "fast").engine == "fast"
+    assert bench_workloads.workload_config("cnn", "host", None, 1, graph=True).train.graph is True
+    assert config.engine == "slides" and bench_workloads.workload_config("mlp", "host", None, 1, False, "fast").engine == "fast"
 
 
 def test_engines_flag_picks_the_columns(capsys):
@@ -175,42 +180,42 @@ def fake_train_script(tmp_path: Path, body: str) -> Path:
 
 def test_original_reads_the_accuracy_of_each_run(tmp_path, monkeypatch, caplog):
     script = fake_train_script(tmp_path, "(output / 'metrics.json').write_text(json.dumps({'test_accuracy': 0.97}))\n")
-    monkeypatch.setattr(benchmark, "TRAINER", (str(script),))
+    monkeypatch.setattr(bench_original, "TRAINER", (str(script),))
     settings = {"device": "host", "data_dir": tmp_path, "original_runs": 2}
     with caplog.at_level("INFO", logger="cudnnnet.benchmark"):
-        result = benchmark.benchmark_original("mlp", settings)
+        result = bench_original.benchmark_original("mlp", settings)
     progress = [message for message in caplog.messages if message.startswith("original mlp: run")]
     assert [message.split(" took ")[0] for message in progress] == [
         "original mlp: run 1 of 2, a whole training process on host", "original mlp: run 1",
         "original mlp: run 2 of 2, a whole training process on host", "original mlp: run 2"]
     assert result["test_accuracy"] == 0.97 and result["config"] == "configs/original_mlp.yaml"
     assert len(result["seconds_all"]) == 2 and positive_numbers(result["seconds_all"]) and result["seconds"] > 0
-    command = benchmark.original_command("cnn", settings, "OUT")
+    command = bench_original.original_command("cnn", settings, "OUT")
     assert command[:2] == [sys.executable, str(script)]
-    assert command[2:] == ["--config", str(benchmark.CONFIG_DIR / "original_cnn.yaml"), "--device", "host",
+    assert command[2:] == ["--config", str(bench_original.CONFIG_DIR / "original_cnn.yaml"), "--device", "host",
                            "--quiet", "--output", "OUT", "--data-dir", str(tmp_path)]
-    assert benchmark.original_command("cnn", settings, "OUT", "fast")[-2:] == ["--engine", "fast"]
+    assert bench_original.original_command("cnn", settings, "OUT", "fast")[-2:] == ["--engine", "fast"]
 
 
 def test_the_trainer_process_imports_this_cudnnnet_installed_or_not(tmp_path, monkeypatch):
-    site_folder = Path(benchmark.sysconfig.get_paths()["purelib"])
-    assert benchmark.trainer_environment(site_folder) is None  # installed: the interpreter finds it
+    site_folder = Path(bench_original.sysconfig.get_paths()["purelib"])
+    assert bench_original.trainer_environment(site_folder) is None  # installed: the interpreter finds it
     monkeypatch.setenv("PYTHONPATH", "elsewhere")
-    checkout = benchmark.trainer_environment(tmp_path)["PYTHONPATH"]
-    assert checkout.split(benchmark.os.pathsep) == [str(tmp_path), "elsewhere"]
+    checkout = bench_original.trainer_environment(tmp_path)["PYTHONPATH"]
+    assert checkout.split(bench_original.os.pathsep) == [str(tmp_path), "elsewhere"]
     monkeypatch.delenv("PYTHONPATH")
     probe = "import cudnnnet; print(cudnnnet.__file__)"
     finished = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
-                              env=benchmark.trainer_environment(), timeout=120)
+                              env=bench_original.trainer_environment(), timeout=120)
     assert finished.returncode == 0, finished.stderr
-    assert Path(finished.stdout.strip()).parent == Path(benchmark.__file__).resolve().parents[1]
+    assert Path(finished.stdout.strip()).parent == Path(bench_original.__file__).resolve().parents[1]
 
 
 def test_original_that_fails_is_an_error_naming_it(tmp_path, monkeypatch):
     script = fake_train_script(tmp_path, "print('cudnnnet-train: error: no GPU', file=sys.stderr)\nsys.exit(2)\n")
-    monkeypatch.setattr(benchmark, "TRAINER", (str(script),))
-    with pytest.raises(benchmark.BenchmarkError) as raised:
-        benchmark.run_original_once("cnn", {"device": "cuda", "data_dir": None})
+    monkeypatch.setattr(bench_original, "TRAINER", (str(script),))
+    with pytest.raises(bench_settings.BenchmarkError) as raised:
+        bench_original.run_original_once("cnn", {"device": "cuda", "data_dir": None})
     assert str(raised.value) == ("original cnn: the training process (original_cnn.yaml, --device cuda) failed with "
                                  "exit code 2: no GPU")
 
@@ -222,14 +227,14 @@ def test_uncompiled_packages_are_those_without_bytecode_when_none_can_be_written
     py_compile.compile(str(tmp_path / "compiled_pkg" / "__init__.py"), doraise=True)
     monkeypatch.syspath_prepend(str(tmp_path))
     names = ("compiled_pkg", "source_pkg", "no_such_pkg_here")
-    assert benchmark.uncompiled_packages(names, dont_write=True) == ["source_pkg"]
-    assert benchmark.uncompiled_packages(names, dont_write=False) == []
+    assert bench_original.uncompiled_packages(names, dont_write=True) == ["source_pkg"]
+    assert bench_original.uncompiled_packages(names, dont_write=False) == []
 
 
 def test_header_says_when_processes_compiled_their_imports():
     report = {"device": "NVIDIA H100 80GB HBM3", "backend": "cuda", "versions": {"cudnnnet": "0.1.0"}}
-    assert "bytecode" not in benchmark.table_header(report)
-    text = benchmark.table_header({**report, "uncompiled_packages": ["numpy", "cuda.bindings"]})
+    assert "bytecode" not in bench_report.table_header(report)
+    text = bench_report.table_header({**report, "uncompiled_packages": ["numpy", "cuda.bindings"]})
     assert "note: numpy, cuda.bindings have no cached bytecode" in text and "compileall" in text
 
 
@@ -252,13 +257,13 @@ def fake_results(mlp_graph_ms: float, cnn_graph_ms: float) -> dict:
 
 
 def test_targets_pass_or_miss_on_the_gpu_only_for_full_workloads():
-    settings = {"device": "cuda", "limit_images": None, "micro_size": benchmark.MICRO_SIZE}
+    settings = {"device": "cuda", "limit_images": None, "micro_size": bench_settings.MICRO_SIZE}
     torch_results = {"mlp": {"graph": {"epoch_ms": 20.0, "images_per_second": 3e6}, "eager": {"epoch_ms": 10.0}}}
-    rows = {row["workload"]: row for row in benchmark.table_rows(fake_results(10.0, 100.0), torch_results, settings)}
+    rows = {row["workload"]: row for row in bench_report.table_rows(fake_results(10.0, 100.0), torch_results, settings)}
     assert rows["mlp epoch, graph"]["status_fast"] == "PASS" and rows["cnn epoch, graph"]["status_fast"] == "MISS"
     # slides against PyTorch's graph of this run (20 ms: 30 ms misses), else the H100's figure (133 ms: 300 misses)
     assert rows["mlp epoch, graph"]["target_slides"] == 20.0 and rows["mlp epoch, graph"]["status_slides"] == "MISS"
-    assert rows["cnn epoch, graph"]["target_slides"] == benchmark.SLIDES_TARGETS["cnn_epoch_ms"]
+    assert rows["cnn epoch, graph"]["target_slides"] == bench_settings.SLIDES_TARGETS["cnn_epoch_ms"]
     assert rows["mlp epoch, eager"]["target_fast"] is None and rows["mlp epoch, eager"]["status_fast"] is None
     assert rows["original mlp, whole process"]["status_fast"] == "PASS"
     assert rows["original cnn, whole process"]["status_fast"] == "MISS"
@@ -268,18 +273,18 @@ def test_targets_pass_or_miss_on_the_gpu_only_for_full_workloads():
     assert rows["mlp epoch, graph"]["torch_eager"] is None and rows["mlp epoch, graph"]["torch_graph"] == 20.0
     assert rows["mlp epoch, eager"]["ratio_fast"] == pytest.approx(0.5)  # torch eager 10 ms / ours 20 ms
     assert rows["mlp peak memory, graph"]["fast"] == 100.0
-    limited = benchmark.table_rows(fake_results(10.0, 100.0), None, {**settings, "limit_images": 512})
+    limited = bench_report.table_rows(fake_results(10.0, 100.0), None, {**settings, "limit_images": 512})
     assert {row["status_fast"] for row in limited if "epoch" in row["workload"] and row["target_fast"]} == {"n/a"}
-    on_host = benchmark.table_rows(fake_results(10.0, 100.0), None, {**settings, "device": "host"})
+    on_host = bench_report.table_rows(fake_results(10.0, 100.0), None, {**settings, "device": "host"})
     assert {row[f"status_{engine}"] for row in on_host for engine in ("slides", "fast")
             if row[f"target_{engine}"] is not None} == {"n/a"}
 
 
 def test_table_prints_every_row_under_the_device():
     report = {"device": "NVIDIA A100", "backend": "cuda", "versions": {"cudnnnet": "0.1.0"}}
-    rows = benchmark.table_rows(fake_results(10.0, 100.0), None,
-                                {"device": "cuda", "limit_images": None, "micro_size": benchmark.MICRO_SIZE})
-    text = benchmark.format_table(rows, benchmark.table_header(report))
+    rows = bench_report.table_rows(fake_results(10.0, 100.0), None,
+                                {"device": "cuda", "limit_images": None, "micro_size": bench_settings.MICRO_SIZE})
+    text = bench_report.format_table(rows, bench_report.table_header(report))
     lines = text.splitlines()
     assert lines[0].startswith("device: NVIDIA A100 (cuda)") and "not an H100" in text
     assert len([line for line in lines if line.startswith(("mlp", "cnn", "original"))]) == len(rows)
@@ -293,7 +298,7 @@ def test_table_prints_every_row_under_the_device():
 def test_torch_model_is_the_same_architecture(config_name):
     torch = pytest.importorskip("torch")
     config = load_config(REPO_ROOT / "configs" / f"{config_name}.yaml")
-    model, _ = benchmark.torch_model(torch, config)
+    model, _ = bench_torch.torch_model(torch, config)
     network: Network = build_network(config, "host")
     ours = sorted(parameter.value.size for parameter in network.parameter_list())
     assert sorted(parameter.numel() for parameter in model.parameters()) == ours
@@ -302,12 +307,12 @@ def test_torch_model_is_the_same_architecture(config_name):
 
 def test_torch_training_and_micro_report_epochs_and_steps(mnist_dir):
     torch = pytest.importorskip("torch")
-    config = benchmark.workload_config("mlp", "host", mnist_dir, 1, False)
-    result = benchmark.torch_training(torch, "mlp", config, 2, 300, "cpu")
+    config = bench_workloads.workload_config("mlp", "host", mnist_dir, 1, False)
+    result = bench_torch.torch_training(torch, "mlp", config, 2, 300, "cpu")
     assert set(result) == {"eager"} and len(result["eager"]["epoch_ms_all"]) == 2
     assert positive_numbers(result["eager"]["epoch_ms_all"]) and result["eager"]["images_per_second"] > 0
-    micro = benchmark.torch_micro(torch, 32, 2, benchmark.MATHS, "cpu")
-    assert set(micro) == set(benchmark.MATHS) and positive_numbers(micro["tf32"]["eager"]["step_ms_all"])
+    micro = bench_torch.torch_micro(torch, 32, 2, bench_settings.MATHS, "cpu")
+    assert set(micro) == set(bench_settings.MATHS) and positive_numbers(micro["tf32"]["eager"]["step_ms_all"])
 
 
 def test_compare_torch_is_skipped_off_the_gpu(tmp_path, capsys):

@@ -22,7 +22,7 @@ from cudnnnet.engine import SLIDES_KERNELS
 from cudnnnet.errors import TrainingError
 from cudnnnet import training
 from cudnnnet.layers import MSE, Activation, Dense, Softmax
-from cudnnnet.training import Interrupted, OnAThread, ResidentTestSet, Trainer, evaluate, evaluate_batches
+from cudnnnet.training import Interrupted, ResidentTestSet, Trainer, evaluate, evaluate_batches
 
 METRIC_KEYS = {"device", "epochs", "steps", "train_accuracy", "test_accuracy", "test_loss", "train_seconds",
                "images_per_second"}
@@ -376,20 +376,6 @@ def test_cnn_steps_replayed_as_a_cuda_graph_leave_the_host_weights(cuda, host, m
         assert error < 1e-4, f"{name}: relative difference {error:.2e} after 3 steps (2 of them from the graph)"
 
 
-def test_on_a_thread_returns_the_value_computed_on_another_thread():
-    running = OnAThread(lambda value: (value * 2, threading.current_thread().name), 21)
-    value, thread = running.result()
-    assert value == 42 and thread == "cudnnnet-<lambda>" and thread != threading.current_thread().name
-
-
-def test_on_a_thread_raises_the_exception_of_the_function_in_the_caller():
-    def failing():
-        raise TrainingError("the data is broken")
-
-    with pytest.raises(TrainingError, match="the data is broken"):
-        OnAThread(failing).result()
-
-
 def test_the_trainer_reads_the_data_on_a_thread_while_the_backend_loads(mnist_dir, tmp_path, monkeypatch):
     """get_backend (here: the host's) is called while local_splits runs, each on its own thread."""
     reading, loading = threading.Event(), threading.Event()
@@ -415,6 +401,16 @@ def test_the_trainer_reads_the_data_on_a_thread_while_the_backend_loads(mnist_di
     run = Trainer(parse_config(settings), tmp_path, progress=False)
     assert seen == {"read on": "cudnnnet-local_splits", "read saw the backend load": True, "backend saw the read": True}
     assert run.train_images.shape == (60000, 1, 28, 28) and run.test_labels.shape == (10000,)
+
+
+def test_an_image_limit_keeps_the_first_images_of_each_split(mnist_dir, tmp_path):
+    limited = trainer(mnist_dir, tmp_path, steps=1)
+    full_train, full_test = limited.train_pixels.pixels, limited.test_pixels.pixels
+    config = limited.config
+    run = Trainer(config, tmp_path / "limited", progress=False, image_limit=300)
+    assert np.array_equal(run.train_pixels.pixels, full_train[:300]) and len(run.train_labels) == 300
+    assert np.array_equal(run.test_pixels.pixels, full_test[:300]) and len(run.test_labels) == 300
+    assert run.loader.num_samples == 300 and run.test_set.count == 300
 
 
 @pytest.mark.parametrize("device", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])

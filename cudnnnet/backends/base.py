@@ -164,7 +164,7 @@ class Backend(ABC):
     def upload_pixels(self, pixels, pad: int, mean: float, std: float) -> Any:
         """New storage holding the float32 images (N, 1, H+2·pad, W+2·pad) = (pixels/255 − mean)/std,
         the padding being pixel value 0, made from uint8 ``pixels`` (N, H, W): bit for bit
-        ``data.pixels.to_float_images(pixels, (mean, std), pad)``. A GPU receives only the bytes."""
+        ``float_images.to_float_images(pixels, (mean, std), pad)``. A GPU receives only the bytes."""
 
     @abstractmethod
     def download(self, storage, size: int):

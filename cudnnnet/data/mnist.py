@@ -31,8 +31,9 @@ from typing import Iterable
 
 import numpy as np
 
-from ..checkpoint import atomic_write, new_file_mode
+from .. import cache
 from ..errors import DataError
+from ..files import new_file_mode
 from .pixels import check_recipe, to_float_images
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ MIRRORS = (
 )
 
 DATA_ENV = "CUDNNNET_DATA"
-NO_CACHE_ENV = "CUDNNNET_NO_CACHE"
+NO_CACHE_ENV = cache.NO_CACHE_ENV
 DOWNLOAD_CHUNK = 1 << 20
 
 
@@ -285,13 +286,8 @@ def _read_cached(file_key: tuple[str, int, int], idx_name: str) -> tuple[np.ndar
 
 def _cache_entry(resolved_path: str) -> Path | None:
     """The cache entry (without suffix) for a source file, or None when the cache is turned off."""
-    if os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
-        return None
-    try:
-        directory = parsed_cache_dir()
-    except RuntimeError:  # no $XDG_CACHE_HOME and no home directory
-        return None
-    return directory / hashlib.sha256(resolved_path.encode(errors="surrogateescape")).hexdigest()[:32]
+    digest = hashlib.sha256(resolved_path.encode(errors="surrogateescape")).hexdigest()[:32]
+    return cache.entry_path(parsed_cache_dir, digest)
 
 
 def _sidecar(file_key: tuple[str, int, int], md5: str, array: np.ndarray) -> dict:
@@ -302,14 +298,14 @@ def _sidecar(file_key: tuple[str, int, int], md5: str, array: np.ndarray) -> dic
 
 def _load_entry(entry: Path, file_key: tuple[str, int, int]) -> tuple[np.ndarray, str] | None:
     """(array, MD5) from the cache entry when it describes the source as it is now, else None."""
-    try:
+    def read() -> tuple[object, np.ndarray]:
         sidecar = json.loads(entry.with_suffix(".json").read_text())
-        mapped = np.load(entry.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)  # nothing read yet
-    except FileNotFoundError:
+        return sidecar, np.load(entry.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)  # nothing read yet
+
+    stored = cache.read_entry(read, entry, "parsed file", logger)
+    if stored is None:
         return None
-    except (OSError, ValueError, EOFError, RecursionError) as error:
-        logger.debug("ignoring the unreadable cache entry %s: %s", entry, error)
-        return None
+    sidecar, mapped = stored
     md5 = sidecar.get("md5") if isinstance(sidecar, dict) else None
     if not isinstance(md5, str) or sidecar != _sidecar(file_key, md5, mapped) or mapped.nbytes > MAX_IDX_BYTES:
         logger.debug("ignoring the cache entry %s: it describes another file or array", entry)
@@ -321,13 +317,9 @@ def _load_entry(entry: Path, file_key: tuple[str, int, int]) -> tuple[np.ndarray
 
 def _store_entry(entry: Path, file_key: tuple[str, int, int], array: np.ndarray, md5: str) -> None:
     """Write the cache entry (array, then sidecar, each atomically); a failure is only logged."""
-    try:
-        with atomic_write(entry.with_suffix(".npy")) as file:
-            np.save(file, array, allow_pickle=False)
-        with atomic_write(entry.with_suffix(".json")) as file:
-            file.write(json.dumps(_sidecar(file_key, md5, array)).encode())
-    except OSError as error:
-        logger.debug("not caching %s in %s: %s", file_key[0], entry.parent, error.strerror or error)
+    sidecar = json.dumps(_sidecar(file_key, md5, array)).encode()
+    cache.store_entry({entry.with_suffix(".npy"): lambda file: np.save(file, array, allow_pickle=False),
+                       entry.with_suffix(".json"): lambda file: file.write(sidecar)}, file_key[0], logger)
 
 
 def _read_mnist_file(path: Path, idx_name: str) -> tuple[np.ndarray, str]:
@@ -341,19 +333,14 @@ def _read_mnist_file(path: Path, idx_name: str) -> tuple[np.ndarray, str]:
 # ---- locating and downloading --------------------------------------------------------------
 
 
-def _user_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/cudnnnet, else ~/.cache/cudnnnet."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cudnnnet"
-
-
 def default_cache_dir() -> Path:
     """$XDG_CACHE_HOME/cudnnnet/mnist, else ~/.cache/cudnnnet/mnist: where MNIST is downloaded."""
-    return _user_cache_dir() / "mnist"
+    return cache.cache_root() / "mnist"
 
 
 def parsed_cache_dir() -> Path:
     """$XDG_CACHE_HOME/cudnnnet/parsed, else ~/.cache/cudnnnet/parsed: the parsed files."""
-    return _user_cache_dir() / "parsed"
+    return cache.cache_root() / "parsed"
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> tuple[Path, bool]:

@@ -1,10 +1,11 @@
 """Images as stored (uint8 pixels) and the float32 images a network reads from them.
 
 MNIST's pixels are bytes; the network reads float32 (pixel / 255 − mean) / std, zero-padded
-before normalising. ``to_float_images`` does that on the host. ``PixelImages`` keeps the bytes and
-the recipe together, so that a data set resident on a GPU is copied there as bytes (a quarter of
-the float32 size) and expanded there by a kernel (``PixelImages.to_tensor``), while host code that
-needs the floats converts once (``PixelImages.floats``).
+before normalising. ``to_float_images`` (``float_images.py``) does that on the host.
+``PixelImages`` keeps the bytes and the recipe together, so that a data set resident on a GPU is
+copied there as bytes (a quarter of the float32 size) and expanded there by a kernel
+(``PixelImages.to_tensor``), while host code that needs the floats converts once
+(``PixelImages.floats``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DataError
+from ..float_images import to_float_images
 
 
 def check_recipe(normalize, pad) -> None:
@@ -29,19 +31,6 @@ def check_recipe(normalize, pad) -> None:
         raise DataError(f"normalize must be None or (mean, std), got {normalize!r}") from error
     if not (np.isfinite(mean) and np.isfinite(std) and std > 0):
         raise DataError(f"normalize needs a finite mean and a std > 0, got {normalize!r}")
-
-
-def to_float_images(images: np.ndarray, normalize=None, pad: int = 0) -> np.ndarray:
-    """uint8 (N, H, W) → float32 (N, 1, H+2·pad, W+2·pad): /255, zero-padded, then normalised."""
-    count, height, width = images.shape
-    out = np.zeros((count, 1, height + 2 * pad, width + 2 * pad), dtype=np.float32)
-    interior = out[:, 0, pad:pad + height, pad:pad + width]
-    np.divide(images, np.float32(255.0), out=interior)
-    if normalize is not None:
-        mean, std = (np.float32(value) for value in normalize)
-        out -= mean
-        out /= std
-    return out
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from cudnnnet import cache
 from cudnnnet.backends.base import OP_N, OP_T
-from cudnnnet.backends.cuda import matmul, plan_cache
+from cudnnnet.backends.cuda import matmul
 from cudnnnet.backends.cuda.bindings import cublas, cublaslt
-from cudnnnet.backends.cuda.matmul import GemmEngine, GemmProblem
-from cudnnnet.backends.cuda.plan_cache import GemmChoice, GemmKey
+from cudnnnet.backends.cuda.matmul import GemmChoice, GemmEngine, GemmKey, GemmProblem
 from cudnnnet.errors import CublasError, OutOfMemoryError
 
 PROBLEM = GemmProblem(OP_N, OP_N, 500, 256, 10, 500, 10, 500)  # the MLP's last dx: C = dy·W (NN)
@@ -33,7 +33,7 @@ CHOICES = {"sgemm": GemmChoice("sgemm", 6.3), "lt": GemmChoice("lt", 2.9, ALGO),
 def cache_on(tmp_path, monkeypatch):
     """An empty cache in tmp_path, the disk cache on."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-    monkeypatch.delenv(plan_cache.NO_CACHE_ENV, raising=False)
+    monkeypatch.delenv(cache.NO_CACHE_ENV, raising=False)
 
 
 @pytest.fixture
@@ -47,11 +47,11 @@ def cache_dir(tmp_path) -> Path:
 @pytest.mark.parametrize("candidate", CHOICES)
 def test_a_choice_round_trips_through_one_file_named_by_its_key(cache_dir, candidate):
     choice = CHOICES[candidate]
-    assert plan_cache.read_gemm_plan(KEY) is None
-    plan_cache.write_gemm_plan(KEY, choice)
+    assert matmul.read_gemm_plan(KEY) is None
+    matmul.write_gemm_plan(KEY, choice)
     (path,) = cache_dir.iterdir()
-    assert path == plan_cache.plan_path(KEY) and path.suffix == ".json" and len(path.stem) == 64
-    assert plan_cache.read_gemm_plan(KEY) == choice
+    assert path == matmul.gemm_plan_path(KEY) and path.suffix == ".json" and len(path.stem) == 64
+    assert matmul.read_gemm_plan(KEY) == choice
     entry = json.loads(path.read_text())
     assert entry["key"]["problem"]["alignment"] == [256, 256, 256] and entry["key"]["search"] == "exhaustive"
     assert entry["choice"]["candidate"] == candidate and entry["choice"]["microseconds"] == choice.microseconds
@@ -103,37 +103,37 @@ def test_every_field_of_the_key_and_of_the_problem_is_changed_below():
 @pytest.mark.parametrize("field", other_keys())
 def test_everything_that_decides_the_choice_gives_another_file(cache_dir, field):
     other = other_keys()[field]
-    plan_cache.write_gemm_plan(KEY, CHOICES["lt"])
-    assert plan_cache.plan_path(other) != plan_cache.plan_path(KEY)
-    assert plan_cache.read_gemm_plan(other) is None
-    plan_cache.write_gemm_plan(other, CHOICES["sgemm"])
+    matmul.write_gemm_plan(KEY, CHOICES["lt"])
+    assert matmul.gemm_plan_path(other) != matmul.gemm_plan_path(KEY)
+    assert matmul.read_gemm_plan(other) is None
+    matmul.write_gemm_plan(other, CHOICES["sgemm"])
     assert len(list(cache_dir.iterdir())) == 2
 
 
 @pytest.mark.parametrize("rule, value", [("CANDIDATES", 8), ("MARGIN", 0.95), ("TRANSPOSE_LIMIT_BYTES", 1 << 29)])
 def test_the_rules_of_the_choice_are_part_of_the_key(monkeypatch, rule, value):
-    before = plan_cache.plan_path(KEY)
+    before = matmul.gemm_plan_path(KEY)
     monkeypatch.setattr(matmul, rule, value)
-    assert plan_cache.plan_path(KEY) != before
+    assert matmul.gemm_plan_path(KEY) != before
 
 
 def test_the_format_is_part_of_the_key(monkeypatch):
-    before = plan_cache.plan_path(KEY)
-    monkeypatch.setattr(plan_cache, "GEMM_PLAN_FORMAT", plan_cache.GEMM_PLAN_FORMAT + 1)
-    assert plan_cache.plan_path(KEY) != before
+    before = matmul.gemm_plan_path(KEY)
+    monkeypatch.setattr(matmul, "GEMM_PLAN_FORMAT", matmul.GEMM_PLAN_FORMAT + 1)
+    assert matmul.gemm_plan_path(KEY) != before
 
 
 def test_sizes_given_as_numpy_integers_have_the_file_of_python_integers():
     sizes = {field: np.int64(getattr(PROBLEM, field)) for field in ("m", "n", "k", "lda", "ldb", "ldc")}
     key = dataclasses.replace(KEY, problem=dataclasses.replace(PROBLEM, **sizes))
-    assert plan_cache.plan_path(key) == plan_cache.plan_path(KEY)
-    plan_cache.write_gemm_plan(key, CHOICES["lt"])
-    assert plan_cache.read_gemm_plan(key) == plan_cache.read_gemm_plan(KEY) == CHOICES["lt"]
+    assert matmul.gemm_plan_path(key) == matmul.gemm_plan_path(KEY)
+    matmul.write_gemm_plan(key, CHOICES["lt"])
+    assert matmul.read_gemm_plan(key) == matmul.read_gemm_plan(KEY) == CHOICES["lt"]
 
 
 def test_the_cache_file_name_is_the_sha256_of_the_key():
     text = json.dumps(KEY.as_json(), sort_keys=True, separators=(",", ":"))
-    assert plan_cache.plan_path(KEY).stem == hashlib.sha256(text.encode()).hexdigest()
+    assert matmul.gemm_plan_path(KEY).stem == hashlib.sha256(text.encode()).hexdigest()
 
 
 def entry_with(change, choice: GemmChoice = CHOICES["lt"]) -> bytes:
@@ -171,29 +171,29 @@ DAMAGED = {
 
 @pytest.mark.parametrize("content", DAMAGED.values(), ids=DAMAGED.keys())
 def test_a_damaged_entry_is_ignored_and_rewritten(content, caplog):
-    path = plan_cache.plan_path(KEY)
+    path = matmul.gemm_plan_path(KEY)
     path.parent.mkdir(parents=True)
     path.write_bytes(content)
-    caplog.set_level(logging.DEBUG, logger=plan_cache.__name__)
-    assert plan_cache.read_gemm_plan(KEY) is None
+    caplog.set_level(logging.DEBUG, logger=matmul.__name__)
+    assert matmul.read_gemm_plan(KEY) is None
     assert "ignoring the" in caplog.text
-    plan_cache.write_gemm_plan(KEY, CHOICES["lt"])
-    assert plan_cache.read_gemm_plan(KEY) == CHOICES["lt"]
+    matmul.write_gemm_plan(KEY, CHOICES["lt"])
+    assert matmul.read_gemm_plan(KEY) == CHOICES["lt"]
 
 
 def test_a_whole_number_of_microseconds_is_read_as_a_float():
-    path = plan_cache.plan_path(KEY)
+    path = matmul.gemm_plan_path(KEY)
     path.parent.mkdir(parents=True)
     path.write_bytes(entry_with(lambda entry: entry["choice"].update(microseconds=3)))
-    assert plan_cache.read_gemm_plan(KEY) == GemmChoice("lt", 3.0, ALGO)
+    assert matmul.read_gemm_plan(KEY) == GemmChoice("lt", 3.0, ALGO)
 
 
 def test_an_unreadable_entry_and_an_unwritable_cache_only_log(caplog):
-    path = plan_cache.plan_path(KEY)
+    path = matmul.gemm_plan_path(KEY)
     path.mkdir(parents=True)  # a directory where the file should be: it can be neither read nor replaced
-    caplog.set_level(logging.DEBUG, logger=plan_cache.__name__)
-    assert plan_cache.read_gemm_plan(KEY) is None
-    plan_cache.write_gemm_plan(KEY, CHOICES["sgemm"])
+    caplog.set_level(logging.DEBUG, logger=matmul.__name__)
+    assert matmul.read_gemm_plan(KEY) is None
+    matmul.write_gemm_plan(KEY, CHOICES["sgemm"])
     assert path.is_dir()
     assert "ignoring the unreadable cached plan" in caplog.text and "not caching the GEMM plan" in caplog.text
     assert all(record.levelno == logging.DEBUG for record in caplog.records)
@@ -202,16 +202,16 @@ def test_an_unreadable_entry_and_an_unwritable_cache_only_log(caplog):
 def test_a_cache_directory_that_cannot_be_created_is_skipped(tmp_path, monkeypatch):
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
-    plan_cache.write_gemm_plan(KEY, CHOICES["sgemm"])
-    assert plan_cache.read_gemm_plan(KEY) is None
+    matmul.write_gemm_plan(KEY, CHOICES["sgemm"])
+    assert matmul.read_gemm_plan(KEY) is None
 
 
 def test_the_no_cache_variable_writes_and_reads_nothing(cache_dir, monkeypatch):
-    plan_cache.write_gemm_plan(KEY, CHOICES["lt"])
-    monkeypatch.setenv(plan_cache.NO_CACHE_ENV, "1")
-    monkeypatch.setattr(plan_cache, "plan_cache_dir", lambda: pytest.fail("the cache directory was looked up"))
-    assert plan_cache.read_gemm_plan(KEY) is None  # the file is there, and not read
-    plan_cache.write_gemm_plan(dataclasses.replace(KEY, search="heuristic"), CHOICES["sgemm"])
+    matmul.write_gemm_plan(KEY, CHOICES["lt"])
+    monkeypatch.setenv(cache.NO_CACHE_ENV, "1")
+    monkeypatch.setattr(cache, "plan_dir", lambda: pytest.fail("the cache directory was looked up"))
+    assert matmul.read_gemm_plan(KEY) is None  # the file is there, and not read
+    matmul.write_gemm_plan(dataclasses.replace(KEY, search="heuristic"), CHOICES["sgemm"])
     assert len(list(cache_dir.iterdir())) == 1
 
 
@@ -318,7 +318,7 @@ def test_a_new_engine_takes_the_plan_from_disk_without_searching(gpu, cache_dir,
     gpu.times.update(WINNING_TIMES[winner])
     _, searched = planned()
     assert gpu.heuristics == 1 and gpu.timed == 4 and gpu.timers == 1  # cublasSgemm, 2 algorithms, transposed
-    assert plan_cache.read_gemm_plan(KEY) == GemmChoice.of(searched) and GemmChoice.of(searched).candidate == winner
+    assert matmul.read_gemm_plan(KEY) == GemmChoice.of(searched) and GemmChoice.of(searched).candidate == winner
     assert len(list(cache_dir.iterdir())) == 1
     gpu.ran.clear()
     engine, cached = planned()
@@ -343,7 +343,7 @@ def test_a_stored_algorithm_cublaslt_no_longer_runs_is_searched_again_and_rewrit
     assert gpu.ran[-1] == ("lt", 1)  # the call ran the new plan
     engine.run(PROBLEM, "exhaustive", 1.0, 0x1000, 0x2000, 0.0, 0x3000)
     assert gpu.heuristics == 2 and gpu.ran[-1] == ("lt", 1)
-    assert plan_cache.read_gemm_plan(KEY) == GemmChoice("lt", 4.0, bytes(again.algorithm))  # rewritten
+    assert matmul.read_gemm_plan(KEY) == GemmChoice("lt", 4.0, bytes(again.algorithm))  # rewritten
 
 
 TRANSPOSED_ELSEWHERE = {
@@ -358,18 +358,18 @@ TRANSPOSED_ELSEWHERE = {
 def test_a_stored_transposing_plan_that_does_not_apply_is_searched_again(gpu, case):
     problem = TRANSPOSED_ELSEWHERE[case]
     key = dataclasses.replace(KEY, problem=problem)
-    plan_cache.write_gemm_plan(key, CHOICES["transposed"])
+    matmul.write_gemm_plan(key, CHOICES["transposed"])
     gpu.times = {"sgemm": 3.0}
     gpu.out_of_memory = case == "no room for the scratch"
     engine, plan = planned(problem)
     assert gpu.heuristics == 1
     assert not plan.transposed and engine._scratch is None
-    assert plan_cache.read_gemm_plan(key) == GemmChoice("sgemm", 3.0)  # rewritten
+    assert matmul.read_gemm_plan(key) == GemmChoice("sgemm", 3.0)  # rewritten
 
 
 @pytest.mark.parametrize("case", ["heuristic search", "capture", "k = 0"])
 def test_a_plan_that_is_not_timed_touches_no_file(gpu, monkeypatch, case):
-    monkeypatch.setattr(plan_cache, "plan_path", lambda key: pytest.fail("the disk cache was looked up"))
+    monkeypatch.setattr(cache, "keyed_path", lambda folder, key: pytest.fail("the disk cache was looked up"))
     problem = dataclasses.replace(PROBLEM, k=0) if case == "k = 0" else PROBLEM
     _, plan = planned(problem, "heuristic" if case == "heuristic search" else "exhaustive", case == "capture")
     assert what_runs(plan) == (False, None, None)  # cublasSgemm, untimed
@@ -384,7 +384,7 @@ def test_a_plan_cublaslt_offers_nothing_for_is_not_stored(gpu, cache_dir):
 
 
 def test_the_no_cache_variable_searches_every_time(gpu, cache_dir, monkeypatch):
-    monkeypatch.setenv(plan_cache.NO_CACHE_ENV, "1")
+    monkeypatch.setenv(cache.NO_CACHE_ENV, "1")
     planned()
     planned()
     assert gpu.heuristics == 2
@@ -461,7 +461,7 @@ def test_a_stored_cublaslt_algorithm_runs_on_the_gpu_without_a_search(cuda, cach
         lt.close()
     assert algorithms, "cuBLASLt offered no algorithm"
     algo = bytes(algorithms[0].algo)
-    plan_cache.write_gemm_plan(GemmKey.of(cuda.context, problem, "exhaustive"), GemmChoice("lt", 1.0, algo))
+    matmul.write_gemm_plan(GemmKey.of(cuda.context, problem, "exhaustive"), GemmChoice("lt", 1.0, algo))
     bindings.reset_calls()
     cached, from_disk = run_engine(cuda, problem, operands)
     assert bindings.calls["cublasLtMatmulAlgoGetHeuristic"] == 0

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from cudnnnet import cache
 from cudnnnet.backends.base import ConvolutionDescriptor
 from cudnnnet.backends.cuda import backend as backend_module
 from cudnnnet.backends.cuda import convolution, plan_cache
@@ -152,7 +153,7 @@ def test_no_home_directory_means_no_cache(monkeypatch):
 def test_the_no_cache_variable_turns_the_disk_cache_off(cache_dir, monkeypatch):
     plan_cache.write_plan(KEY, ALGORITHMS)
     monkeypatch.setenv(plan_cache.NO_CACHE_ENV, "1")
-    monkeypatch.setattr(plan_cache, "plan_cache_dir", lambda: pytest.fail("the cache directory was looked up"))
+    monkeypatch.setattr(cache, "plan_dir", lambda: pytest.fail("the cache directory was looked up"))
     assert plan_cache.read_plan(KEY) is None  # the file is there, and not read
     plan_cache.write_plan(dataclasses.replace(KEY, math="tf32"), ALGORITHMS)
     assert len(list(cache_dir.iterdir())) == 1

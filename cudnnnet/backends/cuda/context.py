@@ -16,9 +16,9 @@ import contextlib
 import functools
 import gc
 import logging
-import threading
 from ctypes import byref, c_float
 
+from ...background import Background
 from ..base import OP_N
 from ...errors import (CublasError, CudaError, DeviceError, DeviceInitError, DeviceUnavailableError, OutOfMemoryError,
                        UsageError)
@@ -101,8 +101,7 @@ class CublasWarmUp:
 
     def __init__(self, device: int):
         self.device = device
-        self._thread = threading.Thread(target=self._run, name="cudnnnet-cublas-warm-up", daemon=True)
-        self._thread.start()
+        self._work = Background("cudnnnet-cublas-warm-up", self._run)
 
     def _run(self) -> None:
         try:
@@ -130,7 +129,7 @@ class CublasWarmUp:
             matrices.free()
 
     def join(self) -> None:
-        self._thread.join()
+        self._work.join()
 
 
 @contextlib.contextmanager

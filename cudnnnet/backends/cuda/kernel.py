@@ -5,7 +5,7 @@ Compiled cubins are kept per process and on disk (``kernel_cache_dir()``), in fi
 SHA-256 of everything that shapes the result: the source, its name, the architecture, the
 compile options and the NVRTC version. ``CUDNNNET_NO_CACHE=1`` turns the disk cache off. The
 disk cache never fails a compile: a file that cannot be read, or a cubin the driver refuses, is
-compiled again and rewritten; a cache directory that cannot be written is left alone.
+compiled again and rewritten; a cache directory that cannot be written is left alone (``cache.py``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ import ctypes
 import functools
 import hashlib
 import logging
-import os
 from ctypes import c_float, c_int, c_longlong, c_void_p
 from pathlib import Path
 
-from ...checkpoint import atomic_write
+from ... import cache
 from ...errors import CudaError, NvrtcError
 from .bindings import nvrtc, runtime
 from .handles import Owned
@@ -29,7 +28,7 @@ log = logging.getLogger(__name__)
 KERNEL_DIR = Path(__file__).with_name("kernels")
 BLOCK_SIZE = 256  # threads per block; the kernels' shared-memory reductions are sized by it
 MAX_BLOCKS = 1024  # grid-stride loops cover the rest
-NO_CACHE_ENV = "CUDNNNET_NO_CACHE"
+NO_CACHE_ENV = cache.NO_CACHE_ENV
 ELF_MAGIC = b"\x7fELF"  # every cubin is an ELF file
 
 # kernel name: (source file, argument types in order)
@@ -112,29 +111,22 @@ def _compile(source: bytes, name: str, arch: str) -> bytes:
 
 def kernel_cache_dir() -> Path:
     """$XDG_CACHE_HOME/cudnnnet/kernels, else ~/.cache/cudnnnet/kernels."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cudnnnet" / "kernels"
+    return cache.cache_root() / "kernels"
 
 
 def cached_cubin_path(source: bytes, name: str, arch: str) -> Path | None:
     """The cache file of this compile, or None when the disk cache is turned off."""
-    if os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
+    if cache.cache_off():
         return None
     digest = hashlib.sha256()
     for part in (source, name.encode(), arch.encode(), *compile_options(arch), repr(nvrtc.version()).encode()):
         digest.update(len(part).to_bytes(8, "little") + part)  # length-prefixed: no two inputs run together
-    try:
-        return kernel_cache_dir() / f"{digest.hexdigest()}.cubin"
-    except RuntimeError:  # no $XDG_CACHE_HOME and no home directory
-        return None
+    return cache.entry_path(kernel_cache_dir, f"{digest.hexdigest()}.cubin")
 
 
 def _read_cubin(path: Path) -> bytes | None:
-    try:
-        cubin = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        log.debug("cannot read the cached cubin %s (%s): compiling", path, error.strerror or error)
+    cubin = cache.read_entry(path.read_bytes, path, "cubin", log)
+    if cubin is None:
         return None
     if not cubin.startswith(ELF_MAGIC):
         log.debug("the cached file %s is not a cubin (%d bytes, no ELF header): compiling", path, len(cubin))
@@ -144,11 +136,7 @@ def _read_cubin(path: Path) -> bytes | None:
 
 
 def _write_cubin(path: Path, cubin: bytes) -> None:
-    try:
-        with atomic_write(path) as file:
-            file.write(cubin)
-    except OSError as error:
-        log.debug("not caching the cubin in %s: %s", path.parent, error.strerror or error)
+    cache.store_entry({path: lambda file: file.write(cubin)}, "the cubin", log)
 
 
 def program_log(program) -> str:

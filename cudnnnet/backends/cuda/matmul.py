@@ -22,8 +22,8 @@ dimension. The search "heuristic", and a problem first met during a CUDA-graph c
 can be timed there), take cublasSgemm without timing. Every candidate computes the same FP32 (or
 TF32) GEMM, deterministically; they differ in tiling and in how K is split.
 
-Timed plans are kept on disk (plan_cache.py: one file per problem, keyed by the GPU, the cuBLAS and
-cuBLASLt versions, the problem, the cuBLAS workspace and the rules above), so that a new process
+Timed plans are kept on disk (below, in ``cache.plan_dir()``: one file per problem, keyed by the GPU,
+the cuBLAS and cuBLASLt versions, the problem, the cuBLAS workspace and the rules above), so that a new process
 neither asks the heuristic nor times anything for a problem met before. A stored cuBLASLt
 algorithm is checked by its first run, the call that read it (cublasLtMatmulAlgoCheck would cost
 as much as the heuristic): a status error there sends the problem back to the search, as does a
@@ -32,18 +32,18 @@ transposing plan no longer within TRANSPOSE_LIMIT_BYTES; the file is rewritten.
 
 from __future__ import annotations
 
+import ctypes
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
+from ... import cache
 from ...errors import CublasError, OutOfMemoryError
 from ..base import OP_N, OP_T
 from .bindings import cublas, cublaslt
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .handles import Event
-
-if TYPE_CHECKING:
-    from .plan_cache import GemmChoice
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,10 @@ MARGIN = 0.98  # a cuBLASLt algorithm replaces cublasSgemm when it takes under 9
 COMPUTE_TYPES = {"fp32": cublaslt.COMPUTE_32F, "tf32": cublaslt.COMPUTE_32F_FAST_TF32}
 MAX_ALIGNMENT = 256  # bytes: cuBLASLt's default minimum alignment of every operand
 TRANSPOSE_LIMIT_BYTES = 1 << 30  # the most scratch the transposing candidate may take
+GEMM_PLAN_FORMAT = 1  # raise when what a plan file holds, or how a plan is chosen, changes
+GEMM_FIELDS = {"sgemm": {"candidate", "microseconds"}, "transposed": {"candidate", "microseconds"},
+               "lt": {"candidate", "microseconds", "algo"}}  # what a plan file's choice holds, by candidate
+ALGO_BYTES = ctypes.sizeof(cublaslt.MatmulAlgo)  # cublasLtMatmulAlgo_t: 64 opaque bytes
 ALIGNED_FLOATS = MAX_ALIGNMENT // FLOAT32_BYTES
 
 
@@ -264,20 +268,14 @@ class GemmEngine:
         sizes and a capture."""
         if search != "exhaustive" or min(problem.m, problem.n, problem.k) <= 0 or self.context.is_capturing():
             return GemmPlan(problem)
-        from . import plan_cache  # here: plan_cache imports convolution, which imports this module
-
-        key = plan_cache.GemmKey.of(self.context, problem, search)
-        plan = self._stored_plan(problem, plan_cache.read_gemm_plan(key))
+        plan = self._stored_plan(problem, read_gemm_plan(GemmKey.of(self.context, problem, search)))
         return plan if plan is not None else self._search_and_store(problem, alpha, a, b, beta, c, beta_is_zero)
 
     def _search_and_store(self, problem: GemmProblem, alpha, a: int, b: int, beta, c: int,
                           beta_is_zero: bool) -> GemmPlan:
-        from . import plan_cache
-
         plan = self._search(problem, alpha, a, b, beta, c if beta_is_zero else None)
         if plan.microseconds is not None:
-            plan_cache.write_gemm_plan(plan_cache.GemmKey.of(self.context, problem, "exhaustive"),
-                                       plan_cache.GemmChoice.of(plan))
+            write_gemm_plan(GemmKey.of(self.context, problem, "exhaustive"), GemmChoice.of(plan))
         return plan
 
     def _prove(self, plan: GemmPlan, alpha, a: int, b: int, beta, c: int, beta_is_zero: bool) -> GemmPlan:
@@ -423,3 +421,116 @@ class GemmTimer:
         self.end.record(stream)
         self.end.synchronize()
         return 1000.0 * self.start.elapsed_ms(self.end) / calls
+
+
+# ---- plans on disk ---------------------------------------------------------------------------
+# One JSON file per plan in cache.plan_dir(), beside the convolution plans (plan_cache.py):
+#   key:  the GPU's name and compute capability, the cuBLAS and cuBLASLt versions, the GemmProblem,
+#         the search, the cuBLAS workspace, the rules of the choice and GEMM_PLAN_FORMAT
+#   file: the candidate that won ("sgemm", "lt" with cuBLASLt's ALGO_BYTES algorithm bytes in hex,
+#         or "transposed") and its microseconds per call
+
+
+@dataclass(frozen=True)
+class GemmKey:
+    """Everything that decides which candidate a GEMM plan takes."""
+
+    device_name: str
+    compute_capability: tuple[int, int]
+    cublas_version: int
+    cublaslt_version: int
+    problem: GemmProblem
+    search: str
+    workspace_bytes: int  # the cuBLAS workspace, which cuBLASLt's algorithms share
+
+    @classmethod
+    def of(cls, context, problem: GemmProblem, search: str) -> GemmKey:
+        """The key of ``problem``, planned by ``search`` on ``context``'s GPU and libraries."""
+        return cls(context.device_name, context.compute_capability, context.cublas_version, context.cublaslt_version,
+                   problem, search, context.cublas_workspace[1])
+
+    def as_json(self) -> dict:
+        """The key as JSON values (lists for tuples), with the format and the rules of the choice."""
+        return {
+            "format": GEMM_PLAN_FORMAT,
+            "plan": "gemm",
+            "device_name": self.device_name,
+            "compute_capability": list(self.compute_capability),
+            "cublas_version": self.cublas_version,
+            "cublaslt_version": self.cublaslt_version,
+            "problem": {**asdict(self.problem), "alignment": list(self.problem.alignment)},
+            "search": self.search,
+            "workspace_bytes": self.workspace_bytes,
+            "candidates": CANDIDATES,
+            "margin": MARGIN,
+            "transpose_limit_bytes": TRANSPOSE_LIMIT_BYTES,
+        }
+
+
+@dataclass(frozen=True)
+class GemmChoice:
+    """The candidate a GEMM plan took and its GPU time per call: "sgemm" (cublasSgemm or its strided
+    batch), "lt" (cublasLtMatmul with ``algo``, the algorithm's ALGO_BYTES opaque bytes) or
+    "transposed" (cublasSgeam to the TN layout, then cublasSgemm)."""
+
+    candidate: str
+    microseconds: float
+    algo: bytes | None = None
+
+    @classmethod
+    def of(cls, plan: GemmPlan) -> GemmChoice:
+        """What ``plan`` (a timed one) runs, and its time."""
+        if plan.transposed:
+            return cls("transposed", plan.microseconds)
+        if plan.algorithm is None:
+            return cls("sgemm", plan.microseconds)
+        return cls("lt", plan.microseconds, bytes(plan.algorithm))
+
+    def as_json(self) -> dict:
+        stored = {"candidate": self.candidate, "microseconds": self.microseconds}
+        return stored if self.algo is None else {**stored, "algo": self.algo.hex()}
+
+
+def gemm_plan_path(key: GemmKey) -> Path | None:
+    """The cache file of ``key``, or None when the disk cache is turned off."""
+    return cache.keyed_path(cache.plan_dir, key.as_json())
+
+
+def read_gemm_plan(key: GemmKey) -> GemmChoice | None:
+    """The choice stored for ``key``, or None (no entry, cache off, damaged entry)."""
+    return cache.read_keyed(cache.plan_dir, key.as_json(), _gemm_choice, "plan", log)
+
+
+def write_gemm_plan(key: GemmKey, choice: GemmChoice) -> None:
+    """Store ``choice`` for ``key``, atomically; a failure is only logged."""
+    cache.write_keyed(cache.plan_dir, key.as_json(), {"choice": choice.as_json()}, "GEMM plan", log)
+
+
+def _gemm_choice(entry: dict) -> GemmChoice | None:
+    """The entry's choice when it holds the fields of a known candidate, a finite time that is not
+    negative and, for "lt", ALGO_BYTES bytes of hex."""
+    stored = entry.get("choice")
+    if not isinstance(stored, dict) or not isinstance(stored.get("candidate"), str):
+        return None
+    candidate, microseconds = stored["candidate"], stored.get("microseconds")
+    if set(stored) != GEMM_FIELDS.get(candidate) or not _is_microseconds(microseconds):
+        return None
+    algo = _algo_bytes(stored["algo"]) if candidate == "lt" else None
+    if candidate == "lt" and algo is None:
+        return None
+    return GemmChoice(candidate, float(microseconds), algo)
+
+
+def _is_microseconds(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value >= 0
+
+
+def _algo_bytes(text) -> bytes | None:
+    """cuBLASLt's algorithm from its hex, or None when ``text`` is not ALGO_BYTES bytes of hex."""
+    if not isinstance(text, str):
+        return None
+    try:
+        algo = bytes.fromhex(text)
+    except ValueError:
+        return None
+    return algo if len(algo) == ALGO_BYTES else None

@@ -1,16 +1,16 @@
 """CUDA's start-up begun early, on a thread: what ``backends.warm_up`` starts before the caller
 imports the rest of the package, reads its data and loads the libraries.
 
-This module imports nothing beyond the standard library and ``bindings.driver_start`` (ctypes on
-libcuda), so a command-line tool can call ``start_driver`` before its heavy imports (NumPy,
+This module imports nothing beyond the standard library, ``background`` and ``bindings.driver_start``
+(ctypes on libcuda), so a command-line tool can call ``start_driver`` before its heavy imports (NumPy,
 cuda-python): the driver's ~0.2–0.3 s start-up then overlaps them.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 
+from ...background import Background
 from ...errors import DeviceError
 from .bindings import driver_start
 
@@ -51,8 +51,7 @@ class DriverStart:
 
     def __init__(self, device: int):
         self.device = device
-        self._thread = threading.Thread(target=self._run, name="cudnnnet-cuda-start", daemon=True)
-        self._thread.start()
+        self._work = Background("cudnnnet-cuda-start", self._run)
 
     def _run(self) -> None:
         try:
@@ -64,7 +63,7 @@ class DriverStart:
             log.debug("CUDA start-up on a thread: %s (left to the caller to raise)", error)
 
     def join(self) -> None:
-        self._thread.join()
+        self._work.join()
 
 
 def early_start_pending() -> bool:

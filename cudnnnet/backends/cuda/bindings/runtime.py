@@ -56,10 +56,6 @@ def set_device(device: int) -> None:
     _check("cudaSetDevice", _runtime.cudaSetDevice(device))
 
 
-def get_device() -> int:
-    return _check("cudaGetDevice", _runtime.cudaGetDevice())
-
-
 def get_device_properties(device: int):
     """cudaGetDeviceProperties: a cudaDeviceProp (name, major, minor, multiProcessorCount, ...)."""
     return _check("cudaGetDeviceProperties", _runtime.cudaGetDeviceProperties(device))
@@ -77,10 +73,6 @@ def driver_get_version() -> int:
 def mem_get_info() -> tuple[int, int]:
     """cudaMemGetInfo: (free, total) bytes on the current device."""
     return _check("cudaMemGetInfo", _runtime.cudaMemGetInfo())
-
-
-def device_synchronize() -> None:
-    _check("cudaDeviceSynchronize", _runtime.cudaDeviceSynchronize())
 
 
 # ---- memory ----------------------------------------------------------------------------------

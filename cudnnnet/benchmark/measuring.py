@@ -1,0 +1,60 @@
+"""Timing calls and epochs, and sampling the device memory a workload takes."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from .settings import MIB
+
+
+def median_ms(seconds: list[float]) -> float:
+    return 1000.0 * statistics.median(seconds)
+
+
+def timed_calls(call, repeat: int, synchronize, warmup: int) -> list[float]:
+    """Seconds of each of ``repeat`` calls after ``warmup`` untimed ones, each synchronised."""
+    for _ in range(warmup):
+        call()
+    synchronize()
+    seconds = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        call()
+        synchronize()
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def epoch_summary(seconds: list[float], images: int) -> dict:
+    return {"epoch_ms": median_ms(seconds), "epoch_ms_all": [1000.0 * s for s in seconds],
+            "images_per_second": images / statistics.median(seconds)}
+
+
+def step_summary(seconds: list[float]) -> dict:
+    return {"step_ms": median_ms(seconds), "step_ms_all": [1000.0 * s for s in seconds]}
+
+
+class DeviceMemory:
+    """Peak device memory in use above a baseline: used = total − free (cudaMemGetInfo)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.memory_info = getattr(backend, "memory_info", None)
+        self.baseline = self.peak = self._used()
+
+    def _used(self) -> int | None:
+        if self.memory_info is None:
+            return None
+        self.backend.synchronize()
+        free, total = self.memory_info()
+        return total - free
+
+    def sample(self) -> None:
+        used = self._used()
+        if used is not None:
+            self.peak = max(self.peak, used)
+
+    @property
+    def peak_mib(self) -> float | None:
+        return None if self.baseline is None else (self.peak - self.baseline) / MIB

@@ -1,0 +1,227 @@
+"""The report: versions, the table of results against the targets, and its text."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import platform
+
+import numpy as np
+
+from .. import __version__
+from ..backends import get_backend
+from ..engine import ENGINES
+from ..errors import CudnnnetError
+from .original import measure_original, uncompiled_packages
+from .settings import MATHS, MICRO_SIZE, SLIDES_TARGETS, TARGET_DEVICE, TARGETS
+from .torch_reference import compare_torch
+from .workloads import measure
+
+log = logging.getLogger(__name__)
+
+
+def versions(backend) -> dict:
+    found = {"cudnnnet": __version__, "python": platform.python_version(), "numpy": np.__version__}
+    context = getattr(backend, "context", None)
+    if context is None:
+        return found
+    try:
+        from ..backends.cuda.bindings import cublas, runtime
+
+        found.update(cuda_runtime=runtime.runtime_get_version(), cuda_driver=runtime.driver_get_version(),
+                     cudnn=context.cudnn_version, cublas=cublas.get_version(context.cublas.handle))
+    except (ImportError, AttributeError, CudnnnetError) as error:
+        log.info("library versions not available: %s", error)
+    return found
+
+
+def _get(mapping, *keys):
+    for key in keys:
+        if not isinstance(mapping, dict) or mapping.get(key) is None:
+            return None
+        mapping = mapping[key]
+    return mapping
+
+
+def _row(workload: str, unit: str, ours: dict, torch_eager=None, torch_graph=None, ratio_of=None,
+         targets: dict | None = None) -> dict:
+    """One table row: ``ours`` and ``targets`` by engine name."""
+    row = {"workload": workload, "unit": unit}
+    row.update({engine: ours.get(engine) for engine in ENGINES})
+    row.update(torch_eager=torch_eager, torch_graph=torch_graph)
+    for engine in ENGINES:
+        value = ours.get(engine)
+        row[f"ratio_{engine}"] = ratio_of / value if ratio_of is not None and value else None
+    for engine in ENGINES:
+        row[f"target_{engine}"] = (targets or {}).get(engine)
+        row[f"status_{engine}"] = None
+    return row
+
+
+def _in_column(mode: str, value) -> tuple:
+    """(torch eager, torch graph) cells holding ``value`` in ``mode``'s column."""
+    return (None, value) if mode == "graph" else (value, None)
+
+
+def _by_engine(sections: dict, *keys) -> dict:
+    """{engine: the value at ``keys`` in that engine's results} for the engines that have one."""
+    found = {engine: _get(section, *keys) for engine, section in sections.items()}
+    return {engine: value for engine, value in found.items() if value is not None}
+
+
+def training_rows(name: str, sections: dict, torch_results) -> list[dict]:
+    """Rows of ``name`` (mlp or cnn) from ``sections`` ({engine: its section})."""
+    rows = []
+    has_graph = any(section["graph"] is not None for section in sections.values())
+    target_mode = "graph" if has_graph else "eager"
+    for mode in ("graph", "eager"):
+        epochs = _by_engine(sections, mode, "epoch_ms")
+        if not epochs:
+            continue
+        theirs = _get(torch_results, name, mode, "epoch_ms")
+        targets = {}
+        if mode == target_mode:
+            targets = {"fast": TARGETS[f"{name}_epoch_ms"],
+                       "slides": _get(torch_results, name, "graph", "epoch_ms") or SLIDES_TARGETS[f"{name}_epoch_ms"]}
+        rows.append(_row(f"{name} epoch, {mode}", "ms", epochs, *_in_column(mode, theirs), theirs, targets))
+        rate = _get(torch_results, name, mode, "images_per_second")
+        rows.append(_row(f"{name} throughput, {mode}", "img/s", _by_engine(sections, mode, "images_per_second"),
+                         *_in_column(mode, rate)))
+        memory = _by_engine(sections, mode, "peak_memory_mib")
+        if memory:
+            rows.append(_row(f"{name} peak memory, {mode}", "MiB", memory))
+    return rows
+
+
+def micro_rows(sections: dict, torch_results) -> list[dict]:
+    rows = []
+    size = next(iter(sections.values()))["size"]
+    for math in MATHS:
+        steps = _by_engine(sections, math, "step_ms")
+        if not steps:
+            continue
+        eager = _get(torch_results, "micro", math, "eager", "step_ms")
+        graph = _get(torch_results, "micro", math, "graph", "step_ms")
+        rows.append(_row(f"micro {math} step ({size})", "ms", steps, eager, graph, eager,
+                         {"fast": TARGETS[f"micro_{math}_ms"]}))
+    return rows
+
+
+def original_rows(sections: dict) -> list[dict]:
+    rows = []
+    names = next(iter(sections.values()))
+    for name in names:
+        rows.append(_row(f"original {name}, whole process", "s", _by_engine(sections, name, "seconds"),
+                         targets={"fast": TARGETS[f"original_{name}_s"]}))
+        accuracy = {engine: 100.0 * value for engine, value in _by_engine(sections, name, "test_accuracy").items()}
+        rows.append(_row(f"original {name}, test accuracy", "%", accuracy))
+    return rows
+
+
+def judge(rows: list[dict], applicable: bool) -> None:
+    """Mark each engine's cell that has a target PASS or MISS, or n/a where the run is not the target's workload."""
+    for row in rows:
+        for engine in ENGINES:
+            target, value = row[f"target_{engine}"], row[engine]
+            if target is not None and value is not None:
+                row[f"status_{engine}"] = ("PASS" if value <= target else "MISS") if applicable else "n/a"
+
+
+def table_rows(results: dict, torch_results, settings: dict) -> list[dict]:
+    """The table from ``results`` ({engine: {workload: section}})."""
+    on_gpu = settings["device"] == "cuda"
+    rows = []
+
+    def sections(name: str) -> dict:
+        return {engine: found[name] for engine, found in results.items() if name in found}
+
+    for name in ("mlp", "cnn"):
+        if sections(name):
+            section_rows = training_rows(name, sections(name), torch_results)
+            judge(section_rows, on_gpu and settings["limit_images"] is None)
+            rows += section_rows
+    if sections("micro"):
+        section_rows = micro_rows(sections("micro"), torch_results)
+        judge(section_rows, on_gpu and settings["micro_size"] == MICRO_SIZE)
+        rows += section_rows
+    if sections("original"):
+        section_rows = original_rows(sections("original"))
+        judge(section_rows, on_gpu)
+        rows += section_rows
+    return rows
+
+
+def _cell(value, unit: str | None = None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if unit == "img/s":
+        return f"{value:,.0f}"
+    if unit == "ratio":
+        return f"{value:.2f}x"
+    return f"{value:,.2f}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+COLUMNS = ("workload", "unit", *ENGINES, "torch eager", "torch graph", *(f"torch/{engine}" for engine in ENGINES),
+           *(f"{engine} target" for engine in ENGINES), f"status ({'/'.join(ENGINES)})")
+
+
+def _target_cell(target) -> str:
+    return "-" if target is None else f"<= {target:g}"
+
+
+def _status_cell(row: dict) -> str:
+    statuses = [row[f"status_{engine}"] for engine in ENGINES]
+    return "-" if not any(statuses) else "/".join(status or "-" for status in statuses)
+
+
+def format_table(rows: list[dict], header: str) -> str:
+    cells = [COLUMNS] + [
+        (row["workload"], row["unit"], *(_cell(row[engine], row["unit"]) for engine in ENGINES),
+         _cell(row["torch_eager"], row["unit"]), _cell(row["torch_graph"], row["unit"]),
+         *(_cell(row[f"ratio_{engine}"], "ratio") for engine in ENGINES),
+         *(_target_cell(row[f"target_{engine}"]) for engine in ENGINES), _status_cell(row))
+        for row in rows
+    ]
+    widths = [max(len(line[column]) for line in cells) for column in range(len(COLUMNS))]
+    lines = ["  ".join(text.ljust(width) if column < 2 else text.rjust(width)
+                       for column, (text, width) in enumerate(zip(line, widths))) for line in cells]
+    return "\n".join([header, lines[0], "-" * len(lines[0])] + lines[1:])
+
+
+def table_header(report: dict) -> str:
+    versions_text = ", ".join(f"{key} {value}" for key, value in report["versions"].items())
+    device = report["device"] if report["backend"] in report["device"] else f"{report['device']} ({report['backend']})"
+    lines = [f"device: {device}; {versions_text}",
+             "slides, fast: cudnnnet's engines (cudnnnet.engine); torch/ENGINE: PyTorch's time over that "
+             "engine's in the same mode (> 1: cudnnnet is faster); "
+             f"targets are for an {TARGET_DEVICE}, the slides engine's graph epochs PyTorch's captured graph"]
+    if report["backend"] == "cuda" and TARGET_DEVICE not in report["device"]:
+        lines.append(f"note: this GPU is not an {TARGET_DEVICE}, so PASS/MISS compares it with another GPU's targets")
+    uncompiled = report.get("uncompiled_packages")
+    if uncompiled:
+        lines.append(f"note: {', '.join(uncompiled)} have no cached bytecode and PYTHONDONTWRITEBYTECODE is set, "
+                     "so each whole-process run compiled their source; python -m compileall on them (as pip "
+                     "install does) removes that time")
+    return "\n".join(lines)
+
+
+def build_report(settings: dict) -> dict:
+    log.info("benchmarking %s on %s", ", ".join(settings["workloads"]), settings["device"])
+    original = measure_original(settings) if "original" in settings["workloads"] else None
+    backend = get_backend(settings["device"])
+    log.info("device: %s", backend.device_name)
+    results = measure(settings, backend)
+    for engine, found in (original or {}).items():
+        results[engine]["original"] = found
+    torch_results = compare_torch(settings) if settings["compare"] == "torch" else None
+    found = versions(backend)
+    if torch_results is not None:
+        found.update(torch=torch_results["version"], torch_cudnn=torch_results["cudnn"])
+    report = {"device": backend.device_name, "backend": backend.name,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "versions": found, "settings": settings, "targets": dict(TARGETS), "results": results,
+              "torch": torch_results, "uncompiled_packages": uncompiled_packages() if original is not None else []}
+    report["table"] = table_rows(results, torch_results, settings)
+    return report

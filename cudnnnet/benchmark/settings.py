@@ -1,0 +1,44 @@
+"""What cudnnnet-benchmark runs and judges: the workloads, their sizes, each device's defaults and
+the targets."""
+
+from __future__ import annotations
+
+from ..errors import CudnnnetError
+
+WORKLOADS = ("mlp", "cnn", "micro", "original")
+TRAINING_CONFIGS = {"mlp": "mnist_mlp.yaml", "cnn": "mnist_cnn.yaml"}
+ORIGINAL_CONFIGS = {"mlp": "original_mlp.yaml", "cnn": "original_cnn.yaml"}
+BATCH_SIZE = 256
+MICRO_SIZE = 10_000  # the series' 10 000 × 10 000 input
+HOST_MICRO_SIZE = 1_000
+MICRO_LEARNING_RATE = 0.05
+MICRO_WARMUP = 2
+MICRO_SEED = 0
+MATHS = ("fp32", "tf32")
+MIB = 1 << 20
+DEFAULTS = {  # device: (timed epochs, micro repeats)
+    "cuda": (10, 20),
+    "host": (1, 3),
+}
+
+# Targets on an NVIDIA H100, judged beside the measurements (ms for epochs and steps, s for processes).
+TARGETS = {
+    "mlp_epoch_ms": 15.0,
+    "cnn_epoch_ms": 90.0,
+    "micro_fp32_ms": 46.0,
+    "micro_tf32_ms": 9.1,
+    "original_mlp_s": 1.0,
+    "original_cnn_s": 2.0,
+}
+# The slides engine's graph epochs: PyTorch's captured graph on an H100 (used where --compare torch was not run).
+SLIDES_TARGETS = {
+    "mlp_epoch_ms": 31.5,
+    "cnn_epoch_ms": 133.0,
+}
+TARGET_DEVICE = "H100"
+HOST_DURATION = ("all workloads take about 13 minutes on a 2-core CPU, 10 of them in the original workload's "
+                 "six training processes (--only mlp,cnn,micro skips those)")
+
+
+class BenchmarkError(CudnnnetError):
+    """A workload could not be measured (a subprocess failed, a layer has no PyTorch equivalent)."""

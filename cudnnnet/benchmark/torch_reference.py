@@ -1,0 +1,205 @@
+"""PyTorch, for comparison: the same workloads in the same process, eager and captured in a CUDA graph."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from math import prod
+
+import numpy as np
+
+from .. import training
+from ..config import Config
+from ..layers import LAYER_TYPES
+from .measuring import epoch_summary, step_summary, timed_calls
+from .settings import BATCH_SIZE, MATHS, MICRO_LEARNING_RATE, MICRO_WARMUP, BenchmarkError
+from .workloads import micro_data, micro_layer_sizes, workload_config
+
+log = logging.getLogger(__name__)
+
+
+def compare_torch(settings: dict) -> dict | None:
+    """The mlp, cnn and micro workloads with PyTorch on the GPU; None (with a warning) where it cannot run."""
+    if settings["device"] != "cuda":
+        log.warning("--compare torch: only with --device cuda; no comparison")
+        return None
+    try:
+        import torch
+    except ImportError as error:
+        log.warning("--compare torch: PyTorch cannot be imported (%s); no comparison", error)
+        return None
+    if not torch.cuda.is_available():
+        log.warning("--compare torch: PyTorch %s sees no CUDA GPU; no comparison", torch.__version__)
+        return None
+    results = {"version": torch.__version__, "cudnn": torch.backends.cudnn.version()}
+    for name in ("mlp", "cnn", "micro"):
+        if name in settings["workloads"]:
+            results[name] = _torch_workload(torch, name, settings)
+    return results
+
+
+def _torch_workload(torch, name: str, settings: dict) -> dict | None:
+    try:
+        if name == "micro":
+            return torch_micro(torch, settings["micro_size"], settings["repeat"], MATHS, "cuda")
+        config = workload_config(name, settings["device"], settings["data_dir"], 1, False)
+        return torch_training(torch, name, config, settings["epochs"], settings["limit_images"], "cuda")
+    except (RuntimeError, BenchmarkError) as error:
+        log.error("--compare torch: %s failed with PyTorch: %s", name, " ".join(str(error).split()))
+        return None
+
+
+def set_torch_math(torch, math: str) -> None:
+    allow = math == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+
+
+def torch_synchronizer(torch, device: str):
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+
+def torch_layer(nn, spec, shape: tuple[int, int, int]):
+    """The PyTorch module computing the same as the layer ``spec`` on samples of ``shape``."""
+    params = spec.params
+    if spec.type == "dense":
+        return nn.Sequential(nn.Flatten(), nn.Linear(prod(shape), params["out_size"]))
+    if spec.type == "conv2d":
+        return nn.Conv2d(shape[0], params["out_channels"], params["kernel_size"], params["stride"],
+                         params["padding"], params["dilation"])
+    if spec.type == "pooling":
+        pool = nn.MaxPool2d if params["mode"] == "max" else nn.AvgPool2d
+        return pool(params["kernel_size"], params["stride"], params["padding"])
+    if spec.type == "activation":
+        return torch_activation(nn, params["mode"], params["coef"])
+    raise BenchmarkError(f"layer {spec.name!r}: no PyTorch equivalent of a {spec.type} layer before the loss")
+
+
+def torch_activation(nn, mode: str, coef: float):
+    if mode == "clipped_relu":
+        return nn.Hardtanh(0.0, coef)
+    if mode == "elu":
+        return nn.ELU(coef)
+    return {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}[mode]()
+
+
+def torch_model(torch, config: Config):
+    """(model, loss(outputs, labels)) for a config's model, its last layer the loss."""
+    shape, modules = training.input_shape(config), []
+    for spec in config.model[:-1]:
+        modules.append(torch_layer(torch.nn, spec, shape))
+        shape = LAYER_TYPES[spec.type](spec.name, **spec.params).output_sample_shape(shape)
+    functional = torch.nn.functional
+    if config.model[-1].type == "softmax":
+        return torch.nn.Sequential(*modules), functional.cross_entropy
+
+    def quadratic(outputs, labels):
+        onehot = functional.one_hot(labels, outputs.shape[1]).to(outputs.dtype)
+        return 0.5 * (outputs - onehot).pow(2).sum() / outputs.shape[0]
+
+    return torch.nn.Sequential(*modules), quadratic
+
+
+def torch_optimizer(torch, model, config: Config):
+    opt = config.train.optimizer
+    return torch.optim.SGD(model.parameters(), lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
+
+
+def torch_capture(torch, step):
+    """``step`` recorded as a CUDA graph, after three warm-up calls on a side stream (PyTorch's recipe).
+
+    ``step`` sets the gradients to None before its backward pass, so the captured backward writes
+    them into the graph's own memory instead of accumulating into tensors from outside it.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+class TorchTraining:
+    """SGD steps on a data set held on the device, batches picked by a device permutation."""
+
+    def __init__(self, torch, config: Config, images: np.ndarray, labels: np.ndarray, device: str):
+        self.torch, self.device, self.count = torch, device, len(labels)
+        self.model, self.loss = torch_model(torch, config)
+        self.model.to(device)
+        self.optimizer = torch_optimizer(torch, self.model, config)
+        self.images = torch.from_numpy(images).to(device)  # (N, 1, H, W)
+        self.labels = torch.from_numpy(labels).to(device)  # (N,)
+        self.graphs: dict[int, tuple] = {}
+
+    def step(self, index) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        outputs = self.model(self.images.index_select(0, index))
+        self.loss(outputs, self.labels.index_select(0, index)).backward()
+        self.optimizer.step()
+
+    def batches(self):
+        order = self.torch.randperm(self.count, device=self.device)
+        return [order[start:start + BATCH_SIZE] for start in range(0, self.count, BATCH_SIZE)]
+
+    def eager_epoch(self) -> None:
+        for index in self.batches():
+            self.step(index)
+
+    def capture(self) -> None:
+        """One graph per batch size of an epoch (the full batch and the last, shorter one)."""
+        for size in sorted({len(index) for index in self.batches()}):
+            static_index = self.torch.arange(size, device=self.device)
+            self.graphs[size] = (torch_capture(self.torch, functools.partial(self.step, static_index)), static_index)
+
+    def graph_epoch(self) -> None:
+        for index in self.batches():
+            graph, static_index = self.graphs[len(index)]
+            static_index.copy_(index)
+            graph.replay()
+
+
+def torch_training(torch, name: str, config: Config, epochs: int, limit: int | None, device: str) -> dict:
+    """Median epoch ms of ``config``'s workload with PyTorch, eager and (on CUDA) CUDA graphs."""
+    set_torch_math(torch, "fp32")
+    images, labels = training.load_split(config, "train")
+    images, labels = images[:limit], labels[:limit]
+    run = TorchTraining(torch, config, np.ascontiguousarray(images), np.ascontiguousarray(labels), device)
+    synchronize = torch_synchronizer(torch, device)
+    results = {"eager": epoch_summary(timed_calls(run.eager_epoch, epochs, synchronize, 1), run.count)}
+    if device == "cuda":
+        run.capture()
+        results["graph"] = epoch_summary(timed_calls(run.graph_epoch, epochs, synchronize, 1), run.count)
+    for mode, summary in results.items():
+        log.info("torch %s %s: %.2f ms an epoch", name, mode, summary["epoch_ms"])
+    return results
+
+
+def torch_micro(torch, size: int, repeat: int, maths, device: str) -> dict:
+    """Median ms of the micro-benchmark step with PyTorch, eager and (on CUDA) as a CUDA graph."""
+    features, hidden1, hidden2, outputs = micro_layer_sizes(size)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(features, hidden1), nn.Tanh(), nn.Linear(hidden1, hidden2), nn.Sigmoid(),
+                          nn.Linear(hidden2, outputs), nn.Sigmoid()).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=MICRO_LEARNING_RATE)
+    inputs, targets = (torch.from_numpy(array).to(device) for array in micro_data(size))
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        (0.5 * (model(inputs) - targets).pow(2).sum() / size).backward()
+        optimizer.step()
+
+    synchronize = torch_synchronizer(torch, device)
+    results = {}
+    for math in maths:
+        set_torch_math(torch, math)
+        calls = {"eager": step}
+        if device == "cuda":
+            calls["graph"] = torch_capture(torch, step).replay
+        results[math] = {mode: step_summary(timed_calls(call, repeat, synchronize, MICRO_WARMUP))
+                         for mode, call in calls.items()}
+    set_torch_math(torch, "fp32")
+    return results

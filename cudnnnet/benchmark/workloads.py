@@ -1,0 +1,162 @@
+"""The in-process workloads: mlp and cnn (one Trainer per mode and engine) and micro (the "Deep
+Learning from Scratch to GPU" step)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import tempfile
+
+import numpy as np
+
+from .. import training
+from ..backends import get_backend
+from ..config import Config, load_config, parse_config
+from ..layers import MSE, Activation, Dense
+from ..network import Network
+from ..shipped_configs import CONFIG_DIR
+from ..tensor import Tensor
+from ..training import Trainer
+from .measuring import DeviceMemory, epoch_summary, step_summary, timed_calls
+from .settings import BATCH_SIZE, MATHS, MICRO_LEARNING_RATE, MICRO_SEED, MICRO_SIZE, MICRO_WARMUP, TRAINING_CONFIGS
+
+log = logging.getLogger(__name__)
+
+
+# ---- mlp and cnn: the Trainer -----------------------------------------------------------------
+
+
+def workload_config(name: str, device: str, data_dir, epochs: int, graph: bool, engine: str = "slides") -> Config:
+    """The config file's model and optimiser at batch 256, FP32, with ``epochs`` planned epochs."""
+    config = load_config(CONFIG_DIR / TRAINING_CONFIGS[name]).with_overrides(
+        epochs=epochs, batch_size=BATCH_SIZE, device=device, data_dir=data_dir, engine=engine)
+    raw = config.to_dict()
+    raw["train"]["graph"] = graph
+    raw["math"] = "fp32"
+    return parse_config(raw, source=config.source)
+
+
+def training_images(config: Config, limit: int | None) -> int:
+    count = len(training.load_split_pixels(config, "train")[1])
+    return count if limit is None else min(count, limit)
+
+
+def train_epoch(trainer: Trainer) -> float:
+    """Seconds of one whole epoch (``Trainer.train_epoch``, synchronised), then on to the next epoch
+    as the trainer does after evaluating one."""
+    seconds = trainer.train_epoch()
+    trainer.position.epoch += 1
+    trainer.position.batch = 0
+    return seconds
+
+
+def benchmark_training(name: str, settings: dict, graph: bool, images: int, engine: str = "slides") -> dict:
+    """Median epoch of ``name`` (mlp or cnn) after a warm-up epoch, with the peak device memory."""
+    epochs = settings["epochs"]
+    log.info("%s %s %s: a warm-up epoch, then %d timed", name, engine, "graph" if graph else "eager", epochs)
+    config = workload_config(name, settings["device"], settings["data_dir"], epochs + 1, graph, engine)
+    backend = get_backend(config.device)
+    gc.collect()
+    memory = DeviceMemory(backend)
+    with tempfile.TemporaryDirectory(prefix="cudnnnet-benchmark-") as output:
+        trainer = Trainer(config, output, progress=False, image_limit=settings["limit_images"])
+        train_epoch(trainer)
+        memory.sample()
+        seconds = [train_epoch(trainer) for _ in range(epochs)]
+        memory.sample()
+        del trainer
+    gc.collect()
+    summary = {**epoch_summary(seconds, images), "peak_memory_mib": memory.peak_mib}
+    log.info("%s %s %s: %.2f ms an epoch, %.0f images/s", name, engine, "graph" if graph else "eager",
+             summary["epoch_ms"], summary["images_per_second"])
+    return summary
+
+
+def training_section(name: str, settings: dict, backend, engine: str = "slides") -> dict:
+    modes = ("graph", "eager") if backend.supports_graphs else ("eager",)
+    if not backend.supports_graphs:
+        log.info("%s: the %s backend has no CUDA graphs; timing eager steps only", name, backend.name)
+    config = workload_config(name, settings["device"], settings["data_dir"], 1, False)
+    images = training_images(config, settings["limit_images"])
+    section = {"config": f"configs/{TRAINING_CONFIGS[name]}", "images": images, "batch_size": BATCH_SIZE,
+               "graph": None, "eager": None}
+    for mode in modes:
+        section[mode] = benchmark_training(name, settings, mode == "graph", images, engine)
+    return section
+
+
+# ---- micro: the "Deep Learning from Scratch to GPU" step -------------------------------------
+
+
+def micro_layer_sizes(size: int) -> tuple[int, int, int, int]:
+    """(features, hidden 1, hidden 2, outputs): 10 000 → 5 000 → 1 000 → 10 at the series' size."""
+    return (size, max(1, round(size * 5_000 / MICRO_SIZE)), max(1, round(size * 1_000 / MICRO_SIZE)), 10)
+
+
+def micro_data(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs (size samples × size features) and targets (size × 10) in [0, 1), from a fixed seed."""
+    rng = np.random.default_rng(MICRO_SEED)
+    return rng.random((size, size), dtype=np.float32), rng.random((size, 10), dtype=np.float32)
+
+
+def build_micro_network(size: int, backend) -> Network:
+    features, hidden1, hidden2, outputs = micro_layer_sizes(size)
+    layers = [Dense("fc1", hidden1), Activation("tanh1", "tanh"), Dense("fc2", hidden2),
+              Activation("sigmoid2", "sigmoid"), Dense("fc3", outputs), Activation("sigmoid3", "sigmoid"),
+              MSE("quadratic")]
+    return Network(layers, backend=backend, seed=MICRO_SEED, input_shape=(features, 1, 1))
+
+
+def micro_maths(backend) -> tuple[str, ...]:
+    if hasattr(backend, "set_math"):
+        return MATHS
+    log.info("micro: the %s backend has no TF32 mode; timing FP32 only", backend.name)
+    return ("fp32",)
+
+
+def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides") -> dict:
+    """Median ms of one forward + backward + update step, in each math mode the backend has."""
+    backend.set_engine(engine)
+    network = build_micro_network(size, backend)
+    inputs, targets = micro_data(size)
+    x = Tensor.from_numpy(inputs.reshape(size, size, 1, 1), backend)  # (N, features, 1, 1)
+    target = Tensor.from_numpy(targets, backend)  # (N, 10)
+
+    def step():
+        network.forward(x)
+        network.backward(target)
+        network.update(MICRO_LEARNING_RATE)
+
+    section = {"size": size, "layers": list(micro_layer_sizes(size)), "repeat": repeat, "fp32": None, "tf32": None}
+    for math in micro_maths(backend):
+        with math_mode(backend, math):
+            seconds = timed_calls(step, repeat, backend.synchronize, MICRO_WARMUP)
+        section[math] = step_summary(seconds)
+        log.info("micro %s %s: %.2f ms a step (%d × %d)", engine, math, section[math]["step_ms"], size, size)
+    return section
+
+
+@contextlib.contextmanager
+def math_mode(backend, math: str):
+    if not hasattr(backend, "set_math"):
+        yield
+        return
+    backend.set_math(math)
+    try:
+        yield
+    finally:
+        backend.set_math("fp32")
+
+
+def measure(settings: dict, backend) -> dict:
+    """The in-process workloads asked for, in order: mlp, cnn, micro, for each engine: {engine: {name: section}}."""
+    results = {}
+    for engine in settings["engines"]:
+        found = results[engine] = {}
+        for name in ("mlp", "cnn"):
+            if name in settings["workloads"]:
+                found[name] = training_section(name, settings, backend, engine)
+        if "micro" in settings["workloads"]:
+            found["micro"] = benchmark_micro(backend, settings["micro_size"], settings["repeat"], engine)
+    return results

@@ -1,0 +1,118 @@
+"""The disk caches' common ground: where they live, the switch that turns them off, and the rule
+that a cache never fails its caller.
+
+    $XDG_CACHE_HOME/cudnnnet/ (else ~/.cache/cudnnnet/)
+      kernels/   compiled NVRTC cubins            backends/cuda/kernel.py
+      plans/     convolution and GEMM plans        backends/cuda/plan_cache.py, backends/cuda/matmul.py
+      parsed/    parsed MNIST files                data/mnist.py
+      mnist/     MNIST as downloaded: data, not a cache; the switch leaves it alone
+
+``CUDNNNET_NO_CACHE=1`` turns every cache off. An entry that is missing, cannot be read or does not
+parse is ignored (the caller computes the value again and stores it); a folder that cannot be
+written is left alone. Both are logged at debug level through the caller's logger, nothing more.
+
+A keyed entry (``keyed_path``, ``read_keyed``, ``write_keyed``: the plans) is one JSON file named by
+the SHA-256 of its key, everything that decides the value; the file holds the key too, and an entry
+holding another key is ignored like a damaged one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import BinaryIO, Callable, Mapping, TypeVar
+
+from .files import atomic_write
+
+NO_CACHE_ENV = "CUDNNNET_NO_CACHE"
+READ_ERRORS = (OSError, ValueError, EOFError, RecursionError)  # a damaged entry: unreadable, truncated, not parsing
+Read = TypeVar("Read")
+Parsed = TypeVar("Parsed")
+
+
+def cache_off() -> bool:
+    """Whether $CUDNNNET_NO_CACHE turns the disk caches off (any value but "" and "0")."""
+    return os.environ.get(NO_CACHE_ENV, "") not in ("", "0")
+
+
+def cache_root() -> Path:
+    """$XDG_CACHE_HOME/cudnnnet, else ~/.cache/cudnnnet; RuntimeError when there is no home directory."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cudnnnet"
+
+
+def plan_dir() -> Path:
+    """$XDG_CACHE_HOME/cudnnnet/plans, else ~/.cache/cudnnnet/plans: convolution and GEMM plans."""
+    return cache_root() / "plans"
+
+
+def entry_path(folder: Callable[[], Path], name: str) -> Path | None:
+    """``folder() / name``, or None when the caches are off or there is no cache folder (no
+    $XDG_CACHE_HOME and no home directory). ``folder`` is only called when the caches are on."""
+    if cache_off():
+        return None
+    try:
+        return folder() / name
+    except RuntimeError:
+        return None
+
+
+def read_entry(read: Callable[[], Read], path: Path, what: str, log: logging.Logger) -> Read | None:
+    """``read()`` (which reads the entry at ``path``), or None where there is no entry or it is damaged."""
+    try:
+        return read()
+    except FileNotFoundError:
+        return None
+    except READ_ERRORS as error:
+        log.debug("ignoring the unreadable cached %s %s: %s", what, path, getattr(error, "strerror", None) or error)
+        return None
+
+
+def store_entry(files: Mapping[Path, Callable[[BinaryIO], None]], what: str, log: logging.Logger) -> None:
+    """Write each of ``files`` atomically, in order, through its writer; a failure is only logged."""
+    try:
+        for path, write in files.items():
+            with atomic_write(path) as file:
+                write(file)
+    except OSError as error:
+        folder = next(iter(files)).parent
+        log.debug("not caching %s in %s: %s", what, folder, error.strerror or error)
+
+
+def canonical(value: dict) -> str:
+    """``value`` as compact JSON with sorted keys; numpy integers (sizes a caller passed as such) as ints."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=int)
+
+
+def keyed_path(folder: Callable[[], Path], key: dict) -> Path | None:
+    """The file of the entry keyed by ``key`` (JSON values) in ``folder()``, or None when the caches are off."""
+    if cache_off():
+        return None
+    return entry_path(folder, f"{hashlib.sha256(canonical(key).encode()).hexdigest()}.json")
+
+
+def read_keyed(folder: Callable[[], Path], key: dict, parse: Callable[[dict], Parsed | None], what: str,
+               log: logging.Logger) -> Parsed | None:
+    """What ``parse`` makes of the entry stored for ``key``; None where there is no entry, the caches
+    are off, or the file cannot be read, does not parse, holds another key or ``parse`` refuses it."""
+    path = keyed_path(folder, key)
+    if path is None:
+        return None
+    read = read_entry(lambda: (json.loads(path.read_bytes()),), path, what, log)
+    if read is None:
+        return None
+    (entry,) = read
+    parsed = parse(entry) if isinstance(entry, dict) and entry.get("key") == key else None
+    if parsed is None:
+        log.debug("ignoring the cached %s %s: it holds another key or no valid %s", what, path, what)
+    return parsed
+
+
+def write_keyed(folder: Callable[[], Path], key: dict, content: dict, what: str, log: logging.Logger) -> None:
+    """Write {"key": key, **content} to the file of ``key``, atomically; a failure is only logged."""
+    path = keyed_path(folder, key)
+    if path is not None:
+        stored = canonical({"key": key, **content}).encode()
+        store_entry({path: lambda file: file.write(stored)}, f"the {what}", log)
