@@ -9,6 +9,7 @@ and when a signal stops the run. Nothing outside ``output_dir`` is written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -25,10 +26,12 @@ from .backends import get_backend, warm_up
 from .config import Config
 from .curves import plot_curves
 from .data.loader import BatchLoader
-from .data.mnist import load_mnist, load_mnist_pixels, one_hot
-from .data.pixels import PixelImages
+from .config import COMPUTED
+from .data.mnist import one_hot
+from .data.pixels import PixelImages, as_channels, channel_statistics
+from .data.sources import load_source
 from .data.streamed import FLOAT32_BYTES, StreamedData, choose_placement
-from .errors import CheckpointError, DataError, TrainingError
+from .errors import CheckpointError, ConfigError, DataError, TrainingError
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import make_optimizer
 from .outputs import OutputFolder, checkpoint_to_resume
@@ -56,10 +59,28 @@ def write_atomic(path: Path, text: str) -> None:
         file.write(text.encode("utf-8"))
 
 
-def input_shape(config) -> tuple[int, int, int]:
-    """The (C, H, W) of one input sample of ``config`` (a Config or a ModelDescription)."""
-    side = 28 + 2 * config.data.pad
-    return (1, side, side)
+KNOWN_SHAPES = {"mnist": (1, 28, 28), "fashion-mnist": (1, 28, 28), "kmnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+
+
+def input_shape(config) -> tuple[int, int, int] | None:
+    """The (C, H, W) of one input sample of ``config`` (a Config or a ModelDescription); None where
+    only the data can say (an npz, idx or image-folder set whose shape was not yet read)."""
+    data = config.data
+    shape = data.shape or KNOWN_SHAPES.get(data.dataset)
+    if shape is None and data.dataset == "image-folder" and data.image_size and data.channels != "auto":
+        shape = (data.channels, *data.image_size)
+    if shape is None:
+        return None
+    return (shape[0], shape[1] + 2 * data.pad, shape[2] + 2 * data.pad)
+
+
+def class_names(config) -> tuple[str, ...] | None:
+    """The class names of ``config``'s data: its own list, a named data set's, else None (read from the data)."""
+    from .data.sources import CIFAR10_CLASSES, DIGIT_CLASSES, FASHION_CLASSES, KMNIST_CLASSES
+
+    named = {"mnist": DIGIT_CLASSES, "fashion-mnist": FASHION_CLASSES, "kmnist": KMNIST_CLASSES,
+             "cifar10": CIFAR10_CLASSES}
+    return config.data.classes or named.get(config.data.dataset)
 
 
 def model_mapping(config) -> list[dict]:
@@ -72,25 +93,63 @@ def build_network(config: Config, backend) -> Network:
 
 
 def load_split(config: Config, split: str, download: bool = True):
-    """(images float32 (N, 1, H, W), labels int64 (N,)) of ``split`` as ``config`` prepares them."""
-    normalize = config.data.normalize
-    return load_mnist(config.data.dir, split, download=download, normalize=normalize, pad=config.data.pad)
+    """(images float32 (N, C, H, W), labels int64 (N,)) of ``split`` as ``config`` prepares them."""
+    images, labels = load_split_pixels(config, split, download)
+    return images.floats, labels
 
 
 def load_split_pixels(config: Config, split: str, download: bool = True):
     """(PixelImages, labels int64 (N,)): ``load_split`` with the float conversion left to whoever
     needs the floats (a resident set is converted on the device)."""
-    pixels, labels = load_mnist_pixels(config.data.dir, split, download=download)
-    return PixelImages(pixels, config.data.normalize, config.data.pad), labels
+    config = config if config.data.normalize != COMPUTED else resolve_data(config, download)[0]
+    loaded = load_source(config.data, split, download)
+    return PixelImages(loaded.pixels, config.data.normalize, config.data.pad), loaded.labels
+
+
+def resolve_data(config: Config, download: bool = True):
+    """(config with data.classes, data.shape and a computed normalisation filled in, train Split, test Split)."""
+    train, test = load_source(config.data, "train", download), load_source(config.data, "test", download)
+    classes = train.classes
+    if int(test.labels.max()) >= len(classes):
+        raise DataError(f"the test split has label {int(test.labels.max())}, the training split's classes are "
+                        f"0..{len(classes) - 1}")
+    test_pixels, train_pixels = as_channels(test.pixels), as_channels(train.pixels)
+    if test_pixels.shape[1:] != train_pixels.shape[1:]:
+        raise DataError(f"the test images are {test_pixels.shape[1:]} (C, H, W), the training images "
+                        f"{train_pixels.shape[1:]}; set data.image_size (image folders) so both match")
+    normalize = config.data.normalize
+    if normalize == COMPUTED:
+        normalize = channel_statistics(train.pixels)
+        log.info("per-channel mean %s, std %s from the training set", normalize[0], normalize[1])
+    data = dataclasses.replace(config.data, classes=tuple(classes), shape=tuple(train_pixels.shape[1:]),
+                               normalize=normalize)
+    return dataclasses.replace(config, data=data), train, test
+
+
+def load_data(config: Config, download: bool = True):
+    """(resolved config, (train PixelImages, labels), (test PixelImages, labels))."""
+    config, train, test = resolve_data(config, download)
+    normalize, pad = config.data.normalize, config.data.pad
+    return (config, (PixelImages(train.pixels, normalize, pad), train.labels),
+            (PixelImages(test.pixels, normalize, pad), test.labels))
 
 
 def local_splits(config: Config):
-    """(train, test) pixel splits where both are on disk and read without error, else None (the
-    caller then loads them, downloading or raising as load_split_pixels does)."""
+    """``load_data`` where both splits are on disk and read without error, else None (the caller
+    then loads them, downloading or raising as load_data does)."""
     try:
-        return load_split_pixels(config, "train", download=False), load_split_pixels(config, "test", download=False)
+        return load_data(config, download=False)
     except DataError:
         return None
+
+
+def check_class_scores(network: Network, classes, config) -> None:
+    """ConfigError unless the network gives one score per class, shape (classes, 1, 1)."""
+    scores = network.output_shapes(network.input_shape)[-1]
+    if tuple(scores) != (len(classes), 1, 1):
+        raise ConfigError(f"{config.source}: model[{len(config.model) - 1}]: the model ends in outputs of shape "
+                          f"{tuple(scores)} per image; the data has {len(classes)} classes, so it needs shape "
+                          f"({len(classes)}, 1, 1) (a last dense layer with out_size {len(classes)})")
 
 
 class OnAThread:
@@ -284,16 +343,19 @@ class Trainer:
         warm_up(config.device)  # the GPU starts while the data is read and the libraries load
         reading = OnAThread(local_splits, config)  # what is on disk already, while get_backend loads
         self.backend = get_backend(config.device)  # before any download: no GPU is reported first
-        splits = reading.result()
-        (self.train_pixels, self.train_labels), (self.test_pixels, self.test_labels) = (
-            splits or (load_split_pixels(config, "train"), load_split_pixels(config, "test")))
+        loaded = reading.result() or load_data(config)
+        config, (self.train_pixels, self.train_labels), (self.test_pixels, self.test_labels) = loaded
+        self.config = config  # with the data's classes, shape and normalisation, as the checkpoint keeps them
+        self.classes = class_names(config)
         if hasattr(self.backend, "set_math"):
             self.backend.set_math(config.math)
         self.backend.set_engine(config.engine)
         self.network = build_network(config, self.backend)
+        check_class_scores(self.network, self.classes, config)
         train = config.train
         self.optimizer = make_optimizer(self.network, train.optimizer, train.schedule)
-        self.loader = BatchLoader(self.train_pixels, self.train_labels, train.batch_size, seed=train.seed)
+        self.loader = BatchLoader(self.train_pixels, self.train_labels, train.batch_size, seed=train.seed,
+                                  classes=len(self.classes))
         placement = choose_placement(config.data.placement, self.backend, self.train_pixels, self.train_labels,
                                      ResidentTestSet.nbytes(self.test_pixels, self.loader.classes))
         if placement == "host":

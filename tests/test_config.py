@@ -253,7 +253,7 @@ INVALID = [
     (("model", 0), {"type": "pooling", "kernel_size": 2, "mode": "min"}, "model[0].mode: expected one of max, average"),
     (("model", 0), {"type": "pooling", "kernel_size": 0}, "model[0].kernel_size: expected an integer > 0"),
     (("data",), [], "data: expected a mapping, got [] (list)"),
-    (("data", "dataset"), "cifar10", "data.dataset: expected one of mnist, got 'cifar10'"),
+    (("data", "dataset"), "cifar100", "data.dataset: expected one of mnist, fashion-mnist, kmnist, idx, npz, cifar10, image-folder, got 'cifar100'"),
     (("data", "dir"), 3, "data.dir: expected a directory path"),
     (("data", "pad"), -2, "data.pad: expected an integer >= 0, got -2"),
     (("data", "normalize"), "yes", "data.normalize: expected false, true"),
