@@ -9,7 +9,8 @@ from cudnnnet.errors import ConfigError
 from cudnnnet.shipped_configs import CONFIG_DIR, resolve_config, shipped_config_names
 from run_helpers import REPO_ROOT
 
-SHIPPED = ["lenet5", "mnist_bn_cnn", "mnist_cnn", "mnist_mlp", "original_cnn", "original_mlp"]
+SHIPPED = ["cifar10_cnn", "fashion_mnist_cnn", "image_folder", "lenet5", "mnist_bn_cnn", "mnist_cnn", "mnist_mlp", "original_cnn",
+           "original_mlp"]
 
 
 def test_the_package_ships_the_repository_configs():
