@@ -109,3 +109,34 @@ def test_a_folder_model_predicts_rgb_photos_of_any_size_resized_and_cropped(tmp_
     assert predicted.returncode == 0, predicted.stderr
     result = json.loads(predicted.stdout)[0]
     assert result["label"] == "red" and result["probabilities"][1] > 0.5
+
+
+def small_folder(root, classes=("a", "b"), count=4):
+    for name in classes:
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for index in range(count):
+            Image.fromarray(np.full((8, 8), 40 * index, np.uint8)).save(root / name / f"{index}.png")
+    return root
+
+
+def train_folder(root, output):
+    return run_script("train", "--config", "image_folder", "--data-dir", str(root), "--device", "host",
+                      "--output", str(output), "--epochs", "1", "--quiet")
+
+
+def test_a_corrupt_image_stops_training_with_one_line_naming_it_and_exit_2(tmp_path):
+    root = small_folder(tmp_path / "photos")
+    (root / "b" / "broken.jpg").write_bytes(b"not a jpeg")
+    finished = train_folder(root, tmp_path / "run")
+    assert finished.returncode == 2
+    assert finished.stderr.strip().splitlines() == [
+        f"cudnnnet-train: error: {root / 'b' / 'broken.jpg'}: cannot decode the image (UnidentifiedImageError: "
+        f"cannot identify image file '{root / 'b' / 'broken.jpg'}'); remove it, or set data.corrupt: skip"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_model_without_one_score_per_class_folder_is_named_with_exit_2(tmp_path):
+    root = small_folder(tmp_path / "photos", classes=("a", "b", "c"))
+    finished = train_folder(root, tmp_path / "run")
+    assert finished.returncode == 2
+    assert "the data has 3 classes, so it needs shape (3, 1, 1) (a last dense layer with out_size 3)" in finished.stderr

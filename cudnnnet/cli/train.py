@@ -96,6 +96,8 @@ def check_model(config: Config) -> None:
 def check_size(config: Config) -> None:
     """The model's tensors, for the largest batch the run makes, fit the libraries and this machine
     (see ``check_model_size``); checked before any array is made, on a model whose shapes fit."""
+    if input_shape(config) is None:  # the data says it: the Trainer's network checks its sizes once it is read
+        return
     layers = [LAYER_TYPES[spec.type](spec.name, **spec.params) for spec in config.model]
     batch = max(min(config.train.batch_size, SPLIT_COUNTS["train"]),
                 min(config.train.eval_batch_size, SPLIT_COUNTS["test"]))
