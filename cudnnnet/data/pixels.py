@@ -62,20 +62,23 @@ def to_float_images(images: np.ndarray, normalize=None, pad: int = 0) -> np.ndar
     return out
 
 
-def channel_statistics(pixels: np.ndarray, chunk: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(mean per channel, std per channel) of pixels / 255 over a whole uint8 set, in chunks (float64 sums)."""
+def channel_statistics(pixels: np.ndarray, chunk: int = 2048) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean per channel, std per channel) of pixels / 255 over a whole uint8 set, from exact integer
+    sums of the bytes and of their squares, taken a chunk of images at a time."""
     images = as_channels(pixels)
     channels = images.shape[1]
-    total, squares = np.zeros(channels), np.zeros(channels)
+    total, squares = np.zeros(channels, dtype=np.uint64), np.zeros(channels, dtype=np.uint64)
     for start in range(0, images.shape[0], chunk):
-        block = images[start:start + chunk].astype(np.float64) / 255.0
-        total += block.sum(axis=(0, 2, 3))
-        squares += np.square(block).sum(axis=(0, 2, 3))
+        block = images[start:start + chunk].astype(np.uint32)
+        total += block.sum(axis=(0, 2, 3), dtype=np.uint64)
+        block *= block
+        squares += block.sum(axis=(0, 2, 3), dtype=np.uint64)
     count = max(images.shape[0] * images.shape[2] * images.shape[3], 1)
-    mean = total / count
-    std = np.sqrt(np.maximum(squares / count - mean ** 2, 0.0))
-    std = np.where(std > 0, std, 1.0)  # a constant channel is left unscaled
-    return tuple(round(float(m), 6) for m in mean), tuple(round(float(s), 6) for s in std)
+    mean = total.astype(np.float64) / count
+    std = np.sqrt(np.maximum(squares.astype(np.float64) / count - mean ** 2, 0.0)) / 255.0
+    mean /= 255.0
+    return (tuple(round(float(value), 6) for value in mean),
+            tuple(round(float(value), 6) if value > 0 else 1.0 for value in std))  # a constant channel: unscaled
 
 
 @dataclass(frozen=True, eq=False)
