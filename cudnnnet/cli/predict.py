@@ -62,6 +62,9 @@ def load_network(weights: str, config_path: str | None, device: str) -> tuple[Ne
         raise UsageError(f"{weights} is a directory, read as the original's .bin files, which do not say the "
                          f"network's architecture: add --config CONFIG (the YAML config they were trained with)")
     description = load_model_description(config_path)
+    if input_shape(description) is None:
+        raise UsageError(f"--config {config_path}: its data ({description.data.dataset}) does not say the input shape; "
+                         f"add data.shape [channels, height, width] to it")
     network = Network.from_spec(model_mapping(description), input_shape(description), get_backend(device))
     network.load_original(weights)
     return network, description.data.normalize

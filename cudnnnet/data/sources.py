@@ -285,8 +285,9 @@ def _cifar_file(directory: Path, name: str) -> Path | None:
     return None
 
 
-def read_cifar_records(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_cifar_records(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 (N, 3, 32, 32), int64 (N,)) from a file of CIFAR-10 binary records."""
+    path = Path(path)
     try:
         size = path.stat().st_size
     except OSError as error:
