@@ -29,6 +29,7 @@ from .data.loader import BatchLoader
 from .config import COMPUTED
 from .data.mnist import one_hot
 from .data.pixels import PixelImages, as_channels, channel_statistics
+from .data.image_folder import class_names as folder_classes
 from .data.sources import load_source
 from .data.streamed import FLOAT32_BYTES, StreamedData, choose_placement
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
@@ -100,38 +101,51 @@ def load_split(config: Config, split: str, download: bool = True):
 
 def load_split_pixels(config: Config, split: str, download: bool = True):
     """(PixelImages, labels int64 (N,)): ``load_split`` with the float conversion left to whoever
-    needs the floats (a resident set is converted on the device)."""
-    config = config if config.data.normalize != COMPUTED else resolve_data(config, download)[0]
+    needs the floats (a resident set is converted on the device). A ``computed`` normalisation is
+    the training split's per-channel mean and std."""
     loaded = load_source(config.data, split, download)
-    return PixelImages(loaded.pixels, config.data.normalize, config.data.pad), loaded.labels
-
-
-def resolve_data(config: Config, download: bool = True):
-    """(config with data.classes, data.shape and a computed normalisation filled in, train Split, test Split)."""
-    train, test = load_source(config.data, "train", download), load_source(config.data, "test", download)
-    classes = train.classes
-    if int(test.labels.max()) >= len(classes):
-        raise DataError(f"the test split has label {int(test.labels.max())}, the training split's classes are "
-                        f"0..{len(classes) - 1}")
-    test_pixels, train_pixels = as_channels(test.pixels), as_channels(train.pixels)
-    if test_pixels.shape[1:] != train_pixels.shape[1:]:
-        raise DataError(f"the test images are {test_pixels.shape[1:]} (C, H, W), the training images "
-                        f"{train_pixels.shape[1:]}; set data.image_size (image folders) so both match")
     normalize = config.data.normalize
     if normalize == COMPUTED:
+        train = loaded if split == "train" else load_source(config.data, "train", download)
         normalize = channel_statistics(train.pixels)
-        log.info("per-channel mean %s, std %s from the training set", normalize[0], normalize[1])
-    data = dataclasses.replace(config.data, classes=tuple(classes), shape=tuple(train_pixels.shape[1:]),
-                               normalize=normalize)
-    return dataclasses.replace(config, data=data), train, test
+    return PixelImages(loaded.pixels, normalize, config.data.pad), loaded.labels
+
+
+def data_classes(config: Config, train_labels: np.ndarray) -> tuple[str, ...]:
+    """The class names: the config's or the named data set's, an image folder's sub-folders, else
+    "0" .. "K-1" for the training labels 0..K-1."""
+    named = class_names(config)
+    if named:
+        return tuple(named)
+    if config.data.dataset == "image-folder":
+        root = Path(config.data.dir)
+        return folder_classes(root / "train" if (root / "train").is_dir() and (root / "test").is_dir() else root)
+    return tuple(str(index) for index in range(int(train_labels.max()) + 1))
 
 
 def load_data(config: Config, download: bool = True):
-    """(resolved config, (train PixelImages, labels), (test PixelImages, labels))."""
-    config, train, test = resolve_data(config, download)
-    normalize, pad = config.data.normalize, config.data.pad
-    return (config, (PixelImages(train.pixels, normalize, pad), train.labels),
-            (PixelImages(test.pixels, normalize, pad), test.labels))
+    """(config with data.classes, data.shape and a computed normalisation filled in,
+    (train PixelImages, labels), (test PixelImages, labels)); each split read by ``load_split_pixels``."""
+    data = config.data
+    as_read = config if data.normalize != COMPUTED else dataclasses.replace(
+        config, data=dataclasses.replace(data, normalize=None))
+    (train, train_labels), (test, test_labels) = (load_split_pixels(as_read, split, download)
+                                                  for split in ("train", "test"))
+    classes = data_classes(config, train_labels)
+    if int(test_labels.max()) >= len(classes):
+        raise DataError(f"the test split has label {int(test_labels.max())}, the training split's classes are "
+                        f"0..{len(classes) - 1}")
+    if as_channels(test.pixels).shape[1:] != as_channels(train.pixels).shape[1:]:
+        raise DataError(f"the test images are {as_channels(test.pixels).shape[1:]} (C, H, W), the training images "
+                        f"{as_channels(train.pixels).shape[1:]}; set data.image_size (image folders) so both match")
+    normalize = data.normalize
+    if normalize == COMPUTED:
+        normalize = channel_statistics(train.pixels)
+        log.info("per-channel mean %s, std %s from the training set", normalize[0], normalize[1])
+        train, test = PixelImages(train.pixels, normalize, data.pad), PixelImages(test.pixels, normalize, data.pad)
+    resolved = dataclasses.replace(data, classes=classes, shape=tuple(as_channels(train.pixels).shape[1:]),
+                                   normalize=normalize)
+    return dataclasses.replace(config, data=resolved), (train, train_labels), (test, test_labels)
 
 
 def local_splits(config: Config):
