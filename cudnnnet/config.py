@@ -26,14 +26,14 @@ from .data.mnist import MNIST_MEAN, MNIST_STD
 from .config_file import MAX_INTEGER, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
 from .errors import ConfigError
-from .shipped_configs import resolve_config, valid_configs
+from .shipped_configs import resolve_config
 
 DEVICES = ("auto", "cuda", "host")
 MATH_MODES = ("fp32", "tf32")
 ACTIVATION_MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
 POOLING_MODES = ("max", "average")
 LOSS_LAYERS = ("softmax", "mse")
-DATASETS = ("mnist",)
+DATASETS = ("mnist", "fashion-mnist", "kmnist", "idx", "npz", "cifar10", "image-folder")  # data/sources.py
 PLACEMENTS = ("auto", "device", "host")  # where the training set lives: see data/streamed.py
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "inverse", "step", "cosine")
@@ -66,18 +66,58 @@ class LayerSpec:
         return {"type": self.type, "name": self.name, **self.params}
 
 
+IDX_PATH_KEYS = ("train_images", "train_labels", "test_images", "test_labels")
+NPZ_PATH_KEYS = ("train_file", "test_file")
+CORRUPT_POLICIES = ("refuse", "skip")
+COMPUTED = "computed"  # data.normalize: per-channel mean and std of the training set
+
+
 @dataclass(frozen=True)
 class DataConfig:
+    """Where the images come from (``dataset`` and its keys, see data/sources.py) and how they are prepared.
+
+    ``classes`` and ``shape`` are known once the data is read: the Trainer fills them in, so a
+    checkpoint's config names its classes and its input shape."""
+
     dataset: str = "mnist"
     dir: str | None = None
-    normalize: tuple[float, float] | None = None  # (mean, std) applied after /255
+    normalize: tuple | str | None = None  # (mean, std), each one value or one per channel, after /255; or "computed"
     pad: int = 0
     placement: str = "auto"  # device: resident on the backend; host: streamed from host memory; auto: by size
+    train_images: str | None = None  # idx: the four IDX files
+    train_labels: str | None = None
+    test_images: str | None = None
+    test_labels: str | None = None
+    train_file: str | None = None  # npz: archives of x and y
+    test_file: str | None = None
+    md5: dict | None = field(default=None, hash=False)  # {file name: MD5} checked before reading (idx, npz)
+    channels: str | int = "auto"  # image-folder: 1 (grey), 3 (RGB) or auto (3 when any image has colour)
+    image_size: tuple[int, int] | None = None  # image-folder: resize every image to (height, width)
+    test_fraction: float = 0.2  # image-folder without train/ and test/: the share held out, by split_seed
+    split_seed: int = 0
+    corrupt: str = "refuse"  # image-folder: an image that cannot be decoded is refused or skipped
+    classes: tuple[str, ...] | None = None  # class names, index = label
+    shape: tuple[int, int, int] | None = None  # (C, H, W) of the images before padding
 
     def to_dict(self) -> dict:
-        normalize = False if self.normalize is None else {"mean": self.normalize[0], "std": self.normalize[1]}
-        return _without_none({"dataset": self.dataset, "dir": self.dir, "normalize": normalize, "pad": self.pad,
-                              "placement": self.placement})
+        if self.normalize is None or self.normalize == COMPUTED:
+            normalize = bool(self.normalize) and COMPUTED
+        else:
+            normalize = {"mean": _plain(self.normalize[0]), "std": _plain(self.normalize[1])}
+        return _without_none({
+            "dataset": self.dataset, "dir": self.dir, "normalize": normalize, "pad": self.pad,
+            "placement": self.placement, **{key: getattr(self, key) for key in IDX_PATH_KEYS + NPZ_PATH_KEYS},
+            "md5": self.md5, "channels": None if self.channels == "auto" else self.channels,
+            "image_size": None if self.image_size is None else list(self.image_size),
+            "test_fraction": None if self.dataset != "image-folder" else self.test_fraction,
+            "split_seed": self.split_seed or None, "corrupt": None if self.corrupt == "refuse" else self.corrupt,
+            "classes": None if self.classes is None else list(self.classes),
+            "shape": None if self.shape is None else list(self.shape)})
+
+
+def _plain(value):
+    """A mean or std as YAML writes it: a number, or a list of one per channel."""
+    return list(value) if isinstance(value, (tuple, list)) else value
 
 
 @dataclass(frozen=True)
@@ -452,28 +492,119 @@ def _check_loss_last(layers: tuple[LayerSpec, ...], source: str) -> None:
 # ---- data and train ------------------------------------------------------------------------
 
 
-def _parse_normalize(data: _Section) -> tuple[float, float] | None:
+MAX_CLASSES = 100_000
+
+
+def _parse_normalize(data: _Section, dataset: str) -> tuple | str | None:
     value = data.value.get("normalize")
     if value is None or value is False:
         return None
     if value is True:
-        return (MNIST_MEAN, MNIST_STD)
+        return (MNIST_MEAN, MNIST_STD) if dataset == "mnist" else COMPUTED
+    if value == COMPUTED:
+        return COMPUTED
     if not isinstance(value, dict):
-        data.fail("normalize", f"expected false, true (MNIST's mean {MNIST_MEAN}, std {MNIST_STD}) or "
+        data.fail("normalize", f"expected false, true (MNIST's mean {MNIST_MEAN}, std {MNIST_STD}; for another data "
+                               f"set the training set's), {COMPUTED!r} (per channel, from the training set) or "
                                f"a mapping with mean and std, got {_describe(value)}")
     normalize = data.section("normalize")
     normalize.only(("mean", "std"))
+    if isinstance(normalize.value.get("mean"), list) or isinstance(normalize.value.get("std"), list):
+        return (_channel_numbers(normalize, "mean", None), _channel_numbers(normalize, "std", 0.0))
     return (normalize.number("mean"), normalize.number("std", low=0.0, low_open=True))
 
 
+def _channel_numbers(section: _Section, key: str, low: float | None) -> tuple[float, ...]:
+    """A list of 1 or 3 numbers (one per channel), each > ``low`` when given."""
+    values = section.get(key, _REQUIRED, "a list of 1 or 3 numbers")
+    if not isinstance(values, list) or len(values) not in (1, 3):
+        section.fail(key, f"expected a number or a list of 1 or 3 numbers (one per channel), got {_describe(values)}")
+    item = _Section({str(index): value for index, value in enumerate(values)}, section.key_path(key), section.source)
+    return tuple(item.number(str(index), low=low, low_open=low is not None) for index in range(len(values)))
+
+
+def _path(data: _Section, key: str, required: bool) -> str | None:
+    value = data.get(key, _REQUIRED if required else None, "a file path")
+    if value is not None and (not isinstance(value, str) or not value):
+        data.fail(key, f"expected a path (a non-empty string), got {_describe(value)}")
+    return value
+
+
+def _parse_md5(data: _Section) -> dict | None:
+    if not data.has("md5"):
+        return None
+    md5 = data.section("md5")
+    if not isinstance(md5.value, dict) or not md5.value:
+        data.fail("md5", f"expected a mapping of file name to MD5 (32 hex digits), got {_describe(md5.value)}")
+    for name, value in md5.value.items():
+        if not isinstance(value, str) or not re.fullmatch(r"[0-9a-fA-F]{32}", value):
+            md5.fail(str(name), f"expected an MD5 of 32 hex digits, got {_describe(value)}")
+    return {str(name): value.lower() for name, value in md5.value.items()}
+
+
+def _parse_classes(data: _Section) -> tuple[str, ...] | None:
+    names = data.get("classes", None, "a list of class names")
+    if names is None:
+        return None
+    if not isinstance(names, list) or not names or len(names) > MAX_CLASSES \
+            or not all(isinstance(name, str) and name for name in names) or len(set(names)) != len(names):
+        data.fail("classes", f"expected a list of distinct non-empty class names (label i is the i-th), "
+                             f"got {_describe(names)}")
+    return tuple(names)
+
+
+def _parse_pair(data: _Section, key: str, low: int) -> tuple[int, int] | None:
+    value = data.get(key, None, "[height, width]")
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value, value]
+    if not isinstance(value, list) or len(value) != 2:
+        data.fail(key, f"expected [height, width] or one integer, got {_describe(value)}")
+    item = _Section({"height": value[0], "width": value[1]}, data.key_path(key), data.source)
+    return (item.integer("height", low=low, high=65_536), item.integer("width", low=low, high=65_536))
+
+
+def _parse_shape(data: _Section) -> tuple[int, int, int] | None:
+    value = data.get("shape", None, "[channels, height, width]")
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 3:
+        data.fail("shape", f"expected [channels, height, width], got {_describe(value)}")
+    item = _Section({"channels": value[0], "height": value[1], "width": value[2]}, data.key_path("shape"), data.source)
+    return (item.integer("channels", low=1, high=4), item.integer("height", low=1, high=65_536),
+            item.integer("width", low=1, high=65_536))
+
+
+def _parse_channels(data: _Section) -> str | int:
+    value = data.get("channels", "auto", "1, 3 or auto")
+    if value not in ("auto", 1, 3) or isinstance(value, bool):
+        data.fail("channels", f"expected 1, 3 or auto, got {_describe(value)}")
+    return value
+
+
+DATA_KEYS = ("dataset", "dir", "normalize", "pad", "placement") + IDX_PATH_KEYS + NPZ_PATH_KEYS + (
+    "md5", "channels", "image_size", "test_fraction", "split_seed", "corrupt", "classes", "shape")
+
+
 def _parse_data(data: _Section) -> DataConfig:
-    data.only(("dataset", "dir", "normalize", "pad", "placement"))
+    data.only(DATA_KEYS)
+    dataset = data.choice("dataset", DATASETS, "mnist")
     directory = data.get("dir", None, "a directory path")
     if directory is not None and (not isinstance(directory, str) or not directory):
         data.fail("dir", f"expected a directory path (a non-empty string), got {_describe(directory)}")
-    return DataConfig(dataset=data.choice("dataset", DATASETS, "mnist"), dir=directory,
-                      normalize=_parse_normalize(data), pad=data.integer("pad", 0, low=0),
-                      placement=data.choice("placement", PLACEMENTS, "auto"))
+    if dataset == "image-folder" and directory is None:
+        data.fail("dir", "missing required key: image-folder reads dir/<class>/<image> (or dir/train/, dir/test/)")
+    paths = {key: _path(data, key, dataset == "idx") for key in IDX_PATH_KEYS}
+    paths.update({key: _path(data, key, dataset == "npz") for key in NPZ_PATH_KEYS})
+    return DataConfig(dataset=dataset, dir=directory,
+                      normalize=_parse_normalize(data, dataset), pad=data.integer("pad", 0, low=0),
+                      placement=data.choice("placement", PLACEMENTS, "auto"), **paths, md5=_parse_md5(data),
+                      channels=_parse_channels(data), image_size=_parse_pair(data, "image_size", 1),
+                      test_fraction=data.number("test_fraction", 0.2, low=0.0, high=1.0, low_open=True, high_open=True),
+                      split_seed=data.integer("split_seed", 0, low=0), corrupt=data.choice("corrupt", CORRUPT_POLICIES,
+                                                                                         "refuse"),
+                      classes=_parse_classes(data), shape=_parse_shape(data))
 
 
 ADAMW_WEIGHT_DECAY = 0.01  # AdamW's default decoupled weight decay (PyTorch's)

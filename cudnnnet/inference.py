@@ -1,11 +1,14 @@
-"""Recognise digits in image files (or arrays) with a trained network.
+"""Classify image files (or arrays) with a trained network.
 
     network = Network.load("runs/mnist_cnn/model.npz", backend="auto")  # the GPU where usable, else the host
     for result in cudnnnet.predict(network, ["5.jpg", "digits/"]):
-        print(result.image, result.digit, result.probability)
+        print(result.image, result.label, result.probability)
 
-Images are preprocessed like MNIST (see ``cudnnnet.data.images``) at the network's input size and
-normalised as the network was trained (read from the checkpoint's config).
+A network trained on MNIST (or one without a training config: the original's weights) reads
+digits, preprocessed like MNIST (see ``cudnnnet.data.images``); any other is given the image
+resized (shorter side) and centre-cropped to its input, grey or RGB as it was trained. Both are
+normalised and padded as the network was trained (read from the checkpoint's config), and the
+classes are named from it.
 """
 
 from __future__ import annotations
@@ -25,16 +28,27 @@ log = logging.getLogger(__name__)
 @dataclass
 class Prediction:
     image: str
-    digit: int | None = None
+    digit: int | None = None  # the predicted class index (for digits, the digit)
     probabilities: list[float] = field(default_factory=list)
     error: str | None = None  # why this image could not be predicted
+    classes: tuple[str, ...] = ()  # class names, index = class
 
     @property
     def probability(self) -> float | None:
         return None if self.digit is None else self.probabilities[self.digit]
 
+    @property
+    def label(self) -> str | None:
+        """The predicted class's name."""
+        return None if self.digit is None else self.classes[self.digit]
+
+    def top(self, count: int) -> list[tuple[str, float]]:
+        """The ``count`` most probable (class name, probability), most probable first."""
+        order = np.argsort(-np.asarray(self.probabilities), kind="stable")[:count]
+        return [(self.classes[index], self.probabilities[index]) for index in order]
+
     def to_dict(self) -> dict:
-        result = {"image": self.image, "digit": self.digit, "probabilities": self.probabilities}
+        result = {"image": self.image, "digit": self.digit, "label": self.label, "probabilities": self.probabilities}
         if self.error is not None:
             result["error"] = self.error
         return result
@@ -46,20 +60,63 @@ def training_normalize(network) -> tuple[float, float] | None:
     return None if network.training_config is None else network.training_config.data.normalize
 
 
-def _inputs(images, size: int, normalize) -> list[tuple[str, np.ndarray | None, str | None]]:
-    """(name, preprocessed (1, size, size) array or None, error or None) for every image given."""
-    from .data.images import list_images, load_image, preprocess  # Pillow: imported when predicting, not with cudnnnet
+def reads_digits(network) -> bool:
+    """Whether ``network`` reads MNIST-like digits: trained on MNIST, or with no training config (the original's)."""
+    return network.training_config is None or network.training_config.data.dataset == "mnist"
 
+
+def network_classes(network) -> tuple[str, ...]:
+    """The class names kept in the checkpoint's config; "0", "1", ... where it has none."""
+    config = network.training_config
+    if config is not None and config.data.classes:
+        return tuple(config.data.classes)
+    from .training import class_names
+
+    named = class_names(config) if config is not None else None
+    count = int(np.prod(network.output_shapes(network.input_shape)[-1]))
+    return tuple(named) if named and len(named) == count else tuple(str(index) for index in range(count))
+
+
+def _inputs(images, network, normalize) -> list[tuple[str, np.ndarray | None, str | None]]:
+    """(name, preprocessed (C, H, W) array or None, error or None) for every image given."""
+    from .data.images import list_images  # Pillow: imported when predicting, not with cudnnnet
+
+    load = _digit_loader(network, normalize) if reads_digits(network) else _photo_loader(network, normalize)
     if isinstance(images, (str, os.PathLike, np.ndarray)):
         images = [images]
     prepared = []
     for item in images:
         if isinstance(item, np.ndarray):
-            prepared.append(_prepare(f"<array {len(prepared)}>", lambda: preprocess(item, size, normalize)))
+            prepared.append(_prepare(f"<array {len(prepared)}>", lambda: load(item)))
             continue
         for path in list_images(item):
-            prepared.append(_prepare(str(path), lambda path=path: load_image(path, size, normalize)))
+            prepared.append(_prepare(str(path), lambda path=path: load(path)))
     return prepared
+
+
+def _digit_loader(network, normalize):
+    from .data.images import load_image, preprocess
+
+    channels, height, width = network.input_shape
+    if channels != 1 or height != width:
+        raise InvalidArgumentError(f"predict reads grey square digits; this network takes {network.input_shape}")
+    return lambda item: preprocess(item, height, normalize) if isinstance(item, np.ndarray) else \
+        load_image(item, height, normalize)
+
+
+def _photo_loader(network, normalize):
+    """image -> float32 (C, H, W): resized, centre-cropped, /255, padded and normalised as in training."""
+    from .data.images import load_photo, photo_pixels
+    from .data.pixels import to_float_images
+
+    channels, height, width = network.input_shape
+    pad = network.training_config.data.pad
+    size = (channels, height - 2 * pad, width - 2 * pad)
+
+    def load(item):
+        pixels = photo_pixels(item, *size) if isinstance(item, np.ndarray) else load_photo(item, *size)
+        return to_float_images(pixels[None], normalize, pad)[0]
+    return load
 
 
 def _prepare(name: str, load):
@@ -78,18 +135,16 @@ def predict(network, images, normalize=None, batch_size: int = 256) -> list[Pred
     """
     if network.input_shape is None:
         raise InvalidArgumentError("predict needs a built network (Network.load a checkpoint, or train one)")
-    channels, height, width = network.input_shape
-    if channels != 1 or height != width:
-        raise InvalidArgumentError(f"predict reads grey square digits; this network takes {network.input_shape}")
     normalize = training_normalize(network) if normalize is None else normalize
-    prepared = _inputs(images, height, normalize)
-    results = [Prediction(name, error=error) for name, _, error in prepared]
+    classes = network_classes(network)
+    prepared = _inputs(images, network, normalize)
+    results = [Prediction(name, error=error, classes=classes) for name, _, error in prepared]
     ready = [(index, array) for index, (_, array, _) in enumerate(prepared) if array is not None]
     if ready:
         network.check_batch(min(batch_size, len(ready)))
     for start in range(0, len(ready), batch_size):
         chunk = ready[start:start + batch_size]
-        batch = np.stack([array for _, array in chunk])  # (B, 1, H, W)
+        batch = np.stack([array for _, array in chunk])  # (B, C, H, W)
         probabilities = network.predict(Tensor.from_numpy(batch, network.backend)).numpy().reshape(len(chunk), -1)
         for (index, _), row in zip(chunk, probabilities):
             results[index].digit = int(np.argmax(row))
@@ -97,4 +152,4 @@ def predict(network, images, normalize=None, batch_size: int = 256) -> list[Pred
     return results
 
 
-__all__ = ["Prediction", "predict", "training_normalize"]
+__all__ = ["Prediction", "network_classes", "predict", "training_normalize"]

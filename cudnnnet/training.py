@@ -12,6 +12,7 @@ their names are re-exported here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -28,11 +29,13 @@ from .backends import get_backend, warm_up
 from .config import Config
 from .curves import plot_curves
 from .data.loader import BatchLoader
-from .data.mnist import load_mnist, load_mnist_pixels
-from .data.pixels import PixelImages
+from .config import COMPUTED
+from .data.image_folder import class_names as folder_classes
+from .data.pixels import PixelImages, as_channels, channel_statistics
 from .data.resident import BatchFeed, ResidentData, ResidentTestSet, resident_images  # noqa: F401 (re-exported)
+from .data.sources import load_source
 from .data.streamed import StreamedData, choose_placement
-from .errors import CheckpointError, DataError, TrainingError
+from .errors import CheckpointError, ConfigError, DataError, TrainingError
 from .evaluation import Accumulator, Evaluation, evaluate, evaluate_batches  # noqa: F401 (re-exported)
 from .files import atomic_write
 from .network import OPTIMIZER_PREFIX, Network
@@ -62,10 +65,28 @@ def write_atomic(path: Path, text: str) -> None:
         file.write(text.encode("utf-8"))
 
 
-def input_shape(config) -> tuple[int, int, int]:
-    """The (C, H, W) of one input sample of ``config`` (a Config or a ModelDescription)."""
-    side = 28 + 2 * config.data.pad
-    return (1, side, side)
+KNOWN_SHAPES = {"mnist": (1, 28, 28), "fashion-mnist": (1, 28, 28), "kmnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+
+
+def input_shape(config) -> tuple[int, int, int] | None:
+    """The (C, H, W) of one input sample of ``config`` (a Config or a ModelDescription); None where
+    only the data can say (an npz, idx or image-folder set whose shape was not yet read)."""
+    data = config.data
+    shape = data.shape or KNOWN_SHAPES.get(data.dataset)
+    if shape is None and data.dataset == "image-folder" and data.image_size and data.channels != "auto":
+        shape = (data.channels, *data.image_size)
+    if shape is None:
+        return None
+    return (shape[0], shape[1] + 2 * data.pad, shape[2] + 2 * data.pad)
+
+
+def class_names(config) -> tuple[str, ...] | None:
+    """The class names of ``config``'s data: its own list, a named data set's, else None (read from the data)."""
+    from .data.sources import CIFAR10_CLASSES, DIGIT_CLASSES, FASHION_CLASSES, KMNIST_CLASSES
+
+    named = {"mnist": DIGIT_CLASSES, "fashion-mnist": FASHION_CLASSES, "kmnist": KMNIST_CLASSES,
+             "cifar10": CIFAR10_CLASSES}
+    return config.data.classes or named.get(config.data.dataset)
 
 
 def model_mapping(config) -> list[dict]:
@@ -78,25 +99,76 @@ def build_network(config: Config, backend) -> Network:
 
 
 def load_split(config: Config, split: str, download: bool = True):
-    """(images float32 (N, 1, H, W), labels int64 (N,)) of ``split`` as ``config`` prepares them."""
-    normalize = config.data.normalize
-    return load_mnist(config.data.dir, split, download=download, normalize=normalize, pad=config.data.pad)
+    """(images float32 (N, C, H, W), labels int64 (N,)) of ``split`` as ``config`` prepares them."""
+    images, labels = load_split_pixels(config, split, download)
+    return images.floats, labels
 
 
 def load_split_pixels(config: Config, split: str, download: bool = True):
     """(PixelImages, labels int64 (N,)): ``load_split`` with the float conversion left to whoever
-    needs the floats (a resident set is converted on the device)."""
-    pixels, labels = load_mnist_pixels(config.data.dir, split, download=download)
-    return PixelImages(pixels, config.data.normalize, config.data.pad), labels
+    needs the floats (a resident set is converted on the device). A ``computed`` normalisation is
+    the training split's per-channel mean and std."""
+    loaded = load_source(config.data, split, download)
+    normalize = config.data.normalize
+    if normalize == COMPUTED:
+        train = loaded if split == "train" else load_source(config.data, "train", download)
+        normalize = channel_statistics(train.pixels)
+    return PixelImages(loaded.pixels, normalize, config.data.pad), loaded.labels
+
+
+def data_classes(config: Config, train_labels: np.ndarray) -> tuple[str, ...]:
+    """The class names: the config's or the named data set's, an image folder's sub-folders, else
+    "0" .. "K-1" for the training labels 0..K-1."""
+    named = class_names(config)
+    if named:
+        return tuple(named)
+    if config.data.dataset == "image-folder":
+        root = Path(config.data.dir)
+        return folder_classes(root / "train" if (root / "train").is_dir() and (root / "test").is_dir() else root)
+    return tuple(str(index) for index in range(int(train_labels.max()) + 1))
+
+
+def load_data(config: Config, download: bool = True):
+    """(config with data.classes, data.shape and a computed normalisation filled in,
+    (train PixelImages, labels), (test PixelImages, labels)); each split read by ``load_split_pixels``."""
+    data = config.data
+    as_read = config if data.normalize != COMPUTED else dataclasses.replace(
+        config, data=dataclasses.replace(data, normalize=None))
+    (train, train_labels), (test, test_labels) = (load_split_pixels(as_read, split, download)
+                                                  for split in ("train", "test"))
+    classes = data_classes(config, train_labels)
+    if int(test_labels.max()) >= len(classes):
+        raise DataError(f"the test split has label {int(test_labels.max())}, the training split's classes are "
+                        f"0..{len(classes) - 1}")
+    if as_channels(test.pixels).shape[1:] != as_channels(train.pixels).shape[1:]:
+        raise DataError(f"the test images are {as_channels(test.pixels).shape[1:]} (C, H, W), the training images "
+                        f"{as_channels(train.pixels).shape[1:]}; set data.image_size (image folders) so both match")
+    normalize = data.normalize
+    if normalize == COMPUTED:
+        normalize = channel_statistics(train.pixels)
+        log.info("per-channel mean %s, std %s from the training set", normalize[0], normalize[1])
+        train, test = PixelImages(train.pixels, normalize, data.pad), PixelImages(test.pixels, normalize, data.pad)
+    resolved = dataclasses.replace(data, classes=classes, shape=tuple(as_channels(train.pixels).shape[1:]),
+                                   normalize=normalize)
+    return dataclasses.replace(config, data=resolved), (train, train_labels), (test, test_labels)
 
 
 def local_splits(config: Config):
-    """(train, test) pixel splits where both are on disk and read without error, else None (the
-    caller then loads them, downloading or raising as load_split_pixels does)."""
+    """``load_data`` where both splits are on disk and read without error, else None (the caller
+    then loads them, downloading or raising as load_data does)."""
     try:
-        return load_split_pixels(config, "train", download=False), load_split_pixels(config, "test", download=False)
+        return load_data(config, download=False)
     except DataError:
         return None
+
+
+def check_class_scores(network: Network, classes, config) -> None:
+    """ConfigError unless the network gives one score per class, shape (classes, 1, 1)."""
+    scores = network.output_shapes(network.input_shape)[-1]
+    if tuple(scores) != (len(classes), 1, 1):
+        raise ConfigError(f"{config.source}: model[{len(config.model) - 1}]: the model ends in outputs of shape "
+                          f"{tuple(scores)} per image; the data has {len(classes)} classes, so it needs shape "
+                          f"({len(classes)}, 1, 1) (a last dense layer with out_size {len(classes)})")
 
 
 @dataclass
@@ -120,19 +192,22 @@ class Trainer:
         warm_up(config.device)  # the GPU starts while the data is read and the libraries load
         reading = Background("cudnnnet-local_splits", local_splits, config)  # what is on disk, while get_backend loads
         self.backend = get_backend(config.device)  # before any download: no GPU is reported first
-        splits = reading.result()
-        (self.train_pixels, self.train_labels), (self.test_pixels, self.test_labels) = (
-            splits or (load_split_pixels(config, "train"), load_split_pixels(config, "test")))
+        loaded = reading.result() or load_data(config)
+        config, (self.train_pixels, self.train_labels), (self.test_pixels, self.test_labels) = loaded
         if image_limit is not None:
             self.train_pixels, self.train_labels = self.train_pixels.head(image_limit), self.train_labels[:image_limit]
             self.test_pixels, self.test_labels = self.test_pixels.head(image_limit), self.test_labels[:image_limit]
+        self.config = config  # with the data's classes, shape and normalisation, as the checkpoint keeps them
+        self.classes = class_names(config)
         if hasattr(self.backend, "set_math"):
             self.backend.set_math(config.math)
         self.backend.set_engine(config.engine)
         self.network = build_network(config, self.backend)
+        check_class_scores(self.network, self.classes, config)
         train = config.train
         self.optimizer = make_optimizer(self.network, train.optimizer, train.schedule)
-        self.loader = BatchLoader(self.train_pixels, self.train_labels, train.batch_size, seed=train.seed)
+        self.loader = BatchLoader(self.train_pixels, self.train_labels, train.batch_size, seed=train.seed,
+                                  classes=len(self.classes))
         placement = choose_placement(config.data.placement, self.backend, self.train_pixels, self.train_labels,
                                      ResidentTestSet.nbytes(self.test_pixels, self.loader.classes))
         if placement == "host":

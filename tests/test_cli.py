@@ -206,7 +206,7 @@ def test_evaluate_json_and_logging(short_run, mnist_dir, test_label_counts):
     finished = evaluate(short_run, mnist_dir, "--json")
     assert finished.returncode == 0
     result = json.loads(finished.stdout)
-    assert set(result) == {"test_accuracy", "test_loss", "confusion_matrix", "device"}
+    assert set(result) == {"test_accuracy", "test_loss", "classes", "confusion_matrix", "device"}
     matrix = np.array(result["confusion_matrix"])
     np.testing.assert_array_equal(matrix.sum(axis=1), test_label_counts)
     assert np.trace(matrix) / 10000 == pytest.approx(result["test_accuracy"])

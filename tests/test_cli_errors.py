@@ -231,7 +231,7 @@ CONFIG_CASES = {
         + VALID_TRAIN, r"bad\.yaml: model\[1\] \(conv2d\): .*a Dense layer before it leaves no spatial size"),
     "not ten classes": ("model:\n  - {type: dense, out_size: 7}\n  - {type: softmax}\n" + VALID_TRAIN,
                         r"bad\.yaml: model\[1\]: the model ends in outputs of shape \(7, 1, 1\) per image; "
-                        r"MNIST needs 10 class scores"),
+                        r"mnist needs 10 class scores"),
     "no loss layer": ("model:\n  - {type: dense, out_size: 10}\n" + VALID_TRAIN,
                       r"model\[0\]\.type: the last layer must be a loss layer \(softmax or mse\), got 'dense'"),
     "loss layer not last": ("model:\n  - {type: softmax}\n  - {type: dense, out_size: 10}\n  - {type: softmax}\n"

@@ -253,14 +253,29 @@ INVALID = [
     (("model", 0), {"type": "pooling", "kernel_size": 2, "mode": "min"}, "model[0].mode: expected one of max, average"),
     (("model", 0), {"type": "pooling", "kernel_size": 0}, "model[0].kernel_size: expected an integer > 0"),
     (("data",), [], "data: expected a mapping, got [] (list)"),
-    (("data", "dataset"), "cifar10", "data.dataset: expected one of mnist, got 'cifar10'"),
+    (("data", "dataset"), "cifar100", "data.dataset: expected one of mnist, fashion-mnist, kmnist, idx, npz, cifar10, image-folder, got 'cifar100'"),
     (("data", "dir"), 3, "data.dir: expected a directory path"),
     (("data", "pad"), -2, "data.pad: expected an integer >= 0, got -2"),
     (("data", "normalize"), "yes", "data.normalize: expected false, true"),
     (("data", "normalize"), {"mean": 0.1}, "data.normalize.std: missing required key"),
     (("data", "normalize"), {"mean": 0.1, "std": 0}, "data.normalize.std: expected a number > 0"),
     (("data", "normalize"), {"mean": 0.1, "std": 1, "eps": 1}, "data.normalize.eps: unknown key"),
-    (("data", "shuffle"), True, "data.shuffle: unknown key 'shuffle'; valid keys: dataset, dir, normalize, pad, placement"),
+    (("data", "shuffle"), True, "data.shuffle: unknown key 'shuffle'; valid keys: dataset, dir, normalize, pad, placement, train_images"),
+    (("data",), {"dataset": "image-folder"}, "data.dir: missing required key: image-folder reads dir/<class>/<image>"),
+    (("data",), {"dataset": "idx", "train_images": "a", "train_labels": "b", "test_images": "c"},
+     "data.test_labels: missing required key; expected a file path"),
+    (("data",), {"dataset": "npz", "train_file": "a.npz"}, "data.test_file: missing required key"),
+    (("data", "normalize"), {"mean": [0.5, 0.5], "std": [0.2, 0.2]},
+     "data.normalize.mean: expected a number or a list of 1 or 3 numbers (one per channel), got [0.5, 0.5]"),
+    (("data", "normalize"), {"mean": [0.5, 0.5, 0.5], "std": [0.2, 0, 0.2]}, "data.normalize.std.1: expected a number > 0, got 0"),
+    (("data", "channels"), 2, "data.channels: expected 1, 3 or auto, got 2"),
+    (("data", "image_size"), [32], "data.image_size: expected [height, width] or one integer, got [32]"),
+    (("data", "image_size"), [32, 0], "data.image_size.width: expected an integer in [1, 65536], got 0"),
+    (("data", "test_fraction"), 1.0, "data.test_fraction: expected a number in (0, 1), got 1.0"),
+    (("data", "corrupt"), "ignore", "data.corrupt: expected one of refuse, skip, got 'ignore'"),
+    (("data", "md5"), {"a.gz": "xyz"}, "data.md5.'a.gz': expected an MD5 of 32 hex digits, got 'xyz'"),
+    (("data", "classes"), ["cat", "cat"], "data.classes: expected a list of distinct non-empty class names"),
+    (("data", "shape"), [3, 32], "data.shape: expected [channels, height, width], got [3, 32]"),
     (("data", "placement"), "gpu", "data.placement: expected one of auto, device, host, got 'gpu' (string)"),
     (("data", "placement"), True, "data.placement: expected one of auto, device, host, got True (boolean)"),
     (("train",), _DELETE, "train: missing required key; expected a mapping"),
@@ -536,3 +551,15 @@ def test_edited_yaml_text_loads_or_raises_config_error(tmp_path_factory, cut, le
         assert str(error).startswith(str(path)) and "\n" not in str(error)
         return
     assert parse_config(config.to_dict()) == config
+
+
+def test_own_data_keys_survive_the_round_trip_through_to_dict():
+    raw = minimal()
+    raw["data"] = {"dataset": "image-folder", "dir": "photos", "image_size": 24, "channels": 3, "corrupt": "skip",
+                   "normalize": {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.2, 0.25]}, "test_fraction": 0.1,
+                   "split_seed": 3, "classes": ["cat", "dog"], "shape": [3, 24, 24]}
+    data = parse_config(raw).data
+    assert data.image_size == (24, 24) and data.channels == 3 and data.normalize == ((0.5, 0.4, 0.3), (0.2, 0.2, 0.25))
+    assert parse_config({**raw, "data": data.to_dict()}).data == data
+    raw["data"] = {"dataset": "cifar10", "normalize": True}
+    assert parse_config(raw).data.normalize == "computed"  # the training set's, for a data set other than MNIST

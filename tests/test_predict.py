@@ -120,7 +120,8 @@ def test_predict_script_reads_every_style(trained_cnn, rendered, mnist_test_digi
     assert finished.returncode == 0, finished.stderr
     assert sorted(image_index(result) for result in results) == list(range(DIGITS))
     for result in results:
-        assert set(result) == {"image", "digit", "probabilities"}
+        assert set(result) == {"image", "digit", "label", "probabilities"}
+        assert result["label"] == str(result["digit"])  # an MNIST network's classes are the digits
         assert len(result["probabilities"]) == 10 and abs(sum(result["probabilities"]) - 1) < 1e-4
         assert result["digit"] == int(np.argmax(result["probabilities"]))
     assert np.mean(predicted_digits(results) == mnist_test_digits[1]) >= MIN_ACCURACY, style

@@ -9,7 +9,8 @@ from cudnnnet.errors import ConfigError
 from cudnnnet.shipped_configs import CONFIG_DIR, resolve_config, shipped_config_names
 from run_helpers import REPO_ROOT
 
-SHIPPED = ["lenet5", "mnist_bn_cnn", "mnist_cnn", "mnist_mlp", "original_cnn", "original_mlp"]
+SHIPPED = ["cifar10_cnn", "fashion_mnist_cnn", "image_folder", "lenet5", "mnist_bn_cnn", "mnist_cnn", "mnist_mlp", "original_cnn",
+           "original_mlp"]
 
 
 def test_the_package_ships_the_repository_configs():
@@ -50,7 +51,8 @@ def test_cudnnnet_train_names_the_shipped_configs(capsys, tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit):
         train.main(["--help"])
-    assert "shipped config by name: lenet5, mnist_bn_cnn, mnist_cnn, mnist_mlp" in " ".join(capsys.readouterr().out.split())
+    assert ("shipped config by name: cifar10_cnn, fashion_mnist_cnn, image_folder, lenet5, mnist_bn_cnn, mnist_cnn, "
+            "mnist_mlp") in " ".join(capsys.readouterr().out.split())
     assert train.main(["--config", "mnist_gpt", "--output", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err.strip() == (
         "cudnnnet-train: error: config 'mnist_gpt' is neither a file nor a shipped config; give a YAML file or the "

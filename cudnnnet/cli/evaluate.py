@@ -1,8 +1,10 @@
-"""cudnnnet-evaluate: test accuracy, loss and confusion matrix of a checkpoint on the MNIST test set."""
+"""cudnnnet-evaluate: test accuracy, loss and confusion matrix of a checkpoint on the test set of the data
+it was trained on (MNIST's, or the data set its config names), the matrix labelled with its class names."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -10,18 +12,20 @@ import numpy as np
 
 from ..backends import DEVICES
 from ..data.mnist import IMAGE_SIDE, load_mnist
-from ..errors import CheckpointError
+from ..data.pixels import to_float_images
+from ..data.sources import load_source
+from ..errors import CheckpointError, DataError
 from ..network import Network
-from ..inference import training_normalize
+from ..inference import network_classes, training_normalize
 from ..training import evaluate
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, run
 from .train import positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="cudnnnet-evaluate", description="Evaluate a checkpoint on MNIST's test set.")
+    parser = ArgumentParser(prog="cudnnnet-evaluate", description="Evaluate a checkpoint on the test set of its data (MNIST's by default).")
     parser.add_argument("--weights", required=True, metavar="CHECKPOINT", help="a model.npz written by cudnnnet-train")
-    parser.add_argument("--data-dir", help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
+    parser.add_argument("--data-dir", help="the data directory (default: the checkpoint config's data.dir, else $CUDNNNET_DATA or the user cache)")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default auto)")
     parser.add_argument("--batch-size", type=positive_int, default=1000, help="evaluation batch size")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -37,9 +41,14 @@ def confusion_matrix(labels: np.ndarray, predictions: np.ndarray, classes: int =
     return matrix
 
 
-def format_matrix(matrix: np.ndarray) -> str:
-    header = "true\\pred " + " ".join(f"{p:>5}" for p in range(matrix.shape[1]))
-    rows = [f"{t:>9} " + " ".join(f"{count:>5}" for count in row) for t, row in enumerate(matrix)]
+def format_matrix(matrix: np.ndarray, classes=None) -> str:
+    """The matrix as text, rows the true class, columns the predicted one, each labelled with its name
+    (cut to 12 characters)."""
+    names = [str(name)[:12] for name in (classes or range(matrix.shape[1]))]
+    width = max(5, *(len(name) for name in names))
+    label = max(9, *(len(name) for name in names))
+    header = "true\\pred".ljust(label) + " " + " ".join(f"{name:>{width}}" for name in names)
+    rows = [f"{name:>{label}} " + " ".join(f"{count:>{width}}" for count in row) for name, row in zip(names, matrix)]
     return "\n".join([header] + rows)
 
 
@@ -53,21 +62,38 @@ def mnist_pad(network: Network, weights: str) -> int:
     return pad
 
 
+def test_images(network: Network, args) -> tuple[np.ndarray, np.ndarray]:
+    """(float32 (N, C, H, W), int64 (N,)): the test split of the checkpoint's data, prepared as in training."""
+    config = network.training_config
+    if config is None or config.data.dataset == "mnist":
+        pad = mnist_pad(network, args.weights)
+        return load_mnist(args.data_dir, "test", normalize=training_normalize(network), pad=pad)
+    data = config.data if args.data_dir is None else dataclasses.replace(config.data, dir=args.data_dir)
+    loaded = load_source(data, "test")
+    images = to_float_images(loaded.pixels, data.normalize, data.pad)
+    if images.shape[1:] != tuple(network.input_shape):
+        raise CheckpointError(f"{args.weights}: the network takes inputs of shape {network.input_shape}; the test "
+                              f"images of {data.dataset} are {images.shape[1:]}")
+    return images, loaded.labels
+
+
 def main_with_args(args) -> int:
     network = Network.load(args.weights, backend=args.device)
     network.backend.set_engine(args.engine)
-    pad = mnist_pad(network, args.weights)
-    images, labels = load_mnist(args.data_dir, "test", normalize=training_normalize(network), pad=pad)
+    images, labels = test_images(network, args)
+    classes = network_classes(network)
+    if labels.size and int(labels.max()) >= len(classes):
+        raise DataError(f"the test set has label {int(labels.max())}; {args.weights} knows {len(classes)} classes")
     network.check_batch(min(args.batch_size, len(labels)))
     result = evaluate(network, images, labels, args.batch_size, keep_predictions=True)
-    matrix = confusion_matrix(labels, result.predictions)
+    matrix = confusion_matrix(labels, result.predictions, len(classes))
     if args.json:
-        print(json.dumps({"test_accuracy": result.accuracy, "test_loss": result.loss,
+        print(json.dumps({"test_accuracy": result.accuracy, "test_loss": result.loss, "classes": list(classes),
                           "confusion_matrix": matrix.tolist(), "device": network.backend.device_name}))
     else:
         print(f"test accuracy {result.accuracy:.4f}  test loss {result.loss:.4f}  "
               f"({len(labels)} images, {network.backend.device_name})")
-        print(format_matrix(matrix))
+        print(format_matrix(matrix, classes))
     return 0
 
 

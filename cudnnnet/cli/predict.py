@@ -1,6 +1,6 @@
-"""cudnnnet-predict: the digit in each image file, with a trained checkpoint.
+"""cudnnnet-predict: the class of each image file (the digit, for MNIST), with a trained checkpoint.
 
-    python scripts/predict.py --weights runs/mnist_cnn/model.npz 5.jpg digits/ [--json]
+    python scripts/predict.py --weights runs/mnist_cnn/model.npz 5.jpg digits/ [--json] [--top-k 3]
     python scripts/predict.py --weights pretrained/ --config configs/mnist_mlp.yaml 5.jpg
 
 ``--weights`` takes a ``.npz`` checkpoint (it describes its own network) or a directory of the C++
@@ -26,12 +26,13 @@ from ..network import Network
 from ..inference import predict
 from ..training import input_shape, model_mapping
 from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, add_engine_argument, run
+from .train import positive_int
 
 log = logging.getLogger("cudnnnet.predict")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="cudnnnet-predict", description="Recognise the digit in image files.")
+    parser = ArgumentParser(prog="cudnnnet-predict", description="Classify image files (digits, for an MNIST network).")
     parser.add_argument("--weights", required=True, metavar="CHECKPOINT",
                         help="a model.npz written by cudnnnet-train, or a directory of the original's .bin files")
     parser.add_argument("--config", metavar="CONFIG",
@@ -39,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                              f"file, or a shipped config by name: {', '.join(shipped_config_names())})")
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, BMP, ...) or folders")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default auto)")
-    parser.add_argument("--json", action="store_true", help="print a JSON list of {image, digit, probabilities}")
+    parser.add_argument("--json", action="store_true", help="print a JSON list of {image, digit, label, probabilities}")
+    parser.add_argument("--top-k", type=positive_int, default=1, metavar="K",
+                        help="print the K most probable classes of each image (default 1)")
     add_engine_argument(parser)
     add_common_arguments(parser, progress_bar=False)
     return parser
@@ -59,28 +62,36 @@ def load_network(weights: str, config_path: str | None, device: str) -> tuple[Ne
         raise UsageError(f"{weights} is a directory, read as the original's .bin files, which do not say the "
                          f"network's architecture: add --config CONFIG (the YAML config they were trained with)")
     description = load_model_description(config_path)
+    if input_shape(description) is None:
+        raise UsageError(f"--config {config_path}: its data ({description.data.dataset}) does not say the input shape; "
+                         f"add data.shape [channels, height, width] to it")
     network = Network.from_spec(model_mapping(description), input_shape(description), get_backend(device))
     network.load_original(weights)
     return network, description.data.normalize
 
 
-def print_results(results, as_json: bool) -> None:
+def print_results(results, as_json: bool, top_k: int = 1) -> None:
     for result in results:
         if result.error is not None:
             print(f"cudnnnet-predict: error: {result.error}", file=sys.stderr)
     if as_json:
-        print(json.dumps([result.to_dict() for result in results], indent=2))
+        print(json.dumps([dict(result.to_dict(), **({"top": [{"label": label, "probability": probability}
+                                                            for label, probability in result.top(top_k)]}
+                                                   if top_k > 1 and result.error is None else {}))
+                          for result in results], indent=2))
         return
     for result in results:
-        if result.error is None:
-            print(f"{result.image}: {result.digit} (probability {result.probability:.4f})")
+        if result.error is None and top_k == 1:
+            print(f"{result.image}: {result.label} (probability {result.probability:.4f})")
+        elif result.error is None:
+            print(f"{result.image}: " + ", ".join(f"{label} {probability:.4f}" for label, probability in result.top(top_k)))
 
 
 def main_with_args(args) -> int:
     network, normalize = load_network(args.weights, args.config, args.device)
     network.backend.set_engine(args.engine)
     results = predict(network, args.images, normalize=normalize)
-    print_results(results, args.json)
+    print_results(results, args.json, args.top_k)
     if not results:
         print("cudnnnet-predict: error: no image files found in the paths given", file=sys.stderr)
         return EXIT_USAGE

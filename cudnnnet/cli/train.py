@@ -17,12 +17,12 @@ from .. import checkpoint
 from ..backends import DEVICES
 from ..config import Config, load_config
 from ..shipped_configs import shipped_config_names
-from ..data.mnist import NUM_CLASSES, SPLIT_COUNTS
+from ..data.mnist import SPLIT_COUNTS
 from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError, UsageError
 from ..layers import LAYER_TYPES
 from ..network import ModelSizeError, check_model_size
 from ..outputs import checkpoint_to_resume
-from ..training import Interrupted, Trainer, input_shape
+from ..training import Interrupted, Trainer, class_names, input_shape
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, run
 
 log = logging.getLogger("cudnnnet.train")
@@ -77,22 +77,27 @@ def check_model(config: Config) -> None:
     Raises ConfigError naming the config file and the layer, before anything is built or loaded.
     """
     shape = input_shape(config)
+    if shape is None:  # the data says it: the Trainer checks the model once the data is read
+        return
     for index, spec in enumerate(config.model):
         try:
             shape = LAYER_TYPES[spec.type](spec.name, **spec.params).output_sample_shape(shape)
         except (ShapeError, InvalidArgumentError) as error:
             raise ConfigError(f"{config.source}: {_model_key(config, index)}: {error}") from None
-    if shape != (NUM_CLASSES, 1, 1):
+    classes = class_names(config)
+    if classes is not None and shape != (len(classes), 1, 1):
         last = len(config.model) - 1
         raise ConfigError(f"{config.source}: model[{last}]: the model ends in outputs of shape {shape} per image; "
-                          f"MNIST needs {NUM_CLASSES} class scores, shape ({NUM_CLASSES}, 1, 1) (a last dense "
-                          f"layer with out_size {NUM_CLASSES})")
+                          f"{config.data.dataset} needs {len(classes)} class scores, shape ({len(classes)}, 1, 1) "
+                          f"(a last dense layer with out_size {len(classes)})")
     check_size(config)
 
 
 def check_size(config: Config) -> None:
     """The model's tensors, for the largest batch the run makes, fit the libraries and this machine
     (see ``check_model_size``); checked before any array is made, on a model whose shapes fit."""
+    if input_shape(config) is None:  # the data says it: the Trainer's network checks its sizes once it is read
+        return
     layers = [LAYER_TYPES[spec.type](spec.name, **spec.params) for spec in config.model]
     batch = max(min(config.train.batch_size, SPLIT_COUNTS["train"]),
                 min(config.train.eval_batch_size, SPLIT_COUNTS["test"]))

@@ -383,3 +383,41 @@ def _normalized(canvas: np.ndarray, normalize: tuple[float, float] | None) -> np
         return canvas
     mean, std = normalize
     return ((canvas - mean) / std).astype(np.float32)
+
+
+# ---- natural images: resized and centre-cropped --------------------------------------------
+
+
+def load_photo(path: str | os.PathLike, channels: int, height: int, width: int,
+               max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """uint8 (channels, height, width) of the image file ``path``: grey or RGB as ``channels`` says
+    (alpha composited onto white), resized so its shorter side covers the target (bilinear) and
+    centre-cropped, as a network trained on an image folder or CIFAR-10 reads it."""
+    path = Path(path)
+    _check_file(path)
+    image = _open_image(path, max_pixels)
+    try:
+        return photo_pixels(image, channels, height, width, path)
+    finally:
+        image.close()
+
+
+def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, width: int, source="<image>") -> np.ndarray:
+    """``load_photo`` of an in-memory image (PIL image, or uint8 (H, W) / (H, W, 3) array)."""
+    if isinstance(image, np.ndarray):
+        image = Image.fromarray(np.asarray(image, dtype=np.uint8))
+    try:
+        image = _upright(image)
+        if _has_alpha(image):
+            white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+            image = Image.alpha_composite(white, image.convert("RGBA"))
+        image = image.convert("L" if channels == 1 else "RGB")
+        scale = max(height / image.height, width / image.width)
+        covering = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
+        if covering != image.size:
+            image = image.resize(covering, Image.Resampling.BILINEAR)
+        left, top = (covering[0] - width) // 2, (covering[1] - height) // 2
+        array = np.asarray(image.crop((left, top, left + width, top + height)), dtype=np.uint8)
+    except _DECODE_ERRORS as exc:
+        raise ImageError(f"{source}: cannot convert the {image.mode} image ({_one_line(exc)})") from exc
+    return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)

@@ -75,3 +75,34 @@ def test_a_loader_of_pixel_images_converts_only_when_a_batch_needs_the_floats():
     reference = BatchLoader(to_float_images(pixels, None, 1), labels, batch_size=4, seed=5, classes=3)
     for (x, onehot, ids), (x_ref, onehot_ref, ids_ref) in zip(loader.epoch_batches(1), reference.epoch_batches(1)):
         assert np.array_equal(x, x_ref) and np.array_equal(onehot, onehot_ref) and np.array_equal(ids, ids_ref)
+
+
+PER_CHANNEL = ((0.49, 0.48, 0.45), (0.25, 0.24, 0.26))
+
+
+@pytest.mark.parametrize("normalize, pad", [(None, 0), ((0.5, 0.25), 1), (PER_CHANNEL, 0), (PER_CHANNEL, 2)])
+def test_rgb_pixels_make_each_channel_with_its_own_mean_and_std_on_every_backend(backend, normalize, pad):
+    pixels = np.random.default_rng(3).integers(0, 256, size=(5, 3, 4, 6), dtype=np.uint8)
+    images = PixelImages(pixels, normalize, pad)
+    assert images.shape == (5, 3, 4 + 2 * pad, 6 + 2 * pad)
+    mean, std = ((0.0,) * 3, (1.0,) * 3) if normalize is None else (np.broadcast_to(value, 3) for value in normalize)
+    for channel in range(3):
+        plane = np.pad(pixels[:, channel], ((0, 0), (pad, pad), (pad, pad))).astype(np.float32) / np.float32(255)
+        expected = (plane - np.float32(mean[channel])) / np.float32(std[channel])
+        assert np.array_equal(images.floats[:, channel], expected), channel
+    assert np.array_equal(images.to_tensor(backend).numpy(), images.floats)
+
+
+def test_channel_statistics_are_the_mean_and_std_of_each_channel():
+    from cudnnnet.data.pixels import channel_statistics
+
+    pixels = np.random.default_rng(4).integers(0, 256, size=(9, 3, 5, 5), dtype=np.uint8)
+    mean, std = channel_statistics(pixels, chunk=4)
+    scaled = pixels / 255.0
+    assert np.allclose(mean, scaled.mean(axis=(0, 2, 3)), atol=1e-6)
+    assert np.allclose(std, scaled.std(axis=(0, 2, 3)), atol=1e-6)
+
+
+def test_a_normalisation_for_another_number_of_channels_is_refused():
+    with pytest.raises(DataError, match="normalize gives 3 values for images of 1 channels"):
+        to_float_images(random_pixels(), PER_CHANNEL)

@@ -44,7 +44,7 @@ from .backward_bias import scratch_bytes as bias_scratch_bytes
 from .channel_sum import ChannelSum
 from .context import CudaContext
 from .handles import Event
-from . import gemm_convolution, plan_cache
+from . import plan_cache
 from .convolution import BACKWARD_DATA, BACKWARD_FILTER, DIRECTION_NAMES, FORWARD, ConvolutionPlan, Direction, \
     make_plan, plan_with
 from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT

@@ -1,0 +1,221 @@
+"""A folder of labelled images: ``root/<class>/<image>``, read once into uint8 pixels and cached.
+
+With ``root/train/<class>/`` and ``root/test/<class>/`` the two splits are those folders; else the
+images of ``root/<class>/`` are split by ``data.test_fraction`` with ``data.split_seed``. Classes
+are the sorted sub-folder names. Images are decoded with Pillow in worker processes, converted to
+grey (1 channel) or RGB (3; ``data.channels: auto`` takes 3 as soon as one image has colour)
+and resized to ``data.image_size`` where it is given (else all must share one size).
+
+The decoded array is cached beside MNIST's parsed files (``mnist.parsed_cache_dir()/folders``),
+keyed by the folder's file list with every file's size and mtime and by the recipe, so a second
+run reads one ``.npy`` instead of decoding. A file Pillow cannot decode is named; with
+``data.corrupt: skip`` it is left out (and logged), else the load is refused.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..checkpoint import atomic_write
+from ..errors import DataError
+
+logger = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
+GREY_MODES = ("1", "L", "I", "I;16", "F")
+CHUNK = 512  # images per task sent to a worker process
+MAX_FOLDER_BYTES = 1 << 33  # decoded pixels a folder may make
+CACHE_FORMAT = 1
+
+
+def load_image_folder(data, split: str):
+    """The Split ``split`` of the folder ``data.dir`` (a DataConfig with dataset image-folder)."""
+    from .sources import Split
+
+    root = Path(data.dir)
+    if not root.is_dir():
+        raise DataError(f"data.dir {root} is not a directory; image-folder reads root/<class>/<image> files")
+    if (root / "train").is_dir() and (root / "test").is_dir():
+        classes = class_names(root / "train")
+        pixels, labels = decoded_folder(root / split, classes, data)
+        return Split(pixels, labels, classes)
+    classes = class_names(root)
+    pixels, labels = decoded_folder(root, classes, data)
+    test = _test_indices(len(labels), data.test_fraction, data.split_seed)
+    keep = np.zeros(len(labels), dtype=bool)
+    keep[test] = True
+    chosen = keep if split == "test" else ~keep
+    if not chosen.any():
+        raise DataError(f"{root}: the {split} split of {len(labels)} images by test_fraction {data.test_fraction} is "
+                        f"empty; add images or change data.test_fraction")
+    return Split(pixels[chosen], labels[chosen], classes)
+
+
+def _test_indices(count: int, fraction: float, seed: int) -> np.ndarray:
+    """The indices of the test split: a seeded permutation's first round(fraction · count)."""
+    order = np.random.default_rng(seed).permutation(count)
+    return order[:int(round(fraction * count))]
+
+
+def class_names(folder: Path) -> tuple[str, ...]:
+    """The sorted names of ``folder``'s sub-folders (hidden ones left out)."""
+    try:
+        names = sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
+    except OSError as error:
+        raise DataError(f"cannot read {folder}: {error.strerror or error}") from error
+    if not names:
+        raise DataError(f"{folder}: no class folders; image-folder reads {folder}/<class>/<image> files")
+    return tuple(names)
+
+
+def list_files(folder: Path, classes: tuple[str, ...]) -> list[tuple[str, int, int, int]]:
+    """[(path relative to ``folder``, label, size, mtime_ns)] of every image file, sorted by path."""
+    files = []
+    for label, name in enumerate(classes):
+        directory = folder / name
+        if not directory.is_dir():
+            continue
+        for entry in sorted(os.scandir(directory), key=lambda entry: entry.name):
+            if entry.is_file() and entry.name.lower().endswith(IMAGE_SUFFIXES):
+                stat = entry.stat()
+                files.append((f"{name}/{entry.name}", label, stat.st_size, stat.st_mtime_ns))
+    unknown = [entry.name for entry in os.scandir(folder) if entry.is_dir() and entry.name not in classes
+               and not entry.name.startswith(".")]
+    if unknown:
+        raise DataError(f"{folder}/{unknown[0]}: a class the training folder does not have "
+                        f"(classes: {', '.join(classes)})")
+    if not files:
+        raise DataError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)}) in its class folders")
+    return files
+
+
+def decoded_folder(folder: Path, classes: tuple[str, ...], data) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 (N, C, H, W), int64 (N,)) of every readable image in ``folder``, from the cache when it holds
+    this very file list and recipe."""
+    files = list_files(folder, classes)
+    recipe = {"format": CACHE_FORMAT, "channels": data.channels, "image_size": data.image_size,
+              "corrupt": data.corrupt, "folder": str(folder.resolve())}
+    key = hashlib.sha256(json.dumps([recipe, files]).encode(errors="surrogateescape")).hexdigest()[:32]
+    entry = _cache_dir() / key if _cache_dir() else None
+    cached = _load_cached(entry) if entry else None
+    if cached is not None:
+        logger.info("%s: %d images from the cache %s", folder, len(cached[1]), entry)
+        return cached
+    pixels, labels = _decode_all(folder, files, data)
+    if entry:
+        _store(entry, pixels, labels)
+    return pixels, labels
+
+
+def _cache_dir() -> Path | None:
+    from .mnist import NO_CACHE_ENV, parsed_cache_dir
+
+    if os.environ.get(NO_CACHE_ENV, "") not in ("", "0"):
+        return None
+    try:
+        return parsed_cache_dir() / "folders"
+    except RuntimeError:
+        return None
+
+
+def _load_cached(entry: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    try:
+        pixels = np.load(entry.with_suffix(".pixels.npy"), allow_pickle=False)
+        labels = np.load(entry.with_suffix(".labels.npy"), allow_pickle=False)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, EOFError) as error:
+        logger.debug("ignoring the unreadable cache entry %s: %s", entry, error)
+        return None
+    if pixels.dtype != np.uint8 or pixels.ndim != 4 or labels.shape != (pixels.shape[0],):
+        return None
+    return pixels, labels.astype(np.int64)
+
+
+def _store(entry: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        for suffix, array in ((".labels.npy", labels), (".pixels.npy", pixels)):
+            with atomic_write(entry.with_suffix(suffix)) as file:
+                np.save(file, array, allow_pickle=False)
+    except OSError as error:
+        logger.debug("not caching %s: %s", entry, error.strerror or error)
+
+
+def _decode_all(folder: Path, files, data) -> tuple[np.ndarray, np.ndarray]:
+    paths = [str(folder / relative) for relative, _, _, _ in files]
+    chunks = [paths[start:start + CHUNK] for start in range(0, len(paths), CHUNK)]
+    workers = min(len(chunks), os.cpu_count() or 1)
+    size = tuple(data.image_size) if data.image_size else None
+    if workers > 1:
+        with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+            decoded = [image for part in pool.map(decode_files, chunks, [size] * len(chunks)) for image in part]
+    else:
+        decoded = [image for chunk in chunks for image in decode_files(chunk, size)]
+    images, labels = [], []
+    for path, (_, label, _, _), image in zip(paths, files, decoded):
+        if isinstance(image, str):
+            if data.corrupt != "skip":
+                raise DataError(f"{path}: cannot decode the image ({image}); remove it, or set data.corrupt: skip")
+            logger.warning("skipping %s: cannot decode the image (%s)", path, image)
+            continue
+        images.append(image)
+        labels.append(label)
+    if not images:
+        raise DataError(f"{folder}: none of its {len(paths)} image files could be decoded")
+    return _stack(folder, paths, images, data.channels), np.asarray(labels, dtype=np.int64)
+
+
+def _stack(folder: Path, paths, images: list[np.ndarray], channels: str | int) -> np.ndarray:
+    """uint8 (N, C, H, W) of images that are (H, W) grey or (H, W, 3) RGB, all one size."""
+    first = images[0].shape[:2]
+    odd = next((index for index, image in enumerate(images) if image.shape[:2] != first), None)
+    if odd is not None:
+        raise DataError(f"{paths[odd]}: {images[odd].shape[1]}×{images[odd].shape[0]} pixels, the first image is "
+                        f"{first[1]}×{first[0]}; set data.image_size [height, width] to resize them all")
+    colour = any(image.ndim == 3 for image in images)
+    count = 3 if channels == 3 or (channels == "auto" and colour) else 1
+    if len(images) * count * first[0] * first[1] > MAX_FOLDER_BYTES:
+        raise DataError(f"{folder}: {len(images)} images of {count}×{first[0]}×{first[1]} make more than "
+                        f"{MAX_FOLDER_BYTES} bytes; set a smaller data.image_size")
+    out = np.empty((len(images), count) + first, dtype=np.uint8)
+    for index, image in enumerate(images):
+        out[index] = _channels_first(image, count)
+    return out
+
+
+def _channels_first(image: np.ndarray, channels: int) -> np.ndarray:
+    if image.ndim == 2:
+        return np.broadcast_to(image, (channels,) + image.shape)
+    if channels == 3:
+        return image.transpose(2, 0, 1)
+    # ITU-R 601-2 luma, as Pillow's convert("L")
+    grey = image[..., 0] * 0.299 + image[..., 1] * 0.587 + image[..., 2] * 0.114
+    return np.rint(grey).astype(np.uint8)[None]
+
+
+def decode_files(paths: list[str], size: tuple[int, int] | None) -> list:
+    """For each path: uint8 (H, W) for a grey image, (H, W, 3) for a colour one, resized to ``size``
+    (height, width) when given; or the text of the error that stopped it being decoded."""
+    from PIL import Image
+
+    decoded = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                image.load()
+                mode = "L" if image.mode in GREY_MODES else "RGB"
+                converted = image.convert(mode)
+            if size is not None and converted.size != (size[1], size[0]):
+                converted = converted.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            decoded.append(np.asarray(converted, dtype=np.uint8))
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+            decoded.append(f"{type(error).__name__}: {error}")
+    return decoded

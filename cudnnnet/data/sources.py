@@ -1,0 +1,336 @@
+"""The data sets a config names under ``data.dataset``, each read into uint8 pixels and labels.
+
+    mnist          MNIST's IDX files (``mnist.py``), downloaded and MD5-checked
+    fashion-mnist  Zalando's Fashion-MNIST, the same IDX layout, its published files and MD5 sums
+    kmnist         Kuzushiji-MNIST, likewise
+    idx            any IDX images/labels pair given by path (``train_images`` ... ``test_labels``)
+    npz            NumPy archives holding ``x`` (uint8, or float in [0, 1]) and ``y`` (integer labels)
+    cifar10        CIFAR-10's binary version: records of 1 label byte + 3 072 pixel bytes (3×32×32)
+    image-folder   ``root/<class>/*.png|jpg|...`` (see ``image_folder.py``)
+
+``load_source(data, split, download)`` gives a ``Split``: pixels uint8 (N, H, W) or (N, C, H, W),
+labels int64 (N,) and the class names. Every size a file declares is checked before anything
+is allocated; every error is a DataError naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import tarfile
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from . import mnist
+
+logger = logging.getLogger(__name__)
+
+DIGIT_CLASSES = tuple(str(digit) for digit in range(10))
+FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                   "Ankle boot")
+KMNIST_CLASSES = ("o", "ki", "su", "tsu", "na", "ha", "ma", "ya", "re", "wo")
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+@dataclass(frozen=True)
+class IdxFamily:
+    """A data set published as MNIST's four gzip IDX files: where, with which MD5 sums, which classes."""
+
+    name: str
+    mirrors: tuple[str, ...]
+    gzip_md5: dict
+    classes: tuple[str, ...]
+
+
+# Published sums: Fashion-MNIST's README (github.com/zalandoresearch/fashion-mnist), KMNIST's
+# (github.com/rois-codh/kmnist), as torchvision checks them too.
+IDX_FAMILIES = {
+    "fashion-mnist": IdxFamily("Fashion-MNIST", (
+        "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+        "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/"), {
+        "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+        "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+        "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+        "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310"}, FASHION_CLASSES),
+    "kmnist": IdxFamily("KMNIST", ("http://codh.rois.ac.jp/kmnist/dataset/kmnist/",), {
+        "train-images-idx3-ubyte.gz": "bdb82020997e1d708af4cf47b453dcf7",
+        "train-labels-idx1-ubyte.gz": "e144d726b3acfaa3e44228e80efcd344",
+        "t10k-images-idx3-ubyte.gz": "5c965bf0a639b31b8f53240b1b52f4d7",
+        "t10k-labels-idx1-ubyte.gz": "7320c461ea6c1c855c0b718fb2a4b134"}, KMNIST_CLASSES),
+}
+
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
+CIFAR10_ARCHIVE_MD5 = "c32a1d4ab5d03f1284b67883e8d87530"  # the CIFAR-10 page's sum of the binary archive
+CIFAR10_FILES = {"train": tuple(f"data_batch_{index}.bin" for index in range(1, 6)), "test": ("test_batch.bin",)}
+CIFAR10_RECORD = 1 + 3 * 32 * 32  # label byte, then 1 024 red, 1 024 green, 1 024 blue bytes
+CIFAR10_BATCH = 10_000  # records in each published file
+MAX_NPZ_BYTES = 1 << 32  # pixels an .npz member may declare
+
+
+@dataclass(frozen=True)
+class Split:
+    pixels: np.ndarray  # uint8 (N, H, W) or (N, C, H, W)
+    labels: np.ndarray  # int64 (N,)
+    classes: tuple[str, ...]
+
+
+def load_source(data, split: str, download: bool = True) -> Split:
+    """``split`` ("train" or "test") of the data set ``data`` (a DataConfig) names."""
+    if split not in ("train", "test"):
+        raise DataError(f"unknown split {split!r}; valid splits: 'train', 'test'")
+    loader = _LOADERS.get(data.dataset)
+    if loader is None:
+        raise DataError(f"unknown data set {data.dataset!r}; valid: {', '.join(_LOADERS)}")
+    return loader(data, split, download)
+
+
+def _mnist(data, split: str, download: bool) -> Split:
+    pixels, labels = mnist.load_mnist_pixels(data.dir, split, download=download)
+    return Split(pixels, labels, data.classes or DIGIT_CLASSES)
+
+
+# ---- the IDX family ------------------------------------------------------------------------
+
+
+def _idx_family(data, split: str, download: bool) -> Split:
+    family = IDX_FAMILIES[data.dataset]
+    directory = family_dir(data)
+    images_name, labels_name = mnist.SPLIT_FILES[split]
+    paths = []
+    for idx_name in (images_name, labels_name):
+        path = mnist._find_file(directory, idx_name) if directory.is_dir() else None
+        if path is None and download:
+            path = _download(f"{idx_name}.gz", directory, family.mirrors, family.gzip_md5[f"{idx_name}.gz"])
+        if path is None:
+            raise DataError(f"{family.name} {split} file {idx_name}(.gz) missing from {directory}; allow the download "
+                            f"or set data.dir to a directory that holds it")
+        if path.suffix == ".gz":
+            _check_md5(path, family.gzip_md5[path.name], family.name)
+        paths.append(path)
+    pixels, labels = read_idx_pair(paths[0], paths[1], len(data.classes or family.classes))
+    return Split(pixels, labels, data.classes or family.classes)
+
+
+def family_dir(data) -> Path:
+    """data.dir, else the user cache's folder for this data set."""
+    return Path(data.dir) if data.dir else mnist._user_cache_dir() / data.dataset
+
+
+def _download(file_name: str, directory: Path, mirrors, md5: str) -> Path:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DataError(f"cannot create {directory}: {error.strerror or error}; set data.dir to a writable "
+                        f"directory") from error
+    failures = []
+    for mirror in mirrors:
+        url = mirror.rstrip("/") + "/" + file_name
+        logger.info("downloading %s", url)
+        try:
+            temp_path, found = mnist._fetch_to_temp(url, directory, file_name, 60.0)
+        except (OSError, ValueError) as error:
+            failures.append(f"{url}: {error}")
+            continue
+        if found != md5:
+            temp_path.unlink()
+            failures.append(f"{url}: MD5 {found} does not match the published {md5}")
+            continue
+        os.replace(temp_path, directory / file_name)
+        return directory / file_name
+    raise DataError(f"could not download {file_name} into {directory}: " + "; ".join(failures))
+
+
+def file_md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    try:
+        with open(path, "rb") as file:
+            while chunk := file.read(1 << 20):
+                digest.update(chunk)
+    except OSError as error:
+        raise DataError(f"cannot read {path}: {error.strerror or error}") from error
+    return digest.hexdigest()
+
+
+def _check_md5(path: Path, expected: str, what: str) -> None:
+    found = file_md5(path)
+    if found != expected.lower():
+        raise DataError(f"{path}: checksum mismatch: MD5 {found}, {what} expects {expected}; the file is damaged "
+                        f"or not {what}'s: delete it so it is downloaded again")
+
+
+def read_idx_pair(images_path: Path, labels_path: Path, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 (N, H, W), int64 (N,)) from an IDX images file and its labels, both headers checked first."""
+    images_dims, labels_dims = mnist.read_idx_dims(images_path), mnist.read_idx_dims(labels_path)
+    if images_dims is not None and labels_dims is not None and len(images_dims) == 3 and len(labels_dims) == 1 \
+            and images_dims[0] != labels_dims[0]:
+        raise DataError(f"{images_path} holds {images_dims[0]} images but {labels_path} holds {labels_dims[0]} labels")
+    images = mnist.read_images(images_path)
+    labels = mnist.read_labels(labels_path, classes)
+    if images.shape[0] != labels.shape[0]:
+        raise DataError(f"{images_path} holds {images.shape[0]} images but {labels_path} holds {labels.shape[0]} labels")
+    if images.shape[0] == 0:
+        raise DataError(f"{images_path} holds no images")
+    return images, labels.astype(np.int64)
+
+
+def _idx(data, split: str, download: bool) -> Split:
+    images_path, labels_path = (Path(getattr(data, f"{split}_{part}")) for part in ("images", "labels"))
+    for path in (images_path, labels_path):
+        if data.md5 and path.name in data.md5:
+            _check_md5(path, data.md5[path.name], "data.md5")
+    classes = data.classes or DIGIT_CLASSES
+    pixels, labels = read_idx_pair(images_path, labels_path, len(classes) if data.classes else 256)
+    return Split(pixels, labels, classes if data.classes else _numbered(labels))
+
+
+def _numbered(labels: np.ndarray) -> tuple[str, ...]:
+    """Class names "0" .. "K-1" for labels in 0..K-1."""
+    return tuple(str(index) for index in range(int(labels.max()) + 1))
+
+
+# ---- npz -----------------------------------------------------------------------------------
+
+
+def _npz(data, split: str, download: bool) -> Split:
+    path = Path(getattr(data, f"{split}_file"))
+    if data.md5 and path.name in data.md5:
+        _check_md5(path, data.md5[path.name], "data.md5")
+    x, y = read_npz(path)
+    return Split(x, y, data.classes or _numbered(y))
+
+
+def read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 (N, H, W) or (N, C, H, W), int64 (N,)) from an .npz of ``x`` and ``y``; sizes checked
+    from the members' headers before they are read, never unpickled."""
+    x, y = (read_npz_member(path, name, MAX_NPZ_BYTES) for name in ("x", "y"))
+    if x.ndim not in (3, 4) or x.shape[0] == 0 or (x.ndim == 4 and x.shape[1] not in (1, 3)):
+        raise DataError(f"{path}: x must hold images shaped (N, H, W) or (N, C, H, W) with C 1 or 3, got shape {x.shape}")
+    if y.shape != (x.shape[0],) or not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"{path}: y must hold {x.shape[0]} integer labels, got dtype {y.dtype} shape {y.shape}")
+    if y.min() < 0:
+        raise DataError(f"{path}: label {int(y.min())} is negative")
+    return _as_pixels(x, path), y.astype(np.int64)
+
+
+def read_npz_member(path: Path, name: str, limit: int) -> np.ndarray:
+    """Array ``name`` of the .npz ``path``: its .npy header (shape, dtype, no objects) checked against
+    ``limit`` bytes and the zip entry's size before its data is read."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            try:
+                info = archive.getinfo(f"{name}.npy")
+            except KeyError:
+                raise DataError(f"{path}: no array {name!r} (an .npz for training holds x and y)") from None
+            with archive.open(info) as stream:
+                version = np.lib.format.read_magic(stream)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, fortran_order, dtype = read_header(stream)
+                nbytes = math.prod(shape) * dtype.itemsize
+                if dtype.hasobject:
+                    raise DataError(f"{path}: array {name!r} holds Python objects; refused (allow_pickle=False)")
+                if nbytes > limit or info.file_size != stream.tell() + nbytes:
+                    raise DataError(f"{path}: array {name!r} declares shape {shape} of {dtype} ({nbytes} bytes); the "
+                                    f"entry holds {info.file_size} bytes, the limit is {limit}")
+                data = stream.read(nbytes)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+        raise DataError(f"{path}: not a readable .npz file ({error})") from error
+    if len(data) != nbytes:
+        raise DataError(f"{path}: array {name!r} is truncated ({len(data)} of {nbytes} bytes)")
+    return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran_order else "C")
+
+
+def _as_pixels(x: np.ndarray, path: Path) -> np.ndarray:
+    if x.dtype == np.uint8:
+        return x
+    if not np.issubdtype(x.dtype, np.floating):
+        raise DataError(f"{path}: x must be uint8 or float in [0, 1], got dtype {x.dtype}")
+    if not np.isfinite(x).all() or x.min() < 0 or x.max() > 1:
+        raise DataError(f"{path}: float x must hold finite values in [0, 1] (found {x.min()}..{x.max()})")
+    return np.rint(x * 255).astype(np.uint8)
+
+
+# ---- CIFAR-10 ------------------------------------------------------------------------------
+
+
+def _cifar10(data, split: str, download: bool) -> Split:
+    directory = family_dir(data)
+    paths = [_cifar_file(directory, name) for name in CIFAR10_FILES[split]]
+    if any(path is None for path in paths) and download:
+        _download_cifar(directory)
+        paths = [_cifar_file(directory, name) for name in CIFAR10_FILES[split]]
+    missing = [name for name, path in zip(CIFAR10_FILES[split], paths) if path is None]
+    if missing:
+        raise DataError(f"CIFAR-10 {split} files missing from {directory}: {', '.join(missing)}; allow the download "
+                        f"or set data.dir to the folder of the binary version (cifar-10-batches-bin)")
+    parts = [read_cifar_records(path) for path in paths]
+    pixels = np.concatenate([part[0] for part in parts])
+    labels = np.concatenate([part[1] for part in parts])
+    return Split(pixels, labels, data.classes or CIFAR10_CLASSES)
+
+
+def _cifar_file(directory: Path, name: str) -> Path | None:
+    for candidate in (directory / name, directory / "cifar-10-batches-bin" / name):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def read_cifar_records(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 (N, 3, 32, 32), int64 (N,)) from a file of CIFAR-10 binary records."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as error:
+        raise DataError(f"cannot read {path}: {error.strerror or error}") from error
+    if size == 0 or size % CIFAR10_RECORD or size > 6 * CIFAR10_BATCH * CIFAR10_RECORD:
+        raise DataError(f"{path}: {size} bytes is not a whole number of CIFAR-10 records of {CIFAR10_RECORD} bytes "
+                        f"(1 label byte + 3072 pixel bytes), at most {6 * CIFAR10_BATCH} of them")
+    try:
+        records = np.fromfile(path, dtype=np.uint8).reshape(-1, CIFAR10_RECORD)
+    except OSError as error:
+        raise DataError(f"cannot read {path}: {error.strerror or error}") from error
+    labels = records[:, 0].astype(np.int64)
+    bad = np.flatnonzero(labels >= len(CIFAR10_CLASSES))
+    if bad.size:
+        raise DataError(f"{path}: record {int(bad[0])} has label {int(labels[bad[0]])}, outside 0..9; not CIFAR-10's "
+                        f"binary version")
+    return np.ascontiguousarray(records[:, 1:].reshape(-1, 3, 32, 32)), labels
+
+
+def _download_cifar(directory: Path) -> None:
+    """Download the binary archive, check its MD5 and extract only the six record files."""
+    archive = directory / "cifar-10-binary.tar.gz"
+    if not archive.is_file():
+        _download(archive.name, directory, (CIFAR10_URL.rsplit("/", 1)[0],), CIFAR10_ARCHIVE_MD5)
+    _check_md5(archive, CIFAR10_ARCHIVE_MD5, "CIFAR-10")
+    wanted = {name for names in CIFAR10_FILES.values() for name in names}
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for member in tar:
+                name = Path(member.name).name
+                if member.isfile() and name in wanted and member.size <= CIFAR10_BATCH * CIFAR10_RECORD:
+                    source = tar.extractfile(member)
+                    (directory / name).write_bytes(source.read())
+    except (tarfile.TarError, OSError, EOFError) as error:
+        raise DataError(f"{archive}: cannot extract the CIFAR-10 records: {error}") from error
+
+
+def _image_folder(data, split: str, download: bool) -> Split:
+    from .image_folder import load_image_folder
+
+    return load_image_folder(data, split)
+
+
+_LOADERS = {"mnist": _mnist, "fashion-mnist": _idx_family, "kmnist": _idx_family, "idx": _idx, "npz": _npz,
+            "cifar10": _cifar10, "image-folder": _image_folder}
+DATASETS = tuple(_LOADERS)

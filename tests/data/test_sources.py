@@ -1,0 +1,218 @@
+"""The data sets of data.dataset on generated files: CIFAR-10 binary records, Fashion-MNIST-named IDX
+files, IDX pairs by path with MD5 sums, npz archives, and image folders (corrupt, grey and RGB
+mixed, mixed sizes, the cache)."""
+
+import gzip
+import io
+import os
+import zipfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from cudnnnet.config import DataConfig
+from cudnnnet.data import image_folder, sources
+from cudnnnet.data.sources import load_source
+from cudnnnet.errors import DataError
+
+
+def cifar_records(labels: np.ndarray, pixels: np.ndarray) -> bytes:
+    """CIFAR-10 binary records: label byte, then the 3×32×32 pixels channel by channel."""
+    return b"".join(bytes([int(label)]) + image.tobytes() for label, image in zip(labels, pixels))
+
+
+def write_cifar(directory, per_file: int = 3, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    written = {}
+    for name in sources.CIFAR10_FILES["train"] + sources.CIFAR10_FILES["test"]:
+        labels = rng.integers(0, 10, per_file)
+        pixels = rng.integers(0, 256, (per_file, 3, 32, 32), dtype=np.uint8)
+        (directory / name).write_bytes(cifar_records(labels, pixels))
+        written[name] = (pixels, labels)
+    return written
+
+
+def test_cifar10_binary_records_read_as_rgb_images_in_file_order(tmp_path):
+    written = write_cifar(tmp_path)
+    train = load_source(DataConfig(dataset="cifar10", dir=str(tmp_path)), "train", download=False)
+    expected = np.concatenate([written[name][0] for name in sources.CIFAR10_FILES["train"]])
+    assert train.pixels.shape == (15, 3, 32, 32) and np.array_equal(train.pixels, expected)
+    assert np.array_equal(train.labels, np.concatenate([written[name][1] for name in sources.CIFAR10_FILES["train"]]))
+    assert train.classes[0] == "airplane" and len(train.classes) == 10
+    test = load_source(DataConfig(dataset="cifar10", dir=str(tmp_path)), "test", download=False)
+    assert np.array_equal(test.pixels, written["test_batch.bin"][0])
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda data: data[:-1], "not a whole number of CIFAR-10 records"),
+    (lambda data: bytes([10]) + data[1:], "record 0 has label 10"),
+])
+def test_a_damaged_cifar10_file_is_named(tmp_path, damage, message):
+    write_cifar(tmp_path)
+    path = tmp_path / "data_batch_3.bin"
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(DataError, match=f"{path}.*{message}|{message}"):
+        load_source(DataConfig(dataset="cifar10", dir=str(tmp_path)), "train", download=False)
+
+
+def test_missing_cifar10_files_are_listed_without_a_download(tmp_path):
+    with pytest.raises(DataError, match="CIFAR-10 test files missing.*test_batch.bin"):
+        load_source(DataConfig(dataset="cifar10", dir=str(tmp_path)), "test", download=False)
+
+
+def test_fashion_mnist_named_files_are_checked_against_the_published_md5(tmp_path, idx_tools):
+    images, labels = idx_tools.fake_split(8)
+    idx_tools.write_split(tmp_path, "train", images, labels)
+    with pytest.raises(DataError, match=r"train-images-idx3-ubyte\.gz: checksum mismatch.*8d4fb7e6c68d591d4c3dfef9ec88bf0d"):
+        load_source(DataConfig(dataset="fashion-mnist", dir=str(tmp_path)), "train", download=False)
+
+
+def test_an_idx_pair_by_path_loads_with_its_md5_and_is_refused_with_another(tmp_path, idx_tools):
+    images, labels = idx_tools.fake_split(8)
+    idx_tools.write_split(tmp_path, "train", images, labels)
+    idx_tools.write_split(tmp_path, "test", images[:4], labels[:4])
+    paths = {f"{split}_{part}": str(tmp_path / f"{prefix}-{part}-idx{3 if part == 'images' else 1}-ubyte.gz")
+             for split, prefix in (("train", "train"), ("test", "t10k")) for part in ("images", "labels")}
+    md5 = {os.path.basename(paths["train_images"]): sources.file_md5(tmp_path / os.path.basename(paths["train_images"]))}
+    loaded = load_source(DataConfig(dataset="idx", md5=md5, **paths), "train")
+    assert np.array_equal(loaded.pixels, images) and np.array_equal(loaded.labels, labels)
+    wrong = {name: "0" * 32 for name in md5}
+    with pytest.raises(DataError, match="train-images-idx3-ubyte.gz: checksum mismatch: MD5 [0-9a-f]{32}"):
+        load_source(DataConfig(dataset="idx", md5=wrong, **paths), "train")
+
+
+def write_npz(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def test_npz_of_uint8_and_of_float_pixels(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 256, (6, 3, 5, 7), dtype=np.uint8)
+    y = np.array([0, 1, 2, 2, 1, 0])
+    uint8_file = write_npz(tmp_path / "a.npz", x=x, y=y)
+    float_file = write_npz(tmp_path / "b.npz", x=x.astype(np.float32) / 255, y=y)
+    for path in (uint8_file, float_file):
+        loaded = load_source(DataConfig(dataset="npz", train_file=str(path), test_file=str(path)), "train")
+        assert np.array_equal(loaded.pixels, x) and np.array_equal(loaded.labels, y)
+        assert loaded.classes == ("0", "1", "2")
+
+
+@pytest.mark.parametrize("arrays, message", [
+    (dict(x=np.zeros((3, 4, 4), np.uint8)), "no array 'y'"),
+    (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.zeros(2, np.int64)), "y must hold 3 integer labels"),
+    (dict(x=np.full((3, 4, 4), 2.0, np.float32), y=np.zeros(3, np.int64)), r"float x must hold finite values in \[0, 1\]"),
+    (dict(x=np.zeros((3, 4), np.uint8), y=np.zeros(3, np.int64)), "x must hold images shaped"),
+    (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, -1, 0])), "label -1 is negative"),
+])
+def test_a_bad_npz_is_named_with_what_is_wrong(tmp_path, arrays, message):
+    path = write_npz(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(DataError, match=f"{path}: .*{message}|{path}: {message}"):
+        load_source(DataConfig(dataset="npz", train_file=str(path), test_file=str(path)), "train")
+
+
+def test_an_npz_of_pickled_objects_or_an_absurd_declared_size_is_refused_unread(tmp_path):
+    pickled = tmp_path / "pickled.npz"
+    np.savez(pickled, x=np.array([object()], dtype=object), y=np.zeros(1, np.int64))
+    with pytest.raises(DataError, match="holds Python objects"):
+        sources.read_npz(pickled)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "|u1", "fortran_order": False, "shape": (1 << 20, 1 << 20)})
+    huge = tmp_path / "huge.npz"
+    with zipfile.ZipFile(huge, "w") as archive:
+        archive.writestr("x.npy", header.getvalue() + b"\0" * 16)
+        archive.writestr("y.npy", header.getvalue())
+    with pytest.raises(DataError, match=r"declares shape \(1048576, 1048576\)"):
+        sources.read_npz(huge)
+
+
+# ---- image folders -------------------------------------------------------------------------
+
+
+def save_image(path, array):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(path)
+
+
+def folder_config(root, **keys):
+    return DataConfig(dataset="image-folder", dir=str(root), **keys)
+
+
+def test_grey_and_rgb_images_mixed_make_rgb_with_grey_in_every_channel(tmp_path):
+    grey = np.arange(48, dtype=np.uint8).reshape(6, 8)
+    colour = np.random.default_rng(2).integers(0, 256, (6, 8, 3), dtype=np.uint8)
+    for split in ("train", "test"):
+        save_image(tmp_path / split / "cat" / "a.png", grey)
+        save_image(tmp_path / split / "dog" / "b.png", colour)
+    loaded = load_source(folder_config(tmp_path), "train")
+    assert loaded.classes == ("cat", "dog") and loaded.labels.tolist() == [0, 1]
+    assert loaded.pixels.shape == (2, 3, 6, 8)
+    assert all(np.array_equal(loaded.pixels[0, channel], grey) for channel in range(3))
+    assert np.array_equal(loaded.pixels[1], colour.transpose(2, 0, 1))
+    grey_only = load_source(folder_config(tmp_path, channels=1), "train")
+    assert grey_only.pixels.shape == (2, 1, 6, 8) and np.array_equal(grey_only.pixels[0, 0], grey)
+
+
+def test_a_corrupt_image_is_named_and_refused_or_skipped(tmp_path):
+    for index in range(3):
+        save_image(tmp_path / "a" / f"{index}.png", np.full((4, 4), index, np.uint8))
+    corrupt = tmp_path / "a" / "broken.png"
+    corrupt.write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    with pytest.raises(DataError, match=f"{corrupt}: cannot decode the image.*data.corrupt: skip"):
+        load_source(folder_config(tmp_path, test_fraction=0.34), "train")
+    skipped = [load_source(folder_config(tmp_path, test_fraction=0.34, corrupt="skip"), split) for split in ("train", "test")]
+    assert sum(len(split.labels) for split in skipped) == 3
+
+
+def test_one_folder_is_split_by_a_seeded_fraction(tmp_path):
+    for index in range(10):
+        save_image(tmp_path / ("x" if index % 2 else "y") / f"{index}.png", np.full((3, 3), index, np.uint8))
+    train = load_source(folder_config(tmp_path, test_fraction=0.3, split_seed=5), "train")
+    test = load_source(folder_config(tmp_path, test_fraction=0.3, split_seed=5), "test")
+    assert (len(train.labels), len(test.labels)) == (7, 3)
+    values = sorted(int(image[0, 0, 0]) for image in np.concatenate([train.pixels, test.pixels]))
+    assert values == list(range(10))
+    other = load_source(folder_config(tmp_path, test_fraction=0.3, split_seed=6), "test")
+    assert not np.array_equal(other.pixels, test.pixels)
+
+
+def test_mixed_sizes_need_image_size_and_are_resized_to_it(tmp_path):
+    save_image(tmp_path / "a" / "small.png", np.zeros((4, 4), np.uint8))
+    save_image(tmp_path / "a" / "large.png", np.full((9, 12), 200, np.uint8))
+    save_image(tmp_path / "b" / "other.png", np.zeros((4, 4), np.uint8))
+    with pytest.raises(DataError, match=r"small.png: 4×4 pixels, the first image is 12×9; set data.image_size"):
+        load_source(folder_config(tmp_path, test_fraction=0.34, split_seed=1), "train")
+    resized = load_source(folder_config(tmp_path, test_fraction=0.34, image_size=(5, 6)), "train")
+    assert resized.pixels.shape[1:] == (1, 5, 6)
+
+
+def test_the_decoded_folder_is_cached_and_a_changed_file_is_decoded_again(tmp_path, monkeypatch):
+    for index in range(4):
+        save_image(tmp_path / "train" / "a" / f"{index}.png", np.full((3, 3), index, np.uint8))
+        save_image(tmp_path / "test" / "a" / f"{index}.png", np.full((3, 3), index, np.uint8))
+    first = load_source(folder_config(tmp_path), "train")
+    decoded = []
+    real_decode = image_folder.decode_files
+    monkeypatch.setattr(image_folder, "decode_files", lambda paths, size: decoded.append(paths) or real_decode(paths, size))
+    again = load_source(folder_config(tmp_path), "train")
+    assert decoded == [] and np.array_equal(again.pixels, first.pixels)
+    save_image(tmp_path / "train" / "a" / "0.png", np.full((3, 3), 77, np.uint8))
+    os.utime(tmp_path / "train" / "a" / "0.png", ns=(1, 1))
+    changed = load_source(folder_config(tmp_path), "train")
+    assert len(decoded) == 1 and changed.pixels[0, 0, 0, 0] == 77
+
+
+def test_a_test_folder_with_a_class_training_lacks_is_named(tmp_path):
+    save_image(tmp_path / "train" / "a" / "0.png", np.zeros((3, 3), np.uint8))
+    save_image(tmp_path / "test" / "b" / "0.png", np.zeros((3, 3), np.uint8))
+    with pytest.raises(DataError, match="test/b: a class the training folder does not have"):
+        load_source(folder_config(tmp_path), "test")
+
+
+def test_gzip_idx_family_file_written_here_is_not_mistaken_for_the_published_one(tmp_path, idx_tools):
+    images, labels = idx_tools.fake_split(4)
+    (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(idx_tools.idx_bytes(images)))
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").write_bytes(gzip.compress(idx_tools.idx_bytes(labels)))
+    with pytest.raises(DataError, match="KMNIST expects 5c965bf0a639b31b8f53240b1b52f4d7"):
+        load_source(DataConfig(dataset="kmnist", dir=str(tmp_path)), "test", download=False)
