@@ -14,7 +14,7 @@ HOST_MICRO_SIZE = 1_000
 MICRO_LEARNING_RATE = 0.05
 MICRO_WARMUP = 2
 MICRO_SEED = 0
-MATHS = ("fp32", "tf32")
+MATHS = ("fp32", "tf32", "bf16")
 MIB = 1 << 20
 DEFAULTS = {  # device: (timed epochs, micro repeats)
     "cuda": (10, 20),
@@ -27,6 +27,7 @@ TARGETS = {
     "cnn_epoch_ms": 90.0,
     "micro_fp32_ms": 46.0,
     "micro_tf32_ms": 9.1,
+    "micro_bf16_ms": 4.0,
     "original_mlp_s": 1.0,
     "original_cnn_s": 2.0,
 }

@@ -187,18 +187,21 @@ def torch_micro(torch, size: int, repeat: int, maths, device: str) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=MICRO_LEARNING_RATE)
     inputs, targets = (torch.from_numpy(array).to(device) for array in micro_data(size))
 
-    def step():
+    def step(bf16: bool):
         optimizer.zero_grad(set_to_none=True)
-        (0.5 * (model(inputs) - targets).pow(2).sum() / size).backward()
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            outputs = model(inputs)
+        (0.5 * (outputs.float() - targets).pow(2).sum() / size).backward()
         optimizer.step()
 
     synchronize = torch_synchronizer(torch, device)
     results = {}
     for math in maths:
         set_torch_math(torch, math)
-        calls = {"eager": step}
+        math_step = functools.partial(step, math == "bf16")  # bf16: autocast, FP32 weights and loss
+        calls = {"eager": math_step}
         if device == "cuda":
-            calls["graph"] = torch_capture(torch, step).replay
+            calls["graph"] = torch_capture(torch, math_step).replay
         results[math] = {mode: step_summary(timed_calls(call, repeat, synchronize, MICRO_WARMUP))
                          for mode, call in calls.items()}
     set_torch_math(torch, "fp32")

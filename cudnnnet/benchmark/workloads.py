@@ -109,10 +109,11 @@ def build_micro_network(size: int, backend) -> Network:
 
 
 def micro_maths(backend) -> tuple[str, ...]:
-    if hasattr(backend, "set_math"):
-        return MATHS
-    log.info("micro: the %s backend has no TF32 mode; timing FP32 only", backend.name)
-    return ("fp32",)
+    """The math modes of MATHS that the backend computes as such (the host has no TF32 mode)."""
+    maths = tuple(math for math in MATHS if math in getattr(backend, "maths", ("fp32",)))
+    if len(maths) < len(MATHS):
+        log.info("micro: the %s backend computes %s only; timing those", backend.name, ", ".join(maths))
+    return maths
 
 
 def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides") -> dict:
@@ -128,7 +129,8 @@ def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides") -> 
         network.backward(target)
         network.update(MICRO_LEARNING_RATE)
 
-    section = {"size": size, "layers": list(micro_layer_sizes(size)), "repeat": repeat, "fp32": None, "tf32": None}
+    section = {"size": size, "layers": list(micro_layer_sizes(size)), "repeat": repeat,
+               **{math: None for math in MATHS}}
     for math in micro_maths(backend):
         with math_mode(backend, math):
             seconds = timed_calls(step, repeat, backend.synchronize, MICRO_WARMUP)

@@ -27,8 +27,8 @@ micro
     features, Dense 5 000 tanh → Dense 1 000 sigmoid → Dense 10 sigmoid, quadratic cost (an MSE
     layer), random data drawn on the host with a fixed seed and uploaded once. One step is
     forward, backward and ``network.update(0.05)``, synchronised; reported: the median of
-    ``--repeat`` steps after two warm-up steps, in ms, in FP32 and in TF32 (``backend.set_math``;
-    CUDA only). ``--micro-size N`` shrinks it to N samples of N features with hidden layers of
+    ``--repeat`` steps after two warm-up steps, in ms, in FP32, TF32 (CUDA only) and bf16
+    (``backend.set_math``; PyTorch's column runs bf16 under autocast). ``--micro-size N`` shrinks it to N samples of N features with hidden layers of
     N/2 and N/10 (the host default is 1 000, as 10 000 takes many seconds a step there).
 original
     The C++ original's experiment as a whole command: ``python -m cudnnnet.cli.launch --config

@@ -11,7 +11,9 @@ The search is the engine's (cudnnnet.engine):
                   engine are timed by the backend (CUDA events, on scratch tensors), the fastest taken;
     "heuristic"   cudnnGet*Algorithm_v7's first eligible choice.
 
-Under CUDNN_FMA_MATH (our FP32) only exact algorithms are eligible: no tensor-core algorithm and
+Under ``math: bf16`` the x, w and y descriptors are CUDNN_DATA_BFLOAT16 (cuDNN's BFLOAT16_CONFIG:
+bfloat16 tensors, FLOAT compute, CUDNN_TENSOR_OP_MATH); the backend converts the float32 operands
+into bfloat16 scratch and the bfloat16 result back (low_precision.py). Under CUDNN_FMA_MATH (our FP32) only exact algorithms are eligible: no tensor-core algorithm and
 no FFT or Winograd one (they differ from the host by ~1e-3); and only
 deterministic ones, while any is eligible, where the engine asks for them (the fast engine: the same
 seed then gives the same weights); the slides engine takes cuDNN's fastest, as the C++ design did.
@@ -165,7 +167,7 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     workspace fits. With ``search="exhaustive"``, ``measure(plan, direction)`` (milliseconds of one
     run, timed by the backend) picks the fastest of them; otherwise cuDNN's first choice wins.
     """
-    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math_type)
+    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math, math_type)
     handles = (x.handle, w.handle, conv.handle, y.handle)
     gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
     choices = {}
@@ -204,7 +206,7 @@ def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     from ``algorithms``: cudnnGet*WorkspaceSize fails for an algorithm that does not support the
     shapes. Under CUDNN_FMA_MATH only exact algorithms are accepted, as ``make_plan`` does.
     """
-    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math_type)
+    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math, math_type)
     handles = (x.handle, w.handle, conv.handle, y.handle)
     gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
     chosen = {}
@@ -219,10 +221,15 @@ def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     return ConvolutionPlan(desc, x_shape, y_shape, math, x, w, conv, y, gemm_shape, **chosen)
 
 
-def _descriptors(descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, math_type: int):
-    """(x, w, conv, y) descriptors from the cache."""
-    x, y = descriptors.tensor(x_shape), descriptors.tensor(y_shape)
-    return x, descriptors.filter(desc.filter_shape), descriptors.convolution(desc, math_type), y
+DATA_TYPES = {"bf16": cudnn.DATA_BFLOAT16}  # math mode -> cudnnDataType_t of x, w and y (float32 otherwise)
+
+
+def _descriptors(descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, math: str,
+                 math_type: int):
+    """(x, w, conv, y) descriptors from the cache, x, w and y of ``math``'s data type."""
+    data_type = DATA_TYPES.get(math, cudnn.DATA_FLOAT)
+    x, y = descriptors.tensor(x_shape, data_type), descriptors.tensor(y_shape, data_type)
+    return x, descriptors.filter(desc.filter_shape, data_type), descriptors.convolution(desc, math_type), y
 
 
 def _workspace_bytes(handle: int, direction: Direction, operands: tuple, gemm_shape: GemmShape, algo: int,
