@@ -339,5 +339,5 @@ def test_script_prints_the_table_last(tmp_path):
     finished = run_script("benchmark", "--device", "host", "--only", "micro", "--micro-size", "16", "--repeat", "1",
                           "--json", str(tmp_path / "out.json"), timeout=300)
     assert finished.returncode == 0, finished.stderr
-    assert finished.stdout.strip().splitlines()[-1].startswith("micro fp32 step (16)")
+    assert finished.stdout.strip().splitlines()[-1].startswith("micro bf16 step (16)")  # the last of MATHS
     assert json.loads((tmp_path / "out.json").read_text())["results"]["slides"]["micro"]["size"] == 16

@@ -42,7 +42,8 @@ def _torch_workload(torch, name: str, settings: dict) -> dict | None:
     try:
         if name == "micro":
             return torch_micro(torch, settings["micro_size"], settings["repeat"], MATHS, "cuda")
-        config = workload_config(name, settings["device"], settings["data_dir"], 1, False)
+        config = workload_config(name, settings["device"], settings["data_dir"], 1, False,
+                                 math=settings.get("math", "fp32"))
         return torch_training(torch, name, config, settings["epochs"], settings["limit_images"], "cuda")
     except (RuntimeError, BenchmarkError) as error:
         log.error("--compare torch: %s failed with PyTorch: %s", name, " ".join(str(error).split()))
@@ -134,11 +135,13 @@ class TorchTraining:
         self.images = torch.from_numpy(images).to(device)  # (N, 1, H, W)
         self.labels = torch.from_numpy(labels).to(device)  # (N,)
         self.graphs: dict[int, tuple] = {}
+        self.bf16 = config.math == "bf16"  # autocast: bfloat16 matmuls and convolutions, FP32 weights and loss
 
     def step(self, index) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        outputs = self.model(self.images.index_select(0, index))
-        self.loss(outputs, self.labels.index_select(0, index)).backward()
+        with self.torch.autocast(self.device, dtype=self.torch.bfloat16, enabled=self.bf16):
+            outputs = self.model(self.images.index_select(0, index))
+        self.loss(outputs.float(), self.labels.index_select(0, index)).backward()
         self.optimizer.step()
 
     def batches(self):
@@ -163,8 +166,8 @@ class TorchTraining:
 
 
 def torch_training(torch, name: str, config: Config, epochs: int, limit: int | None, device: str) -> dict:
-    """Median epoch ms of ``config``'s workload with PyTorch, eager and (on CUDA) CUDA graphs."""
-    set_torch_math(torch, "fp32")
+    """Median epoch ms of ``config``'s workload with PyTorch in its math, eager and (on CUDA) CUDA graphs."""
+    set_torch_math(torch, config.math)
     images, labels = training.load_split(config, "train")
     images, labels = images[:limit], labels[:limit]
     run = TorchTraining(torch, config, np.ascontiguousarray(images), np.ascontiguousarray(labels), device)
@@ -175,6 +178,7 @@ def torch_training(torch, name: str, config: Config, epochs: int, limit: int | N
         results["graph"] = epoch_summary(timed_calls(run.graph_epoch, epochs, synchronize, 1), run.count)
     for mode, summary in results.items():
         log.info("torch %s %s: %.2f ms an epoch", name, mode, summary["epoch_ms"])
+    set_torch_math(torch, "fp32")
     return results
 
 

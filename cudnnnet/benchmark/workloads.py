@@ -27,13 +27,15 @@ log = logging.getLogger(__name__)
 # ---- mlp and cnn: the Trainer -----------------------------------------------------------------
 
 
-def workload_config(name: str, device: str, data_dir, epochs: int, graph: bool, engine: str = "slides") -> Config:
-    """The config file's model and optimiser at batch 256, FP32, with ``epochs`` planned epochs."""
+def workload_config(name: str, device: str, data_dir, epochs: int, graph: bool, engine: str = "slides",
+                    math: str = "fp32") -> Config:
+    """The config file's model and optimiser at batch 256 in ``math`` (FP32 unless asked), with
+    ``epochs`` planned epochs."""
     config = load_config(CONFIG_DIR / TRAINING_CONFIGS[name]).with_overrides(
         epochs=epochs, batch_size=BATCH_SIZE, device=device, data_dir=data_dir, engine=engine)
     raw = config.to_dict()
     raw["train"]["graph"] = graph
-    raw["math"] = "fp32"
+    raw["math"] = math
     return parse_config(raw, source=config.source)
 
 
@@ -55,7 +57,8 @@ def benchmark_training(name: str, settings: dict, graph: bool, images: int, engi
     """Median epoch of ``name`` (mlp or cnn) after a warm-up epoch, with the peak device memory."""
     epochs = settings["epochs"]
     log.info("%s %s %s: a warm-up epoch, then %d timed", name, engine, "graph" if graph else "eager", epochs)
-    config = workload_config(name, settings["device"], settings["data_dir"], epochs + 1, graph, engine)
+    config = workload_config(name, settings["device"], settings["data_dir"], epochs + 1, graph, engine,
+                             settings.get("math", "fp32"))
     backend = get_backend(config.device)
     gc.collect()
     memory = DeviceMemory(backend)

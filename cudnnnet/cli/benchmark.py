@@ -3,7 +3,7 @@
     python scripts/benchmark.py [--device auto|cuda|host] [--json FILE] [--compare torch] [--repeat N]
                                 [--epochs N] [--only mlp,cnn,micro,original] [--micro-size N]
                                 [--limit-images N] [--original-runs N] [--data-dir DIR]
-                                [--engines slides,fast]
+                                [--engines slides,fast] [--math fp32|tf32|bf16]
 
 Every workload runs once per engine (``--engines``, both by default: cudnnnet.engine), each in a
 column of its own.
@@ -12,7 +12,8 @@ Workloads (``--only`` picks some; all by default):
 
 mlp, cnn
     configs/mnist_mlp.yaml's and configs/mnist_cnn.yaml's model and optimiser (SGD, momentum 0.9),
-    FP32, batch 256, on the full MNIST training set (``--limit-images N``: its first N images, for
+    in ``--math`` (FP32 by default; PyTorch under autocast for bf16, whose epoch targets are
+    PyTorch's captured epoch over 1.5), batch 256, on the full MNIST training set (``--limit-images N``: its first N images, for
     smoke tests). One ``Trainer`` per mode, ``train.graph`` true ("graph": each step replays a CUDA
     graph) and false ("eager"); on the host, eager only. ``Trainer.train_epoch`` runs one warm-up
     epoch, then ``--epochs`` timed ones (it synchronises and returns the seconds); reported: the
@@ -80,7 +81,7 @@ from pathlib import Path
 
 from ..backends import no_gpu_reason
 from ..benchmark.report import build_report, format_table, table_header
-from ..benchmark.settings import BATCH_SIZE, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MICRO_SIZE, WORKLOADS
+from ..benchmark.settings import BATCH_SIZE, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MATHS, MICRO_SIZE, WORKLOADS
 from ..engine import ENGINES
 from ..errors import DeviceUnavailableError
 from .common import ArgumentParser, add_common_arguments, run
@@ -129,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--original-runs", type=positive_int, default=3,
                         help="runs of each original workload (default 3; the median is reported)")
     parser.add_argument("--data-dir", help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
+    parser.add_argument("--math", choices=MATHS, default="fp32",
+                        help="precision of the mlp and cnn workloads (and PyTorch's: autocast for bf16); the "
+                             "micro-benchmark runs every one (default fp32)")
     parser.add_argument("--engines", "--engine", type=engine_list, default=tuple(ENGINES), metavar="LIST",
                         help=f"comma-separated engines among {','.join(ENGINES)}, one column each (default all)")
     add_common_arguments(parser)
@@ -167,7 +171,7 @@ def resolve_settings(args) -> dict:
     return {"device": device, "workloads": list(args.only), "batch_size": BATCH_SIZE,
             "epochs": args.epochs or epochs, "repeat": repeat, "micro_size": micro_size,
             "limit_images": args.limit_images, "original_runs": args.original_runs, "data_dir": args.data_dir,
-            "compare": args.compare, "engines": list(args.engines)}
+            "compare": args.compare, "engines": list(args.engines), "math": args.math}
 
 
 def main_with_args(args) -> int:
