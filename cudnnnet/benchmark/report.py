@@ -13,7 +13,7 @@ from ..backends import get_backend
 from ..engine import ENGINES
 from ..errors import CudnnnetError
 from .original import measure_original, uncompiled_packages
-from .settings import MATHS, MICRO_SIZE, SLIDES_TARGETS, TARGET_DEVICE, TARGETS
+from .settings import MATHS, MICRO_SIZE, SLIDES_TARGETS, TARGET_DEVICE, TARGETS, TRAINING_CONFIGS
 from .torch_reference import compare_torch
 from .workloads import measure
 
@@ -86,7 +86,8 @@ def training_rows(name: str, sections: dict, torch_results, math: str = "fp32") 
         targets = {}
         torch_graph = _get(torch_results, name, "graph", "epoch_ms")
         if mode == target_mode and math == "fp32":
-            targets = {"fast": TARGETS[f"{name}_epoch_ms"], "slides": torch_graph or SLIDES_TARGETS[f"{name}_epoch_ms"]}
+            targets = {"fast": TARGETS.get(f"{name}_epoch_ms"),
+                       "slides": torch_graph or SLIDES_TARGETS.get(f"{name}_epoch_ms")}
         elif mode == target_mode and math == "bf16" and torch_graph:
             targets = {engine: torch_graph / BF16_SPEED_UP for engine in ENGINES}
         rows.append(_row(f"{label} epoch, {mode}", "ms", epochs, *_in_column(mode, theirs), theirs, targets))
@@ -141,7 +142,7 @@ def table_rows(results: dict, torch_results, settings: dict) -> list[dict]:
     def sections(name: str) -> dict:
         return {engine: found[name] for engine, found in results.items() if name in found}
 
-    for name in ("mlp", "cnn"):
+    for name in TRAINING_CONFIGS:
         if sections(name):
             section_rows = training_rows(name, sections(name), torch_results, settings.get("math", "fp32"))
             judge(section_rows, on_gpu and settings["limit_images"] is None)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from ..errors import CudnnnetError
 
-WORKLOADS = ("mlp", "cnn", "micro", "original")
-TRAINING_CONFIGS = {"mlp": "mnist_mlp.yaml", "cnn": "mnist_cnn.yaml"}
+WORKLOADS = ("mlp", "cnn", "bn_cnn", "micro", "original")
+DEFAULT_WORKLOADS = ("mlp", "cnn", "micro", "original")  # bn_cnn when asked for (--only)
+TRAINING_CONFIGS = {"mlp": "mnist_mlp.yaml", "cnn": "mnist_cnn.yaml", "bn_cnn": "mnist_bn_cnn.yaml"}
 ORIGINAL_CONFIGS = {"mlp": "original_mlp.yaml", "cnn": "original_cnn.yaml"}
 BATCH_SIZE = 256
 MICRO_SIZE = 10_000  # the series' 10 000 × 10 000 input

@@ -12,7 +12,7 @@ from .. import training
 from ..config import Config
 from ..layers import LAYER_TYPES
 from .measuring import epoch_summary, step_summary, timed_calls
-from .settings import BATCH_SIZE, MATHS, MICRO_LEARNING_RATE, MICRO_WARMUP, BenchmarkError
+from .settings import BATCH_SIZE, MATHS, MICRO_LEARNING_RATE, MICRO_WARMUP, TRAINING_CONFIGS, BenchmarkError
 from .workloads import micro_data, micro_layer_sizes, workload_config
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def compare_torch(settings: dict) -> dict | None:
         log.warning("--compare torch: PyTorch %s sees no CUDA GPU; no comparison", torch.__version__)
         return None
     results = {"version": torch.__version__, "cudnn": torch.backends.cudnn.version()}
-    for name in ("mlp", "cnn", "micro"):
+    for name in (*TRAINING_CONFIGS, "micro"):
         if name in settings["workloads"]:
             results[name] = _torch_workload(torch, name, settings)
     return results
@@ -73,6 +73,14 @@ def torch_layer(nn, spec, shape: tuple[int, int, int]):
         return pool(params["kernel_size"], params["stride"], params["padding"])
     if spec.type == "activation":
         return torch_activation(nn, params["mode"], params["coef"])
+    if spec.type == "batchnorm":  # spatial after a convolution, per value after a Dense layer
+        planes = shape[1] * shape[2] > 1
+        return (nn.BatchNorm2d if planes else nn.BatchNorm1d)(shape[0], eps=params.get("eps", 1e-5),
+                                                              momentum=params.get("momentum", 0.1))
+    if spec.type == "dropout":
+        return nn.Dropout(params.get("rate", 0.5))
+    if spec.type == "global_average_pooling":
+        return nn.AdaptiveAvgPool2d(1)
     raise BenchmarkError(f"layer {spec.name!r}: no PyTorch equivalent of a {spec.type} layer before the loss")
 
 
@@ -103,6 +111,11 @@ def torch_model(torch, config: Config):
 
 def torch_optimizer(torch, model, config: Config):
     opt = config.train.optimizer
+    if opt.name in ("adam", "adamw"):
+        adam = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
+        on_gpu = next(model.parameters()).is_cuda  # a captured graph needs the step count on the device
+        return adam(model.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, weight_decay=opt.weight_decay,
+                    capturable=on_gpu)
     return torch.optim.SGD(model.parameters(), lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
 
 

@@ -159,7 +159,7 @@ def measure(settings: dict, backend) -> dict:
     results = {}
     for engine in settings["engines"]:
         found = results[engine] = {}
-        for name in ("mlp", "cnn"):
+        for name in TRAINING_CONFIGS:
             if name in settings["workloads"]:
                 found[name] = training_section(name, settings, backend, engine)
         if "micro" in settings["workloads"]:

@@ -1,17 +1,18 @@
 """cudnnnet-benchmark: how fast cudnnnet trains, against targets and, if asked, against PyTorch.
 
     python scripts/benchmark.py [--device auto|cuda|host] [--json FILE] [--compare torch] [--repeat N]
-                                [--epochs N] [--only mlp,cnn,micro,original] [--micro-size N]
+                                [--epochs N] [--only mlp,cnn,bn_cnn,micro,original] [--micro-size N]
                                 [--limit-images N] [--original-runs N] [--data-dir DIR]
                                 [--engines slides,fast] [--math fp32|tf32|bf16]
 
 Every workload runs once per engine (``--engines``, both by default: cudnnnet.engine), each in a
 column of its own.
 
-Workloads (``--only`` picks some; all by default):
+Workloads (``--only`` picks some; all but bn_cnn by default):
 
-mlp, cnn
+mlp, cnn, bn_cnn
     configs/mnist_mlp.yaml's and configs/mnist_cnn.yaml's model and optimiser (SGD, momentum 0.9),
+    and configs/mnist_bn_cnn.yaml's (BatchNorm, dropout, AdamW; PyTorch's AdamW without the schedule),
     in ``--math`` (FP32 by default; PyTorch under autocast for bf16, whose epoch targets are
     PyTorch's captured epoch over 1.5), batch 256, on the full MNIST training set (``--limit-images N``: its first N images, for
     smoke tests). One ``Trainer`` per mode, ``train.graph`` true ("graph": each step replays a CUDA
@@ -81,7 +82,8 @@ from pathlib import Path
 
 from ..backends import no_gpu_reason
 from ..benchmark.report import build_report, format_table, table_header
-from ..benchmark.settings import BATCH_SIZE, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MATHS, MICRO_SIZE, WORKLOADS
+from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MATHS,
+                                  MICRO_SIZE, WORKLOADS)
 from ..engine import ENGINES
 from ..errors import DeviceUnavailableError
 from .common import ArgumentParser, add_common_arguments, run
@@ -114,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "finishes.")
     parser.add_argument("--device", choices=("auto", "cuda", "host"), default="auto",
                         help="where to run (default auto: the GPU where the driver sees one, else the host)")
-    parser.add_argument("--only", type=workload_list, default=WORKLOADS, metavar="LIST",
-                        help=f"comma-separated workloads among {','.join(WORKLOADS)} (default all)")
+    parser.add_argument("--only", type=workload_list, default=DEFAULT_WORKLOADS, metavar="LIST",
+                        help=f"comma-separated workloads among {','.join(WORKLOADS)} (default "
+                             f"{','.join(DEFAULT_WORKLOADS)})")
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE as JSON")
     parser.add_argument("--compare", choices=("torch",), help="also run the workloads with PyTorch")
     parser.add_argument("--epochs", type=positive_int,
