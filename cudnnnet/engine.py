@@ -48,6 +48,7 @@ SLIDES_KERNELS = frozenset({
     "adam_update_many",
     "record_nonfinite",
     "to_bf16",
+    "to_bf16_x4",
     "bf16_to_float",
 })
 

@@ -119,6 +119,20 @@ def test_bf16_sgemm_sums_the_rounded_operands_in_fp32(backend, rng, engine, tran
     np.testing.assert_array_equal(untouched, c[: ldc * n].reshape(n, ldc)[:, m:])
 
 
+def test_bf16_sgemm_reads_an_unaligned_view(backend, rng):
+    """Operands at an odd offset (no four-value conversion) give the rounded product too."""
+    m, n, k = 5, 7, 33
+    storage = Tensor.from_numpy(normal(rng, 1 + m * k + k * n), backend)
+    A, B = storage.view((m * k,), offset=1), storage.view((k * n,), offset=1 + m * k)
+    C = Tensor.zeros((m * n,), backend)
+    with math_mode(backend, "bf16"):
+        backend.sgemm(OP_N, OP_N, m, n, k, 1.0, A, m, B, k, 0.0, C, m)
+    a16, b16 = (round_to_bf16(T.numpy().reshape(-1)).astype(np.float64) for T in (A, B))
+    expected = a16.reshape(k, m).T @ b16.reshape(n, k).T
+    bound = sum_error(k) * (np.abs(a16.reshape(k, m).T) @ np.abs(b16.reshape(n, k).T))
+    assert np.all(np.abs(C.numpy().reshape(n, m).T - expected) <= bound)
+
+
 # ---- convolution ---------------------------------------------------------------------------------
 def convolution_reference(x, w, dy, padding: int):
     """(y, dx, dw, and their Σ|a·b| bounds) of a stride-1 convolution in float64."""

@@ -13,7 +13,10 @@ The search is the engine's (cudnnnet.engine):
 
 Under ``math: bf16`` the x, w and y descriptors are CUDNN_DATA_BFLOAT16 (cuDNN's BFLOAT16_CONFIG:
 bfloat16 tensors, FLOAT compute, CUDNN_TENSOR_OP_MATH); the backend converts the float32 operands
-into bfloat16 scratch and the bfloat16 result back (low_precision.py). Under CUDNN_FMA_MATH (our FP32) only exact algorithms are eligible: no tensor-core algorithm and
+into bfloat16 scratch and the bfloat16 result back (low_precision.py); only the GEMM and direct
+algorithms are eligible there, as in FP32: FFT and Winograd ones transform the operands in 16 bits and
+miss the FP32 sum of the rounded products by far more than its rounding. Under CUDNN_FMA_MATH (our
+FP32) only exact algorithms are eligible: no tensor-core algorithm and
 no FFT or Winograd one (they differ from the host by ~1e-3); and only
 deterministic ones, while any is eligible, where the engine asks for them (the fast engine: the same
 seed then gives the same weights); the slides engine takes cuDNN's fastest, as the C++ design did.
@@ -126,14 +129,15 @@ DIRECTION_NAMES = tuple(direction.name for direction in DIRECTIONS)
 
 
 TENSOR_CORE_MATH = (cudnn.TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION)
-# FFT and Winograd algorithms trade accuracy (~1e-3 relative) for speed; in FP32
-# only the exact GEMM/direct ones are taken (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t values).
+# FFT and Winograd algorithms trade accuracy (~1e-3 relative in FP32, worse in 16 bits) for speed; in
+# FP32 and bf16 only the exact GEMM/direct ones are taken (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t values).
 EXACT_ALGORITHMS = {"forward": (0, 1, 2, 3), "backward_data": (0, 1), "backward_filter": (0, 1, 3)}
+EXACT_MATH = (cudnn.FMA_MATH, cudnn.TENSOR_OP_MATH)  # FP32's math type and bf16's: exact algorithms only
 
 
 def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: int, math_type: int,
                      find: bool = False) -> list[Algorithm]:
-    """cuDNN's algorithms that it supports here, exact under CUDNN_FMA_MATH, whose workspace fits in
+    """cuDNN's algorithms that it supports here, exact under CUDNN_FMA_MATH and bf16, whose workspace fits in
     ``limit`` bytes, in cuDNN's order: by its heuristic (cudnnGet*_v7), or with ``find`` by the
     times it measured (cudnnFind*)."""
     count = direction.max_count(handle)
@@ -143,8 +147,9 @@ def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: 
     for perf in results[:returned]:
         if perf.status != cudnn.STATUS_SUCCESS:
             continue
-        if math_type == cudnn.FMA_MATH and (perf.mathType in TENSOR_CORE_MATH
-                                            or perf.algo not in EXACT_ALGORITHMS[direction.name]):
+        if math_type == cudnn.FMA_MATH and perf.mathType in TENSOR_CORE_MATH:
+            continue
+        if math_type in EXACT_MATH and perf.algo not in EXACT_ALGORITHMS[direction.name]:
             continue
         try:
             nbytes = direction.workspace_size(handle, *operands, perf.algo)
@@ -204,7 +209,8 @@ def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
 
     The workspaces are asked of cuDNN (computed for the GEMM engine) at these shapes, never taken
     from ``algorithms``: cudnnGet*WorkspaceSize fails for an algorithm that does not support the
-    shapes. Under CUDNN_FMA_MATH only exact algorithms are accepted, as ``make_plan`` does.
+    shapes. Under CUDNN_FMA_MATH and bf16's CUDNN_TENSOR_OP_MATH only exact algorithms are accepted, as
+    ``make_plan`` does.
     """
     x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math, math_type)
     handles = (x.handle, w.handle, conv.handle, y.handle)
@@ -237,7 +243,7 @@ def _workspace_bytes(handle: int, direction: Direction, operands: tuple, gemm_sh
     """The workspace ``algo`` needs in ``direction``, or None where it cannot run these shapes."""
     if algo == GEMM_ALGORITHM:
         return gemm_convolution.workspace_bytes(direction.name, gemm_shape) if gemm_convolution.supports(gemm_shape) else None
-    if math_type == cudnn.FMA_MATH and algo not in EXACT_ALGORITHMS[direction.name]:
+    if math_type in EXACT_MATH and algo not in EXACT_ALGORITHMS[direction.name]:
         return None
     try:
         return direction.workspace_size(handle, *operands, algo)
