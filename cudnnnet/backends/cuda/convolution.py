@@ -14,8 +14,9 @@ The search is the engine's (cudnnnet.engine):
 Under ``math: bf16`` the x, w and y descriptors are CUDNN_DATA_BFLOAT16 (cuDNN's BFLOAT16_CONFIG:
 bfloat16 tensors, FLOAT compute, CUDNN_TENSOR_OP_MATH); the backend converts the float32 operands
 into bfloat16 scratch and the bfloat16 result back (low_precision.py); only the GEMM and direct
-algorithms are eligible there, as in FP32: FFT and Winograd ones transform the operands in 16 bits and
-miss the FP32 sum of the rounded products by far more than its rounding. Under CUDNN_FMA_MATH (our
+algorithms are eligible there, as in FP32 (FFT and Winograd ones transform the operands in 16 bits and
+miss the FP32 sum of the rounded products by far more than its rounding), and of those only the
+deterministic ones (the others add partial sums atomically into the output, here in bfloat16). Under CUDNN_FMA_MATH (our
 FP32) only exact algorithms are eligible: no tensor-core algorithm and
 no FFT or Winograd one (they differ from the host by ~1e-3); and only
 deterministic ones, while any is eligible, where the engine asks for them (the fast engine: the same
@@ -132,7 +133,16 @@ TENSOR_CORE_MATH = (cudnn.TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION)
 # FFT and Winograd algorithms trade accuracy (~1e-3 relative in FP32, worse in 16 bits) for speed; in
 # FP32 and bf16 only the exact GEMM/direct ones are taken (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t values).
 EXACT_ALGORITHMS = {"forward": (0, 1, 2, 3), "backward_data": (0, 1), "backward_filter": (0, 1, 3)}
-EXACT_MATH = (cudnn.FMA_MATH, cudnn.TENSOR_OP_MATH)  # FP32's math type and bf16's: exact algorithms only
+# bf16 (CUDNN_TENSOR_OP_MATH): the exact ones that are deterministic; backward-data algorithm 0 and
+# backward-filter algorithms 0 and 3 add partial sums atomically into the bfloat16 output, rounding each.
+BF16_ALGORITHMS = {"forward": (0, 1, 2, 3), "backward_data": (1,), "backward_filter": (1,)}
+ELIGIBLE_ALGORITHMS = {cudnn.FMA_MATH: EXACT_ALGORITHMS, cudnn.TENSOR_OP_MATH: BF16_ALGORITHMS}  # by math type
+
+
+def _ineligible(math_type: int, direction: str, algo: int) -> bool:
+    """Whether cuDNN's ``algo`` is left out under ``math_type`` (FP32 and bf16 take a fixed list)."""
+    eligible = ELIGIBLE_ALGORITHMS.get(math_type)
+    return eligible is not None and algo not in eligible[direction]
 
 
 def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: int, math_type: int,
@@ -149,7 +159,7 @@ def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: 
             continue
         if math_type == cudnn.FMA_MATH and perf.mathType in TENSOR_CORE_MATH:
             continue
-        if math_type in EXACT_MATH and perf.algo not in EXACT_ALGORITHMS[direction.name]:
+        if _ineligible(math_type, direction.name, perf.algo):
             continue
         try:
             nbytes = direction.workspace_size(handle, *operands, perf.algo)
@@ -243,7 +253,7 @@ def _workspace_bytes(handle: int, direction: Direction, operands: tuple, gemm_sh
     """The workspace ``algo`` needs in ``direction``, or None where it cannot run these shapes."""
     if algo == GEMM_ALGORITHM:
         return gemm_convolution.workspace_bytes(direction.name, gemm_shape) if gemm_convolution.supports(gemm_shape) else None
-    if math_type in EXACT_MATH and algo not in EXACT_ALGORITHMS[direction.name]:
+    if _ineligible(math_type, direction.name, algo):
         return None
     try:
         return direction.workspace_size(handle, *operands, algo)
