@@ -168,7 +168,8 @@ def check_rounded_result(name: str, result, exact, exact_bound, k: int, alpha: f
     assert np.all(error <= tolerance), f"{name}: worst {np.max(error / tolerance):.3g} x tolerance"
 
 
-def test_bf16_convolution_rounds_operands_and_result(backend, rng):
+@pytest.mark.parametrize("engine", ["slides", "fast"])
+def test_bf16_convolution_rounds_operands_and_result(backend, rng, engine):
     desc = ConvolutionDescriptor(4, 3, 3, 1, 1, 1)  # C 3 -> K 4, 3×3, stride 1, padding 1
     x_shape = (5, 3, 9, 9)
     y_shape = desc.output_shape(x_shape)
@@ -176,7 +177,7 @@ def test_bf16_convolution_rounds_operands_and_result(backend, rng):
     dx0, dw0 = normal(rng, *x_shape), normal(rng, *desc.filter_shape)
     X, W, DY, DX, DW = (Tensor.from_numpy(array, backend) for array in (x, w, dy, dx0, dw0))
     Y = Tensor.zeros(y_shape, backend)
-    with math_mode(backend, "bf16"):
+    with backend.using_engine(engine), math_mode(backend, "bf16"):
         plan = backend.convolution_plan(desc, x_shape, y_shape)
         backend.convolution_forward(plan, 1.0, X, W, 0.0, Y)  # y = x ⋆ w
         backend.convolution_backward_data(plan, 1.0, W, DY, 0.5, DX)  # dx = dy ⋆ᵀ w + dx/2
