@@ -29,7 +29,7 @@ from .errors import ConfigError
 from .shipped_configs import resolve_config
 
 DEVICES = ("auto", "cuda", "host")
-MATH_MODES = ("fp32", "tf32")
+MATH_MODES = ("fp32", "tf32", "bf16")
 ACTIVATION_MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
 POOLING_MODES = ("max", "average")
 LOSS_LAYERS = ("softmax", "mse")

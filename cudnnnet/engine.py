@@ -35,8 +35,10 @@ from .errors import UsageError
 # Our NVRTC kernels that slides mode may launch: the loss reduction (the slides' own kernel), the
 # accuracy count, the batch gather and the uint8 -> float32 image conversion (no library call does
 # these), the Adam update (an optimiser the slides do not have, which no library call computes) and
-# the trainer's watch on the loss (the first non-finite step, recorded on the device). Extend it when
-# a kernel of that kind is added.
+# the trainer's watch on the loss (the first non-finite step, recorded on the device), and under
+# ``math: bf16`` the float32 <-> bfloat16 conversions around cublasGemmEx and the cuDNN convolutions
+# (the slides' calls in their 16-bit form; no library call converts an array). Extend it when a
+# kernel of that kind is added.
 SLIDES_KERNELS = frozenset({
     "cross_entropy_loss",
     "squared_error_loss",
@@ -45,6 +47,9 @@ SLIDES_KERNELS = frozenset({
     "pixels_to_images",
     "adam_update_many",
     "record_nonfinite",
+    "to_bf16",
+    "to_bf16_x4",
+    "bf16_to_float",
 })
 
 CONVOLUTION_SEARCHES = ("find", "exhaustive", "heuristic")

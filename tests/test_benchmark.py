@@ -47,20 +47,23 @@ def test_micro_on_the_host_reports_each_step(tmp_path, capsys):
     assert report["backend"] == "host" and report["torch"] is None
     assert report["versions"]["cudnnnet"] and report["date"]
     assert set(report["results"]) == {"slides", "fast"}  # one column per engine
-    (row,) = report["table"]
-    assert set(row) == ROW_KEYS
+    row, bf16_row = report["table"]  # FP32 and bf16: the host has no TF32 mode
+    assert set(row) == set(bf16_row) == ROW_KEYS
     for engine in ("slides", "fast"):
         micro = report["results"][engine]["micro"]
         assert set(report["results"][engine]) == {"micro"}
         assert micro["size"] == 64 and micro["layers"] == [64, 32, 6, 10] and micro["repeat"] == 3
-        assert set(micro["fp32"]) == {"step_ms", "step_ms_all"} and len(micro["fp32"]["step_ms_all"]) == 3
-        assert positive_numbers(micro["fp32"]["step_ms_all"]) and micro["fp32"]["step_ms"] > 0
-        assert micro["tf32"] is None  # the host has no TF32 mode
-        assert row[engine] == micro["fp32"]["step_ms"]
+        for math in ("fp32", "bf16"):
+            assert set(micro[math]) == {"step_ms", "step_ms_all"} and len(micro[math]["step_ms_all"]) == 3
+            assert positive_numbers(micro[math]["step_ms_all"]) and micro[math]["step_ms"] > 0
+        assert micro["tf32"] is None
+        assert row[engine] == micro["fp32"]["step_ms"] and bf16_row[engine] == micro["bf16"]["step_ms"]
     assert row["target_fast"] == bench_settings.TARGETS["micro_fp32_ms"] and row["target_slides"] is None
+    assert bf16_row["target_fast"] == bench_settings.TARGETS["micro_bf16_ms"]
     assert row["status_fast"] == "n/a"  # a shrunk micro on the host is not the target's workload
     lines = out.strip().splitlines()
-    assert lines[0].startswith("device: host") and lines[-1].startswith("micro fp32 step (64)")
+    assert lines[0].startswith("device: host") and lines[-2].startswith("micro fp32 step (64)")
+    assert lines[-1].startswith("micro bf16 step (64)")
 
 
 def test_micro_network_is_the_series_network_at_full_size():
@@ -336,5 +339,5 @@ def test_script_prints_the_table_last(tmp_path):
     finished = run_script("benchmark", "--device", "host", "--only", "micro", "--micro-size", "16", "--repeat", "1",
                           "--json", str(tmp_path / "out.json"), timeout=300)
     assert finished.returncode == 0, finished.stderr
-    assert finished.stdout.strip().splitlines()[-1].startswith("micro fp32 step (16)")
+    assert finished.stdout.strip().splitlines()[-1].startswith("micro bf16 step (16)")  # the last of MATHS
     assert json.loads((tmp_path / "out.json").read_text())["results"]["slides"]["micro"]["size"] == 16

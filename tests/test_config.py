@@ -330,7 +330,7 @@ INVALID = [
     (("train", "eval_batch_size"), 0, "train.eval_batch_size: expected an integer > 0"),
     (("train", "lr"), 0.1, "train.lr: unknown key 'lr'; valid keys: batch_size"),
     (("device",), "gpu", "device: expected one of auto, cuda, host, got 'gpu'"),
-    (("math",), "fp16", "math: expected one of fp32, tf32, got 'fp16'"),
+    (("math",), "fp16", "math: expected one of fp32, tf32, bf16, got 'fp16'"),
 ]
 
 

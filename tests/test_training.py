@@ -56,6 +56,21 @@ def test_ten_cuda_epochs_reach_the_accuracy_target(cuda, mnist_dir, tmp_path, co
     assert metrics["test_accuracy"] >= target, f"{config}: {metrics['test_accuracy']:.4f} < {target}"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["slides", "fast"])
+@pytest.mark.parametrize("config, target", [("mnist_cnn", 0.992), ("mnist_bn_cnn", 0.994)])
+def test_ten_cuda_epochs_in_bf16_reach_the_accuracy_target(cuda, mnist_dir, tmp_path, config, target, engine):
+    """``math: bf16`` (16-bit GEMM and convolution operands, FP32 weights, optimiser, softmax and
+    loss) keeps the FP32 targets of the CNN (99.2 %) and the BatchNorm CNN (99.4 %)."""
+    config_file = tmp_path / f"{config}_bf16.yaml"
+    config_file.write_text((REPO_ROOT / "configs" / f"{config}.yaml").read_text() + "math: bf16\n")
+    finished = train_cli(str(config_file), tmp_path / "run", mnist_dir, "--engine", engine, device="cuda")
+    assert finished.returncode == 0, finished.stderr
+    metrics = metrics_of(tmp_path / "run")
+    assert metrics["epochs"] == 10 and metrics["math"] == "bf16" and metrics["engine"] == engine
+    assert metrics["test_accuracy"] >= target, f"{config} in bf16: {metrics['test_accuracy']:.4f} < {target}"
+
+
 @pytest.mark.slow
 def test_cnn_one_host_epoch_reaches_97_5_percent(trained_cnn):
     metrics = metrics_of(trained_cnn)

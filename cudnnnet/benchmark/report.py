@@ -13,7 +13,7 @@ from ..backends import get_backend
 from ..engine import ENGINES
 from ..errors import CudnnnetError
 from .original import measure_original, uncompiled_packages
-from .settings import MATHS, MICRO_SIZE, SLIDES_TARGETS, TARGET_DEVICE, TARGETS
+from .settings import MATHS, MICRO_SIZE, SLIDES_TARGETS, TARGET_DEVICE, TARGETS, TRAINING_CONFIGS
 from .torch_reference import compare_torch
 from .workloads import measure
 
@@ -69,9 +69,13 @@ def _by_engine(sections: dict, *keys) -> dict:
     return {engine: value for engine, value in found.items() if value is not None}
 
 
-def training_rows(name: str, sections: dict, torch_results) -> list[dict]:
-    """Rows of ``name`` (mlp or cnn) from ``sections`` ({engine: its section})."""
+BF16_SPEED_UP = 1.5  # math bf16: each engine's epoch target is PyTorch's captured autocast epoch over this
+
+
+def training_rows(name: str, sections: dict, torch_results, math: str = "fp32") -> list[dict]:
+    """Rows of ``name`` (mlp or cnn) from ``sections`` ({engine: its section}), trained in ``math``."""
     rows = []
+    label = name if math == "fp32" else f"{name} {math}"
     has_graph = any(section["graph"] is not None for section in sections.values())
     target_mode = "graph" if has_graph else "eager"
     for mode in ("graph", "eager"):
@@ -80,16 +84,19 @@ def training_rows(name: str, sections: dict, torch_results) -> list[dict]:
             continue
         theirs = _get(torch_results, name, mode, "epoch_ms")
         targets = {}
-        if mode == target_mode:
-            targets = {"fast": TARGETS[f"{name}_epoch_ms"],
-                       "slides": _get(torch_results, name, "graph", "epoch_ms") or SLIDES_TARGETS[f"{name}_epoch_ms"]}
-        rows.append(_row(f"{name} epoch, {mode}", "ms", epochs, *_in_column(mode, theirs), theirs, targets))
+        torch_graph = _get(torch_results, name, "graph", "epoch_ms")
+        if mode == target_mode and math == "fp32":
+            targets = {"fast": TARGETS.get(f"{name}_epoch_ms"),
+                       "slides": torch_graph or SLIDES_TARGETS.get(f"{name}_epoch_ms")}
+        elif mode == target_mode and math == "bf16" and torch_graph:
+            targets = {engine: torch_graph / BF16_SPEED_UP for engine in ENGINES}
+        rows.append(_row(f"{label} epoch, {mode}", "ms", epochs, *_in_column(mode, theirs), theirs, targets))
         rate = _get(torch_results, name, mode, "images_per_second")
-        rows.append(_row(f"{name} throughput, {mode}", "img/s", _by_engine(sections, mode, "images_per_second"),
+        rows.append(_row(f"{label} throughput, {mode}", "img/s", _by_engine(sections, mode, "images_per_second"),
                          *_in_column(mode, rate)))
         memory = _by_engine(sections, mode, "peak_memory_mib")
         if memory:
-            rows.append(_row(f"{name} peak memory, {mode}", "MiB", memory))
+            rows.append(_row(f"{label} peak memory, {mode}", "MiB", memory))
     return rows
 
 
@@ -135,9 +142,9 @@ def table_rows(results: dict, torch_results, settings: dict) -> list[dict]:
     def sections(name: str) -> dict:
         return {engine: found[name] for engine, found in results.items() if name in found}
 
-    for name in ("mlp", "cnn"):
+    for name in TRAINING_CONFIGS:
         if sections(name):
-            section_rows = training_rows(name, sections(name), torch_results)
+            section_rows = training_rows(name, sections(name), torch_results, settings.get("math", "fp32"))
             judge(section_rows, on_gpu and settings["limit_images"] is None)
             rows += section_rows
     if sections("micro"):

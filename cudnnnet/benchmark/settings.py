@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from ..errors import CudnnnetError
 
-WORKLOADS = ("mlp", "cnn", "micro", "original")
-TRAINING_CONFIGS = {"mlp": "mnist_mlp.yaml", "cnn": "mnist_cnn.yaml"}
+WORKLOADS = ("mlp", "cnn", "bn_cnn", "micro", "original")
+DEFAULT_WORKLOADS = ("mlp", "cnn", "micro", "original")  # bn_cnn when asked for (--only)
+TRAINING_CONFIGS = {"mlp": "mnist_mlp.yaml", "cnn": "mnist_cnn.yaml", "bn_cnn": "mnist_bn_cnn.yaml"}
 ORIGINAL_CONFIGS = {"mlp": "original_mlp.yaml", "cnn": "original_cnn.yaml"}
 BATCH_SIZE = 256
 MICRO_SIZE = 10_000  # the series' 10 000 × 10 000 input
@@ -14,7 +15,7 @@ HOST_MICRO_SIZE = 1_000
 MICRO_LEARNING_RATE = 0.05
 MICRO_WARMUP = 2
 MICRO_SEED = 0
-MATHS = ("fp32", "tf32")
+MATHS = ("fp32", "tf32", "bf16")
 MIB = 1 << 20
 DEFAULTS = {  # device: (timed epochs, micro repeats)
     "cuda": (10, 20),
@@ -27,6 +28,7 @@ TARGETS = {
     "cnn_epoch_ms": 90.0,
     "micro_fp32_ms": 46.0,
     "micro_tf32_ms": 9.1,
+    "micro_bf16_ms": 4.0,
     "original_mlp_s": 1.0,
     "original_cnn_s": 2.0,
 }

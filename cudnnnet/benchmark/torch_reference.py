@@ -12,7 +12,7 @@ from .. import training
 from ..config import Config
 from ..layers import LAYER_TYPES
 from .measuring import epoch_summary, step_summary, timed_calls
-from .settings import BATCH_SIZE, MATHS, MICRO_LEARNING_RATE, MICRO_WARMUP, BenchmarkError
+from .settings import BATCH_SIZE, MATHS, MICRO_LEARNING_RATE, MICRO_WARMUP, TRAINING_CONFIGS, BenchmarkError
 from .workloads import micro_data, micro_layer_sizes, workload_config
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def compare_torch(settings: dict) -> dict | None:
         log.warning("--compare torch: PyTorch %s sees no CUDA GPU; no comparison", torch.__version__)
         return None
     results = {"version": torch.__version__, "cudnn": torch.backends.cudnn.version()}
-    for name in ("mlp", "cnn", "micro"):
+    for name in (*TRAINING_CONFIGS, "micro"):
         if name in settings["workloads"]:
             results[name] = _torch_workload(torch, name, settings)
     return results
@@ -42,7 +42,8 @@ def _torch_workload(torch, name: str, settings: dict) -> dict | None:
     try:
         if name == "micro":
             return torch_micro(torch, settings["micro_size"], settings["repeat"], MATHS, "cuda")
-        config = workload_config(name, settings["device"], settings["data_dir"], 1, False)
+        config = workload_config(name, settings["device"], settings["data_dir"], 1, False,
+                                 math=settings.get("math", "fp32"))
         return torch_training(torch, name, config, settings["epochs"], settings["limit_images"], "cuda")
     except (RuntimeError, BenchmarkError) as error:
         log.error("--compare torch: %s failed with PyTorch: %s", name, " ".join(str(error).split()))
@@ -72,6 +73,14 @@ def torch_layer(nn, spec, shape: tuple[int, int, int]):
         return pool(params["kernel_size"], params["stride"], params["padding"])
     if spec.type == "activation":
         return torch_activation(nn, params["mode"], params["coef"])
+    if spec.type == "batchnorm":  # spatial after a convolution, per value after a Dense layer
+        planes = shape[1] * shape[2] > 1
+        return (nn.BatchNorm2d if planes else nn.BatchNorm1d)(shape[0], eps=params.get("eps", 1e-5),
+                                                              momentum=params.get("momentum", 0.1))
+    if spec.type == "dropout":
+        return nn.Dropout(params.get("rate", 0.5))
+    if spec.type == "global_average_pooling":
+        return nn.AdaptiveAvgPool2d(1)
     raise BenchmarkError(f"layer {spec.name!r}: no PyTorch equivalent of a {spec.type} layer before the loss")
 
 
@@ -102,6 +111,11 @@ def torch_model(torch, config: Config):
 
 def torch_optimizer(torch, model, config: Config):
     opt = config.train.optimizer
+    if opt.name in ("adam", "adamw"):
+        adam = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
+        on_gpu = next(model.parameters()).is_cuda  # a captured graph needs the step count on the device
+        return adam(model.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, weight_decay=opt.weight_decay,
+                    capturable=on_gpu)
     return torch.optim.SGD(model.parameters(), lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
 
 
@@ -134,11 +148,13 @@ class TorchTraining:
         self.images = torch.from_numpy(images).to(device)  # (N, 1, H, W)
         self.labels = torch.from_numpy(labels).to(device)  # (N,)
         self.graphs: dict[int, tuple] = {}
+        self.bf16 = config.math == "bf16"  # autocast: bfloat16 matmuls and convolutions, FP32 weights and loss
 
     def step(self, index) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        outputs = self.model(self.images.index_select(0, index))
-        self.loss(outputs, self.labels.index_select(0, index)).backward()
+        with self.torch.autocast(self.device, dtype=self.torch.bfloat16, enabled=self.bf16):
+            outputs = self.model(self.images.index_select(0, index))
+        self.loss(outputs.float(), self.labels.index_select(0, index)).backward()
         self.optimizer.step()
 
     def batches(self):
@@ -163,8 +179,8 @@ class TorchTraining:
 
 
 def torch_training(torch, name: str, config: Config, epochs: int, limit: int | None, device: str) -> dict:
-    """Median epoch ms of ``config``'s workload with PyTorch, eager and (on CUDA) CUDA graphs."""
-    set_torch_math(torch, "fp32")
+    """Median epoch ms of ``config``'s workload with PyTorch in its math, eager and (on CUDA) CUDA graphs."""
+    set_torch_math(torch, config.math)
     images, labels = training.load_split(config, "train")
     images, labels = images[:limit], labels[:limit]
     run = TorchTraining(torch, config, np.ascontiguousarray(images), np.ascontiguousarray(labels), device)
@@ -175,6 +191,7 @@ def torch_training(torch, name: str, config: Config, epochs: int, limit: int | N
         results["graph"] = epoch_summary(timed_calls(run.graph_epoch, epochs, synchronize, 1), run.count)
     for mode, summary in results.items():
         log.info("torch %s %s: %.2f ms an epoch", name, mode, summary["epoch_ms"])
+    set_torch_math(torch, "fp32")
     return results
 
 
@@ -187,18 +204,21 @@ def torch_micro(torch, size: int, repeat: int, maths, device: str) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=MICRO_LEARNING_RATE)
     inputs, targets = (torch.from_numpy(array).to(device) for array in micro_data(size))
 
-    def step():
+    def step(bf16: bool):
         optimizer.zero_grad(set_to_none=True)
-        (0.5 * (model(inputs) - targets).pow(2).sum() / size).backward()
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            outputs = model(inputs)
+        (0.5 * (outputs.float() - targets).pow(2).sum() / size).backward()
         optimizer.step()
 
     synchronize = torch_synchronizer(torch, device)
     results = {}
     for math in maths:
         set_torch_math(torch, math)
-        calls = {"eager": step}
+        math_step = functools.partial(step, math == "bf16")  # bf16: autocast, FP32 weights and loss
+        calls = {"eager": math_step}
         if device == "cuda":
-            calls["graph"] = torch_capture(torch, step).replay
+            calls["graph"] = torch_capture(torch, math_step).replay
         results[math] = {mode: step_summary(timed_calls(call, repeat, synchronize, MICRO_WARMUP))
                          for mode, call in calls.items()}
     set_torch_math(torch, "fp32")

@@ -27,13 +27,15 @@ log = logging.getLogger(__name__)
 # ---- mlp and cnn: the Trainer -----------------------------------------------------------------
 
 
-def workload_config(name: str, device: str, data_dir, epochs: int, graph: bool, engine: str = "slides") -> Config:
-    """The config file's model and optimiser at batch 256, FP32, with ``epochs`` planned epochs."""
+def workload_config(name: str, device: str, data_dir, epochs: int, graph: bool, engine: str = "slides",
+                    math: str = "fp32") -> Config:
+    """The config file's model and optimiser at batch 256 in ``math`` (FP32 unless asked), with
+    ``epochs`` planned epochs."""
     config = load_config(CONFIG_DIR / TRAINING_CONFIGS[name]).with_overrides(
         epochs=epochs, batch_size=BATCH_SIZE, device=device, data_dir=data_dir, engine=engine)
     raw = config.to_dict()
     raw["train"]["graph"] = graph
-    raw["math"] = "fp32"
+    raw["math"] = math
     return parse_config(raw, source=config.source)
 
 
@@ -55,7 +57,8 @@ def benchmark_training(name: str, settings: dict, graph: bool, images: int, engi
     """Median epoch of ``name`` (mlp or cnn) after a warm-up epoch, with the peak device memory."""
     epochs = settings["epochs"]
     log.info("%s %s %s: a warm-up epoch, then %d timed", name, engine, "graph" if graph else "eager", epochs)
-    config = workload_config(name, settings["device"], settings["data_dir"], epochs + 1, graph, engine)
+    config = workload_config(name, settings["device"], settings["data_dir"], epochs + 1, graph, engine,
+                             settings.get("math", "fp32"))
     backend = get_backend(config.device)
     gc.collect()
     memory = DeviceMemory(backend)
@@ -109,10 +112,11 @@ def build_micro_network(size: int, backend) -> Network:
 
 
 def micro_maths(backend) -> tuple[str, ...]:
-    if hasattr(backend, "set_math"):
-        return MATHS
-    log.info("micro: the %s backend has no TF32 mode; timing FP32 only", backend.name)
-    return ("fp32",)
+    """The math modes of MATHS that the backend computes as such (the host has no TF32 mode)."""
+    maths = tuple(math for math in MATHS if math in getattr(backend, "maths", ("fp32",)))
+    if len(maths) < len(MATHS):
+        log.info("micro: the %s backend computes %s only; timing those", backend.name, ", ".join(maths))
+    return maths
 
 
 def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides") -> dict:
@@ -128,7 +132,8 @@ def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides") -> 
         network.backward(target)
         network.update(MICRO_LEARNING_RATE)
 
-    section = {"size": size, "layers": list(micro_layer_sizes(size)), "repeat": repeat, "fp32": None, "tf32": None}
+    section = {"size": size, "layers": list(micro_layer_sizes(size)), "repeat": repeat,
+               **{math: None for math in MATHS}}
     for math in micro_maths(backend):
         with math_mode(backend, math):
             seconds = timed_calls(step, repeat, backend.synchronize, MICRO_WARMUP)
@@ -154,7 +159,7 @@ def measure(settings: dict, backend) -> dict:
     results = {}
     for engine in settings["engines"]:
         found = results[engine] = {}
-        for name in ("mlp", "cnn"):
+        for name in TRAINING_CONFIGS:
             if name in settings["workloads"]:
                 found[name] = training_section(name, settings, backend, engine)
         if "micro" in settings["workloads"]:

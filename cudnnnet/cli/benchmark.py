@@ -1,18 +1,20 @@
 """cudnnnet-benchmark: how fast cudnnnet trains, against targets and, if asked, against PyTorch.
 
     python scripts/benchmark.py [--device auto|cuda|host] [--json FILE] [--compare torch] [--repeat N]
-                                [--epochs N] [--only mlp,cnn,micro,original] [--micro-size N]
+                                [--epochs N] [--only mlp,cnn,bn_cnn,micro,original] [--micro-size N]
                                 [--limit-images N] [--original-runs N] [--data-dir DIR]
-                                [--engines slides,fast]
+                                [--engines slides,fast] [--math fp32|tf32|bf16]
 
 Every workload runs once per engine (``--engines``, both by default: cudnnnet.engine), each in a
 column of its own.
 
-Workloads (``--only`` picks some; all by default):
+Workloads (``--only`` picks some; all but bn_cnn by default):
 
-mlp, cnn
+mlp, cnn, bn_cnn
     configs/mnist_mlp.yaml's and configs/mnist_cnn.yaml's model and optimiser (SGD, momentum 0.9),
-    FP32, batch 256, on the full MNIST training set (``--limit-images N``: its first N images, for
+    and configs/mnist_bn_cnn.yaml's (BatchNorm, dropout, AdamW; PyTorch's AdamW without the schedule),
+    in ``--math`` (FP32 by default; PyTorch under autocast for bf16, whose epoch targets are
+    PyTorch's captured epoch over 1.5), batch 256, on the full MNIST training set (``--limit-images N``: its first N images, for
     smoke tests). One ``Trainer`` per mode, ``train.graph`` true ("graph": each step replays a CUDA
     graph) and false ("eager"); on the host, eager only. ``Trainer.train_epoch`` runs one warm-up
     epoch, then ``--epochs`` timed ones (it synchronises and returns the seconds); reported: the
@@ -27,8 +29,8 @@ micro
     features, Dense 5 000 tanh → Dense 1 000 sigmoid → Dense 10 sigmoid, quadratic cost (an MSE
     layer), random data drawn on the host with a fixed seed and uploaded once. One step is
     forward, backward and ``network.update(0.05)``, synchronised; reported: the median of
-    ``--repeat`` steps after two warm-up steps, in ms, in FP32 and in TF32 (``backend.set_math``;
-    CUDA only). ``--micro-size N`` shrinks it to N samples of N features with hidden layers of
+    ``--repeat`` steps after two warm-up steps, in ms, in FP32, TF32 (CUDA only) and bf16
+    (``backend.set_math``; PyTorch's column runs bf16 under autocast). ``--micro-size N`` shrinks it to N samples of N features with hidden layers of
     N/2 and N/10 (the host default is 1 000, as 10 000 takes many seconds a step there).
 original
     The C++ original's experiment as a whole command: ``python -m cudnnnet.cli.launch --config
@@ -80,7 +82,8 @@ from pathlib import Path
 
 from ..backends import no_gpu_reason
 from ..benchmark.report import build_report, format_table, table_header
-from ..benchmark.settings import BATCH_SIZE, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MICRO_SIZE, WORKLOADS
+from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MATHS,
+                                  MICRO_SIZE, WORKLOADS)
 from ..engine import ENGINES
 from ..errors import DeviceUnavailableError
 from .common import ArgumentParser, add_common_arguments, run
@@ -113,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "finishes.")
     parser.add_argument("--device", choices=("auto", "cuda", "host"), default="auto",
                         help="where to run (default auto: the GPU where the driver sees one, else the host)")
-    parser.add_argument("--only", type=workload_list, default=WORKLOADS, metavar="LIST",
-                        help=f"comma-separated workloads among {','.join(WORKLOADS)} (default all)")
+    parser.add_argument("--only", type=workload_list, default=DEFAULT_WORKLOADS, metavar="LIST",
+                        help=f"comma-separated workloads among {','.join(WORKLOADS)} (default "
+                             f"{','.join(DEFAULT_WORKLOADS)})")
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE as JSON")
     parser.add_argument("--compare", choices=("torch",), help="also run the workloads with PyTorch")
     parser.add_argument("--epochs", type=positive_int,
@@ -129,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--original-runs", type=positive_int, default=3,
                         help="runs of each original workload (default 3; the median is reported)")
     parser.add_argument("--data-dir", help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
+    parser.add_argument("--math", choices=MATHS, default="fp32",
+                        help="precision of the mlp and cnn workloads (and PyTorch's: autocast for bf16); the "
+                             "micro-benchmark runs every one (default fp32)")
     parser.add_argument("--engines", "--engine", type=engine_list, default=tuple(ENGINES), metavar="LIST",
                         help=f"comma-separated engines among {','.join(ENGINES)}, one column each (default all)")
     add_common_arguments(parser)
@@ -167,7 +174,7 @@ def resolve_settings(args) -> dict:
     return {"device": device, "workloads": list(args.only), "batch_size": BATCH_SIZE,
             "epochs": args.epochs or epochs, "repeat": repeat, "micro_size": micro_size,
             "limit_images": args.limit_images, "original_runs": args.original_runs, "data_dir": args.data_dir,
-            "compare": args.compare, "engines": list(args.engines)}
+            "compare": args.compare, "engines": list(args.engines), "math": args.math}
 
 
 def main_with_args(args) -> int:

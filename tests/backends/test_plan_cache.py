@@ -86,6 +86,9 @@ def test_the_eligibility_rules_are_part_of_the_key(monkeypatch):
     before = plan_cache.plan_path(KEY)
     monkeypatch.setitem(convolution.EXACT_ALGORITHMS, "forward", (0, 1))
     assert plan_cache.plan_path(KEY) != before
+    exact = plan_cache.plan_path(KEY)
+    monkeypatch.setitem(convolution.BF16_ALGORITHMS, "forward", (1,))
+    assert plan_cache.plan_path(KEY) != exact
 
 
 def entry_with(change) -> bytes:
@@ -198,11 +201,11 @@ class FakeCudnn:
 class FakeDescriptors:
     """DescriptorCache's calls; a handle says what it describes."""
 
-    def tensor(self, shape):
-        return SimpleNamespace(handle=("tensor", shape))
+    def tensor(self, shape, data_type=0):
+        return SimpleNamespace(handle=("tensor", shape, data_type))
 
-    def filter(self, shape):
-        return SimpleNamespace(handle=("filter", shape))
+    def filter(self, shape, data_type=0):
+        return SimpleNamespace(handle=("filter", shape, data_type))
 
     def convolution(self, desc, math_type):
         return SimpleNamespace(handle=("convolution", desc, math_type))
@@ -310,6 +313,19 @@ def test_plan_with_refuses_inexact_algorithms_in_fp32(fake_cudnn):
     assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, "fp32", 3, 1 << 30, algorithms) is None
     assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, "tf32", 2, 1 << 30, algorithms)
     assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, "tf32", 2, 6000, algorithms) is None
+
+
+def test_plan_with_takes_only_deterministic_exact_algorithms_in_bf16(fake_cudnn):
+    """bf16 (CUDNN_TENSOR_OP_MATH, 1): no Winograd, and no algorithm that adds into the bfloat16
+    output atomically (backward-data 0, backward-filter 0 and 3); its descriptors are bfloat16."""
+    y_shape = DESC.output_shape(X_SHAPE)
+    algorithms = {name: Algorithm(1, 0) for name in DIRECTION_NAMES}
+    plan = convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, "bf16", 1, 1 << 30, algorithms)
+    assert plan and plan.x.handle == ("tensor", X_SHAPE, 9) and plan.w.handle[2] == 9  # CUDNN_DATA_BFLOAT16
+    for name, algo in (("forward", 6), ("backward_data", 0), ("backward_filter", 0), ("backward_filter", 3)):
+        refused = {**algorithms, name: Algorithm(algo, 0)}
+        assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, "bf16", 1, 1 << 30, refused) is None
+        assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, "tf32", 2, 1 << 30, refused)
 
 
 def test_plan_with_asks_every_workspace_again(fake_cudnn):

@@ -14,7 +14,10 @@ with the explicit-GEMM convolution among the candidates, cuBLAS level-1 calls or
 Math: "fp32" (default) runs cuBLAS in CUBLAS_DEFAULT_MATH and sets CUDNN_FMA_MATH on every
 convolution descriptor (cuDNN would otherwise be free to use TF32 on Ampere and later); "tf32"
 switches cuBLAS to CUBLAS_TF32_TENSOR_OP_MATH and convolutions to
-CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION. Plans made before ``set_math`` keep their math type.
+CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; "bf16" runs every GEMM as cublasGemmEx and every convolution
+in cuDNN's BFLOAT16_CONFIG with CUDNN_TENSOR_OP_MATH, on bfloat16 copies of the float32 operands
+with FP32 accumulation (low_precision.py); the other calls stay float32. Plans made before
+``set_math`` keep their math type.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from .convolution import BACKWARD_DATA, BACKWARD_FILTER, DIRECTION_NAMES, FORWAR
     make_plan, plan_with
 from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
 from .kernel import BLOCK_SIZE, blocks_for
+from .low_precision import Bf16Scratch
 from . import pooling
 from .matmul import GemmEngine, GemmProblem, alignment
 
@@ -58,6 +62,7 @@ log = logging.getLogger(__name__)
 MATH_MODES = {
     "fp32": (cublas.DEFAULT_MATH, cudnn.FMA_MATH),
     "tf32": (cublas.TF32_TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION),
+    "bf16": (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
 }
 PLAN_CACHE_SIZE = 64
 MAX_ELEMENTWISE_BLOCKS = 65535  # one float4 per thread up to 16.7 M float4s, then grid-stride
@@ -79,6 +84,7 @@ class CudaBackend(Backend):
     """The product: a layer's cuBLAS/cuDNN verbs run on one NVIDIA GPU."""
 
     name = "cuda"
+    maths = tuple(MATH_MODES)
 
     def __init__(self, device: int = 0, workspace_limit: int = 256 << 20, engine: "str | Engine" = "slides"):
         self.context = CudaContext(device)
@@ -95,6 +101,7 @@ class CudaBackend(Backend):
                            -1.0: ctypes.byref(self.context.minus_one)}
         self._gemm = GemmEngine(self.context, self._scalar)  # sgemm's plans
         self._channel_sum = ChannelSum(self.context)  # convolution_backward_bias, with its scratch
+        self._bf16 = Bf16Scratch(self.context)  # the bfloat16 operands of math "bf16"
         self.math = "fp32"
         self.set_math("fp32")
 
@@ -118,7 +125,8 @@ class CudaBackend(Backend):
 
     # ---- configuration ------------------------------------------------------------------------
     def set_math(self, mode: str) -> None:
-        """"fp32" (exact FP32 arithmetic) or "tf32" (tensor cores, ~1e-3 relative error)."""
+        """"fp32" (exact FP32 arithmetic), "tf32" (tensor cores, ~1e-3 relative error) or "bf16"
+        (tensor cores on bfloat16 operands, FP32 accumulation; ~4e-3 relative error)."""
         if mode not in MATH_MODES:
             raise UsageError(f"invalid math mode {mode!r}; valid are {', '.join(MATH_MODES)}")
         cublas.set_math_mode(self._cublas, MATH_MODES[mode][0])
@@ -136,6 +144,7 @@ class CudaBackend(Backend):
         self._gemm.close()
         self.context.close()
         self._channel_sum.close()
+        self._bf16.close()
 
     def _scalar(self, value):
         """A host pointer to ``value`` as float32 (0, 1 and -1 are the context's constants)."""
@@ -226,6 +235,9 @@ class CudaBackend(Backend):
         _check_matrix("sgemm", "B", B, *_stored(transb, k, n, "B"), ldb)
         _check_matrix("sgemm", "C", C, m, n, ldc)
         a, b, c = A.data.ptr, B.data.ptr, C.data.ptr
+        if self.math == "bf16":
+            self._gemm_bf16(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+            return
         if not self.engine.gemm_plans:
             self.context.finish_warm_up()  # the first GEMM waits for the cuBLAS warm-up thread, as a plan does
             # C = alpha·op(A)·op(B) + beta·C
@@ -234,6 +246,17 @@ class CudaBackend(Backend):
             return
         self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math=self.math, alignment=alignment(a, b, c)),
                   alpha, a, b, beta, c)
+
+    def _gemm_bf16(self, transa, transb, m, n, k, alpha, a: int, lda: int, b: int, ldb: int, beta, c: int,
+                   ldc: int) -> None:
+        """cublasGemmEx on bfloat16 copies of A and B (their stored extents), FP32 accumulation and C."""
+        self.context.finish_warm_up()
+        a16, b16 = self._bf16.operands((a, _extent(*_stored(transa, m, k, "A"), lda)),
+                                       (b, _extent(*_stored(transb, k, n, "B"), ldb)))
+        # C = alpha·op(bf16(A))·op(bf16(B)) + beta·C
+        cublas.gemm_ex(self._cublas, transa, transb, m, n, k, self._scalar(alpha), a16, cublas.R_16BF, lda, b16,
+                       cublas.R_16BF, ldb, self._scalar(beta), c, cublas.R_32F, ldc, cublas.COMPUTE_32F,
+                       cublas.GEMM_DEFAULT)
 
     def gemm(self, problem: GemmProblem, alpha: float, a: int, b: int, beta: float, c: int) -> None:
         """``problem`` on raw device pointers (sizes checked by the caller), with its timed plan:
@@ -352,7 +375,7 @@ class CudaBackend(Backend):
             self.context.finish_warm_up()  # nothing else on the GPU while cuDNN (or our timer) measures
             plan = make_plan(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math,
                              MATH_MODES[self.math][1], self.workspace_limit, engine.convolution_search,
-                             gemm_candidate=engine.gemm_convolution,
+                             gemm_candidate=engine.gemm_convolution and self.math != "bf16",
                              measure=self._convolution_timer(desc, x_shape, y_shape),
                              deterministic=engine.deterministic_convolution)
             plan_cache.write_plan(disk_key, {name: getattr(plan, name) for name in DIRECTION_NAMES})
@@ -438,6 +461,13 @@ class CudaBackend(Backend):
             return
         a_desc, b_desc, conv, out_desc = direction.operands(plan.x.handle, plan.w.handle, plan.conv.handle,
                                                             plan.y.handle)
+        if plan.math == "bf16":
+            # out₁₆ = bf16(a) ⋆ bf16(b), then out = alpha·float(out₁₆) + beta·out
+            a16, b16, out16 = self._bf16.operands((a.data.ptr, a.size), (b.data.ptr, b.size), output=out.size)
+            direction.run(self._cudnn, self._scalar(1.0), a_desc, a16, b_desc, b16, conv, algorithm.algo, workspace,
+                          algorithm.workspace_bytes, self._scalar(0.0), out_desc, out16)
+            self._bf16.to_float(out.data.ptr, out16, alpha, beta, out.size)
+            return
         direction.run(self._cudnn, self._scalar(alpha), a_desc, a.data.ptr, b_desc, b.data.ptr, conv, algorithm.algo,
                       workspace, algorithm.workspace_bytes, self._scalar(beta), out_desc, out.data.ptr)
 
@@ -909,6 +939,11 @@ def _stored(trans, rows: int, cols: int, name: str) -> tuple[int, int]:
     if trans not in (OP_N, OP_T):
         raise UsageError(f"invalid transpose flag for {name}: {trans!r}; valid are OP_N (0) and OP_T (1)")
     return (rows, cols) if trans == OP_N else (cols, rows)
+
+
+def _extent(rows: int, cols: int, ld: int) -> int:
+    """The values from a column-major matrix's first to its last (0 for an empty one)."""
+    return ld * (cols - 1) + rows if rows and cols else 0
 
 
 def _check_matrix(call: str, name: str, tensor, rows: int, cols: int, ld: int) -> None:

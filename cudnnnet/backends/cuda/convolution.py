@@ -11,7 +11,13 @@ The search is the engine's (cudnnnet.engine):
                   engine are timed by the backend (CUDA events, on scratch tensors), the fastest taken;
     "heuristic"   cudnnGet*Algorithm_v7's first eligible choice.
 
-Under CUDNN_FMA_MATH (our FP32) only exact algorithms are eligible: no tensor-core algorithm and
+Under ``math: bf16`` the x, w and y descriptors are CUDNN_DATA_BFLOAT16 (cuDNN's BFLOAT16_CONFIG:
+bfloat16 tensors, FLOAT compute, CUDNN_TENSOR_OP_MATH); the backend converts the float32 operands
+into bfloat16 scratch and the bfloat16 result back (low_precision.py); only the GEMM and direct
+algorithms are eligible there, as in FP32 (FFT and Winograd ones transform the operands in 16 bits and
+miss the FP32 sum of the rounded products by far more than its rounding), and of those only the
+deterministic ones (the others add partial sums atomically into the output, here in bfloat16). Under CUDNN_FMA_MATH (our
+FP32) only exact algorithms are eligible: no tensor-core algorithm and
 no FFT or Winograd one (they differ from the host by ~1e-3); and only
 deterministic ones, while any is eligible, where the engine asks for them (the fast engine: the same
 seed then gives the same weights); the slides engine takes cuDNN's fastest, as the C++ design did.
@@ -124,14 +130,24 @@ DIRECTION_NAMES = tuple(direction.name for direction in DIRECTIONS)
 
 
 TENSOR_CORE_MATH = (cudnn.TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION)
-# FFT and Winograd algorithms trade accuracy (~1e-3 relative) for speed; in FP32
-# only the exact GEMM/direct ones are taken (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t values).
+# FFT and Winograd algorithms trade accuracy (~1e-3 relative in FP32, worse in 16 bits) for speed; in
+# FP32 and bf16 only the exact GEMM/direct ones are taken (cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t values).
 EXACT_ALGORITHMS = {"forward": (0, 1, 2, 3), "backward_data": (0, 1), "backward_filter": (0, 1, 3)}
+# bf16 (CUDNN_TENSOR_OP_MATH): the exact ones that are deterministic; backward-data algorithm 0 and
+# backward-filter algorithms 0 and 3 add partial sums atomically into the bfloat16 output, rounding each.
+BF16_ALGORITHMS = {"forward": (0, 1, 2, 3), "backward_data": (1,), "backward_filter": (1,)}
+ELIGIBLE_ALGORITHMS = {cudnn.FMA_MATH: EXACT_ALGORITHMS, cudnn.TENSOR_OP_MATH: BF16_ALGORITHMS}  # by math type
+
+
+def _ineligible(math_type: int, direction: str, algo: int) -> bool:
+    """Whether cuDNN's ``algo`` is left out under ``math_type`` (FP32 and bf16 take a fixed list)."""
+    eligible = ELIGIBLE_ALGORITHMS.get(math_type)
+    return eligible is not None and algo not in eligible[direction]
 
 
 def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: int, math_type: int,
                      find: bool = False) -> list[Algorithm]:
-    """cuDNN's algorithms that it supports here, exact under CUDNN_FMA_MATH, whose workspace fits in
+    """cuDNN's algorithms that it supports here, exact under CUDNN_FMA_MATH and bf16, whose workspace fits in
     ``limit`` bytes, in cuDNN's order: by its heuristic (cudnnGet*_v7), or with ``find`` by the
     times it measured (cudnnFind*)."""
     count = direction.max_count(handle)
@@ -141,8 +157,9 @@ def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: 
     for perf in results[:returned]:
         if perf.status != cudnn.STATUS_SUCCESS:
             continue
-        if math_type == cudnn.FMA_MATH and (perf.mathType in TENSOR_CORE_MATH
-                                            or perf.algo not in EXACT_ALGORITHMS[direction.name]):
+        if math_type == cudnn.FMA_MATH and perf.mathType in TENSOR_CORE_MATH:
+            continue
+        if _ineligible(math_type, direction.name, perf.algo):
             continue
         try:
             nbytes = direction.workspace_size(handle, *operands, perf.algo)
@@ -165,7 +182,7 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     workspace fits. With ``search="exhaustive"``, ``measure(plan, direction)`` (milliseconds of one
     run, timed by the backend) picks the fastest of them; otherwise cuDNN's first choice wins.
     """
-    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math_type)
+    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math, math_type)
     handles = (x.handle, w.handle, conv.handle, y.handle)
     gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
     choices = {}
@@ -202,9 +219,10 @@ def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
 
     The workspaces are asked of cuDNN (computed for the GEMM engine) at these shapes, never taken
     from ``algorithms``: cudnnGet*WorkspaceSize fails for an algorithm that does not support the
-    shapes. Under CUDNN_FMA_MATH only exact algorithms are accepted, as ``make_plan`` does.
+    shapes. Under CUDNN_FMA_MATH and bf16's CUDNN_TENSOR_OP_MATH only exact algorithms are accepted, as
+    ``make_plan`` does.
     """
-    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math_type)
+    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math, math_type)
     handles = (x.handle, w.handle, conv.handle, y.handle)
     gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
     chosen = {}
@@ -219,10 +237,15 @@ def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     return ConvolutionPlan(desc, x_shape, y_shape, math, x, w, conv, y, gemm_shape, **chosen)
 
 
-def _descriptors(descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, math_type: int):
-    """(x, w, conv, y) descriptors from the cache."""
-    x, y = descriptors.tensor(x_shape), descriptors.tensor(y_shape)
-    return x, descriptors.filter(desc.filter_shape), descriptors.convolution(desc, math_type), y
+DATA_TYPES = {"bf16": cudnn.DATA_BFLOAT16}  # math mode -> cudnnDataType_t of x, w and y (float32 otherwise)
+
+
+def _descriptors(descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, math: str,
+                 math_type: int):
+    """(x, w, conv, y) descriptors from the cache, x, w and y of ``math``'s data type."""
+    data_type = DATA_TYPES.get(math, cudnn.DATA_FLOAT)
+    x, y = descriptors.tensor(x_shape, data_type), descriptors.tensor(y_shape, data_type)
+    return x, descriptors.filter(desc.filter_shape, data_type), descriptors.convolution(desc, math_type), y
 
 
 def _workspace_bytes(handle: int, direction: Direction, operands: tuple, gemm_shape: GemmShape, algo: int,
@@ -230,7 +253,7 @@ def _workspace_bytes(handle: int, direction: Direction, operands: tuple, gemm_sh
     """The workspace ``algo`` needs in ``direction``, or None where it cannot run these shapes."""
     if algo == GEMM_ALGORITHM:
         return gemm_convolution.workspace_bytes(direction.name, gemm_shape) if gemm_convolution.supports(gemm_shape) else None
-    if math_type == cudnn.FMA_MATH and algo not in EXACT_ALGORITHMS[direction.name]:
+    if _ineligible(math_type, direction.name, algo):
         return None
     try:
         return direction.workspace_size(handle, *operands, algo)

@@ -1,6 +1,7 @@
 """cuDNN descriptors as Python objects, cached so that the hot path creates none.
 
-Tensor and filter descriptors are cached by shape; activation, pooling and convolution
+Tensor and filter descriptors are cached by shape and data type (float32, or bfloat16 for the
+convolutions of ``math: bf16``); activation, pooling and convolution
 descriptors by the call surface's frozen dataclasses (and, for convolutions, the math type).
 """
 
@@ -14,23 +15,23 @@ from .handles import Owned
 
 
 class TensorDescriptor(Owned):
-    """cudnnTensorDescriptor_t: NCHW float32 of ``shape`` (n, c, h, w)."""
+    """cudnnTensorDescriptor_t: NCHW values of ``data_type`` (float32 unless asked), ``shape`` (n, c, h, w)."""
 
     __slots__ = ()
 
-    def __init__(self, shape: tuple[int, int, int, int]):
+    def __init__(self, shape: tuple[int, int, int, int], data_type: int = cudnn.DATA_FLOAT):
         super().__init__(cudnn.create_tensor_descriptor(), cudnn.destroy_tensor_descriptor)
-        cudnn.set_tensor_4d_descriptor(self.handle, cudnn.TENSOR_NCHW, cudnn.DATA_FLOAT, *shape)
+        cudnn.set_tensor_4d_descriptor(self.handle, cudnn.TENSOR_NCHW, data_type, *shape)
 
 
 class FilterDescriptor(Owned):
-    """cudnnFilterDescriptor_t: float32 NCHW filters of ``shape`` (k, c, r, s)."""
+    """cudnnFilterDescriptor_t: NCHW filters of ``data_type`` (float32 unless asked), ``shape`` (k, c, r, s)."""
 
     __slots__ = ()
 
-    def __init__(self, shape: tuple[int, int, int, int]):
+    def __init__(self, shape: tuple[int, int, int, int], data_type: int = cudnn.DATA_FLOAT):
         super().__init__(cudnn.create_filter_descriptor(), cudnn.destroy_filter_descriptor)
-        cudnn.set_filter_4d_descriptor(self.handle, cudnn.DATA_FLOAT, cudnn.TENSOR_NCHW, *shape)
+        cudnn.set_filter_4d_descriptor(self.handle, data_type, cudnn.TENSOR_NCHW, *shape)
 
 
 class ConvolutionDescriptorHandle(Owned):
@@ -74,11 +75,11 @@ class DescriptorCache:
         self.capacity = capacity
         self._entries: OrderedDict = OrderedDict()
 
-    def tensor(self, shape: tuple[int, int, int, int]) -> TensorDescriptor:
-        return self._get(TensorDescriptor, shape)
+    def tensor(self, shape: tuple[int, int, int, int], data_type: int = cudnn.DATA_FLOAT) -> TensorDescriptor:
+        return self._get(TensorDescriptor, shape, data_type)
 
-    def filter(self, shape: tuple[int, int, int, int]) -> FilterDescriptor:
-        return self._get(FilterDescriptor, shape)
+    def filter(self, shape: tuple[int, int, int, int], data_type: int = cudnn.DATA_FLOAT) -> FilterDescriptor:
+        return self._get(FilterDescriptor, shape, data_type)
 
     def convolution(self, desc: ConvolutionDescriptor, math_type: int) -> ConvolutionDescriptorHandle:
         return self._get(ConvolutionDescriptorHandle, desc, math_type)

@@ -54,7 +54,10 @@ KERNELS = {
     "channel_sum": ("channel_sum.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 5),
     "spin": ("timing.cu", (c_longlong,)),
     "relu_backward": ("activation.cu", (c_void_p, c_void_p, c_void_p, c_float, c_float, c_longlong)),
-    # layers and optimisers of issue 18
+    # layers, optimisers and the bf16 math of issue 18
+    "to_bf16": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),
+    "to_bf16_x4": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),
+    "bf16_to_float": ("bf16.cu", (c_void_p, c_void_p, c_float, c_float, c_longlong)),
     "adam_update_many": ("adam_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_void_p, c_float,
                                                  c_float, c_float, c_float, c_int)),
 }

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ... import cache
 from ..base import ConvolutionDescriptor
-from .convolution import DIRECTION_NAMES, EXACT_ALGORITHMS, Algorithm
+from .convolution import BF16_ALGORITHMS, DIRECTION_NAMES, EXACT_ALGORITHMS, Algorithm
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class PlanKey:
             "search": self.search,
             "workspace_limit": self.workspace_limit,
             "exact_algorithms": {name: list(algos) for name, algos in EXACT_ALGORITHMS.items()},
+            "bf16_algorithms": {name: list(algos) for name, algos in BF16_ALGORITHMS.items()},
         }
 
 

@@ -6,6 +6,11 @@ out of those flat buffers through strided views, so leading dimensions, transpos
 held batch-innermost (C, H, W, N) inside the plan and the column buffer laid out
 (C·R·S, OH·OW·N), so that each kernel offset is one block copy over long contiguous rows. im2col,
 col2im and pooling loop over the kernel / window offsets only, never over pixels or samples.
+
+Math "bf16" rounds where the CUDA backend does (backends/cuda/low_precision.py): a GEMM's and a
+convolution's float32 operands to bfloat16 (round to nearest even, ``round_to_bf16``) before the
+product, which is then summed in float32, and a convolution's result once more (cuDNN writes it in
+bfloat16). "tf32" computes in FP32: the host has no TF32 rounding.
 """
 
 from __future__ import annotations
@@ -38,7 +43,25 @@ F32 = np.float32
 _ITEM = np.dtype(F32).itemsize
 
 
+MATHS = ("fp32", "bf16")  # the math modes the host computes as the GPU does
+SET_MATHS = ("fp32", "tf32", "bf16")  # what set_math accepts ("tf32" computes in FP32)
+_BF16_LOW = np.uint32(0x7FFF)
+_BF16_KEEP = np.uint32(0xFFFF0000)
+_QUIET_NAN = np.uint32(0x00400000)
+
+
 # ---- helpers ----------------------------------------------------------------------------------
+def round_to_bf16(values) -> np.ndarray:
+    """float32 ``values`` rounded to the nearest bfloat16, ties to even, as float32 (a new array):
+    kernels/bf16.cu's to_bf16. A NaN stays a quiet NaN; values past the largest bfloat16 become ±inf."""
+    bits = np.ascontiguousarray(values, F32).view(np.uint32)
+    rounded = (bits + _BF16_LOW + ((bits >> np.uint32(16)) & np.uint32(1))) & _BF16_KEEP
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    if nan.any():
+        rounded = np.where(nan, (bits | _QUIET_NAN) & _BF16_KEEP, rounded)
+    return rounded.view(F32)
+
+
 def _nd(tensor: Tensor) -> np.ndarray:
     """The tensor's values as an (n, c, h, w) view of its flat storage (no copy)."""
     return tensor.data[: tensor.size].reshape(tensor.shape)
@@ -256,9 +279,26 @@ class HostBackend(Backend):
 
     name = "host"
     device_name = "host (NumPy)"
+    maths = MATHS
+    math = "fp32"
 
     def __repr__(self) -> str:
-        return "HostBackend()"
+        return f"HostBackend(math={self.math!r})" if self.math != "fp32" else "HostBackend()"
+
+    def set_math(self, mode: str) -> None:
+        """"fp32", "bf16" (GEMM and convolution operands rounded to bfloat16, as on the GPU) or
+        "tf32" (computed in FP32)."""
+        if mode not in SET_MATHS:
+            raise UsageError(f"invalid math mode {mode!r}; valid are {', '.join(SET_MATHS)}")
+        self.math = mode
+
+    def _operand(self, values: np.ndarray) -> np.ndarray:
+        """A GEMM or convolution operand as the GPU reads it: rounded to bfloat16 under math "bf16"."""
+        return round_to_bf16(values) if self.math == "bf16" else values
+
+    def _convolution_result(self, values: np.ndarray) -> np.ndarray:
+        """A convolution's result as cuDNN writes it: rounded to bfloat16 under math "bf16"."""
+        return round_to_bf16(values) if self.math == "bf16" else values
 
     # ---- memory -------------------------------------------------------------------------------
     def empty(self, size: int) -> np.ndarray:
@@ -298,8 +338,8 @@ class HostBackend(Backend):
     # ---- cuBLAS -------------------------------------------------------------------------------
     def sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
         """C(m×n) = alpha·op(A)(m×k)·op(B)(k×n) + beta·C, column-major with leading dimensions."""
-        op_a = _op_matrix(A.data, transa, m, k, lda, "A")
-        op_b = _op_matrix(B.data, transb, k, n, ldb, "B")
+        op_a = self._operand(_op_matrix(A.data, transa, m, k, lda, "A"))
+        op_b = self._operand(_op_matrix(B.data, transb, k, n, ldb, "B"))
         _blend(_matrix(C.data, m, n, ldc, "C"), op_a @ op_b, _scalar(alpha), _scalar(beta))
 
     def sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
@@ -369,20 +409,22 @@ class HostBackend(Backend):
     def convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
         """y = alpha·(x ⋆ w) + beta·y: W(K, CRS) @ cols(CRS, OH·OW·N), then back to NCHW."""
         self._check_conv("convolution_forward", plan, x, w, y)
-        np.matmul(_nd(w).reshape(plan.desc.out_channels, plan.crs), plan.im2col(_nd(x)), out=plan.product)
-        _blend(_nd(y), plan.product_nchw, alpha, beta)
+        np.matmul(self._operand(_nd(w)).reshape(plan.desc.out_channels, plan.crs), plan.im2col(self._operand(_nd(x))),
+                  out=plan.product)
+        _blend(_nd(y), self._convolution_result(plan.product_nchw), alpha, beta)
 
     def convolution_backward_data(self, plan: ConvolutionPlan, alpha, w, dy, beta, dx) -> None:
         """dx = alpha·col2im(Wᵀ(CRS, K) @ dy(K, OH·OW·N)) + beta·dx."""
         self._check_conv("convolution_backward_data", plan, dx, w, dy)
-        dcols = _nd(w).reshape(plan.desc.out_channels, plan.crs).T @ plan.dy_by_channel(_nd(dy))
-        _blend(_nd(dx), plan.col2im(dcols), alpha, beta)
+        dcols = (self._operand(_nd(w)).reshape(plan.desc.out_channels, plan.crs).T
+                 @ plan.dy_by_channel(self._operand(_nd(dy))))
+        _blend(_nd(dx), self._convolution_result(plan.col2im(dcols)), alpha, beta)
 
     def convolution_backward_filter(self, plan: ConvolutionPlan, alpha, x, dy, beta, dw) -> None:
         """dw = alpha·dy(K, OH·OW·N) @ colsᵀ(OH·OW·N, CRS) + beta·dw."""
         self._check_conv("convolution_backward_filter", plan, x, dw, dy)
-        grad = plan.dy_by_channel(_nd(dy)) @ plan.im2col(_nd(x)).T
-        _blend(_nd(dw).reshape(grad.shape), grad, alpha, beta)
+        grad = plan.dy_by_channel(self._operand(_nd(dy))) @ plan.im2col(self._operand(_nd(x))).T
+        _blend(_nd(dw).reshape(grad.shape), self._convolution_result(grad), alpha, beta)
 
     def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
         """db(1, K, 1, 1) = alpha·Σ_{n,h,w} dy + beta·db."""

@@ -17,6 +17,9 @@ POINTER_MODE_HOST = 0  # CUBLAS_POINTER_MODE_HOST
 POINTER_MODE_DEVICE = 1  # CUBLAS_POINTER_MODE_DEVICE
 DEFAULT_MATH = 0  # CUBLAS_DEFAULT_MATH
 TF32_TENSOR_OP_MATH = 3  # CUBLAS_TF32_TENSOR_OP_MATH
+R_32F, R_16F, R_16BF = 0, 2, 14  # cudaDataType_t: CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
+COMPUTE_32F = 68  # cublasComputeType_t CUBLAS_COMPUTE_32F: FP32 accumulation
+GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT (tensor cores for 16-bit inputs)
 
 STATUS_NAMES = {
     0: "CUBLAS_STATUS_SUCCESS",
@@ -45,6 +48,8 @@ SIGNATURES = {
     "cublasSgemm_v2": (_P, c_int, c_int, c_int, c_int, c_int, _P, _P, c_int, _P, c_int, _P, _P, c_int),
     "cublasSgemmStridedBatched": (_P, c_int, c_int, c_int, c_int, c_int, _P, _P, c_int, c_longlong, _P, c_int,
                                   c_longlong, _P, _P, c_int, c_longlong, c_int),
+    "cublasGemmEx": (_P, c_int, c_int, c_int, c_int, c_int, _P, _P, c_int, c_int, _P, c_int, c_int, _P, _P, c_int,
+                     c_int, c_int, c_int),
     "cublasSgemv_v2": (_P, c_int, c_int, c_int, _P, _P, c_int, _P, c_int, _P, _P, c_int),
     "cublasSgeam": (_P, c_int, c_int, c_int, c_int, _P, _P, c_int, _P, _P, c_int, _P, c_int),
     "cublasSaxpy_v2": (_P, c_int, _P, _P, c_int, _P, c_int),
@@ -125,6 +130,13 @@ def set_workspace(handle: int, workspace: int, nbytes: int) -> None:
 def sgemm(handle, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) -> None:
     """C(m×n) = alpha·op(A)(m×k)·op(B)(k×n) + beta·C."""
     _call("cublasSgemm_v2", handle, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+
+
+def gemm_ex(handle, transa, transb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c, c_type, ldc,
+            compute_type, algo) -> None:
+    """C(m×n) = alpha·op(A)(m×k)·op(B)(k×n) + beta·C with A, B and C of the given cudaDataType_t."""
+    _call("cublasGemmEx", handle, transa, transb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c, c_type, ldc,
+          compute_type, algo)
 
 
 def sgemm_strided_batched(handle, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,

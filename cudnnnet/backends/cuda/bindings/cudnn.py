@@ -12,7 +12,7 @@ from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_size_t, c_ulon
 from ....errors import CudnnError, DeviceUnavailableError, OutOfMemoryError
 from . import calls
 
-DATA_FLOAT = 0  # CUDNN_DATA_FLOAT
+DATA_FLOAT, DATA_HALF, DATA_BFLOAT16 = 0, 2, 9  # cudnnDataType_t
 TENSOR_NCHW = 0  # CUDNN_TENSOR_NCHW
 CROSS_CORRELATION = 1  # CUDNN_CROSS_CORRELATION
 NOT_PROPAGATE_NAN, PROPAGATE_NAN = 0, 1  # cudnnNanPropagation_t

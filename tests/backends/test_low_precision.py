@@ -1,0 +1,220 @@
+"""math "bf16" (backends/cuda/low_precision.py; the host's round_to_bf16): GEMMs and convolutions
+read bfloat16-rounded operands and sum in FP32, on both backends, against float64 references on
+the rounded operands; one training step on the GPU equals the host's.
+
+Tolerances. A product of two bfloat16 values is exact in FP32, so a GEMM differs from the float64
+sum of the rounded products only by FP32 summation: at most about k·2⁻²⁴·Σ|a·b| (``SUM_ERROR``
+allows 4k·2⁻²⁴). Not rounding the operands would differ by about 2⁻⁸·Σ|a·b|/√k, many times more
+at the sizes used, and the tests check that it would fail. cuDNN writes a bfloat16 convolution
+result, so a value whose FP32 sum lies within that summation error of a rounding boundary may
+round to either neighbour: those may be one bfloat16 step (2⁻⁸ relative) apart, all others must
+match the rounded reference within the summation error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import sliding_window_view
+
+from cudnnnet.backends.base import OP_N, OP_T, ConvolutionDescriptor
+from cudnnnet.backends.host.backend import round_to_bf16
+from cudnnnet.errors import UsageError
+from cudnnnet.tensor import Tensor
+from cudnnnet.training import build_network
+from test_engine import config_of, relative_error, step_and_evaluation
+
+UNIT = 2.0 ** -24  # FP32's unit roundoff
+BF16_STEP = 2.0 ** -8  # bfloat16's spacing relative to a value (7 stored mantissa bits)
+
+
+def sum_error(k: int) -> float:
+    return 4 * k * UNIT
+
+
+@contextlib.contextmanager
+def math_mode(backend, mode: str):
+    before = backend.math
+    backend.set_math(mode)
+    try:
+        yield
+    finally:
+        backend.set_math(before)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(18)
+
+
+def normal(rng, *shape) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# ---- rounding ------------------------------------------------------------------------------------
+def nearest_bf16(values: np.ndarray) -> np.ndarray:
+    """The nearest bfloat16 of each finite float32, ties to the even one, by comparing distances."""
+    bits = values.view(np.uint32)
+    lower = (bits & np.uint32(0xFFFF0000)).view(np.float32).astype(np.float64)
+    upper = ((bits & np.uint32(0xFFFF0000)) + np.uint32(0x10000)).view(np.float32).astype(np.float64)
+    exact = values.astype(np.float64)
+    below, above = np.abs(exact - lower), np.abs(upper - exact)
+    lower_is_even = ((bits >> np.uint32(16)) & np.uint32(1)) == 0
+    return np.where((below < above) | ((below == above) & lower_is_even), lower, upper).astype(np.float32)
+
+
+def test_round_to_bf16_is_round_to_nearest_even(rng):
+    values = (rng.standard_normal(100_000) * 10.0 ** rng.integers(-30, 30, 100_000)).astype(np.float32)
+    ties = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 1 + 2 ** -9], np.float32)
+    values = np.concatenate([values, ties])
+    np.testing.assert_array_equal(round_to_bf16(values), nearest_bf16(values))
+    np.testing.assert_array_equal(round_to_bf16(ties), np.array([1.0, 1 + 2 ** -6, -1.0, 1.0], np.float32))
+
+
+def test_round_to_bf16_keeps_nan_and_infinity_and_overflows_to_infinity():
+    special = np.array([np.nan, -np.nan, np.inf, -np.inf, 3.4e38, -3.4e38, 0.0, -0.0], np.float32)
+    rounded = round_to_bf16(special)
+    assert np.isnan(rounded[:2]).all()
+    np.testing.assert_array_equal(rounded[2:], [np.inf, -np.inf, np.inf, -np.inf, 0.0, -0.0])
+    assert np.signbit(rounded[-1])
+
+
+def test_an_unknown_math_mode_names_the_valid_ones(backend):
+    with pytest.raises(UsageError, match="bf16"):
+        backend.set_math("fp8")
+
+
+# ---- GEMM ----------------------------------------------------------------------------------------
+def column_major(flat: np.ndarray, rows: int, cols: int, ld: int) -> np.ndarray:
+    return flat[: ld * cols].reshape(cols, ld)[:, :rows].T.astype(np.float64)
+
+
+@pytest.mark.parametrize("engine", ["slides", "fast"])
+@pytest.mark.parametrize("transa, transb", [(OP_N, OP_N), (OP_T, OP_N), (OP_N, OP_T), (OP_T, OP_T)])
+def test_bf16_sgemm_sums_the_rounded_operands_in_fp32(backend, rng, engine, transa, transb):
+    m, n, k, alpha, beta = 37, 23, 64, 0.75, -0.5
+    a_rows, a_cols = (m, k) if transa == OP_N else (k, m)
+    b_rows, b_cols = (k, n) if transb == OP_N else (n, k)
+    lda, ldb, ldc = a_rows + 3, b_rows + 1, m + 2  # padded leading dimensions
+    a, b, c = normal(rng, lda * a_cols), normal(rng, ldb * b_cols), normal(rng, ldc * n)
+    A, B, C = (Tensor.from_numpy(array, backend) for array in (a, b, c))
+    with backend.using_engine(engine), math_mode(backend, "bf16"):
+        backend.sgemm(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
+    result = column_major(C.numpy().reshape(-1), m, n, ldc)
+
+    def op(flat, trans, rows, cols, ld):
+        matrix = column_major(flat, rows, cols, ld)
+        return matrix if trans == OP_N else matrix.T
+
+    a16, b16 = op(round_to_bf16(a), transa, a_rows, a_cols, lda), op(round_to_bf16(b), transb, b_rows, b_cols, ldb)
+    c0 = column_major(c, m, n, ldc)
+    expected = alpha * (a16 @ b16) + beta * c0
+    bound = sum_error(k) * (abs(alpha) * (np.abs(a16) @ np.abs(b16)) + np.abs(beta * c0)) + 1e-30
+    assert np.all(np.abs(result - expected) <= bound), f"worst: {np.max(np.abs(result - expected) / bound):.3g} x bound"
+    unrounded = alpha * (op(a, transa, a_rows, a_cols, lda) @ op(b, transb, b_rows, b_cols, ldb)) + beta * c0
+    assert np.max(np.abs(unrounded - expected) / bound) > 10  # FP32 operands would fail this test
+    untouched = C.numpy().reshape(-1)[: ldc * n].reshape(n, ldc)[:, m:]
+    np.testing.assert_array_equal(untouched, c[: ldc * n].reshape(n, ldc)[:, m:])
+
+
+def test_bf16_sgemm_reads_an_unaligned_view(backend, rng):
+    """Operands at an odd offset (no four-value conversion) give the rounded product too."""
+    m, n, k = 5, 7, 33
+    storage = Tensor.from_numpy(normal(rng, 1 + m * k + k * n), backend)
+    A, B = storage.view((m * k,), offset=1), storage.view((k * n,), offset=1 + m * k)
+    C = Tensor.zeros((m * n,), backend)
+    with math_mode(backend, "bf16"):
+        backend.sgemm(OP_N, OP_N, m, n, k, 1.0, A, m, B, k, 0.0, C, m)
+    a16, b16 = (round_to_bf16(T.numpy().reshape(-1)).astype(np.float64) for T in (A, B))
+    expected = a16.reshape(k, m).T @ b16.reshape(n, k).T
+    bound = sum_error(k) * (np.abs(a16.reshape(k, m).T) @ np.abs(b16.reshape(n, k).T))
+    assert np.all(np.abs(C.numpy().reshape(n, m).T - expected) <= bound)
+
+
+# ---- convolution ---------------------------------------------------------------------------------
+def convolution_reference(x, w, dy, padding: int):
+    """(y, dx, dw, and their Σ|a·b| bounds) of a stride-1 convolution in float64."""
+    x, w, dy = (array.astype(np.float64) for array in (x, w, dy))
+    r = w.shape[2]
+    xpad = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    windows = sliding_window_view(xpad, (r, r), axis=(2, 3))  # (N, C, OH, OW, R, S)
+    abs_windows = np.abs(windows)
+    y = np.einsum("ncijrs,kcrs->nkij", windows, w)
+    y_bound = np.einsum("ncijrs,kcrs->nkij", abs_windows, np.abs(w))
+    dw = np.einsum("nkij,ncijrs->kcrs", dy, windows)
+    dw_bound = np.einsum("nkij,ncijrs->kcrs", np.abs(dy), abs_windows)
+    dxpad, dx_bound = np.zeros_like(xpad), np.zeros_like(xpad)
+    oh, ow = dy.shape[2:]
+    for i in range(r):
+        for j in range(r):
+            dxpad[:, :, i:i + oh, j:j + ow] += np.einsum("nkij,kc->ncij", dy, w[:, :, i, j])
+            dx_bound[:, :, i:i + oh, j:j + ow] += np.einsum("nkij,kc->ncij", np.abs(dy), np.abs(w[:, :, i, j]))
+    inner = (slice(None), slice(None), slice(padding, padding + x.shape[2]), slice(padding, padding + x.shape[3]))
+    return (y, y_bound), (dxpad[inner], dx_bound[inner]), (dw, dw_bound)
+
+
+def check_rounded_result(name: str, result, exact, exact_bound, k: int, alpha: float, beta: float, before):
+    """``result`` = alpha·bf16(sum) + beta·before, where the sum is ``exact`` within the FP32
+    summation error; a sum that close to a rounding boundary may take either neighbour."""
+    sum_bound = sum_error(k) * exact_bound
+    rounded = round_to_bf16(exact.astype(np.float32)).astype(np.float64)
+    blend_bound = 4 * UNIT * (np.abs(alpha * rounded) + np.abs(beta * before)) + 1e-30
+    error = np.abs(result - (alpha * rounded + beta * before))
+    near_boundary = np.abs(round_to_bf16((exact + sum_bound).astype(np.float32))
+                           - round_to_bf16((exact - sum_bound).astype(np.float32))) > 0
+    tolerance = np.where(near_boundary, abs(alpha) * (BF16_STEP * np.abs(exact) + sum_bound), 0) + blend_bound
+    assert np.all(error <= tolerance), f"{name}: worst {np.max(error / tolerance):.3g} x tolerance"
+
+
+@pytest.mark.parametrize("engine", ["slides", "fast"])
+def test_bf16_convolution_rounds_operands_and_result(backend, rng, engine):
+    desc = ConvolutionDescriptor(4, 3, 3, 1, 1, 1)  # C 3 -> K 4, 3×3, stride 1, padding 1
+    x_shape = (5, 3, 9, 9)
+    y_shape = desc.output_shape(x_shape)
+    x, w, dy = normal(rng, *x_shape), normal(rng, *desc.filter_shape), normal(rng, *y_shape)
+    dx0, dw0 = normal(rng, *x_shape), normal(rng, *desc.filter_shape)
+    X, W, DY, DX, DW = (Tensor.from_numpy(array, backend) for array in (x, w, dy, dx0, dw0))
+    Y = Tensor.zeros(y_shape, backend)
+    with backend.using_engine(engine), math_mode(backend, "bf16"):
+        plan = backend.convolution_plan(desc, x_shape, y_shape)
+        backend.convolution_forward(plan, 1.0, X, W, 0.0, Y)  # y = x ⋆ w
+        backend.convolution_backward_data(plan, 1.0, W, DY, 0.5, DX)  # dx = dy ⋆ᵀ w + dx/2
+        backend.convolution_backward_filter(plan, 2.0, X, DY, 1.0, DW)  # dw = 2·Σ x ⋆ dy + dw
+    (y, y_bound), (dx, dx_bound), (dw, dw_bound) = convolution_reference(
+        round_to_bf16(x), round_to_bf16(w), round_to_bf16(dy), 1)
+    y_out = Y.numpy().astype(np.float64)
+    np.testing.assert_array_equal(y_out, round_to_bf16(Y.numpy()))  # cuDNN's result is a bfloat16
+    check_rounded_result("y", y_out, y, y_bound, 27, 1.0, 0.0, 0.0)
+    check_rounded_result("dx", DX.numpy().astype(np.float64), dx, dx_bound, 36, 1.0, 0.5, dx0.astype(np.float64))
+    check_rounded_result("dw", DW.numpy().astype(np.float64), dw, dw_bound, 405, 2.0, 1.0, dw0.astype(np.float64))
+
+
+# ---- a training step, GPU == host ----------------------------------------------------------------
+def parameter_updates(config, backend, engine: str, start: dict, math: str) -> tuple[dict, tuple]:
+    """What two SGD steps (test_engine.step_and_evaluation) change in each parameter, and the metrics."""
+    with math_mode(backend, math):
+        network, totals = step_and_evaluation(config, backend, engine)
+    return {name: value - start[name] for name, value in network.state_dict().items()}, totals.read()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["slides", "fast"])
+@pytest.mark.parametrize("name", ["mnist_mlp", "mnist_cnn"])
+def test_a_bf16_step_on_the_gpu_equals_the_hosts(name, engine, cuda, host):
+    """Each parameter's update over two steps agrees within 1e-2 (relative, in norm): the operands are
+    rounded alike, and only values near a bfloat16 rounding boundary may round to the other neighbour
+    (one step, 2⁻⁸), a difference the later layers carry on. The host's FP32 updates are 2 to 10 %
+    from its bf16 ones, so the test tells the two apart."""
+    config = config_of(name)
+    start = build_network(config, host).state_dict()
+    on_host, (host_loss, host_hits) = parameter_updates(config, host, engine, start, "bf16")
+    on_cuda, (cuda_loss, cuda_hits) = parameter_updates(config, cuda, engine, start, "bf16")
+    in_fp32, _ = parameter_updates(config, host, engine, start, "fp32")
+    for parameter, update in on_host.items():
+        error = relative_error(on_cuda[parameter], update)
+        assert error <= 1e-2, f"{parameter}: relative error {error:.3g}"
+    assert max(relative_error(in_fp32[parameter], update) for parameter, update in on_host.items()) > 2e-2
+    assert cuda_loss == pytest.approx(host_loss, rel=1e-3)
+    assert abs(cuda_hits - host_hits) <= 2
