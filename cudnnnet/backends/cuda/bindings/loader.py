@@ -20,6 +20,7 @@ WHEELS = {
     "cublasLt": ("nvidia-cublas>=13,<14", "nvidia-cublas-cu12<13"),
     "cudnn": ("nvidia-cudnn-cu13>=9,<10", "nvidia-cudnn-cu12>=9,<10"),
     "nvrtc": ("nvidia-cuda-nvrtc>=13,<14", "nvidia-cuda-nvrtc-cu12<13"),
+    "nccl": ("nvidia-nccl-cu13>=2.27,<3", "nvidia-nccl-cu12>=2.19,<3"),
 }
 CUDNN_IN_WHEEL = os.path.join("lib", "libcudnn.so.9")  # under nvidia/cudnn in both cuDNN 9 wheels
 
@@ -55,7 +56,7 @@ def cuda_python():
 
 
 def load_library(name: str, cuda_major: int | None) -> ctypes.CDLL:
-    """The NVIDIA library ``name`` ("cublas", "cublasLt" or "cudnn"), found by cuda.pathfinder."""
+    """The NVIDIA library ``name`` ("cublas", "cublasLt", "cudnn" or "nccl"), found by cuda.pathfinder."""
     try:
         import cuda.pathfinder as pathfinder
     except ImportError:
