@@ -35,8 +35,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-import numpy as np
-
 from .errors import DistributedError, UsageError
 
 log = logging.getLogger(__name__)
@@ -376,9 +374,11 @@ def shard_size(count: int, world_size: int) -> int:
     return -(-count // world_size)
 
 
-def shard(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+def shard(order: "np.ndarray", rank: int, world_size: int) -> "np.ndarray":
     """Rank ``rank``'s part of an epoch's ``order`` (the same on every rank): a contiguous slice of the
     order padded with its own first ids to a multiple of ``world_size``."""
+    import numpy as np  # here: the launcher imports this module before NumPy, to start CUDA early
+
     size = shard_size(len(order), world_size)
     padded = np.concatenate([order, order[:size * world_size - len(order)]])
     return padded[rank * size:(rank + 1) * size]
@@ -400,7 +400,7 @@ class Shard:
     def steps_per_epoch(self) -> int:
         return -(-self.num_samples // self.batch_size)
 
-    def permutation(self, epoch: int) -> np.ndarray:
+    def permutation(self, epoch: int) -> "np.ndarray":
         return shard(self.loader.permutation(epoch), self.rank, self.world_size)
 
 
