@@ -289,24 +289,28 @@ def _seconds(name: str, default: float) -> float:
 
 # ---- the link between the ranks while they train ------------------------------------------------------
 class Link:
-    """The rendezvous connections, kept: heartbeats both ways (a thread), a lost or silent peer reported
-    to ``on_failure`` (once), ``poll`` called every heartbeat (the communicator's async-error check)."""
+    """The rendezvous connections, kept: heartbeats both ways (a thread, from ``watch`` on), a lost or
+    silent peer reported to ``on_failure`` (once), ``poll`` called every heartbeat (the communicator's
+    async-error check, once there is one). Both may be replaced while the thread runs."""
 
     def __init__(self, launch: Launch, peers: dict[int, socket.socket]):
         self.launch, self.peers = launch, peers
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.timeout = _seconds("CUDNNNET_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT)
+        self.on_failure: Callable[[str], None] = exit_now
+        self.poll: Callable[[], None] = lambda: None
 
-    def watch(self, on_failure: Callable[[str], None], poll: Callable[[], None] = lambda: None) -> None:
+    def watch(self, on_failure: Callable[[str], None] | None = None) -> None:
         """Start the heartbeat thread."""
+        if on_failure is not None:
+            self.on_failure = on_failure
         for connection in self.peers.values():
             connection.setblocking(False)
-        self._thread = threading.Thread(target=self._beat, args=(on_failure, poll), name="cudnnnet-heartbeat",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._beat, name="cudnnnet-heartbeat", daemon=True)
         self._thread.start()
 
-    def _beat(self, on_failure, poll) -> None:
+    def _beat(self) -> None:
         selector = selectors.DefaultSelector()
         heard = {}
         for rank, connection in self.peers.items():
@@ -334,7 +338,7 @@ class Link:
                     heard.pop(rank, None)
                 elif not data:
                     if not self._stop.is_set():
-                        on_failure(f"{me}: rank {rank} stopped without finishing (its connection closed); "
+                        self.on_failure(f"{me}: rank {rank} stopped without finishing (its connection closed); "
                                    f"see that rank's output for why")
                     return
                 else:
@@ -342,14 +346,14 @@ class Link:
             now = time.monotonic()
             silent = [rank for rank, when in heard.items() if now - when > self.timeout]
             if silent and not self._stop.is_set():
-                on_failure(f"{me}: rank {silent[0]} sent no heartbeat for {self.timeout:g} s "
+                self.on_failure(f"{me}: rank {silent[0]} sent no heartbeat for {self.timeout:g} s "
                            f"(CUDNNNET_HEARTBEAT_TIMEOUT); taking it for lost")
                 return
             try:
-                poll()
+                self.poll()
             except Exception as error:  # the communicator's asynchronous error
                 if not self._stop.is_set():
-                    on_failure(f"{me}: {error}")
+                    self.on_failure(f"{me}: {error}")
                 return
 
     def close(self, finished: bool) -> None:
@@ -366,6 +370,14 @@ class Link:
                     pass
             connection.close()
         self.peers = {}
+
+
+def exit_now(message: str) -> None:
+    """What a rank does when another is lost before its communicator exists: say why and exit at once
+    (the main thread may be waiting for the lost rank)."""
+    log.error("%s; exiting", message)
+    print(f"cudnnnet-train: {message}", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 # ---- sharding and the learning-rate rule ------------------------------------------------------------
@@ -437,6 +449,7 @@ def join(launch: Launch, config) -> Group:
         return nccl_unique_id()
 
     unique_id, link = rendezvous(launch, config_digest(config.to_dict()), make_unique_id)
+    link.watch()  # from now on a lost rank ends this one, even while it waits in ncclCommInitRank
     return Group(launch, unique_id, link)
 
 
@@ -463,7 +476,7 @@ class Replicas:
         warmup_steps = train_config.lr_warmup_epochs * steps_per_epoch
         optimizer.lr_factor = lambda step: lr_factor(train_config.lr_scaling, self.world_size, warmup_steps, step)
         self.flag = _scalar(backend)  # the stop agreement: the largest signal number any rank received
-        group.link.watch(self._fail, self.communicator.check)
+        group.link.on_failure, group.link.poll = self._fail, self.communicator.check
 
     @property
     def writes(self) -> bool:
@@ -498,13 +511,11 @@ class Replicas:
 
     def _fail(self, message: str) -> None:
         """A peer is lost: abort NCCL (queued collectives return), say why, and exit at once."""
-        log.error("%s; aborting NCCL and exiting", message)
         try:
             self.communicator.abort()
         except Exception as error:
             log.error("ncclCommAbort failed too: %s", error)
-        print(f"cudnnnet-train: {message}", file=sys.stderr, flush=True)
-        os._exit(1)
+        exit_now(f"{message}; NCCL aborted")
 
 
 def _scalar(backend):

@@ -205,7 +205,7 @@ def _watching_rank(rank, world_size, port, results):
     os.environ["CUDNNNET_HEARTBEAT_TIMEOUT"] = "5"
     launch = distributed.Launch(rank, world_size, 0, "127.0.0.1", port, "torchrun")
     _, link = distributed.rendezvous(launch, b"x" * 32, lambda: UNIQUE_ID, 20.0)
-    link.watch(lambda message: results.put((rank, message)))
+    link.watch(on_failure=lambda message: results.put((rank, message)))
     results.put((rank, "joined"))
     time.sleep(60)
 
