@@ -225,3 +225,9 @@ def test_a_killed_rank_is_reported_by_the_others():
         for process in processes:
             process.kill()
             process.join(10)
+
+
+def test_several_ranks_on_the_host_backend_are_refused():
+    launch = distributed.Launch(0, 2, 0, "127.0.0.1", 1, "torchrun")
+    with pytest.raises(UsageError, match="needs --device cuda"):
+        distributed.join(launch, _config().with_overrides(device="host"))

@@ -41,7 +41,7 @@ class Communicator:
     def __init__(self, backend, world_size: int, rank: int, unique_id: bytes):
         load_nccl(getattr(backend.context, "cuda_major", None))
         self.backend, self.world_size, self.rank = backend, world_size, rank
-        self.stream = backend.context.stream.handle
+        self.stream = backend.context.stream.address  # the raw cudaStream_t
         self.comm: int | None = nccl.comm_init_rank(world_size, unique_id, rank)
 
     def all_reduce_average(self, tensor: Tensor) -> None:
