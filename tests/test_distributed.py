@@ -212,14 +212,16 @@ def _watching_rank(rank, world_size, port, results):
 
 def test_a_killed_rank_is_reported_by_the_others():
     context = multiprocessing.get_context("spawn")
-    results, port = context.Queue(), _free_port()
-    processes = [context.Process(target=_watching_rank, args=(rank, 3, port, results), daemon=True) for rank in range(3)]
+    port = _free_port()
+    queues = [context.Queue() for _ in range(3)]  # one each: a rank killed while writing would hold a shared queue's lock
+    processes = [context.Process(target=_watching_rank, args=(rank, 3, port, queues[rank]), daemon=True)
+                 for rank in range(3)]
     for process in processes:
         process.start()
     try:
-        assert sorted(results.get(timeout=120) for _ in range(3)) == [(0, "joined"), (1, "joined"), (2, "joined")]
+        assert [queue.get(timeout=120) for queue in queues] == [(0, "joined"), (1, "joined"), (2, "joined")]
         os.kill(processes[2].pid, signal.SIGKILL)
-        rank, message = results.get(timeout=60)
+        rank, message = queues[0].get(timeout=60)
         assert rank == 0 and "rank 2 stopped without finishing" in message
     finally:
         for process in processes:
@@ -231,3 +233,13 @@ def test_several_ranks_on_the_host_backend_are_refused():
     launch = distributed.Launch(0, 2, 0, "127.0.0.1", 1, "torchrun")
     with pytest.raises(UsageError, match="needs --device cuda"):
         distributed.join(launch, _config().with_overrides(device="host"))
+
+
+@pytest.mark.parametrize("visible, problem", [("0", "--gpus 2: this host has 1 usable GPU; valid are 1 to 1"),
+                                              ("", "--gpus 2: this host has 0 usable GPUs")])
+def test_gpus_beyond_the_host_s_are_refused_before_any_rank_starts(monkeypatch, capsys, visible, problem):
+    from cudnnnet.cli.train import main
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert main(["--config", "mnist_mlp", "--gpus", "2"]) == 2
+    assert problem in capsys.readouterr().err
