@@ -243,3 +243,18 @@ def test_gpus_beyond_the_host_s_are_refused_before_any_rank_starts(monkeypatch, 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     assert main(["--config", "mnist_mlp", "--gpus", "2"]) == 2
     assert problem in capsys.readouterr().err
+
+
+def test_a_failing_rank_ends_the_others_after_the_grace_time_with_its_exit_code(monkeypatch):
+    import subprocess
+    import sys
+
+    from cudnnnet.cli import gpus
+
+    monkeypatch.setattr(gpus, "GRACE_SECONDS", 1.0)
+    children = [subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"]),
+                subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])]
+    started = time.monotonic()
+    assert gpus._wait(children) == 3
+    assert time.monotonic() - started < 60
+    assert children[1].returncode == -signal.SIGTERM
