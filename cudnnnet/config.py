@@ -189,14 +189,22 @@ class TrainConfig:
     checkpoint_every: int = 1  # epochs between published output sets; 0 ("never"): only at the end
     graph: bool = True  # capture the CUDA training step as a CUDA graph
     eval_batch_size: int = 1000
+    # over several GPUs (global batch = batch_size × GPUs): "linear" multiplies the rate by the number of
+    # GPUs, reached linearly over lr_warmup_epochs (Goyal et al. 2017); "none" keeps it. One GPU: no change.
+    lr_scaling: str = "linear"
+    lr_warmup_epochs: float = 1.0
 
     def to_dict(self) -> dict:
         return _without_none({
             "batch_size": self.batch_size, "epochs": self.epochs, "steps": self.steps, "seed": self.seed,
             "optimizer": self.optimizer.to_dict(), "schedule": self.schedule.to_dict(),
             "log_every": self.log_every, "checkpoint_every": self.checkpoint_every, "graph": self.graph,
-            "eval_batch_size": self.eval_batch_size,
+            "eval_batch_size": self.eval_batch_size, "lr_scaling": self.lr_scaling,
+            "lr_warmup_epochs": self.lr_warmup_epochs,
         })
+
+
+LR_SCALINGS = ("linear", "none")  # train.lr_scaling: the learning-rate rule for the global batch of several GPUs
 
 
 @dataclass(frozen=True)
@@ -671,7 +679,7 @@ def _checkpoint_every(train: _Section) -> int:
 
 def _parse_train(train: _Section) -> TrainConfig:
     train.only(("batch_size", "epochs", "steps", "seed", "optimizer", "schedule", "log_every",
-                "checkpoint_every", "graph", "eval_batch_size"))
+                "checkpoint_every", "graph", "eval_batch_size", "lr_scaling", "lr_warmup_epochs"))
     return TrainConfig(
         batch_size=train.integer("batch_size", 64, low=0, low_open=True),
         epochs=train.integer("epochs", 1, low=0, low_open=True),
@@ -683,6 +691,8 @@ def _parse_train(train: _Section) -> TrainConfig:
         checkpoint_every=_checkpoint_every(train),
         graph=train.boolean("graph", True),
         eval_batch_size=train.integer("eval_batch_size", 1000, low=0, low_open=True),
+        lr_scaling=train.choice("lr_scaling", LR_SCALINGS, "linear"),
+        lr_warmup_epochs=train.number("lr_warmup_epochs", 1.0, low=0),
     )
 
 

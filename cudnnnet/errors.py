@@ -106,6 +106,17 @@ class CudnnError(_LibraryStatusError):
     library = "cuDNN"
 
 
+class NcclError(_LibraryStatusError):
+    """An NCCL call failed (the message carries NCCL's own last error where it has one)."""
+
+    library = "NCCL"
+
+
+class DistributedError(CudnnnetError):
+    """Training over several processes cannot start or go on: the launcher's environment, the
+    rendezvous, a mismatched config or a rank that stopped answering; the message names the rank."""
+
+
 class NvrtcError(_LibraryStatusError):
     """NVRTC could not compile one of our kernels; the message carries the compile log."""
 

@@ -85,8 +85,11 @@ class SGD:
         velocity = pack([self.velocity[p.name] for p in parameters], backend) if self.velocity else None
         return ((values, grads, velocity),)
 
+    lr_factor = None  # step -> factor on the scheduled rate (the rule for the global batch of several GPUs)
+
     def current_lr(self, epoch: int) -> float:
-        return self.schedule.learning_rate(self.lr0, self.step_count, epoch, self.total_steps)
+        rate = self.schedule.learning_rate(self.lr0, self.step_count, epoch, self.total_steps)
+        return rate if self.lr_factor is None else rate * self.lr_factor(self.step_count)
 
     def set_lr(self, epoch: int) -> float:
         """Write the scheduled rate for the next step into the device scalar (only when it changed:
@@ -170,6 +173,7 @@ class Adam:
         """(value, grad, m, v) of every parameter, as adam_update_many takes them."""
         return tuple((p.value, p.grad, *self.moments[p.name]) for p in self.network.parameter_list())
 
+    lr_factor = None
     current_lr = SGD.current_lr  # the schedule and the device rate behave as SGD's
     set_lr = SGD.set_lr
 

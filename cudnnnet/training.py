@@ -12,6 +12,7 @@ their names are re-exported here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -35,6 +36,7 @@ from .data.pixels import PixelImages, as_channels, channel_statistics
 from .data.resident import BatchFeed, ResidentData, ResidentTestSet, resident_images  # noqa: F401 (re-exported)
 from .data.sources import load_source
 from .data.streamed import StreamedData, choose_placement
+from .distributed import Replicas, Shard
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
 from .evaluation import Accumulator, Evaluation, evaluate, evaluate_batches  # noqa: F401 (re-exported)
 from .files import atomic_write
@@ -182,9 +184,11 @@ class Position:
 
 
 class Trainer:
-    def __init__(self, config: Config, output_dir, resume=None, progress: bool = True, image_limit: int | None = None):
+    def __init__(self, config: Config, output_dir, resume=None, progress: bool = True, image_limit: int | None = None,
+                 group=None):
         """``image_limit``: train and test on the first ``image_limit`` images of each split only
-        (the benchmark's smoke tests); None takes every image."""
+        (the benchmark's smoke tests); None takes every image. ``group``: this rank's
+        ``distributed.Group`` where several processes train together (data-parallel over NCCL)."""
         self.config = config
         self.output_dir = Path(output_dir)
         self.outputs = OutputFolder(self.output_dir)
@@ -208,6 +212,8 @@ class Trainer:
         self.optimizer = make_optimizer(self.network, train.optimizer, train.schedule)
         self.loader = BatchLoader(self.train_pixels, self.train_labels, train.batch_size, seed=train.seed,
                                   classes=len(self.classes))
+        if group is not None:  # this rank's part of every epoch
+            self.loader = Shard(self.loader, group.launch.rank, group.launch.world_size)
         placement = choose_placement(config.data.placement, self.backend, self.train_pixels, self.train_labels,
                                      ResidentTestSet.nbytes(self.test_pixels, self.loader.classes))
         if placement == "host":
@@ -227,8 +233,13 @@ class Trainer:
         self.stop_signal: int | None = None
         self.train_seconds = 0.0
         self.images_trained = 0
+        self.replicas = None
+        if group is not None:
+            self.replicas = Replicas(group, self.network, self.optimizer, train, self.loader.steps_per_epoch)
         if resume is not None:
             self._resume(Path(resume))
+        if self.replicas is not None:
+            self.replicas.broadcast_weights()
         self.optimizer.total_steps = self.total_steps
 
     @property
@@ -256,6 +267,8 @@ class Trainer:
         """gather → forward → backward with the loss and accuracy counted (on the device) → SGD: device work only."""
         self.data.gather(x, target)
         self.network.forward_backward(x, target, self.totals.loss_sum, self.totals.correct)
+        if self.replicas is not None:
+            self.replicas.average_gradients()
         self.watch.record(self.totals.loss_sum)
         self.optimizer.step()
 
@@ -282,14 +295,22 @@ class Trainer:
     def run(self) -> dict:
         """Train to the planned step; returns the final metrics. The output folder is locked meanwhile
         (OutputInUseError where another training holds it)."""
-        with self.outputs, _signals_to(self):
+        with self.outputs if self.writes else contextlib.nullcontext(), _signals_to(self):
             log.info("training %s on %s: %d steps of batch %d (%d epochs)%s", self.config.source,
                      self.backend.device_name, self.total_steps, self.config.train.batch_size, self.total_epochs,
                      ", each step replayed as a CUDA graph" if self.use_graph else "")
             self.watch.start(self.position.step)
             while self.position.step < self.total_steps:
                 self._run_epoch()
-            return self._publish(finished=True)
+            metrics = self._publish(finished=True)
+        if self.replicas is not None:
+            self.replicas.finish()
+        return metrics
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process evaluates and writes the outputs (rank 0 of several; a lone process)."""
+        return self.replicas is None or self.replicas.writes
 
     def _run_epoch(self) -> None:
         first_batch = self.position.batch
@@ -317,12 +338,22 @@ class Trainer:
             if position.step % self.config.train.log_every == 0 or (self.progress and index + 1 == last):
                 self._log_progress(bar, started, index + 1 - first)
             bar.update(1)
-            if self.stop_signal is not None:
+            if self._stopping(index + 1 == last):
                 bar.close()
                 self._interrupt()
         self.backend.synchronize()
         bar.close()
         return time.perf_counter() - started
+
+    def _stopping(self, epoch_ends: bool) -> bool:
+        """Whether to stop after this step on a signal. Several ranks agree on it (a synchronisation)
+        every log_every steps and at the end of an epoch, so that every rank stops at the same step."""
+        if self.replicas is None:
+            return self.stop_signal is not None
+        if not epoch_ends and self.position.step % self.config.train.log_every:
+            return False
+        self.stop_signal = self.replicas.agreed_stop(self.stop_signal)
+        return self.stop_signal is not None
 
     def _log_progress(self, bar, started: float, steps_done: int) -> None:
         loss_sum, correct = self.totals.read()
@@ -335,7 +366,10 @@ class Trainer:
         log.debug("step %d: loss %.4f", self.position.step, loss)
 
     def _end_epoch(self, steps_done: int, seconds: float, completed: bool) -> None:
-        """Evaluate on the test set and record the epoch; a run stopped mid-epoch by ``steps`` stays in it."""
+        """Evaluate on the test set and record the epoch; a run stopped mid-epoch by ``steps`` stays in it.
+        Several ranks: the training totals are averaged over the ranks; rank 0 evaluates."""
+        if self.replicas is not None:
+            self.replicas.average(self.totals.values)
         loss_sum, correct = self.totals.read()
         train_loss = loss_sum / max(steps_done, 1)
         self._stop_if_not_finite(train_loss)
@@ -370,6 +404,8 @@ class Trainer:
     def _evaluate(self) -> Evaluation:
         """The test set's loss and accuracy, from device-resident batches where it is resident."""
         batch_size = self.config.train.eval_batch_size
+        if not self.writes:
+            return Evaluation(math.nan, math.nan)
         if self.test_set is None:
             return evaluate(self.network, self.test_images, self.test_labels, batch_size)
         return evaluate_batches(self.network, self.test_set.batches(batch_size), self.test_set.count)
@@ -379,6 +415,8 @@ class Trainer:
         """Write model.npz, metrics.json (with ``status``), history.csv and curves.png as one new set of
         the output folder, published at once; returns the metrics written."""
         metrics = {**self.metrics(), **status}
+        if not self.writes:
+            return metrics
         with self.outputs.new_set() as folder:
             self._save(folder / "model.npz")
             write_atomic(folder / "metrics.json", json.dumps(metrics, indent=2) + "\n")
@@ -403,13 +441,19 @@ class Trainer:
             "epochs": round(self.position.step / self.loader.steps_per_epoch, 4),
             "steps": self.position.step,
             "batch_size": self.config.train.batch_size,
+            "gpus": self.world_size,
             "train_loss": last.get("train_loss"),
             "train_accuracy": last.get("train_accuracy"),
             "test_loss": last.get("test_loss"),
             "test_accuracy": last.get("test_accuracy"),
             "train_seconds": self.train_seconds,
-            "images_per_second": self.images_trained / self.train_seconds if self.train_seconds else None,
+            "images_per_second": (self.images_trained * self.world_size / self.train_seconds
+                                  if self.train_seconds else None),
         }
+
+    @property
+    def world_size(self) -> int:
+        return 1 if self.replicas is None else self.replicas.world_size
 
     def _history_text(self) -> str:
         lines = [",".join(HISTORY_FIELDS)]
@@ -420,6 +464,8 @@ class Trainer:
     def _interrupt(self) -> None:
         self.backend.synchronize()
         self._publish(finished=False, interrupted=True)
+        if self.replicas is not None:
+            self.replicas.finish()
         raise Interrupted(self.stop_signal, self.position.step, self.output_dir)
 
     def _resume(self, path: Path) -> None:

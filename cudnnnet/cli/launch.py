@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import sys
 
+from .. import distributed
 from ..backends import warm_up
 from ..config_file import MAX_CONFIG_BYTES
-from ..errors import ConfigError
+from ..errors import ConfigError, DistributedError
 from ..shipped_configs import resolve_config
 
-DEVICE_OPTION, CONFIG_OPTION = "--device", "--config"
+DEVICE_OPTION, CONFIG_OPTION, GPUS_OPTION = "--device", "--config", "--gpus"
 SHORTEST_PREFIX = 5  # argparse takes an unambiguous prefix: "--dev" (not "--de": --debug), "--con"
 
 
@@ -28,10 +29,23 @@ def train(argv: list[str] | None = None) -> int:
     """cudnnnet-train (scripts/train.py): ``cli.train.main`` with a head start on the GPU."""
     arguments = sys.argv[1:] if argv is None else argv
     config_text = config_read(arguments)
-    warm_up(device_asked_for(arguments, config_text))
+    if _option(arguments, GPUS_OPTION) is None:  # with --gpus, the ranks start CUDA, each on its GPU
+        _pin_rank_device()
+        warm_up(device_asked_for(arguments, config_text))
     from .train import main
 
     return main(argv, config_text=config_text)
+
+
+def _pin_rank_device() -> None:
+    """Under a launcher (torchrun, srun, mpirun, --gpus), this rank's GPU becomes the only one visible,
+    before the driver starts; a malformed environment is left for ``cli.train`` to report."""
+    try:
+        launch = distributed.from_environment()
+        if launch is not None:
+            distributed.pin_device(launch)
+    except DistributedError:
+        pass
 
 
 def config_read(argv: list[str]) -> dict[str, bytes]:

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from .. import checkpoint
+from .. import checkpoint, distributed
 from ..backends import DEVICES
 from ..config import Config, load_config
 from ..shipped_configs import shipped_config_names
@@ -24,6 +24,7 @@ from ..network import ModelSizeError, check_model_size
 from ..outputs import checkpoint_to_resume
 from ..training import Interrupted, Trainer, class_names, input_shape
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, run
+from .gpus import spawn_ranks
 
 log = logging.getLogger("cudnnnet.train")
 
@@ -64,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "batch size it was trained with")
     parser.add_argument("--export-original", metavar="DIR",
                         help="after training, also write the weights as the C++ original's .bin files into DIR")
+    parser.add_argument("--gpus", type=positive_int, metavar="N",
+                        help="train on N GPUs of this host, one process each, data-parallel through NCCL "
+                             "(batch_size per GPU; see train.lr_scaling)")
     parser.add_argument("--no-graph", action="store_true", help="on the GPU, run each step eagerly, not as a CUDA graph")
     add_engine_argument(parser, default=None, default_text="default: the config's engine, else slides")
     add_common_arguments(parser)
@@ -167,20 +171,30 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
     resume = None if args.resume is None else checkpoint_to_resume(args.resume)
     if resume is not None:
         check_resume(resume, config, args.config)
-    trainer = Trainer(config, output, resume=resume, progress=not args.quiet and sys.stderr.isatty())
+    launch = distributed.from_environment()
+    if launch is not None:
+        distributed.pin_device(launch)
+    group = None if launch is None else distributed.join(launch, config)
+    progress = not args.quiet and sys.stderr.isatty() and (launch is None or launch.rank == 0)
+    trainer = Trainer(config, output, resume=resume, progress=progress, group=group)
     if trainer.position.step >= trainer.total_steps:
         raise UsageError(f"{args.resume} is at step {trainer.position.step} and the run asks for "
                          f"{trainer.total_steps} steps: nothing left to train; raise --epochs or --steps")
     return trainer, output
 
 
-def main_with_args(args, config_text: dict | None = None) -> int:
+def main_with_args(args, config_text: dict | None = None, argv: list[str] | None = None) -> int:
+    if args.gpus is not None:
+        return spawn_ranks(args.gpus, sys.argv[1:] if argv is None else argv)
     trainer, output = prepare(args, config_text)
     try:
         metrics = trainer.run()
     except Interrupted as interrupted:
-        print(f"cudnnnet-train: {interrupted}", file=sys.stderr)
+        if trainer.writes:
+            print(f"cudnnnet-train: {interrupted}", file=sys.stderr)
         return 128 + interrupted.signum
+    if not trainer.writes:
+        return 0
     if args.export_original:
         trainer.network.save_original(args.export_original)
     log.info("test accuracy %.4f, test loss %.4f, %.1f s, %s images/s on %s; outputs in %s",
@@ -197,7 +211,7 @@ def _rate_text(rate) -> str:
 
 def main(argv=None, config_text: dict | None = None) -> int:
     """cudnnnet-train; ``config_text``: {config path: its bytes} already read (see ``launch``)."""
-    return run(functools.partial(main_with_args, config_text=config_text), build_parser(), argv)
+    return run(functools.partial(main_with_args, config_text=config_text, argv=argv), build_parser(), argv)
 
 
 if __name__ == "__main__":

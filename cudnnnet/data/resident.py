@@ -49,14 +49,17 @@ class ResidentData:
         self.labels = Tensor.from_numpy(labels.astype(np.float32), backend)  # (N,) class ids
         self.order = Tensor((self.count,), backend)  # (N,) the epoch's sample ids, in order
         self.cursor = Tensor((1,), backend)  # where in ``order`` the batch starts
+        self.epoch_count = self.count  # ids in the current epoch's order
         self._batches: dict[int, tuple[Tensor, Tensor]] = {}  # batch size -> (x, one-hot target)
 
     def start_epoch(self, order: np.ndarray) -> None:
-        self.order.write_(order.astype(np.float32))
+        """Take the epoch's order: every sample id, or a rank's shard of them (fewer)."""
+        self.epoch_count = len(order)
+        self.order.view((self.epoch_count,)).write_(order.astype(np.float32))
 
     def select(self, index: int) -> tuple[Tensor, Tensor]:
         """Point the cursor at batch ``index`` (outside any graph); returns that batch's tensors."""
-        size = min(self.batch_size, self.count - index * self.batch_size)
+        size = min(self.batch_size, self.epoch_count - index * self.batch_size)
         if size not in self._batches:
             self._batches[size] = (Tensor((size,) + self.images.shape[1:], self.backend),
                                    Tensor((size, self.classes), self.backend))

@@ -88,13 +88,14 @@ class StreamedData:
     def start_epoch(self, order: np.ndarray) -> None:
         """Take the epoch's order of sample ids; batches staged for the previous order are dropped."""
         order = np.asarray(order)
-        if order.shape != (self.count,) or not np.issubdtype(order.dtype, np.integer):
-            raise DataError(f"an epoch's order must be {self.count} integer sample ids, "
+        if order.ndim != 1 or not 0 < order.size <= self.count or not np.issubdtype(order.dtype, np.integer):
+            raise DataError(f"an epoch's order must be {self.count} integer sample ids (or fewer: a rank's shard), "
                             f"got dtype {order.dtype} shape {order.shape}")
         if order.min() < 0 or order.max() >= self.count:
             raise DataError(f"an epoch's order holds ids {int(order.min())}..{int(order.max())}; "
                             f"valid are 0..{self.count - 1}")
         self._order = order.astype(np.int64)
+        self.steps = math.ceil(order.size / self.batch_size)
         self._ordered_labels = self.labels[self._order]
         self._staged = [None] * SLOTS
 
@@ -120,7 +121,7 @@ class StreamedData:
             raise UsageError("StreamedData.select was called before start_epoch gave the epoch's order")
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < self.steps:
             raise InvalidArgumentError(f"batch index {index!r} is outside the epoch's 0..{self.steps - 1}")
-        return min(self.batch_size, self.count - int(index) * self.batch_size)
+        return min(self.batch_size, self._order.size - int(index) * self.batch_size)
 
     def _tensors(self, size: int) -> tuple[Tensor, Tensor]:
         """The (x, target) tensors of batches of ``size``, made once (a captured graph reads their addresses)."""
@@ -132,7 +133,7 @@ class StreamedData:
     def _stage(self, index: int) -> None:
         """Fill batch ``index``'s slot from the host arrays and send it on its way to the device."""
         slot, start = index % SLOTS, index * self.batch_size
-        size = min(self.batch_size, self.count - start)
+        size = min(self.batch_size, self._order.size - start)
         image_values, target_values = size * self.sample_size, size * self.classes
         values = self.staging.host_values(slot)  # (slot values,) float32, free to overwrite
         images = values[:image_values].reshape((size,) + self.sample_shape)  # (size, C, H, W)

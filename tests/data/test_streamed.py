@@ -136,7 +136,7 @@ def test_a_bad_order_or_index_is_refused(host):
     with pytest.raises(UsageError, match="before start_epoch"):
         data.select(0)
     with pytest.raises(DataError, match=f"must be {COUNT} integer sample ids"):
-        data.start_epoch(np.arange(COUNT - 1))
+        data.start_epoch(np.arange(COUNT + 1))
     with pytest.raises(DataError, match=f"must be {COUNT} integer sample ids"):
         data.start_epoch(np.arange(COUNT, dtype=np.float32))
     with pytest.raises(DataError, match=f"valid are 0..{COUNT - 1}"):

@@ -20,8 +20,11 @@ WHEELS = {
     "cublasLt": ("nvidia-cublas>=13,<14", "nvidia-cublas-cu12<13"),
     "cudnn": ("nvidia-cudnn-cu13>=9,<10", "nvidia-cudnn-cu12>=9,<10"),
     "nvrtc": ("nvidia-cuda-nvrtc>=13,<14", "nvidia-cuda-nvrtc-cu12<13"),
+    "nccl": ("nvidia-nccl-cu13>=2.27,<3", "nvidia-nccl-cu12>=2.19,<3"),
 }
 CUDNN_IN_WHEEL = os.path.join("lib", "libcudnn.so.9")  # under nvidia/cudnn in both cuDNN 9 wheels
+# library: (package, file inside it) where a cuda.pathfinder that does not know the name can still find it
+IN_WHEEL = {"cudnn": ("nvidia.cudnn", CUDNN_IN_WHEEL), "nccl": ("nvidia.nccl", os.path.join("lib", "libnccl.so.2"))}
 
 
 def install_hint(library: str | None = None, cuda_major: int | None = None) -> str:
@@ -55,7 +58,7 @@ def cuda_python():
 
 
 def load_library(name: str, cuda_major: int | None) -> ctypes.CDLL:
-    """The NVIDIA library ``name`` ("cublas", "cublasLt" or "cudnn"), found by cuda.pathfinder."""
+    """The NVIDIA library ``name`` ("cublas", "cublasLt", "cudnn" or "nccl"), found by cuda.pathfinder."""
     try:
         import cuda.pathfinder as pathfinder
     except ImportError:
@@ -66,8 +69,8 @@ def load_library(name: str, cuda_major: int | None) -> ctypes.CDLL:
     try:
         loaded = pathfinder.load_nvidia_dynamic_lib(name)
     except Exception as error:  # unknown name (older pathfinder) or not found
-        if name == "cudnn":
-            return _cudnn_from_wheel(cuda_major, error)
+        if name in IN_WHEEL:
+            return _from_wheel(name, cuda_major, error)
         raise DeviceUnavailableError(f"lib{name} was not found ({_first_line(error)}); {install_hint(name, cuda_major)}") from None
     log.info("loaded %s from %s", name, loaded.abs_path)
     return _open(loaded.abs_path or f"lib{name}", name, cuda_major, None if loaded.abs_path else loaded._handle_uint)
@@ -80,19 +83,21 @@ def _open(path: str, name: str, cuda_major: int | None, handle: int | None = Non
         raise DeviceUnavailableError(f"{path} cannot be loaded ({error}); {install_hint(name, cuda_major)}") from None
 
 
-def _cudnn_from_wheel(cuda_major: int | None, pathfinder_error: Exception) -> ctypes.CDLL:
-    """libcudnn.so.9 inside the installed nvidia.cudnn package (nvidia-cudnn-cu12 or -cu13)."""
+def _from_wheel(name: str, cuda_major: int | None, pathfinder_error: Exception) -> ctypes.CDLL:
+    """``name``'s library inside its installed wheel's package (nvidia.cudnn: nvidia-cudnn-cu12 or
+    -cu13; nvidia.nccl: nvidia-nccl-cu12 or -cu13)."""
+    package, relative = IN_WHEEL[name]
     try:
-        spec = importlib.util.find_spec("nvidia.cudnn")
+        spec = importlib.util.find_spec(package)
     except ImportError:
         spec = None
     for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = os.path.join(folder, CUDNN_IN_WHEEL)
+        path = os.path.join(folder, relative)
         if os.path.exists(path):
-            log.info("loaded cudnn from %s", path)
-            return _open(path, "cudnn", cuda_major)
+            log.info("loaded %s from %s", name, path)
+            return _open(path, name, cuda_major)
     raise DeviceUnavailableError(
-        f"libcudnn.so.9 was not found ({_first_line(pathfinder_error)}); {install_hint('cudnn', cuda_major)}"
+        f"{os.path.basename(relative)} was not found ({_first_line(pathfinder_error)}); {install_hint(name, cuda_major)}"
     )
 
 

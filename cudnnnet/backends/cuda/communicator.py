@@ -1,0 +1,78 @@
+"""Tier 2 over the NCCL binding: a communicator of the ranks training together, its collectives
+queued on the backend's one stream (so a captured CUDA graph of the step records them too).
+
+NCCL is found by cuda.pathfinder like cuBLAS and cuDNN (``nvidia-nccl-cu12`` / ``-cu13`` wheels).
+NVLink multicast (NVLS) is left off: ``NCCL_NVLS_ENABLE=0`` unless the environment says otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+from ...errors import NcclError
+from ...tensor import Tensor
+from .bindings import nccl
+from .bindings.loader import load_library
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def load_nccl(cuda_major: int | None = None) -> int:
+    """Load libnccl once (DeviceUnavailableError naming the wheel if missing); returns its version code."""
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    nccl.load(load_library("nccl", cuda_major))
+    version = nccl.get_version()
+    log.info("NCCL %d.%d.%d", version // 10000, version // 100 % 100, version % 100)
+    return version
+
+
+def make_unique_id() -> bytes:
+    """Rank 0's ncclUniqueId, to hand to every rank (needs no GPU)."""
+    load_nccl()
+    return nccl.get_unique_id()
+
+
+class Communicator:
+    """``world_size`` ranks on one GPU each; this process is ``rank``, on ``backend``'s device."""
+
+    def __init__(self, backend, world_size: int, rank: int, unique_id: bytes):
+        load_nccl(getattr(backend.context, "cuda_major", None))
+        self.backend, self.world_size, self.rank = backend, world_size, rank
+        self.stream = backend.context.stream.address  # the raw cudaStream_t
+        self.comm: int | None = nccl.comm_init_rank(world_size, unique_id, rank)
+
+    def all_reduce_average(self, tensor: Tensor) -> None:
+        """tensor = (1/world_size)·Σ_ranks tensor, in place."""
+        # x = Σ_r x_r / R
+        nccl.all_reduce(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, nccl.AVG, self.comm, self.stream)
+
+    def all_reduce_max(self, tensor: Tensor) -> None:
+        """tensor = max over the ranks, element-wise, in place."""
+        nccl.all_reduce(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, nccl.MAX, self.comm, self.stream)
+
+    def broadcast(self, tensor: Tensor, root: int = 0) -> None:
+        """Every rank's ``tensor`` takes rank ``root``'s values."""
+        nccl.broadcast(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, root, self.comm, self.stream)
+
+    def check(self) -> None:
+        """NcclError where the communicator met an asynchronous error (a lost peer, a network failure)."""
+        if self.comm is None:
+            return
+        state = nccl.comm_get_async_error(self.comm)
+        if state not in (nccl.SUCCESS, nccl.IN_PROGRESS):
+            raise NcclError("ncclCommGetAsyncError", state, nccl.result_name(state), "the communicator failed")
+
+    def abort(self) -> None:
+        """Stop every queued collective (they return instead of waiting for a lost peer); frees the communicator."""
+        comm, self.comm = self.comm, None
+        if comm is not None:
+            nccl.comm_abort(comm)
+
+    def close(self) -> None:
+        """Free the communicator once every rank is done with it (after the last collective completed)."""
+        comm, self.comm = self.comm, None
+        if comm is not None:
+            nccl.comm_destroy(comm)

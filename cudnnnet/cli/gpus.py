@@ -1,0 +1,130 @@
+"""``cudnnnet-train --gpus N``: one training process per GPU of this host, as torchrun would start them.
+
+Each child runs ``python -m cudnnnet.cli.launch`` with the same arguments less ``--gpus``, with
+torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT: a free port),
+its GPU as the only one visible (CUDA_VISIBLE_DEVICES) and NVLink multicast off (NCCL_NVLS_ENABLE=0).
+SIGINT and SIGTERM are passed on to every child (they agree on a step, rank 0 publishes one
+checkpoint). Where a child fails, the others notice (distributed.Link) and exit on their own; any
+still running ``GRACE_SECONDS`` later are terminated. The exit code is the first failing child's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from .. import distributed
+from ..errors import UsageError
+
+log = logging.getLogger(__name__)
+
+GRACE_SECONDS = distributed.HEARTBEAT_TIMEOUT + 30.0
+GPUS_OPTION = "--gpus"
+
+
+def without_gpus_option(argv: list[str]) -> list[str]:
+    """``argv`` less every ``--gpus N`` / ``--gpus=N`` (or the prefix argparse takes, ``--gpu``)."""
+    kept, skip = [], False
+    for argument in argv:
+        if skip:
+            skip = False
+            continue
+        name, equals, _ = argument.partition("=")
+        if len(name) >= 5 and GPUS_OPTION.startswith(name):
+            skip = not equals
+            continue
+        kept.append(argument)
+    return kept
+
+
+def visible_gpus(count: int) -> list[str]:
+    """The first ``count`` GPUs this process may use (CUDA_VISIBLE_DEVICES entries, else ordinals);
+    UsageError where there are fewer."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        gpus = [entry.strip() for entry in listed.split(",") if entry.strip()]
+    else:
+        from ..backends import no_gpu_reason
+
+        reason = no_gpu_reason()
+        if reason is not None:
+            raise UsageError(f"--gpus {count}: no GPU is usable here ({reason})")
+        from ..backends.cuda.bindings import driver_start
+
+        gpus = [str(ordinal) for ordinal in range(driver_start.device_count())]
+    if len(gpus) < count:
+        raise UsageError(f"--gpus {count}: this host has {len(gpus)} usable GPU{'s' if len(gpus) != 1 else ''}; "
+                         f"valid are 1 to {len(gpus)}")
+    return gpus[:count]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def spawn_ranks(count: int, argv: list[str]) -> int:
+    """Run one rank per GPU for ``count`` GPUs with ``argv`` (less --gpus); returns the exit code."""
+    if distributed.from_environment() is not None:
+        raise UsageError("--gpus starts its own processes; under torchrun, srun or mpirun leave --gpus out")
+    gpus = visible_gpus(count)
+    port = free_port()
+    arguments = [sys.executable, "-m", "cudnnnet.cli.launch", *without_gpus_option(argv)]
+    children = []
+    for rank, gpu in enumerate(gpus):
+        environment = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(count), "LOCAL_RANK": "0",
+                       "LOCAL_WORLD_SIZE": str(count), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "CUDA_VISIBLE_DEVICES": gpu}
+        environment.setdefault("NCCL_NVLS_ENABLE", "0")
+        children.append(subprocess.Popen(arguments, env=environment))
+    log.info("started %d ranks (GPUs %s), rendezvous at 127.0.0.1:%d", count, ",".join(gpus), port)
+    return _wait(children)
+
+
+def _wait(children: list[subprocess.Popen]) -> int:
+    """Wait for every child, passing SIGINT/SIGTERM on; the first failing child's exit code, else 0."""
+    def forward(signum, frame):
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        failure, failed_at = 0, None
+        while any(child.poll() is None for child in children):
+            for rank, child in enumerate(children):
+                if child.returncode not in (None, 0) and failed_at is None:
+                    failure, failed_at = _exit_code(child), time.monotonic()
+                    log.error("rank %d exited with code %d; waiting up to %g s for the others", rank, failure,
+                              GRACE_SECONDS)
+            if failed_at is not None and time.monotonic() - failed_at > GRACE_SECONDS:
+                _terminate(children)
+            time.sleep(0.1)
+        return failure or next((_exit_code(child) for child in children if child.returncode != 0), 0)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _exit_code(child: subprocess.Popen) -> int:
+    """A child's exit status as a shell reports it (128 + N for a child killed by signal N)."""
+    return child.returncode if child.returncode >= 0 else 128 - child.returncode
+
+
+def _terminate(children: list[subprocess.Popen]) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.monotonic() + 10.0
+    for child in children:
+        try:
+            child.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()

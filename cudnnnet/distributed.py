@@ -1,0 +1,527 @@
+"""Data-parallel training over several processes, one GPU each, joined by NCCL.
+
+- ``from_environment``: this process's place (rank, world size, local rank, rank 0's address) as
+  the launchers publish it: torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), Open
+  MPI (OMPI_COMM_WORLD_*), MPICH / Intel MPI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID) and Slurm
+  (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID); ``cudnnnet-train --gpus N`` sets torchrun's.
+- ``rendezvous``: rank 0 listens at MASTER_ADDR:MASTER_PORT; every other rank connects and sends its
+  rank, the world size and a digest of its config; rank 0 refuses a mismatch (every rank then stops
+  with the reason) or sends back the NCCL unique id. The connections stay open as ``Link``: each side
+  sends a heartbeat every second, so a rank that dies (its socket closes) or hangs (silent for
+  ``heartbeat_timeout`` s) is noticed by the others, which abort NCCL and exit instead of waiting.
+- ``Shard``: every rank draws the same permutation of the training set (same seed) and takes its
+  own contiguous part; the set is padded to a multiple of the world size with its first samples, so
+  every rank runs the same number of steps (the collectives stay matched) and each epoch covers the
+  set once (with ``world_size - 1`` repeats at most).
+- ``Replicas``: the trainer's side: the communicator, one all-reduce (ncclAvg) over the flat gradient
+  buffer per step, the broadcast of rank 0's weights, the learning-rate rule, stop agreement.
+
+Importing this module starts no CUDA: ``pin_device`` must run before the driver starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import selectors
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Mapping
+
+from .errors import DistributedError, UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+log = logging.getLogger(__name__)
+
+RENDEZVOUS_TIMEOUT = 300.0  # s for every rank to reach rank 0 (CUDNNNET_RENDEZVOUS_TIMEOUT overrides)
+HEARTBEAT_SECONDS = 1.0
+HEARTBEAT_TIMEOUT = 60.0  # s of silence after which a peer is taken for lost (CUDNNNET_HEARTBEAT_TIMEOUT overrides)
+MAGIC = b"CDNN\x01"
+HELLO = struct.Struct("!5sII32s")  # magic, rank, world size, config digest
+UNIQUE_ID_BYTES = 128
+HEARTBEAT, GOODBYE = b"h", b"b"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where this process stands among the ranks, as its launcher said."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str | None
+    master_port: int | None
+    launcher: str
+
+    def address(self) -> tuple[str, int]:
+        """(MASTER_ADDR, MASTER_PORT), or DistributedError saying that they are needed."""
+        if not self.master_addr or self.master_port is None:
+            raise DistributedError(f"{self.launcher} started {self.world_size} ranks but MASTER_ADDR and MASTER_PORT are "
+                                   f"not both set; export them (rank 0's host name or address, and a free TCP port) "
+                                   f"for every rank")
+        return self.master_addr, self.master_port
+
+
+# launcher: (rank, world size, local rank) variables, first found wins
+LAUNCHERS = (
+    ("torchrun", ("RANK", "WORLD_SIZE", "LOCAL_RANK")),
+    ("Open MPI", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")),
+    ("MPICH", ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")),
+    ("Slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")),
+)
+
+
+def from_environment(environ: Mapping[str, str] = os.environ) -> Launch | None:
+    """This process's Launch, or None for a single process: torchrun's variables (WORLD_SIZE set, even
+    to 1), else the first MPI or Slurm contract whose world size is above 1 (a lone ``srun`` task or
+    ``mpirun -n 1`` trains as one process, without NCCL)."""
+    for launcher, (rank_name, size_name, local_name) in LAUNCHERS:
+        if rank_name not in environ or size_name not in environ:
+            continue
+        world_size = _integer(environ, size_name, 1)
+        if launcher != "torchrun" and world_size == 1:
+            continue
+        rank = _integer(environ, rank_name, 0)
+        if rank >= world_size:
+            raise DistributedError(f"{rank_name}={rank} is not below {size_name}={world_size}")
+        local_rank = _integer(environ, local_name, 0) if local_name in environ else _unknown_local_rank(launcher, rank)
+        port = _integer(environ, "MASTER_PORT", 1) if environ.get("MASTER_PORT") else None
+        if port is not None and port > 65535:
+            raise DistributedError(f"MASTER_PORT={port} is not a TCP port (1..65535)")
+        return Launch(rank, world_size, local_rank, environ.get("MASTER_ADDR") or None, port, launcher)
+    return None
+
+
+def _integer(environ: Mapping[str, str], name: str, low: int) -> int:
+    text = environ[name].strip()
+    if not text.isdigit() or int(text) < low:
+        raise DistributedError(f"{name}={environ[name]!r} is not an integer >= {low}")
+    return int(text)
+
+
+def _unknown_local_rank(launcher: str, rank: int) -> int:
+    log.warning("%s gave rank %d no local rank; using GPU 0 of the visible ones", launcher, rank)
+    return 0
+
+
+def pin_device(launch: Launch, environ=os.environ) -> str:
+    """Make this rank's GPU the only one it sees (CUDA_VISIBLE_DEVICES), before CUDA starts: entry
+    ``local_rank`` of the visible list, or the list itself where it names one GPU (Slurm's
+    --gpus-per-task does). Turns NVLink multicast off (NCCL_NVLS_ENABLE=0) unless set. Returns the device."""
+    environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    visible = [entry.strip() for entry in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
+    if len(visible) == 1:
+        return visible[0]
+    if visible and launch.local_rank >= len(visible):
+        raise DistributedError(f"local rank {launch.local_rank} has no GPU: CUDA_VISIBLE_DEVICES lists {len(visible)}")
+    device = visible[launch.local_rank] if visible else str(launch.local_rank)
+    environ["CUDA_VISIBLE_DEVICES"] = device
+    return device
+
+
+def config_digest(config_dict: dict) -> bytes:
+    """sha256 of the training config as every rank must share it (the data directory and the device
+    may differ between hosts and are left out)."""
+    shared = {key: value for key, value in config_dict.items() if key != "device"}
+    shared["data"] = {key: value for key, value in config_dict.get("data", {}).items() if key != "dir"}
+    return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).digest()
+
+
+# ---- rendezvous --------------------------------------------------------------------------------------
+def rendezvous(launch: Launch, digest: bytes, make_unique_id: Callable[[], bytes],
+               timeout: float | None = None) -> tuple[bytes, "Link"]:
+    """(the NCCL unique id, the Link to the other ranks), once every rank has reached rank 0 with the
+    same world size and config digest; DistributedError (naming the rank and the reason) otherwise,
+    on every rank, within ``timeout`` seconds."""
+    timeout = _seconds("CUDNNNET_RENDEZVOUS_TIMEOUT", RENDEZVOUS_TIMEOUT) if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    if launch.rank == 0:
+        return _serve(launch, digest, make_unique_id, deadline, timeout)
+    return _join(launch, digest, deadline, timeout)
+
+
+def _serve(launch: Launch, digest: bytes, make_unique_id, deadline: float, timeout: float):
+    host, port = launch.address() if launch.world_size > 1 else ("127.0.0.1", launch.master_port or 0)
+    unique_id = make_unique_id()
+    peers: dict[int, socket.socket] = {}
+    if launch.world_size == 1:
+        return unique_id, Link(launch, peers)
+    try:
+        server = socket.create_server((_bind_host(host), port), reuse_port=False)
+    except OSError as error:
+        raise DistributedError(f"rank 0 cannot listen at {host}:{port} (MASTER_ADDR:MASTER_PORT): {error.strerror or error}") from None
+    problems: list[str] = []
+    with server:
+        while len(peers) + len(problems) < launch.world_size - 1:
+            server.settimeout(max(deadline - time.monotonic(), 0.001))
+            try:
+                connection, _ = server.accept()
+            except socket.timeout:
+                _close_all(peers.values())
+                missing = sorted(set(range(1, launch.world_size)) - set(peers))
+                raise DistributedError(f"rank 0: ranks {_ranks_text(missing)} did not reach {host}:{port} within "
+                                       f"{timeout:g} s (CUDNNNET_RENDEZVOUS_TIMEOUT)") from None
+            problem, rank = _greet(connection, launch, digest, peers, deadline)
+            if problem:
+                problems.append(problem)
+                _send_refusal(connection, problem)
+            else:
+                peers[rank] = connection
+    if problems:
+        reason = "; ".join(problems)
+        for connection in peers.values():
+            _send_refusal(connection, reason)
+        _close_all(peers.values())
+        raise DistributedError(f"rank 0 refused to start: {reason}")
+    for connection in peers.values():
+        connection.sendall(b"\x00" + unique_id)
+    log.info("rank 0: all %d ranks joined at %s:%d", launch.world_size, host, port)
+    return unique_id, Link(launch, peers)
+
+
+def _greet(connection: socket.socket, launch: Launch, digest: bytes, peers: dict, deadline: float):
+    """(problem or None, the peer's rank) from the peer's hello."""
+    try:
+        connection.settimeout(max(deadline - time.monotonic(), 0.001))
+        magic, rank, world_size, theirs = HELLO.unpack(_receive(connection, HELLO.size))
+    except (DistributedError, OSError, struct.error) as error:
+        return f"a connection that is not a cudnnnet rank ({error})", -1
+    if magic != MAGIC:
+        return "a connection that is not a cudnnnet rank of this version", -1
+    if world_size != launch.world_size:
+        return f"rank {rank} says the world has {world_size} ranks, rank 0 says {launch.world_size}", rank
+    if not 0 < rank < launch.world_size or rank in peers:
+        return f"rank {rank} joined twice or is outside 1..{launch.world_size - 1}", rank
+    if theirs != digest:
+        return (f"rank {rank}'s config differs from rank 0's (every rank must train the same config, "
+                f"epochs, batch size and seed)"), rank
+    return None, rank
+
+
+def _join(launch: Launch, digest: bytes, deadline: float, timeout: float):
+    host, port = launch.address()
+    connection = _connect(host, port, launch.rank, deadline, timeout)
+    try:
+        connection.settimeout(max(deadline - time.monotonic(), 0.001))
+        connection.sendall(HELLO.pack(MAGIC, launch.rank, launch.world_size, digest))
+        status = _receive(connection, 1)
+        if status != b"\x00":
+            length, = struct.unpack("!I", _receive(connection, 4))
+            reason = _receive(connection, length).decode(errors="replace")
+            raise DistributedError(f"rank {launch.rank}: rank 0 refused to start: {reason}")
+        unique_id = _receive(connection, UNIQUE_ID_BYTES)
+    except socket.timeout:
+        connection.close()
+        raise DistributedError(f"rank {launch.rank}: rank 0 at {host}:{port} did not answer within {timeout:g} s "
+                               f"(CUDNNNET_RENDEZVOUS_TIMEOUT); are all {launch.world_size} ranks started?") from None
+    except BaseException:
+        connection.close()
+        raise
+    return unique_id, Link(launch, {0: connection})
+
+
+def _connect(host: str, port: int, rank: int, deadline: float, timeout: float) -> socket.socket:
+    """A connection to rank 0, retried until ``deadline`` (rank 0 may not be listening yet)."""
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=max(min(deadline - time.monotonic(), 5.0), 0.001))
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise DistributedError(f"rank {rank}: cannot reach rank 0 at {host}:{port} (MASTER_ADDR:MASTER_PORT) "
+                                       f"within {timeout:g} s: {error.strerror or error}") from None
+            time.sleep(0.2)
+
+
+def _receive(connection: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = connection.recv(size - len(data))
+        if not chunk:
+            raise DistributedError("the connection closed during the rendezvous")
+        data += chunk
+    return data
+
+
+def _send_refusal(connection: socket.socket, reason: str) -> None:
+    payload = reason.encode()
+    try:
+        connection.sendall(b"\x01" + struct.pack("!I", len(payload)) + payload)
+    except OSError:
+        pass
+    connection.close()
+
+
+def _close_all(connections) -> None:
+    for connection in connections:
+        connection.close()
+
+
+def _bind_host(host: str) -> str:
+    """Listen on the loopback only where MASTER_ADDR is a loopback address, else on every interface."""
+    try:
+        return host if socket.gethostbyname(host).startswith("127.") else ""
+    except OSError:
+        return ""
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def _seconds(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or not math.isfinite(value):
+        raise UsageError(f"{name}={text!r} is not a number of seconds > 0")
+    return value
+
+
+# ---- the link between the ranks while they train ------------------------------------------------------
+class Link:
+    """The rendezvous connections, kept: heartbeats both ways (a thread, from ``watch`` on), a lost or
+    silent peer reported to ``on_failure`` (once), ``poll`` called every heartbeat (the communicator's
+    async-error check, once there is one). Both may be replaced while the thread runs."""
+
+    def __init__(self, launch: Launch, peers: dict[int, socket.socket]):
+        self.launch, self.peers = launch, peers
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.timeout = _seconds("CUDNNNET_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT)
+        self.on_failure: Callable[[str], None] = exit_now
+        self.poll: Callable[[], None] = lambda: None
+
+    def watch(self, on_failure: Callable[[str], None] | None = None) -> None:
+        """Start the heartbeat thread."""
+        if on_failure is not None:
+            self.on_failure = on_failure
+        for connection in self.peers.values():
+            connection.setblocking(False)
+        self._thread = threading.Thread(target=self._beat, name="cudnnnet-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        selector = selectors.DefaultSelector()
+        heard = {}
+        for rank, connection in self.peers.items():
+            selector.register(connection, selectors.EVENT_READ, rank)
+            heard[rank] = time.monotonic()
+        me = f"rank {self.launch.rank} of {self.launch.world_size}"
+        while not self._stop.is_set():
+            for rank, connection in list(self.peers.items()):
+                try:
+                    connection.send(HEARTBEAT)
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:
+                    pass  # a closed peer is reported by the read below
+            for key, _ in selector.select(HEARTBEAT_SECONDS):
+                rank = key.data
+                try:
+                    data = key.fileobj.recv(4096)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    data = b""
+                if GOODBYE in data:
+                    selector.unregister(key.fileobj)
+                    heard.pop(rank, None)
+                elif not data:
+                    if not self._stop.is_set():
+                        self.on_failure(f"{me}: rank {rank} stopped without finishing (its connection closed); "
+                                   f"see that rank's output for why")
+                    return
+                else:
+                    heard[rank] = time.monotonic()
+            now = time.monotonic()
+            silent = [rank for rank, when in heard.items() if now - when > self.timeout]
+            if silent and not self._stop.is_set():
+                self.on_failure(f"{me}: rank {silent[0]} sent no heartbeat for {self.timeout:g} s "
+                           f"(CUDNNNET_HEARTBEAT_TIMEOUT); taking it for lost")
+                return
+            try:
+                self.poll()
+            except Exception as error:  # the communicator's asynchronous error
+                if not self._stop.is_set():
+                    self.on_failure(f"{me}: {error}")
+                return
+
+    def close(self, finished: bool) -> None:
+        """Stop the heartbeats; ``finished``: say goodbye first, so that the others do not take this rank for lost."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        for connection in self.peers.values():
+            if finished:
+                try:
+                    connection.setblocking(True)
+                    connection.sendall(GOODBYE)
+                except OSError:
+                    pass
+            connection.close()
+        self.peers = {}
+
+
+def exit_now(message: str) -> None:
+    """What a rank does when another is lost before its communicator exists: say why and exit at once
+    (the main thread may be waiting for the lost rank)."""
+    log.error("%s; exiting", message)
+    print(f"cudnnnet-train: {message}", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+# ---- sharding and the learning-rate rule ------------------------------------------------------------
+def shard_size(count: int, world_size: int) -> int:
+    """Samples per rank per epoch: the set padded to a multiple of the world size, divided."""
+    return -(-count // world_size)
+
+
+def shard(order: "np.ndarray", rank: int, world_size: int) -> "np.ndarray":
+    """Rank ``rank``'s part of an epoch's ``order`` (the same on every rank): a contiguous slice of the
+    order padded with its own first ids to a multiple of ``world_size``."""
+    import numpy as np  # here: the launcher imports this module before NumPy, to start CUDA early
+
+    size = shard_size(len(order), world_size)
+    padded = np.concatenate([order, order[:size * world_size - len(order)]])
+    return padded[rank * size:(rank + 1) * size]
+
+
+class Shard:
+    """A BatchLoader seen by one rank: its part of every epoch's permutation (``shard``)."""
+
+    def __init__(self, loader, rank: int, world_size: int):
+        self.loader, self.rank, self.world_size = loader, rank, world_size
+        self.classes = loader.classes
+        self.batch_size = loader.batch_size
+
+    @property
+    def num_samples(self) -> int:
+        return shard_size(self.loader.num_samples, self.world_size)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.num_samples // self.batch_size)
+
+    def permutation(self, epoch: int) -> "np.ndarray":
+        return shard(self.loader.permutation(epoch), self.rank, self.world_size)
+
+
+def lr_factor(rule: str, world_size: int, warmup_steps: float, step: int) -> float:
+    """The factor on the configured learning rate at ``step``: ``linear``: world_size (the global batch
+    is world_size times the configured one), reached linearly from 1 over ``warmup_steps``; ``none``: 1."""
+    if rule == "none" or world_size == 1:
+        return 1.0
+    if rule != "linear":
+        raise UsageError(f"unknown lr_scaling {rule!r}; valid are linear, none")
+    progress = 1.0 if warmup_steps <= 0 else min(step / warmup_steps, 1.0)
+    return 1.0 + (world_size - 1) * progress
+
+
+# ---- joining, and the trainer's side ----------------------------------------------------------------
+@dataclass
+class Group:
+    """What a rank takes into training: its Launch, the NCCL unique id and the Link to the others."""
+
+    launch: Launch
+    unique_id: bytes
+    link: Link
+
+
+def join(launch: Launch, config) -> Group:
+    """Rendezvous with the other ranks for ``config`` (a Config); rank 0 makes the NCCL unique id."""
+    if config.device == "host":
+        raise UsageError(f"{launch.launcher} started {launch.world_size} ranks but the device is host; "
+                         f"training over several processes needs --device cuda")
+
+    def make_unique_id() -> bytes:
+        from .backends.cuda.communicator import make_unique_id as nccl_unique_id
+
+        return nccl_unique_id()
+
+    unique_id, link = rendezvous(launch, config_digest(config.to_dict()), make_unique_id)
+    link.watch()  # from now on a lost rank ends this one, even while it waits in ncclCommInitRank
+    return Group(launch, unique_id, link)
+
+
+class Replicas:
+    """The trainer's ranks: one all-reduce of the flat gradient buffer per step, rank 0's weights
+    broadcast at the start (after any resume), the learning-rate rule, agreement on stopping."""
+
+    def __init__(self, group: Group, network, optimizer, train_config, steps_per_epoch: int):
+        from .backends.cuda.communicator import Communicator
+        from .optim import SGD, pack
+
+        backend = network.backend
+        if backend.name != "cuda":
+            raise UsageError("training over several processes needs the CUDA backend (--device cuda)")
+        self.group, self.rank, self.world_size = group, group.launch.rank, group.launch.world_size
+        self.backend = backend
+        self.communicator = Communicator(backend, self.world_size, self.rank, group.unique_id)
+        parameters = network.parameter_list()
+        if isinstance(optimizer, SGD) and optimizer.groups:
+            self.values, self.gradients = optimizer.groups[0][0], optimizer.groups[0][1]  # packed by SGD already
+        else:  # packed here, before any step: the optimiser's tensors keep their identity
+            self.values = pack([p.value for p in parameters], backend)
+            self.gradients = pack([p.grad for p in parameters], backend)
+        warmup_steps = train_config.lr_warmup_epochs * steps_per_epoch
+        optimizer.lr_factor = lambda step: lr_factor(train_config.lr_scaling, self.world_size, warmup_steps, step)
+        self.flag = _scalar(backend)  # the stop agreement: the largest signal number any rank received
+        group.link.on_failure, group.link.poll = self._fail, self.communicator.check
+
+    @property
+    def writes(self) -> bool:
+        """Rank 0 evaluates and writes the outputs."""
+        return self.rank == 0
+
+    def broadcast_weights(self) -> None:
+        """Every rank's weights become rank 0's."""
+        self.communicator.broadcast(self.values, root=0)
+        self.backend.synchronize()
+
+    def average_gradients(self) -> None:
+        """dW = (1/R)·Σ_r dW_r over the one flat gradient buffer (queued; captured with the step)."""
+        self.communicator.all_reduce_average(self.gradients)
+
+    def average(self, tensor) -> None:
+        """tensor = its mean over the ranks (the epoch's loss and accuracy totals)."""
+        self.communicator.all_reduce_average(tensor)
+
+    def agreed_stop(self, signum: int | None) -> int | None:
+        """The signal any rank received (the largest number), agreed by every rank; a synchronisation."""
+        self.flag.fill_(float(signum or 0))
+        self.communicator.all_reduce_max(self.flag)
+        agreed = int(self.flag.numpy().reshape(-1)[0])
+        return agreed or None
+
+    def finish(self) -> None:
+        """After the last step: the heartbeats end with a goodbye, the communicator is freed."""
+        self.backend.synchronize()
+        self.group.link.close(finished=True)
+        self.communicator.close()
+
+    def _fail(self, message: str) -> None:
+        """A peer is lost: abort NCCL (queued collectives return), say why, and exit at once."""
+        try:
+            self.communicator.abort()
+        except Exception as error:
+            log.error("ncclCommAbort failed too: %s", error)
+        exit_now(f"{message}; NCCL aborted")
+
+
+def _scalar(backend):
+    from .tensor import Tensor
+
+    return Tensor.zeros((1,), backend)
