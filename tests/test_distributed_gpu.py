@@ -53,10 +53,13 @@ def _weights(trainer):
 
 
 # ---- one GPU -------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("engine", ["slides", "fast"])
 @pytest.mark.parametrize("graph", [True, False])
-@pytest.mark.parametrize("name", ["mnist_cnn", "mnist_bn_cnn"])  # SGD (packed by the optimiser), AdamW (packed here)
+@pytest.mark.parametrize("name, engine", [("mnist_cnn", "slides"), ("mnist_cnn", "fast"), ("mnist_bn_cnn", "fast")])
 def test_one_rank_through_nccl_trains_the_same_weights(one_gpu, mnist_dir, tmp_path, name, engine, graph):
+    """SGD (packed by the optimiser) and AdamW (packed here). Not the BN net in the slides engine:
+    its cuDNN algorithms may be non-deterministic, and the biases of its convolutions, each followed
+    by BatchNorm, get gradients that are rounding alone, so two slides runs of it differ at the 1e-4
+    level with or without NCCL in the path."""
     config = _config(name, mnist_dir, steps=12, batch_size=50, graph=graph, engine=engine)
     alone = Trainer(config, tmp_path / "alone", progress=False, image_limit=500)
     alone.run()
