@@ -96,7 +96,9 @@ def test_the_wheel_ships_the_configs_kernels_licence_and_bounded_extras(distribu
     assert 'cuda-bindings<14,>=13; extra == "cuda13"' in requirements
     for extra in ("cuda12", "cuda13"):
         nvidia = [line for line in requirements if line.startswith("nvidia") and f'extra == "{extra}"' in line]
-        assert len(nvidia) == 3 and all("<" in line for line in nvidia), nvidia  # each with an upper bound
+        # cuBLAS, cuDNN, NVRTC and NCCL, each with an upper bound
+        assert len(nvidia) == 4 and all("<" in line for line in nvidia), nvidia
+        assert any(line.startswith("nvidia-nccl") for line in nvidia), nvidia
     assert not [line for line in requirements if "cuda-runtime" in line or "cuda-python" in line]
 
 
