@@ -145,16 +145,22 @@ class OutputFolder:
                     entry.unlink()
 
 
-def checkpoint_to_resume(path) -> Path:
-    """``path`` itself for a checkpoint file; for an output folder, the checkpoint of its published set."""
+def checkpoint_to_resume(path, option: str = "--resume") -> Path:
+    """``path`` itself for a checkpoint file; for an output folder, the checkpoint of its published set
+    (``option`` names the command-line option in the error)."""
     path = Path(path)
     if not path.is_dir():
         return path
     model = path / "model.npz"
     if not model.is_file():
-        raise CheckpointError(f"--resume {path}: this folder holds no model.npz; give an output folder that a "
+        raise CheckpointError(f"{option} {path}: this folder holds no model.npz; give an output folder that a "
                               f"training wrote into, or a checkpoint file")
     return model
+
+
+def is_output_folder(path) -> bool:
+    """Whether ``path`` is a folder holding a published model.npz (an output folder of cudnnnet-train)."""
+    return Path(path).is_dir() and (Path(path) / "model.npz").is_file()
 
 
 def _fsync_directory(directory: Path) -> None:

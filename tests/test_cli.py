@@ -215,6 +215,21 @@ def test_evaluate_json_and_logging(short_run, mnist_dir, test_label_counts):
     assert quieter.returncode == 0 and quieter.stderr == "" and json.loads(quieter.stdout) == result
 
 
+def test_evaluate_takes_the_output_folder_for_its_checkpoint(short_run, mnist_dir, tmp_path):
+    _, output, cwd, cache = short_run
+    from_file = evaluate(short_run, mnist_dir, "--json", "--quiet")
+    from_folder = run("evaluate", "--weights", output, "--data-dir", mnist_dir, "--device", "host", "--json",
+                      "--quiet", cwd=cwd, cache=cache)
+    assert from_folder.returncode == 0, from_folder.stderr
+    assert json.loads(from_folder.stdout) == json.loads(from_file.stdout)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = run("evaluate", "--weights", empty, "--data-dir", mnist_dir, "--device", "host", cwd=cwd, cache=cache)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (f"cudnnnet-evaluate: error: --weights {empty}: this folder holds no model.npz; "
+                                      "give an output folder that a training wrote into, or a checkpoint file")
+
+
 def test_no_graph_turns_the_cuda_graph_off_in_the_run_config(mnist_dir, tmp_path):
     """--no-graph reaches the config the run records in its checkpoint (train.graph: false)."""
     from cudnnnet.checkpoint import load_npz

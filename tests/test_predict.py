@@ -155,6 +155,17 @@ def untrained_mlp(tmp_path_factory):
     return root
 
 
+def test_an_output_folder_is_read_as_its_checkpoint(untrained_mlp, tmp_path):
+    """A folder holding model.npz (what cudnnnet-train writes) predicts as that checkpoint does."""
+    digits = np.zeros((3, 28, 28), np.uint8)
+    digits[:, 6:22, 12:16] = 255
+    folder = render(tmp_path / "digits", "black_on_white", digits)
+    from_file, results_from_file = predict_cli(untrained_mlp / "model.npz", str(folder))
+    from_folder, results_from_folder = predict_cli(untrained_mlp, str(folder))
+    assert from_file.returncode == from_folder.returncode == 0, from_folder.stderr
+    assert results_from_folder == results_from_file
+
+
 def test_bad_files_are_each_named_and_the_others_predicted(untrained_mlp, tmp_path):
     digits = np.zeros((6, 28, 28), np.uint8)
     digits[:, 6:22, 12:16] = 255

@@ -16,6 +16,7 @@ from ..data.pixels import to_float_images
 from ..data.sources import load_source
 from ..errors import CheckpointError, DataError
 from ..network import Network
+from ..outputs import checkpoint_to_resume
 from ..inference import network_classes, training_normalize
 from ..training import evaluate
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, run
@@ -24,7 +25,8 @@ from .train import positive_int
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="cudnnnet-evaluate", description="Evaluate a checkpoint on the test set of its data (MNIST's by default).")
-    parser.add_argument("--weights", required=True, metavar="CHECKPOINT", help="a model.npz written by cudnnnet-train")
+    parser.add_argument("--weights", required=True, metavar="CHECKPOINT",
+                        help="a model.npz written by cudnnnet-train, or the output folder holding it")
     parser.add_argument("--data-dir", help="the data directory (default: the checkpoint config's data.dir, else $CUDNNNET_DATA or the user cache)")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default auto)")
     parser.add_argument("--batch-size", type=positive_int, default=1000, help="evaluation batch size")
@@ -78,7 +80,7 @@ def test_images(network: Network, args) -> tuple[np.ndarray, np.ndarray]:
 
 
 def main_with_args(args) -> int:
-    network = Network.load(args.weights, backend=args.device)
+    network = Network.load(checkpoint_to_resume(args.weights, "--weights"), backend=args.device)
     network.backend.set_engine(args.engine)
     images, labels = test_images(network, args)
     classes = network_classes(network)

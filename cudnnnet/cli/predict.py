@@ -23,6 +23,7 @@ from ..config import load_model_description
 from ..shipped_configs import shipped_config_names
 from ..errors import UsageError
 from ..network import Network
+from ..outputs import is_output_folder
 from ..inference import predict
 from ..training import input_shape, model_mapping
 from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, add_engine_argument, run
@@ -34,7 +35,8 @@ log = logging.getLogger("cudnnnet.predict")
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="cudnnnet-predict", description="Classify image files (digits, for an MNIST network).")
     parser.add_argument("--weights", required=True, metavar="CHECKPOINT",
-                        help="a model.npz written by cudnnnet-train, or a directory of the original's .bin files")
+                        help="a model.npz written by cudnnnet-train, the output folder holding it, or a directory of "
+                             "the original's .bin files")
     parser.add_argument("--config", metavar="CONFIG",
                         help="with a .bin directory: a YAML config describing its network (model and data; a "
                              f"file, or a shipped config by name: {', '.join(shipped_config_names())})")
@@ -54,6 +56,8 @@ def load_network(weights: str, config_path: str | None, device: str) -> tuple[Ne
     The normalisation is None for a ``.npz``, whose own config says it (see ``predict``).
     """
     weights = Path(weights)
+    if is_output_folder(weights):
+        weights = weights / "model.npz"
     if not weights.is_dir():
         if config_path is not None:
             log.warning("--config %s is not used: the checkpoint %s describes its own network", config_path, weights)
