@@ -878,7 +878,7 @@ class CudaBackend(Backend):
                                         running_var, save_mean, save_inv_std)
         t = self._descriptors.tensor(x.shape).handle
         cudnn.batch_normalization_forward_training(
-            self._cudnn, int(mode), self._scalar(1.0), self._scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
+            self._cudnn, self._batch_norm_training_mode(mode), self._scalar(1.0), self._scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
             scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
             save_mean.data.ptr, save_inv_std.data.ptr)
 
@@ -901,8 +901,15 @@ class CudaBackend(Backend):
         t = self._descriptors.tensor(x.shape).handle
         one, zero = self._scalar(1.0), self._scalar(0.0)
         cudnn.batch_normalization_backward(
-            self._cudnn, int(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
+            self._cudnn, self._batch_norm_training_mode(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
             scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)
+
+    def _batch_norm_training_mode(self, mode) -> int:
+        """cudnnBatchNormMode_t of training and backward: SPATIAL_PERSISTENT for SPATIAL in the fast engine
+        (both calls must take the same mode; inference has no persistent kernel)."""
+        if mode == BatchNormMode.SPATIAL and self.engine.persistent_batch_norm:
+            return cudnn.BATCHNORM_SPATIAL_PERSISTENT
+        return int(mode)
 
     def _batch_norm_parameters(self, call: str, mode, x, *parameters) -> int:
         """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors,
