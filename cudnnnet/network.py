@@ -134,7 +134,7 @@ class Network:
         """Run every layer; returns the last layer's output (probabilities for Softmax), (N, classes, 1, 1).
         A pass begins (``Backend.start_pass``): it ends after ``backward`` or at the next forward."""
         output = self._as_input(x)
-        self._start_pass()
+        self.backend.start_pass()
         for layer in self.layers:
             output = layer.forward(output)
         return output
@@ -159,7 +159,7 @@ class Network:
         """A training step's ``forward(x)`` then ``backward(target, loss, count)``, with the loss
         layer's forward and backward in one call (one fused kernel for Softmax on CUDA)."""
         output = self._as_input(x)
-        self._start_pass()
+        self.backend.start_pass()
         for layer in self.layers[:-1]:
             output = layer.forward(output)
         grad = self.loss_layer.forward_backward_with_metrics(output, target.to(self.backend), loss, count)
@@ -172,16 +172,12 @@ class Network:
         loss_scale·N·(the batch's mean loss) into ``loss`` and its correct predictions into ``count``
         on the device (one fused kernel for Softmax on CUDA, whose probabilities are then not kept)."""
         output = self._as_input(x)
-        self._start_pass()
+        self.backend.start_pass()
         for layer in self.layers[:-1]:
             output = layer.forward(output)
         self.loss_layer.forward_metrics(output, target.to(self.backend), loss, count, loss_scale)
         self.backend.end_pass()
 
-    def _start_pass(self) -> None:
-        """The weights hold still until the pass ends: the backend may derive from them once
-        (the bfloat16 weights of math "bf16", converted in one launch over packed parameters)."""
-        self.backend.start_pass([parameter.value for parameter in self.parameter_list()])
 
     def update(self, learning_rate: float) -> None:
         """Plain SGD, the original's update: W = W - lr·dW for every parameter (cublasSaxpy)."""

@@ -275,12 +275,11 @@ class CudaBackend(Backend):
         pointers = [next(slots) if pointer is None else pointer for pointer in pointers]
         return pointers + ([next(slots)] if output else [])
 
-    def start_pass(self, weights) -> None:
+    def start_pass(self) -> None:
         """A network's forward and backward begin (Network.forward): under math "bf16", each GEMM and
-        convolution operand is converted once until ``end_pass`` and the ``weights`` (tensors) now,
-        one launch per buffer holding them."""
+        convolution operand is converted once, where first read, until ``end_pass``."""
         if self.math == "bf16":
-            self._bf16_copies.start([tensor.data for tensor in weights])
+            self._bf16_copies.start()
         else:
             self._bf16_copies.stop()
 

@@ -20,10 +20,13 @@ Three concerns, a class each:
 - ``Bf16Copies``: inside a pass (a network's forward and backward, ``start`` … ``stop``), each
   operand is converted once and its copy read by every call of the pass that takes it: the input x
   of a layer by its forward product and its weight gradient, a weight by the forward product and
-  the input gradient, dy by both gradients. The weights are converted at ``start``, one launch per
-  buffer holding them (one for the optimiser's packed parameters). A producer may write the copy
-  in the kernel that writes the float32 values (``target``). Rounding is a function of the value,
-  so a reused copy is what converting again would give: the arithmetic is unchanged.
+  the input gradient, dy by both gradients. A producer may write the copy in the kernel that
+  writes the float32 values (``target``). Rounding is a function of the value, so a reused copy is
+  what converting again would give: the arithmetic is unchanged. Each copy is an allocation of its
+  own (256-byte aligned, as the scratch slots are): a weight's copy cut from a copy of the packed
+  parameters would sit at 128-byte offsets, for which cuBLAS may pick other kernels, summing in
+  another order than a direct call's (docs/benchmarks.md), so weights are converted as any
+  operand is, on first use in the pass.
 - ``Bf16Scratch``: outside a pass (a direct backend call), the copies of one call's operands, and
   every convolution's bfloat16 result, in slots of one grow-only buffer.
 """
@@ -86,17 +89,10 @@ class Bf16Copies:
         self.active = False
         self._copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DeviceBuffer -> _Copy
 
-    def start(self, weights) -> None:
-        """Begin a pass: forget every copy's values, then convert the buffers holding ``weights``
-        (float32 DeviceBuffers): a packed parameter buffer once for all the views into it."""
+    def start(self) -> None:
+        """Begin a pass: forget every copy's values; each is made again where first read."""
         self.stop()
         self.active = True
-        bases = {}
-        for buffer in weights:
-            base = buffer.parent if buffer.parent is not None else buffer
-            bases[id(base)] = base
-        for base in bases.values():
-            self._convert(base)
 
     def stop(self) -> None:
         """End the pass: no copy is read again before it is made again."""
@@ -105,14 +101,9 @@ class Bf16Copies:
             copy.fresh = False
 
     def pointer(self, source: DeviceBuffer) -> int | None:
-        """The bfloat16 copy of ``source`` (its own, or its part of a fresh copy of the buffer it views),
-        converted now if it has none fresh; None outside a pass."""
+        """The bfloat16 copy of ``source``, converted now if it has none fresh; None outside a pass."""
         if not self.active:
             return None
-        if source.parent is not None:
-            copy = self._copies.get(source.parent)
-            if copy is not None and copy.fresh:
-                return copy.buffer.ptr + BF16_BYTES * ((source.ptr - source.parent.ptr) // FLOAT32_BYTES)
         copy = self._copies.get(source)
         if copy is None or not copy.fresh:
             copy = self._convert(source)
