@@ -131,8 +131,10 @@ class Network:
         return target.to(self.backend)
 
     def forward(self, x) -> Tensor:
-        """Run every layer; returns the last layer's output (probabilities for Softmax), (N, classes, 1, 1)."""
+        """Run every layer; returns the last layer's output (probabilities for Softmax), (N, classes, 1, 1).
+        A pass begins (``Backend.start_pass``): it ends after ``backward`` or at the next forward."""
         output = self._as_input(x)
+        self.backend.start_pass()
         for layer in self.layers:
             output = layer.forward(output)
         return output
@@ -151,25 +153,31 @@ class Network:
             grad = self.loss_layer.backward_with_metrics(target, loss, count)
         for layer in reversed(self.layers[:-1]):
             grad = layer.backward(grad)
+        self.backend.end_pass()
 
     def forward_backward(self, x, target: Tensor, loss: Tensor, count: Tensor) -> None:
         """A training step's ``forward(x)`` then ``backward(target, loss, count)``, with the loss
         layer's forward and backward in one call (one fused kernel for Softmax on CUDA)."""
         output = self._as_input(x)
+        self.backend.start_pass()
         for layer in self.layers[:-1]:
             output = layer.forward(output)
         grad = self.loss_layer.forward_backward_with_metrics(output, target.to(self.backend), loss, count)
         for layer in reversed(self.layers[:-1]):
             grad = layer.backward(grad)
+        self.backend.end_pass()
 
     def forward_metrics(self, x, target: Tensor, loss: Tensor, count: Tensor, loss_scale: float) -> None:
         """An evaluation batch: ``forward(x)`` up to the loss layer, whose ``forward_metrics`` adds
         loss_scale·N·(the batch's mean loss) into ``loss`` and its correct predictions into ``count``
         on the device (one fused kernel for Softmax on CUDA, whose probabilities are then not kept)."""
         output = self._as_input(x)
+        self.backend.start_pass()
         for layer in self.layers[:-1]:
             output = layer.forward(output)
         self.loss_layer.forward_metrics(output, target.to(self.backend), loss, count, loss_scale)
+        self.backend.end_pass()
+
 
     def update(self, learning_rate: float) -> None:
         """Plain SGD, the original's update: W = W - lr·dW for every parameter (cublasSaxpy)."""

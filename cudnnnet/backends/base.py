@@ -189,6 +189,14 @@ class Backend(ABC):
     def synchronize(self) -> None:
         """Wait until all queued work is done (no-op on the host)."""
 
+    def start_pass(self) -> None:
+        """A network's forward and backward begin: the weights, and every GEMM and convolution operand
+        once read, keep their values until ``end_pass``. A backend may reuse what it derived from
+        them (CUDA under math "bf16": their bfloat16 copies); the host derives nothing."""
+
+    def end_pass(self) -> None:
+        """The pass is over: operands may change from here on."""
+
     supports_graphs = False  # whether ``capture`` records CUDA graphs
 
     def capture(self):

@@ -218,3 +218,57 @@ def test_a_bf16_step_on_the_gpu_equals_the_hosts(name, engine, cuda, host):
     assert max(relative_error(in_fp32[parameter], update) for parameter, update in on_host.items()) > 2e-2
     assert cuda_loss == pytest.approx(host_loss, rel=1e-3)
     assert abs(cuda_hits - host_hits) <= 2
+
+
+# ---- a pass: each operand converted once, the weights' copies made again after an update ------
+def test_a_pass_reads_the_weights_written_before_it(backend, rng):
+    """A weight packed in one buffer (as the optimiser packs them): a GEMM in a pass reads the values
+    it held when the pass began, and the next pass those written in between."""
+    m, n, k = 6, 5, 48
+    packed = Tensor.zeros((2 * 64 + k * n,), backend)
+    W, X = packed.view((m * k,), 0), Tensor.from_numpy(normal(rng, k * n), backend)
+    C = Tensor.zeros((m * n,), backend)
+    for _ in range(2):
+        w = normal(rng, m * k)
+        W.copy_(Tensor.from_numpy(w, backend))
+        with math_mode(backend, "bf16"):
+            backend.start_pass()
+            backend.sgemm(OP_N, OP_N, m, n, k, 1.0, W, m, X, k, 0.0, C, m)  # C = W·X
+            backend.end_pass()
+        w16, x16 = (round_to_bf16(array).astype(np.float64) for array in (w, X.numpy().reshape(-1)))
+        expected = w16.reshape(k, m).T @ x16.reshape(n, k).T
+        bound = sum_error(k) * (np.abs(w16.reshape(k, m).T) @ np.abs(x16.reshape(n, k).T))
+        assert np.all(np.abs(C.numpy().reshape(n, m).T - expected) <= bound)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["slides", "fast"])
+@pytest.mark.parametrize("name", ["mnist_mlp", "mnist_cnn"])
+def test_a_bf16_step_converts_each_operand_once(name, engine, cuda, monkeypatch):
+    """In a training step and an evaluation batch, no float32 buffer is converted to bfloat16 twice
+    in one pass: x, W and dy are each converted once and read by every product that takes them."""
+    from cudnnnet.backends.cuda import low_precision
+
+    converted = []
+    convert = low_precision.convert_to_bf16
+
+    def recording(context, target, source, count):
+        converted.append((source, count))
+        convert(context, target, source, count)
+
+    monkeypatch.setattr(low_precision, "convert_to_bf16", recording)
+    pass_starts = []  # len(converted) as each pass began
+    start_pass = type(cuda).start_pass
+
+    def recording_start(self):
+        pass_starts.append(len(converted))
+        start_pass(self)
+
+    monkeypatch.setattr(type(cuda), "start_pass", recording_start)
+    config = config_of(name)
+    with math_mode(cuda, "bf16"):
+        step_and_evaluation(config, cuda, engine)
+    bounds = pass_starts[-2:] + [len(converted)]  # the second step's pass and the evaluation's
+    for begin, end in zip(bounds, bounds[1:]):
+        sources = [source for source, _ in converted[begin:end]]
+        assert sources and len(sources) == len(set(sources)), f"converted twice in a pass: {sources}"

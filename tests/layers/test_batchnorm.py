@@ -70,18 +70,21 @@ def test_gradient_matches_finite_differences(backend, sample_shape, mode, resolv
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["slides", "fast"])
 @pytest.mark.parametrize("sample_shape, mode, resolved", CASES)
-def test_cuda_matches_the_host(cuda, host, sample_shape, mode, resolved):
+def test_cuda_matches_the_host(cuda, host, sample_shape, mode, resolved, engine):
+    """In either engine (the fast one trains spatial BatchNorm in cuDNN's SPATIAL_PERSISTENT mode)."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((16,) + sample_shape).astype(np.float32)
     dy = rng.standard_normal((16,) + sample_shape).astype(np.float32)
     results = []
     for backend in (host, cuda):
-        layer = random_layer(sample_shape, mode, backend)
-        y = layer.forward(Tensor.from_numpy(x, backend)).numpy()
-        dx = layer.backward(Tensor.from_numpy(dy, backend)).numpy()
-        layer.training = False
-        inference = layer.forward(Tensor.from_numpy(x, backend)).numpy()
+        with backend.using_engine(engine):
+            layer = random_layer(sample_shape, mode, backend)
+            y = layer.forward(Tensor.from_numpy(x, backend)).numpy()
+            dx = layer.backward(Tensor.from_numpy(dy, backend)).numpy()
+            layer.training = False
+            inference = layer.forward(Tensor.from_numpy(x, backend)).numpy()
         results.append((y, dx, layer.grad_weight.numpy(), layer.grad_bias.numpy(), layer.running_mean.numpy(),
                         layer.running_var.numpy(), inference))
     for what, on_host, on_cuda in zip(("y", "dx", "dγ", "dβ", "running mean", "running var", "inference"), *results):

@@ -52,7 +52,7 @@ from .convolution import BACKWARD_DATA, BACKWARD_FILTER, DIRECTION_NAMES, FORWAR
     make_plan, plan_with
 from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
 from .kernel import BLOCK_SIZE, blocks_for
-from .low_precision import Bf16Scratch
+from .low_precision import Bf16Copies, Bf16Scratch
 from . import pooling
 from .matmul import GemmEngine, GemmProblem, alignment
 
@@ -101,7 +101,8 @@ class CudaBackend(Backend):
                            -1.0: ctypes.byref(self.context.minus_one)}
         self._gemm = GemmEngine(self.context, self._scalar)  # sgemm's plans
         self._channel_sum = ChannelSum(self.context)  # convolution_backward_bias, with its scratch
-        self._bf16 = Bf16Scratch(self.context)  # the bfloat16 operands of math "bf16"
+        self._bf16 = Bf16Scratch(self.context)  # math "bf16": one call's operands outside a pass, convolution results
+        self._bf16_copies = Bf16Copies(self.context)  # math "bf16": each operand of a pass, converted once
         self.math = "fp32"
         self.set_math("fp32")
 
@@ -145,6 +146,7 @@ class CudaBackend(Backend):
         self.context.close()
         self._channel_sum.close()
         self._bf16.close()
+        self._bf16_copies.close()
 
     def _scalar(self, value):
         """A host pointer to ``value`` as float32 (0, 1 and -1 are the context's constants)."""
@@ -236,7 +238,7 @@ class CudaBackend(Backend):
         _check_matrix("sgemm", "C", C, m, n, ldc)
         a, b, c = A.data.ptr, B.data.ptr, C.data.ptr
         if self.math == "bf16":
-            self._gemm_bf16(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+            self._gemm_bf16(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, c, ldc)
             return
         if not self.engine.gemm_plans:
             self.context.finish_warm_up()  # the first GEMM waits for the cuBLAS warm-up thread, as a plan does
@@ -247,16 +249,43 @@ class CudaBackend(Backend):
         self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math=self.math, alignment=alignment(a, b, c)),
                   alpha, a, b, beta, c)
 
-    def _gemm_bf16(self, transa, transb, m, n, k, alpha, a: int, lda: int, b: int, ldb: int, beta, c: int,
+    def _gemm_bf16(self, transa, transb, m, n, k, alpha, A: Tensor, lda: int, B: Tensor, ldb: int, beta, c: int,
                    ldc: int) -> None:
-        """cublasGemmEx on bfloat16 copies of A and B (their stored extents), FP32 accumulation and C."""
+        """C = alpha·op(bf16(A))·op(bf16(B)) + beta·C, FP32 accumulation and C: cublasGemmEx, or in the
+        fast engine the problem's timed plan (cublasGemmEx or cublasLtMatmul, matmul.py)."""
         self.context.finish_warm_up()
-        a16, b16 = self._bf16.operands((a, _extent(*_stored(transa, m, k, "A"), lda)),
-                                       (b, _extent(*_stored(transb, k, n, "B"), ldb)))
+        a16, b16 = self._bf16_operands((A, _extent(*_stored(transa, m, k, "A"), lda)),
+                                       (B, _extent(*_stored(transb, k, n, "B"), ldb)))
+        if self.engine.gemm_plans:
+            self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math="bf16", alignment=alignment(a16, b16, c)),
+                      alpha, a16, b16, beta, c)
+            return
         # C = alpha·op(bf16(A))·op(bf16(B)) + beta·C
         cublas.gemm_ex(self._cublas, transa, transb, m, n, k, self._scalar(alpha), a16, cublas.R_16BF, lda, b16,
                        cublas.R_16BF, ldb, self._scalar(beta), c, cublas.R_32F, ldc, cublas.COMPUTE_32F,
                        cublas.GEMM_DEFAULT)
+
+    def _bf16_operands(self, *operands: tuple[Tensor, int], output: int = 0) -> list[int]:
+        """The bfloat16 addresses of each (tensor, values read) of ``operands``: the pass's copies
+        (low_precision.Bf16Copies) inside a pass, else scratch slots converted now; then, where
+        ``output`` is non-zero, a scratch slot for that many bfloat16 results."""
+        pointers = [self._bf16_copies.pointer(tensor.data) for tensor, _ in operands]
+        missing = [(tensor.data.ptr, count) for (tensor, count), pointer in zip(operands, pointers) if pointer is None]
+        slots = iter(self._bf16.operands(*missing, output=output))
+        pointers = [next(slots) if pointer is None else pointer for pointer in pointers]
+        return pointers + ([next(slots)] if output else [])
+
+    def start_pass(self) -> None:
+        """A network's forward and backward begin (Network.forward): under math "bf16", each GEMM and
+        convolution operand is converted once, where first read, until ``end_pass``."""
+        if self.math == "bf16":
+            self._bf16_copies.start()
+        else:
+            self._bf16_copies.stop()
+
+    def end_pass(self) -> None:
+        """The pass's operands may change from here on: every bfloat16 copy is made again when next read."""
+        self._bf16_copies.stop()
 
     def gemm(self, problem: GemmProblem, alpha: float, a: int, b: int, beta: float, c: int) -> None:
         """``problem`` on raw device pointers (sizes checked by the caller), with its timed plan:
@@ -463,7 +492,7 @@ class CudaBackend(Backend):
                                                             plan.y.handle)
         if plan.math == "bf16":
             # out₁₆ = bf16(a) ⋆ bf16(b), then out = alpha·float(out₁₆) + beta·out
-            a16, b16, out16 = self._bf16.operands((a.data.ptr, a.size), (b.data.ptr, b.size), output=out.size)
+            a16, b16, out16 = self._bf16_operands((a, a.size), (b, b.size), output=out.size)
             direction.run(self._cudnn, self._scalar(1.0), a_desc, a16, b_desc, b16, conv, algorithm.algo, workspace,
                           algorithm.workspace_bytes, self._scalar(0.0), out_desc, out16)
             self._bf16.to_float(out.data.ptr, out16, alpha, beta, out.size)
@@ -622,20 +651,23 @@ class CudaBackend(Backend):
 
     # ---- fused calls: one launch each ---------------------------------------------------------
     def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
-        """kernels/bias_activation.cu: one launch, y read and written once."""
+        """kernels/bias_activation.cu: one launch, y read and written once; under math "bf16", where
+        y is a GEMM or convolution operand of the pass (low_precision.Bf16Copies), its bfloat16 copy
+        is written in the same launch."""
         check_bias("bias_activation_forward", bias, y)
         if y.size >= INDEX_LIMIT:
             raise ShapeError(f"bias_activation_forward: y {y.shape} holds {y.size} values; the kernel indexes fewer than 2^31")
         mode, coef = (-1, 0.0) if desc is None else (int(desc.mode), float(desc.coef))
+        y16 = self._bf16_copies.target(y.data) if self.math == "bf16" and y.size == y.data.size else None
         if y.h * y.w == 1 and y.c % 4 == 0 and (y.data.ptr | bias.data.ptr) % 16 == 0:
             # Dense layers' y as float4s: y (N, C) with C a multiple of 4, 16-byte aligned
             count4 = y.size // 4
             blocks = min(-(-count4 // BLOCK_SIZE), MAX_ELEMENTWISE_BLOCKS)
             self.context.kernel("bias_activation_forward_dense4").launch(blocks, self._stream, y.data.ptr, bias.data.ptr,
-                                                                         count4, y.c // 4, mode, coef)
+                                                                         count4, y.c // 4, mode, coef, y16)
             return
         self.context.kernel("bias_activation_forward").launch(blocks_for(y.size), self._stream, y.data.ptr, bias.data.ptr,
-                                                              y.size, y.c, y.h * y.w, mode, coef)
+                                                              y.size, y.c, y.h * y.w, mode, coef, y16)
 
     def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """kernels/cross_entropy_backward.cu: grad = (predict - target)/N, loss[0] += the mean cross
@@ -845,7 +877,7 @@ class CudaBackend(Backend):
                                         running_var, save_mean, save_inv_std)
         t = self._descriptors.tensor(x.shape).handle
         cudnn.batch_normalization_forward_training(
-            self._cudnn, int(mode), self._scalar(1.0), self._scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
+            self._cudnn, self._batch_norm_training_mode(mode), self._scalar(1.0), self._scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
             scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
             save_mean.data.ptr, save_inv_std.data.ptr)
 
@@ -868,8 +900,15 @@ class CudaBackend(Backend):
         t = self._descriptors.tensor(x.shape).handle
         one, zero = self._scalar(1.0), self._scalar(0.0)
         cudnn.batch_normalization_backward(
-            self._cudnn, int(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
+            self._cudnn, self._batch_norm_training_mode(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
             scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)
+
+    def _batch_norm_training_mode(self, mode) -> int:
+        """cudnnBatchNormMode_t of training and backward: SPATIAL_PERSISTENT for SPATIAL in the fast engine
+        (both calls must take the same mode; inference has no persistent kernel)."""
+        if mode == BatchNormMode.SPATIAL and self.engine.persistent_batch_norm:
+            return cudnn.BATCHNORM_SPATIAL_PERSISTENT
+        return int(mode)
 
     def _batch_norm_parameters(self, call: str, mode, x, *parameters) -> int:
         """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors,

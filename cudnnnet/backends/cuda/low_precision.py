@@ -1,22 +1,40 @@
 """The bfloat16 operands of ``math: bf16``: every tensor stays float32 (activations, weights,
-gradients, optimiser state); a GEMM or a convolution reads bfloat16 copies of its inputs, made
-just before the library call by kernels/bf16.cu, and accumulates in FP32:
+gradients, optimiser state); a GEMM or a convolution reads bfloat16 copies of its inputs, made by
+kernels/bf16.cu, and accumulates in FP32:
 
     GEMM         A₁₆ = bf16(A), B₁₆ = bf16(B)          to_bf16
-                 C = alpha·op(A₁₆)·op(B₁₆) + beta·C    cublasGemmEx (A, B CUDA_R_16BF; C CUDA_R_32F;
-                                                       CUBLAS_COMPUTE_32F)
+                 C = alpha·op(A₁₆)·op(B₁₆) + beta·C    cublasGemmEx or cublasLtMatmul (A, B CUDA_R_16BF;
+                                                       C CUDA_R_32F; CUBLAS_COMPUTE_32F)
     convolution  a₁₆ = bf16(a), b₁₆ = bf16(b)          to_bf16
                  out₁₆ = a₁₆ ⋆ b₁₆                     cudnnConvolution* (BFLOAT16_CONFIG: bfloat16
                                                        tensors, FLOAT compute, TENSOR_OP_MATH)
                  out = alpha·float(out₁₆) + beta·out   bf16_to_float
 
 cuDNN's BFLOAT16_CONFIG writes a bfloat16 output, so a convolution's result is rounded to bfloat16
-once more; a GEMM's is not. The copies live in one grow-only scratch buffer of this class, cut into
-256-byte aligned slots; calls run one after another on the context's stream, so they share it.
-The host backend rounds the same operands (and convolution outputs) the same way.
+once more; a GEMM's is not. The host backend rounds the same operands (and convolution outputs)
+the same way.
+
+Three concerns, a class each:
+
+- ``convert_to_bf16``: the conversion launch.
+- ``Bf16Copies``: inside a pass (a network's forward and backward, ``start`` … ``stop``), each
+  operand is converted once and its copy read by every call of the pass that takes it: the input x
+  of a layer by its forward product and its weight gradient, a weight by the forward product and
+  the input gradient, dy by both gradients. A producer may write the copy in the kernel that
+  writes the float32 values (``target``). Rounding is a function of the value, so a reused copy is
+  what converting again would give: the arithmetic is unchanged. Each copy is an allocation of its
+  own (256-byte aligned, as the scratch slots are): a weight's copy cut from a copy of the packed
+  parameters would sit at 128-byte offsets, for which cuBLAS may pick other kernels, summing in
+  another order than a direct call's (docs/benchmarks.md), so weights are converted as any
+  operand is, on first use in the pass.
+- ``Bf16Scratch``: outside a pass (a direct backend call), the copies of one call's operands, and
+  every convolution's bfloat16 result, in slots of one grow-only buffer.
 """
 
 from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
 
 from ...errors import DeviceError
 from .buffer import FLOAT32_BYTES, DeviceBuffer
@@ -35,8 +53,92 @@ def _blocks(count: int) -> int:
     return max(1, min(MAX_BLOCKS, -(-count // BLOCK_SIZE)))
 
 
+def convert_to_bf16(context, target: int, source: int, count: int) -> None:
+    """target[:count] = bf16(source[:count]), rounded to nearest even: four values a thread from a
+    16-byte aligned source into an 8-byte aligned target, the rest one a thread."""
+    stream = context.stream.handle
+    vectors = count // 4 if source % 16 == 0 and target % 8 == 0 else 0
+    if vectors:
+        context.kernel("to_bf16_x4").launch(_blocks(vectors), stream, target, source, vectors)
+    rest = count - 4 * vectors
+    if rest:
+        context.kernel("to_bf16").launch(_blocks(rest), stream, target + BF16_BYTES * 4 * vectors,
+                                         source + FLOAT32_BYTES * 4 * vectors, rest)
+
+
+@dataclass
+class _Copy:
+    """The bfloat16 copy of one float32 buffer; ``fresh`` while it holds the buffer's current values."""
+
+    buffer: DeviceBuffer
+    fresh: bool = False
+
+
+class Bf16Copies:
+    """The bfloat16 copy of each float32 operand of a pass, made once and reused.
+
+    Copies are kept by source buffer (weakly: a copy goes with its buffer) and their memory stays from
+    one pass to the next, so a captured graph reads and writes fixed addresses. Within a pass, an
+    operand's float32 values must not change after it was converted: a network writes a layer's
+    input before the layer's forward and leaves it until the next pass, writes dy before the layer's
+    backward, and updates its weights between passes.
+    """
+
+    def __init__(self, context):
+        self.context = context
+        self.active = False
+        self._copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DeviceBuffer -> _Copy
+
+    def start(self) -> None:
+        """Begin a pass: forget every copy's values; each is made again where first read."""
+        self.stop()
+        self.active = True
+
+    def stop(self) -> None:
+        """End the pass: no copy is read again before it is made again."""
+        self.active = False
+        for copy in self._copies.values():
+            copy.fresh = False
+
+    def pointer(self, source: DeviceBuffer) -> int | None:
+        """The bfloat16 copy of ``source``, converted now if it has none fresh; None outside a pass."""
+        if not self.active:
+            return None
+        copy = self._copies.get(source)
+        if copy is None or not copy.fresh:
+            copy = self._convert(source)
+        return copy.buffer.ptr
+
+    def target(self, source: DeviceBuffer) -> int | None:
+        """Where a kernel writing all of ``source`` also writes its bfloat16 copy: the copy's address
+        when ``source`` has one (it was an operand in an earlier pass), now fresh; else None."""
+        copy = self._copies.get(source) if self.active else None
+        if copy is None:
+            return None
+        copy.fresh = True
+        return copy.buffer.ptr
+
+    def _convert(self, source: DeviceBuffer) -> _Copy:
+        copy = self._copies.get(source)
+        if copy is None:
+            if self.context.is_capturing():
+                raise DeviceError(f"a bfloat16 copy of {source.size} values was first needed during a CUDA graph "
+                                  "capture; run one step at this batch size before capturing")
+            copy = self._copies[source] = _Copy(DeviceBuffer.allocate(max(SLOT_ALIGNMENT, _aligned_bytes(source.size))))
+        convert_to_bf16(self.context, copy.buffer.ptr, source.ptr, source.size)
+        copy.fresh = True
+        return copy
+
+    def close(self) -> None:
+        self.active = False
+        for copy in self._copies.values():
+            copy.buffer.free()
+        self._copies.clear()
+
+
 class Bf16Scratch:
-    """bfloat16 copies of one call's operands, in slots of a grow-only device buffer."""
+    """bfloat16 copies of one call's operands, and convolution results, in slots of a grow-only
+    device buffer; calls run one after another on the context's stream, so they share it."""
 
     def __init__(self, context):
         self.context = context
@@ -60,25 +162,13 @@ class Bf16Scratch:
             offset += _aligned_bytes(count)
         return pointers
 
-    def to_bf16(self, target: int, source: int, count: int) -> None:
-        """target[:count] = bf16(source[:count]), rounded to nearest even: four values a thread from a
-        16-byte aligned source (``target`` is a slot, 256-byte aligned), the rest one a thread."""
-        stream = self.context.stream.handle
-        vectors = count // 4 if source % 16 == 0 else 0
-        if vectors:
-            self.context.kernel("to_bf16_x4").launch(_blocks(vectors), stream, target, source, vectors)
-        rest = count - 4 * vectors
-        if rest:
-            self.context.kernel("to_bf16").launch(_blocks(rest), stream, target + BF16_BYTES * 4 * vectors,
-                                                  source + FLOAT32_BYTES * 4 * vectors, rest)
-
     def operands(self, *pairs: tuple[int, int], output: int = 0) -> list[int]:
         """The bfloat16 copies of each (float32 pointer, count) of ``pairs``, then, where ``output``
         is non-zero, a slot of that many values for a bfloat16 result: their device pointers."""
         counts = [count for _, count in pairs] + ([output] if output else [])
-        pointers = self.slots(*counts)
+        pointers = self.slots(*counts) if counts else []
         for target, (source, count) in zip(pointers, pairs):
-            self.to_bf16(target, source, count)
+            convert_to_bf16(self.context, target, source, count)
         return pointers
 
     def to_float(self, out: int, source: int, alpha: float, beta: float, count: int) -> None:

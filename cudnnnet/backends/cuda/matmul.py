@@ -22,6 +22,11 @@ dimension. The search "heuristic", and a problem first met during a CUDA-graph c
 can be timed there), take cublasSgemm without timing. Every candidate computes the same FP32 (or
 TF32) GEMM, deterministically; they differ in tiling and in how K is split.
 
+Under math "bf16" A and B are bfloat16 (the copies of low_precision.py), C float32, FP32
+accumulation: the untimed candidate is cublasGemmEx (CUDA_R_16BF operands, CUBLAS_COMPUTE_32F), the
+cuBLASLt layouts of A and B are CUDA_R_16BF, and there is no transposing candidate (cublasSgeam
+copies float32 only); one matrix, no batch.
+
 Timed plans are kept on disk (below, in ``cache.plan_dir()``: one file per problem, keyed by the GPU,
 the cuBLAS and cuBLASLt versions, the problem, the cuBLAS workspace and the rules above), so that a new process
 neither asks the heuristic nor times anything for a problem met before. A stored cuBLASLt
@@ -49,7 +54,8 @@ log = logging.getLogger(__name__)
 
 CANDIDATES = 16  # algorithms asked of the cuBLASLt heuristic
 MARGIN = 0.98  # a cuBLASLt algorithm replaces cublasSgemm when it takes under 98 % of its time
-COMPUTE_TYPES = {"fp32": cublaslt.COMPUTE_32F, "tf32": cublaslt.COMPUTE_32F_FAST_TF32}
+COMPUTE_TYPES = {"fp32": cublaslt.COMPUTE_32F, "tf32": cublaslt.COMPUTE_32F_FAST_TF32, "bf16": cublaslt.COMPUTE_32F}
+OPERAND_TYPES = {"bf16": cublas.R_16BF}  # cudaDataType_t of A and B by math mode (CUDA_R_32F otherwise)
 MAX_ALIGNMENT = 256  # bytes: cuBLASLt's default minimum alignment of every operand
 TRANSPOSE_LIMIT_BYTES = 1 << 30  # the most scratch the transposing candidate may take
 GEMM_PLAN_FORMAT = 1  # raise when what a plan file holds, or how a plan is chosen, changes
@@ -121,10 +127,12 @@ class LtMatmul:
         try:
             cublaslt.matmul_desc_set_int32(self.desc, cublaslt.DESC_TRANSA, problem.transa)
             cublaslt.matmul_desc_set_int32(self.desc, cublaslt.DESC_TRANSB, problem.transb)
-            for (rows, cols), ld, stride in ((problem.stored_a, problem.lda, problem.stride_a),
-                                             (problem.stored_b, problem.ldb, problem.stride_b),
-                                             ((problem.m, problem.n), problem.ldc, problem.stride_c)):
-                self.layouts.append(cublaslt.matrix_layout_create(rows, cols, ld))
+            operand_type = OPERAND_TYPES.get(problem.math, cublas.R_32F)
+            for (rows, cols), ld, stride, data_type in (
+                    (problem.stored_a, problem.lda, problem.stride_a, operand_type),
+                    (problem.stored_b, problem.ldb, problem.stride_b, operand_type),
+                    ((problem.m, problem.n), problem.ldc, problem.stride_c, cublas.R_32F)):
+                self.layouts.append(cublaslt.matrix_layout_create(rows, cols, ld, data_type))
                 if problem.batch > 1:
                     cublaslt.matrix_layout_set_batch(self.layouts[-1], problem.batch, stride)
         except Exception:
@@ -227,8 +235,13 @@ class GemmEngine:
                         c, layout_c, plan.algorithm, workspace, workspace_bytes, self.context.stream.address)
 
     def _cublas_sgemm(self, p: GemmProblem, alpha, a: int, b: int, beta, c: int) -> None:
-        """The slides' call: cublasSgemm (cublasSgemmStridedBatched for a batch)."""
+        """The slides' call: cublasSgemm (cublasSgemmStridedBatched for a batch); cublasGemmEx in bf16."""
         handle = self.context.cublas.handle
+        if p.math == "bf16":
+            # C = alpha·op(A₁₆)·op(B₁₆) + beta·C
+            cublas.gemm_ex(handle, p.transa, p.transb, p.m, p.n, p.k, alpha, a, cublas.R_16BF, p.lda, b, cublas.R_16BF,
+                           p.ldb, beta, c, cublas.R_32F, p.ldc, cublas.COMPUTE_32F, cublas.GEMM_DEFAULT)
+            return
         if p.batch == 1:
             cublas.sgemm(handle, p.transa, p.transb, p.m, p.n, p.k, alpha, a, p.lda, b, p.ldb, beta, c, p.ldc)
         else:
@@ -381,10 +394,11 @@ class GemmEngine:
 
 
 def _transposable(problem: GemmProblem) -> bool:
-    """Whether the transposing candidate applies: one matrix, an operand to copy, at most
+    """Whether the transposing candidate applies: one float32 matrix, an operand to copy, at most
     TRANSPOSE_LIMIT_BYTES of scratch."""
     values = problem.transposed_values
-    return problem.batch == 1 and values > 0 and FLOAT32_BYTES * values <= TRANSPOSE_LIMIT_BYTES
+    return (problem.batch == 1 and problem.math not in OPERAND_TYPES and values > 0
+            and FLOAT32_BYTES * values <= TRANSPOSE_LIMIT_BYTES)
 
 
 class GemmTimer:

@@ -4,8 +4,17 @@
 //
 // mode: cudnnActivationMode_t (0 sigmoid, 1 relu, 2 tanh, 3 clipped relu, 4 elu), or -1 for none;
 // coef: the clipping threshold or ELU's alpha. b holds one value per channel. 32-bit indices: the
-// backend checks that y holds fewer than 2^31 values.
-//   y (N, C, H, W), b (C), positions = H·W
+// backend checks that y holds fewer than 2^31 values. Under math "bf16", where the next layer's
+// GEMM or convolution reads y, y16 (else null) receives bf16(y) too, rounded as kernels/bf16.cu's
+// to_bf16 rounds, so that no conversion pass reads y again.
+//   y (N, C, H, W), b (C), positions = H·W, y16 like y
+
+// kernels/bf16.cu's rounding: float32 -> the bits of the nearest bfloat16, ties to even; NaN stays NaN.
+__device__ __forceinline__ unsigned int bf16_bits(float value) {
+    const unsigned int bits = __float_as_uint(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x0040u;
+    return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+}
 
 __device__ float activation(float x, int mode, float coef) {
     switch (mode) {
@@ -25,7 +34,7 @@ __device__ float activation(float x, int mode, float coef) {
 #define UNROLL 4
 
 extern "C" __global__ void bias_activation_forward(float* y, const float* b, int count, int channels,
-                                                   int positions, int mode, float coef) {
+                                                   int positions, int mode, float coef, unsigned short* y16) {
     const bool dense = positions == 1;
     const int row_length = dense ? channels : positions;
     const int rows = count / row_length;
@@ -35,6 +44,7 @@ extern "C" __global__ void bias_activation_forward(float* y, const float* b, int
     const int lane = threadIdx.x % width;
     for (int row = blockIdx.x * rows_per_block + threadIdx.x / width; row < rows; row += gridDim.x * rows_per_block) {
         float* values = y + row * row_length;
+        unsigned short* values16 = y16 ? y16 + row * row_length : nullptr;
         const float row_bias = dense ? 0.f : b[row % channels];
         for (int start = lane; start < row_length; start += UNROLL * width) {
             float loaded[UNROLL];
@@ -46,7 +56,11 @@ extern "C" __global__ void bias_activation_forward(float* y, const float* b, int
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const int j = start + u * width;
-                if (j < row_length) values[j] = activation(loaded[u], mode, coef);
+                if (j < row_length) {
+                    const float value = activation(loaded[u], mode, coef);
+                    values[j] = value;
+                    if (values16) values16[j] = (unsigned short)bf16_bits(value);
+                }
             }
         }
     }
@@ -57,7 +71,7 @@ extern "C" __global__ void bias_activation_forward(float* y, const float* b, int
 // thread waits on a row loop. The bias index is (i mod channels/4): the 4 values of a float4 share
 // a sample and take 4 consecutive biases.
 extern "C" __global__ void bias_activation_forward_dense4(float4* y, const float4* b, int count4, int channels4,
-                                                          int mode, float coef) {
+                                                          int mode, float coef, uint2* y16) {
     for (int i = blockIdx.x * BLOCK_SIZE + threadIdx.x; i < count4; i += gridDim.x * BLOCK_SIZE) {
         float4 value = y[i];
         const float4 bias = b[i % channels4];
@@ -66,5 +80,9 @@ extern "C" __global__ void bias_activation_forward_dense4(float4* y, const float
         value.z = activation(value.z + bias.z, mode, coef);
         value.w = activation(value.w + bias.w, mode, coef);
         y[i] = value;
+        if (y16) {
+            y16[i] = make_uint2(bf16_bits(value.x) | (bf16_bits(value.y) << 16),
+                                bf16_bits(value.z) | (bf16_bits(value.w) << 16));
+        }
     }
 }
