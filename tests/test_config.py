@@ -330,7 +330,17 @@ INVALID = [
     (("train", "eval_batch_size"), 0, "train.eval_batch_size: expected an integer > 0"),
     (("train", "lr"), 0.1, "train.lr: unknown key 'lr'; valid keys: batch_size"),
     (("device",), "gpu", "device: expected one of auto, cuda, host, got 'gpu'"),
-    (("math",), "fp16", "math: expected one of fp32, tf32, bf16, got 'fp16'"),
+    (("math",), "fp8", "math: expected one of fp32, tf32, bf16, fp16, got 'fp8'"),
+    (("train", "loss_scale"), "static", "train.loss_scale: expected dynamic or a mapping with initial and "
+                                        "growth_interval, got 'static' (string)"),
+    (("train", "loss_scale"), 1024, "train.loss_scale: expected dynamic or a mapping"),
+    (("train", "loss_scale"), {"initial": 0}, r"train.loss_scale.initial: expected a number in (0, 1.84467e+19], got 0"),
+    (("train", "loss_scale"), {"initial": -2.0}, "train.loss_scale.initial: expected a number in (0,"),
+    (("train", "loss_scale"), {"initial": 2.0 ** 65}, "train.loss_scale.initial: expected a number in (0,"),
+    (("train", "loss_scale"), {"growth_interval": 0}, "train.loss_scale.growth_interval: expected an integer in [1, 1.67772e+07], got 0"),
+    (("train", "loss_scale"), {"growth_interval": 2.5}, "train.loss_scale.growth_interval: expected an integer in [1, 1.67772e+07]"),
+    (("train", "loss_scale"), {"growth": 10},
+     "train.loss_scale.growth: unknown key 'growth' for loss_scale; valid keys: initial, growth_interval"),
 ]
 
 
