@@ -573,3 +573,21 @@ def test_own_data_keys_survive_the_round_trip_through_to_dict():
     assert parse_config({**raw, "data": data.to_dict()}).data == data
     raw["data"] = {"dataset": "cifar10", "normalize": True}
     assert parse_config(raw).data.normalize == "computed"  # the training set's, for a data set other than MNIST
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, (65536.0, 2000)),
+    ("dynamic", (65536.0, 2000)),
+    ({"initial": 1024}, (1024.0, 2000)),
+    ({"growth_interval": 50}, (65536.0, 50)),
+    ({"initial": 0.5, "growth_interval": 1}, (0.5, 1)),
+])
+def test_loss_scale_is_dynamic_by_default_and_round_trips(value, expected):
+    """train.loss_scale (math fp16): ``dynamic`` or {initial, growth_interval}; the defaults are not written back."""
+    raw = _set(minimal(), ("math",), "fp16")
+    if value is not None:
+        raw = _set(raw, ("train", "loss_scale"), value)
+    config = parse_config(raw)
+    assert (config.train.loss_scale.initial, config.train.loss_scale.growth_interval) == expected
+    assert config.math == "fp16" and parse_config(config.to_dict()) == config
+    assert ("loss_scale" in config.to_dict()["train"]) == (expected != (65536.0, 2000))

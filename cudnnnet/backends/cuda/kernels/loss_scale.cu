@@ -83,6 +83,6 @@ extern "C" __global__ void sgd_scaled_coefficients(float* out, const float* lr, 
     out[1] = skip ? 0.0f : unscale;
     out[2] = skip ? 0.0f : weight_decay;
     out[3] = skip ? 0.0f : -rate;
-    out[4] = skip ? 1.0f : 1.0f - rate * weight_decay;
+    out[4] = skip ? 1.0f : fmaf(-weight_decay, rate, 1.0f);  // as cublasSaxpy makes it unscaled: 1 + (-wd)·lr
     out[5] = skip ? 0.0f : -rate * unscale;
 }
