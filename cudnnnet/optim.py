@@ -115,7 +115,7 @@ class SGD:
         """Apply one update to every parameter with the rate in ``self.lr`` (one backend call)."""
         # v = momentum·v + (dW + wd·W);  W = W - lr·v   for every parameter at once (dW/S, or no step, under loss scaling)
         self.network.backend.sgd_update_many(self.groups, self.lr, self.momentum, self.weight_decay,
-                                             loss_scale=self.loss_scale)
+                                             **_scaling(self.loss_scale))
         self.step_count += 1
 
     def to(self, backend) -> None:
@@ -202,7 +202,7 @@ class Adam:
         """One bias-corrected step on every parameter (one fused call); the device counter advances."""
         # m = β1·m + (1-β1)·g;  v = β2·v + (1-β2)·g²;  W = W - lr·m̂/(√v̂ + eps)   for every parameter at once
         self.network.backend.adam_update_many(self.groups, self.lr, self.counter, self.beta1, self.beta2, self.eps,
-                                              self.weight_decay, self.decoupled, loss_scale=self.loss_scale)
+                                              self.weight_decay, self.decoupled, **_scaling(self.loss_scale))
         self.step_count += 1
 
     def to(self, backend) -> None:
@@ -241,6 +241,11 @@ class Adam:
         taken = arrays.get(f"{prefix}{ADAM_STEPS}")  # fewer than step_count where loss scaling skipped steps
         taken = self.step_count if taken is None or taken.size != 1 else int(taken.reshape(-1)[0])
         self.counter.write_(np.array([taken, 0], dtype=np.float32))
+
+
+def _scaling(loss_scale) -> dict:
+    """The update call's ``loss_scale`` argument where there is a loss scale (none: the call as without it)."""
+    return {} if loss_scale is None else {"loss_scale": loss_scale}
 
 
 def make_optimizer(network, config: OptimizerConfig, schedule: ScheduleConfig | None = None):
