@@ -350,19 +350,20 @@ def scaled_updates(config, backend, engine: str, start: dict, math: str) -> tupl
 @pytest.mark.parametrize("engine", ["slides", "fast"])
 @pytest.mark.parametrize("name", ["mnist_mlp", "mnist_cnn"])
 def test_an_fp16_step_with_loss_scaling_on_the_gpu_equals_the_hosts(name, engine, cuda, host):
-    """Two loss-scaled steps: each parameter's update agrees within 5e-3 (relative, in norm); only
-    values near a half rounding boundary may take the other neighbour (2⁻¹¹), a difference the later
-    layers carry on. The host's FP32 updates are 0.9 to 4 % from its fp16 ones and its bf16 ones 5 to
-    10 %, so the test tells the three apart."""
+    """Two loss-scaled steps: each parameter's update agrees within ``tolerance`` (relative, in norm);
+    only values near a half rounding boundary may take the other neighbour (2⁻¹¹), a difference the
+    later layers carry on (more of them in the CNN). The host's FP32 updates are 0.9 % (MLP) to 4 %
+    (CNN) from its fp16 ones and its bf16 ones 5 to 10 %, so the test tells the three apart."""
+    tolerance = {"mnist_mlp": 5e-3, "mnist_cnn": 1e-2}[name]
     config = config_of(name)
     start = build_network(config, host).state_dict()
     on_host, (host_loss, host_hits) = scaled_updates(config, host, engine, start, "fp16")
     on_cuda, (cuda_loss, cuda_hits) = scaled_updates(config, cuda, engine, start, "fp16")
     for parameter, update in on_host.items():
         error = relative_error(on_cuda[parameter], update)
-        assert error <= 5e-3, f"{parameter}: relative error {error:.3g}"
+        assert error <= tolerance, f"{parameter}: relative error {error:.3g}"
     for other in ("fp32", "bf16"):
         elsewhere, _ = scaled_updates(config, host, engine, start, other)
-        assert max(relative_error(elsewhere[parameter], update) for parameter, update in on_host.items()) > 8e-3
+        assert max(relative_error(elsewhere[parameter], update) for parameter, update in on_host.items()) > tolerance
     assert cuda_loss == pytest.approx(host_loss, rel=1e-3)
     assert abs(cuda_hits - host_hits) <= 2
