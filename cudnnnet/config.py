@@ -29,7 +29,7 @@ from .errors import ConfigError
 from .shipped_configs import resolve_config
 
 DEVICES = ("auto", "cuda", "host")
-MATH_MODES = ("fp32", "tf32", "bf16")
+MATH_MODES = ("fp32", "tf32", "bf16", "fp16")
 ACTIVATION_MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
 POOLING_MODES = ("max", "average")
 LOSS_LAYERS = ("softmax", "mse")
@@ -177,6 +177,28 @@ class ScheduleConfig:
                               "gamma": self.gamma, "warmup_steps": self.warmup_steps or None})
 
 
+LOSS_SCALE_INITIAL = 65536.0  # 2^16, the loss scale a math: fp16 run starts from
+LOSS_SCALE_GROWTH_INTERVAL = 2000  # clean steps after which the scale doubles
+MAX_LOSS_SCALE = 2.0 ** 64  # the scale never grows past this (loss_scaling.py), nor starts there
+MAX_GROWTH_INTERVAL = 1 << 24  # the device counts clean steps in a float32, exact up to 2^24
+
+
+@dataclass(frozen=True)
+class LossScaleConfig:
+    """``train.loss_scale`` of ``math: fp16`` (loss_scaling.py): ``dynamic`` (the defaults) or
+    ``{initial, growth_interval}``. The scale halves at every step whose gradients overflow (that
+    step is skipped) and doubles after ``growth_interval`` clean steps in a row."""
+
+    initial: float = LOSS_SCALE_INITIAL
+    growth_interval: int = LOSS_SCALE_GROWTH_INTERVAL
+
+    def to_dict(self) -> dict | None:
+        """None for the defaults (``dynamic``), else the mapping."""
+        if self == LossScaleConfig():
+            return None
+        return {"initial": self.initial, "growth_interval": self.growth_interval}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     optimizer: OptimizerConfig
@@ -193,6 +215,7 @@ class TrainConfig:
     # GPUs, reached linearly over lr_warmup_epochs (Goyal et al. 2017); "none" keeps it. One GPU: no change.
     lr_scaling: str = "linear"
     lr_warmup_epochs: float = 1.0
+    loss_scale: LossScaleConfig = LossScaleConfig()  # math: fp16 only
 
     def to_dict(self) -> dict:
         return _without_none({
@@ -200,7 +223,7 @@ class TrainConfig:
             "optimizer": self.optimizer.to_dict(), "schedule": self.schedule.to_dict(),
             "log_every": self.log_every, "checkpoint_every": self.checkpoint_every, "graph": self.graph,
             "eval_batch_size": self.eval_batch_size, "lr_scaling": self.lr_scaling,
-            "lr_warmup_epochs": self.lr_warmup_epochs,
+            "lr_warmup_epochs": self.lr_warmup_epochs, "loss_scale": self.loss_scale.to_dict(),
         })
 
 
@@ -677,9 +700,27 @@ def _checkpoint_every(train: _Section) -> int:
     return train.integer("checkpoint_every", 1, low=0)
 
 
+LOSS_SCALE_WORDS = ("dynamic",)
+
+
+def _parse_loss_scale(train: _Section) -> LossScaleConfig:
+    """train.loss_scale: ``dynamic`` (the default) or a mapping of initial (> 0, at most 2^64) and
+    growth_interval (steps, 1 to 2^24)."""
+    value = train.value.get("loss_scale")
+    if value is None or value in LOSS_SCALE_WORDS:
+        return LossScaleConfig()
+    if not isinstance(value, dict):
+        train.fail("loss_scale", f"expected dynamic or a mapping with initial and growth_interval, got {_describe(value)}")
+    scale = train.section("loss_scale")
+    scale.only(("initial", "growth_interval"), context="loss_scale")
+    return LossScaleConfig(
+        initial=scale.number("initial", LOSS_SCALE_INITIAL, low=0.0, high=MAX_LOSS_SCALE, low_open=True),
+        growth_interval=scale.integer("growth_interval", LOSS_SCALE_GROWTH_INTERVAL, low=1, high=MAX_GROWTH_INTERVAL))
+
+
 def _parse_train(train: _Section) -> TrainConfig:
     train.only(("batch_size", "epochs", "steps", "seed", "optimizer", "schedule", "log_every",
-                "checkpoint_every", "graph", "eval_batch_size", "lr_scaling", "lr_warmup_epochs"))
+                "checkpoint_every", "graph", "eval_batch_size", "lr_scaling", "lr_warmup_epochs", "loss_scale"))
     return TrainConfig(
         batch_size=train.integer("batch_size", 64, low=0, low_open=True),
         epochs=train.integer("epochs", 1, low=0, low_open=True),
@@ -693,6 +734,7 @@ def _parse_train(train: _Section) -> TrainConfig:
         eval_batch_size=train.integer("eval_batch_size", 1000, low=0, low_open=True),
         lr_scaling=train.choice("lr_scaling", LR_SCALINGS, "linear"),
         lr_warmup_epochs=train.number("lr_warmup_epochs", 1.0, low=0),
+        loss_scale=_parse_loss_scale(train),
     )
 
 

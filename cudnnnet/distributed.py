@@ -472,10 +472,10 @@ class Replicas:
         self.communicator = Communicator(backend, self.world_size, self.rank, group.unique_id)
         parameters = network.parameter_list()
         if isinstance(optimizer, SGD) and optimizer.groups:
-            self.values, self.gradients = optimizer.groups[0][0], optimizer.groups[0][1]  # packed by SGD already
+            self.values = optimizer.groups[0][0]  # packed by SGD already
         else:  # packed here, before any step: the optimiser's tensors keep their identity
             self.values = pack([p.value for p in parameters], backend)
-            self.gradients = pack([p.grad for p in parameters], backend)
+        self.gradients = optimizer.flat_gradients()  # the optimiser's one buffer (the loss scaler checks it too)
         warmup_steps = train_config.lr_warmup_epochs * steps_per_epoch
         optimizer.lr_factor = lambda step: lr_factor(train_config.lr_scaling, self.world_size, warmup_steps, step)
         self.flag = _scalar(backend)  # the stop agreement: the largest signal number any rank received

@@ -40,8 +40,10 @@ from .errors import UsageError
 # these), the Adam update (an optimiser the slides do not have, which no library call computes) and
 # the trainer's watch on the loss (the first non-finite step, recorded on the device), and under
 # ``math: bf16`` the float32 <-> bfloat16 conversions around cublasGemmEx and the cuDNN convolutions
-# (the slides' calls in their 16-bit form; no library call converts an array). Extend it when a
-# kernel of that kind is added.
+# (the slides' calls in their 16-bit form; no library call converts an array), the same for
+# ``math: fp16`` with its dynamic loss scaling (the overflow check, the scale's update and the
+# skipped step's coefficients of the cuBLAS SGD: no library call decides on the device). Extend it
+# when a kernel of that kind is added.
 SLIDES_KERNELS = frozenset({
     "cross_entropy_loss",
     "squared_error_loss",
@@ -53,6 +55,12 @@ SLIDES_KERNELS = frozenset({
     "to_bf16",
     "to_bf16_x4",
     "bf16_to_float",
+    "to_fp16",
+    "to_fp16_x4",
+    "fp16_to_float",
+    "find_nonfinite_gradients",
+    "update_loss_scale",
+    "sgd_scaled_coefficients",
 })
 
 CONVOLUTION_SEARCHES = ("find", "exhaustive", "heuristic")

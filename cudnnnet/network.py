@@ -155,14 +155,18 @@ class Network:
             grad = layer.backward(grad)
         self.backend.end_pass()
 
-    def forward_backward(self, x, target: Tensor, loss: Tensor, count: Tensor) -> None:
+    def forward_backward(self, x, target: Tensor, loss: Tensor, count: Tensor, loss_scale: Tensor | None = None) -> None:
         """A training step's ``forward(x)`` then ``backward(target, loss, count)``, with the loss
-        layer's forward and backward in one call (one fused kernel for Softmax on CUDA)."""
+        layer's forward and backward in one call (one fused kernel for Softmax on CUDA). With
+        ``loss_scale`` (a one-element tensor S, loss_scaling.py) every gradient carries S."""
         output = self._as_input(x)
         self.backend.start_pass()
         for layer in self.layers[:-1]:
             output = layer.forward(output)
         grad = self.loss_layer.forward_backward_with_metrics(output, target.to(self.backend), loss, count)
+        if loss_scale is not None:
+            # dJ/dŷ = S·dJ/dŷ      S read from device memory
+            self.backend.sscal(grad.size, loss_scale, grad, 1)
         for layer in reversed(self.layers[:-1]):
             grad = layer.backward(grad)
         self.backend.end_pass()
@@ -296,10 +300,13 @@ class Network:
     def checkpoint_shape(self, name: str) -> tuple | None:
         """The shape this network's checkpoints store under ``name``: a parameter's or a buffer's
         (``bn1.running_mean``), its optimiser state's (``optimizer.velocity.fc1.weight``, Adam's
-        ``optimizer.m.fc1.weight`` and ``optimizer.v.fc1.weight``, ``optimizer.step``), or None for
-        any other name."""
-        if name == f"{OPTIMIZER_PREFIX}step":
+        ``optimizer.m.fc1.weight`` and ``optimizer.v.fc1.weight``, ``optimizer.step``, Adam's
+        ``optimizer.adam_steps``, the fp16 loss scale's ``optimizer.loss_scale``), or None for any
+        other name."""
+        if name in (f"{OPTIMIZER_PREFIX}step", f"{OPTIMIZER_PREFIX}adam_steps"):
             return (1,)
+        if name == f"{OPTIMIZER_PREFIX}loss_scale":
+            return (3,)  # [scale, clean steps, skipped steps] (loss_scaling.py)
         buffers = self.buffers()
         if name in buffers:
             return buffers[name].shape

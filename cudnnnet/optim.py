@@ -15,6 +15,11 @@ buffer, or one launch in the fast engine. ``Backend.sgd_update`` stays the per-p
 ``adam_update_many`` call; its step count lives on the device beside the rate and is advanced by
 that call, so a captured graph applies the bias correction of the step it replays.
 ``make_optimizer`` builds the one a config names.
+
+Under dynamic loss scaling (``math: fp16``, loss_scaling.py) ``loss_scale`` is the scaler's device
+state: each step's call then takes grad/S and is skipped on the device where the gradients
+overflowed. ``flat_gradients()`` is every gradient as one packed buffer (the overflow check's and
+the all-reduce's).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from .config import OptimizerConfig, ScheduleConfig
 from .errors import CheckpointError, InvalidArgumentError
 from .tensor import Tensor
 
+ADAM_STEPS = "adam_steps"  # checkpoint array, after the prefix: the steps Adam took (its bias correction's t)
 PACK_ALIGNMENT = 64  # floats (256 bytes): each packed tensor starts as aligned as an allocation of its own
 
 
@@ -86,6 +92,11 @@ class SGD:
         return ((values, grads, velocity),)
 
     lr_factor = None  # step -> factor on the scheduled rate (the rule for the global batch of several GPUs)
+    loss_scale = None  # the loss scaler's device state (loss_scaling.py) under math fp16, else None
+
+    def flat_gradients(self) -> Tensor | None:
+        """Every gradient in one buffer (packed when the optimiser was made); None without parameters."""
+        return self.groups[0][1] if self.groups else None
 
     def current_lr(self, epoch: int) -> float:
         rate = self.schedule.learning_rate(self.lr0, self.step_count, epoch, self.total_steps)
@@ -102,8 +113,9 @@ class SGD:
 
     def step(self) -> None:
         """Apply one update to every parameter with the rate in ``self.lr`` (one backend call)."""
-        # v = momentum·v + (dW + wd·W);  W = W - lr·v   for every parameter at once
-        self.network.backend.sgd_update_many(self.groups, self.lr, self.momentum, self.weight_decay)
+        # v = momentum·v + (dW + wd·W);  W = W - lr·v   for every parameter at once (dW/S, or no step, under loss scaling)
+        self.network.backend.sgd_update_many(self.groups, self.lr, self.momentum, self.weight_decay,
+                                             **_scaling(self.loss_scale))
         self.step_count += 1
 
     def to(self, backend) -> None:
@@ -168,20 +180,29 @@ class Adam:
         self.moments = {p.name: (Tensor.zeros(p.value.shape, backend), Tensor.zeros(p.value.shape, backend))
                         for p in network.parameter_list()}  # name -> (m, v)
         self.groups = self._parameter_groups()
+        self._flat_gradients: Tensor | None = None  # packed on the first flat_gradients()
 
     def _parameter_groups(self) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], ...]:
         """(value, grad, m, v) of every parameter, as adam_update_many takes them."""
         return tuple((p.value, p.grad, *self.moments[p.name]) for p in self.network.parameter_list())
 
     lr_factor = None
+    loss_scale = None
     current_lr = SGD.current_lr  # the schedule and the device rate behave as SGD's
     set_lr = SGD.set_lr
+
+    def flat_gradients(self) -> Tensor:
+        """Every gradient in one buffer: packed (``pack``) on the first call, before any step; each
+        gradient tensor keeps its identity, so the groups see it."""
+        if self._flat_gradients is None:
+            self._flat_gradients = pack([p.grad for p in self.network.parameter_list()], self.network.backend)
+        return self._flat_gradients
 
     def step(self) -> None:
         """One bias-corrected step on every parameter (one fused call); the device counter advances."""
         # m = β1·m + (1-β1)·g;  v = β2·v + (1-β2)·g²;  W = W - lr·m̂/(√v̂ + eps)   for every parameter at once
         self.network.backend.adam_update_many(self.groups, self.lr, self.counter, self.beta1, self.beta2, self.eps,
-                                              self.weight_decay, self.decoupled)
+                                              self.weight_decay, self.decoupled, **_scaling(self.loss_scale))
         self.step_count += 1
 
     def to(self, backend) -> None:
@@ -190,6 +211,7 @@ class Adam:
         self.counter = self.counter.to(backend)
         self.moments = {name: (m.to(backend), v.to(backend)) for name, (m, v) in self.moments.items()}
         self.groups = self._parameter_groups()
+        self._flat_gradients = None
 
     # ---- state for checkpoints -----------------------------------------------------------------
     def state_arrays(self, prefix: str) -> dict[str, np.ndarray]:
@@ -198,6 +220,7 @@ class Adam:
             arrays[f"{prefix}m.{name}"] = m.numpy()
             arrays[f"{prefix}v.{name}"] = v.numpy()
         arrays[f"{prefix}step"] = np.array([self.step_count], dtype=np.float32)
+        arrays[f"{prefix}{ADAM_STEPS}"] = self.counter.numpy().reshape(-1)[:1].copy()
         return arrays
 
     def load_state_arrays(self, arrays: dict, prefix: str) -> None:
@@ -215,7 +238,14 @@ class Adam:
             m.copy_(Tensor.from_numpy(arrays[f"{prefix}m.{name}"].reshape(m.shape)))
             v.copy_(Tensor.from_numpy(arrays[f"{prefix}v.{name}"].reshape(v.shape)))
         self.step_count = int(step.reshape(-1)[0])
-        self.counter.write_(np.array([self.step_count, 0], dtype=np.float32))
+        taken = arrays.get(f"{prefix}{ADAM_STEPS}")  # fewer than step_count where loss scaling skipped steps
+        taken = self.step_count if taken is None or taken.size != 1 else int(taken.reshape(-1)[0])
+        self.counter.write_(np.array([taken, 0], dtype=np.float32))
+
+
+def _scaling(loss_scale) -> dict:
+    """The update call's ``loss_scale`` argument where there is a loss scale (none: the call as without it)."""
+    return {} if loss_scale is None else {"loss_scale": loss_scale}
 
 
 def make_optimizer(network, config: OptimizerConfig, schedule: ScheduleConfig | None = None):

@@ -40,6 +40,7 @@ from .distributed import Replicas, Shard
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
 from .evaluation import Accumulator, Evaluation, evaluate, evaluate_batches  # noqa: F401 (re-exported)
 from .files import atomic_write
+from .loss_scaling import LossScaler
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import make_optimizer
 from .outputs import OutputFolder, checkpoint_to_resume
@@ -210,6 +211,10 @@ class Trainer:
         check_class_scores(self.network, self.classes, config)
         train = config.train
         self.optimizer = make_optimizer(self.network, train.optimizer, train.schedule)
+        self.loss_scaler = None  # math fp16: dynamic loss scaling on the device (loss_scaling.py)
+        if config.math == "fp16":
+            self.loss_scaler = LossScaler.from_config(self.backend, self.optimizer.flat_gradients(), train.loss_scale)
+            self.optimizer.loss_scale = self.loss_scaler.state
         self.loader = BatchLoader(self.train_pixels, self.train_labels, train.batch_size, seed=train.seed,
                                   classes=len(self.classes))
         if group is not None:  # this rank's part of every epoch
@@ -264,12 +269,18 @@ class Trainer:
 
     # ---- one step --------------------------------------------------------------------------------
     def _step(self, x: Tensor, target: Tensor) -> None:
-        """gather → forward → backward with the loss and accuracy counted (on the device) → SGD: device work only."""
+        """gather → forward → backward with the loss and accuracy counted (on the device) → SGD: device work
+        only. Under loss scaling the loss gradient carries S, and the overflow check, the scale's update
+        and the skipped step stay on the device too."""
         self.data.gather(x, target)
-        self.network.forward_backward(x, target, self.totals.loss_sum, self.totals.correct)
+        scaler = self.loss_scaler
+        self.network.forward_backward(x, target, self.totals.loss_sum, self.totals.correct,
+                                      loss_scale=None if scaler is None else scaler.scale)
         if self.replicas is not None:
             self.replicas.average_gradients()
         self.watch.record(self.totals.loss_sum)
+        if scaler is not None:
+            scaler.check()
         self.optimizer.step()
 
     def train_batch(self, index: int) -> int:
@@ -380,14 +391,22 @@ class Trainer:
                "train_accuracy": correct / images_seen, "test_loss": test.loss, "test_accuracy": test.accuracy,
                "epoch_seconds": seconds}
         self.position.history.append(row)
-        log.info("epoch %d: train loss %.4f accuracy %.4f | test loss %.4f accuracy %.4f | %.1f s",
-                 row["epoch"], train_loss, row["train_accuracy"], test.loss, test.accuracy, seconds)
+        log.info("epoch %d: train loss %.4f accuracy %.4f | test loss %.4f accuracy %.4f | %.1f s%s",
+                 row["epoch"], train_loss, row["train_accuracy"], test.loss, test.accuracy, seconds,
+                 self._loss_scale_text())
         if completed:
             self.position.epoch += 1
             self.position.batch = 0
         every = self.config.train.checkpoint_every
         if completed and every and self.position.epoch % every == 0 and self.position.step < self.total_steps:
             self._publish(finished=False)
+
+    def _loss_scale_text(self) -> str:
+        """" | loss scale S, N skipped steps" under loss scaling (reads the device), else ""."""
+        if self.loss_scaler is None:
+            return ""
+        status = self.loss_scaler.read()
+        return f" | loss scale {status.scale:g}, {status.skipped_steps} skipped steps"
 
     def _stop_if_not_finite(self, loss: float) -> None:
         """TrainingError naming the first step whose loss was NaN or infinite (recorded on the device
@@ -426,12 +445,24 @@ class Trainer:
 
     def _save(self, path: Path) -> Path:
         arrays = self.optimizer.state_arrays(OPTIMIZER_PREFIX)
+        if self.loss_scaler is not None:
+            arrays.update(self.loss_scaler.state_arrays(OPTIMIZER_PREFIX))
         position = {"epoch": self.position.epoch, "batch": self.position.batch, "step": self.position.step}
         return self.network.save(path, extra_arrays=arrays, config=self.config.to_dict(),
                                  position=position, history=self.position.history)
 
     def metrics(self) -> dict:
         last = self.position.history[-1] if self.position.history else {}
+        return {**self._base_metrics(last), **self._loss_scale_metrics()}
+
+    def _loss_scale_metrics(self) -> dict:
+        """loss_scale (the next step's) and skipped_steps under loss scaling (reads the device), else nothing."""
+        if self.loss_scaler is None:
+            return {}
+        status = self.loss_scaler.read()
+        return {"loss_scale": status.scale, "skipped_steps": status.skipped_steps}
+
+    def _base_metrics(self, last: dict) -> dict:
         return {
             "config": self.config.source,
             "device": self.backend.device_name,
@@ -478,6 +509,8 @@ class Trainer:
             raise CheckpointError(f"{path}: no training position in its metadata; it can be loaded but not resumed")
         try:
             self.optimizer.load_state_arrays(arrays, OPTIMIZER_PREFIX)
+            if self.loss_scaler is not None and not self.loss_scaler.load_state_arrays(arrays, OPTIMIZER_PREFIX):
+                log.info("%s holds no loss scale: starting from %g", path, self.config.train.loss_scale.initial)
         except CheckpointError as error:
             raise CheckpointError(f"{path}: {error}") from None
         history = metadata.get("history") or []

@@ -19,14 +19,16 @@ def isolated_user_cache(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def engines_restored():
-    """Each backend's engine after a test is what it was before it (a Trainer sets its config's)."""
+    """Each backend's engine and math after a test are what they were before it (a Trainer sets its config's)."""
     from cudnnnet.backends import _instances
     from cudnnnet.engine import DEFAULT_ENGINE
 
-    before = {name: backend.engine for name, backend in _instances.items()}
+    before = {name: (backend.engine, backend.math) for name, backend in _instances.items()}
     yield
     for name, backend in _instances.items():
-        backend.set_engine(before.get(name, DEFAULT_ENGINE))
+        engine, math = before.get(name, (DEFAULT_ENGINE, "fp32"))
+        backend.set_engine(engine)
+        backend.set_math(math)
 
 
 @pytest.fixture(scope="session")

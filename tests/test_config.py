@@ -330,7 +330,17 @@ INVALID = [
     (("train", "eval_batch_size"), 0, "train.eval_batch_size: expected an integer > 0"),
     (("train", "lr"), 0.1, "train.lr: unknown key 'lr'; valid keys: batch_size"),
     (("device",), "gpu", "device: expected one of auto, cuda, host, got 'gpu'"),
-    (("math",), "fp16", "math: expected one of fp32, tf32, bf16, got 'fp16'"),
+    (("math",), "fp8", "math: expected one of fp32, tf32, bf16, fp16, got 'fp8'"),
+    (("train", "loss_scale"), "static", "train.loss_scale: expected dynamic or a mapping with initial and "
+                                        "growth_interval, got 'static' (string)"),
+    (("train", "loss_scale"), 1024, "train.loss_scale: expected dynamic or a mapping"),
+    (("train", "loss_scale"), {"initial": 0}, r"train.loss_scale.initial: expected a number in (0, 1.84467e+19], got 0"),
+    (("train", "loss_scale"), {"initial": -2.0}, "train.loss_scale.initial: expected a number in (0,"),
+    (("train", "loss_scale"), {"initial": 2.0 ** 65}, "train.loss_scale.initial: expected a number in (0,"),
+    (("train", "loss_scale"), {"growth_interval": 0}, "train.loss_scale.growth_interval: expected an integer in [1, 1.67772e+07], got 0"),
+    (("train", "loss_scale"), {"growth_interval": 2.5}, "train.loss_scale.growth_interval: expected an integer in [1, 1.67772e+07]"),
+    (("train", "loss_scale"), {"growth": 10},
+     "train.loss_scale.growth: unknown key 'growth' for loss_scale; valid keys: initial, growth_interval"),
 ]
 
 
@@ -563,3 +573,21 @@ def test_own_data_keys_survive_the_round_trip_through_to_dict():
     assert parse_config({**raw, "data": data.to_dict()}).data == data
     raw["data"] = {"dataset": "cifar10", "normalize": True}
     assert parse_config(raw).data.normalize == "computed"  # the training set's, for a data set other than MNIST
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, (65536.0, 2000)),
+    ("dynamic", (65536.0, 2000)),
+    ({"initial": 1024}, (1024.0, 2000)),
+    ({"growth_interval": 50}, (65536.0, 50)),
+    ({"initial": 0.5, "growth_interval": 1}, (0.5, 1)),
+])
+def test_loss_scale_is_dynamic_by_default_and_round_trips(value, expected):
+    """train.loss_scale (math fp16): ``dynamic`` or {initial, growth_interval}; the defaults are not written back."""
+    raw = _set(minimal(), ("math",), "fp16")
+    if value is not None:
+        raw = _set(raw, ("train", "loss_scale"), value)
+    config = parse_config(raw)
+    assert (config.train.loss_scale.initial, config.train.loss_scale.growth_interval) == expected
+    assert config.math == "fp16" and parse_config(config.to_dict()) == config
+    assert ("loss_scale" in config.to_dict()["train"]) == (expected != (65536.0, 2000))

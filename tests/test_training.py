@@ -71,6 +71,21 @@ def test_ten_cuda_epochs_in_bf16_reach_the_accuracy_target(cuda, mnist_dir, tmp_
     assert metrics["test_accuracy"] >= target, f"{config} in bf16: {metrics['test_accuracy']:.4f} < {target}"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["slides", "fast"])
+def test_ten_cuda_epochs_in_fp16_reach_the_accuracy_target(cuda, mnist_dir, tmp_path, engine):
+    """``math: fp16`` (half GEMM and convolution operands, FP32 weights, optimiser, softmax and loss,
+    dynamic loss scaling on the device) keeps the CNN's FP32 target of 99.2 %."""
+    config_file = tmp_path / "mnist_cnn_fp16.yaml"
+    config_file.write_text((REPO_ROOT / "configs" / "mnist_cnn.yaml").read_text() + "math: fp16\n")
+    finished = train_cli(str(config_file), tmp_path / "run", mnist_dir, "--engine", engine, device="cuda")
+    assert finished.returncode == 0, finished.stderr
+    metrics = metrics_of(tmp_path / "run")
+    assert metrics["epochs"] == 10 and metrics["math"] == "fp16" and metrics["engine"] == engine
+    assert metrics["loss_scale"] > 0 and metrics["skipped_steps"] >= 0
+    assert metrics["test_accuracy"] >= 0.992, f"mnist_cnn in fp16: {metrics['test_accuracy']:.4f} < 0.992"
+
+
 @pytest.mark.slow
 def test_cnn_one_host_epoch_reaches_97_5_percent(trained_cnn):
     metrics = metrics_of(trained_cnn)

@@ -375,11 +375,15 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def sgd_update_many(self, groups, lr: Scalar, momentum: float, weight_decay: float) -> None:
+    def sgd_update_many(self, groups, lr: Scalar, momentum: float, weight_decay: float, loss_scale=None) -> None:
         """``sgd_update`` on every ``(param, grad, velocity_or_None)`` of ``groups``:
 
             g = grad + weight_decay·param;  v = momentum·v + g  (skipped when momentum == 0);
             param = param - lr·v
+
+        With ``loss_scale`` (the state tensor of ``update_loss_scale``) the gradients carry a loss
+        scale: g = grad·unscale + weight_decay·param, and a step whose skip flag is set changes
+        nothing (parameters and velocities keep their values).
 
         ``lr`` is a one-element tensor (read on the device, so it may change under graph replay)
         or a float. On CUDA this is one launch over a device table of the groups' pointers, built
@@ -390,7 +394,7 @@ class Backend(ABC):
     # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
     @abstractmethod
     def adam_update_many(self, groups, lr: Scalar, counter, beta1: float, beta2: float, eps: float,
-                         weight_decay: float, decoupled: bool) -> None:
+                         weight_decay: float, decoupled: bool, loss_scale=None) -> None:
         """One Adam (``decoupled`` False) or AdamW step, PyTorch's formulation, on every
         ``(param, grad, m, v)`` of ``groups``, with t = counter[0] + 1:
 
@@ -403,7 +407,25 @@ class Backend(ABC):
         kernel counts its finished blocks in). ``lr`` is a one-element tensor or a float. Both are
         read on the device, so a captured graph follows the schedule and the bias correction. On
         CUDA this is one launch; as with ``sgd_update_many``, the first call with a given list
-        must not be made inside a capture.
+        must not be made inside a capture. With ``loss_scale`` (as there) g = grad·unscale first, and a
+        skipped step changes nothing: parameters, moments and counter[0] keep their values.
+        """
+
+    # ---- dynamic loss scaling of math fp16 (cudnnnet/loss_scaling.py) ---------------------------
+    @abstractmethod
+    def find_nonfinite_gradients(self, grads, loss_scale) -> None:
+        """One pass over the flat ``grads``: where any value is inf or NaN, loss_scale[FOUND] = 1 and
+        those values become 0 (the step is skipped; a cuBLAS update with coefficient 0 then adds 0).
+        ``loss_scale`` is the (6,) state named in ``check_loss_scale``; FOUND must be 0 before."""
+
+    @abstractmethod
+    def update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
+        """One thread, after ``find_nonfinite_gradients`` and before the optimiser:
+
+            skip = found;  unscale = 1/S
+            found: S = max(S/2, min_scale), clean = 0, skipped += 1
+            else:  clean += 1; where clean reaches growth_interval: S = min(2·S, max_scale), clean = 0
+            found = 0
         """
 
     @abstractmethod
@@ -455,6 +477,16 @@ def check_bias(call: str, bias, y) -> None:
     """A ShapeError unless ``bias`` holds one value per channel of ``y`` (N, C, H, W)."""
     if bias.size != y.c:
         raise ShapeError(f"{call}: the bias must hold one value per channel of y {y.shape} ({y.c}), got shape {bias.shape}")
+
+
+LOSS_SCALE_VALUES = 6  # [S, found, skip, unscale, clean steps, skipped steps]: kernels/loss_scale.cu
+
+
+def check_loss_scale(call: str, loss_scale) -> None:
+    """A loss-scaling state holds LOSS_SCALE_VALUES values: [S, found, skip, 1/S, clean, skipped], else a ShapeError."""
+    if loss_scale.size != LOSS_SCALE_VALUES:
+        raise ShapeError(f"{call}: the loss-scaling state must hold {LOSS_SCALE_VALUES} values "
+                         f"(S, found, skip, unscale, clean, skipped), got shape {loss_scale.shape}")
 
 
 def check_nonfinite_operands(watch, loss) -> None:

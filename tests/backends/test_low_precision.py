@@ -20,7 +20,7 @@ import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
 from cudnnnet.backends.base import OP_N, OP_T, ConvolutionDescriptor
-from cudnnnet.backends.host.backend import round_to_bf16
+from cudnnnet.backends.host.backend import round_to_bf16, round_to_fp16
 from cudnnnet.errors import UsageError
 from cudnnnet.tensor import Tensor
 from cudnnnet.training import build_network
@@ -241,6 +241,132 @@ def test_a_pass_reads_the_weights_written_before_it(backend, rng):
         assert np.all(np.abs(C.numpy().reshape(n, m).T - expected) <= bound)
 
 
+# ---- math "fp16": IEEE half operands (kernels/fp16.cu; the host's round_to_fp16) -----------------
+FP16_STEP = 2.0 ** -11  # half's spacing relative to a value (10 stored mantissa bits)
+
+
+def test_round_to_fp16_is_round_to_nearest_even_with_subnormals(rng):
+    values = (rng.standard_normal(100_000) * 10.0 ** rng.integers(-9, 5, 100_000)).astype(np.float32)
+    rounded = round_to_fp16(values)
+    halves = rounded.astype(np.float16)  # exact: every rounded value is a half
+    np.testing.assert_array_equal(halves.astype(np.float32), rounded)
+    below, above = np.nextafter(halves, np.float16(-np.inf)), np.nextafter(halves, np.float16(np.inf))
+    exact = values.astype(np.float64)
+    distance = np.abs(exact - rounded)
+    assert np.all(distance <= np.abs(exact - below.astype(np.float64)))
+    assert np.all(distance <= np.abs(exact - above.astype(np.float64)))
+    ties = np.array([1 + 2 ** -11, 1 + 3 * 2 ** -11, 2 ** -25, 3 * 2 ** -25], np.float32)
+    np.testing.assert_array_equal(round_to_fp16(ties), np.array([1.0, 1 + 2 ** -9, 0.0, 2 ** -23], np.float32))
+
+
+def test_round_to_fp16_overflows_to_infinity_past_65504():
+    special = np.array([65504, 65519.99, 65520, -65520, 1e6, np.inf, np.nan, -0.0], np.float32)
+    rounded = round_to_fp16(special)
+    np.testing.assert_array_equal(rounded[:6], [65504, 65504, np.inf, -np.inf, np.inf, np.inf])
+    assert np.isnan(rounded[6]) and rounded[7] == 0 and np.signbit(rounded[7])
+
+
+@pytest.mark.parametrize("engine", ["slides", "fast"])
+@pytest.mark.parametrize("transa, transb", [(OP_N, OP_N), (OP_T, OP_N), (OP_N, OP_T)])
+def test_fp16_sgemm_sums_the_half_operands_in_fp32(backend, rng, engine, transa, transb):
+    """A product of two halves is exact in FP32: the result is the float64 sum of the rounded
+    products within the FP32 summation error; unrounded operands would be far outside it."""
+    m, n, k, alpha, beta = 37, 23, 64, 0.75, -0.5
+    a_rows, a_cols = (m, k) if transa == OP_N else (k, m)
+    b_rows, b_cols = (k, n) if transb == OP_N else (n, k)
+    lda, ldb, ldc = a_rows + 3, b_rows + 1, m + 2
+    a, b, c = normal(rng, lda * a_cols), normal(rng, ldb * b_cols), normal(rng, ldc * n)
+    A, B, C = (Tensor.from_numpy(array, backend) for array in (a, b, c))
+    with backend.using_engine(engine), math_mode(backend, "fp16"):
+        backend.sgemm(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
+    result = column_major(C.numpy().reshape(-1), m, n, ldc)
+
+    def op(flat, trans, rows, cols, ld):
+        matrix = column_major(flat, rows, cols, ld)
+        return matrix if trans == OP_N else matrix.T
+
+    a16, b16 = op(round_to_fp16(a), transa, a_rows, a_cols, lda), op(round_to_fp16(b), transb, b_rows, b_cols, ldb)
+    c0 = column_major(c, m, n, ldc)
+    expected = alpha * (a16 @ b16) + beta * c0
+    bound = sum_error(k) * (abs(alpha) * (np.abs(a16) @ np.abs(b16)) + np.abs(beta * c0)) + 1e-30
+    assert np.all(np.abs(result - expected) <= bound), f"worst: {np.max(np.abs(result - expected) / bound):.3g} x bound"
+    in_bf16 = alpha * (op(round_to_bf16(a), transa, a_rows, a_cols, lda)
+                       @ op(round_to_bf16(b), transb, b_rows, b_cols, ldb)) + beta * c0
+    assert np.max(np.abs(in_bf16 - expected) / bound) > 10  # bfloat16 operands would fail this test
+
+
+def test_an_fp16_operand_past_65504_makes_the_product_infinite(backend):
+    """7·10⁴ (finite in FP32 and bfloat16) becomes +inf as a half operand; 6·10⁴ stays finite."""
+    A = Tensor.from_numpy(np.array([7e4, 6e4, 1.0, 1.0], np.float32), backend)  # 2×2, column-major
+    B = Tensor.from_numpy(np.ones(4, np.float32), backend)
+    C = Tensor.zeros((4,), backend)
+    with math_mode(backend, "fp16"):
+        backend.sgemm(OP_N, OP_N, 2, 2, 2, 1.0, A, 2, B, 2, 0.0, C, 2)
+    np.testing.assert_array_equal(C.numpy().reshape(-1), [np.inf, 60000.0 + 1.0, np.inf, 60000.0 + 1.0])
+
+
+@pytest.mark.parametrize("engine", ["slides", "fast"])
+def test_fp16_convolution_rounds_operands_and_result(backend, rng, engine):
+    """cuDNN's PSEUDO_HALF_CONFIG: half x, w, dy, FP32 sums, a half result."""
+    desc = ConvolutionDescriptor(4, 3, 3, 1, 1, 1)
+    x_shape = (5, 3, 9, 9)
+    y_shape = desc.output_shape(x_shape)
+    x, w, dy = normal(rng, *x_shape), normal(rng, *desc.filter_shape), normal(rng, *y_shape)
+    dx0, dw0 = normal(rng, *x_shape), normal(rng, *desc.filter_shape)
+    X, W, DY, DX, DW = (Tensor.from_numpy(array, backend) for array in (x, w, dy, dx0, dw0))
+    Y = Tensor.zeros(y_shape, backend)
+    with backend.using_engine(engine), math_mode(backend, "fp16"):
+        plan = backend.convolution_plan(desc, x_shape, y_shape)
+        backend.convolution_forward(plan, 1.0, X, W, 0.0, Y)
+        backend.convolution_backward_data(plan, 1.0, W, DY, 0.5, DX)
+        backend.convolution_backward_filter(plan, 2.0, X, DY, 1.0, DW)
+    (y, y_bound), (dx, dx_bound), (dw, dw_bound) = convolution_reference(
+        round_to_fp16(x), round_to_fp16(w), round_to_fp16(dy), 1)
+    y_out = Y.numpy().astype(np.float64)
+    np.testing.assert_array_equal(y_out, round_to_fp16(Y.numpy()))  # cuDNN's result is a half
+    check_half_result("y", y_out, y, y_bound, 27, 1.0, 0.0, 0.0)
+    check_half_result("dx", DX.numpy().astype(np.float64), dx, dx_bound, 36, 1.0, 0.5, dx0.astype(np.float64))
+    check_half_result("dw", DW.numpy().astype(np.float64), dw, dw_bound, 405, 2.0, 1.0, dw0.astype(np.float64))
+
+
+def check_half_result(name: str, result, exact, exact_bound, k: int, alpha: float, beta: float, before):
+    """``check_rounded_result`` for a half result (one half step near a rounding boundary)."""
+    sum_bound = sum_error(k) * exact_bound
+    rounded = round_to_fp16(exact.astype(np.float32)).astype(np.float64)
+    blend_bound = 4 * UNIT * (np.abs(alpha * rounded) + np.abs(beta * before)) + 1e-30
+    error = np.abs(result - (alpha * rounded + beta * before))
+    near_boundary = np.abs(round_to_fp16((exact + sum_bound).astype(np.float32))
+                           - round_to_fp16((exact - sum_bound).astype(np.float32))) > 0
+    tolerance = np.where(near_boundary, abs(alpha) * (FP16_STEP * np.abs(exact) + sum_bound), 0) + blend_bound
+    assert np.all(error <= tolerance), f"{name}: worst {np.max(error / tolerance):.3g} x tolerance"
+
+
+def scaled_updates(config, backend, engine: str, start: dict, math: str) -> tuple[dict, tuple]:
+    """What two loss-scaled SGD steps (S = 2^12) change in each parameter, and the metrics."""
+    from cudnnnet.loss_scaling import LossScaler
+    from cudnnnet.optim import SGD
+    from cudnnnet.training import Accumulator
+
+    rng = np.random.default_rng(0)
+    batch = config.train.batch_size
+    with backend.using_engine(engine), math_mode(backend, math):
+        network = build_network(config, backend)
+        opt = config.train.optimizer
+        optimizer = SGD(network, opt.lr, opt.momentum, opt.weight_decay)
+        scaler = LossScaler(backend, optimizer.flat_gradients(), 2.0 ** 12)
+        optimizer.loss_scale = scaler.state
+        totals = Accumulator(backend)
+        for _ in range(2):
+            x = Tensor.from_numpy(rng.standard_normal((batch,) + network.input_shape).astype(np.float32), backend)
+            target = Tensor.from_numpy(np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)].reshape(batch, 10, 1, 1),
+                                       backend)
+            network.forward_backward(x, target, totals.loss_sum, totals.correct, loss_scale=scaler.scale)
+            scaler.check()
+            optimizer.step()
+        assert scaler.read().skipped_steps == 0
+    return {name: value - start[name] for name, value in network.state_dict().items()}, totals.read()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("engine", ["slides", "fast"])
 @pytest.mark.parametrize("name", ["mnist_mlp", "mnist_cnn"])
@@ -252,9 +378,9 @@ def test_a_bf16_step_converts_each_operand_once(name, engine, cuda, monkeypatch)
     converted = []
     convert = low_precision.convert_to_bf16
 
-    def recording(context, target, source, count):
+    def recording(context, target, source, count, fmt=low_precision.BF16):
         converted.append((source, count))
-        convert(context, target, source, count)
+        convert(context, target, source, count, fmt)
 
     monkeypatch.setattr(low_precision, "convert_to_bf16", recording)
     pass_starts = []  # len(converted) as each pass began
@@ -272,3 +398,26 @@ def test_a_bf16_step_converts_each_operand_once(name, engine, cuda, monkeypatch)
     for begin, end in zip(bounds, bounds[1:]):
         sources = [source for source, _ in converted[begin:end]]
         assert sources and len(sources) == len(set(sources)), f"converted twice in a pass: {sources}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["slides", "fast"])
+@pytest.mark.parametrize("name", ["mnist_mlp", "mnist_cnn"])
+def test_an_fp16_step_with_loss_scaling_on_the_gpu_equals_the_hosts(name, engine, cuda, host):
+    """Two loss-scaled steps: each parameter's update agrees within ``tolerance`` (relative, in norm);
+    only values near a half rounding boundary may take the other neighbour (2⁻¹¹), a difference the
+    later layers carry on (more of them in the CNN). The host's FP32 updates are 0.9 % (MLP) to 4 %
+    (CNN) from its fp16 ones and its bf16 ones 5 to 10 %, so the test tells the three apart."""
+    tolerance = {"mnist_mlp": 5e-3, "mnist_cnn": 1e-2}[name]
+    config = config_of(name)
+    start = build_network(config, host).state_dict()
+    on_host, (host_loss, host_hits) = scaled_updates(config, host, engine, start, "fp16")
+    on_cuda, (cuda_loss, cuda_hits) = scaled_updates(config, cuda, engine, start, "fp16")
+    for parameter, update in on_host.items():
+        error = relative_error(on_cuda[parameter], update)
+        assert error <= tolerance, f"{parameter}: relative error {error:.3g}"
+    for other in ("fp32", "bf16"):
+        elsewhere, _ = scaled_updates(config, host, engine, start, other)
+        assert max(relative_error(elsewhere[parameter], update) for parameter, update in on_host.items()) > tolerance
+    assert cuda_loss == pytest.approx(host_loss, rel=1e-3)
+    assert abs(cuda_hits - host_hits) <= 2

@@ -16,8 +16,9 @@ convolution descriptor (cuDNN would otherwise be free to use TF32 on Ampere and 
 switches cuBLAS to CUBLAS_TF32_TENSOR_OP_MATH and convolutions to
 CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; "bf16" runs every GEMM as cublasGemmEx and every convolution
 in cuDNN's BFLOAT16_CONFIG with CUDNN_TENSOR_OP_MATH, on bfloat16 copies of the float32 operands
-with FP32 accumulation (low_precision.py); the other calls stay float32. Plans made before
-``set_math`` keep their math type.
+with FP32 accumulation (low_precision.py); "fp16" does the same on IEEE half copies (CUDA_R_16F,
+cuDNN's PSEUDO_HALF_CONFIG); the other calls stay float32. Plans made before ``set_math`` keep
+their math type.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ...engine import Engine
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
 from ..base import (OP_N, OP_T, ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor, PoolingDescriptor,
-                    check_bias, check_nonfinite_operands)
+                    check_bias, check_loss_scale, check_nonfinite_operands)
 from ..base import BatchNormMode
 from .dropout import DropoutReserve, DropoutState
 from . import dlpack
@@ -52,7 +53,7 @@ from .convolution import BACKWARD_DATA, BACKWARD_FILTER, DIRECTION_NAMES, FORWAR
     make_plan, plan_with
 from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
 from .kernel import BLOCK_SIZE, blocks_for
-from .low_precision import Bf16Copies, Bf16Scratch
+from .low_precision import HALF_FORMATS, Bf16Copies, Bf16Scratch
 from . import pooling
 from .matmul import GemmEngine, GemmProblem, alignment
 
@@ -63,6 +64,7 @@ MATH_MODES = {
     "fp32": (cublas.DEFAULT_MATH, cudnn.FMA_MATH),
     "tf32": (cublas.TF32_TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION),
     "bf16": (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
+    "fp16": (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
 }
 PLAN_CACHE_SIZE = 64
 MAX_ELEMENTWISE_BLOCKS = 65535  # one float4 per thread up to 16.7 M float4s, then grid-stride
@@ -101,8 +103,9 @@ class CudaBackend(Backend):
                            -1.0: ctypes.byref(self.context.minus_one)}
         self._gemm = GemmEngine(self.context, self._scalar)  # sgemm's plans
         self._channel_sum = ChannelSum(self.context)  # convolution_backward_bias, with its scratch
-        self._bf16 = Bf16Scratch(self.context)  # math "bf16": one call's operands outside a pass, convolution results
-        self._bf16_copies = Bf16Copies(self.context)  # math "bf16": each operand of a pass, converted once
+        self._bf16 = Bf16Scratch(self.context)  # math "bf16"/"fp16": one call's operands outside a pass, convolution results
+        self._bf16_copies = Bf16Copies(self.context)  # math "bf16"/"fp16": each operand of a pass, converted once
+        self._scaled_sgd_scalars: Tensor | None = None  # (6,): the loss-scaled cuBLAS SGD's coefficients
         self.math = "fp32"
         self.set_math("fp32")
 
@@ -127,7 +130,8 @@ class CudaBackend(Backend):
     # ---- configuration ------------------------------------------------------------------------
     def set_math(self, mode: str) -> None:
         """"fp32" (exact FP32 arithmetic), "tf32" (tensor cores, ~1e-3 relative error) or "bf16"
-        (tensor cores on bfloat16 operands, FP32 accumulation; ~4e-3 relative error)."""
+        (tensor cores on bfloat16 operands, FP32 accumulation; ~4e-3 relative error) or "fp16" (IEEE half
+        operands, FP32 accumulation; ~5e-4 relative error, overflow past 65504)."""
         if mode not in MATH_MODES:
             raise UsageError(f"invalid math mode {mode!r}; valid are {', '.join(MATH_MODES)}")
         cublas.set_math_mode(self._cublas, MATH_MODES[mode][0])
@@ -142,6 +146,7 @@ class CudaBackend(Backend):
         self._plans.clear()
         self._sgd_tables.clear()
         self._update_scalars = None
+        self._scaled_sgd_scalars = None
         self._gemm.close()
         self.context.close()
         self._channel_sum.close()
@@ -237,7 +242,7 @@ class CudaBackend(Backend):
         _check_matrix("sgemm", "B", B, *_stored(transb, k, n, "B"), ldb)
         _check_matrix("sgemm", "C", C, m, n, ldc)
         a, b, c = A.data.ptr, B.data.ptr, C.data.ptr
-        if self.math == "bf16":
+        if self.math in HALF_FORMATS:
             self._gemm_bf16(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, c, ldc)
             return
         if not self.engine.gemm_plans:
@@ -251,18 +256,20 @@ class CudaBackend(Backend):
 
     def _gemm_bf16(self, transa, transb, m, n, k, alpha, A: Tensor, lda: int, B: Tensor, ldb: int, beta, c: int,
                    ldc: int) -> None:
-        """C = alpha·op(bf16(A))·op(bf16(B)) + beta·C, FP32 accumulation and C: cublasGemmEx, or in the
-        fast engine the problem's timed plan (cublasGemmEx or cublasLtMatmul, matmul.py)."""
+        """C = alpha·op(bf16(A))·op(bf16(B)) + beta·C (fp16 copies under math "fp16"), FP32 accumulation
+        and C: cublasGemmEx, or in the fast engine the problem's timed plan (cublasGemmEx or
+        cublasLtMatmul, matmul.py)."""
         self.context.finish_warm_up()
+        fmt = HALF_FORMATS[self.math]
         a16, b16 = self._bf16_operands((A, _extent(*_stored(transa, m, k, "A"), lda)),
                                        (B, _extent(*_stored(transb, k, n, "B"), ldb)))
         if self.engine.gemm_plans:
-            self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math="bf16", alignment=alignment(a16, b16, c)),
+            self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math=self.math, alignment=alignment(a16, b16, c)),
                       alpha, a16, b16, beta, c)
             return
-        # C = alpha·op(bf16(A))·op(bf16(B)) + beta·C
-        cublas.gemm_ex(self._cublas, transa, transb, m, n, k, self._scalar(alpha), a16, cublas.R_16BF, lda, b16,
-                       cublas.R_16BF, ldb, self._scalar(beta), c, cublas.R_32F, ldc, cublas.COMPUTE_32F,
+        # C = alpha·op(bf16(A))·op(bf16(B)) + beta·C      (fp16(A), fp16(B) under math "fp16")
+        cublas.gemm_ex(self._cublas, transa, transb, m, n, k, self._scalar(alpha), a16, fmt.cublas_type, lda, b16,
+                       fmt.cublas_type, ldb, self._scalar(beta), c, cublas.R_32F, ldc, cublas.COMPUTE_32F,
                        cublas.GEMM_DEFAULT)
 
     def _bf16_operands(self, *operands: tuple[Tensor, int], output: int = 0) -> list[int]:
@@ -271,15 +278,15 @@ class CudaBackend(Backend):
         ``output`` is non-zero, a scratch slot for that many bfloat16 results."""
         pointers = [self._bf16_copies.pointer(tensor.data) for tensor, _ in operands]
         missing = [(tensor.data.ptr, count) for (tensor, count), pointer in zip(operands, pointers) if pointer is None]
-        slots = iter(self._bf16.operands(*missing, output=output))
+        slots = iter(self._bf16.operands(*missing, output=output, fmt=HALF_FORMATS[self.math]))
         pointers = [next(slots) if pointer is None else pointer for pointer in pointers]
         return pointers + ([next(slots)] if output else [])
 
     def start_pass(self) -> None:
-        """A network's forward and backward begin (Network.forward): under math "bf16", each GEMM and
-        convolution operand is converted once, where first read, until ``end_pass``."""
-        if self.math == "bf16":
-            self._bf16_copies.start()
+        """A network's forward and backward begin (Network.forward): under math "bf16" or "fp16", each
+        GEMM and convolution operand is converted once, where first read, until ``end_pass``."""
+        if self.math in HALF_FORMATS:
+            self._bf16_copies.start(HALF_FORMATS[self.math])
         else:
             self._bf16_copies.stop()
 
@@ -404,7 +411,7 @@ class CudaBackend(Backend):
             self.context.finish_warm_up()  # nothing else on the GPU while cuDNN (or our timer) measures
             plan = make_plan(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math,
                              MATH_MODES[self.math][1], self.workspace_limit, engine.convolution_search,
-                             gemm_candidate=engine.gemm_convolution and self.math != "bf16",
+                             gemm_candidate=engine.gemm_convolution and self.math not in HALF_FORMATS,
                              measure=self._convolution_timer(desc, x_shape, y_shape),
                              deterministic=engine.deterministic_convolution)
             plan_cache.write_plan(disk_key, {name: getattr(plan, name) for name in DIRECTION_NAMES})
@@ -490,12 +497,13 @@ class CudaBackend(Backend):
             return
         a_desc, b_desc, conv, out_desc = direction.operands(plan.x.handle, plan.w.handle, plan.conv.handle,
                                                             plan.y.handle)
-        if plan.math == "bf16":
-            # out₁₆ = bf16(a) ⋆ bf16(b), then out = alpha·float(out₁₆) + beta·out
+        if plan.math in HALF_FORMATS:
+            # out₁₆ = bf16(a) ⋆ bf16(b), then out = alpha·float(out₁₆) + beta·out   (fp16 under math "fp16")
+            fmt = HALF_FORMATS[plan.math]
             a16, b16, out16 = self._bf16_operands((a, a.size), (b, b.size), output=out.size)
             direction.run(self._cudnn, self._scalar(1.0), a_desc, a16, b_desc, b16, conv, algorithm.algo, workspace,
                           algorithm.workspace_bytes, self._scalar(0.0), out_desc, out16)
-            self._bf16.to_float(out.data.ptr, out16, alpha, beta, out.size)
+            self._bf16.to_float(out.data.ptr, out16, alpha, beta, out.size, fmt=fmt)
             return
         direction.run(self._cudnn, self._scalar(alpha), a_desc, a.data.ptr, b_desc, b.data.ptr, conv, algorithm.algo,
                       workspace, algorithm.workspace_bytes, self._scalar(beta), out_desc, out.data.ptr)
@@ -610,6 +618,56 @@ class CudaBackend(Backend):
                     cublas.sscal(h, n, decay, p, 1)  # param = (1 - lr·wd)·param
                 cublas.saxpy(h, n, neg_lr, grad.data.ptr, 1, p, 1)  # param -= lr·grad
 
+    def _sgd_cublas_scaled(self, groups, lr, momentum: float, weight_decay: float, loss_scale) -> None:
+        """``_sgd_cublas`` on gradients that carry a loss scale: the same cuBLAS calls, every
+        coefficient a device scalar that kernels/loss_scale.cu's sgd_scaled_coefficients makes from the
+        rate, 1/S and the skip flag, so that a skipped step scales by 1 and adds 0 (its non-finite
+        gradients were set to 0 by find_nonfinite_gradients) and leaves weights and velocities as they were."""
+        h, scalars = self._cublas, self._scaled_sgd_scalar_buffer().data.ptr
+        keep, unscale, decay, neg_lr, shrink, neg_lr_unscaled = (scalars + FLOAT32_BYTES * i for i in range(6))
+        rate, value = (lr.data.ptr, 0.0) if isinstance(lr, Tensor) else (None, float(lr))
+        self.context.kernel("sgd_scaled_coefficients").launch(1, self._stream, scalars, rate, value,
+                                                              loss_scale.data.ptr, momentum, weight_decay)
+        with self._pointer_mode(device=True):
+            for param, grad, velocity in groups:
+                n, p, g = param.size, param.data.ptr, grad.data.ptr
+                if momentum:
+                    v = velocity.data.ptr
+                    cublas.sscal(h, n, keep, v, 1)  # v = momentum·v
+                    cublas.saxpy(h, n, unscale, g, 1, v, 1)  # v += grad/S
+                    if weight_decay:
+                        cublas.saxpy(h, n, decay, p, 1, v, 1)  # v += wd·param
+                    cublas.saxpy(h, n, neg_lr, v, 1, p, 1)  # param -= lr·v
+                    continue
+                if weight_decay:
+                    cublas.sscal(h, n, shrink, p, 1)  # param = (1 - lr·wd)·param
+                cublas.saxpy(h, n, neg_lr_unscaled, g, 1, p, 1)  # param -= (lr/S)·grad
+
+    def _scaled_sgd_scalar_buffer(self) -> Tensor:
+        """(6,) device floats of sgd_scaled_coefficients, allocated on first use (never in a capture)."""
+        if self._scaled_sgd_scalars is None:
+            if self.context.is_capturing():
+                raise DeviceError("the loss-scaled cuBLAS SGD update was first called during a CUDA graph capture; "
+                                  "its device scalars are allocated on that call: run one step before capturing")
+            self._scaled_sgd_scalars = Tensor.zeros((6,), self)
+        return self._scaled_sgd_scalars
+
+    def find_nonfinite_gradients(self, grads, loss_scale) -> None:
+        """kernels/loss_scale.cu: one launch over the flat ``grads``; any inf or NaN sets the found flag
+        of ``loss_scale`` and is set to 0."""
+        check_loss_scale("find_nonfinite_gradients", loss_scale)
+        self._check_device_scalar("find_nonfinite_gradients", loss_scale)
+        if grads.size:
+            self.context.kernel("find_nonfinite_gradients").launch(blocks_for(grads.size), self._stream,
+                                                                   grads.data.ptr, grads.size, loss_scale.data.ptr)
+
+    def update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
+        """kernels/loss_scale.cu: one thread decides this step's skip and the next step's scale."""
+        check_loss_scale("update_loss_scale", loss_scale)
+        self._check_device_scalar("update_loss_scale", loss_scale)
+        self.context.kernel("update_loss_scale").launch(1, self._stream, loss_scale.data.ptr, float(growth_interval),
+                                                        float(min_scale), float(max_scale))
+
     def _sgd_scalars(self, lr, momentum: float, weight_decay: float):
         """(−lr, 1 − lr·wd, device): host pointers for a float ``lr``; for a tensor, pointers into
         ``_update_scalars`` computed from lr[0] on the device, read in device pointer mode."""
@@ -705,17 +763,22 @@ class CudaBackend(Backend):
             blocks_for(logits.n * SOFTMAX_GROUP), self._stream, predict_ptr, grad_ptr, loss.data.ptr, count.data.ptr,
             logits.data.ptr, target.data.ptr, logits.n, logits.sample_size, grad_scale, loss_scale)
 
-    def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float) -> None:
-        """The slides' cuBLAS calls on every parameter (``_sgd_cublas``); in fast mode
-        kernels/sgd_update_many.cu: one launch over every parameter of ``groups``, through a device
-        table of their pointers uploaded on the first call with this list (never inside a capture).
-        ``grad`` is never modified."""
+    def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float, loss_scale=None) -> None:
+        """The slides' cuBLAS calls on every parameter (``_sgd_cublas``, or ``_sgd_cublas_scaled`` with
+        ``loss_scale``); in fast mode kernels/sgd_update_many.cu: one launch over every parameter of
+        ``groups``, through a device table of their pointers uploaded on the first call with this list
+        (never inside a capture). ``grad`` is never modified."""
+        if loss_scale is not None:
+            check_loss_scale("sgd_update_many", loss_scale)
+            self._check_device_scalar("sgd_update_many", loss_scale)
         if not self.engine.sgd_kernel:
             for param, grad, velocity in groups:
                 _sgd_entry(param, grad, velocity, momentum)
             if isinstance(lr, Tensor):
                 self._check_device_scalar("sgd_update_many", lr)
-            if groups:
+            if groups and loss_scale is not None:
+                self._sgd_cublas_scaled(groups, lr, momentum, weight_decay, loss_scale)
+            elif groups:
                 self._sgd_cublas(groups, lr, momentum, weight_decay)
             return
         table = self._sgd_table(groups, momentum)
@@ -727,7 +790,8 @@ class CudaBackend(Backend):
         else:
             rate, value = None, float(lr)
         self.context.kernel("sgd_update_many").launch(blocks_for(table.total), self._stream, table.buffer.ptr,
-                                                      table.tensors, table.total, rate, value, momentum, weight_decay)
+                                                      table.tensors, table.total, rate, value, momentum, weight_decay,
+                                                      None if loss_scale is None else loss_scale.data.ptr)
 
     def _sgd_table(self, groups, momentum: float) -> SgdTable | None:
         """The cached table of this list of pointers (None for an empty list)."""
@@ -791,11 +855,15 @@ class CudaBackend(Backend):
 
     # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
     def adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
-                         decoupled: bool) -> None:
+                         decoupled: bool, loss_scale=None) -> None:
         """kernels/adam_update_many.cu: one launch over every parameter of ``groups``, through a device
         table of their pointers uploaded on the first call with this list (never inside a capture).
-        The kernel reads the step from counter[0] and its last block advances it."""
+        The kernel reads the step from counter[0] and its last block advances it (not on a step that
+        ``loss_scale`` skips)."""
         _check_fits("adam_update_many", counter.data, 0, 2)
+        if loss_scale is not None:
+            check_loss_scale("adam_update_many", loss_scale)
+            self._check_device_scalar("adam_update_many", loss_scale)
         table = self._adam_table(groups)
         if table is None:
             return
@@ -806,7 +874,8 @@ class CudaBackend(Backend):
             rate, value = None, float(lr)
         self.context.kernel("adam_update_many").launch(
             blocks_for(table.total), self._stream, table.buffer.ptr, table.tensors, table.total, rate, value,
-            counter.data.ptr, beta1, beta2, eps, weight_decay, int(bool(decoupled)))
+            counter.data.ptr, beta1, beta2, eps, weight_decay, int(bool(decoupled)),
+            None if loss_scale is None else loss_scale.data.ptr)
 
     @functools.cached_property
     def _adam_tables(self) -> OrderedDict:

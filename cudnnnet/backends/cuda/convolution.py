@@ -237,7 +237,9 @@ def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     return ConvolutionPlan(desc, x_shape, y_shape, math, x, w, conv, y, gemm_shape, **chosen)
 
 
-DATA_TYPES = {"bf16": cudnn.DATA_BFLOAT16}  # math mode -> cudnnDataType_t of x, w and y (float32 otherwise)
+# math mode -> cudnnDataType_t of x, w and y (float32 otherwise); "fp16" is cuDNN's PSEUDO_HALF_CONFIG
+# (half tensors, FLOAT compute) and takes bf16's algorithms (the same CUDNN_TENSOR_OP_MATH list)
+DATA_TYPES = {"bf16": cudnn.DATA_BFLOAT16, "fp16": cudnn.DATA_HALF}
 
 
 def _descriptors(descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, math: str,

@@ -45,7 +45,8 @@ KERNELS = {
                                (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_longlong, c_int, c_float)),
     "softmax_cross_entropy_backward": ("cross_entropy_backward.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
                                                                       c_void_p, c_longlong, c_int, c_float, c_float)),
-    "sgd_update_many": ("sgd_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_float, c_float)),
+    "sgd_update_many": ("sgd_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_float, c_float,
+                                               c_void_p)),
     "im2col": ("convolution.cu", (c_void_p, c_void_p) + (c_int,) * 10),
     "col2im": ("convolution.cu", (c_void_p, c_void_p, c_float, c_float) + (c_int,) * 10),
     "bias_activation_forward": ("bias_activation.cu", (c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_float,
@@ -61,7 +62,14 @@ KERNELS = {
     "to_bf16_x4": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),
     "bf16_to_float": ("bf16.cu", (c_void_p, c_void_p, c_float, c_float, c_longlong)),
     "adam_update_many": ("adam_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_void_p, c_float,
-                                                 c_float, c_float, c_float, c_int)),
+                                                 c_float, c_float, c_float, c_int, c_void_p)),
+    # math fp16 and its dynamic loss scaling
+    "to_fp16": ("fp16.cu", (c_void_p, c_void_p, c_longlong)),
+    "to_fp16_x4": ("fp16.cu", (c_void_p, c_void_p, c_longlong)),
+    "fp16_to_float": ("fp16.cu", (c_void_p, c_void_p, c_float, c_float, c_longlong)),
+    "find_nonfinite_gradients": ("loss_scale.cu", (c_void_p, c_longlong, c_void_p)),
+    "update_loss_scale": ("loss_scale.cu", (c_void_p, c_float, c_float, c_float)),
+    "sgd_scaled_coefficients": ("loss_scale.cu", (c_void_p, c_void_p, c_float, c_void_p, c_float, c_float)),
 }
 
 # Launches of our kernels by kernel name (as ``bindings.calls`` counts library calls), so that a

@@ -29,6 +29,10 @@ Three concerns, a class each:
   operand is, on first use in the pass.
 - ``Bf16Scratch``: outside a pass (a direct backend call), the copies of one call's operands, and
   every convolution's bfloat16 result, in slots of one grow-only buffer.
+
+``math: fp16`` runs the same calls on IEEE half copies (kernels/fp16.cu; CUDA_R_16F, cuDNN's
+PSEUDO_HALF_CONFIG: half tensors, FLOAT compute): a ``HalfFormat`` names the types and conversion
+kernels of each 16-bit format; the conversions and copies take one (bfloat16 unless given).
 """
 
 from __future__ import annotations
@@ -37,12 +41,31 @@ import weakref
 from dataclasses import dataclass
 
 from ...errors import DeviceError
+from .bindings import cublas, cudnn
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .kernel import BLOCK_SIZE
 
 BF16_BYTES = 2
 SLOT_ALIGNMENT = 256  # bytes; cuBLAS and cuDNN read 16-bit operands fastest from aligned addresses
 MAX_BLOCKS = 65535  # conversion launches: one value per thread up to 16.7 M values, then grid-stride
+
+
+@dataclass(frozen=True)
+class HalfFormat:
+    """A 16-bit operand format: its cudaDataType_t (cublasGemmEx), its cudnnDataType_t (x, w and y
+    of a convolution) and the kernels converting float32 to it (one and four values a thread) and back."""
+
+    name: str  # the math mode that uses it
+    cublas_type: int
+    cudnn_type: int
+    to_half: str
+    to_half_x4: str
+    to_float: str
+
+
+BF16 = HalfFormat("bf16", cublas.R_16BF, cudnn.DATA_BFLOAT16, "to_bf16", "to_bf16_x4", "bf16_to_float")
+FP16 = HalfFormat("fp16", cublas.R_16F, cudnn.DATA_HALF, "to_fp16", "to_fp16_x4", "fp16_to_float")
+HALF_FORMATS = {fmt.name: fmt for fmt in (BF16, FP16)}  # math mode -> its 16-bit format
 
 
 def _aligned_bytes(count: int) -> int:
@@ -53,17 +76,17 @@ def _blocks(count: int) -> int:
     return max(1, min(MAX_BLOCKS, -(-count // BLOCK_SIZE)))
 
 
-def convert_to_bf16(context, target: int, source: int, count: int) -> None:
-    """target[:count] = bf16(source[:count]), rounded to nearest even: four values a thread from a
-    16-byte aligned source into an 8-byte aligned target, the rest one a thread."""
+def convert_to_bf16(context, target: int, source: int, count: int, fmt: HalfFormat = BF16) -> None:
+    """target[:count] = bf16(source[:count]) (``fmt``'s 16 bits), rounded to nearest even: four values
+    a thread from a 16-byte aligned source into an 8-byte aligned target, the rest one a thread."""
     stream = context.stream.handle
     vectors = count // 4 if source % 16 == 0 and target % 8 == 0 else 0
     if vectors:
-        context.kernel("to_bf16_x4").launch(_blocks(vectors), stream, target, source, vectors)
+        context.kernel(fmt.to_half_x4).launch(_blocks(vectors), stream, target, source, vectors)
     rest = count - 4 * vectors
     if rest:
-        context.kernel("to_bf16").launch(_blocks(rest), stream, target + BF16_BYTES * 4 * vectors,
-                                         source + FLOAT32_BYTES * 4 * vectors, rest)
+        context.kernel(fmt.to_half).launch(_blocks(rest), stream, target + BF16_BYTES * 4 * vectors,
+                                           source + FLOAT32_BYTES * 4 * vectors, rest)
 
 
 @dataclass
@@ -87,11 +110,13 @@ class Bf16Copies:
     def __init__(self, context):
         self.context = context
         self.active = False
+        self.format = BF16  # the pass's 16-bit format
         self._copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DeviceBuffer -> _Copy
 
-    def start(self) -> None:
-        """Begin a pass: forget every copy's values; each is made again where first read."""
+    def start(self, fmt: HalfFormat = BF16) -> None:
+        """Begin a pass in ``fmt``: forget every copy's values; each is made again where first read."""
         self.stop()
+        self.format = fmt
         self.active = True
 
     def stop(self) -> None:
@@ -111,8 +136,9 @@ class Bf16Copies:
 
     def target(self, source: DeviceBuffer) -> int | None:
         """Where a kernel writing all of ``source`` also writes its bfloat16 copy: the copy's address
-        when ``source`` has one (it was an operand in an earlier pass), now fresh; else None."""
-        copy = self._copies.get(source) if self.active else None
+        when ``source`` has one (it was an operand in an earlier pass) and the pass is in bfloat16,
+        now fresh; else None."""
+        copy = self._copies.get(source) if self.active and self.format is BF16 else None
         if copy is None:
             return None
         copy.fresh = True
@@ -125,7 +151,7 @@ class Bf16Copies:
                 raise DeviceError(f"a bfloat16 copy of {source.size} values was first needed during a CUDA graph "
                                   "capture; run one step at this batch size before capturing")
             copy = self._copies[source] = _Copy(DeviceBuffer.allocate(max(SLOT_ALIGNMENT, _aligned_bytes(source.size))))
-        convert_to_bf16(self.context, copy.buffer.ptr, source.ptr, source.size)
+        convert_to_bf16(self.context, copy.buffer.ptr, source.ptr, source.size, self.format)
         copy.fresh = True
         return copy
 
@@ -162,20 +188,20 @@ class Bf16Scratch:
             offset += _aligned_bytes(count)
         return pointers
 
-    def operands(self, *pairs: tuple[int, int], output: int = 0) -> list[int]:
-        """The bfloat16 copies of each (float32 pointer, count) of ``pairs``, then, where ``output``
-        is non-zero, a slot of that many values for a bfloat16 result: their device pointers."""
+    def operands(self, *pairs: tuple[int, int], output: int = 0, fmt: HalfFormat = BF16) -> list[int]:
+        """The bfloat16 (``fmt``) copies of each (float32 pointer, count) of ``pairs``, then, where
+        ``output`` is non-zero, a slot of that many values for a 16-bit result: their device pointers."""
         counts = [count for _, count in pairs] + ([output] if output else [])
         pointers = self.slots(*counts) if counts else []
         for target, (source, count) in zip(pointers, pairs):
-            convert_to_bf16(self.context, target, source, count)
+            convert_to_bf16(self.context, target, source, count, fmt)
         return pointers
 
-    def to_float(self, out: int, source: int, alpha: float, beta: float, count: int) -> None:
+    def to_float(self, out: int, source: int, alpha: float, beta: float, count: int, fmt: HalfFormat = BF16) -> None:
         """out[:count] = alpha·float(source[:count]) + beta·out[:count] (out not read where beta is 0)."""
         if count:
-            self.context.kernel("bf16_to_float").launch(_blocks(count), self.context.stream.handle, out, source,
-                                                        float(alpha), float(beta), count)
+            self.context.kernel(fmt.to_float).launch(_blocks(count), self.context.stream.handle, out, source,
+                                                     float(alpha), float(beta), count)
 
     def close(self) -> None:
         for buffer in (self._buffer, *self._outgrown):

@@ -25,7 +25,7 @@ TF32) GEMM, deterministically; they differ in tiling and in how K is split.
 Under math "bf16" A and B are bfloat16 (the copies of low_precision.py), C float32, FP32
 accumulation: the untimed candidate is cublasGemmEx (CUDA_R_16BF operands, CUBLAS_COMPUTE_32F), the
 cuBLASLt layouts of A and B are CUDA_R_16BF, and there is no transposing candidate (cublasSgeam
-copies float32 only); one matrix, no batch.
+copies float32 only); one matrix, no batch. Math "fp16" is the same with CUDA_R_16F operands.
 
 Timed plans are kept on disk (below, in ``cache.plan_dir()``: one file per problem, keyed by the GPU,
 the cuBLAS and cuBLASLt versions, the problem, the cuBLAS workspace and the rules above), so that a new process
@@ -54,8 +54,9 @@ log = logging.getLogger(__name__)
 
 CANDIDATES = 16  # algorithms asked of the cuBLASLt heuristic
 MARGIN = 0.98  # a cuBLASLt algorithm replaces cublasSgemm when it takes under 98 % of its time
-COMPUTE_TYPES = {"fp32": cublaslt.COMPUTE_32F, "tf32": cublaslt.COMPUTE_32F_FAST_TF32, "bf16": cublaslt.COMPUTE_32F}
-OPERAND_TYPES = {"bf16": cublas.R_16BF}  # cudaDataType_t of A and B by math mode (CUDA_R_32F otherwise)
+COMPUTE_TYPES = {"fp32": cublaslt.COMPUTE_32F, "tf32": cublaslt.COMPUTE_32F_FAST_TF32, "bf16": cublaslt.COMPUTE_32F,
+                 "fp16": cublaslt.COMPUTE_32F}
+OPERAND_TYPES = {"bf16": cublas.R_16BF, "fp16": cublas.R_16F}  # cudaDataType_t of A and B by math mode (CUDA_R_32F otherwise)
 MAX_ALIGNMENT = 256  # bytes: cuBLASLt's default minimum alignment of every operand
 TRANSPOSE_LIMIT_BYTES = 1 << 30  # the most scratch the transposing candidate may take
 GEMM_PLAN_FORMAT = 1  # raise when what a plan file holds, or how a plan is chosen, changes
@@ -235,11 +236,12 @@ class GemmEngine:
                         c, layout_c, plan.algorithm, workspace, workspace_bytes, self.context.stream.address)
 
     def _cublas_sgemm(self, p: GemmProblem, alpha, a: int, b: int, beta, c: int) -> None:
-        """The slides' call: cublasSgemm (cublasSgemmStridedBatched for a batch); cublasGemmEx in bf16."""
+        """The slides' call: cublasSgemm (cublasSgemmStridedBatched for a batch); cublasGemmEx in bf16 and fp16."""
         handle = self.context.cublas.handle
-        if p.math == "bf16":
+        if p.math in OPERAND_TYPES:
             # C = alpha·op(A₁₆)·op(B₁₆) + beta·C
-            cublas.gemm_ex(handle, p.transa, p.transb, p.m, p.n, p.k, alpha, a, cublas.R_16BF, p.lda, b, cublas.R_16BF,
+            operand_type = OPERAND_TYPES[p.math]
+            cublas.gemm_ex(handle, p.transa, p.transb, p.m, p.n, p.k, alpha, a, operand_type, p.lda, b, operand_type,
                            p.ldb, beta, c, cublas.R_32F, p.ldc, cublas.COMPUTE_32F, cublas.GEMM_DEFAULT)
             return
         if p.batch == 1:

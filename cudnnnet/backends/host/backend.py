@@ -10,7 +10,11 @@ col2im and pooling loop over the kernel / window offsets only, never over pixels
 Math "bf16" rounds where the CUDA backend does (backends/cuda/low_precision.py): a GEMM's and a
 convolution's float32 operands to bfloat16 (round to nearest even, ``round_to_bf16``) before the
 product, which is then summed in float32, and a convolution's result once more (cuDNN writes it in
-bfloat16). "tf32" computes in FP32: the host has no TF32 rounding.
+bfloat16). "fp16" does the same with IEEE half (``round_to_fp16``, as kernels/fp16.cu): a value past
+65504 becomes ±inf, as on the GPU. "tf32" computes in FP32: the host has no TF32 rounding.
+
+Dynamic loss scaling (``find_nonfinite_gradients``, ``update_loss_scale`` and the ``loss_scale`` of
+the optimisers' calls) follows kernels/loss_scale.cu in float32.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from ..base import (
     PoolingDescriptor,
     PoolingMode,
     check_bias,
+    check_loss_scale,
     check_nonfinite_operands,
 )
 
@@ -43,8 +48,10 @@ F32 = np.float32
 _ITEM = np.dtype(F32).itemsize
 
 
-MATHS = ("fp32", "bf16")  # the math modes the host computes as the GPU does
-SET_MATHS = ("fp32", "tf32", "bf16")  # what set_math accepts ("tf32" computes in FP32)
+MATHS = ("fp32", "bf16", "fp16")  # the math modes the host computes as the GPU does
+SET_MATHS = ("fp32", "tf32", "bf16", "fp16")  # what set_math accepts ("tf32" computes in FP32)
+# the loss-scaling state's slots (kernels/loss_scale.cu)
+SCALE, FOUND, SKIP, UNSCALE, CLEAN, SKIPPED = range(6)
 _BF16_LOW = np.uint32(0x7FFF)
 _BF16_KEEP = np.uint32(0xFFFF0000)
 _QUIET_NAN = np.uint32(0x00400000)
@@ -60,6 +67,17 @@ def round_to_bf16(values) -> np.ndarray:
     if nan.any():
         rounded = np.where(nan, (bits | _QUIET_NAN) & _BF16_KEEP, rounded)
     return rounded.view(F32)
+
+
+def round_to_fp16(values) -> np.ndarray:
+    """float32 ``values`` rounded to the nearest IEEE half, ties to even, as float32 (a new array):
+    kernels/fp16.cu's to_fp16 (cvt.rn.f16.f32). Values past the largest half (65504) become ±inf,
+    small ones keep the half's subnormals, a NaN stays a NaN."""
+    with np.errstate(over="ignore"):
+        return np.asarray(values, F32).astype(np.float16).astype(F32)
+
+
+_ROUNDINGS = {"bf16": round_to_bf16, "fp16": round_to_fp16}  # math mode -> the rounding of its 16-bit operands
 
 
 def _nd(tensor: Tensor) -> np.ndarray:
@@ -286,19 +304,22 @@ class HostBackend(Backend):
         return f"HostBackend(math={self.math!r})" if self.math != "fp32" else "HostBackend()"
 
     def set_math(self, mode: str) -> None:
-        """"fp32", "bf16" (GEMM and convolution operands rounded to bfloat16, as on the GPU) or
-        "tf32" (computed in FP32)."""
+        """"fp32", "bf16" (GEMM and convolution operands rounded to bfloat16, as on the GPU), "fp16"
+        (the same to IEEE half) or "tf32" (computed in FP32)."""
         if mode not in SET_MATHS:
             raise UsageError(f"invalid math mode {mode!r}; valid are {', '.join(SET_MATHS)}")
         self.math = mode
 
     def _operand(self, values: np.ndarray) -> np.ndarray:
-        """A GEMM or convolution operand as the GPU reads it: rounded to bfloat16 under math "bf16"."""
-        return round_to_bf16(values) if self.math == "bf16" else values
+        """A GEMM or convolution operand as the GPU reads it: rounded to bfloat16 under math "bf16",
+        to half under "fp16"."""
+        rounding = _ROUNDINGS.get(self.math)
+        return rounding(values) if rounding is not None else values
 
     def _convolution_result(self, values: np.ndarray) -> np.ndarray:
-        """A convolution's result as cuDNN writes it: rounded to bfloat16 under math "bf16"."""
-        return round_to_bf16(values) if self.math == "bf16" else values
+        """A convolution's result as cuDNN writes it: rounded to bfloat16 under math "bf16", to half under "fp16"."""
+        rounding = _ROUNDINGS.get(self.math)
+        return rounding(values) if rounding is not None else values
 
     # ---- memory -------------------------------------------------------------------------------
     def empty(self, size: int) -> np.ndarray:
@@ -540,10 +561,45 @@ class HostBackend(Backend):
         self._store(loss, float(loss_scale) * _cross_entropy_sum(predict, y), accumulate=True)
         self._store(count, float(_hits(predict, y)), accumulate=True)
 
-    def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float) -> None:
-        """``sgd_update`` on each (param, grad, velocity) in turn."""
+    def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float, loss_scale=None) -> None:
+        """``sgd_update`` on each (param, grad, velocity) in turn; with ``loss_scale`` on grad·unscale,
+        nothing where the step is skipped."""
+        if loss_scale is not None:
+            check_loss_scale("sgd_update_many", loss_scale)
+            if loss_scale.data[SKIP] != 0:
+                return
         for param, grad, velocity in groups:
+            if loss_scale is not None:
+                grad = Tensor.from_numpy(_nd(grad) * loss_scale.data[UNSCALE], self)
             self.sgd_update(param, grad, velocity, lr, momentum, weight_decay)
+
+    def find_nonfinite_gradients(self, grads, loss_scale) -> None:
+        """found = 1 where any of the flat ``grads`` is inf or NaN; those values become 0."""
+        check_loss_scale("find_nonfinite_gradients", loss_scale)
+        values = grads.data[: grads.size]
+        nonfinite = ~np.isfinite(values)
+        if nonfinite.any():
+            values[nonfinite] = F32(0)
+            loss_scale.data[FOUND] = F32(1)
+
+    def update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
+        """skip = found, unscale = 1/S; then halve S on overflow, double it after ``growth_interval``
+        clean steps (float32, as kernels/loss_scale.cu); found = 0."""
+        check_loss_scale("update_loss_scale", loss_scale)
+        state = loss_scale.data
+        scale, found = state[SCALE], state[FOUND] != 0
+        state[SKIP] = F32(found)
+        state[UNSCALE] = F32(1) / scale
+        if found:
+            state[SCALE] = max(F32(0.5) * scale, F32(min_scale))
+            state[CLEAN] = F32(0)
+            state[SKIPPED] += F32(1)
+        else:
+            clean = state[CLEAN] + F32(1)
+            grow = clean >= F32(growth_interval)
+            state[SCALE] = min(F32(2) * scale, F32(max_scale)) if grow else scale
+            state[CLEAN] = F32(0) if grow else clean
+        state[FOUND] = F32(0)
 
     # ---- DLPack -------------------------------------------------------------------------------
     def dlpack(self, tensor: Tensor, stream=None, **kwargs):
@@ -560,11 +616,17 @@ class HostBackend(Backend):
 
     # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
     def adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
-                         decoupled: bool) -> None:
+                         decoupled: bool, loss_scale=None) -> None:
         """Adam or AdamW on each (param, grad, m, v) in turn, float32 like the CUDA kernel; counter[0] += 1
-        (an empty list changes nothing, as on CUDA, where no kernel is launched for it)."""
+        (an empty list changes nothing, as on CUDA, where no kernel is launched for it). With
+        ``loss_scale``: on grad·unscale, and nothing at all where the step is skipped."""
         if counter.size != 2:
             raise ShapeError(f"adam_update_many: counter must hold 2 values (steps, 0), got shape {counter.shape}")
+        if loss_scale is not None:
+            check_loss_scale("adam_update_many", loss_scale)
+            if loss_scale.data[SKIP] != 0:
+                return
+        unscale = F32(1) if loss_scale is None else loss_scale.data[UNSCALE]
         if not groups:
             return
         t = float(counter.data[0]) + 1.0
@@ -577,6 +639,8 @@ class HostBackend(Backend):
             for other in (grad, m, v):
                 _same_shape("adam_update_many", param, other)
             p, g = param.data[: param.size], grad.data[: grad.size]
+            if loss_scale is not None:
+                g = g * unscale
             if decoupled:
                 p -= F32(rate) * F32(weight_decay) * p
             elif weight_decay:

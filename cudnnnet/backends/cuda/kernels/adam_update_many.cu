@@ -15,6 +15,10 @@
 // the schedule and the bias correction at every replay. The last block to finish writes t into
 // counter[0]; counter[1] holds the count of finished blocks (as unsigned int bits, 0 between
 // launches), so the step advances exactly once per launch whatever the grid.
+//
+// Under dynamic loss scaling (`loss_scale` not null: the state of loss_scale.cu) the gradients
+// carry the scale S: g = grad·(1/S) first, and a step whose gradients overflowed (skip set) changes
+// nothing: parameters, moments and the step count stay as they were.
 
 struct AdamTensor {
     float* param;
@@ -38,7 +42,9 @@ __device__ int find_adam_tensor(const AdamTensor* table, int tensors, long long 
 
 extern "C" __global__ void adam_update_many(const AdamTensor* table, int tensors, long long total, const float* lr,
                                             float lr_value, float* counter, float beta1, float beta2, float eps,
-                                            float weight_decay, int decoupled) {
+                                            float weight_decay, int decoupled, const float* loss_scale) {
+    if (loss_scale != nullptr && loss_scale[2] != 0.0f) return;  // skip: every block returns, t stays
+    const float unscale = loss_scale != nullptr ? loss_scale[3] : 1.0f;
     const float rate = lr != nullptr ? lr[0] : lr_value;
     const float t = *(volatile const float*)counter + 1.0f;
     // 1 - βᵗ = -expm1(t·log β): no cancellation when βᵗ is close to 1 (β2 = 0.999 at small t)
@@ -49,7 +55,7 @@ extern "C" __global__ void adam_update_many(const AdamTensor* table, int tensors
         const AdamTensor p = table[find_adam_tensor(table, tensors, i)];
         const long long j = i - p.offset;
         float param = p.param[j];
-        float g = p.grad[j];
+        float g = __fmul_rn(p.grad[j], unscale);  // exact where unscale is 1 (no loss scaling)
         if (decoupled) param -= rate * weight_decay * param;
         else g += weight_decay * param;
         const float m = beta1 * p.m[j] + (1.0f - beta1) * g;
