@@ -1,5 +1,6 @@
 """Helpers the tests share (not fixtures): the repository root and running the scripts as a user would."""
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -17,3 +18,14 @@ def train_cli(config: str, output: Path, data_dir: Path, *extra: str, device: st
     """Run scripts/train.py on ``config`` (relative to the repository) into ``output``."""
     return run_script("train", "--config", str(REPO_ROOT / config), "--device", device, "--data-dir", str(data_dir),
                       "--output", str(output), "--quiet", *extra)
+
+
+@contextlib.contextmanager
+def math_mode(backend, mode: str):
+    """The backend in math ``mode`` within the block, as it was after."""
+    before = backend.math
+    backend.set_math(mode)
+    try:
+        yield
+    finally:
+        backend.set_math(before)

@@ -6,7 +6,6 @@ bit-unchanged, growth after N clean steps, scaling that changes nothing where no
 
 from __future__ import annotations
 
-import contextlib
 import json
 
 import numpy as np
@@ -22,7 +21,7 @@ from cudnnnet.loss_scaling import (CLEAN, FOUND, MIN_LOSS_SCALE, SCALE, SKIP, SK
 from cudnnnet.config import MAX_LOSS_SCALE
 from cudnnnet.optim import SGD, Adam
 from cudnnnet.training import Trainer
-from run_helpers import REPO_ROOT
+from run_helpers import REPO_ROOT, math_mode
 
 BATCH, CLASSES, SHAPE = 16, 10, (1, 6, 6)
 HUGE = 2.0 ** 60  # S·dJ/dŷ far past the largest half: the first backward GEMM overflows
@@ -31,16 +30,6 @@ OPTIMIZERS = {
     "sgd_plain": lambda network: SGD(network, 0.05, weight_decay=1e-3),
     "adam": lambda network: Adam(network, 1e-3, weight_decay=1e-3),
 }
-
-
-@contextlib.contextmanager
-def math_mode(backend, mode: str):
-    before = backend.math
-    backend.set_math(mode)
-    try:
-        yield
-    finally:
-        backend.set_math(before)
 
 
 class Case:

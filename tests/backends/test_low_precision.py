@@ -13,8 +13,6 @@ match the rounded reference within the summation error.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
@@ -24,6 +22,7 @@ from cudnnnet.backends.host.backend import round_to_bf16, round_to_fp16
 from cudnnnet.errors import UsageError
 from cudnnnet.tensor import Tensor
 from cudnnnet.training import build_network
+from run_helpers import math_mode
 from test_engine import config_of, relative_error, step_and_evaluation
 
 UNIT = 2.0 ** -24  # FP32's unit roundoff
@@ -32,16 +31,6 @@ BF16_STEP = 2.0 ** -8  # bfloat16's spacing relative to a value (7 stored mantis
 
 def sum_error(k: int) -> float:
     return 4 * k * UNIT
-
-
-@contextlib.contextmanager
-def math_mode(backend, mode: str):
-    before = backend.math
-    backend.set_math(mode)
-    try:
-        yield
-    finally:
-        backend.set_math(before)
 
 
 @pytest.fixture
@@ -91,16 +80,29 @@ def column_major(flat: np.ndarray, rows: int, cols: int, ld: int) -> np.ndarray:
     return flat[: ld * cols].reshape(cols, ld)[:, :rows].T.astype(np.float64)
 
 
+def unrounded(values: np.ndarray) -> np.ndarray:
+    return values
+
+
+# math: (its rounding, a rounding of the operands that would fail the test)
+HALF_ROUNDINGS = {"bf16": (round_to_bf16, unrounded), "fp16": (round_to_fp16, round_to_bf16)}
+
+
 @pytest.mark.parametrize("engine", ["slides", "fast"])
 @pytest.mark.parametrize("transa, transb", [(OP_N, OP_N), (OP_T, OP_N), (OP_N, OP_T), (OP_T, OP_T)])
-def test_bf16_sgemm_sums_the_rounded_operands_in_fp32(backend, rng, engine, transa, transb):
+@pytest.mark.parametrize("math", list(HALF_ROUNDINGS))
+def test_a_16_bit_sgemm_sums_the_rounded_operands_in_fp32(backend, rng, engine, transa, transb, math):
+    """A product of two bfloat16 (or two half) values is exact in FP32: the result is the float64
+    sum of the rounded products within the FP32 summation error; operands left in FP32 (for bf16)
+    or rounded to bfloat16 (for fp16) would be far outside it."""
+    rounding, other = HALF_ROUNDINGS[math]
     m, n, k, alpha, beta = 37, 23, 64, 0.75, -0.5
     a_rows, a_cols = (m, k) if transa == OP_N else (k, m)
     b_rows, b_cols = (k, n) if transb == OP_N else (n, k)
     lda, ldb, ldc = a_rows + 3, b_rows + 1, m + 2  # padded leading dimensions
     a, b, c = normal(rng, lda * a_cols), normal(rng, ldb * b_cols), normal(rng, ldc * n)
     A, B, C = (Tensor.from_numpy(array, backend) for array in (a, b, c))
-    with backend.using_engine(engine), math_mode(backend, "bf16"):
+    with backend.using_engine(engine), math_mode(backend, math):
         backend.sgemm(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
     result = column_major(C.numpy().reshape(-1), m, n, ldc)
 
@@ -108,13 +110,13 @@ def test_bf16_sgemm_sums_the_rounded_operands_in_fp32(backend, rng, engine, tran
         matrix = column_major(flat, rows, cols, ld)
         return matrix if trans == OP_N else matrix.T
 
-    a16, b16 = op(round_to_bf16(a), transa, a_rows, a_cols, lda), op(round_to_bf16(b), transb, b_rows, b_cols, ldb)
+    a16, b16 = op(rounding(a), transa, a_rows, a_cols, lda), op(rounding(b), transb, b_rows, b_cols, ldb)
     c0 = column_major(c, m, n, ldc)
     expected = alpha * (a16 @ b16) + beta * c0
     bound = sum_error(k) * (abs(alpha) * (np.abs(a16) @ np.abs(b16)) + np.abs(beta * c0)) + 1e-30
     assert np.all(np.abs(result - expected) <= bound), f"worst: {np.max(np.abs(result - expected) / bound):.3g} x bound"
-    unrounded = alpha * (op(a, transa, a_rows, a_cols, lda) @ op(b, transb, b_rows, b_cols, ldb)) + beta * c0
-    assert np.max(np.abs(unrounded - expected) / bound) > 10  # FP32 operands would fail this test
+    elsewhere = alpha * (op(other(a), transa, a_rows, a_cols, lda) @ op(other(b), transb, b_rows, b_cols, ldb)) + beta * c0
+    assert np.max(np.abs(elsewhere - expected) / bound) > 10  # the other operands would fail this test
     untouched = C.numpy().reshape(-1)[: ldc * n].reshape(n, ldc)[:, m:]
     np.testing.assert_array_equal(untouched, c[: ldc * n].reshape(n, ldc)[:, m:])
 
@@ -264,35 +266,6 @@ def test_round_to_fp16_overflows_to_infinity_past_65504():
     rounded = round_to_fp16(special)
     np.testing.assert_array_equal(rounded[:6], [65504, 65504, np.inf, -np.inf, np.inf, np.inf])
     assert np.isnan(rounded[6]) and rounded[7] == 0 and np.signbit(rounded[7])
-
-
-@pytest.mark.parametrize("engine", ["slides", "fast"])
-@pytest.mark.parametrize("transa, transb", [(OP_N, OP_N), (OP_T, OP_N), (OP_N, OP_T)])
-def test_fp16_sgemm_sums_the_half_operands_in_fp32(backend, rng, engine, transa, transb):
-    """A product of two halves is exact in FP32: the result is the float64 sum of the rounded
-    products within the FP32 summation error; unrounded operands would be far outside it."""
-    m, n, k, alpha, beta = 37, 23, 64, 0.75, -0.5
-    a_rows, a_cols = (m, k) if transa == OP_N else (k, m)
-    b_rows, b_cols = (k, n) if transb == OP_N else (n, k)
-    lda, ldb, ldc = a_rows + 3, b_rows + 1, m + 2
-    a, b, c = normal(rng, lda * a_cols), normal(rng, ldb * b_cols), normal(rng, ldc * n)
-    A, B, C = (Tensor.from_numpy(array, backend) for array in (a, b, c))
-    with backend.using_engine(engine), math_mode(backend, "fp16"):
-        backend.sgemm(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
-    result = column_major(C.numpy().reshape(-1), m, n, ldc)
-
-    def op(flat, trans, rows, cols, ld):
-        matrix = column_major(flat, rows, cols, ld)
-        return matrix if trans == OP_N else matrix.T
-
-    a16, b16 = op(round_to_fp16(a), transa, a_rows, a_cols, lda), op(round_to_fp16(b), transb, b_rows, b_cols, ldb)
-    c0 = column_major(c, m, n, ldc)
-    expected = alpha * (a16 @ b16) + beta * c0
-    bound = sum_error(k) * (abs(alpha) * (np.abs(a16) @ np.abs(b16)) + np.abs(beta * c0)) + 1e-30
-    assert np.all(np.abs(result - expected) <= bound), f"worst: {np.max(np.abs(result - expected) / bound):.3g} x bound"
-    in_bf16 = alpha * (op(round_to_bf16(a), transa, a_rows, a_cols, lda)
-                       @ op(round_to_bf16(b), transb, b_rows, b_cols, ldb)) + beta * c0
-    assert np.max(np.abs(in_bf16 - expected) / bound) > 10  # bfloat16 operands would fail this test
 
 
 def test_an_fp16_operand_past_65504_makes_the_product_infinite(backend):
