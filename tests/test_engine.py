@@ -52,10 +52,12 @@ def test_slides_engine_takes_every_library_path_and_fast_every_fusion():
 
 def test_slides_kernels_are_the_loss_and_what_no_library_does():
     assert SLIDES.kernels == SLIDES_KERNELS == {"cross_entropy_loss", "squared_error_loss", "accuracy_count",
-                                                "gather_batch", "pixels_to_images", "adam_update_many",
+                                                "gather_batch", "gather_augmented_batch", "pixels_to_images",
+                                                "adam_update_many",
                                                 "record_nonfinite", "to_bf16", "to_bf16_x4",
                                                 "bf16_to_float"}
-    assert SLIDES.allows_kernel("gather_batch") and not SLIDES.allows_kernel("bias_activation_forward")
+    assert SLIDES.allows_kernel("gather_batch") and SLIDES.allows_kernel("gather_augmented_batch")
+    assert not SLIDES.allows_kernel("bias_activation_forward")
     assert FAST.allows_kernel("sgd_update_many")
 
 
