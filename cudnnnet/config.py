@@ -108,7 +108,8 @@ class DataConfig:
     test_labels: str | None = None
     train_file: str | None = None  # npz: archives of x and y
     test_file: str | None = None
-    md5: dict | None = field(default=None, hash=False)  # {file name: MD5} checked before reading (idx, npz)
+    # {file name: MD5} checked before reading: idx, npz, and fashion-mnist / kmnist files (uncompressed ones too)
+    md5: dict | None = field(default=None, hash=False)
     channels: str | int = "auto"  # image-folder: 1 (grey), 3 (RGB) or auto (3 when any image has colour)
     image_size: tuple[int, int] | None = None  # image-folder: resize every image to (height, width)
     test_fraction: float = 0.2  # image-folder without train/ and test/: the share held out, by split_seed
