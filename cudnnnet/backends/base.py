@@ -28,7 +28,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
-from ..augmentation import MAX_CROP_PADDING
 from ..engine import SLIDES, Engine, get_engine
 from ..errors import InvalidArgumentError, ShapeError, UsageError
 
@@ -471,6 +470,8 @@ def check_nonfinite_operands(watch, loss) -> None:
 def check_augmented_gather(images, counter, x, padding: int, seed: int) -> None:
     """gather_augmented_batch's own operands (gather_batch checks the rest), else a ShapeError or
     InvalidArgumentError naming the problem."""
+    from ..augmentation import MAX_CROP_PADDING  # augmentation.py imports NumPy, which the backends' import defers
+
     if counter.size != 2:
         raise ShapeError(f"gather_augmented_batch: counter must hold 2 values [step, 0], got shape {counter.shape}")
     if x.shape[1:] != images.shape[1:]:
