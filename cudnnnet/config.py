@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 
+from .augmentation import MAX_CROP_PADDING
 from .data.mnist import MNIST_MEAN, MNIST_STD
 from .config_file import MAX_INTEGER, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
@@ -73,6 +74,23 @@ COMPUTED = "computed"  # data.normalize: per-channel mean and std of the trainin
 
 
 @dataclass(frozen=True)
+class AugmentConfig:
+    """The training batches' augmentation (``augmentation.py``): a random crop of the image padded by
+    ``crop_padding`` zeros on each side, and a horizontal flip of half of them where ``flip``."""
+
+    crop_padding: int = 0
+    flip: bool = False
+
+    @property
+    def active(self) -> bool:
+        """Whether it changes any image (padding 0 without flips is the plain batch)."""
+        return self.crop_padding > 0 or self.flip
+
+    def to_dict(self) -> dict:
+        return {"crop_padding": self.crop_padding, "flip": self.flip}
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """Where the images come from (``dataset`` and its keys, see data/sources.py) and how they are prepared.
 
@@ -90,7 +108,8 @@ class DataConfig:
     test_labels: str | None = None
     train_file: str | None = None  # npz: archives of x and y
     test_file: str | None = None
-    md5: dict | None = field(default=None, hash=False)  # {file name: MD5} checked before reading (idx, npz)
+    # {file name: MD5} checked before reading: idx, npz, and fashion-mnist / kmnist files (uncompressed ones too)
+    md5: dict | None = field(default=None, hash=False)
     channels: str | int = "auto"  # image-folder: 1 (grey), 3 (RGB) or auto (3 when any image has colour)
     image_size: tuple[int, int] | None = None  # image-folder: resize every image to (height, width)
     test_fraction: float = 0.2  # image-folder without train/ and test/: the share held out, by split_seed
@@ -98,6 +117,7 @@ class DataConfig:
     corrupt: str = "refuse"  # image-folder: an image that cannot be decoded is refused or skipped
     classes: tuple[str, ...] | None = None  # class names, index = label
     shape: tuple[int, int, int] | None = None  # (C, H, W) of the images before padding
+    augment: AugmentConfig | None = None  # training batches only; None: off
 
     def to_dict(self) -> dict:
         if self.normalize is None or self.normalize == COMPUTED:
@@ -112,7 +132,8 @@ class DataConfig:
             "test_fraction": None if self.dataset != "image-folder" else self.test_fraction,
             "split_seed": self.split_seed or None, "corrupt": None if self.corrupt == "refuse" else self.corrupt,
             "classes": None if self.classes is None else list(self.classes),
-            "shape": None if self.shape is None else list(self.shape)})
+            "shape": None if self.shape is None else list(self.shape),
+            "augment": None if self.augment is None else self.augment.to_dict()})
 
 
 def _plain(value):
@@ -614,8 +635,22 @@ def _parse_channels(data: _Section) -> str | int:
     return value
 
 
+def _parse_augment(data: _Section) -> AugmentConfig | None:
+    """data.augment: false or absent (off), or {crop_padding: P, flip: true|false}."""
+    value = data.value.get("augment")
+    if value is None or value is False:
+        return None
+    if not isinstance(value, dict):
+        data.fail("augment", f"expected false or a mapping {{crop_padding: P, flip: true|false}} (P an integer "
+                             f"in [0, {MAX_CROP_PADDING}]), got {_describe(value)}")
+    augment = data.section("augment")
+    augment.only(("crop_padding", "flip"))
+    return AugmentConfig(crop_padding=augment.integer("crop_padding", 0, low=0, high=MAX_CROP_PADDING),
+                         flip=augment.boolean("flip", False))
+
+
 DATA_KEYS = ("dataset", "dir", "normalize", "pad", "placement") + IDX_PATH_KEYS + NPZ_PATH_KEYS + (
-    "md5", "channels", "image_size", "test_fraction", "split_seed", "corrupt", "classes", "shape")
+    "md5", "channels", "image_size", "test_fraction", "split_seed", "corrupt", "classes", "shape", "augment")
 
 
 def _parse_data(data: _Section) -> DataConfig:
@@ -635,7 +670,7 @@ def _parse_data(data: _Section) -> DataConfig:
                       test_fraction=data.number("test_fraction", 0.2, low=0.0, high=1.0, low_open=True, high_open=True),
                       split_seed=data.integer("split_seed", 0, low=0), corrupt=data.choice("corrupt", CORRUPT_POLICIES,
                                                                                          "refuse"),
-                      classes=_parse_classes(data), shape=_parse_shape(data))
+                      classes=_parse_classes(data), shape=_parse_shape(data), augment=_parse_augment(data))
 
 
 ADAMW_WEIGHT_DECAY = 0.01  # AdamW's default decoupled weight decay (PyTorch's)

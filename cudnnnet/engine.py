@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from .errors import UsageError
 
 # Our NVRTC kernels that slides mode may launch: the loss reduction (the slides' own kernel), the
-# accuracy count, the batch gather and the uint8 -> float32 image conversion (no library call does
-# these), the Adam update (an optimiser the slides do not have, which no library call computes) and
+# accuracy count, the batch gather (plain, or with the training crop and flip) and the uint8 ->
+# float32 image conversion (no library call does these), the Adam update (an optimiser the slides do not have, which no library call computes) and
 # the trainer's watch on the loss (the first non-finite step, recorded on the device), and under
 # ``math: bf16`` the float32 <-> bfloat16 conversions around cublasGemmEx and the cuDNN convolutions
 # (the slides' calls in their 16-bit form; no library call converts an array), the same for
@@ -49,6 +49,7 @@ SLIDES_KERNELS = frozenset({
     "squared_error_loss",
     "accuracy_count",
     "gather_batch",
+    "gather_augmented_batch",
     "pixels_to_images",
     "adam_update_many",
     "record_nonfinite",

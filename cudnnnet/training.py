@@ -221,13 +221,17 @@ class Trainer:
             self.loader = Shard(self.loader, group.launch.rank, group.launch.world_size)
         placement = choose_placement(config.data.placement, self.backend, self.train_pixels, self.train_labels,
                                      ResidentTestSet.nbytes(self.test_pixels, self.loader.classes))
-        if placement == "host":
+        augment = config.data.augment
+        if augment is not None and augment.active:
+            log.info("training batches augmented: random crop of the image padded by %d, %s", augment.crop_padding,
+                     "horizontal flip of half of them" if augment.flip else "no flip")
+        if placement == "host":  # augmented on the host before the upload
             self.data = StreamedData(self.backend, self.train_images, self.train_labels, train.batch_size,
-                                     self.loader.classes)
+                                     self.loader.classes, augment, train.seed)
             self.test_set = None
-        else:  # both sets made on the device from their bytes
+        else:  # both sets made on the device from their bytes; the training batches augmented there
             self.data = ResidentData(self.backend, self.train_pixels, self.train_labels, train.batch_size,
-                                     self.loader.classes)
+                                     self.loader.classes, augment, train.seed)
             self.test_set = ResidentTestSet(self.backend, self.test_pixels, self.test_labels, self.loader.classes)
         self.use_graph = train.graph and self.backend.supports_graphs
         self.graph = None  # the captured training step of a full batch, once captured
@@ -340,7 +344,7 @@ class Trainer:
         last = min(self.loader.steps_per_epoch, position.batch + self.total_steps - position.step)
         first = position.batch
         self.totals.reset()
-        self.data.start_epoch(self.loader.permutation(position.epoch))
+        self.data.start_epoch(self.loader.permutation(position.epoch), position.step - position.batch)
         bar = _progress_bar(self.progress, last, first, f"epoch {position.epoch + 1}/{self.total_epochs}")
         started = time.perf_counter()
         for index in range(first, last):

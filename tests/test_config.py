@@ -7,7 +7,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cudnnnet.config import Config, ConfigError, LayerSpec, OptimizerConfig, ScheduleConfig, load_config, parse_config
+from cudnnnet.config import (AugmentConfig, Config, ConfigError, LayerSpec, OptimizerConfig, ScheduleConfig, load_config,
+                             parse_config)
 from cudnnnet.errors import UsageError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -123,6 +124,24 @@ def test_data_placement_is_read_and_round_trips(placement):
     assert config.data.placement == placement
     assert config.to_dict()["data"]["placement"] == placement
     assert parse_config(config.to_dict()) == config
+
+
+@pytest.mark.parametrize("augment, expected", [
+    (None, None), (False, None), ({}, AugmentConfig(0, False)), ({"crop_padding": 4, "flip": True}, AugmentConfig(4, True)),
+    ({"flip": True}, AugmentConfig(0, True)), ({"crop_padding": 2}, AugmentConfig(2, False))])
+def test_data_augment_is_read_and_round_trips(augment, expected):
+    raw = minimal()
+    raw["data"] = {"augment": augment}
+    config = parse_config(raw)
+    assert config.data.augment == expected
+    assert parse_config(config.to_dict()) == config
+    assert ("augment" in config.to_dict()["data"]) == (expected is not None)
+
+
+def test_augmentation_is_on_for_the_natural_image_configs_and_off_for_digits():
+    augmented = {path.stem: load_config(path).data.augment for path in sorted((REPO_ROOT / "configs").glob("*.yaml"))}
+    assert augmented.pop("cifar10_cnn") == augmented.pop("image_folder") == AugmentConfig(4, True)
+    assert set(augmented.values()) == {None}, augmented
 
 
 def test_mse_is_a_loss_layer():
@@ -278,6 +297,14 @@ INVALID = [
     (("data", "shape"), [3, 32], "data.shape: expected [channels, height, width], got [3, 32]"),
     (("data", "placement"), "gpu", "data.placement: expected one of auto, device, host, got 'gpu' (string)"),
     (("data", "placement"), True, "data.placement: expected one of auto, device, host, got True (boolean)"),
+    (("data", "augment"), True, "data.augment: expected false or a mapping {crop_padding: P, flip: true|false} "
+                                "(P an integer in [0, 65535]), got True (boolean)"),
+    (("data", "augment"), 4, "data.augment: expected false or a mapping {crop_padding: P, flip: true|false}"),
+    (("data", "augment"), {"crop_padding": -1}, "data.augment.crop_padding: expected an integer in [0, 65535], got -1"),
+    (("data", "augment"), {"crop_padding": 70_000}, "data.augment.crop_padding: expected an integer in [0, 65535], got 70000"),
+    (("data", "augment"), {"crop_padding": 2.5}, "data.augment.crop_padding: expected an integer in [0, 65535], got 2.5 (number)"),
+    (("data", "augment"), {"flip": "yes"}, "data.augment.flip: expected true or false, got 'yes' (string)"),
+    (("data", "augment"), {"crop": 4}, "data.augment.crop: unknown key 'crop'; valid keys: crop_padding, flip"),
     (("train",), _DELETE, "train: missing required key; expected a mapping"),
     (("train", "optimizer"), _DELETE, "train.optimizer: missing required key"),
     (("train", "optimizer", "lr"), _DELETE, "train.optimizer.lr: missing required key; expected a number > 0"),

@@ -52,12 +52,14 @@ def test_slides_engine_takes_every_library_path_and_fast_every_fusion():
 
 def test_slides_kernels_are_the_loss_and_what_no_library_does():
     assert SLIDES.kernels == SLIDES_KERNELS == {"cross_entropy_loss", "squared_error_loss", "accuracy_count",
-                                                "gather_batch", "pixels_to_images", "adam_update_many",
+                                                "gather_batch", "gather_augmented_batch", "pixels_to_images",
+                                                "adam_update_many",
                                                 "record_nonfinite", "to_bf16", "to_bf16_x4",
                                                 "bf16_to_float", "to_fp16", "to_fp16_x4", "fp16_to_float",
                                                 "find_nonfinite_gradients", "update_loss_scale",
                                                 "sgd_scaled_coefficients"}
-    assert SLIDES.allows_kernel("gather_batch") and not SLIDES.allows_kernel("bias_activation_forward")
+    assert SLIDES.allows_kernel("gather_batch") and SLIDES.allows_kernel("gather_augmented_batch")
+    assert not SLIDES.allows_kernel("bias_activation_forward")
     assert FAST.allows_kernel("sgd_update_many")
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from ..engine import SLIDES, Engine, get_engine
-from ..errors import ShapeError, UsageError
+from ..errors import InvalidArgumentError, ShapeError, UsageError
 
 if TYPE_CHECKING:
     from ..tensor import Tensor
@@ -326,6 +326,18 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
+                               seed: int) -> None:
+        """``gather_batch`` with a random crop and flip (``augmentation.py``), then counter[0] += 1.
+
+        Sample b of the batch, j = order[cursor[0] + b], is drawn by the hash of (seed, step, b) with
+        step = counter[0]: offsets dy, dx in [−padding, padding] and, where ``flip``, a flip with
+        probability ½; x[b, c, y, x'] = images[j, c, y + dy, xs + dx] (xs = W − 1 − x' if flipped),
+        0 outside the image; target[b] = one_hot(labels[j]). ``counter`` holds two uint32 in float32
+        storage, [step, 0]; advancing it on the device lets a replayed CUDA graph draw fresh crops.
+        """
+
+    @abstractmethod
     def sgd_update(self, param, grad, velocity, lr: Scalar, momentum: float, weight_decay: float) -> None:
         """One SGD step on a parameter, PyTorch's formulation.
 
@@ -493,3 +505,19 @@ def check_nonfinite_operands(watch, loss) -> None:
     """record_nonfinite's operands: a two-count ``watch`` and a one-value ``loss``, else a ShapeError."""
     if watch.size != 2 or loss.size != 1:
         raise ShapeError(f"record_nonfinite: watch must hold 2 values and loss 1, got shapes {watch.shape} and {loss.shape}")
+
+
+def check_augmented_gather(images, counter, x, padding: int, seed: int) -> None:
+    """gather_augmented_batch's own operands (gather_batch checks the rest), else a ShapeError or
+    InvalidArgumentError naming the problem."""
+    from ..augmentation import MAX_CROP_PADDING  # augmentation.py imports NumPy, which the backends' import defers
+
+    if counter.size != 2:
+        raise ShapeError(f"gather_augmented_batch: counter must hold 2 values [step, 0], got shape {counter.shape}")
+    if x.shape[1:] != images.shape[1:]:
+        raise ShapeError(f"gather_augmented_batch: x {x.shape} does not hold samples of images {images.shape}")
+    if isinstance(padding, bool) or not isinstance(padding, int) or not 0 <= padding <= MAX_CROP_PADDING:
+        raise InvalidArgumentError(f"gather_augmented_batch: padding must be an integer in [0, {MAX_CROP_PADDING}], "
+                                   f"got {padding!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise InvalidArgumentError(f"gather_augmented_batch: seed must be an integer in [0, 2^64), got {seed!r}")

@@ -40,9 +40,16 @@ class ResidentData:
     Each epoch's order is uploaded once; a batch is then selected by writing its start into a
     one-element ``cursor`` on the device, so that the gather inside a captured CUDA graph reads
     the batch of the step being replayed. No host copy or synchronisation happens per step.
+
+    With ``augment`` (a config's data.augment), the gather also crops and flips each sample
+    (``augmentation.py``), drawn by (``seed``, global step, sample): the step is a ``counter`` on
+    the device that the gather advances, so that every replay draws the next step's crops. The
+    host writes it only where it is not already at the step selected (the first batch of a run, an
+    epoch or a resumed run): every ``select`` is followed by one ``gather``, eager or replayed.
     """
 
-    def __init__(self, backend, images, labels: np.ndarray, batch_size: int, classes: int):
+    def __init__(self, backend, images, labels: np.ndarray, batch_size: int, classes: int, augment=None,
+                 seed: int = 0):
         self.backend, self.batch_size, self.classes = backend, batch_size, classes
         self.count = images.shape[0]
         self.images = resident_images(images, backend)  # (N, C, H, W)
@@ -51,11 +58,18 @@ class ResidentData:
         self.cursor = Tensor((1,), backend)  # where in ``order`` the batch starts
         self.epoch_count = self.count  # ids in the current epoch's order
         self._batches: dict[int, tuple[Tensor, Tensor]] = {}  # batch size -> (x, one-hot target)
+        self.augment = augment if augment is not None and augment.active else None
+        self.seed = seed
+        self.counter = Tensor.zeros((2,), backend)  # uint32 bits: [global step of the next gather, 0]
+        self.first_step = 0  # the global step of the epoch's batch 0
+        self._counter_holds: int | None = None  # the step counter[0] holds when the next gather runs
 
-    def start_epoch(self, order: np.ndarray) -> None:
-        """Take the epoch's order: every sample id, or a rank's shard of them (fewer)."""
+    def start_epoch(self, order: np.ndarray, first_step: int = 0) -> None:
+        """Take the epoch's order: every sample id, or a rank's shard of them (fewer); batch i of the
+        epoch trains at global step ``first_step + i``."""
         self.epoch_count = len(order)
         self.order.view((self.epoch_count,)).write_(order.astype(np.float32))
+        self.first_step = first_step
 
     def select(self, index: int) -> tuple[Tensor, Tensor]:
         """Point the cursor at batch ``index`` (outside any graph); returns that batch's tensors."""
@@ -64,11 +78,21 @@ class ResidentData:
             self._batches[size] = (Tensor((size,) + self.images.shape[1:], self.backend),
                                    Tensor((size, self.classes), self.backend))
         self.cursor.fill_(index * self.batch_size)
+        if self.augment is not None:
+            step = self.first_step + index
+            if self._counter_holds != step:
+                self.counter.write_(np.array([step, 0], np.uint32).view(np.float32))
+            self._counter_holds = step + 1  # the gather that follows advances it
         return self._batches[size]
 
     def gather(self, x: Tensor, target: Tensor) -> None:
-        """x[b] = images[order[cursor + b]], target[b] = one_hot(...) — on the device, graph-safe."""
-        self.backend.gather_batch(self.images, self.labels, self.order, self.cursor, x, target)
+        """x[b] = images[order[cursor + b]] (cropped and flipped with ``augment``), target[b] = one_hot(...)
+        — on the device, graph-safe."""
+        if self.augment is None:
+            self.backend.gather_batch(self.images, self.labels, self.order, self.cursor, x, target)
+            return
+        self.backend.gather_augmented_batch(self.images, self.labels, self.order, self.cursor, self.counter, x, target,
+                                            self.augment.crop_padding, self.augment.flip, self.seed)
 
 
 class ResidentTestSet:

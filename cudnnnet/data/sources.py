@@ -111,11 +111,23 @@ def _idx_family(data, split: str, download: bool) -> Split:
         if path is None:
             raise DataError(f"{family.name} {split} file {idx_name}(.gz) missing from {directory}; allow the download "
                             f"or set data.dir to a directory that holds it")
-        if path.suffix == ".gz":
-            _check_md5(path, family.gzip_md5[path.name], family.name)
+        _check_family_file(path, family, data.md5)
         paths.append(path)
     pixels, labels = read_idx_pair(paths[0], paths[1], len(data.classes or family.classes))
     return Split(pixels, labels, data.classes or family.classes)
+
+
+def _check_family_file(path: Path, family: IdxFamily, md5: dict | None) -> None:
+    """A gzip file against its published MD5; any file against data.md5 where that names it. The
+    publishers give sums of the .gz files only, so an uncompressed file is checked only by data.md5
+    (its MD5 as ``md5sum`` prints it) and is otherwise read with a warning that nothing checked it."""
+    if path.suffix == ".gz":
+        _check_md5(path, family.gzip_md5[path.name], family.name)
+    if md5 and path.name in md5:
+        _check_md5(path, md5[path.name], "data.md5")
+    elif path.suffix != ".gz":
+        logger.warning("%s: uncompressed, so not checked against %s's published MD5 sums (those are of the .gz "
+                       "files); give its MD5 in data.md5 to check it", path, family.name)
 
 
 def family_dir(data) -> Path:

@@ -6,7 +6,8 @@ batch ``index`` into fixed tensors ``x`` (B, C, H, W) and ``target`` (B, classes
 batch ``index + 1`` in the other of two staging slots: on CUDA NumPy fills page-locked memory and a
 second stream copies it to the device while the GPU computes (``backends/cuda/staging.py``); on any
 other backend the slots are plain arrays written with ``Tensor.write_``. The batches are the same on
-both: ``images[order[start:start + size]]`` and their one-hot labels.
+both: ``images[order[start:start + size]]`` and their one-hot labels, the images cropped and
+flipped here on the host with ``augment`` (``augmentation.py``, the bits the device draws).
 
 ``choose_placement`` decides between the two (``data.placement`` in the config).
 """
@@ -18,6 +19,7 @@ import math
 
 import numpy as np
 
+from .. import augmentation
 from ..config import PLACEMENTS
 from ..errors import DataError, InvalidArgumentError, UsageError
 from ..tensor import Tensor
@@ -69,8 +71,12 @@ class StreamedData:
     so that it travels to the device in one copy.
     """
 
-    def __init__(self, backend, images: np.ndarray, labels: np.ndarray, batch_size: int, classes: int):
+    def __init__(self, backend, images: np.ndarray, labels: np.ndarray, batch_size: int, classes: int, augment=None,
+                 seed: int = 0):
         self.backend, self.batch_size, self.classes = backend, int(batch_size), int(classes)
+        self.augment = augment if augment is not None and augment.active else None  # applied here, on the host
+        self.seed = seed
+        self.first_step = 0  # the global step of the epoch's batch 0
         self.images = np.ascontiguousarray(images, dtype=np.float32)  # (N, C, H, W), stays on the host
         self.labels = check_labels(np.asarray(labels), self.classes).astype(np.int64)  # (N,)
         _check_set(self.images, self.labels, self.batch_size)
@@ -85,8 +91,10 @@ class StreamedData:
         self._staged: list[int | None] = [None] * SLOTS  # the batch of this epoch each slot holds
         self._batches: dict[int, tuple[Tensor, Tensor]] = {}  # batch size -> (x, one-hot target)
 
-    def start_epoch(self, order: np.ndarray) -> None:
-        """Take the epoch's order of sample ids; batches staged for the previous order are dropped."""
+    def start_epoch(self, order: np.ndarray, first_step: int = 0) -> None:
+        """Take the epoch's order of sample ids; batches staged for the previous order are dropped.
+        Batch i of the epoch trains at global step ``first_step + i`` (the augmentation draws by it)."""
+        self.first_step = first_step
         order = np.asarray(order)
         if order.ndim != 1 or not 0 < order.size <= self.count or not np.issubdtype(order.dtype, np.integer):
             raise DataError(f"an epoch's order must be {self.count} integer sample ids (or fewer: a rank's shard), "
@@ -141,6 +149,9 @@ class StreamedData:
         # mode="clip" (the ids were checked in start_epoch): "raise" would buffer ``out`` in a new array
         np.take(self.images, self._order[start:start + size], axis=0, out=images, mode="clip")
         np.take(self._one_hot_rows, self._ordered_labels[start:start + size], axis=0, out=target, mode="clip")
+        if self.augment is not None:  # the bits ResidentData's gather_augmented_batch draws for this step
+            images[...] = augmentation.augment(images, self.seed, self.first_step + index, self.augment.crop_padding,
+                                               self.augment.flip)
         self.staging.send(slot, image_values + target_values)
         self._staged[slot] = index
 

@@ -68,6 +68,30 @@ def test_fashion_mnist_named_files_are_checked_against_the_published_md5(tmp_pat
         load_source(DataConfig(dataset="fashion-mnist", dir=str(tmp_path)), "train", download=False)
 
 
+@pytest.mark.parametrize("dataset", ["fashion-mnist", "kmnist"])
+def test_uncompressed_family_files_are_checked_by_data_md5_and_otherwise_read_with_a_warning(tmp_path, idx_tools,
+                                                                                               dataset, caplog):
+    """The published sums are of the .gz files; a user's uncompressed files are checked against the
+    sums data.md5 gives, and read with a warning naming the file where it gives none."""
+    images, labels = idx_tools.fake_split(8)
+    idx_tools.write_split(tmp_path, "train", images, labels, compress=False)
+    names = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte")
+    sums = {name: sources.file_md5(tmp_path / name) for name in names}
+    checked = load_source(DataConfig(dataset=dataset, dir=str(tmp_path), md5=sums), "train", download=False)
+    assert np.array_equal(checked.pixels, images) and np.array_equal(checked.labels, labels)
+    assert not [record for record in caplog.records if record.levelname == "WARNING"]
+    with pytest.raises(DataError, match=r"train-labels-idx1-ubyte: checksum mismatch: MD5 [0-9a-f]{32}, data\.md5 "
+                                        r"expects 0{32}"):
+        load_source(DataConfig(dataset=dataset, dir=str(tmp_path), md5={**sums, names[1]: "0" * 32}), "train",
+                    download=False)
+    caplog.clear()
+    unchecked = load_source(DataConfig(dataset=dataset, dir=str(tmp_path)), "train", download=False)
+    assert np.array_equal(unchecked.pixels, images)
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 2 and all("uncompressed, so not checked" in text and "data.md5" in text for text in warnings)
+    assert str(tmp_path / names[0]) in warnings[0]
+
+
 def test_an_idx_pair_by_path_loads_with_its_md5_and_is_refused_with_another(tmp_path, idx_tools):
     images, labels = idx_tools.fake_split(8)
     idx_tools.write_split(tmp_path, "train", images, labels)

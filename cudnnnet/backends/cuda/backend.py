@@ -37,7 +37,7 @@ from ...engine import Engine
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
 from ..base import (OP_N, OP_T, ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor, PoolingDescriptor,
-                    check_bias, check_loss_scale, check_nonfinite_operands)
+                    check_augmented_gather, check_bias, check_loss_scale, check_nonfinite_operands)
 from ..base import BatchNormMode
 from .dropout import DropoutReserve, DropoutState
 from . import dlpack
@@ -573,6 +573,17 @@ class CudaBackend(Backend):
         self.context.kernel("gather_batch").launch(
             blocks_for(total), self._stream, x.data.ptr, target.data.ptr, images.data.ptr, labels.data.ptr,
             order.data.ptr, cursor.data.ptr, x.n, x.sample_size, target.sample_size)
+
+    def gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
+                               seed: int) -> None:
+        """kernels/data.cu: gather_batch with the crop and flip drawn by (seed, counter[0], b), in one
+        launch that then advances counter[0] (graph-safe)."""
+        _check_gather(images, labels, order, cursor, x, target)
+        check_augmented_gather(images, counter, x, padding, seed)
+        self.context.kernel("gather_augmented_batch").launch(
+            blocks_for(x.size), self._stream, x.data.ptr, target.data.ptr, images.data.ptr, labels.data.ptr,
+            order.data.ptr, cursor.data.ptr, counter.data.ptr, x.n, x.c, x.h, x.w, target.sample_size, padding,
+            int(bool(flip)), seed)
 
     def _zero_unless(self, accumulate: bool, out) -> None:
         if not accumulate:

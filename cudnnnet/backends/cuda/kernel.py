@@ -15,7 +15,7 @@ import ctypes
 import functools
 import hashlib
 import logging
-from ctypes import c_float, c_int, c_longlong, c_void_p
+from ctypes import c_float, c_int, c_longlong, c_ulonglong, c_void_p
 from pathlib import Path
 
 from ... import cache
@@ -39,6 +39,8 @@ KERNELS = {
     "sgd_update": ("sgd.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_float, c_float, c_longlong)),
     "gather_batch": ("data.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_longlong,
                                  c_longlong, c_int)),
+    "gather_augmented_batch": ("data.cu", (c_void_p,) * 7 + (c_longlong, c_int, c_int, c_int, c_int, c_int, c_int,
+                                                                c_ulonglong)),
     "record_nonfinite": ("nonfinite.cu", (c_void_p, c_void_p)),
     "pixels_to_images": ("data.cu", (c_void_p, c_void_p, c_longlong, c_int, c_int, c_int, c_float, c_float)),
     "cross_entropy_backward": ("cross_entropy_backward.cu",

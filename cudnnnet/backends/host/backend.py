@@ -24,6 +24,7 @@ import logging
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ...augmentation import augment
 from ...errors import ShapeError, UsageError
 from ...float_images import to_float_images
 from ...tensor import Tensor
@@ -37,6 +38,7 @@ from ..base import (
     ConvolutionDescriptor,
     PoolingDescriptor,
     PoolingMode,
+    check_augmented_gather,
     check_bias,
     check_loss_scale,
     check_nonfinite_operands,
@@ -503,6 +505,15 @@ class HostBackend(Backend):
         onehot = target.data.reshape(target.n, -1)
         onehot[:] = 0.0
         onehot[np.arange(x.n), labels.data[samples].astype(np.int64)] = 1.0
+
+    def gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
+                               seed: int) -> None:
+        """gather_batch, then x = augmentation.augment(x, seed, counter[0], padding, flip); counter[0] += 1."""
+        check_augmented_gather(images, counter, x, padding, seed)
+        self.gather_batch(images, labels, order, cursor, x, target)
+        steps = counter.data[:1].view(np.uint32)  # uint32 bits in float32 storage
+        _nd(x)[...] = augment(_nd(x), seed, int(steps[0]), padding, flip)
+        steps += np.uint32(1)
 
     def accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
         """count[0] (+)= #samples with argmax(predict) == argmax(target)."""

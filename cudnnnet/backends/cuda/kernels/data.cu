@@ -38,6 +38,60 @@ extern "C" __global__ void gather_batch(float* x, float* target, const float* im
     }
 }
 
+// splitmix64's step: add the golden gamma, then its finaliser (augmentation.py's ``mix``, the same bits).
+__device__ unsigned long long mix(unsigned long long z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// gather_batch with augmentation.py's random crop and flip: for sample b, with step = counter[0],
+//   h = mix(mix(mix(seed) + step) + b);  dy, dx = 24-bit fields of h scaled to [−P, P];  flip = bit 48 of h
+//   x[b, c, y, x'] = images[j, c, y + dy, xs + dx]  (xs = W − 1 − x' if flip else x'; 0 outside the image)
+//   target[b, k] = (labels[j] == k),  j = order[cursor[0] + b]
+// then counter[0] += 1, so that each replay of a captured step draws the next step's crops.
+//   x (batch, C, H, W), target (batch, classes), images (N, C, H, W), labels (N), order (N),
+//   counter: two uint32 [step, blocks finished]; the last block to finish advances the step.
+extern "C" __global__ void gather_augmented_batch(float* x, float* target, const float* images, const float* labels,
+                                                  const float* order, const float* cursor, unsigned int* counter,
+                                                  long long batch, int channels, int height, int width, int classes,
+                                                  int padding, int flip, unsigned long long seed) {
+    __shared__ unsigned int step;
+    if (threadIdx.x == 0) step = counter[0];
+    __syncthreads();
+    const long long start = (long long)cursor[0];
+    const unsigned long long key = mix(mix(seed) + step);
+    const unsigned long long span = 2ull * padding + 1;
+    const int plane = height * width, size = channels * plane;  // fewer than 2^31 values (the backend checks)
+    for (long long i = first_index(); i < batch * size; i += grid_stride()) {
+        const long long b = i / size;
+        const int within = (int)(i - b * size);
+        const int c = within / plane, y = within % plane / width, column = within % width;
+        const unsigned long long h = mix(key + (unsigned long long)b);
+        const int dy = (int)(((h & 0xFFFFFFull) * span) >> 24) - padding;
+        const int dx = (int)((((h >> 24) & 0xFFFFFFull) * span) >> 24) - padding;
+        const bool flipped = flip && ((h >> 48) & 1ull);
+        const int row = y + dy, source = (flipped ? width - 1 - column : column) + dx;
+        const bool inside = 0 <= row && row < height && 0 <= source && source < width;
+        const long long sample = (long long)order[start + b];
+        x[i] = inside ? images[sample * size + (long long)c * plane + (long long)row * width + source] : 0.f;
+    }
+    for (long long i = first_index(); i < batch * classes; i += grid_stride()) {
+        const long long b = i / classes;
+        const int label = (int)labels[(long long)order[start + b]];
+        target[i] = label == (int)(i - b * classes) ? 1.f : 0.f;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();  // this block read the step before it counts itself finished
+        if (atomicAdd(&counter[1], 1u) == gridDim.x - 1) {
+            counter[1] = 0;
+            counter[0] = step + 1;
+        }
+    }
+}
+
 // images[n, 0, y, x] = (p / 255 − mean) / std,  p = pixels[n, y − pad, x − pad] inside, 0 in the padding
 //   images (N, 1, H + 2·pad, W + 2·pad) float32, pixels (N, H, W) uint8. Correctly rounded division and
 //   subtraction (__fdiv_rn, __fsub_rn): the float32 operations to_float_images does, so both give the same bits.
