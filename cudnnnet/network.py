@@ -90,11 +90,11 @@ class Network:
         return self
 
     def _pair_activations(self) -> None:
-        """A Dense or Conv2D followed by an Activation: where the engine fuses them
+        """A Dense or Conv2D with a bias followed by an Activation: where the engine fuses them
         (``fuse_bias_activation``), f runs in the first one's bias kernel, one launch and one pass
         over y fewer per pair; otherwise each layer makes its own calls."""
         for layer, following in zip(self.layers, self.layers[1:]):
-            if isinstance(layer, WeightBiasLayer) and isinstance(following, Activation):
+            if isinstance(layer, WeightBiasLayer) and layer.has_bias and isinstance(following, Activation):
                 layer.activation = following.descriptor
                 following.after_bias = True
                 log.debug("%s may run in %s's bias kernel", following.name, layer.name)

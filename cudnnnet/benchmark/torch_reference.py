@@ -67,7 +67,7 @@ def torch_layer(nn, spec, shape: tuple[int, int, int]):
         return nn.Sequential(nn.Flatten(), nn.Linear(prod(shape), params["out_size"]))
     if spec.type == "conv2d":
         return nn.Conv2d(shape[0], params["out_channels"], params["kernel_size"], params["stride"],
-                         params["padding"], params["dilation"])
+                         params["padding"], params["dilation"], bias=params.get("bias", True))
     if spec.type == "pooling":
         pool = nn.MaxPool2d if params["mode"] == "max" else nn.AvgPool2d
         return pool(params["kernel_size"], params["stride"], params["padding"])
