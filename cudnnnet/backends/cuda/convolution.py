@@ -122,7 +122,8 @@ BACKWARD_FILTER = Direction(
     cudnn.get_convolution_backward_filter_workspace_size,
     lambda x, w, conv, y: (x, y, conv, w),  # (x, dy, conv, dw)
     cudnn.convolution_backward_filter,
-    gemm_convolution.backward_filter,
+    lambda backend, shape, alpha, x, dy, beta, dw, workspace: gemm_convolution.backward_filter(
+        backend, shape, alpha, x, dy, beta, dw, workspace, backend.context.ones(shape.batch)),
 )
 DIRECTIONS = (FORWARD, BACKWARD_DATA, BACKWARD_FILTER)
 DIRECTION_NAMES = tuple(direction.name for direction in DIRECTIONS)

@@ -6,10 +6,8 @@ over the samples (column-major, as cuBLAS reads them: ``colₙ`` is P × CRS, ``
 P × K, W is CRS × K — the (K, C, R, S) filter's bytes):
 
     forward    yₙ    = colₙ · W                 batched GEMM (W shared: stride 0)
-    backward   dW    = colᵀ · dyᵀ               one GEMM over all N·P positions: im2col_rows lays
-                                                col out as (C·R·S, N, P) and dy is copied to
-                                                (K, N, P) (samples_to_channels), so that the sum
-                                                over samples and positions is one GEMM's K
+    backward   dWₙ   = colₙᵀ · dyₙ              batched GEMM, then
+               dW    = Σₙ dWₙ                   cublasSgemv with 1_N
                dcolₙ = dyₙ · Wᵀ                 batched GEMM, then
                dx    = col2im(dcol)             every col entry summed back at its pixel
 
@@ -24,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..base import OP_N, OP_T
+from .bindings import cublas
 from .buffer import FLOAT32_BYTES
 from .kernel import blocks_for
 from .matmul import GemmProblem, alignment
@@ -65,10 +64,6 @@ class GemmShape:
     def col_size(self) -> int:  # N·CRS·P
         return self.batch * self.rows * self.positions
 
-    @property
-    def dy_size(self) -> int:  # N·K·P
-        return self.batch * self.out_channels * self.positions
-
     def geometry(self) -> tuple:
         """The kernels' shape arguments after the pointers."""
         return (self.batch, self.channels, self.height, self.width, self.kernel, self.stride, self.padding,
@@ -80,14 +75,13 @@ INDEX_LIMIT = 2 ** 31  # the kernels index col, x and dx with 32-bit integers
 
 def supports(shape: GemmShape) -> bool:
     """Whether the engine can run this convolution (its kernels' 32-bit indices reach every value)."""
-    return max(shape.col_size, shape.batch * shape.channels * shape.height * shape.width,
-               shape.dy_size) < INDEX_LIMIT
+    return max(shape.col_size, shape.batch * shape.channels * shape.height * shape.width) < INDEX_LIMIT
 
 
 def workspace_bytes(direction: str, shape: GemmShape) -> int:
-    """col (forward), dcol (backward_data), col and dy as (K, N, P) (backward_filter)."""
-    dy_copy = shape.dy_size if direction == "backward_filter" else 0
-    return FLOAT32_BYTES * (shape.col_size + dy_copy)
+    """col (forward), dcol (backward_data), col and the per-sample dWₙ (backward_filter)."""
+    partials = shape.batch * shape.rows * shape.out_channels if direction == "backward_filter" else 0
+    return FLOAT32_BYTES * (shape.col_size + partials)
 
 
 def forward(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int) -> None:
@@ -99,19 +93,17 @@ def forward(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int) -> 
                   k * p, shape.batch)
 
 
-def backward_filter(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace: int) -> None:
-    col = workspace  # (CRS, N, P)
-    dy_rows = workspace + FLOAT32_BYTES * shape.col_size  # (K, N, P)
-    geometry = shape.geometry()
-    backend.context.kernel("im2col_rows").launch(blocks_for(shape.col_size), backend._stream, col, x.data.ptr,
-                                                 *geometry)
-    # dy (N, K, P) -> (K, N, P)
-    backend.context.kernel("samples_to_channels").launch(blocks_for(shape.dy_size), backend._stream, dy_rows,
-                                                         dy.data.ptr, shape.batch, shape.out_channels, shape.positions)
-    positions, k, rows = shape.batch * shape.positions, shape.out_channels, shape.rows
-    # dW = alpha·colᵀ·dy + beta·dW      (CRS × K) = (CRS × NP) · (NP × K), one GEMM over every sample and position
-    _batched_gemm(backend, OP_T, OP_N, rows, k, positions, alpha, col, positions, 0, dy_rows, positions, 0, beta,
-                  dw.data.ptr, rows, 0, 1)
+def backward_filter(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace: int, ones: int) -> None:
+    col = workspace  # (N, CRS, P)
+    partials = workspace + FLOAT32_BYTES * shape.col_size  # (N, K, CRS): dWₙ per sample
+    _im2col(backend, shape, x, col)
+    p, k, rows, n = shape.positions, shape.out_channels, shape.rows, shape.batch
+    # dWₙ = colₙᵀ · dyₙ    (CRS × K) = (CRS × P) · (P × K), for each sample n
+    _batched_gemm(backend, OP_T, OP_N, rows, k, p, 1.0, col, p, rows * p, dy.data.ptr, p, k * p, 0.0, partials, rows,
+                  rows * k, n)
+    # dW = Σₙ dWₙ          (CRS·K) = (CRS·K × N) · 1_N
+    cublas.sgemv(backend._cublas, OP_N, rows * k, n, backend._scalar(alpha), partials, rows * k, ones, 1,
+                 backend._scalar(beta), dw.data.ptr, 1)
 
 
 def backward_data(backend, shape: GemmShape, alpha, w, dy, beta, dx, workspace: int) -> None:

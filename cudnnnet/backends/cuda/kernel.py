@@ -48,8 +48,6 @@ KERNELS = {
     "sgd_update_many": ("sgd_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_float, c_float)),
     "im2col": ("convolution.cu", (c_void_p, c_void_p) + (c_int,) * 10),
     "col2im": ("convolution.cu", (c_void_p, c_void_p, c_float, c_float) + (c_int,) * 10),
-    "im2col_rows": ("convolution.cu", (c_void_p, c_void_p) + (c_int,) * 10),
-    "samples_to_channels": ("convolution.cu", (c_void_p, c_void_p, c_int, c_int, c_int)),
     "bias_activation_forward": ("bias_activation.cu", (c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_float)),
     "bias_activation_forward_dense4": ("bias_activation.cu", (c_void_p, c_void_p, c_int, c_int, c_int, c_float)),
     "max_pooling_backward": ("pooling.cu", (c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 7),

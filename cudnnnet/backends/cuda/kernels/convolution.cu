@@ -32,44 +32,6 @@ extern "C" __global__ void im2col(float* col, const float* x, int batch, int cha
     }
 }
 
-// im2col's receptive fields laid out for the weight gradient's one GEMM over every sample and
-// position: colT[(c, r, s), n, p] = col[n, (c, r, s), p], so that (n, p) is contiguous per row.
-//   colT (channels·kernel², batch, out_height·out_width), x (batch, channels, height, width)
-extern "C" __global__ void im2col_rows(float* col, const float* x, int batch, int channels, int height, int width,
-                                       int kernel, int stride, int padding, int dilation, int out_height,
-                                       int out_width) {
-    const int positions = out_height * out_width;
-    const int total = batch * channels * positions;
-    const int row_stride = batch * positions;  // one (c, r, s) row to the next
-    for (int i = first_index(); i < total; i += grid_stride()) {
-        const int p = i % positions;
-        const int sample_channel = i / positions;  // n·C + c
-        const int n = sample_channel / channels, c = sample_channel - n * channels;
-        const int top = (p / out_width) * stride - padding, left = (p % out_width) * stride - padding;
-        const float* image = x + sample_channel * height * width;  // x[n, c]
-        float* out = col + c * kernel * kernel * row_stride + n * positions + p;  // colT[(c, 0, 0), n, p]
-        for (int r = 0; r < kernel; ++r) {
-            const int h = top + r * dilation;
-            for (int s = 0; s < kernel; ++s) {
-                const int w = left + s * dilation;
-                const bool inside = h >= 0 && h < height && w >= 0 && w < width;
-                out[(r * kernel + s) * row_stride] = inside ? image[h * width + w] : 0.f;
-            }
-        }
-    }
-}
-
-// out[k, n, p] = in[n, k, p]: a gradient dy (batch, channels, positions) with its channels first.
-extern "C" __global__ void samples_to_channels(float* out, const float* in, int batch, int channels, int positions) {
-    const int total = batch * channels * positions;
-    for (int i = first_index(); i < total; i += grid_stride()) {
-        const int p = i % positions;
-        const int channel_sample = i / positions;  // k·N + n
-        const int k = channel_sample / batch, n = channel_sample - k * batch;
-        out[i] = in[(n * channels + k) * positions + p];
-    }
-}
-
 // The output row (or column) whose window starts at ``offset`` = o·stride, or -1 if none does.
 // Stride 1 (the common case) needs no division.
 __device__ int output_index(int offset, int stride, int count) {
