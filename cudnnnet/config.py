@@ -447,13 +447,15 @@ def _activation(layer: _Section) -> dict:
 
 
 def _conv2d(layer: _Section) -> dict:
-    return {
+    params = {
         "out_channels": layer.integer("out_channels", low=0, low_open=True),
         "kernel_size": layer.integer("kernel_size", low=0, low_open=True),
         "stride": layer.integer("stride", 1, low=0, low_open=True),
         "padding": layer.integer("padding", 0, low=0),
         "dilation": layer.integer("dilation", 1, low=0, low_open=True),
     }
+    # bias: false only where written, so a layer with a bias reads as it did before the key existed
+    return params if layer.boolean("bias", True) else {**params, "bias": False}
 
 
 def _pooling(layer: _Section) -> dict:
@@ -490,7 +492,7 @@ LAYER_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[_Section], dict]]] = {
     "activation": (("mode", "coef"), _activation),
     "softmax": ((), _no_params),
     "mse": ((), _no_params),
-    "conv2d": (("out_channels", "kernel_size", "stride", "padding", "dilation"), _conv2d),
+    "conv2d": (("out_channels", "kernel_size", "stride", "padding", "dilation", "bias"), _conv2d),
     "pooling": (("kernel_size", "stride", "padding", "mode"), _pooling),
     "dropout": (("rate",), _dropout),
     "batchnorm": (("mode", "momentum", "eps"), _batchnorm),

@@ -15,7 +15,7 @@ and the CUDA backend read its fields, never attributes of their own.
                 algorithms from cudnnFindConvolution*Algorithm within the workspace limit: the fastest
                 exact one it measured, deterministic or not (the C++ design's PREFER_FASTEST)
     Pooling     cudnnPoolingForward / cudnnPoolingBackward
-    BatchNorm   cudnnBatchNormalization{ForwardTraining,Backward} in CUDNN_BATCHNORM_SPATIAL (or PER_ACTIVATION)
+    BatchNorm   cudnnBatchNormalizationForwardTraining / ForwardInference / Backward
     SGD         cublasSaxpy (momentum and weight decay: cublasSscal / cublasSaxpy), the rate read from
                 device memory, each call over all parameters at once (optim.pack)
 
@@ -24,9 +24,8 @@ and our kernels only where the slides had one or no library call exists (``SLIDE
 ``fast`` is the same arithmetic with our fusions and kernels: bias + activation in one kernel,
 softmax + loss + gradient in one, timed cuBLASLt GEMM plans, our explicit-GEMM convolution timed
 against cuDNN's algorithms (deterministic ones only, so a seed gives the same weights), ReLU /
-max-pooling / bias-gradient kernels, one-launch SGD, and cuDNN's CUDNN_BATCHNORM_SPATIAL_PERSISTENT
-batch normalisation in training (deterministic, with a reduction in scaled integers whose narrower
-range can overflow to inf/NaN on very large inputs, which the trainer's watch on the loss reports).
+max-pooling / bias-gradient kernels, one-launch SGD, batch normalisation in training by our kernels
+with a following ReLU applied in them.
 """
 
 from __future__ import annotations
@@ -83,7 +82,8 @@ class Engine:
     max_pooling_kernel: bool  # non-overlapping max-pooling backward by kernels/pooling.cu; else cudnnPoolingBackward
     channel_sum: bool  # convolution bias gradient by kernels/channel_sum.cu; else cudnnConvolutionBackwardBias
     sgd_kernel: bool  # SGD by kernels/sgd*.cu (one launch for all parameters); else cuBLAS level-1 calls
-    persistent_batch_norm: bool  # spatial BatchNorm training in CUDNN_BATCHNORM_SPATIAL_PERSISTENT; else SPATIAL
+    batch_norm_kernel: bool  # BatchNorm in training by kernels/batch_norm.cu, a following ReLU applied in it;
+    #                          else cudnnBatchNormalization{ForwardTraining,Backward}
     kernels: frozenset | None  # our kernels this engine may launch (None: any)
 
     def __post_init__(self):
@@ -101,10 +101,10 @@ class Engine:
 
 SLIDES = Engine("slides", fuse_bias_activation=False, fuse_loss=False, gemm_plans=False, convolution_search="find",
                 gemm_convolution=False, deterministic_convolution=False, relu_kernel=False, max_pooling_kernel=False,
-                channel_sum=False, sgd_kernel=False, persistent_batch_norm=False, kernels=SLIDES_KERNELS)
+                channel_sum=False, sgd_kernel=False, batch_norm_kernel=False, kernels=SLIDES_KERNELS)
 FAST = Engine("fast", fuse_bias_activation=True, fuse_loss=True, gemm_plans=True, convolution_search="exhaustive",
               gemm_convolution=True, deterministic_convolution=True, relu_kernel=True, max_pooling_kernel=True,
-              channel_sum=True, sgd_kernel=True, persistent_batch_norm=True, kernels=None)
+              channel_sum=True, sgd_kernel=True, batch_norm_kernel=True, kernels=None)
 ENGINES = {engine.name: engine for engine in (SLIDES, FAST)}
 DEFAULT_ENGINE = SLIDES.name
 

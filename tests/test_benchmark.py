@@ -4,6 +4,7 @@ import json
 import py_compile
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,87 @@ def test_engines_flag_picks_the_columns(capsys):
     assert exit.value.code == 2 and "unknown engine 'turbo'" in capsys.readouterr().err
 
 
+# ---- cifar10 -------------------------------------------------------------------------------------
+
+
+def test_cifar10_trains_the_config_net_on_generated_images(tmp_path, capsys, monkeypatch):
+    steps = []
+    train_batch = Trainer.train_batch
+    monkeypatch.setattr(Trainer, "train_batch", lambda self, index: steps.append(index) or train_batch(self, index))
+    report, out, err = run_benchmark(tmp_path, capsys, "--only", "cifar10", "--limit-images", 40, "--epochs", 1,
+                                     "--engines", "slides")
+    section = report["results"]["slides"]["cifar10"]
+    assert section["config"] == "configs/cifar10_cnn.yaml" and section["images"] == 40
+    assert section["batch_size"] == 128  # the config's, not the MNIST workloads' 256
+    assert section["augment"] == bench_workloads.augmentation(load_config(REPO_ROOT / "configs" / "cifar10_cnn.yaml"))
+    assert section["graph"] is None and len(section["eager"]["epoch_ms_all"]) == 1  # no graphs on the host
+    assert steps == [0, 0]  # a warm-up epoch and a timed one, each one batch of 40
+    assert [row["workload"] for row in report["table"]] == ["cifar10 epoch, eager", "cifar10 throughput, eager"]
+    assert "cifar10: 40 training and 40 test images generated (seed 0)" in err
+    assert report["targets"]["cifar10_speed_up_over_torch_graph"] == 1.3
+
+
+def test_cifar10_config_is_the_shipped_net_at_its_own_batch():
+    config = bench_workloads.workload_config("cifar10", "host", "DIR", 2, graph=True, engine="fast")
+    shipped = load_config(REPO_ROOT / "configs" / "cifar10_cnn.yaml")
+    assert config.model == shipped.model and config.train.batch_size == shipped.train.batch_size == 128
+    assert all(spec.params["bias"] is False for spec in config.model if spec.type == "conv2d")
+    assert config.data.dataset == "cifar10" and config.data.dir == "DIR" and config.data.normalize == "computed"
+    assert (config.train.optimizer.momentum, config.train.optimizer.weight_decay) == (0.9, 0.0005)
+    assert config.train.graph is True and config.engine == "fast" and config.train.epochs == 2
+
+
+def test_generated_cifar10_records_are_read_as_the_data_set_and_repeat_with_the_seed(tmp_path):
+    from cudnnnet.data.sources import read_cifar_records
+
+    folder = bench_workloads.write_cifar10_records(tmp_path / "a", 12, 3, seed=0)
+    parts = [read_cifar_records(folder / f"data_batch_{index}.bin") for index in range(1, 6)]
+    assert [len(labels) for _, labels in parts] == [3, 3, 2, 2, 2]
+    pixels, labels = read_cifar_records(folder / "test_batch.bin")
+    assert pixels.shape == (3, 3, 32, 32) and labels.max() < 10
+    again = bench_workloads.write_cifar10_records(tmp_path / "b", 12, 3, seed=0)
+    assert (again / "data_batch_2.bin").read_bytes() == (folder / "data_batch_2.bin").read_bytes()
+    assert (folder / "data_batch_2.bin").read_bytes() != (folder / "data_batch_3.bin").read_bytes()
+
+
+class _Augment:
+    crop_padding, flip = 4, True
+
+
+@pytest.mark.parametrize("augment, expected", [
+    (None, None),
+    ({"crop_padding": 4, "flip": True}, {"crop_padding": 4, "flip": True}),
+    ({"crop_padding": 0, "flip": False}, None),
+    (_Augment(), {"crop_padding": 4, "flip": True}),
+])
+def test_augmentation_reads_the_configs_data_augment(augment, expected):
+    config = types.SimpleNamespace(data=types.SimpleNamespace(augment=augment))
+    assert bench_workloads.augmentation(config) == expected
+    assert bench_workloads.augmentation(types.SimpleNamespace(data=object())) is None  # a config without the key
+
+
+def fake_cifar10_section(graph_ms: float) -> dict:
+    return {"cifar10": {"graph": {"epoch_ms": graph_ms, "images_per_second": 5e7 / graph_ms, "peak_memory_mib": 9.0},
+                        "eager": None}}
+
+
+def test_cifar10_is_judged_against_pytorchs_captured_graph_over_1_3_in_both_engines():
+    settings = {"device": "cuda", "limit_images": None, "micro_size": bench_settings.MICRO_SIZE}
+    results = {"fast": fake_cifar10_section(90.0), "slides": fake_cifar10_section(110.0)}
+    torch_results = {"cifar10": {"graph": {"epoch_ms": 130.0, "images_per_second": 5e7 / 130}}}
+    rows = {row["workload"]: row for row in bench_report.table_rows(results, torch_results, settings)}
+    epoch = rows["cifar10 epoch, graph"]
+    assert epoch["target_fast"] == epoch["target_slides"] == pytest.approx(100.0)
+    assert (epoch["status_fast"], epoch["status_slides"]) == ("PASS", "MISS")
+    assert epoch["ratio_fast"] == pytest.approx(130 / 90) and epoch["torch_graph"] == 130.0
+    assert set(rows) == {"cifar10 epoch, graph", "cifar10 throughput, graph", "cifar10 peak memory, graph"}
+    alone = {row["workload"]: row for row in bench_report.table_rows(results, None, settings)}
+    assert alone["cifar10 epoch, graph"]["target_fast"] is None  # no PyTorch, no target
+    header = bench_report.table_header({"device": "NVIDIA H100", "backend": "cuda", "versions": {},
+                                        "settings": {"workloads": ["cifar10"]}})
+    assert "cifar10: PyTorch's captured graph over 1.3 in both engines" in header
+
+
 # ---- original ----------------------------------------------------------------------------------
 
 
@@ -297,7 +379,7 @@ def test_table_prints_every_row_under_the_device():
 # ---- PyTorch (on the CPU here: the same code the GPU comparison runs, eager only) ---------------
 
 
-@pytest.mark.parametrize("config_name", ["mnist_mlp", "mnist_cnn", "lenet5", "original_cnn"])
+@pytest.mark.parametrize("config_name", ["mnist_mlp", "mnist_cnn", "lenet5", "original_cnn", "cifar10_cnn"])
 def test_torch_model_is_the_same_architecture(config_name):
     torch = pytest.importorskip("torch")
     config = load_config(REPO_ROOT / "configs" / f"{config_name}.yaml")
@@ -316,6 +398,34 @@ def test_torch_training_and_micro_report_epochs_and_steps(mnist_dir):
     assert positive_numbers(result["eager"]["epoch_ms_all"]) and result["eager"]["images_per_second"] > 0
     micro = bench_torch.torch_micro(torch, 32, 2, bench_settings.MATHS, "cpu")
     assert set(micro) == set(bench_settings.MATHS) and positive_numbers(micro["tf32"]["eager"]["step_ms_all"])
+
+
+def test_torch_augment_shifts_and_flips_each_sample_within_the_padding():
+    """Each augmented sample is its image shifted by some dy, dx in [-2, 2] (zeros outside), mirrored
+    or not: found among every such candidate; over 64 samples both flips and several shifts occur."""
+    torch = pytest.importorskip("torch")
+    images = torch.arange(64 * 2 * 5 * 6, dtype=torch.float32).reshape(64, 2, 5, 6) + 1  # no pixel is 0
+    augmented = bench_torch.TorchAugment(torch, 2, True, (2, 5, 6), "cpu")(images)
+    padded = torch.nn.functional.pad(images, (2, 2, 2, 2))
+    found = set()
+    for sample in range(64):
+        matches = [(dy, dx, flip) for dy in range(-2, 3) for dx in range(-2, 3) for flip in (False, True)
+                   if torch.equal(augmented[sample], padded[sample, :, 2 + dy:7 + dy, 2 + dx:8 + dx].flip(-1) if flip
+                                  else padded[sample, :, 2 + dy:7 + dy, 2 + dx:8 + dx])]
+        assert len(matches) == 1, f"sample {sample} is no shift or flip of its image"
+        found.add(matches[0])
+    assert {flip for _, _, flip in found} == {False, True} and len({(dy, dx) for dy, dx, _ in found}) > 5
+
+
+def test_torch_training_augments_where_the_config_does(monkeypatch, tmp_path):
+    torch = pytest.importorskip("torch")
+    folder = bench_workloads.write_cifar10_records(tmp_path / "cifar10", 16, 4, seed=0)
+    config = bench_workloads.workload_config("cifar10", "host", folder, 1, False)
+    run = bench_torch.TorchTraining(torch, config, *bench_torch.training.load_split(config, "train"), "cpu")
+    assert (run.augment is None) == (bench_workloads.augmentation(config) is None)  # as the config says
+    monkeypatch.setattr(bench_torch, "augmentation", lambda config: {"crop_padding": 4, "flip": True})
+    result = bench_torch.torch_training(torch, "cifar10", config, 1, 16, "cpu")
+    assert set(result) == {"eager"} and positive_numbers(result["eager"]["epoch_ms_all"])
 
 
 def test_compare_torch_is_skipped_off_the_gpu(tmp_path, capsys):

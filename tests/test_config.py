@@ -158,6 +158,9 @@ def test_to_dict_round_trips_and_is_plain(tmp_path):
     assert parse_config(json.loads(json.dumps(plain))) == config
     assert plain["model"][0] == {"type": "conv2d", "name": "conv1", "out_channels": 20, "kernel_size": 5,
                                  "stride": 1, "padding": 0, "dilation": 1}
+    raw = config.to_dict()
+    raw["model"][0]["bias"] = False  # written only where false: a convolution with a bias reads as before the key
+    assert parse_config(raw).model[0].params["bias"] is False and "bias" not in config.model[0].params
 
 
 def test_round_trip_of_step_schedule_and_steps():
@@ -268,6 +271,7 @@ INVALID = [
     (("model", 0), {"type": "conv2d", "out_channels": 4, "kernel_size": 3, "padding": -1}, "model[0].padding: expected an integer >= 0"),
     (("model", 0), {"type": "conv2d", "out_channels": 4, "kernel_size": 3, "dilation": 0}, "model[0].dilation: expected an integer > 0"),
     (("model", 0), {"type": "conv2d", "out_channels": 0, "kernel_size": 3}, "model[0].out_channels: expected an integer > 0"),
+    (("model", 0), {"type": "conv2d", "out_channels": 4, "kernel_size": 3, "bias": "no"}, "model[0].bias: expected true or false, got 'no'"),
     (("model", 0), {"type": "pooling", "kernel_size": 2, "padding": 2}, r"model[0].padding: expected an integer in [0, 1], got 2"),
     (("model", 0), {"type": "pooling", "kernel_size": 2, "mode": "min"}, "model[0].mode: expected one of max, average"),
     (("model", 0), {"type": "pooling", "kernel_size": 0}, "model[0].kernel_size: expected an integer > 0"),

@@ -87,6 +87,22 @@ def test_save_and_load_rebuilds_the_network_for_inference(backend, tmp_path):
     assert np.array_equal(loaded.predict(Tensor.from_numpy(x, backend)).numpy(), expected)
 
 
+def test_a_convolution_without_bias_saves_loads_and_leaves_its_activation_its_own(backend, tmp_path):
+    network = Network(backend=backend, seed=2, layers=[
+        Conv2D("conv1", 4, 3, bias=False), Activation("relu1", "relu"), Dense("fc1", 10), Softmax("softmax")])
+    network.build((1, 10, 10))
+    assert "conv1.bias" not in network.state_dict() and not network.layers[1].after_bias  # f cannot join a bias
+    x, target = batch()
+    network.forward(Tensor.from_numpy(x, backend))
+    network.backward(target)
+    network.update(0.1)
+    expected = network.predict(Tensor.from_numpy(x, backend)).numpy()
+    network.save(tmp_path / "model.npz")
+    loaded = Network.load(tmp_path / "model.npz", backend=backend)
+    assert loaded.layers[0].config()["bias"] is False
+    assert np.array_equal(loaded.predict(Tensor.from_numpy(x, backend)).numpy(), expected)
+
+
 def test_loading_a_different_architecture_names_the_difference_and_changes_nothing(backend, tmp_path):
     small_cnn(backend, seed=1).save(tmp_path / "model.npz")
     other = Network(backend=backend, layers=[Dense("fc1", 16), Dense("fc2", 10), Softmax("softmax")]).build((1, 10, 10))
@@ -162,7 +178,7 @@ def test_load_with_backend_auto_runs_where_it_can(tmp_path, monkeypatch):
 # ---- sizes checked before anything is allocated ----------------------------------------------
 
 
-@pytest.mark.parametrize("config", ["mnist_cnn", "mnist_bn_cnn"])
+@pytest.mark.parametrize("config", ["mnist_cnn", "mnist_bn_cnn", "cifar10_cnn"])
 def test_parameter_shapes_are_the_shapes_build_creates(config):
     from cudnnnet.config import load_config
     from cudnnnet.training import build_network

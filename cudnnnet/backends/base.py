@@ -461,7 +461,7 @@ class Backend(ABC):
 
     @abstractmethod
     def batch_norm_forward_training(self, mode: "BatchNormMode", x, y, scale, bias, factor: float, running_mean,
-                                    running_var, eps: float, save_mean, save_inv_std) -> None:
+                                    running_var, eps: float, save_mean, save_inv_std, relu: bool = False) -> None:
         """cudnnBatchNormalizationForwardTraining (alpha 1, beta 0), statistics over N (PER_ACTIVATION,
         parameters (1, C, H, W)) or over N, H, W (SPATIAL, parameters (1, C, 1, 1)), m values each:
 
@@ -469,6 +469,8 @@ class Backend(ABC):
             running_mean = (1 - factor)·running_mean + factor·μ
             running_var  = (1 - factor)·running_var  + factor·σ²·m/(m - 1)
             save_mean = μ;  save_inv_std = 1/√(σ² + eps)
+
+        ``relu`` (the fast engine only): y = max(y, 0) in the same pass.
         """
 
     @abstractmethod
@@ -477,11 +479,14 @@ class Backend(ABC):
 
     @abstractmethod
     def batch_norm_backward(self, mode: "BatchNormMode", x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
-                            save_inv_std) -> None:
+                            save_inv_std, bias=None, relu: bool = False) -> None:
         """cudnnBatchNormalizationBackward (all alphas 1, betas 0), from the saved μ and 1/√(σ² + eps):
 
             x̂ = (x - μ)/√(σ² + eps);  dbias = Σ dy;  dscale = Σ dy·x̂
             dx = scale/(m·√(σ² + eps))·(m·dy - dbias - x̂·dscale)
+
+        ``relu`` (the fast engine only, with ``bias``): dy is the gradient after the ReLU the forward
+        pass applied; dy·[scale·x̂ + bias > 0] takes its place above.
         """
 
 

@@ -13,9 +13,9 @@ from ..backends import get_backend
 from ..engine import ENGINES
 from ..errors import CudnnnetError
 from .original import measure_original, uncompiled_packages
-from .settings import MATHS, MICRO_SIZE, SLIDES_TARGETS, TARGET_DEVICE, TARGETS, TRAINING_CONFIGS
+from .settings import MATHS, MICRO_SIZE, SLIDES_TARGETS, TARGET_DEVICE, TARGETS, TORCH_SPEED_UPS, TRAINING_CONFIGS
 from .torch_reference import compare_torch
-from .workloads import measure
+from .workloads import generated_data, measure
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,10 @@ def training_rows(name: str, sections: dict, torch_results, math: str = "fp32") 
         theirs = _get(torch_results, name, mode, "epoch_ms")
         targets = {}
         torch_graph = _get(torch_results, name, "graph", "epoch_ms")
-        if mode == target_mode and math == "fp32":
+        if mode == target_mode and name in TORCH_SPEED_UPS:
+            if mode == "graph" and torch_graph:
+                targets = {engine: torch_graph / TORCH_SPEED_UPS[name] for engine in ENGINES}
+        elif mode == target_mode and math == "fp32":
             targets = {"fast": TARGETS.get(f"{name}_epoch_ms"),
                        "slides": torch_graph or SLIDES_TARGETS.get(f"{name}_epoch_ms")}
         elif mode == target_mode and math == "bf16" and torch_graph:
@@ -203,7 +206,10 @@ def table_header(report: dict) -> str:
     lines = [f"device: {device}; {versions_text}",
              "slides, fast: cudnnnet's engines (cudnnnet.engine); torch/ENGINE: PyTorch's time over that "
              "engine's in the same mode (> 1: cudnnnet is faster); "
-             f"targets are for an {TARGET_DEVICE}, the slides engine's graph epochs PyTorch's captured graph"]
+             f"targets are for an {TARGET_DEVICE}, the slides engine's graph epochs PyTorch's captured graph"
+             + "".join(f"; {name}: PyTorch's captured graph over {factor:g} in both engines"
+                       for name, factor in TORCH_SPEED_UPS.items() if name in report.get("settings", {}).get(
+                           "workloads", ()))]
     if report["backend"] == "cuda" and TARGET_DEVICE not in report["device"]:
         lines.append(f"note: this GPU is not an {TARGET_DEVICE}, so PASS/MISS compares it with another GPU's targets")
     uncompiled = report.get("uncompiled_packages")
@@ -219,16 +225,19 @@ def build_report(settings: dict) -> dict:
     original = measure_original(settings) if "original" in settings["workloads"] else None
     backend = get_backend(settings["device"])
     log.info("device: %s", backend.device_name)
-    results = measure(settings, backend)
+    with generated_data(settings) as with_data:
+        results = measure(with_data, backend)
+        torch_results = compare_torch(with_data) if settings["compare"] == "torch" else None
     for engine, found in (original or {}).items():
         results[engine]["original"] = found
-    torch_results = compare_torch(settings) if settings["compare"] == "torch" else None
     found = versions(backend)
     if torch_results is not None:
         found.update(torch=torch_results["version"], torch_cudnn=torch_results["cudnn"])
     report = {"device": backend.device_name, "backend": backend.name,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "versions": found, "settings": settings, "targets": dict(TARGETS), "results": results,
+              "versions": found, "settings": settings,
+              "targets": {**TARGETS, **{f"{name}_speed_up_over_torch_graph": factor
+                                        for name, factor in TORCH_SPEED_UPS.items()}}, "results": results,
               "torch": torch_results, "uncompiled_packages": uncompiled_packages() if original is not None else []}
     report["table"] = table_rows(results, torch_results, settings)
     return report

@@ -1,4 +1,9 @@
-"""PyTorch, for comparison: the same workloads in the same process, eager and captured in a CUDA graph."""
+"""PyTorch, for comparison: the same workloads in the same process, eager and captured in a CUDA graph.
+
+The captured step is the whole training step: the batch gathered from the data set on the device
+(and augmented there, with the device's random numbers, where the config augments), forward, loss,
+backward and the optimiser's step. The workloads judged against PyTorch (``TORCH_SPEED_UPS``) run
+with cuDNN's autotuner on (``cudnn.benchmark``) and are timed as captured graphs only on CUDA."""
 
 from __future__ import annotations
 
@@ -12,8 +17,8 @@ from .. import training
 from ..config import Config
 from ..layers import LAYER_TYPES
 from .measuring import epoch_summary, step_summary, timed_calls
-from .settings import BATCH_SIZE, MATHS, MICRO_LEARNING_RATE, MICRO_WARMUP, TRAINING_CONFIGS, BenchmarkError
-from .workloads import micro_data, micro_layer_sizes, workload_config
+from .settings import GRAPH_ONLY, MATHS, MICRO_LEARNING_RATE, MICRO_WARMUP, TORCH_SPEED_UPS, TRAINING_CONFIGS, BenchmarkError
+from .workloads import augmentation, data_dir, micro_data, micro_layer_sizes, workload_config
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +47,7 @@ def _torch_workload(torch, name: str, settings: dict) -> dict | None:
     try:
         if name == "micro":
             return torch_micro(torch, settings["micro_size"], settings["repeat"], MATHS, "cuda")
-        config = workload_config(name, settings["device"], settings["data_dir"], 1, False,
+        config = workload_config(name, settings["device"], data_dir(name, settings), 1, False,
                                  math=settings.get("math", "fp32"))
         return torch_training(torch, name, config, settings["epochs"], settings["limit_images"], "cuda")
     except (RuntimeError, BenchmarkError) as error:
@@ -67,7 +72,7 @@ def torch_layer(nn, spec, shape: tuple[int, int, int]):
         return nn.Sequential(nn.Flatten(), nn.Linear(prod(shape), params["out_size"]))
     if spec.type == "conv2d":
         return nn.Conv2d(shape[0], params["out_channels"], params["kernel_size"], params["stride"],
-                         params["padding"], params["dilation"])
+                         params["padding"], params["dilation"], bias=params.get("bias", True))
     if spec.type == "pooling":
         pool = nn.MaxPool2d if params["mode"] == "max" else nn.AvgPool2d
         return pool(params["kernel_size"], params["stride"], params["padding"])
@@ -137,29 +142,69 @@ def torch_capture(torch, step):
     return graph
 
 
+class TorchAugment:
+    """The config's augmentation on a batch on the device, graph-capturable: per sample, dy and dx
+    uniform integers in [-p, p] and a horizontal flip with probability 1/2 (the device's generator),
+
+        out[b, c, y, x] = in[b, c, y + dy, xs + dx],  xs = W - 1 - x if flipped else x,
+
+    0 outside the image (the images are normalised already, so 0 is the mean). One padding and one
+    indexing kernel move the pixels; the indices come from a few kernels over (N, H) and (N, W)."""
+
+    def __init__(self, torch, padding: int, flip: bool, shape, device: str):
+        self.torch, self.padding, self.flip = torch, padding, flip
+        _, height, width = shape
+        self.rows = torch.arange(height, device=device)  # (H,) y
+        self.columns = torch.arange(width, device=device)  # (W,) x
+        self.mirrored = width - 1 - self.columns  # (W,) W - 1 - x
+        self.channels = torch.arange(shape[0], device=device)[None, :, None, None]  # (1, C, 1, 1)
+
+    def __call__(self, x):
+        torch, p = self.torch, self.padding
+        n = x.shape[0]
+        padded = torch.nn.functional.pad(x, (p, p, p, p))  # (N, C, H + 2p, W + 2p), zeros around
+        shifts = torch.randint(0, 2 * p + 1, (2, n, 1), device=x.device)  # dy + p, dx + p: (2, N, 1)
+        columns = self.columns.expand(n, -1)  # (N, W)
+        if self.flip:
+            flipped = torch.randint(0, 2, (n, 1), device=x.device, dtype=torch.bool)  # (N, 1)
+            columns = torch.where(flipped, self.mirrored, self.columns)
+        rows = self.rows + shifts[0]  # (N, H): y + dy + p
+        columns = columns + shifts[1]  # (N, W): xs + dx + p
+        samples = torch.arange(n, device=x.device)[:, None, None, None]  # (N, 1, 1, 1)
+        return padded[samples, self.channels, rows[:, None, :, None], columns[:, None, None, :]]
+
+
 class TorchTraining:
-    """SGD steps on a data set held on the device, batches picked by a device permutation."""
+    """SGD steps on a data set held on the device, batches picked by a device permutation, augmented
+    on the device where the config augments (``augmentation``)."""
 
     def __init__(self, torch, config: Config, images: np.ndarray, labels: np.ndarray, device: str):
         self.torch, self.device, self.count = torch, device, len(labels)
+        self.batch_size = config.train.batch_size
         self.model, self.loss = torch_model(torch, config)
         self.model.to(device)
         self.optimizer = torch_optimizer(torch, self.model, config)
-        self.images = torch.from_numpy(images).to(device)  # (N, 1, H, W)
+        self.images = torch.from_numpy(images).to(device)  # (N, C, H, W)
         self.labels = torch.from_numpy(labels).to(device)  # (N,)
+        augment = augmentation(config)
+        self.augment = augment and TorchAugment(torch, augment["crop_padding"], augment["flip"], images.shape[1:],
+                                                device)
         self.graphs: dict[int, tuple] = {}
         self.bf16 = config.math == "bf16"  # autocast: bfloat16 matmuls and convolutions, FP32 weights and loss
 
     def step(self, index) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+        x = self.images.index_select(0, index)
+        if self.augment:
+            x = self.augment(x)
         with self.torch.autocast(self.device, dtype=self.torch.bfloat16, enabled=self.bf16):
-            outputs = self.model(self.images.index_select(0, index))
+            outputs = self.model(x)
         self.loss(outputs.float(), self.labels.index_select(0, index)).backward()
         self.optimizer.step()
 
     def batches(self):
         order = self.torch.randperm(self.count, device=self.device)
-        return [order[start:start + BATCH_SIZE] for start in range(0, self.count, BATCH_SIZE)]
+        return [order[start:start + self.batch_size] for start in range(0, self.count, self.batch_size)]
 
     def eager_epoch(self) -> None:
         for index in self.batches():
@@ -179,19 +224,27 @@ class TorchTraining:
 
 
 def torch_training(torch, name: str, config: Config, epochs: int, limit: int | None, device: str) -> dict:
-    """Median epoch ms of ``config``'s workload with PyTorch in its math, eager and (on CUDA) CUDA graphs."""
+    """Median epoch ms of ``config``'s workload with PyTorch in its math, eager and (on CUDA) CUDA
+    graphs; GRAPH_ONLY workloads on CUDA as graphs only."""
     set_torch_math(torch, config.math)
-    images, labels = training.load_split(config, "train")
-    images, labels = images[:limit], labels[:limit]
-    run = TorchTraining(torch, config, np.ascontiguousarray(images), np.ascontiguousarray(labels), device)
-    synchronize = torch_synchronizer(torch, device)
-    results = {"eager": epoch_summary(timed_calls(run.eager_epoch, epochs, synchronize, 1), run.count)}
-    if device == "cuda":
-        run.capture()
-        results["graph"] = epoch_summary(timed_calls(run.graph_epoch, epochs, synchronize, 1), run.count)
+    autotuned = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = autotuned or name in TORCH_SPEED_UPS
+    try:
+        images, labels = training.load_split(config, "train")
+        images, labels = images[:limit], labels[:limit]
+        run = TorchTraining(torch, config, np.ascontiguousarray(images), np.ascontiguousarray(labels), device)
+        synchronize = torch_synchronizer(torch, device)
+        results = {}
+        if device != "cuda" or name not in GRAPH_ONLY:
+            results["eager"] = epoch_summary(timed_calls(run.eager_epoch, epochs, synchronize, 1), run.count)
+        if device == "cuda":
+            run.capture()
+            results["graph"] = epoch_summary(timed_calls(run.graph_epoch, epochs, synchronize, 1), run.count)
+    finally:
+        torch.backends.cudnn.benchmark = autotuned
+        set_torch_math(torch, "fp32")
     for mode, summary in results.items():
         log.info("torch %s %s: %.2f ms an epoch", name, mode, summary["epoch_ms"])
-    set_torch_math(torch, "fp32")
     return results
 
 

@@ -1,5 +1,6 @@
-"""The in-process workloads: mlp and cnn (one Trainer per mode and engine) and micro (the "Deep
-Learning from Scratch to GPU" step)."""
+"""The in-process workloads: mlp, cnn, bn_cnn and cifar10 (one Trainer per mode and engine) and
+micro (the "Deep Learning from Scratch to GPU" step). cifar10 trains on generated images written
+as CIFAR-10's binary records (``generated_data``), so it reads them as the config's data set."""
 
 from __future__ import annotations
 
@@ -7,19 +8,23 @@ import contextlib
 import gc
 import logging
 import tempfile
+from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
 from .. import training
 from ..backends import get_backend
 from ..config import Config, load_config, parse_config
+from ..data.sources import CIFAR10_CLASSES, CIFAR10_FILES
 from ..layers import MSE, Activation, Dense
 from ..network import Network
 from ..shipped_configs import CONFIG_DIR
 from ..tensor import Tensor
 from ..training import Trainer
 from .measuring import DeviceMemory, epoch_summary, step_summary, timed_calls
-from .settings import BATCH_SIZE, MATHS, MICRO_LEARNING_RATE, MICRO_SEED, MICRO_SIZE, MICRO_WARMUP, TRAINING_CONFIGS
+from .settings import (BATCH_SIZE, CONFIG_BATCH, GENERATED_DATA, GENERATED_SEED, GRAPH_ONLY, MATHS, MICRO_LEARNING_RATE,
+                       MICRO_SEED, MICRO_SIZE, MICRO_WARMUP, TRAINING_CONFIGS)
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +34,69 @@ log = logging.getLogger(__name__)
 
 def workload_config(name: str, device: str, data_dir, epochs: int, graph: bool, engine: str = "slides",
                     math: str = "fp32") -> Config:
-    """The config file's model and optimiser at batch 256 in ``math`` (FP32 unless asked), with
-    ``epochs`` planned epochs."""
-    config = load_config(CONFIG_DIR / TRAINING_CONFIGS[name]).with_overrides(
-        epochs=epochs, batch_size=BATCH_SIZE, device=device, data_dir=data_dir, engine=engine)
+    """The config file's model, data settings and optimiser in ``math`` (FP32 unless asked), at batch
+    256 (the config's own for CONFIG_BATCH workloads), with ``epochs`` planned epochs."""
+    config = load_config(CONFIG_DIR / TRAINING_CONFIGS[name])
+    batch_size = config.train.batch_size if name in CONFIG_BATCH else BATCH_SIZE
+    config = config.with_overrides(epochs=epochs, batch_size=batch_size, device=device, data_dir=data_dir,
+                                   engine=engine)
     raw = config.to_dict()
     raw["train"]["graph"] = graph
     raw["math"] = math
     return parse_config(raw, source=config.source)
+
+
+def data_dir(name: str, settings: dict):
+    """Where workload ``name`` reads its data: its generated folder (``generated_data``), else --data-dir."""
+    return settings.get("generated_dirs", {}).get(name, settings["data_dir"])
+
+
+def augmentation(config: Config) -> dict | None:
+    """{crop_padding, flip} of the config's ``data.augment`` where it asks for any (a mapping or an
+    object with those fields), else None: what the PyTorch reference then does too, so both sides
+    train on the same kind of batch."""
+    augment = getattr(config.data, "augment", None)
+    if not augment:
+        return None
+    if isinstance(augment, Mapping):
+        padding, flip = augment.get("crop_padding", 0), augment.get("flip", False)
+    else:
+        padding, flip = getattr(augment, "crop_padding", 0), getattr(augment, "flip", False)
+    return {"crop_padding": int(padding), "flip": bool(flip)} if padding or flip else None
+
+
+def write_cifar10_records(folder: Path, train: int, test: int, seed: int) -> Path:
+    """CIFAR-10's binary files in ``folder`` holding ``train`` and ``test`` generated images (uniform
+    pixels, labels 0..9, from ``seed``): data_batch_1..5.bin share the training images (at least one
+    each), test_batch.bin holds the test images."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    files = CIFAR10_FILES["train"]
+    parts = np.array_split(np.arange(max(train, len(files))), len(files))
+    for name, part in [*zip(files, parts), (CIFAR10_FILES["test"][0], np.arange(max(test, 1)))]:
+        labels = rng.integers(0, len(CIFAR10_CLASSES), (len(part), 1), dtype=np.uint8)
+        pixels = rng.integers(0, 256, (len(part), 3 * 32 * 32), dtype=np.uint8)  # R, G, B planes of 32×32
+        np.concatenate([labels, pixels], axis=1).tofile(folder / name)
+    return folder
+
+
+@contextlib.contextmanager
+def generated_data(settings: dict):
+    """``settings`` with ``generated_dirs`` {workload: folder} where a GENERATED_DATA workload is asked
+    for: its images generated into a temporary folder (at most --limit-images of each split), removed
+    afterwards."""
+    names = [name for name in GENERATED_DATA if name in settings["workloads"]]
+    if not names:
+        yield settings
+        return
+    limit = settings["limit_images"]
+    with tempfile.TemporaryDirectory(prefix="cudnnnet-benchmark-data-") as root:
+        folders = {}
+        for name in names:
+            train, test = (count if limit is None else min(count, limit) for count in GENERATED_DATA[name])
+            folders[name] = write_cifar10_records(Path(root) / name, train, test, GENERATED_SEED)
+            log.info("%s: %d training and %d test images generated (seed %d)", name, train, test, GENERATED_SEED)
+        yield {**settings, "generated_dirs": folders}
 
 
 def training_images(config: Config, limit: int | None) -> int:
@@ -57,7 +117,7 @@ def benchmark_training(name: str, settings: dict, graph: bool, images: int, engi
     """Median epoch of ``name`` (mlp or cnn) after a warm-up epoch, with the peak device memory."""
     epochs = settings["epochs"]
     log.info("%s %s %s: a warm-up epoch, then %d timed", name, engine, "graph" if graph else "eager", epochs)
-    config = workload_config(name, settings["device"], settings["data_dir"], epochs + 1, graph, engine,
+    config = workload_config(name, settings["device"], data_dir(name, settings), epochs + 1, graph, engine,
                              settings.get("math", "fp32"))
     backend = get_backend(config.device)
     gc.collect()
@@ -80,10 +140,12 @@ def training_section(name: str, settings: dict, backend, engine: str = "slides")
     modes = ("graph", "eager") if backend.supports_graphs else ("eager",)
     if not backend.supports_graphs:
         log.info("%s: the %s backend has no CUDA graphs; timing eager steps only", name, backend.name)
-    config = workload_config(name, settings["device"], settings["data_dir"], 1, False)
+    elif name in GRAPH_ONLY:
+        modes = ("graph",)
+    config = workload_config(name, settings["device"], data_dir(name, settings), 1, False)
     images = training_images(config, settings["limit_images"])
-    section = {"config": f"configs/{TRAINING_CONFIGS[name]}", "images": images, "batch_size": BATCH_SIZE,
-               "graph": None, "eager": None}
+    section = {"config": f"configs/{TRAINING_CONFIGS[name]}", "images": images, "batch_size": config.train.batch_size,
+               "augment": augmentation(config), "graph": None, "eager": None}
     for mode in modes:
         section[mode] = benchmark_training(name, settings, mode == "graph", images, engine)
     return section

@@ -1,14 +1,14 @@
 """cudnnnet-benchmark: how fast cudnnnet trains, against targets and, if asked, against PyTorch.
 
     python scripts/benchmark.py [--device auto|cuda|host] [--json FILE] [--compare torch] [--repeat N]
-                                [--epochs N] [--only mlp,cnn,bn_cnn,micro,original] [--micro-size N]
+                                [--epochs N] [--only mlp,cnn,bn_cnn,cifar10,micro,original] [--micro-size N]
                                 [--limit-images N] [--original-runs N] [--data-dir DIR]
                                 [--engines slides,fast] [--math fp32|tf32|bf16]
 
 Every workload runs once per engine (``--engines``, both by default: cudnnnet.engine), each in a
 column of its own.
 
-Workloads (``--only`` picks some; all but bn_cnn by default):
+Workloads (``--only`` picks some; all but bn_cnn and cifar10 by default):
 
 mlp, cnn, bn_cnn
     configs/mnist_mlp.yaml's and configs/mnist_cnn.yaml's model and optimiser (SGD, momentum 0.9),
@@ -24,6 +24,16 @@ mlp, cnn, bn_cnn
     baseline. It counts everything the process (and any other process on the GPU) allocated
     meanwhile, cuDNN workspaces and graph memory included, at the driver's granularity. None on
     the host.
+cifar10
+    configs/cifar10_cnn.yaml's VGG-style net (three blocks of two 3×3 conv–BN–ReLU and a max
+    pooling, the convolutions without bias; Dense 256, BN, ReLU, dropout 0.5, Dense 10) and
+    optimiser (SGD, momentum 0.9, weight decay, its schedule) at the config's batch (128), on 50 000
+    generated 3×32×32 images (uniform pixels and labels from a fixed seed, written as CIFAR-10's
+    binary records into a temporary folder and read as the config's data set: normalised by their
+    per-channel statistics, held on the device), with the config's ``data.augment`` where it has one.
+    Timed as a captured graph only (eager on the host); ``--limit-images N`` generates N. Judged in
+    both engines against PyTorch's captured graph of the same run: at least 1.3 times faster
+    (``TORCH_SPEED_UPS``; no target without ``--compare torch``).
 micro
     The "Deep Learning from Scratch to GPU" part 10 micro-benchmark: 10 000 samples of 10 000
     features, Dense 5 000 tanh → Dense 1 000 sigmoid → Dense 10 sigmoid, quadratic cost (an MSE
@@ -46,11 +56,16 @@ the GPU to themselves. ``--device cuda`` without a GPU is one error line before 
 workload logs a line when it is done (each run of the original workload too); on the host the
 whole run takes about 13 minutes on a 2-core CPU, most of it the original workload (HOST_DURATION).
 
-``--compare torch`` runs mlp, cnn and micro with PyTorch in the same process, where PyTorch
-imports and sees a GPU (otherwise it says why and skips): the same architectures and optimiser,
-MNIST as one CUDA tensor indexed by a device permutation, eager and with each step captured in a
-CUDA graph (static index tensors; a second graph for the epoch's last, shorter batch); FP32 (TF32
-off for matmuls and cuDNN) and, for the micro, TF32.
+``--compare torch`` runs mlp, cnn, bn_cnn, cifar10 and micro (those asked for) with PyTorch in the
+same process, where PyTorch imports and sees a GPU (otherwise it says why and skips): the same
+architectures (biases, BatchNorm, dropout) and optimiser, the data as one CUDA tensor indexed by a
+device permutation, eager and with each whole step (gather, augmentation, forward, loss, backward,
+optimiser step) captured in a CUDA graph (static index tensors; a second graph for the epoch's
+last, shorter batch; the optimiser at the config's rate without its schedule); FP32 (TF32 off for
+matmuls and cuDNN) and, for the micro, TF32. cifar10 runs
+with cuDNN's autotuner (``cudnn.benchmark``), as a captured graph only, and augments as the config
+does: per sample a shift dy, dx uniform in [-p, p] with zeros outside and a horizontal flip with
+probability 1/2, drawn by the device's generator inside the graph.
 
 Output: log lines on stderr, then the table on stdout (workload | unit | slides | fast | torch
 eager | torch graph | torch/slides | torch/fast | slides target | fast target | status), the device
@@ -62,11 +77,11 @@ every figure::
 
     device, backend, date, versions {cudnnnet, python, numpy, [cuda_runtime, cuda_driver, cudnn,
     cublas], [torch, torch_cudnn]}, settings {...}, targets {name: limit},
-    results {slides|fast: {mlp|cnn: {config, images, batch_size, graph|eager: {epoch_ms,
+    results {slides|fast: {mlp|cnn|bn_cnn|cifar10: {config, images, batch_size, augment, graph|eager: {epoch_ms,
     epoch_ms_all, images_per_second, peak_memory_mib} or null}, micro: {size, layers, repeat,
     fp32|tf32: {step_ms, step_ms_all} or null}, original: {mlp|cnn: {config, seconds,
     seconds_all, test_accuracy}}}}, uncompiled_packages [name], torch (null unless compared)
-    {version, mlp|cnn: {eager|graph: {epoch_ms, epoch_ms_all, images_per_second}},
+    {version, mlp|cnn|bn_cnn|cifar10: {eager|graph: {epoch_ms, epoch_ms_all, images_per_second}},
     micro: {fp32|tf32: {eager|graph: {step_ms, step_ms_all}}}}, table [{workload, unit, slides,
     fast, torch_eager, torch_graph, ratio_slides, ratio_fast, target_slides, target_fast,
     status_slides, status_fast}]
@@ -129,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"micro-benchmark samples and features (default {MICRO_SIZE}, {HOST_MICRO_SIZE} "
                              f"on the host); hidden layers scale with it")
     parser.add_argument("--limit-images", type=positive_int, metavar="N",
-                        help="train mlp and cnn on the first N MNIST images only (smoke tests)")
+                        help="train the training workloads on their first N images only, cifar10 on N "
+                             "generated ones (smoke tests)")
     parser.add_argument("--original-runs", type=positive_int, default=3,
                         help="runs of each original workload (default 3; the median is reported)")
     parser.add_argument("--data-dir", help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")

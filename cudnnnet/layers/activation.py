@@ -10,6 +10,10 @@ When this layer is fused into the layer before it, that layer's bias kernel has 
 forward passes y through, and backward reads f' from y alone (every mode here can: relu, clipped
 relu and elu test y > 0 as x > 0, elu's f'(x) = y + α for x ≤ 0, sigmoid's is y(1 − y), tanh's
 1 − y²), so y is handed to the backend as x too.
+
+A ReLU after a BatchNorm is applied by the BatchNorm's kernels in the fast engine
+(``after_batch_norm``): forward passes y through, and backward passes dy through too, as the
+BatchNorm's backward applies f' itself.
 """
 
 from __future__ import annotations
@@ -38,14 +42,22 @@ class Activation(Layer):
         self.coef = coef
         self.descriptor = ActivationDescriptor(ActivationMode(ACTIVATION_MODES[mode]), coef)
         self.after_bias = False  # the layer before is a Dense or Conv2D that can apply f (set by Network)
+        self.after_batch_norm = False  # a ReLU after a BatchNorm, which can apply f and f' (set by Network)
 
     def config(self):
         return {"mode": self.mode, "coef": self.coef}
 
     @property
     def fused(self) -> bool:
-        """Whether f runs in the bias kernel of the layer before: where it can, in the fast engine."""
-        return self.after_bias and self.backend is not None and self.backend.engine.fuse_bias_activation
+        """Whether f runs in the layer before (its bias kernel, or a BatchNorm's kernels): where it can,
+        in the fast engine."""
+        return self.after_bias and self.backend is not None and self.backend.engine.fuse_bias_activation \
+            or self.fused_into_batch_norm
+
+    @property
+    def fused_into_batch_norm(self) -> bool:
+        """Whether the BatchNorm before applies f and f' (a ReLU, in the fast engine)."""
+        return self.after_batch_norm and self.backend is not None and self.backend.engine.batch_norm_kernel
 
     def forward(self, input: Tensor) -> Tensor:
         self.prepare(input)
@@ -58,6 +70,9 @@ class Activation(Layer):
         return self.output
 
     def backward(self, grad_output: Tensor) -> Tensor:
+        if self.fused_into_batch_norm:
+            # dx = dy: the BatchNorm's backward applies f'
+            return grad_output
         if not self.gradient_stop:
             x = self.output if self.fused else self.input  # fused: x no longer exists; f' is read from y
             # dx = f'(x) ⊙ dy

@@ -150,7 +150,10 @@ class Layer:
 
 
 class WeightBiasLayer(Layer):
-    """A layer with a ``weight`` and a ``bias`` and their gradients (Dense, Conv2D)."""
+    """A layer with a ``weight`` and a ``bias`` and their gradients (Dense, Conv2D); a layer made
+    without a bias (``has_bias`` False) has neither the bias nor its gradient."""
+
+    has_bias = True
 
     def __init__(self, name: str):
         super().__init__(name)
@@ -160,13 +163,14 @@ class WeightBiasLayer(Layer):
     def zero_gradients(self) -> None:
         """grad_weight, grad_bias: zeros shaped like the weight and the bias (create them after those)."""
         self.grad_weight = Tensor.zeros(self.weight.shape, self.backend)
-        self.grad_bias = Tensor.zeros(self.bias.shape, self.backend)
+        if self.has_bias:
+            self.grad_bias = Tensor.zeros(self.bias.shape, self.backend)
 
     def _parameter_attributes(self):
-        return ("weight", "bias", "grad_weight", "grad_bias")
+        return ("weight", "bias", "grad_weight", "grad_bias") if self.has_bias else ("weight", "grad_weight")
 
     def parameters(self):
-        return [
-            Parameter(f"{self.name}.weight", self.weight, self.grad_weight),
-            Parameter(f"{self.name}.bias", self.bias, self.grad_bias),
-        ]
+        found = [Parameter(f"{self.name}.weight", self.weight, self.grad_weight)]
+        if self.has_bias:
+            found.append(Parameter(f"{self.name}.bias", self.bias, self.grad_bias))
+        return found

@@ -11,6 +11,10 @@
 
 m is the number of values each statistic is taken over. The running mean and variance are
 buffers, not parameters: saved in checkpoints beside the weights, never touched by the optimiser.
+
+In the fast engine training runs our kernels (backends/cuda/batch_norm.py) in place of cuDNN's
+calls, and a ReLU layer right after (``activation``, set by Network) is applied in them: y = max(y, 0)
+in the forward pass, dy·[y > 0] in the backward pass; in evaluation it runs on y in place.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class BatchNorm(Layer):
         self.weight = self.bias = self.grad_weight = self.grad_bias = None  # γ, β and their gradients
         self.running_mean = self.running_var = None
         self.save_mean = self.save_inv_std = None  # the last training batch's μ and 1/√(σ² + eps)
+        self.activation = None  # the ActivationDescriptor of a following ReLU (applied here in the fast engine)
 
     def config(self):
         return {"mode": self.mode, "momentum": self.momentum, "eps": self.eps}
@@ -79,24 +84,34 @@ class BatchNorm(Layer):
     def buffers(self) -> dict[str, Tensor]:
         return {f"{self.name}.running_mean": self.running_mean, f"{self.name}.running_var": self.running_var}
 
+    @property
+    def applies_relu(self) -> bool:
+        """Whether this layer applies the ReLU after it (the fast engine's kernels)."""
+        return self.activation is not None and self.backend.engine.batch_norm_kernel
+
     def forward(self, input: Tensor) -> Tensor:
         self.prepare(input)
-        b, mode = self.backend, self.batch_norm_mode
+        b, mode, relu = self.backend, self.batch_norm_mode, self.applies_relu
         if not self.training:
             # y = γ·(x - running_mean)/√(running_var + eps) + β
             b.batch_norm_forward_inference(mode, input, self.output, self.weight, self.bias, self.running_mean,
                                            self.running_var, self.eps)
+            if relu:
+                # y = max(y, 0)  (the next layer's f, in place)
+                b.activation_forward(self.activation, 1.0, self.output, 0.0, self.output)
             return self.output
-        # y = γ·(x - μ)/√(σ² + eps) + β;  running statistics ← (1 - momentum)·running + momentum·batch
+        # y = f(γ·(x - μ)/√(σ² + eps) + β), f the next ReLU or the identity;
+        # running statistics ← (1 - momentum)·running + momentum·batch
         b.batch_norm_forward_training(mode, input, self.output, self.weight, self.bias, self.momentum,
                                       self.running_mean, self.running_var, self.eps, self.save_mean,
-                                      self.save_inv_std)
+                                      self.save_inv_std, relu=relu)
         return self.output
 
     def backward(self, grad_output: Tensor) -> Tensor:
-        # dβ = Σ dy;  dγ = Σ dy·x̂;  dx = γ/(m·√(σ² + eps))·(m·dy - dβ - x̂·dγ)
+        # dy' = dy·f'(y);  dβ = Σ dy';  dγ = Σ dy'·x̂;  dx = γ/(m·√(σ² + eps))·(m·dy' - dβ - x̂·dγ)
+        relu = self.applies_relu
         self.backend.batch_norm_backward(self.batch_norm_mode, self.input, grad_output, self.grad_input, self.weight,
                                          self.grad_weight, self.grad_bias, self.eps, self.save_mean,
-                                         self.save_inv_std)
+                                         self.save_inv_std, **({"bias": self.bias, "relu": True} if relu else {}))
         return self.grad_input
 

@@ -16,20 +16,27 @@ Algorithms and the workspace are chosen by the backend once per input shape (``p
 batch size (the test set's, say) gets a plan of its own: in the slides engine cuDNN's own choice
 (cudnnFindConvolution*Algorithm within the workspace limit), in the fast engine the fastest of
 cuDNN's algorithms and our explicit-GEMM convolution as the backend timed them.
+
+``bias=False`` leaves b out (no parameter, no bias call, no db): right before a BatchNorm a bias
+changes nothing, as the normalisation subtracts the batch mean it shifts. A following activation
+then runs as its own layer in both engines (the fast engine applies f in the bias kernel).
 """
 
 from __future__ import annotations
 
 from ..backends.base import ConvolutionDescriptor
-from ..errors import ShapeError
+from ..errors import InvalidArgumentError, ShapeError
 from ..tensor import Tensor
 from .base import WeightBiasLayer, he_uniform, positive_int
 
 
 class Conv2D(WeightBiasLayer):
     def __init__(self, name: str, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0,
-                 dilation: int = 1):
+                 dilation: int = 1, bias: bool = True):
         super().__init__(name)
+        if not isinstance(bias, bool):
+            raise InvalidArgumentError(f"layer {name!r}: bias must be true or false, got {bias!r}")
+        self.has_bias = bias
         self.out_channels = positive_int(name, "out_channels", out_channels)
         self.kernel_size = positive_int(name, "kernel_size", kernel_size)
         self.stride = positive_int(name, "stride", stride)
@@ -43,8 +50,9 @@ class Conv2D(WeightBiasLayer):
                                      self.padding, self.dilation)
 
     def config(self):
-        return {"out_channels": self.out_channels, "kernel_size": self.kernel_size, "stride": self.stride,
-                "padding": self.padding, "dilation": self.dilation}
+        found = {"out_channels": self.out_channels, "kernel_size": self.kernel_size, "stride": self.stride,
+                 "padding": self.padding, "dilation": self.dilation}
+        return found if self.has_bias else {**found, "bias": False}
 
     def output_sample_shape(self, input_shape):
         c, h, w = input_shape
@@ -59,14 +67,15 @@ class Conv2D(WeightBiasLayer):
         return self._descriptor(c).output_shape((1, c, h, w))[1:]
 
     def parameter_shapes(self, input_shape):
-        return {"weight": (self.out_channels, input_shape[0], self.kernel_size, self.kernel_size),
-                "bias": (1, self.out_channels, 1, 1)}
+        shapes = {"weight": (self.out_channels, input_shape[0], self.kernel_size, self.kernel_size)}
+        return {**shapes, "bias": (1, self.out_channels, 1, 1)} if self.has_bias else shapes
 
     def init_parameters(self, rng):
         self.descriptor = self._descriptor(self.input_sample_shape[0])
         fan_in = self.input_sample_shape[0] * self.kernel_size ** 2  # C·k·k
         self.weight = Tensor.from_numpy(he_uniform(rng, self.descriptor.filter_shape, fan_in), self.backend)  # (K, C, k, k)
-        self.bias = Tensor.zeros((1, self.out_channels), self.backend)  # (1, K, 1, 1)
+        if self.has_bias:
+            self.bias = Tensor.zeros((1, self.out_channels), self.backend)  # (1, K, 1, 1)
         self.zero_gradients()
 
     def allocate(self, input_shape, output_shape):
@@ -77,6 +86,8 @@ class Conv2D(WeightBiasLayer):
         b = self.backend
         # y = x ⋆ w
         b.convolution_forward(self.plan, 1.0, input, self.weight, 0.0, self.output)
+        if not self.has_bias:
+            return self.output
         if b.engine.fuse_bias_activation:
             # y = f(y + b)  (bias (1, K, 1, 1) broadcast over N, H, W; f of the next layer or the identity)
             b.bias_activation_forward(self.activation, self.bias, self.output)
@@ -87,8 +98,9 @@ class Conv2D(WeightBiasLayer):
 
     def backward(self, grad_output: Tensor) -> Tensor:
         b, dy = self.backend, grad_output
-        # db = Σₙ Σ_{h,w} dy      (1, K, 1, 1)
-        b.convolution_backward_bias(1.0, dy, 0.0, self.grad_bias)
+        if self.has_bias:
+            # db = Σₙ Σ_{h,w} dy      (1, K, 1, 1)
+            b.convolution_backward_bias(1.0, dy, 0.0, self.grad_bias)
         # dw = Σₙ xₙ ⋆ dyₙ
         b.convolution_backward_filter(self.plan, 1.0, self.input, dy, 0.0, self.grad_weight)
         if not self.gradient_stop:

@@ -70,25 +70,93 @@ def test_gradient_matches_finite_differences(backend, sample_shape, mode, resolv
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("engine", ["slides", "fast"])
-@pytest.mark.parametrize("sample_shape, mode, resolved", CASES)
+@pytest.mark.parametrize("engine", ["slides", "fast"])  # cuDNN's calls, our kernels
+@pytest.mark.parametrize("sample_shape, mode, resolved", CASES + [((32, 16, 16), "auto", BatchNormMode.SPATIAL)])
 def test_cuda_matches_the_host(cuda, host, sample_shape, mode, resolved, engine):
-    """In either engine (the fast one trains spatial BatchNorm in cuDNN's SPATIAL_PERSISTENT mode)."""
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((16,) + sample_shape).astype(np.float32)
+    x = (rng.standard_normal((16,) + sample_shape) * 3 + 2).astype(np.float32)
     dy = rng.standard_normal((16,) + sample_shape).astype(np.float32)
     results = []
-    for backend in (host, cuda):
-        with backend.using_engine(engine):
+    with cuda.using_engine(engine):
+        for backend in (host, cuda):
             layer = random_layer(sample_shape, mode, backend)
             y = layer.forward(Tensor.from_numpy(x, backend)).numpy()
             dx = layer.backward(Tensor.from_numpy(dy, backend)).numpy()
             layer.training = False
             inference = layer.forward(Tensor.from_numpy(x, backend)).numpy()
-        results.append((y, dx, layer.grad_weight.numpy(), layer.grad_bias.numpy(), layer.running_mean.numpy(),
-                        layer.running_var.numpy(), inference))
-    for what, on_host, on_cuda in zip(("y", "dx", "dγ", "dβ", "running mean", "running var", "inference"), *results):
+            results.append((y, dx, layer.grad_weight.numpy(), layer.grad_bias.numpy(), layer.running_mean.numpy(),
+                            layer.running_var.numpy(), layer.save_mean.numpy(), layer.save_inv_std.numpy(),
+                            inference))
+    names = ("y", "dx", "dγ", "dβ", "running mean", "running var", "saved mean", "saved 1/σ", "inference")
+    for what, on_host, on_cuda in zip(names, *results):
         assert relative_error(on_cuda, on_host) < 1e-4, what
+
+
+def batch_norm_relu_network(backend, sample_shape) -> Network:
+    """BatchNorm → ReLU → Dense → Softmax, γ and β not 1 and 0, so that the ReLU cuts some values."""
+    from cudnnnet.layers import Activation
+
+    network = Network([BatchNorm("bn"), Activation("relu", "relu"), Dense("fc", 10), Softmax("softmax")],
+                      backend=backend, seed=3, input_shape=sample_shape)
+    rng = np.random.default_rng(5)
+    network.layers[0].weight.write_(rng.uniform(0.5, 1.5, network.layers[0].weight.shape))
+    network.layers[0].bias.write_(rng.standard_normal(network.layers[0].bias.shape))
+    return network
+
+
+def batch_norm_relu_step(network, backend, x, target) -> dict:
+    """One forward and backward pass: the gradients, the output and the evaluation output by name."""
+    network.forward(Tensor.from_numpy(x, backend))
+    network.backward(target)
+    found = {parameter.name: parameter.grad.numpy() for parameter in network.parameter_list()}
+    found["training output"] = network.layers[-1].output.numpy()
+    found["evaluation output"] = network.predict(Tensor.from_numpy(x, backend)).numpy()
+    return found
+
+
+@pytest.mark.parametrize("sample_shape", [(4, 5, 6), (12, 1, 1)])  # spatial, per activation
+def test_relu_applied_by_the_fast_engines_batch_norm_is_the_relu_layers(backend, sample_shape):
+    """The fast engine applies the ReLU (and its gradient) in the BatchNorm's passes; the slides engine
+    runs the Activation layer's own calls: the same outputs and gradients either way."""
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((9,) + sample_shape) * 2 + 0.5).astype(np.float32)
+    target = np.eye(10, dtype=np.float32)[rng.integers(0, 10, 9)]
+    found = {}
+    for engine in ("slides", "fast"):
+        with backend.using_engine(engine):
+            network = batch_norm_relu_network(backend, sample_shape)
+            assert network.layers[1].fused_into_batch_norm == (engine == "fast")
+            found[engine] = batch_norm_relu_step(network, backend, x, target)
+    assert 0 < (found["fast"]["fc.weight"] != 0).mean()
+    for name, slides in found["slides"].items():
+        assert relative_error(found["fast"][name], slides) < 1e-5, name
+
+
+@pytest.mark.gpu
+def test_cuda_fast_batch_norm_runs_our_kernels_alone_and_repeats_its_bits(cuda):
+    from cudnnnet.backends.cuda import bindings, kernel
+
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((64, 32, 8, 8)) + 1).astype(np.float32)
+    target = np.eye(10, dtype=np.float32)[rng.integers(0, 10, 64)]
+    with cuda.using_engine("fast"):
+        runs = []
+        for _ in range(2):
+            network = batch_norm_relu_network(cuda, (32, 8, 8))
+            network.forward(Tensor.from_numpy(x, cuda))  # plans and compiles outside the counted pass
+            bindings.reset_calls()
+            kernel.reset_launches()
+            runs.append(batch_norm_relu_step(network, cuda, x, target))
+            calls, launches = dict(bindings.calls), dict(kernel.launches)
+    assert "cudnnBatchNormalizationForwardTraining" not in calls and "cudnnBatchNormalizationBackward" not in calls
+    assert calls.get("cudnnActivationForward") == 1 and "cudnnActivationBackward" not in calls  # evaluation's ReLU
+    assert {name: launches.get(name) for name in ("batch_norm_sums", "batch_norm_forward_apply",
+                                                  "batch_norm_gradient_sums", "batch_norm_backward_apply")} == {
+        "batch_norm_sums": 1, "batch_norm_forward_apply": 1, "batch_norm_gradient_sums": 1,
+        "batch_norm_backward_apply": 1}
+    assert "relu_backward" not in launches
+    for name, first in runs[0].items():
+        assert np.array_equal(runs[1][name], first), name
 
 
 def test_running_statistics_are_saved_and_loaded_as_buffers_not_trained(backend, tmp_path):

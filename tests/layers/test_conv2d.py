@@ -54,6 +54,25 @@ def test_gradients_match_finite_differences(backend, stride, padding, dilation):
     check_layer_gradients(layer, rng.standard_normal((2, 2, 6, 5)).astype(np.float32), eps=1e-2)
 
 
+def test_without_bias_it_is_the_convolution_alone(backend):
+    rng = np.random.default_rng(3)
+    layer = build(Conv2D("conv", 4, 3, 1, 1, bias=False), (3, 7, 6), backend)
+    assert [parameter.name for parameter in layer.parameters()] == ["conv.weight"]
+    assert set(layer.parameter_shapes((3, 7, 6))) == {"weight"} and layer.bias is None
+    assert layer.config()["bias"] is False and "bias" not in Conv2D("conv", 4, 3).config()
+    x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    output = layer.forward(Tensor.from_numpy(x, backend)).numpy()
+    expected = direct_convolution(x, layer.weight.numpy(), np.zeros(4), 1, 1, 1)
+    assert relative_error(output, expected) < 1e-5
+    layer.gradient_stop = False
+    check_layer_gradients(layer, x, eps=1e-2)
+
+
+def test_bias_must_be_a_boolean():
+    with pytest.raises(InvalidArgumentError, match="bias must be true or false, got 'no'"):
+        Conv2D("conv", 4, 3, bias="no")
+
+
 def test_output_shape_and_fan_in(backend):
     layer = build(Conv2D("conv", 20, 5), (1, 28, 28), backend)
     assert layer.output_sample_shape((1, 28, 28)) == (20, 24, 24)

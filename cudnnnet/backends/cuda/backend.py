@@ -45,6 +45,7 @@ from .bindings import cublas, cudnn, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .backward_bias import backward_bias
 from .backward_bias import scratch_bytes as bias_scratch_bytes
+from .batch_norm import BatchNormKernels
 from .channel_sum import ChannelSum
 from .context import CudaContext
 from .handles import Event
@@ -103,6 +104,7 @@ class CudaBackend(Backend):
                            -1.0: ctypes.byref(self.context.minus_one)}
         self._gemm = GemmEngine(self.context, self._scalar)  # sgemm's plans
         self._channel_sum = ChannelSum(self.context)  # convolution_backward_bias, with its scratch
+        self._batch_norm = BatchNormKernels(self.context)  # the fast engine's batch normalisation in training
         self._bf16 = Bf16Scratch(self.context)  # math "bf16"/"fp16": one call's operands outside a pass, convolution results
         self._bf16_copies = Bf16Copies(self.context)  # math "bf16"/"fp16": each operand of a pass, converted once
         self._scaled_sgd_scalars: Tensor | None = None  # (6,): the loss-scaled cuBLAS SGD's coefficients
@@ -150,6 +152,7 @@ class CudaBackend(Backend):
         self._gemm.close()
         self.context.close()
         self._channel_sum.close()
+        self._batch_norm.close()
         self._bf16.close()
         self._bf16_copies.close()
 
@@ -950,14 +953,20 @@ class CudaBackend(Backend):
                                reserve.buffer.ptr, reserve.nbytes)
 
     def batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
-                                    eps: float, save_mean, save_inv_std) -> None:
-        """cudnnBatchNormalizationForwardTraining."""
+                                    eps: float, save_mean, save_inv_std, relu: bool = False) -> None:
+        """cudnnBatchNormalizationForwardTraining; in the fast engine our kernels (batch_norm.py), which
+        also apply a ReLU to y where ``relu``."""
         _same_shape("batch_norm_forward_training", x, y)
         p = self._batch_norm_parameters("batch_norm_forward_training", mode, x, scale, bias, running_mean,
                                         running_var, save_mean, save_inv_std)
+        if self.engine.batch_norm_kernel:
+            self._batch_norm.forward(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
+                                     save_inv_std, relu)
+            return
+        _no_relu("batch_norm_forward_training", relu)
         t = self._descriptors.tensor(x.shape).handle
         cudnn.batch_normalization_forward_training(
-            self._cudnn, self._batch_norm_training_mode(mode), self._scalar(1.0), self._scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
+            self._cudnn, int(mode), self._scalar(1.0), self._scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
             scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
             save_mean.data.ptr, save_inv_std.data.ptr)
 
@@ -971,24 +980,25 @@ class CudaBackend(Backend):
             scale.data.ptr, bias.data.ptr, mean.data.ptr, var.data.ptr, float(eps))
 
     def batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
-                            save_inv_std) -> None:
-        """cudnnBatchNormalizationBackward."""
+                            save_inv_std, bias=None, relu: bool = False) -> None:
+        """cudnnBatchNormalizationBackward; in the fast engine our kernels (batch_norm.py), which with
+        ``relu`` take dy as the gradient after a ReLU applied by the forward pass (``bias`` given)."""
         _same_shape("batch_norm_backward", x, dy)
         _same_shape("batch_norm_backward", x, dx)
         p = self._batch_norm_parameters("batch_norm_backward", mode, x, scale, dscale, dbias, save_mean,
-                                        save_inv_std)
+                                        save_inv_std, *(() if bias is None else (bias,)))
+        if self.engine.batch_norm_kernel:
+            if relu and bias is None:
+                raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")
+            self._batch_norm.backward(mode, x, dy, dx, scale, scale if bias is None else bias, dscale, dbias,
+                                      save_mean, save_inv_std, relu)
+            return
+        _no_relu("batch_norm_backward", relu)
         t = self._descriptors.tensor(x.shape).handle
         one, zero = self._scalar(1.0), self._scalar(0.0)
         cudnn.batch_normalization_backward(
-            self._cudnn, self._batch_norm_training_mode(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
+            self._cudnn, int(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
             scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)
-
-    def _batch_norm_training_mode(self, mode) -> int:
-        """cudnnBatchNormMode_t of training and backward: SPATIAL_PERSISTENT for SPATIAL in the fast engine
-        (both calls must take the same mode; inference has no persistent kernel)."""
-        if mode == BatchNormMode.SPATIAL and self.engine.persistent_batch_norm:
-            return cudnn.BATCHNORM_SPATIAL_PERSISTENT
-        return int(mode)
 
     def _batch_norm_parameters(self, call: str, mode, x, *parameters) -> int:
         """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors,
@@ -1048,6 +1058,12 @@ class ConvolutionTimer:
 
 
 # ---- argument checks (cheap, host-side: a bad size must not become an out-of-bounds access) -----
+def _no_relu(call: str, relu: bool) -> None:
+    if relu:
+        raise UsageError(f"{call}: relu is applied by the fast engine's kernels only; the slides engine runs "
+                         "cuDNN's calls and the Activation layer its own")
+
+
 def _check_fits(call: str, storage: DeviceBuffer, offset: int, size: int) -> None:
     if offset < 0 or size < 0 or offset + size > storage.size:
         raise ShapeError(f"{call}: [{offset}:{offset + size}] does not fit in storage of {storage.size} values")

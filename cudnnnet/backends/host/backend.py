@@ -686,8 +686,8 @@ class HostBackend(Backend):
         np.multiply(_nd(dy), reserve.reshape(dy.shape), out=_nd(dx))
 
     def batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
-                                    eps: float, save_mean, save_inv_std) -> None:
-        """Batch statistics in float64, cuDNN's running averages (unbiased variance)."""
+                                    eps: float, save_mean, save_inv_std, relu: bool = False) -> None:
+        """Batch statistics in float64, cuDNN's running averages (unbiased variance); y = max(y, 0) where ``relu``."""
         axes, shape = _batch_norm_axes(mode, x, scale)
         values = _nd(x).astype(np.float64)
         count = values.size // int(np.prod(shape))
@@ -695,6 +695,8 @@ class HostBackend(Backend):
         variance = ((values - mean) ** 2).mean(axis=axes, keepdims=True)
         inv_std = 1.0 / np.sqrt(variance + eps)
         _nd(y)[...] = _nd(scale).reshape(shape) * (values - mean) * inv_std + _nd(bias).reshape(shape)
+        if relu:
+            np.maximum(_nd(y), 0, out=_nd(y))
         unbiased = variance * count / max(count - 1, 1)
         _nd(running_mean)[...] = ((1 - factor) * _nd(running_mean).reshape(shape) + factor * mean).reshape(running_mean.shape)
         _nd(running_var)[...] = ((1 - factor) * _nd(running_var).reshape(shape) + factor * unbiased).reshape(running_var.shape)
@@ -708,14 +710,19 @@ class HostBackend(Backend):
         _nd(y)[...] = _nd(scale).reshape(shape) * (_nd(x) - _nd(mean).reshape(shape)) * inv_std + _nd(bias).reshape(shape)
 
     def batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
-                            save_inv_std) -> None:
-        """dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale·inv_std/m·(m·dy - dbias - x̂·dscale)."""
+                            save_inv_std, bias=None, relu: bool = False) -> None:
+        """dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale·inv_std/m·(m·dy - dbias - x̂·dscale); with ``relu``
+        dy·[scale·x̂ + bias > 0] in place of dy (the gradient through the forward's ReLU)."""
         axes, shape = _batch_norm_axes(mode, x, scale)
         _same_shape("batch_norm_backward", x, dy)
         _same_shape("batch_norm_backward", x, dx)
+        if relu and bias is None:
+            raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")
         inv_std = _nd(save_inv_std).reshape(shape).astype(np.float64)
         normalized = (_nd(x) - _nd(save_mean).reshape(shape)) * inv_std  # x̂
         grad = _nd(dy).astype(np.float64)
+        if relu:
+            grad = np.where(_nd(scale).reshape(shape) * normalized + _nd(bias).reshape(shape) > 0, grad, 0.0)
         count = grad.size // int(np.prod(shape))
         bias_grad = grad.sum(axis=axes, keepdims=True)
         scale_grad = (grad * normalized).sum(axis=axes, keepdims=True)

@@ -1,0 +1,197 @@
+// Batch normalisation in training, the fast engine's replacement for cuDNN's calls, compiled with
+// NVRTC (kernel.py); batch_norm.py sizes the grid and owns the scratch. A following ReLU may be
+// applied in the same pass (relu != 0), and its gradient then taken in the backward pass.
+//
+// x, y, dy, dx are (N, C, P): spatial mode P = H·W (statistics over N and P); per-activation mode is
+// the same with C = C·H·W and P = 1. Each channel's N samples are cut into ``groups`` groups of
+// ``group_samples``; block b works on group (b mod groups) of channel (b / groups), so a grid of
+// C·groups blocks fills the GPU even where C is small (cuDNN's reductions leave most of it idle at 32
+// channels). Two launches per direction:
+//
+//   forward   batch_norm_sums:            partials[c, g] = (Σ x, Σ x²) over the group, in float64
+//             batch_norm_forward_apply:   μ, σ² from the partials of channel c (a fixed order)
+//                                         y = f(scale·(x - μ)/√(σ² + eps) + bias), f = ReLU or identity
+//                                         (and block g = 0 writes save_mean, save_inv_std and the running
+//                                         averages, as cudnnBatchNormalizationForwardTraining)
+//   backward  batch_norm_gradient_sums:   partials[c, g] = (Σ dy', Σ dy'·(x - μ)), dy' = dy·f'(y), f'
+//                                         read from the pre-activation recomputed from x
+//             batch_norm_backward_apply:  dbias = Σ dy', dscale = Σ dy'·x̂ (block g = 0 writes them)
+//                                         dx = scale/(m·√(σ² + eps))·(m·dy' - dbias - x̂·dscale)
+//
+// Deterministic: every sum is taken in a fixed order (each thread its values in increasing order,
+// a fixed shuffle tree, the partials in increasing g), so the result has the same bits on every
+// launch. Offsets are 32-bit: batch_norm.py checks that N·C·P < 2^31.
+
+#define WARP 32
+#define WARPS (BLOCK_SIZE / WARP)
+
+static_assert(BLOCK_SIZE % WARP == 0 && BLOCK_SIZE <= 1024, "BLOCK_SIZE must be a multiple of 32, at most 1024");
+
+__device__ double warp_sum(double value) {
+    for (int offset = WARP / 2; offset > 0; offset >>= 1) value += __shfl_down_sync(0xffffffffu, value, offset);
+    return value;
+}
+
+// (a, b) summed over the block's threads in a fixed order; valid in thread 0. Every thread calls it.
+__device__ void block_sums(double& a, double& b) {
+    __shared__ double shared[2][WARPS];
+    a = warp_sum(a);
+    b = warp_sum(b);
+    if (threadIdx.x % WARP == 0) {
+        shared[0][threadIdx.x / WARP] = a;
+        shared[1][threadIdx.x / WARP] = b;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        a = b = 0.0;
+        for (int w = 0; w < WARPS; ++w) {
+            a += shared[0][w];
+            b += shared[1][w];
+        }
+    }
+}
+
+// The values of this block's group: j in [0, count), at offset (first + j / positions)·C·P + c·P + j mod P.
+struct Group {
+    int channel, group, first, count, positions, sample_stride, base;
+
+    __device__ Group(int channels, int positions_, int samples, int group_samples, int groups) {
+        channel = blockIdx.x / groups;
+        group = blockIdx.x - channel * groups;
+        first = group * group_samples;
+        const int last = min(samples, first + group_samples);
+        positions = positions_;
+        count = max(0, last - first) * positions;
+        sample_stride = channels * positions;
+        base = first * sample_stride + channel * positions;
+    }
+
+    __device__ int offset(int j) const {
+        const int n = j / positions;
+        return base + n * sample_stride + (j - n * positions);
+    }
+};
+
+// The channel's (Σ a, Σ b) over its groups' partials, in increasing group order.
+__device__ void channel_sums(const double* partials, int channel, int groups, double& a, double& b) {
+    a = b = 0.0;
+    for (int g = 0; g < groups; ++g) {
+        a += partials[2 * (channel * groups + g)];
+        b += partials[2 * (channel * groups + g) + 1];
+    }
+}
+
+// The normalisation of channel c as y = x·a + b (a = scale/√(σ² + eps), b = bias - μ·a): the same
+// bits in the forward and the backward pass, so that the ReLU's gradient sees the forward's y.
+__device__ float2 affine(float scale, float bias, float mean, float inv_std) {
+    const float a = __fmul_rn(scale, inv_std);
+    return make_float2(a, __fsub_rn(bias, __fmul_rn(mean, a)));
+}
+
+__device__ float pre_activation(float x, float2 ab) { return __fmaf_rn(x, ab.x, ab.y); }
+
+extern "C" __global__ void batch_norm_sums(double* partials, const float* __restrict__ x, int channels,
+                                           int positions, int samples, int group_samples, int groups) {
+    const Group at(channels, positions, samples, group_samples, groups);
+    double sum = 0.0, squares = 0.0;
+    for (int j = threadIdx.x; j < at.count; j += BLOCK_SIZE) {
+        const double value = x[at.offset(j)];
+        sum += value;
+        squares += value * value;
+    }
+    block_sums(sum, squares);
+    if (threadIdx.x == 0) {
+        partials[2 * blockIdx.x] = sum;
+        partials[2 * blockIdx.x + 1] = squares;
+    }
+}
+
+extern "C" __global__ void batch_norm_forward_apply(float* y, const float* __restrict__ x, const double* partials,
+                                                    const float* scale, const float* bias, float* running_mean,
+                                                    float* running_var, float* save_mean, float* save_inv_std,
+                                                    float factor, float eps, int relu, int channels, int positions,
+                                                    int samples, int group_samples, int groups) {
+    const Group at(channels, positions, samples, group_samples, groups);
+    __shared__ float2 shared_ab;
+    if (threadIdx.x == 0) {
+        double sum, squares;
+        channel_sums(partials, at.channel, groups, sum, squares);
+        const double m = (double)samples * positions;
+        const double mean = sum / m;
+        const double variance = fmax(squares / m - mean * mean, 0.0);
+        const float inv_std = (float)(1.0 / sqrt(variance + (double)eps));
+        shared_ab = affine(scale[at.channel], bias[at.channel], (float)mean, inv_std);
+        if (at.group == 0) {
+            const int c = at.channel;
+            save_mean[c] = (float)mean;
+            save_inv_std[c] = inv_std;
+            const double unbiased = variance * m / fmax(m - 1.0, 1.0);
+            running_mean[c] = (float)((1.0 - factor) * running_mean[c] + factor * mean);
+            running_var[c] = (float)((1.0 - factor) * running_var[c] + factor * unbiased);
+        }
+    }
+    __syncthreads();
+    const float2 ab = shared_ab;
+    for (int j = threadIdx.x; j < at.count; j += BLOCK_SIZE) {
+        const int o = at.offset(j);
+        const float value = pre_activation(x[o], ab);
+        y[o] = relu && !(value > 0.f) ? 0.f : value;
+    }
+}
+
+extern "C" __global__ void batch_norm_gradient_sums(double* partials, const float* __restrict__ x,
+                                                    const float* __restrict__ dy, const float* scale,
+                                                    const float* bias, const float* save_mean,
+                                                    const float* save_inv_std, int relu, int channels,
+                                                    int positions, int samples, int group_samples, int groups) {
+    const Group at(channels, positions, samples, group_samples, groups);
+    const float mean = save_mean[at.channel];
+    const float2 ab = affine(scale[at.channel], bias[at.channel], mean, save_inv_std[at.channel]);
+    double sum = 0.0, products = 0.0;
+    for (int j = threadIdx.x; j < at.count; j += BLOCK_SIZE) {
+        const int o = at.offset(j);
+        const float value = x[o];
+        const double grad = relu && !(pre_activation(value, ab) > 0.f) ? 0.0 : (double)dy[o];
+        sum += grad;
+        products += grad * ((double)value - mean);
+    }
+    block_sums(sum, products);
+    if (threadIdx.x == 0) {
+        partials[2 * blockIdx.x] = sum;
+        partials[2 * blockIdx.x + 1] = products;
+    }
+}
+
+extern "C" __global__ void batch_norm_backward_apply(float* dx, const float* __restrict__ x,
+                                                     const float* __restrict__ dy, const double* partials,
+                                                     const float* scale, const float* bias, float* dscale,
+                                                     float* dbias, const float* save_mean, const float* save_inv_std,
+                                                     int relu, int channels, int positions, int samples,
+                                                     int group_samples, int groups) {
+    const Group at(channels, positions, samples, group_samples, groups);
+    const int c = at.channel;
+    const float mean = save_mean[c], inv_std = save_inv_std[c];
+    const float2 ab = affine(scale[c], bias[c], mean, inv_std);
+    __shared__ float3 shared_k;
+    if (threadIdx.x == 0) {
+        double bias_grad, products;
+        channel_sums(partials, c, groups, bias_grad, products);
+        const double m = (double)samples * positions;
+        const double scale_grad = products * inv_std;  // Σ dy'·x̂
+        const double k = (double)scale[c] * inv_std;
+        // dx = k·dy' - k·dbias/m - k·inv_std·dscale/m·(x - μ)
+        shared_k = make_float3((float)k, (float)(k * bias_grad / m), (float)(k * inv_std * scale_grad / m));
+        if (at.group == 0) {
+            dscale[c] = (float)scale_grad;
+            dbias[c] = (float)bias_grad;
+        }
+    }
+    __syncthreads();
+    const float3 k = shared_k;
+    for (int j = threadIdx.x; j < at.count; j += BLOCK_SIZE) {
+        const int o = at.offset(j);
+        const float value = x[o];
+        const float grad = relu && !(pre_activation(value, ab) > 0.f) ? 0.f : dy[o];
+        dx[o] = k.x * grad - k.y - k.z * (value - mean);
+    }
+}
