@@ -972,7 +972,7 @@ def test_tf32_within_1e3(host, cuda, rng):
 
 def test_invalid_math_mode(cuda):
     with pytest.raises(UsageError, match="tf32"):
-        cuda.set_math("fp16")
+        cuda.set_math("fp8")
 
 
 # ---- DLPack ------------------------------------------------------------------------------------
