@@ -464,7 +464,11 @@ RESUME_CASES = {
     "wrong shapes": ("narrow.npz", r"narrow\.npz: fc1\.weight: checkpoint has \(500, 700, 1, 1\), network needs "
                                    r"\(500, 784, 1, 1\)"),
 }
-EVALUATE_CASES = {**CHECKPOINT_CASES, "wrong shapes": RESUME_CASES["wrong shapes"]}
+EVALUATE_CASES = {**{name: case for name, case in CHECKPOINT_CASES.items() if name != "a directory"},
+                  "a folder without a checkpoint": (".", r"--weights .*checkpoints\d*: this folder holds no model\.npz; "
+                                                         r"give an output folder that a training wrote into, or a "
+                                                         r"checkpoint file"),
+                  "wrong shapes": RESUME_CASES["wrong shapes"]}
 
 
 @pytest.mark.parametrize("name, pattern", cases(RESUME_CASES))
