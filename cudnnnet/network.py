@@ -188,7 +188,6 @@ class Network:
         self.loss_layer.forward_metrics(output, target.to(self.backend), loss, count, loss_scale)
         self.backend.end_pass()
 
-
     def update(self, learning_rate: float) -> None:
         """Plain SGD, the original's update: W = W - lr·dW for every parameter (cublasSaxpy)."""
         for parameter in self.parameter_list():
