@@ -428,21 +428,26 @@ def test_convolution(host, cuda, rng, geometry, n):
     compare(host, cuda, convolution_body(desc), *convolution_arrays(rng, desc, n))
 
 
-def gemm_engine_plan(backend, plan):
-    """``plan`` with our explicit-GEMM engine in all three directions (the host's plan as it is)."""
+def gemm_engine_plan(backend, plan, samples_per_gemm=1):
+    """``plan`` with our explicit-GEMM engine in all three directions, the weight gradient summing
+    ``samples_per_gemm`` samples inside each GEMM (the host's plan as it is)."""
     if backend.name != "cuda":
         return plan
     from cudnnnet.backends.cuda import gemm_convolution
     from cudnnnet.backends.cuda.convolution import Algorithm
 
-    return dataclasses.replace(plan, **{
-        direction: Algorithm(gemm_convolution.GEMM_ALGORITHM, gemm_convolution.workspace_bytes(direction, plan.gemm_shape))
-        for direction in ("forward", "backward_data", "backward_filter")})
+    def gemm(direction):
+        samples = samples_per_gemm if direction == "backward_filter" else 1
+        nbytes = gemm_convolution.workspace_bytes(direction, plan.gemm_shape, samples)
+        return Algorithm(gemm_convolution.GEMM_ALGORITHM, nbytes, samples_per_gemm=samples)
+
+    return dataclasses.replace(plan, **{direction: gemm(direction)
+                                        for direction in ("forward", "backward_data", "backward_filter")})
 
 
-def gemm_convolution_body(desc):
+def gemm_convolution_body(desc, samples_per_gemm=1):
     def body(b, x, w, y, dy, dx, dw, db):
-        plan = gemm_engine_plan(b, b.convolution_plan(desc, x.shape, y.shape))
+        plan = gemm_engine_plan(b, b.convolution_plan(desc, x.shape, y.shape), samples_per_gemm)
         b.convolution_forward(plan, 1.0, x, w, 0.0, y)  # y = x ⋆ w
         b.convolution_backward_data(plan, 1.0, w, dy, 0.5, dx)  # dx = dy ⋆ᵀ w + dx/2
         b.convolution_backward_filter(plan, 2.0, x, dy, 0.5, dw)  # dw = 2·Σ x ⋆ dy + dw/2
@@ -451,12 +456,15 @@ def gemm_convolution_body(desc):
     return body
 
 
+@pytest.mark.parametrize("samples_per_gemm", [1, 3, 8])
 @pytest.mark.parametrize("n", BATCHES)
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: "k{}s{}p{}d{}".format(*g))
-def test_convolution_gemm_engine(host, cuda, rng, geometry, n, bindings):
-    """Our im2col + cuBLAS engine, forced in every direction, against the host (alpha, beta included)."""
+def test_convolution_gemm_engine(host, cuda, rng, geometry, n, samples_per_gemm, bindings):
+    """Our im2col + cuBLAS engine, forced in every direction, against the host (alpha, beta included);
+    the weight gradient summing 1, 3 or 8 samples inside one GEMM (the last group padded with zeros
+    where the batch is no multiple of it, one group for a batch of at most that many)."""
     desc = ConvolutionDescriptor(4, 3, *geometry)
-    compare(host, cuda, gemm_convolution_body(desc), *convolution_arrays(rng, desc, n))
+    compare(host, cuda, gemm_convolution_body(desc, samples_per_gemm), *convolution_arrays(rng, desc, n))
     gemms = sum(bindings.calls[name] for name in ("cublasSgemmStridedBatched", "cublasSgemm_v2", "cublasLtMatmul"))
     assert gemms >= 3  # the engine ran, its GEMMs on cuBLAS or cuBLASLt (a batch of 1 is a plain GEMM)
 
@@ -489,6 +497,7 @@ def test_convolution_plan_takes_cudnn_or_the_gemm_engine_by_timing(cuda, caplog,
         assert algorithm.algo == convolution.GEMM_ALGORITHM or algorithm.algo in convolution.EXACT_ALGORITHMS[direction]
         assert f"convolution {direction} (96, 1, 28, 28): " in caplog.text
     assert "algorithm -1 " in caplog.text  # the GEMM engine was among the timed candidates
+    assert "algorithm -1x32 " in caplog.text  # and its weight gradient with 32 samples inside one GEMM
 
 
 def test_convolution_heuristic_search(host, cuda, rng):

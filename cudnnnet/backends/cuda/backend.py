@@ -496,7 +496,7 @@ class CudaBackend(Backend):
         algorithm = getattr(plan, direction.name)
         workspace = self.context.workspace(algorithm.workspace_bytes)
         if algorithm.algo == GEMM_ALGORITHM:
-            direction.gemm(self, plan.gemm_shape, alpha, a, b, beta, out, workspace)
+            direction.gemm(self, plan.gemm_shape, alpha, a, b, beta, out, workspace, algorithm)
             return
         a_desc, b_desc, conv, out_desc = direction.operands(plan.x.handle, plan.w.handle, plan.conv.handle,
                                                             plan.y.handle)

@@ -2,7 +2,8 @@
 (descriptor, input shape, math mode) by one search helper, and the workspace they need.
 
 An algorithm is cuDNN's (its cudnnConvolution*Algo_t value) or ``GEMM_ALGORITHM``, our
-explicit-GEMM engine (gemm_convolution.py: im2col + cuBLAS), a candidate in the fast engine only.
+explicit-GEMM engine (gemm_convolution.py: im2col + cuBLAS), a candidate in the fast engine only;
+its weight gradient is a candidate once per number of samples summed inside one GEMM (1, 2, 4, …).
 The search is the engine's (cudnnnet.engine):
 
     "find"        cudnnFindConvolution*Algorithm: cuDNN runs its algorithms and ranks them by time
@@ -49,6 +50,11 @@ class Algorithm:
     algo: int
     workspace_bytes: int
     deterministic: bool = True
+    samples_per_gemm: int = 1  # the GEMM engine's weight gradient: samples summed inside one GEMM
+
+    @property
+    def label(self) -> str:
+        return str(self.algo) if self.samples_per_gemm == 1 else f"{self.algo}x{self.samples_per_gemm}"
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,7 @@ class ConvolutionPlan:
     def __repr__(self) -> str:
         return (
             f"ConvolutionPlan({self.desc}, x={self.x_shape}, y={self.y_shape}, math={self.math}, "
-            f"algorithms=({self.forward.algo}, {self.backward_data.algo}, {self.backward_filter.algo}), "
+            f"algorithms=({self.forward.label}, {self.backward_data.label}, {self.backward_filter.label}), "
             f"workspace={self.workspace_bytes})"
         )
 
@@ -91,7 +97,7 @@ class Direction:
     workspace_size: Callable  # cudnnGet*WorkspaceSize
     operands: Callable
     run: Callable  # cudnnConvolution{Forward,BackwardData,BackwardFilter}(handle, alpha, a, b, conv, algo, ws, beta, out)
-    gemm: Callable  # the explicit-GEMM engine's run(backend, gemm_shape, alpha, a, b, beta, out, workspace)
+    gemm: Callable  # the explicit-GEMM engine's run(backend, gemm_shape, alpha, a, b, beta, out, workspace, algorithm)
 
 
 FORWARD = Direction(
@@ -102,7 +108,8 @@ FORWARD = Direction(
     cudnn.get_convolution_forward_workspace_size,
     lambda x, w, conv, y: (x, w, conv, y),
     cudnn.convolution_forward,
-    gemm_convolution.forward,
+    lambda backend, shape, alpha, x, w, beta, y, workspace, algorithm: gemm_convolution.forward(
+        backend, shape, alpha, x, w, beta, y, workspace),
 )
 BACKWARD_DATA = Direction(
     "backward_data",
@@ -112,7 +119,8 @@ BACKWARD_DATA = Direction(
     cudnn.get_convolution_backward_data_workspace_size,
     lambda x, w, conv, y: (w, y, conv, x),  # (w, dy, conv, dx)
     cudnn.convolution_backward_data,
-    gemm_convolution.backward_data,
+    lambda backend, shape, alpha, w, dy, beta, dx, workspace, algorithm: gemm_convolution.backward_data(
+        backend, shape, alpha, w, dy, beta, dx, workspace),
 )
 BACKWARD_FILTER = Direction(
     "backward_filter",
@@ -122,8 +130,9 @@ BACKWARD_FILTER = Direction(
     cudnn.get_convolution_backward_filter_workspace_size,
     lambda x, w, conv, y: (x, y, conv, w),  # (x, dy, conv, dw)
     cudnn.convolution_backward_filter,
-    lambda backend, shape, alpha, x, dy, beta, dw, workspace: gemm_convolution.backward_filter(
-        backend, shape, alpha, x, dy, beta, dw, workspace, backend.context.ones(shape.batch)),
+    lambda backend, shape, alpha, x, dy, beta, dw, workspace, algorithm: gemm_convolution.backward_filter(
+        backend, shape, alpha, x, dy, beta, dw, workspace, backend.context.ones(shape.batch),
+        algorithm.samples_per_gemm),
 )
 DIRECTIONS = (FORWARD, BACKWARD_DATA, BACKWARD_FILTER)
 DIRECTION_NAMES = tuple(direction.name for direction in DIRECTIONS)
@@ -194,9 +203,8 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
                      direction.name, x_shape)
             found = cudnn_candidates(handle, direction, operands, limit, math_type)
         candidates = [algorithm for algorithm in found if algorithm.deterministic or not deterministic]
-        gemm_bytes = gemm_convolution.workspace_bytes(direction.name, gemm_shape)
-        if gemm_candidate and gemm_bytes <= limit and gemm_convolution.supports(gemm_shape):
-            candidates.append(Algorithm(GEMM_ALGORITHM, gemm_bytes))
+        if gemm_candidate:
+            candidates += _gemm_candidates(direction.name, gemm_shape, limit)
         candidates = candidates or found
         if not candidates:
             raise CudnnError(
@@ -210,6 +218,18 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
         plan = _fastest(plan, choices, measure)
     log.debug("planned %r", plan)
     return plan
+
+
+def _gemm_candidates(direction: str, shape: GemmShape, limit: int) -> list[Algorithm]:
+    """The GEMM engine where it runs within ``limit`` bytes: once, or in backward_filter once per
+    number of samples summed inside one GEMM."""
+    groupings = gemm_convolution.samples_per_gemm_choices(shape) if direction == "backward_filter" else (1,)
+    candidates = []
+    for samples in groupings:
+        nbytes = gemm_convolution.workspace_bytes(direction, shape, samples)
+        if nbytes <= limit and gemm_convolution.supports(shape, samples):
+            candidates.append(Algorithm(GEMM_ALGORITHM, nbytes, samples_per_gemm=samples))
+    return candidates
 
 
 def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, math: str,
@@ -228,7 +248,7 @@ def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     chosen = {}
     for direction in DIRECTIONS:
         algorithm = algorithms[direction.name]
-        nbytes = _workspace_bytes(handle, direction, direction.operands(*handles), gemm_shape, algorithm.algo, math_type)
+        nbytes = _workspace_bytes(handle, direction, direction.operands(*handles), gemm_shape, algorithm, math_type)
         if nbytes is None or nbytes > limit:
             log.debug("convolution %s algorithm %d cannot run at %s within %d bytes (workspace %s)",
                       direction.name, algorithm.algo, x_shape, limit, nbytes)
@@ -250,12 +270,15 @@ def _descriptors(descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_sh
     return x, descriptors.filter(desc.filter_shape, data_type), descriptors.convolution(desc, math_type), y
 
 
-def _workspace_bytes(handle: int, direction: Direction, operands: tuple, gemm_shape: GemmShape, algo: int,
-                     math_type: int) -> int | None:
-    """The workspace ``algo`` needs in ``direction``, or None where it cannot run these shapes."""
+def _workspace_bytes(handle: int, direction: Direction, operands: tuple, gemm_shape: GemmShape,
+                     algorithm: Algorithm, math_type: int) -> int | None:
+    """The workspace ``algorithm`` needs in ``direction``, or None where it cannot run these shapes."""
+    algo, samples = algorithm.algo, algorithm.samples_per_gemm
     if algo == GEMM_ALGORITHM:
-        return gemm_convolution.workspace_bytes(direction.name, gemm_shape) if gemm_convolution.supports(gemm_shape) else None
-    if _ineligible(math_type, direction.name, algo):
+        if (samples != 1 and direction.name != "backward_filter") or not gemm_convolution.supports(gemm_shape, samples):
+            return None
+        return gemm_convolution.workspace_bytes(direction.name, gemm_shape, samples)
+    if samples != 1 or _ineligible(math_type, direction.name, algo):
         return None
     try:
         return direction.workspace_size(handle, *operands, algo)
@@ -270,6 +293,6 @@ def _fastest(plan: ConvolutionPlan, choices: dict, measure) -> ConvolutionPlan:
             times = [measure(replace(plan, **{name: candidate}), name) for candidate in candidates]
             best = min(range(len(candidates)), key=times.__getitem__)
             log.debug("convolution %s %s: %s ms", name, plan.x_shape,
-                      ", ".join(f"algorithm {c.algo} {t:.4f}" for c, t in zip(candidates, times)))
+                      ", ".join(f"algorithm {c.label} {t:.4f}" for c, t in zip(candidates, times)))
             plan = replace(plan, **{name: candidates[best]})
     return plan

@@ -49,7 +49,7 @@ KERNELS = {
                                                                       c_void_p, c_longlong, c_int, c_float, c_float)),
     "sgd_update_many": ("sgd_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_float, c_float,
                                                c_void_p)),
-    "im2col": ("convolution.cu", (c_void_p, c_void_p) + (c_int,) * 10),
+    "im2col": ("convolution.cu", (c_void_p, c_void_p) + (c_int,) * 11),
     "col2im": ("convolution.cu", (c_void_p, c_void_p, c_float, c_float) + (c_int,) * 10),
     "bias_activation_forward": ("bias_activation.cu", (c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_float,
                                                        c_void_p)),
