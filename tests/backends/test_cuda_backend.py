@@ -469,6 +469,35 @@ def test_convolution_gemm_engine(host, cuda, rng, geometry, n, samples_per_gemm,
     assert gemms >= 3  # the engine ran, its GEMMs on cuBLAS or cuBLASLt (a batch of 1 is a plain GEMM)
 
 
+def by_forward_body(desc, choice):
+    """Backward data as a forward convolution of the flipped filter, with the ``choice``-th exact forward
+    algorithm cuDNN offers for it (the host's plan as it is)."""
+    def body(b, x, w, y, dy, dx, dw, db):
+        plan = b.convolution_plan(desc, x.shape, y.shape)
+        if b.name == "cuda":
+            from cudnnnet.backends.cuda import convolution
+
+            flipped = convolution.flipped_filter(b._descriptors, desc, b.math, convolution.cudnn.FMA_MATH)
+            found = convolution.by_forward_candidates(b._cudnn, plan.x, plan.y, flipped, b.workspace_limit,
+                                                      convolution.cudnn.FMA_MATH)
+            plan = dataclasses.replace(plan, backward_data=found[choice % len(found)], flipped=flipped)
+        b.convolution_backward_data(plan, 1.0, w, dy, 0.5, dx)  # dx = dy ⋆ᵀ w + dx/2
+        return [dx]
+
+    return body
+
+
+@pytest.mark.parametrize("choice", [0, 1, 2])
+@pytest.mark.parametrize("n", [1, 7, 256])
+@pytest.mark.parametrize("geometry", [g for g in GEOMETRIES if g[1] == 1], ids=lambda g: "k{}s{}p{}d{}".format(*g))
+def test_convolution_backward_data_as_flipped_forward(host, cuda, rng, geometry, n, choice, bindings):
+    """Stride-1 backward data by cudnnConvolutionForward over dy and the flipped, transposed filter,
+    against the host, with each exact forward algorithm cuDNN offers."""
+    desc = ConvolutionDescriptor(4, 3, *geometry)
+    compare(host, cuda, by_forward_body(desc, choice), *convolution_arrays(rng, desc, n))
+    assert bindings.calls["cudnnConvolutionForward"] >= 1 and bindings.calls["cudnnConvolutionBackwardData"] == 0
+
+
 @pytest.mark.parametrize("shape", [(256, 1, 28, 28, 20), (256, 20, 12, 12, 50), (1000, 20, 12, 12, 50)],
                          ids=lambda s: "n{}c{}h{}k{}".format(s[0], s[1], s[2], s[4]))
 def test_convolution_gemm_engine_at_the_cnn_shapes(host, cuda, rng, shape):
@@ -494,10 +523,12 @@ def test_convolution_plan_takes_cudnn_or_the_gemm_engine_by_timing(cuda, caplog,
     for direction in ("forward", "backward_data", "backward_filter"):
         algorithm = getattr(plan, direction)
         assert algorithm.deterministic
-        assert algorithm.algo == convolution.GEMM_ALGORITHM or algorithm.algo in convolution.EXACT_ALGORITHMS[direction]
+        listed_as = "forward" if algorithm.by_forward else direction  # backward data as a forward convolution
+        assert algorithm.algo == convolution.GEMM_ALGORITHM or algorithm.algo in convolution.EXACT_ALGORITHMS[listed_as]
         assert f"convolution {direction} (96, 1, 28, 28): " in caplog.text
     assert "algorithm -1 " in caplog.text  # the GEMM engine was among the timed candidates
     assert "algorithm -1x32 " in caplog.text  # and its weight gradient with 32 samples inside one GEMM
+    assert "algorithm forward-" in caplog.text  # and backward data as a forward convolution of the flipped filter
 
 
 def test_convolution_heuristic_search(host, cuda, rng):
@@ -540,7 +571,8 @@ def test_convolution_plans_per_batch_size_and_workspace_only_grows(cuda, binding
     assert sizes == sorted(sizes)
     assert plans[4] is not plans[8] and plans[8] is not plans[64]
     assert plans[8].forward.algo == plans[64].forward.algo  # batch 8 runs the algorithms of batch 64
-    assert bindings.calls["cudnnGetConvolutionForwardAlgorithm_v7"] == 2  # 4 and 64 searched, 8 from 64's plan
+    # 4 and 64 searched (forward, and backward data as a forward convolution of the flipped filter), 8 from 64's plan
+    assert bindings.calls["cudnnGetConvolutionForwardAlgorithm_v7"] == 4
     assert bindings.calls["cudnnFindConvolutionForwardAlgorithm"] == 0  # candidates are timed by us, not cudnnFind
 
 

@@ -50,6 +50,7 @@ KERNELS = {
     "sgd_update_many": ("sgd_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_float, c_float,
                                                c_void_p)),
     "im2col": ("convolution.cu", (c_void_p, c_void_p) + (c_int,) * 11),
+    "flip_filter": ("convolution.cu", (c_void_p, c_void_p, c_int, c_int, c_int)),
     "col2im": ("convolution.cu", (c_void_p, c_void_p, c_float, c_float) + (c_int,) * 10),
     "bias_activation_forward": ("bias_activation.cu", (c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_float,
                                                        c_void_p)),

@@ -44,6 +44,18 @@ extern "C" __global__ void im2col(float* col, const float* x, int batch, int cha
     }
 }
 
+// W′[c, k, t] = W[k, c, taps − 1 − t]: the filter that makes a stride-1 backward data a forward
+// convolution (convolution.py, ``by_forward``).
+//   flipped (channels, out_channels, taps), w (out_channels, channels, taps), taps = R·S
+extern "C" __global__ void flip_filter(float* flipped, const float* w, int out_channels, int channels, int taps) {
+    const int total = out_channels * channels * taps;
+    for (int i = first_index(); i < total; i += grid_stride()) {
+        const int t = i % taps;
+        const int c = (i / taps) % channels, k = i / (taps * channels);
+        flipped[(c * out_channels + k) * taps + taps - 1 - t] = w[i];
+    }
+}
+
 // The output row (or column) whose window starts at ``offset`` = o·stride, or -1 if none does.
 // Stride 1 (the common case) needs no division.
 __device__ int output_index(int offset, int stride, int count) {
