@@ -22,8 +22,9 @@ and the CUDA backend read its fields, never attributes of their own.
 and our kernels only where the slides had one or no library call exists (``SLIDES_KERNELS``).
 
 ``fast`` is the same arithmetic with our fusions and kernels: bias + activation in one kernel,
-softmax + loss + gradient in one, timed cuBLASLt GEMM plans, our explicit-GEMM convolution timed
-against cuDNN's algorithms (deterministic ones only, so a seed gives the same weights), ReLU /
+softmax + loss + gradient in one, timed cuBLASLt GEMM plans, our explicit-GEMM convolution and a
+stride-1 backward data as a forward convolution of the flipped filter timed against cuDNN's
+algorithms (deterministic ones only, so a seed gives the same weights), ReLU /
 max-pooling / bias-gradient kernels, one-launch SGD, batch normalisation in training by our kernels
 with a following ReLU applied in them.
 """
@@ -76,7 +77,8 @@ class Engine:
     gemm_plans: bool  # CudaBackend.sgemm: timed cuBLASLt / cublasSgemm plans (matmul.py); else cublasSgemm
     convolution_search: str  # "find": cudnnFind*; "exhaustive": our timer over cuDNN and the GEMM engine;
     #                          "heuristic": cudnnGet*_v7's first choice
-    gemm_convolution: bool  # our explicit-GEMM convolution (gemm_convolution.py) is a candidate
+    gemm_convolution: bool  # our explicit-GEMM convolution (gemm_convolution.py) and backward data as a
+    #                         forward convolution of the flipped filter (convolution.py) are candidates
     deterministic_convolution: bool  # only deterministic algorithms where any is eligible; else cuDNN's fastest
     relu_kernel: bool  # ReLU backward by kernels/activation.cu; else cudnnActivationBackward
     max_pooling_kernel: bool  # non-overlapping max-pooling backward by kernels/pooling.cu; else cudnnPoolingBackward

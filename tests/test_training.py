@@ -375,9 +375,11 @@ def test_one_cnn_training_step_on_cuda_leaves_the_host_weights(cuda, host, mnist
     for layer in (layer for layer in run.network.layers if isinstance(layer, Conv2D)):
         for direction, call in (("forward", "cudnnConvolutionForward"), ("backward_filter", "cudnnConvolutionBackwardFilter"),
                                 ("backward_data", "cudnnConvolutionBackwardData")):
-            gemm = getattr(layer.plan, direction).algo == GEMM_ALGORITHM  # the plan's choice: cuDNN or our GEMM engine
-            calls = (bindings.calls["cublasSgemmStridedBatched"] + bindings.calls["cublasLtMatmul"] if gemm
-                     else bindings.calls[call])
+            algorithm = getattr(layer.plan, direction)  # the plan's choice: cuDNN or our GEMM engine
+            if algorithm.by_forward:  # backward data as a forward convolution of the flipped filter
+                call = "cudnnConvolutionForward"
+            calls = (bindings.calls["cublasSgemmStridedBatched"] + bindings.calls["cublasLtMatmul"]
+                     if algorithm.algo == GEMM_ALGORITHM else bindings.calls[call])
             assert calls > 0, f"{layer.name} {direction}"
     for name, value in weights["host"].items():
         error = np.linalg.norm(weights["cuda"][name] - value) / np.linalg.norm(value)

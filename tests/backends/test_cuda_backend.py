@@ -428,21 +428,26 @@ def test_convolution(host, cuda, rng, geometry, n):
     compare(host, cuda, convolution_body(desc), *convolution_arrays(rng, desc, n))
 
 
-def gemm_engine_plan(backend, plan):
-    """``plan`` with our explicit-GEMM engine in all three directions (the host's plan as it is)."""
+def gemm_engine_plan(backend, plan, samples_per_gemm=1):
+    """``plan`` with our explicit-GEMM engine in all three directions, the weight gradient summing
+    ``samples_per_gemm`` samples inside each GEMM (the host's plan as it is)."""
     if backend.name != "cuda":
         return plan
     from cudnnnet.backends.cuda import gemm_convolution
     from cudnnnet.backends.cuda.convolution import Algorithm
 
-    return dataclasses.replace(plan, **{
-        direction: Algorithm(gemm_convolution.GEMM_ALGORITHM, gemm_convolution.workspace_bytes(direction, plan.gemm_shape))
-        for direction in ("forward", "backward_data", "backward_filter")})
+    def gemm(direction):
+        samples = samples_per_gemm if direction == "backward_filter" else 1
+        nbytes = gemm_convolution.workspace_bytes(direction, plan.gemm_shape, samples)
+        return Algorithm(gemm_convolution.GEMM_ALGORITHM, nbytes, samples_per_gemm=samples)
+
+    return dataclasses.replace(plan, **{direction: gemm(direction)
+                                        for direction in ("forward", "backward_data", "backward_filter")})
 
 
-def gemm_convolution_body(desc):
+def gemm_convolution_body(desc, samples_per_gemm=1):
     def body(b, x, w, y, dy, dx, dw, db):
-        plan = gemm_engine_plan(b, b.convolution_plan(desc, x.shape, y.shape))
+        plan = gemm_engine_plan(b, b.convolution_plan(desc, x.shape, y.shape), samples_per_gemm)
         b.convolution_forward(plan, 1.0, x, w, 0.0, y)  # y = x ⋆ w
         b.convolution_backward_data(plan, 1.0, w, dy, 0.5, dx)  # dx = dy ⋆ᵀ w + dx/2
         b.convolution_backward_filter(plan, 2.0, x, dy, 0.5, dw)  # dw = 2·Σ x ⋆ dy + dw/2
@@ -451,14 +456,46 @@ def gemm_convolution_body(desc):
     return body
 
 
+@pytest.mark.parametrize("samples_per_gemm", [1, 3, 8])
 @pytest.mark.parametrize("n", BATCHES)
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: "k{}s{}p{}d{}".format(*g))
-def test_convolution_gemm_engine(host, cuda, rng, geometry, n, bindings):
-    """Our im2col + cuBLAS engine, forced in every direction, against the host (alpha, beta included)."""
+def test_convolution_gemm_engine(host, cuda, rng, geometry, n, samples_per_gemm, bindings):
+    """Our im2col + cuBLAS engine, forced in every direction, against the host (alpha, beta included);
+    the weight gradient summing 1, 3 or 8 samples inside one GEMM (the last group padded with zeros
+    where the batch is no multiple of it, one group for a batch of at most that many)."""
     desc = ConvolutionDescriptor(4, 3, *geometry)
-    compare(host, cuda, gemm_convolution_body(desc), *convolution_arrays(rng, desc, n))
+    compare(host, cuda, gemm_convolution_body(desc, samples_per_gemm), *convolution_arrays(rng, desc, n))
     gemms = sum(bindings.calls[name] for name in ("cublasSgemmStridedBatched", "cublasSgemm_v2", "cublasLtMatmul"))
     assert gemms >= 3  # the engine ran, its GEMMs on cuBLAS or cuBLASLt (a batch of 1 is a plain GEMM)
+
+
+def by_forward_body(desc, choice):
+    """Backward data as a forward convolution of the flipped filter, with the ``choice``-th exact forward
+    algorithm cuDNN offers for it (the host's plan as it is)."""
+    def body(b, x, w, y, dy, dx, dw, db):
+        plan = b.convolution_plan(desc, x.shape, y.shape)
+        if b.name == "cuda":
+            from cudnnnet.backends.cuda import convolution
+
+            flipped = convolution.flipped_filter(b._descriptors, desc, b.math, convolution.cudnn.FMA_MATH)
+            found = convolution.by_forward_candidates(b._cudnn, plan.x, plan.y, flipped, b.workspace_limit,
+                                                      convolution.cudnn.FMA_MATH)
+            plan = dataclasses.replace(plan, backward_data=found[choice % len(found)], flipped=flipped)
+        b.convolution_backward_data(plan, 1.0, w, dy, 0.5, dx)  # dx = dy ⋆ᵀ w + dx/2
+        return [dx]
+
+    return body
+
+
+@pytest.mark.parametrize("choice", [0, 1, 2])
+@pytest.mark.parametrize("n", [1, 7, 256])
+@pytest.mark.parametrize("geometry", [g for g in GEOMETRIES if g[1] == 1], ids=lambda g: "k{}s{}p{}d{}".format(*g))
+def test_convolution_backward_data_as_flipped_forward(host, cuda, rng, geometry, n, choice, bindings):
+    """Stride-1 backward data by cudnnConvolutionForward over dy and the flipped, transposed filter,
+    against the host, with each exact forward algorithm cuDNN offers."""
+    desc = ConvolutionDescriptor(4, 3, *geometry)
+    compare(host, cuda, by_forward_body(desc, choice), *convolution_arrays(rng, desc, n))
+    assert bindings.calls["cudnnConvolutionForward"] >= 1 and bindings.calls["cudnnConvolutionBackwardData"] == 0
 
 
 @pytest.mark.parametrize("shape", [(256, 1, 28, 28, 20), (256, 20, 12, 12, 50), (1000, 20, 12, 12, 50)],
@@ -486,9 +523,12 @@ def test_convolution_plan_takes_cudnn_or_the_gemm_engine_by_timing(cuda, caplog,
     for direction in ("forward", "backward_data", "backward_filter"):
         algorithm = getattr(plan, direction)
         assert algorithm.deterministic
-        assert algorithm.algo == convolution.GEMM_ALGORITHM or algorithm.algo in convolution.EXACT_ALGORITHMS[direction]
+        listed_as = "forward" if algorithm.by_forward else direction  # backward data as a forward convolution
+        assert algorithm.algo == convolution.GEMM_ALGORITHM or algorithm.algo in convolution.EXACT_ALGORITHMS[listed_as]
         assert f"convolution {direction} (96, 1, 28, 28): " in caplog.text
     assert "algorithm -1 " in caplog.text  # the GEMM engine was among the timed candidates
+    assert "algorithm -1x32 " in caplog.text  # and its weight gradient with 32 samples inside one GEMM
+    assert "algorithm forward-" in caplog.text  # and backward data as a forward convolution of the flipped filter
 
 
 def test_convolution_heuristic_search(host, cuda, rng):
@@ -531,7 +571,8 @@ def test_convolution_plans_per_batch_size_and_workspace_only_grows(cuda, binding
     assert sizes == sorted(sizes)
     assert plans[4] is not plans[8] and plans[8] is not plans[64]
     assert plans[8].forward.algo == plans[64].forward.algo  # batch 8 runs the algorithms of batch 64
-    assert bindings.calls["cudnnGetConvolutionForwardAlgorithm_v7"] == 2  # 4 and 64 searched, 8 from 64's plan
+    # 4 and 64 searched (forward, and backward data as a forward convolution of the flipped filter), 8 from 64's plan
+    assert bindings.calls["cudnnGetConvolutionForwardAlgorithm_v7"] == 4
     assert bindings.calls["cudnnFindConvolutionForwardAlgorithm"] == 0  # candidates are timed by us, not cudnnFind
 
 

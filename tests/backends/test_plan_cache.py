@@ -55,7 +55,8 @@ def test_a_plan_round_trips_through_one_file_named_by_its_key(cache_dir):
     entry = json.loads(path.read_text())
     assert entry["key"]["device_name"] == KEY.device_name and entry["key"]["x_shape"] == list(X_SHAPE)
     assert entry["algorithms"]["backward_data"] == {"algo": GEMM_ALGORITHM, "workspace_bytes": 1 << 20,
-                                                    "deterministic": True}
+                                                    "deterministic": True, "samples_per_gemm": 1,
+                                                    "by_forward": False}
 
 
 KEY_CHANGES = {

@@ -51,7 +51,7 @@ from .context import CudaContext
 from .handles import Event
 from . import plan_cache
 from .convolution import BACKWARD_DATA, BACKWARD_FILTER, DIRECTION_NAMES, FORWARD, ConvolutionPlan, Direction, \
-    make_plan, plan_with
+    backward_data_by_forward, make_plan, plan_with
 from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
 from .kernel import BLOCK_SIZE, blocks_for
 from .low_precision import HALF_FORMATS, Bf16Copies, Bf16Scratch
@@ -496,7 +496,10 @@ class CudaBackend(Backend):
         algorithm = getattr(plan, direction.name)
         workspace = self.context.workspace(algorithm.workspace_bytes)
         if algorithm.algo == GEMM_ALGORITHM:
-            direction.gemm(self, plan.gemm_shape, alpha, a, b, beta, out, workspace)
+            direction.gemm(self, plan.gemm_shape, alpha, a, b, beta, out, workspace, algorithm)
+            return
+        if algorithm.by_forward:  # backward data as a forward convolution with the flipped filter
+            backward_data_by_forward(self, plan, algorithm, alpha, a, b, beta, out, workspace)
             return
         a_desc, b_desc, conv, out_desc = direction.operands(plan.x.handle, plan.w.handle, plan.conv.handle,
                                                             plan.y.handle)

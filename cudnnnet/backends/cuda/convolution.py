@@ -2,7 +2,12 @@
 (descriptor, input shape, math mode) by one search helper, and the workspace they need.
 
 An algorithm is cuDNN's (its cudnnConvolution*Algo_t value) or ``GEMM_ALGORITHM``, our
-explicit-GEMM engine (gemm_convolution.py: im2col + cuBLAS), a candidate in the fast engine only.
+explicit-GEMM engine (gemm_convolution.py: im2col + cuBLAS), a candidate in the fast engine only;
+its weight gradient is a candidate once per number of samples summed inside one GEMM (1, 2, 4, …).
+In the fast engine a stride-1 backward data is also a candidate as a forward convolution
+(``by_forward``): dx = dy ⋆ W′ with the flipped, transposed filter W′[c, k, r, s] = W[k, c, R−1−r, S−1−s]
+and padding d·(R−1) − p, run by an exact cuDNN forward algorithm (the same products, summed in
+another order).
 The search is the engine's (cudnnnet.engine):
 
     "find"        cudnnFindConvolution*Algorithm: cuDNN runs its algorithms and ranks them by time
@@ -36,8 +41,10 @@ from ...errors import CudnnError
 from ..base import ConvolutionDescriptor
 from . import gemm_convolution
 from .bindings import cudnn
+from .buffer import FLOAT32_BYTES
 from .descriptors import ConvolutionDescriptorHandle, DescriptorCache, FilterDescriptor, TensorDescriptor
 from .gemm_convolution import GEMM_ALGORITHM, GemmShape
+from .kernel import blocks_for
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,31 @@ class Algorithm:
     algo: int
     workspace_bytes: int
     deterministic: bool = True
+    samples_per_gemm: int = 1  # the GEMM engine's weight gradient: samples summed inside one GEMM
+    by_forward: bool = False  # backward data as cudnnConvolutionForward (``algo`` a forward one) with W′
+
+    @property
+    def label(self) -> str:
+        if self.by_forward:
+            return f"forward-{self.algo}"
+        return str(self.algo) if self.samples_per_gemm == 1 else f"{self.algo}x{self.samples_per_gemm}"
+
+
+@dataclass(frozen=True)
+class FlippedFilter:
+    """Backward data as a forward convolution: the (C, K, R, S) filter W′ and padding d·(R−1) − p."""
+
+    desc: ConvolutionDescriptor  # C output channels from K input channels
+    w: FilterDescriptor  # (C, K, R, S)
+    conv: ConvolutionDescriptorHandle
+
+    @property
+    def filter_bytes(self) -> int:  # W′ at the start of the workspace, the forward algorithm's after it
+        return -(-FLOAT32_BYTES * self.desc.out_channels * self.desc.in_channels * self.desc.kernel_size ** 2
+                 // WORKSPACE_ALIGNMENT) * WORKSPACE_ALIGNMENT
+
+
+WORKSPACE_ALIGNMENT = 256  # bytes: where the forward algorithm's workspace starts after W′
 
 
 @dataclass(frozen=True)
@@ -67,6 +99,7 @@ class ConvolutionPlan:
     forward: Algorithm
     backward_data: Algorithm
     backward_filter: Algorithm
+    flipped: FlippedFilter | None = None  # where backward data can run as a forward convolution (stride 1)
 
     @property
     def workspace_bytes(self) -> int:
@@ -75,7 +108,7 @@ class ConvolutionPlan:
     def __repr__(self) -> str:
         return (
             f"ConvolutionPlan({self.desc}, x={self.x_shape}, y={self.y_shape}, math={self.math}, "
-            f"algorithms=({self.forward.algo}, {self.backward_data.algo}, {self.backward_filter.algo}), "
+            f"algorithms=({self.forward.label}, {self.backward_data.label}, {self.backward_filter.label}), "
             f"workspace={self.workspace_bytes})"
         )
 
@@ -91,7 +124,7 @@ class Direction:
     workspace_size: Callable  # cudnnGet*WorkspaceSize
     operands: Callable
     run: Callable  # cudnnConvolution{Forward,BackwardData,BackwardFilter}(handle, alpha, a, b, conv, algo, ws, beta, out)
-    gemm: Callable  # the explicit-GEMM engine's run(backend, gemm_shape, alpha, a, b, beta, out, workspace)
+    gemm: Callable  # the explicit-GEMM engine's run(backend, gemm_shape, alpha, a, b, beta, out, workspace, algorithm)
 
 
 FORWARD = Direction(
@@ -102,7 +135,8 @@ FORWARD = Direction(
     cudnn.get_convolution_forward_workspace_size,
     lambda x, w, conv, y: (x, w, conv, y),
     cudnn.convolution_forward,
-    gemm_convolution.forward,
+    lambda backend, shape, alpha, x, w, beta, y, workspace, algorithm: gemm_convolution.forward(
+        backend, shape, alpha, x, w, beta, y, workspace),
 )
 BACKWARD_DATA = Direction(
     "backward_data",
@@ -112,7 +146,8 @@ BACKWARD_DATA = Direction(
     cudnn.get_convolution_backward_data_workspace_size,
     lambda x, w, conv, y: (w, y, conv, x),  # (w, dy, conv, dx)
     cudnn.convolution_backward_data,
-    gemm_convolution.backward_data,
+    lambda backend, shape, alpha, w, dy, beta, dx, workspace, algorithm: gemm_convolution.backward_data(
+        backend, shape, alpha, w, dy, beta, dx, workspace),
 )
 BACKWARD_FILTER = Direction(
     "backward_filter",
@@ -122,8 +157,9 @@ BACKWARD_FILTER = Direction(
     cudnn.get_convolution_backward_filter_workspace_size,
     lambda x, w, conv, y: (x, y, conv, w),  # (x, dy, conv, dw)
     cudnn.convolution_backward_filter,
-    lambda backend, shape, alpha, x, dy, beta, dw, workspace: gemm_convolution.backward_filter(
-        backend, shape, alpha, x, dy, beta, dw, workspace, backend.context.ones(shape.batch)),
+    lambda backend, shape, alpha, x, dy, beta, dw, workspace, algorithm: gemm_convolution.backward_filter(
+        backend, shape, alpha, x, dy, beta, dw, workspace, backend.context.ones(shape.batch),
+        algorithm.samples_per_gemm),
 )
 DIRECTIONS = (FORWARD, BACKWARD_DATA, BACKWARD_FILTER)
 DIRECTION_NAMES = tuple(direction.name for direction in DIRECTIONS)
@@ -179,10 +215,11 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     The candidates are cuDNN's algorithms (``cudnn_candidates``, ranked by cudnnFind* for
     ``search="find"``) — with ``deterministic``, its deterministic ones, the others only if none of
     those nor the GEMM engine fits — and, with ``gemm_candidate``, our explicit-GEMM engine where its
-    workspace fits. With ``search="exhaustive"``, ``measure(plan, direction)`` (milliseconds of one
+    workspace fits and, at stride 1, backward data as cuDNN's forward algorithms over the flipped filter. With ``search="exhaustive"``, ``measure(plan, direction)`` (milliseconds of one
     run, timed by the backend) picks the fastest of them; otherwise cuDNN's first choice wins.
     """
     x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math, math_type)
+    flipped = flipped_filter(descriptors, desc, math, math_type) if gemm_candidate else None
     handles = (x.handle, w.handle, conv.handle, y.handle)
     gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
     choices = {}
@@ -194,9 +231,11 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
                      direction.name, x_shape)
             found = cudnn_candidates(handle, direction, operands, limit, math_type)
         candidates = [algorithm for algorithm in found if algorithm.deterministic or not deterministic]
-        gemm_bytes = gemm_convolution.workspace_bytes(direction.name, gemm_shape)
-        if gemm_candidate and gemm_bytes <= limit and gemm_convolution.supports(gemm_shape):
-            candidates.append(Algorithm(GEMM_ALGORITHM, gemm_bytes))
+        if gemm_candidate:
+            candidates += _gemm_candidates(direction.name, gemm_shape, limit)
+        if gemm_candidate and direction is BACKWARD_DATA and flipped is not None:
+            candidates += [algorithm for algorithm in by_forward_candidates(handle, x, y, flipped, limit, math_type)
+                           if algorithm.deterministic or not deterministic]
         candidates = candidates or found
         if not candidates:
             raise CudnnError(
@@ -205,11 +244,46 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
             )
         choices[direction.name] = candidates
     plan = ConvolutionPlan(desc, x_shape, y_shape, math, x, w, conv, y, gemm_shape,
-                           **{name: candidates[0] for name, candidates in choices.items()})
+                           **{name: candidates[0] for name, candidates in choices.items()}, flipped=flipped)
     if search == "exhaustive" and measure is not None:
         plan = _fastest(plan, choices, measure)
     log.debug("planned %r", plan)
     return plan
+
+
+def _gemm_candidates(direction: str, shape: GemmShape, limit: int) -> list[Algorithm]:
+    """The GEMM engine where it runs within ``limit`` bytes: once, or in backward_filter once per
+    number of samples summed inside one GEMM."""
+    groupings = gemm_convolution.samples_per_gemm_choices(shape) if direction == "backward_filter" else (1,)
+    candidates = []
+    for samples in groupings:
+        nbytes = gemm_convolution.workspace_bytes(direction, shape, samples)
+        if nbytes <= limit and gemm_convolution.supports(shape, samples):
+            candidates.append(Algorithm(GEMM_ALGORITHM, nbytes, samples_per_gemm=samples))
+    return candidates
+
+
+def by_forward_candidates(handle: int, x: TensorDescriptor, y: TensorDescriptor, flipped: FlippedFilter, limit: int,
+                          math_type: int) -> list[Algorithm]:
+    """Backward data as cuDNN's exact forward algorithms over (dy, W′) -> dx, W′ within ``limit`` too."""
+    operands = (y.handle, flipped.w.handle, flipped.conv.handle, x.handle)
+    found = cudnn_candidates(handle, FORWARD, operands, limit - flipped.filter_bytes, math_type)
+    return [replace(algorithm, workspace_bytes=algorithm.workspace_bytes + flipped.filter_bytes, by_forward=True)
+            for algorithm in found]
+
+
+def backward_data_by_forward(backend, plan: ConvolutionPlan, algorithm: Algorithm, alpha, w, dy, beta, dx,
+                             workspace: int) -> None:
+    """dx = alpha·(dy ⋆ W′) + beta·dx by cudnnConvolutionForward, W′ flipped from w into the workspace."""
+    flipped = plan.flipped
+    k, c, r, s = plan.desc.filter_shape
+    # W′[c, k, r, s] = W[k, c, R−1−r, S−1−s]      (C, K, R, S)
+    backend.context.kernel("flip_filter").launch(blocks_for(k * c * r * s), backend._stream, workspace, w.data.ptr,
+                                                 k, c, r * s)
+    cudnn.convolution_forward(backend._cudnn, backend._scalar(alpha), plan.y.handle, dy.data.ptr, flipped.w.handle,
+                              workspace, flipped.conv.handle, algorithm.algo, workspace + flipped.filter_bytes,
+                              algorithm.workspace_bytes - flipped.filter_bytes, backend._scalar(beta), plan.x.handle,
+                              dx.data.ptr)
 
 
 def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, math: str,
@@ -223,18 +297,23 @@ def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     ``make_plan`` does.
     """
     x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math, math_type)
+    by_forward = any(algorithm.by_forward for algorithm in algorithms.values())
+    flipped = flipped_filter(descriptors, desc, math, math_type) if by_forward else None
     handles = (x.handle, w.handle, conv.handle, y.handle)
     gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
     chosen = {}
     for direction in DIRECTIONS:
         algorithm = algorithms[direction.name]
-        nbytes = _workspace_bytes(handle, direction, direction.operands(*handles), gemm_shape, algorithm.algo, math_type)
+        if algorithm.by_forward:
+            nbytes = _by_forward_bytes(handle, direction, x, y, flipped, algorithm, math_type)
+        else:
+            nbytes = _workspace_bytes(handle, direction, direction.operands(*handles), gemm_shape, algorithm, math_type)
         if nbytes is None or nbytes > limit:
             log.debug("convolution %s algorithm %d cannot run at %s within %d bytes (workspace %s)",
                       direction.name, algorithm.algo, x_shape, limit, nbytes)
             return None
         chosen[direction.name] = replace(algorithm, workspace_bytes=nbytes)
-    return ConvolutionPlan(desc, x_shape, y_shape, math, x, w, conv, y, gemm_shape, **chosen)
+    return ConvolutionPlan(desc, x_shape, y_shape, math, x, w, conv, y, gemm_shape, **chosen, flipped=flipped)
 
 
 # math mode -> cudnnDataType_t of x, w and y (float32 otherwise); "fp16" is cuDNN's PSEUDO_HALF_CONFIG
@@ -250,12 +329,42 @@ def _descriptors(descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_sh
     return x, descriptors.filter(desc.filter_shape, data_type), descriptors.convolution(desc, math_type), y
 
 
-def _workspace_bytes(handle: int, direction: Direction, operands: tuple, gemm_shape: GemmShape, algo: int,
-                     math_type: int) -> int | None:
-    """The workspace ``algo`` needs in ``direction``, or None where it cannot run these shapes."""
+def flipped_filter(descriptors: DescriptorCache, desc: ConvolutionDescriptor, math: str,
+                    math_type: int) -> FlippedFilter | None:
+    """W′'s descriptors where backward data is a forward convolution: FP32 (our W′ is float32), stride 1,
+    padding p <= d·(R−1)."""
+    padding = desc.dilation * (desc.kernel_size - 1) - desc.padding
+    if math in DATA_TYPES or desc.stride != 1 or padding < 0:
+        return None
+    flipped = ConvolutionDescriptor(desc.in_channels, desc.out_channels, desc.kernel_size, 1, padding, desc.dilation)
+    return FlippedFilter(flipped, descriptors.filter(flipped.filter_shape),
+                         descriptors.convolution(flipped, math_type))
+
+
+def _by_forward_bytes(handle: int, direction: Direction, x: TensorDescriptor, y: TensorDescriptor,
+                      flipped: FlippedFilter | None, algorithm: Algorithm, math_type: int) -> int | None:
+    """The workspace of backward data as forward ``algorithm.algo`` (W′ included), or None where it cannot run."""
+    if direction is not BACKWARD_DATA or flipped is None or algorithm.samples_per_gemm != 1:
+        return None
+    if _ineligible(math_type, FORWARD.name, algorithm.algo):
+        return None
+    try:
+        nbytes = FORWARD.workspace_size(handle, y.handle, flipped.w.handle, flipped.conv.handle, x.handle,
+                                        algorithm.algo)
+    except CudnnError:
+        return None
+    return nbytes + flipped.filter_bytes
+
+
+def _workspace_bytes(handle: int, direction: Direction, operands: tuple, gemm_shape: GemmShape,
+                     algorithm: Algorithm, math_type: int) -> int | None:
+    """The workspace ``algorithm`` needs in ``direction``, or None where it cannot run these shapes."""
+    algo, samples = algorithm.algo, algorithm.samples_per_gemm
     if algo == GEMM_ALGORITHM:
-        return gemm_convolution.workspace_bytes(direction.name, gemm_shape) if gemm_convolution.supports(gemm_shape) else None
-    if _ineligible(math_type, direction.name, algo):
+        if (samples != 1 and direction.name != "backward_filter") or not gemm_convolution.supports(gemm_shape, samples):
+            return None
+        return gemm_convolution.workspace_bytes(direction.name, gemm_shape, samples)
+    if samples != 1 or _ineligible(math_type, direction.name, algo):
         return None
     try:
         return direction.workspace_size(handle, *operands, algo)
@@ -270,6 +379,6 @@ def _fastest(plan: ConvolutionPlan, choices: dict, measure) -> ConvolutionPlan:
             times = [measure(replace(plan, **{name: candidate}), name) for candidate in candidates]
             best = min(range(len(candidates)), key=times.__getitem__)
             log.debug("convolution %s %s: %s ms", name, plan.x_shape,
-                      ", ".join(f"algorithm {c.algo} {t:.4f}" for c, t in zip(candidates, times)))
+                      ", ".join(f"algorithm {c.label} {t:.4f}" for c, t in zip(candidates, times)))
             plan = replace(plan, **{name: candidates[best]})
     return plan

@@ -7,7 +7,8 @@ One JSON file per plan in ``cache.plan_dir()``, named by the SHA-256 of its key 
           the x and y shapes, the math mode, the algorithm search, the workspace limit, the rules
           for eligible algorithms and this file format
     file: per direction, the algorithm chosen, its workspace in bytes and whether it is
-          deterministic
+          deterministic, for the GEMM engine the samples summed inside one GEMM, and whether backward
+          data runs as a forward convolution
 
 GEMM plans share the folder; their key and file are matmul.py's. The cache never fails a plan
 (``cache.py``): a file that cannot be read, does not parse or holds another key is ignored (the plan
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 NO_CACHE_ENV = cache.NO_CACHE_ENV
 
-PLAN_FORMAT = 1  # raise when what a file holds, or how a plan is chosen, changes
+PLAN_FORMAT = 2  # raise when what a file holds, or how a plan is chosen, changes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +95,12 @@ def _algorithms(entry: dict) -> dict[str, Algorithm] | None:
 
 def _algorithm(value) -> Algorithm | None:
     """An Algorithm from its JSON object, or None when a field is missing or of the wrong type."""
-    if not isinstance(value, dict) or set(value) != {"algo", "workspace_bytes", "deterministic"}:
+    fields = {"algo", "workspace_bytes", "deterministic", "samples_per_gemm", "by_forward"}
+    if not isinstance(value, dict) or set(value) != fields:
         return None
     algo, nbytes, deterministic = value["algo"], value["workspace_bytes"], value["deterministic"]
-    if type(algo) is not int or type(nbytes) is not int or nbytes < 0 or type(deterministic) is not bool:
+    samples, by_forward = value["samples_per_gemm"], value["by_forward"]
+    if (type(algo) is not int or type(nbytes) is not int or nbytes < 0 or type(deterministic) is not bool
+            or type(samples) is not int or samples < 1 or type(by_forward) is not bool):
         return None
-    return Algorithm(algo, nbytes, deterministic)
+    return Algorithm(algo, nbytes, deterministic, samples, by_forward)

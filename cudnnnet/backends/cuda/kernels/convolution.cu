@@ -10,25 +10,49 @@ __device__ int grid_stride() { return gridDim.x * BLOCK_SIZE; }
 
 // One thread per (n, c, oh, ow) writes the R·S col entries of that receptive field: the index
 // arithmetic (integer divisions dominate a memory-bound kernel) runs once per R·S values.
-//   col (batch, channels·kernel², out_height·out_width), x (batch, channels, height, width)
+// The samples come in groups of ``group`` (S): col[g, (c, r, s), j, p] holds sample n = g·S + j, so
+// that a group's S·P positions of one row are contiguous; samples from ``batch`` up to the last
+// group's end are zeros. S = 1 is the per-sample layout col[n, (c, r, s), p].
+//   col (⌈batch/S⌉, channels·kernel², S, out_height·out_width), x (batch, channels, height, width)
 extern "C" __global__ void im2col(float* col, const float* x, int batch, int channels, int height, int width,
-                                  int kernel, int stride, int padding, int dilation, int out_height, int out_width) {
+                                  int kernel, int stride, int padding, int dilation, int out_height, int out_width,
+                                  int group) {
     const int positions = out_height * out_width;
-    const int total = batch * channels * positions;
+    const int taps = kernel * kernel;
+    const int padded_batch = (batch + group - 1) / group * group;
+    const int total = padded_batch * channels * positions;
+    const int tap_step = group * positions;  // from col[g, (c, r, s), j, p] to the next tap
     for (int i = first_index(); i < total; i += grid_stride()) {
         const int p = i % positions;
         const int sample_channel = i / positions;  // n·C + c
+        const int n = sample_channel / channels, c = sample_channel % channels;
+        float* out = col + (((n / group) * channels + c) * taps * group + n % group) * positions + p;  // col[g, (c, 0, 0), j, p]
+        if (n >= batch) {
+            for (int t = 0; t < taps; ++t) out[t * tap_step] = 0.f;
+            continue;
+        }
         const int top = (p / out_width) * stride - padding, left = (p % out_width) * stride - padding;
         const float* image = x + sample_channel * height * width;  // x[n, c]
-        float* out = col + sample_channel * kernel * kernel * positions + p;  // col[n, (c, 0, 0), p]
         for (int r = 0; r < kernel; ++r) {
             const int h = top + r * dilation;
             for (int s = 0; s < kernel; ++s) {
                 const int w = left + s * dilation;
                 const bool inside = h >= 0 && h < height && w >= 0 && w < width;
-                out[(r * kernel + s) * positions] = inside ? image[h * width + w] : 0.f;
+                out[(r * kernel + s) * tap_step] = inside ? image[h * width + w] : 0.f;
             }
         }
+    }
+}
+
+// W′[c, k, t] = W[k, c, taps − 1 − t]: the filter that makes a stride-1 backward data a forward
+// convolution (convolution.py, ``by_forward``).
+//   flipped (channels, out_channels, taps), w (out_channels, channels, taps), taps = R·S
+extern "C" __global__ void flip_filter(float* flipped, const float* w, int out_channels, int channels, int taps) {
+    const int total = out_channels * channels * taps;
+    for (int i = first_index(); i < total; i += grid_stride()) {
+        const int t = i % taps;
+        const int c = (i / taps) % channels, k = i / (taps * channels);
+        flipped[(c * out_channels + k) * taps + taps - 1 - t] = w[i];
     }
 }
 
