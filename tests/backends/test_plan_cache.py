@@ -341,3 +341,25 @@ def test_plan_with_asks_every_workspace_again(fake_cudnn):
 def test_the_cache_file_name_is_the_sha256_of_the_key():
     text = json.dumps(KEY.as_json(), sort_keys=True, separators=(",", ":"))
     assert plan_cache.plan_path(KEY).stem == hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_the_search_measures_its_contenders_again_and_keeps_their_fastest_times(monkeypatch):
+    """A candidate caught slow in its first measurement (0.37 ms, then 0.19) wins over a steady
+    0.25 ms one; a candidate over twice the fastest is not measured again."""
+    from cudnnnet.backends.cuda import convolution as convolution_module
+
+    candidates = [Algorithm(algo, 0) for algo in range(3)]
+    measured = []
+
+    def measure(candidate_plan, direction):
+        algo = candidate_plan.forward.algo
+        measured.append(algo)
+        return {0: 0.37 if measured.count(0) == 1 else 0.19, 1: 0.25, 2: 0.9}[algo]
+
+    monkeypatch.setattr(convolution_module, "replace",
+                        lambda plan, **fields: SimpleNamespace(**{**vars(plan), **fields}))
+    chosen = convolution_module._fastest(SimpleNamespace(forward=None, x_shape=X_SHAPE), {"forward": candidates},
+                                         measure)
+    assert chosen.forward.algo == 0
+    rounds = convolution_module.CONTENDER_ROUNDS
+    assert measured.count(0) == measured.count(1) == 1 + rounds and measured.count(2) == 1
