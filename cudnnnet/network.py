@@ -19,7 +19,7 @@ import numpy as np
 from . import checkpoint
 from .backends import get_backend
 from .errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError
-from .layers import LAYER_TYPES, Activation, BatchNorm, Layer, LossLayer, Parameter, WeightBiasLayer
+from .layers import LAYER_TYPES, Activation, BatchNorm, Dropout, Layer, LossLayer, Parameter, WeightBiasLayer
 from .tensor import Tensor, as_shape, check_tensor_values
 
 log = logging.getLogger(__name__)
@@ -275,6 +275,15 @@ class Network:
             yield self
         finally:
             self.train(previous)
+
+    def skip_dropout_masks(self, batches) -> None:
+        """Every Dropout layer's generator advanced past the masks of the training steps in ``batches``
+        ((batch size, steps) runs, in order), as a resumed run needs (Dropout.skip_masks)."""
+        self._require_built("skip dropout masks")
+        batches = list(batches)
+        for layer in self.layers:
+            if isinstance(layer, Dropout):
+                layer.skip_masks(batches)
 
     # ---- checkpoints -------------------------------------------------------------------------
     def spec(self) -> list[dict]:

@@ -522,8 +522,23 @@ class Trainer:
             raise CheckpointError(f"{path}: the training history in its metadata is malformed (each row needs "
                                   f"{', '.join(HISTORY_FIELDS)} as numbers); it can be loaded but not resumed")
         self.position = Position(position["epoch"], position["batch"], position["step"], list(history))
+        self.network.skip_dropout_masks(self._batches_before(self.position))
         log.info("resumed from %s at epoch %d, batch %d (step %d)", path, self.position.epoch + 1,
                  self.position.batch, self.position.step)
+
+    def _batches_before(self, position: Position) -> list[tuple[int, int]]:
+        """The (batch size, steps) runs this rank trained before ``position``, in order: each epoch's
+        full batches, then its last, smaller one where the epoch does not divide into full batches."""
+        size = self.config.train.batch_size
+        count = len(self.loader.permutation(0))  # this rank's samples an epoch
+        epoch = [(min(size, count - index * size), 1) for index in range(self.loader.steps_per_epoch)]
+        runs: list[tuple[int, int]] = []
+        for batch_size, _ in epoch * position.epoch + epoch[:position.batch]:
+            if runs and runs[-1][0] == batch_size:
+                runs[-1] = (batch_size, runs[-1][1] + 1)
+            else:
+                runs.append((batch_size, 1))
+        return runs
 
 
     def _check_batch_size(self, path: Path, metadata: dict) -> None:

@@ -4,6 +4,7 @@ import contextlib
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from run_helpers import REPO_ROOT, train_cli
@@ -114,3 +115,13 @@ def trained_cnn(mnist_dir, tmp_path_factory) -> Path:
     finished = train_cli("configs/mnist_cnn.yaml", output, mnist_dir, "--epochs", "1")
     assert finished.returncode == 0, finished.stderr
     return output
+
+
+@pytest.fixture
+def small_npz(tmp_path):
+    """A data set of 100 training and 20 test RGB images of 8×8 (``dataset: npz``), labels of 10 classes."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 100), ("test", 20)):
+        np.savez(tmp_path / f"{split}.npz", x=rng.integers(0, 256, (count, 3, 8, 8), dtype=np.uint8),
+                 y=rng.integers(0, 10, count))
+    return tmp_path

@@ -1,6 +1,8 @@
-"""Helpers the tests share (not fixtures): the repository root and running the scripts as a user would."""
+"""Helpers the tests share (not fixtures): the repository root, running the scripts as a user would, and
+stopping a training run to resume it."""
 
 import contextlib
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,3 +31,26 @@ def math_mode(backend, mode: str):
         yield
     finally:
         backend.set_math(before)
+
+
+def interrupted_then_resumed(config, output: Path, stop_after: int):
+    """A Trainer of ``config`` into ``output`` stopped by a signal after step ``stop_after`` (a checkpoint
+    published there), and a new Trainer resuming from that folder, returned before it runs."""
+    import pytest
+    from cudnnnet.training import Interrupted, Trainer
+
+    interrupted = Trainer(config, output, progress=False)
+    train_batch = interrupted.train_batch
+
+    def stop_after_the_step(index):
+        size = train_batch(index)
+        if interrupted.position.step == stop_after - 1:
+            interrupted.stop_signal = signal.SIGINT
+        return size
+
+    interrupted.train_batch = stop_after_the_step
+    with pytest.raises(Interrupted):
+        interrupted.run()
+    resumed = Trainer(config, output, resume=output, progress=False)
+    assert resumed.position.step == stop_after
+    return resumed

@@ -5,8 +5,6 @@ and a resumed run drawing the crops of an uninterrupted one."""
 
 from __future__ import annotations
 
-import signal
-
 import numpy as np
 import pytest
 
@@ -17,7 +15,8 @@ from cudnnnet.data.resident import ResidentData
 from cudnnnet.data.streamed import StreamedData
 from cudnnnet.errors import InvalidArgumentError, ShapeError
 from cudnnnet.tensor import Tensor
-from cudnnnet.training import Interrupted, Trainer
+from cudnnnet.training import Trainer
+from run_helpers import interrupted_then_resumed
 
 CLASSES = 10
 
@@ -218,16 +217,6 @@ def small_settings(root, device: str, steps: int, augment) -> dict:
             "device": device}
 
 
-@pytest.fixture
-def small_npz(tmp_path):
-    """100 training and 20 test RGB images of 8×8 (7 steps of 16 per epoch, the last of 4)."""
-    rng = np.random.default_rng(0)
-    for split, count in (("train", 100), ("test", 20)):
-        np.savez(tmp_path / f"{split}.npz", x=rng.integers(0, 256, (count, 3, 8, 8), dtype=np.uint8),
-                 y=rng.integers(0, CLASSES, count))
-    return tmp_path
-
-
 def recording(trainer) -> list:
     """The training batches ``trainer`` runs from now on, (global step, x) each, read after the step."""
     batches, selected = [], []
@@ -255,20 +244,8 @@ def test_a_resumed_run_draws_the_augmented_batches_of_an_uninterrupted_one(backe
     straight = Trainer(config, tmp_path / "straight", progress=False)
     straight_batches = recording(straight)
     straight.run()
-    interrupted = Trainer(config, tmp_path / "resumed", progress=False)
-    train_batch = interrupted.train_batch
-
-    def stop_after_step_9(index):
-        size = train_batch(index)
-        if interrupted.position.step == 8:
-            interrupted.stop_signal = signal.SIGINT
-        return size
-
-    interrupted.train_batch = stop_after_step_9
-    with pytest.raises(Interrupted):
-        interrupted.run()
-    resumed = Trainer(config, tmp_path / "resumed", resume=tmp_path / "resumed", progress=False)
-    assert resumed.position.step == 9 and resumed.position.batch == 2
+    resumed = interrupted_then_resumed(config, tmp_path / "resumed", stop_after=9)
+    assert resumed.position.batch == 2
     resumed_batches = recording(resumed)
     resumed.run()
     assert [step for step, _ in resumed_batches] == list(range(9, 18))

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from run_helpers import REPO_ROOT, train_cli
+from run_helpers import REPO_ROOT, interrupted_then_resumed, train_cli
 from cudnnnet import Network, Tensor
 from cudnnnet.checkpoint import load_npz
 from cudnnnet.config import load_config
@@ -22,7 +22,7 @@ from cudnnnet.engine import SLIDES_KERNELS
 from cudnnnet.errors import TrainingError
 from cudnnnet import training
 from cudnnnet.layers import MSE, Activation, Dense, Softmax
-from cudnnnet.training import Interrupted, ResidentTestSet, Trainer, evaluate, evaluate_batches
+from cudnnnet.training import ResidentTestSet, Trainer, evaluate, evaluate_batches
 
 METRIC_KEYS = {"device", "epochs", "steps", "train_accuracy", "test_accuracy", "test_loss", "train_seconds",
                "images_per_second"}
@@ -190,20 +190,7 @@ def trainer(mnist_dir, output, steps, **overrides):
 def test_an_interrupted_run_resumes_to_the_same_weights_as_an_uninterrupted_one(mnist_dir, tmp_path):
     straight = trainer(mnist_dir, tmp_path / "straight", steps=60)
     straight.run()
-    interrupted = trainer(mnist_dir, tmp_path / "resumed", steps=60)
-    train_batch = interrupted.train_batch
-
-    def stop_at_step_25(index):
-        size = train_batch(index)
-        if interrupted.position.step == 24:
-            interrupted.stop_signal = signal.SIGINT
-        return size
-
-    interrupted.train_batch = stop_at_step_25
-    with pytest.raises(Interrupted):
-        interrupted.run()
-    resumed = Trainer(interrupted.config, tmp_path / "resumed", resume=tmp_path / "resumed", progress=False)
-    assert resumed.position.step == 25
+    resumed = interrupted_then_resumed(straight.config, tmp_path / "resumed", stop_after=25)
     resumed.run()
     for name, value in straight.network.state_dict().items():
         assert np.allclose(resumed.network.state_dict()[name], value, rtol=1e-5, atol=1e-7), name
@@ -471,35 +458,48 @@ def bn_cnn_settings(mnist_dir, device, steps, **train):
     return settings
 
 
-def test_a_bn_cnn_run_without_dropout_resumes_to_the_same_weights_and_running_statistics(mnist_dir, tmp_path):
-    """AdamW's moments and step, and BatchNorm's running statistics, survive an interruption. (Dropout
-    is set to 0 here: a resumed run draws its masks afresh from the seed.)"""
+def test_a_bn_cnn_run_resumes_to_the_same_weights_and_running_statistics(mnist_dir, tmp_path):
+    """AdamW's moments and step, BatchNorm's running statistics and the dropout masks survive an
+    interruption."""
     from cudnnnet.config import parse_config
 
-    settings = bn_cnn_settings(mnist_dir, "host", 12, batch_size=32)
-    settings["model"] = [dict(layer, rate=0.0) if layer["type"] == "dropout" else layer for layer in settings["model"]]
-    config = parse_config(settings)
+    config = parse_config(bn_cnn_settings(mnist_dir, "host", 12, batch_size=32))
     straight = Trainer(config, tmp_path / "straight", progress=False)
     straight.run()
-    interrupted = Trainer(config, tmp_path / "resumed", progress=False)
-    train_batch = interrupted.train_batch
-
-    def stop_at_step_5(index):
-        size = train_batch(index)
-        if interrupted.position.step == 4:
-            interrupted.stop_signal = signal.SIGINT
-        return size
-
-    interrupted.train_batch = stop_at_step_5
-    with pytest.raises(Interrupted):
-        interrupted.run()
-    resumed = Trainer(config, tmp_path / "resumed", resume=tmp_path / "resumed", progress=False)
-    assert resumed.position.step == 5 and resumed.optimizer.counter.numpy().reshape(-1)[0] == 5
+    resumed = interrupted_then_resumed(config, tmp_path / "resumed", stop_after=5)
+    assert resumed.optimizer.counter.numpy().reshape(-1)[0] == 5
     resumed.run()
     final = resumed.network.state_dict()
     assert "bn1.running_var" in final and "optimizer.m.conv1.weight" in load_npz(tmp_path / "resumed" / "model.npz")[0]
     for name, value in straight.network.state_dict().items():
         assert np.allclose(final[name], value, rtol=1e-4, atol=1e-6), name
+
+
+def dropout_settings(root, device: str, steps: int) -> dict:
+    """An MLP with dropout on ``small_npz``'s 100 images (4 steps of 32 an epoch, the last of 4)."""
+    return {"model": [{"type": "dense", "out_size": 64}, {"type": "activation", "mode": "relu"},
+                      {"type": "dropout", "rate": 0.5}, {"type": "dense", "out_size": 10}, {"type": "softmax"}],
+            "data": {"dataset": "npz", "train_file": str(root / "train.npz"), "test_file": str(root / "test.npz"),
+                     "normalize": "computed"},
+            "train": {"batch_size": 32, "steps": steps, "seed": 4, "log_every": 1000, "checkpoint_every": "never",
+                      "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}},
+            "device": device}
+
+
+def test_a_resumed_run_draws_the_dropout_masks_of_an_uninterrupted_one(backend, small_npz, tmp_path):
+    """Stopped after step 6 (the second epoch's third batch, after a short last batch), then resumed:
+    the dropout generator skips the masks of the six steps, so the weights end as the uninterrupted
+    run's; on CUDA, with the full steps replayed from a captured graph."""
+    from cudnnnet.config import parse_config
+
+    config = parse_config(dropout_settings(small_npz, backend.name, 12))
+    straight = Trainer(config, tmp_path / "straight", progress=False)
+    straight.run()
+    resumed = interrupted_then_resumed(config, tmp_path / "resumed", stop_after=6)
+    assert (resumed.position.epoch, resumed.position.batch) == (1, 2)
+    resumed.run()
+    for name, value in straight.network.state_dict().items():
+        np.testing.assert_allclose(resumed.network.state_dict()[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 @pytest.mark.gpu

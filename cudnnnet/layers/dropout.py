@@ -9,11 +9,16 @@ reproducible. On CUDA the random-number states live in a buffer that cudnnSetDro
 fills once and every cudnnDropoutForward advances, so each replay of a captured training step
 draws a new mask; the mask is kept in a reserve space per batch shape for the backward pass.
 The host draws its masks with a seeded NumPy generator (not cuDNN's stream).
+
+A resumed training run calls ``skip_masks`` with the batch sizes trained before the checkpoint:
+the generator then draws, and drops, the masks those steps drew, so the run goes on with the masks
+the uninterrupted run would have drawn.
 """
 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterable
 
 from ..errors import InvalidArgumentError
 from ..tensor import Tensor
@@ -46,6 +51,19 @@ class Dropout(Layer):
 
     def allocate(self, input_shape, output_shape):
         return {"reserve": self.backend.dropout_reserve(self.state, input_shape)}
+
+    def skip_masks(self, batches: Iterable[tuple[int, int]]) -> None:
+        """Advance the generator past the masks of training steps run before: ``batches`` holds
+        (batch size, steps) runs in the order they were trained. Nothing is drawn at rate 0."""
+        if self.rate == 0:
+            return
+        for size, steps in batches:
+            shape = (size, *self.input_sample_shape)
+            x, y = Tensor.zeros(shape, self.backend), Tensor(shape, self.backend)
+            reserve = self.backend.dropout_reserve(self.state, shape)
+            for _ in range(steps):
+                # y = x ⊙ mask / (1 - rate): a mask drawn as that step drew it, then dropped
+                self.backend.dropout_forward(self.state, reserve, x, y)
 
     def _is_identity(self) -> bool:
         return not self.training or self.rate == 0

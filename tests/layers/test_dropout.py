@@ -48,6 +48,26 @@ def test_each_forward_draws_a_new_mask_and_the_same_seed_gives_the_same_masks(ba
     assert not np.array_equal(other.forward(Tensor.from_numpy(x, backend)).numpy() != 0, masks[0][0])
 
 
+def test_skipping_masks_leaves_the_generator_where_those_forwards_would(backend):
+    """Three forwards (two of 64 samples, one of 5) against skip_masks over the same runs: the fourth
+    mask is the same; skipping other sizes, or none at all, gives another one."""
+    x = positive_input()
+
+    def fourth_mask(skip=None):
+        layer = build(Dropout("drop", 0.5), SHAPE[1:], backend, seed=7)
+        if skip is None:
+            for batch in (x, x, x[:5]):
+                layer.forward(Tensor.from_numpy(batch, backend))
+        else:
+            layer.skip_masks(skip)
+        return layer.forward(Tensor.from_numpy(x, backend)).numpy() != 0
+
+    ran = fourth_mask()
+    assert np.array_equal(fourth_mask([(64, 2), (5, 1)]), ran)
+    assert not np.array_equal(fourth_mask([(64, 1)]), ran)
+    assert not np.array_equal(fourth_mask([]), ran)
+
+
 def test_evaluation_mode_is_the_identity(backend):
     layer = build(Dropout("drop", 0.5), SHAPE[1:], backend)
     layer.training = False
