@@ -141,22 +141,7 @@ def _download(file_name: str, directory: Path, mirrors, md5: str) -> Path:
     except OSError as error:
         raise DataError(f"cannot create {directory}: {error.strerror or error}; set data.dir to a writable "
                         f"directory") from error
-    failures = []
-    for mirror in mirrors:
-        url = mirror.rstrip("/") + "/" + file_name
-        logger.info("downloading %s", url)
-        try:
-            temp_path, found = mnist._fetch_to_temp(url, directory, file_name, 60.0)
-        except (OSError, ValueError) as error:
-            failures.append(f"{url}: {error}")
-            continue
-        if found != md5:
-            temp_path.unlink()
-            failures.append(f"{url}: MD5 {found} does not match the published {md5}")
-            continue
-        os.replace(temp_path, directory / file_name)
-        return directory / file_name
-    raise DataError(f"could not download {file_name} into {directory}: " + "; ".join(failures))
+    return mnist._download_file(file_name, directory, mirrors, 60.0, md5)
 
 
 def file_md5(path: Path) -> str:
