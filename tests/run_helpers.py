@@ -2,12 +2,15 @@
 stopping a training run to resume it."""
 
 import contextlib
+import importlib
+import io
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+NO_NETWORK = "http://127.0.0.1:9"  # nothing listens on the discard port: any download fails at once
 
 
 def run_script(script: str, *arguments: str, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -54,3 +57,31 @@ def interrupted_then_resumed(config, output: Path, stop_after: int):
     resumed = Trainer(config, output, resume=output, progress=False)
     assert resumed.position.step == stop_after
     return resumed
+
+
+@contextlib.contextmanager
+def offline_tools(folder: Path):
+    """call(script, *arguments) -> CompletedProcess: cudnnnet.cli.<script>.main with --quiet, in ``folder``,
+    with a user cache there and every download failing at once."""
+    import pytest
+    from cudnnnet.cli import common
+    from cudnnnet.data import mnist
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        patch.delenv(mnist.DATA_ENV, raising=False)
+        patch.setenv("XDG_CACHE_HOME", str(folder / "cache"))
+        patch.setattr(mnist, "MIRRORS", (NO_NETWORK + "/",))
+        patch.setattr(common, "configure_logging", lambda args: None)  # pytest keeps the logging set-up
+
+        def call(script: str, *arguments) -> subprocess.CompletedProcess:
+            main = importlib.import_module(f"cudnnnet.cli.{script}").main
+            stdout, stderr = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                try:
+                    code = main([*map(str, arguments), "--quiet"])
+                except SystemExit as exit:
+                    code = exit.code
+            return subprocess.CompletedProcess([script, *arguments], code, stdout.getvalue(), stderr.getvalue())
+
+        yield call

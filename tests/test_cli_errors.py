@@ -9,10 +9,8 @@ Every table runs in-process through the tools' own ``main(argv)`` (fast), and a 
 table run the real scripts in subprocesses. Neither can reach the internet or the user's cache.
 """
 
-import contextlib
 import gzip
 import importlib
-import io
 import json
 import os
 import pickle
@@ -36,11 +34,10 @@ from cudnnnet.data import mnist
 from cudnnnet.network import OPTIMIZER_PREFIX, Network
 from cudnnnet.optim import SGD
 from cudnnnet.training import build_network
-from run_helpers import REPO_ROOT
+from run_helpers import NO_NETWORK, REPO_ROOT, offline_tools
 
 MLP_CONFIG = REPO_ROOT / "configs" / "mnist_mlp.yaml"
 CNN_CONFIG = REPO_ROOT / "configs" / "mnist_cnn.yaml"
-NO_NETWORK = "http://127.0.0.1:9"  # nothing listens on the discard port: any download fails at once
 
 VALID_CONFIG = """\
 model:
@@ -73,27 +70,10 @@ def cli(tmp_path):
 
 
 @pytest.fixture
-def tool(tmp_path, monkeypatch):
+def tool(tmp_path):
     """tool(script, *arguments): cudnnnet.cli.<script>.main([..., "--quiet"]) with stdout and stderr captured."""
-    from cudnnnet.cli import common
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv(mnist.DATA_ENV, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(mnist, "MIRRORS", (NO_NETWORK + "/",))
-    monkeypatch.setattr(common, "configure_logging", lambda args: None)  # pytest keeps the logging set-up
-
-    def run(script: str, *arguments) -> subprocess.CompletedProcess:
-        main = importlib.import_module(f"cudnnnet.cli.{script}").main
-        stdout, stderr = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            try:
-                code = main([*map(str, arguments), "--quiet"])
-            except SystemExit as exit:
-                code = exit.code
-        return subprocess.CompletedProcess([script, *arguments], code, stdout.getvalue(), stderr.getvalue())
-
-    return run
+    with offline_tools(tmp_path) as call:
+        yield call
 
 
 def assert_one_line_error(finished: subprocess.CompletedProcess, script: str, code: int, pattern: str) -> str:

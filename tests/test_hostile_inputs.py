@@ -8,10 +8,7 @@ with exit 0, 1 or 2, a non-zero exit with exactly one line on stderr, never a tr
 nothing written.
 """
 
-import contextlib
 import gzip
-import importlib
-import io
 import json
 import os
 import resource
@@ -29,17 +26,15 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from cudnnnet import checkpoint
-from cudnnnet.cli import common
 from cudnnnet.config import load_config
 from cudnnnet.data import mnist
 from cudnnnet.network import OPTIMIZER_PREFIX
 from cudnnnet.optim import SGD
 from cudnnnet.training import build_network
 from hostile_files import Entry, gzip_bomb, idx_header, npy_header, write_zip
-from run_helpers import REPO_ROOT
+from run_helpers import NO_NETWORK, REPO_ROOT, offline_tools
 
 MLP_CONFIG = REPO_ROOT / "configs" / "mnist_mlp.yaml"
-NO_NETWORK = "http://127.0.0.1:9"  # nothing listens on the discard port: any download fails at once
 BOMB_MEGABYTES = 1024  # what each bomb inflates to; reading it would take that much memory
 ALLOWED_EXTRA_MIB = 300  # a refused input may cost this much above a run on ordinary input
 MEMORY_CEILING = 6 << 30  # address space of a measured run: a regression fails the test, not the machine
@@ -201,29 +196,6 @@ def test_a_config_declaring_enormous_shapes_is_refused_within_the_memory_of_a_no
 
 
 # ---- generated inputs, in-process -------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def offline_tools(folder: Path):
-    """call(script, *arguments) -> CompletedProcess: cudnnnet.cli.<script>.main with --quiet, in ``folder``."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(folder)
-        patch.delenv(mnist.DATA_ENV, raising=False)
-        patch.setenv("XDG_CACHE_HOME", str(folder / "cache"))
-        patch.setattr(mnist, "MIRRORS", (NO_NETWORK + "/",))
-        patch.setattr(common, "configure_logging", lambda args: None)  # pytest keeps the logging set-up
-
-        def call(script: str, *arguments) -> subprocess.CompletedProcess:
-            main = importlib.import_module(f"cudnnnet.cli.{script}").main
-            stdout, stderr = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-                try:
-                    code = main([*map(str, arguments), "--quiet"])
-                except SystemExit as exit:
-                    code = exit.code
-            return subprocess.CompletedProcess([script, *arguments], code, stdout.getvalue(), stderr.getvalue())
-
-        yield call
 
 
 def assert_clean_outcome(finished: subprocess.CompletedProcess, script: str) -> None:
@@ -401,7 +373,7 @@ def test_hostile_checkpoint_metadata_is_named_in_one_line(tmp_path, good_checkpo
     with offline_tools(tmp_path) as call:
         finished = call(script, "--weights", tmp_path / "model.npz", "--device", "host", *arguments)
     assert_clean_outcome(finished, script)
-    assert finished.returncode == 2 and f"model.npz: " in finished.stderr and message in finished.stderr, finished.stderr
+    assert finished.returncode == 2 and "model.npz: " in finished.stderr and message in finished.stderr, finished.stderr
 
 
 def test_evaluate_names_an_input_shape_that_is_not_mnists(tmp_path, good_checkpoint):
