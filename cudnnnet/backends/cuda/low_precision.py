@@ -61,10 +61,11 @@ class HalfFormat:
     to_half: str
     to_half_x4: str
     to_float: str
+    kernel_code: int  # the ``format`` argument of kernels/convolution.cu's 16-bit kernels
 
 
-BF16 = HalfFormat("bf16", cublas.R_16BF, cudnn.DATA_BFLOAT16, "to_bf16", "to_bf16_x4", "bf16_to_float")
-FP16 = HalfFormat("fp16", cublas.R_16F, cudnn.DATA_HALF, "to_fp16", "to_fp16_x4", "fp16_to_float")
+BF16 = HalfFormat("bf16", cublas.R_16BF, cudnn.DATA_BFLOAT16, "to_bf16", "to_bf16_x4", "bf16_to_float", 1)
+FP16 = HalfFormat("fp16", cublas.R_16F, cudnn.DATA_HALF, "to_fp16", "to_fp16_x4", "fp16_to_float", 2)
 HALF_FORMATS = {fmt.name: fmt for fmt in (BF16, FP16)}  # math mode -> its 16-bit format
 
 
