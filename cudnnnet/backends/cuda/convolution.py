@@ -21,7 +21,10 @@ bfloat16 tensors, FLOAT compute, CUDNN_TENSOR_OP_MATH); the backend converts the
 into bfloat16 scratch and the bfloat16 result back (low_precision.py); only the GEMM and direct
 algorithms are eligible there, as in FP32 (FFT and Winograd ones transform the operands in 16 bits and
 miss the FP32 sum of the rounded products by far more than its rounding), and of those only the
-deterministic ones (the others add partial sums atomically into the output, here in bfloat16). Under CUDNN_FMA_MATH (our
+deterministic ones (the others add partial sums atomically into the output, here in bfloat16). The GEMM
+engine and the flipped-filter backward data are candidates there too, in 16 bits (gemm_convolution.py,
+``backward_data_by_forward``), their results rounded to the 16-bit format as cuDNN's. Math "fp16" is
+the same with half tensors (PSEUDO_HALF_CONFIG). Under CUDNN_FMA_MATH (our
 FP32) only exact algorithms are eligible: no tensor-core algorithm and
 no FFT or Winograd one (they differ from the host by ~1e-3); and only
 deterministic ones, while any is eligible, where the engine asks for them (the fast engine: the same

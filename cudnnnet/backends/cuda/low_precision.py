@@ -11,8 +11,10 @@ kernels/bf16.cu, and accumulates in FP32:
                  out = alpha·float(out₁₆) + beta·out   bf16_to_float
 
 cuDNN's BFLOAT16_CONFIG writes a bfloat16 output, so a convolution's result is rounded to bfloat16
-once more; a GEMM's is not. The host backend rounds the same operands (and convolution outputs)
-the same way.
+once more; a GEMM's is not. The fast engine's explicit-GEMM convolution (gemm_convolution.py: im2col
+into bfloat16, GEMMs with FP32 results) rounds its result once to bfloat16 too, so a convolution is
+the same arithmetic whichever algorithm its plan took. The host backend rounds the same operands
+(and convolution outputs) the same way.
 
 Three concerns, a class each:
 
