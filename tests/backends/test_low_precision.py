@@ -314,6 +314,130 @@ def check_half_result(name: str, result, exact, exact_bound, k: int, alpha: floa
     assert np.all(error <= tolerance), f"{name}: worst {np.max(error / tolerance):.3g} x tolerance"
 
 
+# ---- the fast engine's GEMM convolution and flipped-filter backward data in 16 bits --------------
+HALF_CHECKS = {"bf16": (round_to_bf16, check_rounded_result), "fp16": (round_to_fp16, check_half_result)}
+
+
+def forced_plan(backend, plan, algorithms: dict):
+    """``plan`` with ``algorithms`` (direction name -> Algorithm) in their directions on the GPU, made by
+    convolution.plan_with at the backend's math (workspaces included); the host's plan as it is."""
+    if backend.name != "cuda":
+        return plan
+    from cudnnnet.backends.cuda import backend as cuda_backend, convolution
+
+    chosen = {name: getattr(plan, name) for name in convolution.DIRECTION_NAMES} | algorithms
+    forced = convolution.plan_with(backend._cudnn, backend._descriptors, plan.desc, plan.x_shape, plan.y_shape,
+                                   backend.math, cuda_backend.MATH_MODES[backend.math][1], backend.workspace_limit,
+                                   chosen)
+    assert forced is not None, f"{algorithms} cannot run {plan}"
+    backend.context.workspace(forced.workspace_bytes)
+    backend.context.ones(plan.x_shape[0])
+    return forced
+
+
+def gemm_engine_algorithms(samples_per_gemm: int) -> dict:
+    from cudnnnet.backends.cuda.convolution import Algorithm, GEMM_ALGORITHM
+
+    return {name: Algorithm(GEMM_ALGORITHM, 0, samples_per_gemm=samples_per_gemm if name == "backward_filter" else 1)
+            for name in ("forward", "backward_data", "backward_filter")}
+
+
+@pytest.mark.parametrize("samples_per_gemm", [1, 2, 8])
+@pytest.mark.parametrize("math", list(HALF_CHECKS))
+def test_the_16_bit_gemm_convolution_rounds_operands_and_result(backend, rng, math, samples_per_gemm):
+    """The fast engine's explicit-GEMM convolution forced in every direction under math bf16 and fp16:
+    16-bit col, W and dy, FP32 sums, each result rounded once to the format before alpha and beta, as
+    cuDNN's 16-bit output is (the host computes it so for every engine). The weight gradient sums 1
+    (five GEMMs, then a GEMV), 2 (three groups, the last padded with a zero sample) or 8 samples (one
+    GEMM) inside each GEMM; the forward runs with beta 0 (the product rounded in y) and beta 2."""
+    rounding, check = HALF_CHECKS[math]
+    desc = ConvolutionDescriptor(4, 3, 3, 1, 1, 1)  # C 3 -> K 4, 3×3, stride 1, padding 1
+    x_shape = (5, 3, 9, 9)
+    y_shape = desc.output_shape(x_shape)
+    x, w, dy = normal(rng, *x_shape), normal(rng, *desc.filter_shape), normal(rng, *y_shape)
+    y0, dx0, dw0 = normal(rng, *y_shape), normal(rng, *x_shape), normal(rng, *desc.filter_shape)
+    X, W, DY, Y0, DX, DW = (Tensor.from_numpy(array, backend) for array in (x, w, dy, y0, dx0, dw0))
+    Y = Tensor.zeros(y_shape, backend)
+    with backend.using_engine("fast"), math_mode(backend, math):
+        plan = backend.convolution_plan(desc, x_shape, y_shape)
+        if backend.name == "cuda":
+            plan = forced_plan(backend, plan, gemm_engine_algorithms(samples_per_gemm))
+        backend.convolution_forward(plan, 1.0, X, W, 0.0, Y)  # y = x ⋆ w
+        backend.convolution_forward(plan, 0.5, X, W, 2.0, Y0)  # y0 = (x ⋆ w)/2 + 2·y0
+        backend.convolution_backward_data(plan, 1.0, W, DY, 0.5, DX)  # dx = dy ⋆ᵀ w + dx/2
+        backend.convolution_backward_filter(plan, 2.0, X, DY, 1.0, DW)  # dw = 2·Σ x ⋆ dy + dw
+    if backend.name == "cuda":
+        from cudnnnet.backends.cuda.convolution import GEMM_ALGORITHM
+
+        assert {plan.forward.algo, plan.backward_data.algo, plan.backward_filter.algo} == {GEMM_ALGORITHM}
+        assert plan.backward_filter.samples_per_gemm == samples_per_gemm
+    (y, y_bound), (dx, dx_bound), (dw, dw_bound) = convolution_reference(rounding(x), rounding(w), rounding(dy), 1)
+    y_out = Y.numpy().astype(np.float64)
+    np.testing.assert_array_equal(y_out, rounding(Y.numpy()))  # rounded to the format, as cuDNN's result
+    check("y", y_out, y, y_bound, 27, 1.0, 0.0, 0.0)
+    check("y0", Y0.numpy().astype(np.float64), y, y_bound, 27, 0.5, 2.0, y0.astype(np.float64))
+    check("dx", DX.numpy().astype(np.float64), dx, dx_bound, 36, 1.0, 0.5, dx0.astype(np.float64))
+    check("dw", DW.numpy().astype(np.float64), dw, dw_bound, 405, 2.0, 1.0, dw0.astype(np.float64))
+
+
+@pytest.mark.parametrize("choice", [0, 1, 2])
+@pytest.mark.parametrize("padding", [0, 1])
+@pytest.mark.parametrize("math", list(HALF_CHECKS))
+def test_16_bit_backward_data_as_a_flipped_forward_rounds_operands_and_result(backend, rng, math, padding, choice):
+    """Stride-1 backward data as cudnnConvolutionForward of dy₁₆ with the 16-bit flipped filter, by the
+    ``choice``-th exact forward algorithm cuDNN offers for it: the same rounded operands and 16-bit
+    result as its backward-data algorithm."""
+    rounding, check = HALF_CHECKS[math]
+    desc = ConvolutionDescriptor(4, 3, 3, 1, padding, 1)
+    x_shape = (6, 3, 9, 9)
+    y_shape = desc.output_shape(x_shape)
+    w, dy, dx0 = normal(rng, *desc.filter_shape), normal(rng, *y_shape), normal(rng, *x_shape)
+    W, DY, DX = (Tensor.from_numpy(array, backend) for array in (w, dy, dx0))
+    with backend.using_engine("fast"), math_mode(backend, math):
+        plan = backend.convolution_plan(desc, x_shape, y_shape)
+        if backend.name == "cuda":
+            from cudnnnet.backends.cuda import backend as cuda_backend, bindings, convolution
+
+            math_type = cuda_backend.MATH_MODES[math][1]
+            flipped = convolution.flipped_filter(backend._descriptors, desc, math, math_type)
+            found = convolution.by_forward_candidates(backend._cudnn, plan.x, plan.y, flipped, backend.workspace_limit,
+                                                      math_type)
+            plan = forced_plan(backend, plan, {"backward_data": found[choice % len(found)]})
+            assert plan.backward_data.by_forward
+            bindings.reset_calls()
+        backend.convolution_backward_data(plan, 1.0, W, DY, 0.5, DX)  # dx = dy ⋆ᵀ w + dx/2
+        if backend.name == "cuda":
+            assert bindings.calls["cudnnConvolutionForward"] == 1 and bindings.calls["cudnnConvolutionBackwardData"] == 0
+    _, (dx, dx_bound), _ = convolution_reference(np.zeros(x_shape, np.float32), rounding(w), rounding(dy), padding)
+    check("dx", DX.numpy().astype(np.float64), dx, dx_bound, 36, 1.0, 0.5, dx0.astype(np.float64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("math", list(HALF_ROUNDINGS))
+def test_an_untimed_batched_16_bit_gemm_runs_cublas_gemm_strided_batched_ex(cuda, rng, math):
+    """A batched 16-bit GEMM problem without a timed plan (the heuristic search; a problem first met in a
+    capture) runs cublasGemmStridedBatchedEx: Cᵢ = Aᵢ·B for three Aᵢ and a shared B (stride 0)."""
+    from cudnnnet.backends.cuda import bindings
+    from cudnnnet.backends.cuda.low_precision import HALF_FORMATS
+    from cudnnnet.backends.cuda.matmul import GemmProblem, alignment
+
+    rounding, _ = HALF_ROUNDINGS[math]
+    m, n, k, batch = 9, 7, 40, 3
+    a, b = normal(rng, batch * m * k), normal(rng, k * n)
+    A, B, C = Tensor.from_numpy(a, cuda), Tensor.from_numpy(b, cuda), Tensor.zeros((batch * m * n,), cuda)
+    a16, b16 = cuda._bf16.operands((A.data.ptr, A.size), (B.data.ptr, B.size), fmt=HALF_FORMATS[math])
+    problem = GemmProblem(OP_N, OP_N, m, n, k, m, k, m, batch, m * k, 0, m * n, math, alignment(a16, b16, C.data.ptr))
+    bindings.reset_calls()
+    cuda._gemm.run(problem, "heuristic", 1.0, a16, b16, 0.0, C.data.ptr)
+    assert bindings.calls["cublasGemmStridedBatchedEx"] == 1
+    b_matrix = column_major(rounding(b), k, n, k)
+    for i in range(batch):
+        a_matrix = column_major(rounding(a[i * m * k:(i + 1) * m * k]), m, k, m)
+        result = column_major(C.numpy().reshape(-1)[i * m * n:(i + 1) * m * n], m, n, m)
+        bound = sum_error(k) * (np.abs(a_matrix) @ np.abs(b_matrix)) + 1e-30
+        assert np.all(np.abs(result - a_matrix @ b_matrix) <= bound)
+
+
 def scaled_updates(config, backend, engine: str, start: dict, math: str) -> tuple[dict, tuple]:
     """What two loss-scaled SGD steps (S = 2^12) change in each parameter, and the metrics."""
     from cudnnnet.loss_scaling import LossScaler

@@ -414,7 +414,7 @@ class CudaBackend(Backend):
             self.context.finish_warm_up()  # nothing else on the GPU while cuDNN (or our timer) measures
             plan = make_plan(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math,
                              MATH_MODES[self.math][1], self.workspace_limit, engine.convolution_search,
-                             gemm_candidate=engine.gemm_convolution and self.math not in HALF_FORMATS,
+                             gemm_candidate=engine.gemm_convolution,
                              measure=self._convolution_timer(desc, x_shape, y_shape),
                              deterministic=engine.deterministic_convolution)
             plan_cache.write_plan(disk_key, {name: getattr(plan, name) for name in DIRECTION_NAMES})
@@ -495,8 +495,9 @@ class CudaBackend(Backend):
         (``direction.run``), or our explicit-GEMM engine (``direction.gemm``) where the plan chose it."""
         algorithm = getattr(plan, direction.name)
         workspace = self.context.workspace(algorithm.workspace_bytes)
-        if algorithm.algo == GEMM_ALGORITHM:
-            direction.gemm(self, plan.gemm_shape, alpha, a, b, beta, out, workspace, algorithm)
+        if algorithm.algo == GEMM_ALGORITHM:  # in 16 bits under a 16-bit math (gemm_convolution.py)
+            direction.gemm(self, plan.gemm_shape, alpha, a, b, beta, out, workspace, algorithm,
+                           HALF_FORMATS.get(plan.math))
             return
         if algorithm.by_forward:  # backward data as a forward convolution with the flipped filter
             backward_data_by_forward(self, plan, algorithm, alpha, a, b, beta, out, workspace)

@@ -21,7 +21,10 @@ bfloat16 tensors, FLOAT compute, CUDNN_TENSOR_OP_MATH); the backend converts the
 into bfloat16 scratch and the bfloat16 result back (low_precision.py); only the GEMM and direct
 algorithms are eligible there, as in FP32 (FFT and Winograd ones transform the operands in 16 bits and
 miss the FP32 sum of the rounded products by far more than its rounding), and of those only the
-deterministic ones (the others add partial sums atomically into the output, here in bfloat16). Under CUDNN_FMA_MATH (our
+deterministic ones (the others add partial sums atomically into the output, here in bfloat16). The GEMM
+engine and the flipped-filter backward data are candidates there too, in 16 bits (gemm_convolution.py,
+``backward_data_by_forward``), their results rounded to the 16-bit format as cuDNN's. Math "fp16" is
+the same with half tensors (PSEUDO_HALF_CONFIG). Under CUDNN_FMA_MATH (our
 FP32) only exact algorithms are eligible: no tensor-core algorithm and
 no FFT or Winograd one (they differ from the host by ~1e-3); and only
 deterministic ones, while any is eligible, where the engine asks for them (the fast engine: the same
@@ -45,6 +48,7 @@ from .buffer import FLOAT32_BYTES
 from .descriptors import ConvolutionDescriptorHandle, DescriptorCache, FilterDescriptor, TensorDescriptor
 from .gemm_convolution import GEMM_ALGORITHM, GemmShape
 from .kernel import blocks_for
+from .low_precision import HALF_FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +79,7 @@ class FlippedFilter:
     conv: ConvolutionDescriptorHandle
 
     @property
-    def filter_bytes(self) -> int:  # W′ at the start of the workspace, the forward algorithm's after it
+    def filter_bytes(self) -> int:  # W′ at the start of the workspace (room for float32), the forward algorithm's after it
         return -(-FLOAT32_BYTES * self.desc.out_channels * self.desc.in_channels * self.desc.kernel_size ** 2
                  // WORKSPACE_ALIGNMENT) * WORKSPACE_ALIGNMENT
 
@@ -124,7 +128,8 @@ class Direction:
     workspace_size: Callable  # cudnnGet*WorkspaceSize
     operands: Callable
     run: Callable  # cudnnConvolution{Forward,BackwardData,BackwardFilter}(handle, alpha, a, b, conv, algo, ws, beta, out)
-    gemm: Callable  # the explicit-GEMM engine's run(backend, gemm_shape, alpha, a, b, beta, out, workspace, algorithm)
+    gemm: Callable  # the explicit-GEMM engine's run(backend, gemm_shape, alpha, a, b, beta, out, workspace, algorithm,
+    #                 fmt): fmt the plan's 16-bit format, or None
 
 
 FORWARD = Direction(
@@ -135,8 +140,8 @@ FORWARD = Direction(
     cudnn.get_convolution_forward_workspace_size,
     lambda x, w, conv, y: (x, w, conv, y),
     cudnn.convolution_forward,
-    lambda backend, shape, alpha, x, w, beta, y, workspace, algorithm: gemm_convolution.forward(
-        backend, shape, alpha, x, w, beta, y, workspace),
+    lambda backend, shape, alpha, x, w, beta, y, workspace, algorithm, fmt: gemm_convolution.forward(
+        backend, shape, alpha, x, w, beta, y, workspace, fmt),
 )
 BACKWARD_DATA = Direction(
     "backward_data",
@@ -146,8 +151,8 @@ BACKWARD_DATA = Direction(
     cudnn.get_convolution_backward_data_workspace_size,
     lambda x, w, conv, y: (w, y, conv, x),  # (w, dy, conv, dx)
     cudnn.convolution_backward_data,
-    lambda backend, shape, alpha, w, dy, beta, dx, workspace, algorithm: gemm_convolution.backward_data(
-        backend, shape, alpha, w, dy, beta, dx, workspace),
+    lambda backend, shape, alpha, w, dy, beta, dx, workspace, algorithm, fmt: gemm_convolution.backward_data(
+        backend, shape, alpha, w, dy, beta, dx, workspace, fmt),
 )
 BACKWARD_FILTER = Direction(
     "backward_filter",
@@ -157,9 +162,9 @@ BACKWARD_FILTER = Direction(
     cudnn.get_convolution_backward_filter_workspace_size,
     lambda x, w, conv, y: (x, y, conv, w),  # (x, dy, conv, dw)
     cudnn.convolution_backward_filter,
-    lambda backend, shape, alpha, x, dy, beta, dw, workspace, algorithm: gemm_convolution.backward_filter(
+    lambda backend, shape, alpha, x, dy, beta, dw, workspace, algorithm, fmt: gemm_convolution.backward_filter(
         backend, shape, alpha, x, dy, beta, dw, workspace, backend.context.ones(shape.batch),
-        algorithm.samples_per_gemm),
+        algorithm.samples_per_gemm, fmt),
 )
 DIRECTIONS = (FORWARD, BACKWARD_DATA, BACKWARD_FILTER)
 DIRECTION_NAMES = tuple(direction.name for direction in DIRECTIONS)
@@ -232,7 +237,7 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
             found = cudnn_candidates(handle, direction, operands, limit, math_type)
         candidates = [algorithm for algorithm in found if algorithm.deterministic or not deterministic]
         if gemm_candidate:
-            candidates += _gemm_candidates(direction.name, gemm_shape, limit)
+            candidates += _gemm_candidates(direction.name, gemm_shape, limit, math in DATA_TYPES)
         if gemm_candidate and direction is BACKWARD_DATA and flipped is not None:
             candidates += [algorithm for algorithm in by_forward_candidates(handle, x, y, flipped, limit, math_type)
                            if algorithm.deterministic or not deterministic]
@@ -251,13 +256,13 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     return plan
 
 
-def _gemm_candidates(direction: str, shape: GemmShape, limit: int) -> list[Algorithm]:
-    """The GEMM engine where it runs within ``limit`` bytes: once, or in backward_filter once per
-    number of samples summed inside one GEMM."""
+def _gemm_candidates(direction: str, shape: GemmShape, limit: int, half: bool = False) -> list[Algorithm]:
+    """The GEMM engine (in 16 bits with ``half``) where it runs within ``limit`` bytes: once, or in
+    backward_filter once per number of samples summed inside one GEMM."""
     groupings = gemm_convolution.samples_per_gemm_choices(shape) if direction == "backward_filter" else (1,)
     candidates = []
     for samples in groupings:
-        nbytes = gemm_convolution.workspace_bytes(direction, shape, samples)
+        nbytes = gemm_convolution.workspace_bytes(direction, shape, samples, half)
         if nbytes <= limit and gemm_convolution.supports(shape, samples):
             candidates.append(Algorithm(GEMM_ALGORITHM, nbytes, samples_per_gemm=samples))
     return candidates
@@ -275,6 +280,9 @@ def by_forward_candidates(handle: int, x: TensorDescriptor, y: TensorDescriptor,
 def backward_data_by_forward(backend, plan: ConvolutionPlan, algorithm: Algorithm, alpha, w, dy, beta, dx,
                              workspace: int) -> None:
     """dx = alpha·(dy ⋆ W′) + beta·dx by cudnnConvolutionForward, W′ flipped from w into the workspace."""
+    if plan.math in DATA_TYPES:
+        _backward_data_by_forward_half(backend, plan, algorithm, alpha, w, dy, beta, dx, workspace)
+        return
     flipped = plan.flipped
     k, c, r, s = plan.desc.filter_shape
     # W′[c, k, r, s] = W[k, c, R−1−r, S−1−s]      (C, K, R, S)
@@ -284,6 +292,25 @@ def backward_data_by_forward(backend, plan: ConvolutionPlan, algorithm: Algorith
                               workspace, flipped.conv.handle, algorithm.algo, workspace + flipped.filter_bytes,
                               algorithm.workspace_bytes - flipped.filter_bytes, backend._scalar(beta), plan.x.handle,
                               dx.data.ptr)
+
+
+def _backward_data_by_forward_half(backend, plan: ConvolutionPlan, algorithm: Algorithm, alpha, w, dy, beta, dx,
+                                   workspace: int) -> None:
+    """The same in 16 bits (as ``CudaBackend._convolve`` runs cuDNN there): W′₁₆ flipped from W's 16-bit
+    copy, dx₁₆ = dy₁₆ ⋆ W′₁₆ (rounded by cuDNN), then dx = alpha·float(dx₁₆) + beta·dx."""
+    flipped, fmt = plan.flipped, HALF_FORMATS[plan.math]
+    k, c, r, s = plan.desc.filter_shape
+    w16, dy16, dx16 = backend._bf16_operands((w, w.size), (dy, dy.size), output=dx.size)
+    # W′₁₆[c, k, r, s] = W₁₆[k, c, R−1−r, S−1−s]      (C, K, R, S)
+    backend.context.kernel("flip_filter_half").launch(blocks_for(k * c * r * s), backend._stream, workspace, w16, k, c,
+                                                      r * s)
+    # dx₁₆ = dy₁₆ ⋆ W′₁₆
+    cudnn.convolution_forward(backend._cudnn, backend._scalar(1.0), plan.y.handle, dy16, flipped.w.handle, workspace,
+                              flipped.conv.handle, algorithm.algo, workspace + flipped.filter_bytes,
+                              algorithm.workspace_bytes - flipped.filter_bytes, backend._scalar(0.0), plan.x.handle,
+                              dx16)
+    # dx = alpha·float(dx₁₆) + beta·dx
+    backend._bf16.to_float(dx.data.ptr, dx16, alpha, beta, dx.size, fmt=fmt)
 
 
 def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, math: str,
@@ -307,7 +334,8 @@ def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
         if algorithm.by_forward:
             nbytes = _by_forward_bytes(handle, direction, x, y, flipped, algorithm, math_type)
         else:
-            nbytes = _workspace_bytes(handle, direction, direction.operands(*handles), gemm_shape, algorithm, math_type)
+            nbytes = _workspace_bytes(handle, direction, direction.operands(*handles), gemm_shape, algorithm, math_type,
+                                      math in DATA_TYPES)
         if nbytes is None or nbytes > limit:
             log.debug("convolution %s algorithm %d cannot run at %s within %d bytes (workspace %s)",
                       direction.name, algorithm.algo, x_shape, limit, nbytes)
@@ -331,13 +359,13 @@ def _descriptors(descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_sh
 
 def flipped_filter(descriptors: DescriptorCache, desc: ConvolutionDescriptor, math: str,
                     math_type: int) -> FlippedFilter | None:
-    """W′'s descriptors where backward data is a forward convolution: FP32 (our W′ is float32), stride 1,
-    padding p <= d·(R−1)."""
+    """W′'s descriptors where backward data is a forward convolution: stride 1, padding p <= d·(R−1);
+    W′ of ``math``'s data type (float32, or the 16-bit one W′ is flipped from W's 16-bit copy in)."""
     padding = desc.dilation * (desc.kernel_size - 1) - desc.padding
-    if math in DATA_TYPES or desc.stride != 1 or padding < 0:
+    if desc.stride != 1 or padding < 0:
         return None
     flipped = ConvolutionDescriptor(desc.in_channels, desc.out_channels, desc.kernel_size, 1, padding, desc.dilation)
-    return FlippedFilter(flipped, descriptors.filter(flipped.filter_shape),
+    return FlippedFilter(flipped, descriptors.filter(flipped.filter_shape, DATA_TYPES.get(math, cudnn.DATA_FLOAT)),
                          descriptors.convolution(flipped, math_type))
 
 
@@ -357,13 +385,14 @@ def _by_forward_bytes(handle: int, direction: Direction, x: TensorDescriptor, y:
 
 
 def _workspace_bytes(handle: int, direction: Direction, operands: tuple, gemm_shape: GemmShape,
-                     algorithm: Algorithm, math_type: int) -> int | None:
-    """The workspace ``algorithm`` needs in ``direction``, or None where it cannot run these shapes."""
+                     algorithm: Algorithm, math_type: int, half: bool = False) -> int | None:
+    """The workspace ``algorithm`` needs in ``direction`` (the GEMM engine's in 16 bits with ``half``),
+    or None where it cannot run these shapes."""
     algo, samples = algorithm.algo, algorithm.samples_per_gemm
     if algo == GEMM_ALGORITHM:
         if (samples != 1 and direction.name != "backward_filter") or not gemm_convolution.supports(gemm_shape, samples):
             return None
-        return gemm_convolution.workspace_bytes(direction.name, gemm_shape, samples)
+        return gemm_convolution.workspace_bytes(direction.name, gemm_shape, samples, half)
     if samples != 1 or _ineligible(math_type, direction.name, algo):
         return None
     try:

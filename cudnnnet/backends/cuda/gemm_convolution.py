@@ -21,6 +21,20 @@ A batched GEMM is cublasSgemmStridedBatched or cublasLtMatmul with a batched lay
 the backend's GEMM plan timed faster (matmul.py). Every step is deterministic. ``convolution.py``
 times this engine against cuDNN's algorithms and a plan takes it (``GEMM_ALGORITHM``) where it is
 faster.
+
+Under a 16-bit math (``math: bf16`` or ``fp16``, a low_precision.HalfFormat) the GEMMs read 16-bit
+A and B, accumulate in FP32 and write FP32 C (matmul.py's plans: cublasLtMatmul, or
+cublasGemmStridedBatchedEx): im2col writes col in 16 bits (``im2col_half``: each value rounded as
+converting x first would; dy regrouped the same way), W and dy (S = 1) are the pass's 16-bit copies
+(low_precision.Bf16Copies). The sum over the groups (GEMV) and col2im stay FP32. Each result is
+then rounded once to the 16-bit format before alpha and beta, as cuDNN's 16-bit output is, so
+that a convolution computes the same thing whichever engine a plan takes (and the host follows
+both):
+
+    forward          y  = alpha·half(col₁₆ · W₁₆) + beta·y      round_result (the product in y
+                                                                where beta = 0, else in the workspace)
+    backward data    dx = alpha·half(col2im(dy₁₆ · W₁₆ᵀ)) + beta·dx     col2im rounds its sum
+    backward filter  dW = alpha·half(Σ_g col₁₆ᵀ · dy₁₆) + beta·dW       round_result after the GEMV
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ from ..base import OP_N, OP_T
 from .bindings import cublas
 from .buffer import FLOAT32_BYTES
 from .kernel import blocks_for
+from .low_precision import BF16_BYTES, HalfFormat
 from .matmul import GemmProblem, alignment
 
 GEMM_ALGORITHM = -1  # not a cuDNN enum value: a plan's marker for this engine
@@ -102,9 +117,11 @@ def samples_per_gemm_choices(shape: GemmShape) -> tuple[int, ...]:
     return tuple(2 ** i for i in range(shape.batch.bit_length()))
 
 
-def workspace_bytes(direction: str, shape: GemmShape, samples_per_gemm: int = 1) -> int:
+def workspace_bytes(direction: str, shape: GemmShape, samples_per_gemm: int = 1, half: bool = False) -> int:
     """col (forward), dcol (backward_data); for backward_filter the grouped col, the regrouped dy
-    and the per-group dW_g (none for one group)."""
+    and the per-group dW_g (none for one group). ``half``: the 16-bit engine's sections (``half_sections``)."""
+    if half:
+        return sum(half_sections(direction, shape, samples_per_gemm))
     if direction != "backward_filter":
         return FLOAT32_BYTES * shape.col_size
     groups = shape.groups(samples_per_gemm)
@@ -113,7 +130,43 @@ def workspace_bytes(direction: str, shape: GemmShape, samples_per_gemm: int = 1)
                             + partials)
 
 
-def forward(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int) -> None:
+SECTION_ALIGNMENT = 256  # bytes: each section of the 16-bit engine's workspace starts aligned, for cuBLASLt
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // SECTION_ALIGNMENT) * SECTION_ALIGNMENT
+
+
+def half_sections(direction: str, shape: GemmShape, samples_per_gemm: int = 1) -> tuple[int, ...]:
+    """The bytes of each section of the 16-bit engine's workspace, in order (256-byte multiples):
+    forward: col₁₆ (N, CRS, P), the FP32 product (N, K, P) for a beta other than 0;
+    backward_data: dcol (N, CRS, P) in FP32;
+    backward_filter: col₁₆ (G, CRS, S, P), dy₁₆ regrouped (G, K, S, P; none for S = 1), the FP32 dW_g
+    (G, K, CRS; none for one group) and their FP32 sum (K, CRS) before rounding."""
+    k, rows, p = shape.out_channels, shape.rows, shape.positions
+    if direction == "forward":
+        return _aligned(BF16_BYTES * shape.col_size), _aligned(FLOAT32_BYTES * shape.batch * k * p)
+    if direction == "backward_data":
+        return (_aligned(FLOAT32_BYTES * shape.col_size),)
+    groups = shape.groups(samples_per_gemm)
+    return (_aligned(BF16_BYTES * shape.grouped_col_size(samples_per_gemm)),
+            _aligned(BF16_BYTES * shape.grouped_dy_size(samples_per_gemm)),
+            _aligned(FLOAT32_BYTES * groups * rows * k) if groups > 1 else 0,
+            _aligned(FLOAT32_BYTES * rows * k))
+
+
+def _section_pointers(workspace: int, sections: tuple[int, ...]) -> list[int]:
+    pointers = []
+    for nbytes in sections:
+        pointers.append(workspace)
+        workspace += nbytes
+    return pointers
+
+
+def forward(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int, fmt: HalfFormat | None = None) -> None:
+    if fmt is not None:
+        _forward_half(backend, shape, alpha, x, w, beta, y, workspace, fmt)
+        return
     col = workspace  # (N, CRS, P)
     _im2col(backend, shape, x.data.ptr, col, 1)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
@@ -122,8 +175,25 @@ def forward(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int) -> 
                   k * p, shape.batch)
 
 
+def _forward_half(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int, fmt: HalfFormat) -> None:
+    col, product = _section_pointers(workspace, half_sections("forward", shape))  # col₁₆ (N, CRS, P)
+    if beta == 0:
+        product = y.data.ptr  # (N, K, P), rounded in place
+    _im2col(backend, shape, x.data.ptr, col, 1, fmt)
+    (w16,) = backend._bf16_operands((w, w.size))  # (K, CRS)
+    p, k, rows = shape.positions, shape.out_channels, shape.rows
+    # productₙ = col₁₆ₙ · W₁₆     (P × K) = (P × CRS) · (CRS × K), for each sample n; FP32 sums
+    _batched_gemm(backend, OP_N, OP_N, p, k, rows, 1.0, col, p, rows * p, w16, rows, 0, 0.0, product, p, k * p,
+                  shape.batch, fmt.name)
+    # y = alpha·half(product) + beta·y
+    _round_result(backend, fmt, y.data.ptr, product, alpha, beta, shape.batch * k * p)
+
+
 def backward_filter(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace: int, ones: int,
-                    samples_per_gemm: int = 1) -> None:
+                    samples_per_gemm: int = 1, fmt: HalfFormat | None = None) -> None:
+    if fmt is not None:
+        _backward_filter_half(backend, shape, alpha, x, dy, beta, dw, workspace, ones, samples_per_gemm, fmt)
+        return
     s, groups = samples_per_gemm, shape.groups(samples_per_gemm)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
     col = workspace  # (G, CRS, S, P)
@@ -147,37 +217,85 @@ def backward_filter(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace
                  backend._scalar(beta), dw.data.ptr, 1)
 
 
-def backward_data(backend, shape: GemmShape, alpha, w, dy, beta, dx, workspace: int) -> None:
+def _backward_filter_half(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace: int, ones: int,
+                          samples_per_gemm: int, fmt: HalfFormat) -> None:
+    s, groups = samples_per_gemm, shape.groups(samples_per_gemm)
+    p, k, rows = shape.positions, shape.out_channels, shape.rows
+    # col₁₆ (G, CRS, S, P), dy₁₆ (G, K, S, P), dW_g (G, K, CRS), their sum (K, CRS)
+    col, grouped_dy, partials, total = _section_pointers(workspace, half_sections("backward_filter", shape, s))
+    _im2col(backend, shape, x.data.ptr, col, s, fmt)
+    if s == 1:
+        (grouped_dy,) = backend._bf16_operands((dy, dy.size))  # (N, K, P)
+    else:
+        _regroup(backend, shape, dy.data.ptr, grouped_dy, s, fmt)
+    if groups == 1:
+        # total = col₁₆ᵀ · dy₁₆        (CRS × K) = (CRS × S·P) · (S·P × K)
+        _batched_gemm(backend, OP_T, OP_N, rows, k, s * p, 1.0, col, s * p, 0, grouped_dy, s * p, 0, 0.0, total, rows,
+                      0, 1, fmt.name)
+    else:
+        # dW_g = col₁₆_gᵀ · dy₁₆_g    (CRS × K) = (CRS × S·P) · (S·P × K), for each group g
+        _batched_gemm(backend, OP_T, OP_N, rows, k, s * p, 1.0, col, s * p, rows * s * p, grouped_dy, s * p,
+                      k * s * p, 0.0, partials, rows, rows * k, groups, fmt.name)
+        # total = Σ_g dW_g           (CRS·K) = (CRS·K × G) · 1_G
+        cublas.sgemv(backend._cublas, OP_N, rows * k, groups, backend._scalar(1.0), partials, rows * k, ones, 1,
+                     backend._scalar(0.0), total, 1)
+    # dW = alpha·half(total) + beta·dW
+    _round_result(backend, fmt, dw.data.ptr, total, alpha, beta, rows * k)
+
+
+def backward_data(backend, shape: GemmShape, alpha, w, dy, beta, dx, workspace: int,
+                  fmt: HalfFormat | None = None) -> None:
     dcol = workspace  # (N, CRS, P)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
-    # dcolₙ = dyₙ · Wᵀ     (P × CRS) = (P × K) · (K × CRS), for each sample n
-    _batched_gemm(backend, OP_N, OP_T, p, rows, k, 1.0, dy.data.ptr, p, k * p, w.data.ptr, rows, 0, 0.0, dcol, p,
-                  rows * p, shape.batch)
-    # dx = alpha·col2im(dcol) + beta·dx
+    if fmt is None:
+        w_ptr, dy_ptr, math, rounding = w.data.ptr, dy.data.ptr, backend.math, 0
+    else:
+        (w_ptr, dy_ptr), math, rounding = backend._bf16_operands((w, w.size), (dy, dy.size)), fmt.name, fmt.kernel_code
+    # dcolₙ = dyₙ · Wᵀ     (P × CRS) = (P × K) · (K × CRS), for each sample n (16-bit dy₁₆ and W₁₆ under fmt)
+    _batched_gemm(backend, OP_N, OP_T, p, rows, k, 1.0, dy_ptr, p, k * p, w_ptr, rows, 0, 0.0, dcol, p,
+                  rows * p, shape.batch, math)
+    # dx = alpha·col2im(dcol) + beta·dx          (col2im's sum rounded to fmt first)
     total = shape.batch * shape.channels * shape.height * shape.width
     backend.context.kernel("col2im").launch(blocks_for(total), backend._stream, dx.data.ptr, dcol, float(alpha),
-                                            float(beta), *shape.geometry())
+                                            float(beta), *shape.geometry(), rounding)
 
 
 def _batched_gemm(backend, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
-                  batch) -> None:
+                  batch, math: str | None = None) -> None:
     """Cᵢ = alpha·op(Aᵢ)·op(Bᵢ) + beta·Cᵢ for i < batch (a stride of 0 shares one matrix), with the
-    backend's timed GEMM plan (cublasLtMatmul or cublasSgemmStridedBatched, see matmul.py)."""
-    problem = GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, batch, stride_a, stride_b, stride_c, backend.math,
-                          alignment(a, b, c))
+    backend's timed GEMM plan (cublasLtMatmul or cublasSgemmStridedBatched, see matmul.py); A and B in
+    16 bits where ``math`` is "bf16" or "fp16" (the backend's math when not given)."""
+    problem = GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, batch, stride_a, stride_b, stride_c,
+                          math or backend.math, alignment(a, b, c))
     backend.gemm(problem, alpha, a, b, beta, c)
 
 
-def _im2col(backend, shape: GemmShape, x: int, col: int, samples_per_gemm: int) -> None:
-    """col (G, CRS, S, P) from x (N, C, H, W), zeros for the samples past N."""
+def _im2col(backend, shape: GemmShape, x: int, col: int, samples_per_gemm: int, fmt: HalfFormat | None = None) -> None:
+    """col (G, CRS, S, P) from x (N, C, H, W), zeros for the samples past N; in ``fmt``'s 16 bits where given."""
     threads = shape.groups(samples_per_gemm) * samples_per_gemm * shape.channels * shape.positions
-    backend.context.kernel("im2col").launch(blocks_for(threads), backend._stream, col, x, *shape.geometry(),
-                                            samples_per_gemm)
+    if fmt is None:
+        backend.context.kernel("im2col").launch(blocks_for(threads), backend._stream, col, x, *shape.geometry(),
+                                                samples_per_gemm)
+    else:
+        backend.context.kernel("im2col_half").launch(blocks_for(threads), backend._stream, col, x, *shape.geometry(),
+                                                     samples_per_gemm, fmt.kernel_code)
 
 
-def _regroup(backend, shape: GemmShape, dy: int, grouped: int, samples_per_gemm: int) -> None:
-    """dy (N, K, P) -> (G, K, S, P), zeros for the samples past N: im2col of a 1×1 kernel."""
+def _regroup(backend, shape: GemmShape, dy: int, grouped: int, samples_per_gemm: int,
+             fmt: HalfFormat | None = None) -> None:
+    """dy (N, K, P) -> (G, K, S, P), zeros for the samples past N: im2col of a 1×1 kernel (into
+    ``fmt``'s 16 bits where given)."""
     k, oh, ow = shape.out_channels, shape.out_height, shape.out_width
     threads = shape.groups(samples_per_gemm) * samples_per_gemm * k * shape.positions
-    backend.context.kernel("im2col").launch(blocks_for(threads), backend._stream, grouped, dy, shape.batch, k, oh,
-                                            ow, 1, 1, 0, 1, oh, ow, samples_per_gemm)
+    geometry = (shape.batch, k, oh, ow, 1, 1, 0, 1, oh, ow, samples_per_gemm)
+    if fmt is None:
+        backend.context.kernel("im2col").launch(blocks_for(threads), backend._stream, grouped, dy, *geometry)
+    else:
+        backend.context.kernel("im2col_half").launch(blocks_for(threads), backend._stream, grouped, dy, *geometry,
+                                                     fmt.kernel_code)
+
+
+def _round_result(backend, fmt: HalfFormat, out: int, product: int, alpha, beta, count: int) -> None:
+    """out = alpha·half(product) + beta·out over ``count`` floats (``product`` may be ``out``)."""
+    backend.context.kernel("round_result").launch(blocks_for(count), backend._stream, out, product, float(alpha),
+                                                  float(beta), fmt.kernel_code, count)

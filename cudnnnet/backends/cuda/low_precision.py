@@ -11,8 +11,10 @@ kernels/bf16.cu, and accumulates in FP32:
                  out = alpha·float(out₁₆) + beta·out   bf16_to_float
 
 cuDNN's BFLOAT16_CONFIG writes a bfloat16 output, so a convolution's result is rounded to bfloat16
-once more; a GEMM's is not. The host backend rounds the same operands (and convolution outputs)
-the same way.
+once more; a GEMM's is not. The fast engine's explicit-GEMM convolution (gemm_convolution.py: im2col
+into bfloat16, GEMMs with FP32 results) rounds its result once to bfloat16 too, so a convolution is
+the same arithmetic whichever algorithm its plan took. The host backend rounds the same operands
+(and convolution outputs) the same way.
 
 Three concerns, a class each:
 
@@ -61,10 +63,11 @@ class HalfFormat:
     to_half: str
     to_half_x4: str
     to_float: str
+    kernel_code: int  # the ``format`` argument of kernels/convolution.cu's 16-bit kernels
 
 
-BF16 = HalfFormat("bf16", cublas.R_16BF, cudnn.DATA_BFLOAT16, "to_bf16", "to_bf16_x4", "bf16_to_float")
-FP16 = HalfFormat("fp16", cublas.R_16F, cudnn.DATA_HALF, "to_fp16", "to_fp16_x4", "fp16_to_float")
+BF16 = HalfFormat("bf16", cublas.R_16BF, cudnn.DATA_BFLOAT16, "to_bf16", "to_bf16_x4", "bf16_to_float", 1)
+FP16 = HalfFormat("fp16", cublas.R_16F, cudnn.DATA_HALF, "to_fp16", "to_fp16_x4", "fp16_to_float", 2)
 HALF_FORMATS = {fmt.name: fmt for fmt in (BF16, FP16)}  # math mode -> its 16-bit format
 
 

@@ -23,9 +23,10 @@ can be timed there), take cublasSgemm without timing. Every candidate computes t
 TF32) GEMM, deterministically; they differ in tiling and in how K is split.
 
 Under math "bf16" A and B are bfloat16 (the copies of low_precision.py), C float32, FP32
-accumulation: the untimed candidate is cublasGemmEx (CUDA_R_16BF operands, CUBLAS_COMPUTE_32F), the
-cuBLASLt layouts of A and B are CUDA_R_16BF, and there is no transposing candidate (cublasSgeam
-copies float32 only); one matrix, no batch. Math "fp16" is the same with CUDA_R_16F operands.
+accumulation: the untimed candidate is cublasGemmEx (cublasGemmStridedBatchedEx for a batch: the
+GEMM convolution's; CUDA_R_16BF operands, CUBLAS_COMPUTE_32F), the cuBLASLt layouts of A and B are
+CUDA_R_16BF, and there is no transposing candidate (cublasSgeam copies float32 only). Math "fp16"
+is the same with CUDA_R_16F operands.
 
 Timed plans are kept on disk (below, in ``cache.plan_dir()``: one file per problem, keyed by the GPU,
 the cuBLAS and cuBLASLt versions, the problem, the cuBLAS workspace and the rules above), so that a new process
@@ -236,8 +237,16 @@ class GemmEngine:
                         c, layout_c, plan.algorithm, workspace, workspace_bytes, self.context.stream.address)
 
     def _cublas_sgemm(self, p: GemmProblem, alpha, a: int, b: int, beta, c: int) -> None:
-        """The slides' call: cublasSgemm (cublasSgemmStridedBatched for a batch); cublasGemmEx in bf16 and fp16."""
+        """The slides' call: cublasSgemm (cublasSgemmStridedBatched for a batch); cublasGemmEx in bf16 and fp16
+        (cublasGemmStridedBatchedEx for a batch)."""
         handle = self.context.cublas.handle
+        if p.math in OPERAND_TYPES and p.batch > 1:
+            # Cᵢ = alpha·op(A₁₆ᵢ)·op(B₁₆ᵢ) + beta·Cᵢ
+            operand_type = OPERAND_TYPES[p.math]
+            cublas.gemm_strided_batched_ex(handle, p.transa, p.transb, p.m, p.n, p.k, alpha, a, operand_type, p.lda,
+                                           p.stride_a, b, operand_type, p.ldb, p.stride_b, beta, c, cublas.R_32F, p.ldc,
+                                           p.stride_c, p.batch, cublas.COMPUTE_32F, cublas.GEMM_DEFAULT)
+            return
         if p.math in OPERAND_TYPES:
             # C = alpha·op(A₁₆)·op(B₁₆) + beta·C
             operand_type = OPERAND_TYPES[p.math]

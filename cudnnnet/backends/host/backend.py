@@ -10,7 +10,7 @@ col2im and pooling loop over the kernel / window offsets only, never over pixels
 Math "bf16" rounds where the CUDA backend does (backends/cuda/low_precision.py): a GEMM's and a
 convolution's float32 operands to bfloat16 (round to nearest even, ``round_to_bf16``) before the
 product, which is then summed in float32, and a convolution's result once more (cuDNN writes it in
-bfloat16). "fp16" does the same with IEEE half (``round_to_fp16``, as kernels/fp16.cu): a value past
+bfloat16, and the fast engine's GEMM convolution rounds its FP32 result so too). "fp16" does the same with IEEE half (``round_to_fp16``, as kernels/fp16.cu): a value past
 65504 becomes ±inf, as on the GPU. "tf32" computes in FP32: the host has no TF32 rounding.
 
 Dynamic loss scaling (``find_nonfinite_gradients``, ``update_loss_scale`` and the ``loss_scale`` of

@@ -50,6 +50,8 @@ SIGNATURES = {
                                   c_longlong, _P, _P, c_int, c_longlong, c_int),
     "cublasGemmEx": (_P, c_int, c_int, c_int, c_int, c_int, _P, _P, c_int, c_int, _P, c_int, c_int, _P, _P, c_int,
                      c_int, c_int, c_int),
+    "cublasGemmStridedBatchedEx": (_P, c_int, c_int, c_int, c_int, c_int, _P, _P, c_int, c_int, c_longlong, _P, c_int,
+                                   c_int, c_longlong, _P, _P, c_int, c_int, c_longlong, c_int, c_int, c_int),
     "cublasSgemv_v2": (_P, c_int, c_int, c_int, _P, _P, c_int, _P, c_int, _P, _P, c_int),
     "cublasSgeam": (_P, c_int, c_int, c_int, c_int, _P, _P, c_int, _P, _P, c_int, _P, c_int),
     "cublasSaxpy_v2": (_P, c_int, _P, _P, c_int, _P, c_int),
@@ -137,6 +139,14 @@ def gemm_ex(handle, transa, transb, m, n, k, alpha, a, a_type, lda, b, b_type, l
     """C(m×n) = alpha·op(A)(m×k)·op(B)(k×n) + beta·C with A, B and C of the given cudaDataType_t."""
     _call("cublasGemmEx", handle, transa, transb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c, c_type, ldc,
           compute_type, algo)
+
+
+def gemm_strided_batched_ex(handle, transa, transb, m, n, k, alpha, a, a_type, lda, stride_a, b, b_type, ldb, stride_b,
+                            beta, c, c_type, ldc, stride_c, batch, compute_type, algo) -> None:
+    """Cᵢ = alpha·op(Aᵢ)·op(Bᵢ) + beta·Cᵢ for i < batch, A, B and C of the given cudaDataType_t, Xᵢ at
+    X + i·stride_x elements (a stride of 0 shares one matrix)."""
+    _call("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, alpha, a, a_type, lda, stride_a, b, b_type,
+          ldb, stride_b, beta, c, c_type, ldc, stride_c, batch, compute_type, algo)
 
 
 def sgemm_strided_batched(handle, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,

@@ -4,9 +4,59 @@
 //   col[n, (c, r, s), (oh, ow)] = x[n, c, oh·stride − padding + r·dilation, ow·stride − padding + s·dilation]
 // (0 where that falls in the padding). R = S = kernel. Indices are 32-bit: the backend checks
 // that col and x hold fewer than 2^31 values (integer division is several times cheaper so).
+//
+// Under a 16-bit math (``format`` 1: bfloat16, 2: IEEE half; 0: float32 kept) im2col_half writes
+// col in 16 bits, each value rounded as converting x first would (the roundings of bf16.cu's
+// to_bf16 and fp16.cu's to_fp16, repeated here: each file is compiled alone), and the FP32 results
+// of the GEMMs are rounded once to the format before alpha and beta (col2im, round_result), as
+// cuDNN's 16-bit output is.
 
 __device__ int first_index() { return blockIdx.x * BLOCK_SIZE + threadIdx.x; }
 __device__ int grid_stride() { return gridDim.x * BLOCK_SIZE; }
+
+#define FORMAT_BF16 1
+#define FORMAT_FP16 2
+
+__device__ __forceinline__ unsigned int bf16_bits(float value) {  // bf16.cu's rounding
+    const unsigned int bits = __float_as_uint(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x0040u;  // NaN: quiet, sign kept
+    return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+}
+
+__device__ __forceinline__ unsigned int fp16_bits(float value) {  // fp16.cu's rounding
+    unsigned short half;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(half) : "f"(value));
+    return half;
+}
+
+__device__ __forceinline__ float fp16_value(unsigned short half) {
+    float value;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(half));
+    return value;
+}
+
+// The 16 bits of ``value`` in ``format`` (1 or 2).
+__device__ __forceinline__ unsigned short half_bits(float value, int format) {
+    return (unsigned short)(format == FORMAT_BF16 ? bf16_bits(value) : fp16_bits(value));
+}
+
+// ``value`` rounded to ``format`` (0: unchanged), as a float.
+__device__ __forceinline__ float rounded(float value, int format) {
+    if (format == FORMAT_BF16) return __uint_as_float(bf16_bits(value) << 16);
+    if (format == FORMAT_FP16) return fp16_value((unsigned short)fp16_bits(value));
+    return value;
+}
+
+// The value im2col stores: x's float itself, or its 16 bits in ``format``.
+struct StoreFloat {
+    typedef float Value;
+    __device__ float operator()(float value) const { return value; }
+};
+struct StoreHalf {
+    typedef unsigned short Value;
+    int format;
+    __device__ unsigned short operator()(float value) const { return half_bits(value, format); }
+};
 
 // One thread per (n, c, oh, ow) writes the R·S col entries of that receptive field: the index
 // arithmetic (integer divisions dominate a memory-bound kernel) runs once per R·S values.
@@ -14,9 +64,11 @@ __device__ int grid_stride() { return gridDim.x * BLOCK_SIZE; }
 // that a group's S·P positions of one row are contiguous; samples from ``batch`` up to the last
 // group's end are zeros. S = 1 is the per-sample layout col[n, (c, r, s), p].
 //   col (⌈batch/S⌉, channels·kernel², S, out_height·out_width), x (batch, channels, height, width)
-extern "C" __global__ void im2col(float* col, const float* x, int batch, int channels, int height, int width,
-                                  int kernel, int stride, int padding, int dilation, int out_height, int out_width,
-                                  int group) {
+template <typename Store>
+__device__ void im2col_into(typename Store::Value* col, const float* x, int batch, int channels, int height,
+                            int width, int kernel, int stride, int padding, int dilation, int out_height,
+                            int out_width, int group, Store store) {
+    typedef typename Store::Value Value;
     const int positions = out_height * out_width;
     const int taps = kernel * kernel;
     const int padded_batch = (batch + group - 1) / group * group;
@@ -26,9 +78,9 @@ extern "C" __global__ void im2col(float* col, const float* x, int batch, int cha
         const int p = i % positions;
         const int sample_channel = i / positions;  // n·C + c
         const int n = sample_channel / channels, c = sample_channel % channels;
-        float* out = col + (((n / group) * channels + c) * taps * group + n % group) * positions + p;  // col[g, (c, 0, 0), j, p]
+        Value* out = col + (((n / group) * channels + c) * taps * group + n % group) * positions + p;  // col[g, (c, 0, 0), j, p]
         if (n >= batch) {
-            for (int t = 0; t < taps; ++t) out[t * tap_step] = 0.f;
+            for (int t = 0; t < taps; ++t) out[t * tap_step] = store(0.f);
             continue;
         }
         const int top = (p / out_width) * stride - padding, left = (p % out_width) * stride - padding;
@@ -38,22 +90,60 @@ extern "C" __global__ void im2col(float* col, const float* x, int batch, int cha
             for (int s = 0; s < kernel; ++s) {
                 const int w = left + s * dilation;
                 const bool inside = h >= 0 && h < height && w >= 0 && w < width;
-                out[(r * kernel + s) * tap_step] = inside ? image[h * width + w] : 0.f;
+                out[(r * kernel + s) * tap_step] = store(inside ? image[h * width + w] : 0.f);
             }
         }
+    }
+}
+
+extern "C" __global__ void im2col(float* col, const float* x, int batch, int channels, int height, int width,
+                                  int kernel, int stride, int padding, int dilation, int out_height, int out_width,
+                                  int group) {
+    im2col_into(col, x, batch, channels, height, width, kernel, stride, padding, dilation, out_height, out_width,
+                group, StoreFloat());
+}
+
+// im2col with col in 16 bits of ``format``: col[…] = half(x[…]).
+extern "C" __global__ void im2col_half(unsigned short* col, const float* x, int batch, int channels, int height,
+                                       int width, int kernel, int stride, int padding, int dilation, int out_height,
+                                       int out_width, int group, int format) {
+    StoreHalf store;
+    store.format = format;
+    im2col_into(col, x, batch, channels, height, width, kernel, stride, padding, dilation, out_height, out_width,
+                group, store);
+}
+
+// out = alpha·rounded(in, format) + beta·out (out not read where beta == 0; ``in`` may be ``out``):
+// a GEMM's FP32 result rounded as cuDNN's 16-bit output is, then blended as bf16_to_float does.
+extern "C" __global__ void round_result(float* out, const float* in, float alpha, float beta, int format,
+                                        long long count) {
+    for (long long i = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x; i < count; i += (long long)gridDim.x * BLOCK_SIZE) {
+        const float value = __fmul_rn(alpha, rounded(in[i], format));
+        out[i] = beta == 0.f ? value : __fadd_rn(__fmul_rn(beta, out[i]), value);
     }
 }
 
 // W′[c, k, t] = W[k, c, taps − 1 − t]: the filter that makes a stride-1 backward data a forward
 // convolution (convolution.py, ``by_forward``).
 //   flipped (channels, out_channels, taps), w (out_channels, channels, taps), taps = R·S
-extern "C" __global__ void flip_filter(float* flipped, const float* w, int out_channels, int channels, int taps) {
+template <typename Value>
+__device__ void flip_into(Value* flipped, const Value* w, int out_channels, int channels, int taps) {
     const int total = out_channels * channels * taps;
     for (int i = first_index(); i < total; i += grid_stride()) {
         const int t = i % taps;
         const int c = (i / taps) % channels, k = i / (taps * channels);
         flipped[(c * out_channels + k) * taps + taps - 1 - t] = w[i];
     }
+}
+
+extern "C" __global__ void flip_filter(float* flipped, const float* w, int out_channels, int channels, int taps) {
+    flip_into(flipped, w, out_channels, channels, taps);
+}
+
+// The same for a 16-bit filter (its bits moved, whichever the format).
+extern "C" __global__ void flip_filter_half(unsigned short* flipped, const unsigned short* w, int out_channels,
+                                            int channels, int taps) {
+    flip_into(flipped, w, out_channels, channels, taps);
 }
 
 // The output row (or column) whose window starts at ``offset`` = o·stride, or -1 if none does.
@@ -67,12 +157,13 @@ __device__ int output_index(int offset, int stride, int count) {
     return offset < count ? offset : -1;
 }
 
-// dx = alpha·col2im(dcol) + beta·dx: each pixel gathers the col entries im2col copied it to (no
-// atomics: the sum runs in a fixed order). With beta == 0, dx is not read.
+// dx = alpha·rounded(col2im(dcol), format) + beta·dx: each pixel gathers the col entries im2col
+// copied it to (no atomics: the sum runs in a fixed order), rounded to ``format`` (0: not rounded).
+// With beta == 0, dx is not read.
 //   dx (batch, channels, height, width), dcol (batch, channels·kernel², out_height·out_width)
 extern "C" __global__ void col2im(float* dx, const float* dcol, float alpha, float beta, int batch, int channels,
                                   int height, int width, int kernel, int stride, int padding, int dilation,
-                                  int out_height, int out_width) {
+                                  int out_height, int out_width, int format) {
     const int positions = out_height * out_width;
     const int total = batch * channels * height * width;
     for (int i = first_index(); i < total; i += grid_stride()) {
@@ -90,6 +181,11 @@ extern "C" __global__ void col2im(float* dx, const float* dcol, float alpha, flo
                 if (ow >= 0) sum += row[s * positions + ow];
             }
         }
-        dx[i] = beta == 0.f ? alpha * sum : alpha * sum + beta * dx[i];
+        if (format == 0) {
+            dx[i] = beta == 0.f ? alpha * sum : alpha * sum + beta * dx[i];
+        } else {
+            const float value = __fmul_rn(alpha, rounded(sum, format));
+            dx[i] = beta == 0.f ? value : __fadd_rn(__fmul_rn(beta, dx[i]), value);
+        }
     }
 }
