@@ -1132,11 +1132,14 @@ def activation_dx(backend, desc, alpha, beta, x, y, dy, dx) -> np.ndarray:
 
 
 def activation_operands(rng, mode, coef, shape, beta, special: bool):
-    """(x, y, dy, dx) of ``shape``; x holds zeros and -inf (and NaN where ``special``), dy NaN and inf
-    where ``special``; dx NaN where beta is 0 (it must not be read)."""
+    """(x, y, dy, dx) of ``shape``; x holds -inf and, except where ``special`` is off for ELU (cuDNN takes
+    ELU's f'(0) as 1, the host as α: at the kink either is a convention), zeros; where
+    ``special``, x holds NaN and dy NaN and inf too; dx is NaN where beta is 0 (it must not be read)."""
     with np.errstate(over="ignore", invalid="ignore"):
         x, dy = normal(rng, *shape), normal(rng, *shape)
-        x.reshape(-1)[::5], x.reshape(-1)[2::17] = 0.0, -np.inf
+        if special or mode != ActivationMode.ELU:
+            x.reshape(-1)[::5] = 0.0
+        x.reshape(-1)[2::17] = -np.inf
         if special:
             x.reshape(-1)[1::13] = np.nan
             dy.reshape(-1)[3::11], dy.reshape(-1)[4::7] = np.nan, np.inf
@@ -1150,8 +1153,8 @@ def activation_operands(rng, mode, coef, shape, beta, special: bool):
 @pytest.mark.parametrize("mode, coef", ACTIVATIONS)
 def test_activation_kernel_equals_cudnn(cuda, rng, bindings, launches, mode, coef, shape, alpha, beta):
     """The same backward pass through cudnnActivationBackward (the fast engine's activation_kernel off),
-    x holding zeros and -inf: within float32 rounding (cuDNN may fuse a multiply-add), ReLU with
-    alpha, beta = (1, 0) bit for bit (a NaN in dx does not survive beta = 0)."""
+    x holding -inf and zeros (not for ELU): within float32 rounding (cuDNN may fuse a multiply-add),
+    ReLU with alpha, beta = (1, 0) bit for bit (a NaN in dx does not survive beta = 0)."""
     desc = ActivationDescriptor(mode, coef)
     x, y, dy, dx = activation_operands(rng, mode, coef, shape, beta, special=False)
     ours = activation_dx(cuda, desc, alpha, beta, x, y, dy, dx)
