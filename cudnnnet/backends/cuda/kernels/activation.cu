@@ -101,3 +101,53 @@ extern "C" __global__ void activation_backward_x4(float4* dx, const float4* __re
         default: backward_x4<4>(dx, x, y, dy, coef, alpha, beta, count4, dx16); break;
     }
 }
+
+// The activation fused after a Dense layer, with that layer's bias gradient in the same pass:
+//
+//   dx = f'(y)·dy                     f' read from y (x is y), alpha 1, beta 0, as above
+//   partial[s][c] = Σ_{n in slab s} dx[n][c]
+//
+// dx, y, dy (N, C) with C contiguous; a block takes BLOCK_SIZE channels of one slab of slab_rows
+// samples (block b: channels (b mod column_blocks)·BLOCK_SIZE on, slab b / column_blocks), so every
+// warp reads whole rows' runs. The sum is in sample order within a slab, and activation_bias_sums
+// adds the slabs in order: db has the same bits on every launch. With one slab, partial is db itself.
+template <int MODE>
+__device__ void backward_summed(float* dx, const float* __restrict__ y, const float* __restrict__ dy, float coef,
+                                int samples, int channels, int slab_rows, float* partial, unsigned short* dx16) {
+    const int column_blocks = (channels + BLOCK_SIZE - 1) / BLOCK_SIZE;
+    const int c = (blockIdx.x % column_blocks) * BLOCK_SIZE + threadIdx.x;
+    const int slab = blockIdx.x / column_blocks;
+    if (c >= channels) return;
+    const int first = slab * slab_rows, last = min(samples, first + slab_rows);
+    float sum = 0.f;
+#pragma unroll 4
+    for (int n = first; n < last; ++n) {
+        const long long i = (long long)n * channels + c;
+        const float value = gradient<MODE>(y[i], y[i], dy[i], coef);
+        dx[i] = value;
+        if (dx16) dx16[i] = (unsigned short)bf16_bits(value);
+        sum = __fadd_rn(sum, value);
+    }
+    partial[(long long)slab * channels + c] = sum;
+}
+
+extern "C" __global__ void activation_bias_backward(float* dx, const float* __restrict__ y,
+                                                    const float* __restrict__ dy, int mode, float coef, int samples,
+                                                    int channels, int slab_rows, float* partial, unsigned short* dx16) {
+    switch (mode) {
+        case 0: backward_summed<0>(dx, y, dy, coef, samples, channels, slab_rows, partial, dx16); break;
+        case 1: backward_summed<1>(dx, y, dy, coef, samples, channels, slab_rows, partial, dx16); break;
+        case 2: backward_summed<2>(dx, y, dy, coef, samples, channels, slab_rows, partial, dx16); break;
+        case 3: backward_summed<3>(dx, y, dy, coef, samples, channels, slab_rows, partial, dx16); break;
+        default: backward_summed<4>(dx, y, dy, coef, samples, channels, slab_rows, partial, dx16); break;
+    }
+}
+
+// db[c] = Σ_s partial[s][c], slabs in order.
+extern "C" __global__ void activation_bias_sums(float* db, const float* __restrict__ partial, int slabs, int channels) {
+    for (int c = blockIdx.x * BLOCK_SIZE + threadIdx.x; c < channels; c += gridDim.x * BLOCK_SIZE) {
+        float sum = 0.f;
+        for (int s = 0; s < slabs; ++s) sum = __fadd_rn(sum, partial[(long long)s * channels + c]);
+        db[c] = sum;
+    }
+}
