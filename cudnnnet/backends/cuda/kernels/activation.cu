@@ -41,8 +41,8 @@ __device__ __forceinline__ float blended(float x, float y, float dy, float old, 
     return beta == 0.f ? routed : __fadd_rn(__fmul_rn(beta, old), routed);
 }
 
-constexpr bool reads_x(int mode) { return mode == 1 || mode == 3 || mode == 4; }
-constexpr bool reads_y(int mode) { return mode == 0 || mode == 2 || mode == 4; }
+__device__ constexpr bool reads_x(int mode) { return mode == 1 || mode == 3 || mode == 4; }
+__device__ constexpr bool reads_y(int mode) { return mode == 0 || mode == 2 || mode == 4; }
 
 template <int MODE>
 __device__ void backward(float* dx, const float* __restrict__ x, const float* __restrict__ y,
