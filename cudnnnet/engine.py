@@ -24,9 +24,9 @@ and our kernels only where the slides had one or no library call exists (``SLIDE
 ``fast`` is the same arithmetic with our fusions and kernels: bias + activation in one kernel,
 softmax + loss + gradient in one, timed cuBLASLt GEMM plans, our explicit-GEMM convolution and a
 stride-1 backward data as a forward convolution of the flipped filter timed against cuDNN's
-algorithms (deterministic ones only, so a seed gives the same weights), ReLU /
-max-pooling / bias-gradient kernels, one-launch SGD, batch normalisation in training by our kernels
-with a following ReLU applied in them.
+algorithms (deterministic ones only, so a seed gives the same weights), activation backward
+(writing dx's bfloat16 copy too under math bf16), max-pooling and bias-gradient kernels, one-launch
+SGD, batch normalisation in training by our kernels with a following ReLU applied in them.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class Engine:
     gemm_convolution: bool  # our explicit-GEMM convolution (gemm_convolution.py) and backward data as a
     #                         forward convolution of the flipped filter (convolution.py) are candidates
     deterministic_convolution: bool  # only deterministic algorithms where any is eligible; else cuDNN's fastest
-    relu_kernel: bool  # ReLU backward by kernels/activation.cu; else cudnnActivationBackward
+    activation_kernel: bool  # activation backward by kernels/activation.cu; else cudnnActivationBackward
     max_pooling_kernel: bool  # non-overlapping max-pooling backward by kernels/pooling.cu; else cudnnPoolingBackward
     channel_sum: bool  # convolution bias gradient by kernels/channel_sum.cu; else cudnnConvolutionBackwardBias
     sgd_kernel: bool  # SGD by kernels/sgd*.cu (one launch for all parameters); else cuBLAS level-1 calls
@@ -102,10 +102,11 @@ class Engine:
 
 
 SLIDES = Engine("slides", fuse_bias_activation=False, fuse_loss=False, gemm_plans=False, convolution_search="find",
-                gemm_convolution=False, deterministic_convolution=False, relu_kernel=False, max_pooling_kernel=False,
-                channel_sum=False, sgd_kernel=False, batch_norm_kernel=False, kernels=SLIDES_KERNELS)
+                gemm_convolution=False, deterministic_convolution=False, activation_kernel=False,
+                max_pooling_kernel=False, channel_sum=False, sgd_kernel=False, batch_norm_kernel=False,
+                kernels=SLIDES_KERNELS)
 FAST = Engine("fast", fuse_bias_activation=True, fuse_loss=True, gemm_plans=True, convolution_search="exhaustive",
-              gemm_convolution=True, deterministic_convolution=True, relu_kernel=True, max_pooling_kernel=True,
+              gemm_convolution=True, deterministic_convolution=True, activation_kernel=True, max_pooling_kernel=True,
               channel_sum=True, sgd_kernel=True, batch_norm_kernel=True, kernels=None)
 ENGINES = {engine.name: engine for engine in (SLIDES, FAST)}
 DEFAULT_ENGINE = SLIDES.name

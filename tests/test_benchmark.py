@@ -55,16 +55,48 @@ def test_micro_on_the_host_reports_each_step(tmp_path, capsys):
         assert set(report["results"][engine]) == {"micro"}
         assert micro["size"] == 64 and micro["layers"] == [64, 32, 6, 10] and micro["repeat"] == 3
         for math in ("fp32", "bf16"):
-            assert set(micro[math]) == {"step_ms", "step_ms_all"} and len(micro[math]["step_ms_all"]) == 3
-            assert positive_numbers(micro[math]["step_ms_all"]) and micro[math]["step_ms"] > 0
+            eager = micro[math]["eager"]
+            assert micro[math]["graph"] is None  # the host has no CUDA graphs
+            assert set(eager) == {"step_ms", "step_ms_all"} and len(eager["step_ms_all"]) == 3
+            assert positive_numbers(eager["step_ms_all"]) and eager["step_ms"] > 0
         assert micro["tf32"] is None
-        assert row[engine] == micro["fp32"]["step_ms"] and bf16_row[engine] == micro["bf16"]["step_ms"]
+        assert row[engine] == micro["fp32"]["eager"]["step_ms"]
+        assert bf16_row[engine] == micro["bf16"]["eager"]["step_ms"]
     assert row["target_fast"] == bench_settings.TARGETS["micro_fp32_ms"] and row["target_slides"] is None
-    assert bf16_row["target_fast"] == bench_settings.TARGETS["micro_bf16_ms"]
+    assert bf16_row["target_fast"] == bench_settings.TARGETS["micro_bf16_ms"]  # eager: the only mode here
     assert row["status_fast"] == "n/a"  # a shrunk micro on the host is not the target's workload
     lines = out.strip().splitlines()
-    assert lines[0].startswith("device: host") and lines[-2].startswith("micro fp32 step (64)")
-    assert lines[-1].startswith("micro bf16 step (64)")
+    assert lines[0].startswith("device: host") and lines[-2].startswith("micro fp32 step (64), eager")
+    assert lines[-1].startswith("micro bf16 step (64), eager")
+
+
+def fake_micro_section(graph_ms: float, eager_ms: float) -> dict:
+    def mode(ms):
+        return {"step_ms": ms, "step_ms_all": [ms]}
+
+    return {"micro": {"size": bench_settings.MICRO_SIZE, "layers": [10_000, 5_000, 1_000, 10], "repeat": 1,
+                      **{math: {"graph": mode(graph_ms), "eager": mode(eager_ms)} for math in bench_settings.MATHS}}}
+
+
+def test_micro_is_judged_on_its_graph_row_and_in_bf16_against_pytorch_too():
+    settings = {"device": "cuda", "limit_images": None, "micro_size": bench_settings.MICRO_SIZE}
+    results = {"fast": fake_micro_section(3.9, 4.2), "slides": fake_micro_section(5.0, 5.5)}
+    torch_micro = {math: {"graph": {"step_ms": 3.8}, "eager": {"step_ms": 4.5}} for math in bench_settings.MATHS}
+    rows = {row["workload"]: row for row in bench_report.table_rows(results, {"micro": torch_micro}, settings)}
+    assert list(rows) == [f"micro {math} step (10000), {mode}" for math in bench_settings.MATHS
+                          for mode in ("graph", "eager")]
+    graph, eager = rows["micro bf16 step (10000), graph"], rows["micro bf16 step (10000), eager"]
+    assert (graph["fast"], graph["slides"], eager["fast"]) == (3.9, 5.0, 4.2)
+    assert graph["torch_graph"] == 3.8 and graph["torch_eager"] is None and eager["torch_eager"] == 4.5
+    assert graph["ratio_fast"] == pytest.approx(3.8 / 3.9) and eager["ratio_fast"] == pytest.approx(4.5 / 4.2)
+    # bf16: under 4 ms but slower than PyTorch's 3.8 ms graph step misses; the eager row has no target
+    assert graph["target_fast"] == 3.8 and graph["status_fast"] == "MISS" and graph["target_slides"] is None
+    assert eager["target_fast"] is None and eager["status_fast"] is None
+    fp32 = rows["micro fp32 step (10000), graph"]
+    assert fp32["target_fast"] == bench_settings.TARGETS["micro_fp32_ms"] and fp32["status_fast"] == "PASS"
+    alone = {row["workload"]: row for row in bench_report.table_rows(results, None, settings)}
+    assert alone["micro bf16 step (10000), graph"]["target_fast"] == bench_settings.TARGETS["micro_bf16_ms"]
+    assert alone["micro bf16 step (10000), graph"]["status_fast"] == "PASS"
 
 
 def test_micro_network_is_the_series_network_at_full_size():
@@ -449,5 +481,5 @@ def test_script_prints_the_table_last(tmp_path):
     finished = run_script("benchmark", "--device", "host", "--only", "micro", "--micro-size", "16", "--repeat", "1",
                           "--json", str(tmp_path / "out.json"), timeout=300)
     assert finished.returncode == 0, finished.stderr
-    assert finished.stdout.strip().splitlines()[-1].startswith("micro bf16 step (16)")  # the last of MATHS
+    assert finished.stdout.strip().splitlines()[-1].startswith("micro bf16 step (16), eager")  # the last of MATHS
     assert json.loads((tmp_path / "out.json").read_text())["results"]["slides"]["micro"]["size"] == 16

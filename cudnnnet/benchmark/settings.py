@@ -37,6 +37,8 @@ TARGETS = {
     "original_mlp_s": 1.0,
     "original_cnn_s": 2.0,
 }
+# Math modes whose micro step must also be no slower than PyTorch's in the same mode (fast engine).
+MICRO_FASTER_THAN_TORCH = ("bf16",)
 # The slides engine's graph epochs: PyTorch's captured graph on an H100 (used where --compare torch was not run).
 SLIDES_TARGETS = {
     "mlp_epoch_ms": 31.5,

@@ -182,7 +182,9 @@ def micro_maths(backend) -> tuple[str, ...]:
 
 
 def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides") -> dict:
-    """Median ms of one forward + backward + update step, in each math mode the backend has."""
+    """Median ms of one forward + backward + update step in each math mode the backend has: eager
+    (each call made from Python) and, where the backend has CUDA graphs, replayed as one captured
+    graph (as PyTorch's step is timed too)."""
     backend.set_engine(engine)
     network = build_micro_network(size, backend)
     inputs, targets = micro_data(size)
@@ -198,10 +200,21 @@ def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides") -> 
                **{math: None for math in MATHS}}
     for math in micro_maths(backend):
         with math_mode(backend, math):
-            seconds = timed_calls(step, repeat, backend.synchronize, MICRO_WARMUP)
-        section[math] = step_summary(seconds)
-        log.info("micro %s %s: %.2f ms a step (%d × %d)", engine, math, section[math]["step_ms"], size, size)
+            found = {"eager": step_summary(timed_calls(step, repeat, backend.synchronize, MICRO_WARMUP)),
+                     "graph": captured_steps(backend, step, repeat) if backend.supports_graphs else None}
+        section[math] = found
+        log.info("micro %s %s: %.2f ms a step eager%s (%d × %d)", engine, math, found["eager"]["step_ms"],
+                 "" if found["graph"] is None else f", {found['graph']['step_ms']:.2f} ms as a graph", size, size)
     return section
+
+
+def captured_steps(backend, step, repeat: int) -> dict:
+    """``step`` captured as a CUDA graph, then timed replaying it. The eager steps before have
+    allocated every buffer, timed every GEMM plan and made every bfloat16 copy, which a capture
+    cannot do."""
+    with backend.capture() as graph:
+        step()
+    return step_summary(timed_calls(graph.launch, repeat, backend.synchronize, MICRO_WARMUP))
 
 
 @contextlib.contextmanager

@@ -40,8 +40,11 @@ micro
     layer), random data drawn on the host with a fixed seed and uploaded once. One step is
     forward, backward and ``network.update(0.05)``, synchronised; reported: the median of
     ``--repeat`` steps after two warm-up steps, in ms, in FP32, TF32 (CUDA only) and bf16
-    (``backend.set_math``; PyTorch's column runs bf16 under autocast). ``--micro-size N`` shrinks it to N samples of N features with hidden layers of
-    N/2 and N/10 (the host default is 1 000, as 10 000 takes many seconds a step there).
+    (``backend.set_math``; PyTorch's column runs bf16 under autocast), eager and (CUDA only) captured
+    once as a CUDA graph and replayed, as PyTorch's graph row is; the fast engine's target is judged on
+    the graph row, and in bf16 it is also PyTorch's graph step. ``--micro-size N`` shrinks it to N
+    samples of N features with hidden layers of N/2 and N/10 (the host default is 1 000, as 10 000
+    takes many seconds a step there).
 original
     The C++ original's experiment as a whole command: ``python -m cudnnnet.cli.launch --config
     configs/original_{mlp,cnn}.yaml --device DEVICE --quiet --data-dir DIR --output TMP`` (what
@@ -79,10 +82,10 @@ every figure::
     cublas], [torch, torch_cudnn]}, settings {...}, targets {name: limit},
     results {slides|fast: {mlp|cnn|bn_cnn|cifar10: {config, images, batch_size, augment, graph|eager: {epoch_ms,
     epoch_ms_all, images_per_second, peak_memory_mib} or null}, micro: {size, layers, repeat,
-    fp32|tf32: {step_ms, step_ms_all} or null}, original: {mlp|cnn: {config, seconds,
+    fp32|tf32|bf16: {eager|graph: {step_ms, step_ms_all} or null} or null}, original: {mlp|cnn: {config, seconds,
     seconds_all, test_accuracy}}}}, uncompiled_packages [name], torch (null unless compared)
     {version, mlp|cnn|bn_cnn|cifar10: {eager|graph: {epoch_ms, epoch_ms_all, images_per_second}},
-    micro: {fp32|tf32: {eager|graph: {step_ms, step_ms_all}}}}, table [{workload, unit, slides,
+    micro: {fp32|tf32|bf16: {eager|graph: {step_ms, step_ms_all}}}}, table [{workload, unit, slides,
     fast, torch_eager, torch_graph, ratio_slides, ratio_fast, target_slides, target_fast,
     status_slides, status_fast}]
 """

@@ -3,8 +3,9 @@
                                    slides engine               fast engine
     forward   y  = f(x)            cudnnActivationForward      applied in the bias kernel of the Dense or
                                                                Conv2D before (``fused``), else cuDNN's call
-    backward  dx = f'(x) ⊙ dy      cudnnActivationBackward     ReLU: our kernel (kernels/activation.cu);
-                                                               other modes: cudnnActivationBackward
+    backward  dx = f'(x) ⊙ dy      cudnnActivationBackward     our kernel (kernels/activation.cu); under
+                                                               math bf16 it also writes the bfloat16 copy
+                                                               of dx that the layer before reads
 
 When this layer is fused into the layer before it, that layer's bias kernel has already applied f:
 forward passes y through, and backward reads f' from y alone (every mode here can: relu, clipped

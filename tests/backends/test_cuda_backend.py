@@ -1110,42 +1110,116 @@ def test_gather_batch_copies_rows_as_float4s_or_floats(host, cuda, rng, sample_s
             np.zeros((16, *sample_shape), np.float32), np.zeros((16, 10), np.float32))
 
 
-# ---- ReLU backward: kernels/activation.cu against cudnnActivationBackward and the host -------------
-def relu_dx(backend, alpha, beta, x, dy, dx) -> np.ndarray:
-    tensors = [Tensor.from_numpy(array, backend) for array in (x, dy, dx)]
-    backend.activation_backward(ActivationDescriptor(ActivationMode.RELU), alpha, tensors[0], tensors[1], tensors[0],
-                                beta, tensors[2])
-    return tensors[2].numpy()
+# ---- activation backward: kernels/activation.cu against cudnnActivationBackward and the host ------
+ACTIVATIONS = [(ActivationMode.SIGMOID, 0.0), (ActivationMode.RELU, 0.0), (ActivationMode.TANH, 0.0),
+               (ActivationMode.CLIPPED_RELU, 0.6), (ActivationMode.ELU, 0.7)]
+ACTIVATION_SHAPES = [(1, 1, 1, 1), (256, 500, 1, 1), (7, 20, 24, 25)]  # the last: 4 values left after the float4s
 
 
-RELU_SHAPES = [(1, 1, 1, 1), (256, 500, 1, 1), (7, 20, 24, 24)]
+def activation_forward_y(mode: ActivationMode, coef: float, x: np.ndarray) -> np.ndarray:
+    """y = f(x) in float32, as the forward pass leaves it for the backward pass."""
+    x = x.astype(np.float64)
+    y = {ActivationMode.SIGMOID: lambda: 1 / (1 + np.exp(-x)), ActivationMode.RELU: lambda: np.maximum(x, 0),
+         ActivationMode.TANH: lambda: np.tanh(x), ActivationMode.CLIPPED_RELU: lambda: np.clip(x, 0, coef),
+         ActivationMode.ELU: lambda: np.where(x > 0, x, coef * np.expm1(x))}[mode]()
+    return y.astype(np.float32)
+
+
+def activation_dx(backend, desc, alpha, beta, x, y, dy, dx) -> np.ndarray:
+    tensors = [Tensor.from_numpy(array, backend) for array in (x, y, dy, dx)]
+    backend.activation_backward(desc, alpha, tensors[1], tensors[2], tensors[0], beta, tensors[3])
+    return tensors[3].numpy()
+
+
+def activation_operands(rng, mode, coef, shape, beta, special: bool):
+    """(x, y, dy, dx) of ``shape``; x holds -inf and, except where ``special`` is off for ELU (cuDNN takes
+    ELU's f'(0) as 1, the host as α: at the kink either is a convention), zeros; where
+    ``special``, x holds NaN and dy NaN and inf too; dx is NaN where beta is 0 (it must not be read)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        x, dy = normal(rng, *shape), normal(rng, *shape)
+        if special or mode != ActivationMode.ELU:
+            x.reshape(-1)[::5] = 0.0
+        x.reshape(-1)[2::17] = -np.inf
+        if special:
+            x.reshape(-1)[1::13] = np.nan
+            dy.reshape(-1)[3::11], dy.reshape(-1)[4::7] = np.nan, np.inf
+        y = activation_forward_y(mode, coef, x)
+    dx = np.full(shape, np.nan, np.float32) if beta == 0 else normal(rng, *shape)
+    return x, y, dy, dx
 
 
 @pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (-2.0, 0.75)])
-@pytest.mark.parametrize("shape", RELU_SHAPES)
-def test_relu_kernel_equals_cudnn(cuda, rng, bindings, launches, shape, alpha, beta):
-    """The same ReLU backward through cudnnActivationBackward (the fast engine's relu_kernel off), x holding zeros and
-    -inf: with alpha, beta = (1, 0) equal bit for bit (a NaN in dx does not survive beta = 0),
-    otherwise within float32 rounding (cuDNN may fuse a multiply-add)."""
-    x, dy = normal(rng, *shape), normal(rng, *shape)
-    x.reshape(-1)[::5], x.reshape(-1)[2::17] = 0.0, -np.inf
-    dx = np.full(shape, np.nan, np.float32) if beta == 0 else normal(rng, *shape)
-    ours = relu_dx(cuda, alpha, beta, x, dy, dx)
-    with cuda.using_engine(dataclasses.replace(FAST, relu_kernel=False)):
-        theirs = relu_dx(cuda, alpha, beta, x, dy, dx)
-    assert launches["relu_backward"] == 1 and bindings.calls["cudnnActivationBackward"] == 1
-    if (alpha, beta) == (1.0, 0.0):
+@pytest.mark.parametrize("shape", ACTIVATION_SHAPES)
+@pytest.mark.parametrize("mode, coef", ACTIVATIONS)
+def test_activation_kernel_equals_cudnn(cuda, rng, bindings, launches, mode, coef, shape, alpha, beta):
+    """The same backward pass through cudnnActivationBackward (the fast engine's activation_kernel off),
+    x holding -inf and zeros (not for ELU): within float32 rounding (cuDNN may fuse a multiply-add),
+    ReLU with alpha, beta = (1, 0) bit for bit (a NaN in dx does not survive beta = 0)."""
+    desc = ActivationDescriptor(mode, coef)
+    x, y, dy, dx = activation_operands(rng, mode, coef, shape, beta, special=False)
+    ours = activation_dx(cuda, desc, alpha, beta, x, y, dy, dx)
+    with cuda.using_engine(dataclasses.replace(FAST, activation_kernel=False)):
+        theirs = activation_dx(cuda, desc, alpha, beta, x, y, dy, dx)
+    assert launches["activation_backward"] + launches["activation_backward_x4"] >= 1
+    assert bindings.calls["cudnnActivationBackward"] == 1
+    if (mode, alpha, beta) == (ActivationMode.RELU, 1.0, 0.0):
         np.testing.assert_array_equal(ours, theirs)
     else:
-        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (-2.0, 0.75)])
-@pytest.mark.parametrize("shape", RELU_SHAPES)
-def test_relu_kernel_equals_the_host(host, cuda, rng, shape, alpha, beta):
-    """Against NumPy's dy * (x > 0), NaNs and infinities in x and dy included: the same values, NaN where NumPy's are."""
-    x, dy = normal(rng, *shape), normal(rng, *shape)
-    x.reshape(-1)[::5], x.reshape(-1)[1::13], x.reshape(-1)[2::17] = 0.0, np.nan, -np.inf
-    dy.reshape(-1)[3::11], dy.reshape(-1)[4::7] = np.nan, np.inf
-    dx = np.full(shape, np.nan, np.float32) if beta == 0 else normal(rng, *shape)
-    np.testing.assert_array_equal(relu_dx(cuda, alpha, beta, x, dy, dx), relu_dx(host, alpha, beta, x, dy, dx))
+@pytest.mark.parametrize("shape", ACTIVATION_SHAPES)
+@pytest.mark.parametrize("mode, coef", ACTIVATIONS)
+def test_activation_kernel_equals_the_host(host, cuda, rng, mode, coef, shape, alpha, beta):
+    """Against the host's NumPy formulas, NaNs and infinities in x and dy included: the same values bit
+    for bit (each step rounded alike), NaN where NumPy's are."""
+    desc = ActivationDescriptor(mode, coef)
+    x, y, dy, dx = activation_operands(rng, mode, coef, shape, beta, special=True)
+    with np.errstate(invalid="ignore"):
+        expected = activation_dx(host, desc, alpha, beta, x, y, dy, dx)
+    np.testing.assert_array_equal(activation_dx(cuda, desc, alpha, beta, x, y, dy, dx), expected)
+
+
+@pytest.mark.parametrize("mode, coef", ACTIVATIONS)
+def test_fused_activation_backward_reads_f_prime_from_y(host, cuda, rng, mode, coef):
+    """Where the activation ran fused into the layer before, y is handed over as x too: the same dx as
+    from the true x (x off the kinks at 0 and coef), on both backends."""
+    desc = ActivationDescriptor(mode, coef)
+    x, dy = normal(rng, 64, 30, 1, 1), normal(rng, 64, 30, 1, 1)
+    x[np.abs(x) < 0.05] += 0.1
+    x[np.abs(x - coef) < 0.05] += 0.1
+    y, dx = activation_forward_y(mode, coef, x), np.zeros_like(x)
+    for backend in (host, cuda):
+        np.testing.assert_array_equal(activation_dx(backend, desc, 1.0, 0.0, y, y, dy, dx),
+                                      activation_dx(backend, desc, 1.0, 0.0, x, y, dy, dx))
+
+
+@pytest.mark.parametrize("engine", ["slides", "fast"])
+def test_activation_backward_writes_the_bf16_copy_that_a_gemm_reads(host, cuda, rng, launches, engine):
+    """Math bf16, two passes of dx = f'·dy then C = W·dx: in the second, dx already has a bfloat16 copy,
+    which the fast engine's kernel writes (no conversion of dx; the slides engine converts it), and
+    the GEMM reads the new dx (dy changed between the passes): C as on the host."""
+    m, k, n = 24, 40, 33  # C (m × n) = W (m × k) · dx (k × n)
+    desc = ActivationDescriptor(ActivationMode.TANH)
+    w, y = normal(rng, m * k), np.tanh(normal(rng, n, k, 1, 1))
+    results = {}
+    for backend in (host, cuda):
+        W, Y, C = Tensor.from_numpy(w, backend), Tensor.from_numpy(y, backend), Tensor.zeros((m * n,), backend)
+        dx = Tensor.zeros((n, k, 1, 1), backend)
+        with backend.using_engine(engine):
+            backend.set_math("bf16")
+            try:
+                for step in range(2):
+                    dy = Tensor.from_numpy(normal(np.random.default_rng(step), n, k, 1, 1), backend)
+                    launches.clear()
+                    backend.start_pass()
+                    backend.activation_backward(desc, 1.0, Y, dy, Y, 0.0, dx)
+                    backend.sgemm(OP_N, OP_N, m, n, k, 1.0, W, m, dx, k, 0.0, C, m)
+                    backend.end_pass()
+            finally:
+                backend.set_math("fp32")
+        results[backend.name] = C.numpy()
+    conversions = launches["to_bf16"] + launches["to_bf16_x4"]
+    assert conversions == (1 if engine == "fast" else 2)  # W; and dx in the slides engine
+    assert relative_error(results["cuda"], results["host"]) < FP32_TOLERANCE

@@ -7,7 +7,7 @@ memory (cuBLAS device pointer mode, or our kernel reading ``lr[0]``) so that the
 CUDA-graph replay.
 
 Where a call can run either the slides' library call or our fast path, ``self.engine``
-(cudnnnet.engine) decides: cublasSgemm or a timed GEMM plan (sgemm), cuDNN or our kernel (ReLU
+(cudnnnet.engine) decides: cublasSgemm or a timed GEMM plan (sgemm), cuDNN or our kernel (activation
 and max-pooling backward, the convolution bias gradient), cuDNN's own algorithm search or ours
 with the explicit-GEMM convolution among the candidates, cuBLAS level-1 calls or one launch (SGD).
 
@@ -54,7 +54,7 @@ from .convolution import BACKWARD_DATA, BACKWARD_FILTER, DIRECTION_NAMES, FORWAR
     backward_data_by_forward, make_plan, plan_with
 from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
 from .kernel import BLOCK_SIZE, blocks_for
-from .low_precision import HALF_FORMATS, Bf16Copies, Bf16Scratch
+from .low_precision import BF16_BYTES, HALF_FORMATS, Bf16Copies, Bf16Scratch
 from . import pooling
 from .matmul import GemmEngine, GemmProblem, alignment
 
@@ -349,19 +349,37 @@ class CudaBackend(Backend):
                                  t, x.data.ptr, self._scalar(beta), t, y.data.ptr)
 
     def activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
-        """cudnnActivationBackward; in fast mode a ReLU runs kernels/activation.cu instead."""
+        """cudnnActivationBackward; in the fast engine kernels/activation.cu, which under math "bf16"
+        also writes dx's bfloat16 copy where dx is a GEMM or convolution operand of the pass."""
         for other in (y, dy, dx):
             _same_shape("activation_backward", x, other)
-        if self.engine.relu_kernel and desc.mode == ActivationMode.RELU and not isinstance(alpha, Tensor) \
-                and not isinstance(beta, Tensor):
-            # dx = alpha·(dy·[x > 0]) + beta·dx
-            self.context.kernel("relu_backward").launch(blocks_for(x.size), self._stream, dx.data.ptr, x.data.ptr,
-                                                        dy.data.ptr, float(alpha), float(beta), x.size)
+        if self.engine.activation_kernel and not isinstance(alpha, Tensor) and not isinstance(beta, Tensor):
+            self._activation_backward_kernel(desc, float(alpha), y, dy, x, float(beta), dx)
             return
         # dx = alpha·f'(x)·dy + beta·dx
         t = self._descriptors.tensor(x.shape).handle
         cudnn.activation_backward(self._cudnn, self._descriptors.activation(desc).handle, self._scalar(alpha),
                                   t, y.data.ptr, t, dy.data.ptr, t, x.data.ptr, self._scalar(beta), t, dx.data.ptr)
+
+    def _activation_backward_kernel(self, desc: ActivationDescriptor, alpha: float, y, dy, x, beta: float, dx) -> None:
+        """dx = alpha·f'·dy + beta·dx (and dx₁₆ = bf16(dx)): four values a thread where every float32
+        operand is 16-byte aligned, the rest one a thread."""
+        count, mode, coef = x.size, int(desc.mode), float(desc.coef)
+        dx16 = self._bf16_copies.target(dx.data) if self.math == "bf16" and dx.size == dx.data.size else None
+        pointers = (dx.data.ptr, x.data.ptr, y.data.ptr, dy.data.ptr)
+        vectors = count // 4 if all(pointer % 16 == 0 for pointer in pointers) else 0
+        if vectors:
+            # dx = alpha·f'·dy + beta·dx      float4s
+            blocks = min(-(-vectors // BLOCK_SIZE), MAX_ELEMENTWISE_BLOCKS)
+            self.context.kernel("activation_backward_x4").launch(blocks, self._stream, *pointers, mode, coef, alpha,
+                                                                 beta, vectors, dx16)
+        rest = count - 4 * vectors
+        if rest:
+            # dx = alpha·f'·dy + beta·dx      the values after the float4s
+            offset = 4 * FLOAT32_BYTES * vectors
+            self.context.kernel("activation_backward").launch(
+                blocks_for(rest), self._stream, *(pointer + offset for pointer in pointers), mode, coef, alpha, beta,
+                rest, None if dx16 is None else dx16 + 4 * BF16_BYTES * vectors)
 
     def softmax_forward(self, alpha, x, beta, y) -> None:
         """Over each sample's c·h·w values: MODE_CHANNEL on an (n, c·h·w, 1, 1) descriptor."""

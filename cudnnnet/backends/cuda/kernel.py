@@ -62,7 +62,10 @@ KERNELS = {
     "max_pooling_backward": ("pooling.cu", (c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 7),
     "channel_sum": ("channel_sum.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 5),
     "spin": ("timing.cu", (c_longlong,)),
-    "relu_backward": ("activation.cu", (c_void_p, c_void_p, c_void_p, c_float, c_float, c_longlong)),
+    "activation_backward": ("activation.cu", (c_void_p,) * 4 + (c_int, c_float, c_float, c_float, c_longlong,
+                                                                c_void_p)),
+    "activation_backward_x4": ("activation.cu", (c_void_p,) * 4 + (c_int, c_float, c_float, c_float, c_longlong,
+                                                                   c_void_p)),
     # layers, optimisers and the bf16 math of issue 18
     "to_bf16": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),
     "to_bf16_x4": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),
