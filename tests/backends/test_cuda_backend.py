@@ -1111,8 +1111,8 @@ def test_gather_batch_copies_rows_as_float4s_or_floats(host, cuda, rng, sample_s
 
 
 # ---- activation backward: kernels/activation.cu against cudnnActivationBackward and the host ------
-ACTIVATIONS = [(ActivationMode.SIGMOID, 0.0), (ActivationMode.RELU, 0.0), (ActivationMode.TANH, 0.0),
-               (ActivationMode.CLIPPED_RELU, 0.6), (ActivationMode.ELU, 0.7)]
+MODES_AND_COEFS = [(ActivationMode.SIGMOID, 0.0), (ActivationMode.RELU, 0.0), (ActivationMode.TANH, 0.0),
+                   (ActivationMode.CLIPPED_RELU, 0.6), (ActivationMode.ELU, 0.7)]
 ACTIVATION_SHAPES = [(1, 1, 1, 1), (256, 500, 1, 1), (7, 20, 24, 25)]  # the last: 4 values left after the float4s
 
 
@@ -1150,7 +1150,7 @@ def activation_operands(rng, mode, coef, shape, beta, special: bool):
 
 @pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (-2.0, 0.75)])
 @pytest.mark.parametrize("shape", ACTIVATION_SHAPES)
-@pytest.mark.parametrize("mode, coef", ACTIVATIONS)
+@pytest.mark.parametrize("mode, coef", MODES_AND_COEFS)
 def test_activation_kernel_equals_cudnn(cuda, rng, bindings, launches, mode, coef, shape, alpha, beta):
     """The same backward pass through cudnnActivationBackward (the fast engine's activation_kernel off),
     x holding -inf and zeros (not for ELU): within float32 rounding (cuDNN may fuse a multiply-add),
@@ -1170,7 +1170,7 @@ def test_activation_kernel_equals_cudnn(cuda, rng, bindings, launches, mode, coe
 
 @pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (-2.0, 0.75)])
 @pytest.mark.parametrize("shape", ACTIVATION_SHAPES)
-@pytest.mark.parametrize("mode, coef", ACTIVATIONS)
+@pytest.mark.parametrize("mode, coef", MODES_AND_COEFS)
 def test_activation_kernel_equals_the_host(host, cuda, rng, mode, coef, shape, alpha, beta):
     """Against the host's NumPy formulas, NaNs and infinities in x and dy included: the same values bit
     for bit (each step rounded alike), NaN where NumPy's are."""
@@ -1181,7 +1181,7 @@ def test_activation_kernel_equals_the_host(host, cuda, rng, mode, coef, shape, a
     np.testing.assert_array_equal(activation_dx(cuda, desc, alpha, beta, x, y, dy, dx), expected)
 
 
-@pytest.mark.parametrize("mode, coef", ACTIVATIONS)
+@pytest.mark.parametrize("mode, coef", MODES_AND_COEFS)
 def test_fused_activation_backward_reads_f_prime_from_y(host, cuda, rng, mode, coef):
     """Where the activation ran fused into the layer before, y is handed over as x too: the same dx as
     from the true x (x off the kinks at 0 and coef), on both backends."""
