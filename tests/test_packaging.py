@@ -68,6 +68,7 @@ def test_the_sdist_holds_what_building_testing_and_running_need(distributions):
     needed = ["README.md", "LICENSE", "pyproject.toml", "MANIFEST.in", ".ci/run",
               *files_under("tests", "**/*.py"), *files_under("scripts", "*.py"), *files_under("configs", "*.yaml"),
               *files_under("cudnnnet", "**/*.py"), *files_under("cudnnnet", "**/*.cu"),
+              *files_under("cudnnnet", "**/*.cuh"),
               *files_under("cudnnnet/configs", "*.yaml")]
     assert len(files_under("tests", "**/*.py")) > 20 and len(files_under("configs", "*.yaml")) >= 5
     assert [name for name in needed if name not in members] == []
@@ -86,7 +87,8 @@ def test_the_wheel_ships_the_configs_kernels_licence_and_bounded_extras(distribu
     names, metadata = wheel_metadata(wheel)
     shipped = {f"cudnnnet/configs/{name}" for name in ("mnist_mlp.yaml", "mnist_cnn.yaml", "lenet5.yaml",
                                                        "original_mlp.yaml", "original_cnn.yaml")}
-    kernels = {f"cudnnnet/backends/cuda/kernels/{path.name}" for path in (REPO_ROOT / "cudnnnet/backends/cuda/kernels").glob("*.cu")}
+    kernels = {f"cudnnnet/backends/cuda/kernels/{path.name}"
+               for path in (REPO_ROOT / "cudnnnet/backends/cuda/kernels").glob("*.cu*")}
     assert shipped <= names and kernels <= names and len(kernels) > 5
     assert f"cudnnnet-{cudnnnet.__version__}.dist-info/licenses/LICENSE" in names
     lines = metadata.splitlines()

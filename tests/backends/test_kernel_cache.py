@@ -114,6 +114,27 @@ def test_anything_that_shapes_the_cubin_gives_another_file(fake_nvrtc, cache_dir
     assert fake_nvrtc.compiles == 2 and len(list(cache_dir.iterdir())) == 2
 
 
+def test_a_header_is_compiled_in_its_includes_place_and_a_changed_header_compiles_again(fake_nvrtc, cache_dir,
+                                                                                        tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel, "KERNEL_DIR", tmp_path)
+    (tmp_path / "scale.cuh").write_text("#define SCALE 2.0f\n")
+    (tmp_path / "twice.cu").write_text('#include "scale.cuh"  // SCALE\n' + SOURCE.decode().replace("2.0f", "SCALE"))
+    source = kernel.kernel_source("twice.cu")
+    assert source.startswith(b"#define SCALE 2.0f\n\nextern") and b"#include" not in source
+    kernel.compile_cubin(source, "twice.cu", ARCH)
+    new_process()
+    (tmp_path / "scale.cuh").write_text("#define SCALE 3.0f\n")
+    kernel.compile_cubin(kernel.kernel_source("twice.cu"), "twice.cu", ARCH)
+    assert fake_nvrtc.compiles == 2 and len(list(cache_dir.iterdir())) == 2
+
+
+def test_every_shipped_kernel_source_is_whole_once_its_headers_are_in():
+    for path in kernel.KERNEL_DIR.glob("*.cu"):
+        source = kernel.kernel_source(path.name)
+        assert not [line for line in source.splitlines() if line.startswith(b"#include")], path.name
+        assert source.count(b"bf16_bits(float value) {") <= 1, path.name
+
+
 @pytest.mark.parametrize("content", [b"", b"\x00" * 64, b"not a cubin at all"])
 def test_an_empty_or_foreign_cache_file_is_compiled_again_and_rewritten(fake_nvrtc, cache_dir, content):
     cubin = kernel.compile_cubin(SOURCE, "twice.cu", ARCH)

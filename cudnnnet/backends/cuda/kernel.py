@@ -15,6 +15,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import re
 from ctypes import c_float, c_int, c_longlong, c_ulonglong, c_void_p
 from pathlib import Path
 
@@ -205,13 +206,23 @@ class Kernel:
         runtime.launch_kernel(self.function, (blocks, 1, 1), (BLOCK_SIZE, 1, 1), 0, stream, self._params)
 
 
+INCLUDE = re.compile(rb'^#include "([A-Za-z0-9_]+[.]cuh)"[^\n]*$', re.MULTILINE)
+
+
+def kernel_source(filename: str) -> bytes:
+    """``kernels/filename`` with each ``#include "NAME.cuh"`` line replaced by kernels/NAME.cuh's text:
+    what NVRTC compiles and what names the cached cubin, so a changed header compiles every file again."""
+    source = (KERNEL_DIR / filename).read_bytes()
+    return INCLUDE.sub(lambda match: (KERNEL_DIR / match.group(1).decode()).read_bytes(), source)
+
+
 def load_module(filename: str, arch: str) -> KernelModule:
     """Compile (once per process, or take from the disk cache) and load ``kernels/filename``.
 
     A cached cubin that the driver refuses (a damaged file) is compiled again, rewritten and loaded
     (once: a fresh cubin that is refused too raises the CudaError).
     """
-    source = (KERNEL_DIR / filename).read_bytes()
+    source = kernel_source(filename)
     try:
         return KernelModule(compile_cubin(source, filename, arch))
     except CudaError as error:

@@ -19,12 +19,7 @@
 //   activation_backward:     one value a thread and grid-stride step
 //   activation_backward_x4:  four (float4 loads and stores; x, y, dy, dx 16-byte aligned, dx16 8-byte)
 
-// kernels/bf16.cu's rounding: float32 -> the bits of the nearest bfloat16, ties to even; NaN stays NaN.
-__device__ __forceinline__ unsigned int bf16_bits(float value) {
-    const unsigned int bits = __float_as_uint(value);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x0040u;
-    return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-}
+#include "half.cuh"  // bf16_bits: the rounding of bf16.cu's to_bf16
 
 template <int MODE>
 __device__ __forceinline__ float gradient(float x, float y, float dy, float coef) {

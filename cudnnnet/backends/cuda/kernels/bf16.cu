@@ -6,15 +6,9 @@
 //   to_bf16_x4:     the same, four values a thread (in 16-byte aligned: float4 loads, 8-byte stores)
 //   bf16_to_float:  out[i] = alpha·float(in[i]) + beta·out[i]     (out not read where beta == 0)
 //
-// The rounding is the bit trick the host backend mirrors (backends/host: round_to_bf16): add
-// 0x7FFF plus the lowest kept bit, keep the high 16 bits; a NaN stays a (quiet) NaN. Infinities
-// and values past the largest bfloat16 round to ±infinity, as __float2bfloat16_rn does.
+// The rounding is half.cuh's bf16_bits, which the host backend mirrors (backends/host: round_to_bf16).
 
-__device__ __forceinline__ unsigned int bf16_bits(float value) {
-    const unsigned int bits = __float_as_uint(value);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x0040u;  // NaN: quiet, sign kept
-    return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-}
+#include "half.cuh"
 
 extern "C" __global__ void to_bf16(unsigned short* out, const float* __restrict__ in, long long count) {
     for (long long i = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x; i < count; i += (long long)gridDim.x * BLOCK_SIZE) {

@@ -9,12 +9,7 @@
 // to_bf16 rounds, so that no conversion pass reads y again.
 //   y (N, C, H, W), b (C), positions = H·W, y16 like y
 
-// kernels/bf16.cu's rounding: float32 -> the bits of the nearest bfloat16, ties to even; NaN stays NaN.
-__device__ __forceinline__ unsigned int bf16_bits(float value) {
-    const unsigned int bits = __float_as_uint(value);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x0040u;
-    return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-}
+#include "half.cuh"  // bf16_bits: the rounding of bf16.cu's to_bf16
 
 __device__ float activation(float x, int mode, float coef) {
     switch (mode) {

@@ -17,23 +17,7 @@ __device__ int grid_stride() { return gridDim.x * BLOCK_SIZE; }
 #define FORMAT_BF16 1
 #define FORMAT_FP16 2
 
-__device__ __forceinline__ unsigned int bf16_bits(float value) {  // bf16.cu's rounding
-    const unsigned int bits = __float_as_uint(value);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x0040u;  // NaN: quiet, sign kept
-    return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-}
-
-__device__ __forceinline__ unsigned int fp16_bits(float value) {  // fp16.cu's rounding
-    unsigned short half;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(half) : "f"(value));
-    return half;
-}
-
-__device__ __forceinline__ float fp16_value(unsigned short half) {
-    float value;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(half));
-    return value;
-}
+#include "half.cuh"  // bf16_bits, fp16_bits, fp16_value: the roundings of bf16.cu and fp16.cu
 
 // The 16 bits of ``value`` in ``format`` (1 or 2).
 __device__ __forceinline__ unsigned short half_bits(float value, int format) {

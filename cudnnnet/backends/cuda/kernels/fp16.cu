@@ -6,22 +6,11 @@
 //   to_fp16_x4:     the same, four values a thread (in 16-byte aligned: float4 loads, 8-byte stores)
 //   fp16_to_float:  out[i] = alpha·float(in[i]) + beta·out[i]     (out not read where beta == 0)
 //
-// The conversions are the PTX instructions cvt.rn.f16.f32 and cvt.f32.f16 (no header needed): values
-// past the largest half (65504, rounding up from 65520) become ±infinity, subnormal halves are kept,
-// a NaN stays a NaN. The host backend rounds the same way (backends/host: round_to_fp16), so an
-// overflow gives infinity on both, which dynamic loss scaling (loss_scale.cu) then finds.
+// The conversions are half.cuh's fp16_bits and fp16_value. The host backend rounds the same way
+// (backends/host: round_to_fp16), so an overflow gives infinity on both, which dynamic loss scaling
+// (loss_scale.cu) then finds.
 
-__device__ __forceinline__ unsigned int fp16_bits(float value) {
-    unsigned short half;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(half) : "f"(value));
-    return half;
-}
-
-__device__ __forceinline__ float fp16_value(unsigned short half) {
-    float value;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(half));
-    return value;
-}
+#include "half.cuh"
 
 extern "C" __global__ void to_fp16(unsigned short* out, const float* __restrict__ in, long long count) {
     for (long long i = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x; i < count; i += (long long)gridDim.x * BLOCK_SIZE) {
