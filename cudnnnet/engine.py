@@ -25,8 +25,9 @@ and our kernels only where the slides had one or no library call exists (``SLIDE
 softmax + loss + gradient in one, timed cuBLASLt GEMM plans, our explicit-GEMM convolution and a
 stride-1 backward data as a forward convolution of the flipped filter timed against cuDNN's
 algorithms (deterministic ones only, so a seed gives the same weights), activation backward
-(writing dx's bfloat16 copy too under math bf16), max-pooling and bias-gradient kernels, one-launch
-SGD, batch normalisation in training by our kernels with a following ReLU applied in them.
+(writing dx's bfloat16 copy too under math bf16, and after a Dense that layer's bias gradient),
+max-pooling and bias-gradient kernels, one-launch SGD, batch normalisation in training by our
+kernels with a following ReLU applied in them.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import numpy as np
 from . import checkpoint
 from .backends import get_backend
 from .errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError
-from .layers import LAYER_TYPES, Activation, BatchNorm, Dropout, Layer, LossLayer, Parameter, WeightBiasLayer
+from .layers import LAYER_TYPES, Activation, BatchNorm, Dense, Dropout, Layer, LossLayer, Parameter, WeightBiasLayer
 from .tensor import Tensor, as_shape, check_tensor_values
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,8 @@ class Network:
     def _pair_activations(self) -> None:
         """A Dense or Conv2D with a bias followed by an Activation: where the engine fuses them
         (``fuse_bias_activation``), f runs in the first one's bias kernel, one launch and one pass
-        over y fewer per pair. A BatchNorm followed by a ReLU: where the engine runs our batch
+        over y fewer per pair; after a Dense, the Activation's backward kernel then sums the Dense's
+        bias gradient too. A BatchNorm followed by a ReLU: where the engine runs our batch
         normalisation (``batch_norm_kernel``), it applies f and f' in its own passes. Otherwise each
         layer makes its own calls."""
         for layer, following in zip(self.layers, self.layers[1:]):
@@ -100,6 +101,8 @@ class Network:
                 layer.activation = following.descriptor
                 following.after_bias = True
                 log.debug("%s may run in %s's bias kernel", following.name, layer.name)
+                if isinstance(layer, Dense):
+                    layer.next_activation, following.dense_before = following, layer
             if isinstance(layer, BatchNorm) and isinstance(following, Activation) and following.mode == "relu":
                 layer.activation = following.descriptor
                 following.after_batch_norm = True

@@ -230,14 +230,15 @@ def slides_verbs(layer, phase, method) -> dict:
 
 def fast_verbs(layer, phase, method) -> dict:
     first = layer.gradient_stop
-    if isinstance(layer, Dense):
+    if isinstance(layer, Dense):  # db summed by the Activation after it, where there is one
         return {"sgemm": 1, "bias_activation_forward": 1} if method == "forward" else \
-            {"sgemv": 1, "sgemm": 1 if first else 2}
+            {"sgemv": int(layer.next_activation is None), "sgemm": 1 if first else 2}
     if isinstance(layer, Conv2D):
         return {"convolution_forward": 1, "bias_activation_forward": 1} if method == "forward" else \
             {"convolution_backward_bias": 1, "convolution_backward_filter": 1, "convolution_backward_data": int(not first)}
-    if isinstance(layer, Activation):  # f ran in the bias kernel before it; f' from y
-        return {} if method == "forward" else {"activation_backward": int(not first)}
+    if isinstance(layer, Activation):  # f ran in the bias kernel before it; f' from y, with the Dense's db
+        backward = "activation_bias_backward" if layer.dense_before is not None else "activation_backward"
+        return {} if method == "forward" else {backward: int(not first)}
     if isinstance(layer, Pooling):
         return {"pooling_forward": 1} if method == "forward" else {"pooling_backward": int(not first)}
     return {"softmax_cross_entropy_backward": 1} if phase == "train" else {"softmax_cross_entropy_metrics": 1}
@@ -249,7 +250,7 @@ VERB_NAMES = ("sgemm", "sgemv", "saxpy", "sscal", "scopy", "copy", "fill", "acti
               "convolution_backward_filter", "convolution_backward_bias", "pooling_forward", "pooling_backward",
               "cross_entropy_loss", "squared_error_loss", "accuracy_count", "gather_batch", "sgd_update",
               "bias_activation_forward", "cross_entropy_backward", "softmax_cross_entropy_backward",
-              "softmax_cross_entropy_metrics", "sgd_update_many")
+              "softmax_cross_entropy_metrics", "sgd_update_many", "activation_bias_backward")
 
 
 def count_verbs(backend, monkeypatch) -> collections.Counter:

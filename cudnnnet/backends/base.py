@@ -353,6 +353,17 @@ class Backend(ABC):
         followed by ``activation_forward(desc, 1, y, 0, y)``."""
 
     @abstractmethod
+    def activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
+        """The activation ``desc`` fused after a Dense layer, with that layer's bias gradient, for y,
+        dy, dx of shape (N, C, 1, 1) and db of C values:
+
+            dx = f'(y)·dy        f' read from y (the forward pass kept no x)
+            db = Σₙ dx
+
+        The same as ``activation_backward(desc, 1, y, dy, y, 0, dx)`` followed by the Dense layer's
+        ``sgemv`` of dx with a vector of ones."""
+
+    @abstractmethod
     def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """The softmax-output step of training, for predict, target, grad of shape (N, C, 1, 1):
 
@@ -494,6 +505,16 @@ def check_bias(call: str, bias, y) -> None:
     """A ShapeError unless ``bias`` holds one value per channel of ``y`` (N, C, H, W)."""
     if bias.size != y.c:
         raise ShapeError(f"{call}: the bias must hold one value per channel of y {y.shape} ({y.c}), got shape {bias.shape}")
+
+
+def check_activation_bias(call: str, y, dy, dx, db) -> None:
+    """A ShapeError unless y, dy and dx share one (N, C, 1, 1) shape and db holds C values."""
+    for other in (dy, dx):
+        if other.shape != y.shape:
+            raise ShapeError(f"{call}: tensors must have the same shape, got {y.shape} and {other.shape}")
+    if y.h * y.w != 1:
+        raise ShapeError(f"{call}: y must be a Dense layer's output (N, C, 1, 1), got {y.shape}")
+    check_bias(call, db, y)
 
 
 LOSS_SCALE_VALUES = 6  # [S, found, skip, unscale, clean steps, skipped steps]: kernels/loss_scale.cu

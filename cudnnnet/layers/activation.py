@@ -6,6 +6,8 @@
     backward  dx = f'(x) ⊙ dy      cudnnActivationBackward     our kernel (kernels/activation.cu); under
                                                                math bf16 it also writes the bfloat16 copy
                                                                of dx that the layer before reads
+              db = Σₙ dx           (the Dense before: sgemv)   fused after a Dense: its bias gradient in
+                                                               the same kernel (activation_bias_backward)
 
 When this layer is fused into the layer before it, that layer's bias kernel has already applied f:
 forward passes y through, and backward reads f' from y alone (every mode here can: relu, clipped
@@ -44,6 +46,7 @@ class Activation(Layer):
         self.descriptor = ActivationDescriptor(ActivationMode(ACTIVATION_MODES[mode]), coef)
         self.after_bias = False  # the layer before is a Dense or Conv2D that can apply f (set by Network)
         self.after_batch_norm = False  # a ReLU after a BatchNorm, which can apply f and f' (set by Network)
+        self.dense_before = None  # the Dense before, whose bias gradient the fused backward sums (set by Network)
 
     def config(self):
         return {"mode": self.mode, "coef": self.coef}
@@ -60,6 +63,12 @@ class Activation(Layer):
         """Whether the BatchNorm before applies f and f' (a ReLU, in the fast engine)."""
         return self.after_batch_norm and self.backend is not None and self.backend.engine.batch_norm_kernel
 
+    @property
+    def sums_bias_gradient(self) -> bool:
+        """Whether backward also writes the bias gradient of the Dense before (db = Σₙ dx), which then
+        makes no sgemv of its own: where f runs in that Dense's bias kernel."""
+        return self.dense_before is not None and self.fused and not self.gradient_stop
+
     def forward(self, input: Tensor) -> Tensor:
         self.prepare(input)
         if self.fused:
@@ -74,6 +83,11 @@ class Activation(Layer):
         if self.fused_into_batch_norm:
             # dx = dy: the BatchNorm's backward applies f'
             return grad_output
+        if self.sums_bias_gradient:
+            # dx = f'(y) ⊙ dy,  db = Σₙ dx      (db: the bias gradient of the Dense before)
+            self.backend.activation_bias_backward(self.descriptor, self.output, grad_output, self.grad_input,
+                                                  self.dense_before.grad_bias)
+            return self.grad_input
         if not self.gradient_stop:
             x = self.output if self.fused else self.input  # fused: x no longer exists; f' is read from y
             # dx = f'(x) ⊙ dy

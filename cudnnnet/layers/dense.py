@@ -8,7 +8,9 @@ matrices with one sample per column: x (in_size × N), y (out_size × N).
     forward   y  = Wᵀ·x        cublasSgemm                      timed GEMM plan (cuBLASLt or cublasSgemm)
               y  = y + b·1ᵀ    rank-1 cublasSgemm               y = f(y + b·1ᵀ): our bias_activation kernel,
                                                                 f of the Activation that follows (if any)
-    backward  db = dy·1        cublasSgemv                      cublasSgemv
+    backward  db = dy·1        cublasSgemv                      summed by the Activation after it, in its
+                                                                backward kernel, where f runs in the bias
+                                                                kernel; else cublasSgemv
               dW = x·dyᵀ       cublasSgemm                      timed GEMM plan
               dx = W·dy        cublasSgemm                      timed GEMM plan
 """
@@ -28,6 +30,7 @@ class Dense(WeightBiasLayer):
         self.out_size = positive_int(name, "out_size", out_size)
         self.in_size = None
         self.ones = None  # (N,) of 1.0: broadcasts the bias, sums its gradient over the batch
+        self.next_activation = None  # the Activation after it (set by Network): its backward may sum db
 
     def config(self):
         return {"out_size": self.out_size}
@@ -66,8 +69,9 @@ class Dense(WeightBiasLayer):
 
     def backward(self, grad_output: Tensor) -> Tensor:
         b, n, dy = self.backend, grad_output.n, grad_output
-        # db = dy·1           (out_size) = (out_size × N) · (N)
-        b.sgemv(OP_N, self.out_size, n, 1.0, dy, self.out_size, self.ones, 1, 0.0, self.grad_bias, 1)
+        if self.next_activation is None or not self.next_activation.sums_bias_gradient:
+            # db = dy·1       (out_size) = (out_size × N) · (N)
+            b.sgemv(OP_N, self.out_size, n, 1.0, dy, self.out_size, self.ones, 1, 0.0, self.grad_bias, 1)
         # dW = x·dyᵀ          (in_size × out_size) = (in_size × N) · (N × out_size)
         b.sgemm(OP_N, OP_T, self.in_size, self.out_size, n,
                 1.0, self.input, self.in_size, dy, self.out_size, 0.0, self.grad_weight, self.in_size)

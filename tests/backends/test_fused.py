@@ -488,6 +488,67 @@ def test_host_fused_network_trains_as_the_unfused_one(host):
         np.testing.assert_allclose(fused[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+# ---- activation backward + the Dense bias gradient -----------------------------------------------
+DENSE_SHAPES = [(1, 1, 1, 1), (7, 10, 1, 1), (7, 12, 1, 1), (256, 500, 1, 1), (1000, 37, 1, 1), (333, 300, 1, 1)]
+ACTIVATIONS = ACTIVATION_CASES[1:]
+
+
+def activation_gradient_inputs(backend, desc, shape) -> tuple[np.ndarray, np.ndarray]:
+    """(y = f(x), dy) of ``shape``: y as the forward pass leaves it."""
+    x, _ = bias_inputs(shape, seed=6)
+    y = Tensor.from_numpy(x, backend)
+    backend.activation_forward(desc, 1.0, y, 0.0, y)
+    return y.numpy(), np.random.default_rng([7, *shape]).standard_normal(shape).astype(np.float32)
+
+
+def activation_then_bias_gradient(backend, desc, y: np.ndarray, dy: np.ndarray, fused: bool) -> list[np.ndarray]:
+    """[dx, db]: activation_bias_backward, or activation_backward (f' from y) then the Dense's sgemv."""
+    n, c = y.shape[:2]
+    Y, DY = Tensor.from_numpy(y, backend), Tensor.from_numpy(dy, backend)
+    DX, DB = Tensor.from_numpy(np.full(y.shape, np.nan, np.float32), backend), Tensor.zeros((c,), backend)
+    if fused:
+        backend.activation_bias_backward(desc, Y, DY, DX, DB)
+    else:
+        backend.activation_backward(desc, 1.0, Y, DY, Y, 0.0, DX)
+        backend.sgemv(0, c, n, 1.0, DX, c, Tensor((n,), backend).fill_(1.0), 1, 0.0, DB, 1)
+    return [DX.numpy(), DB.numpy()]
+
+
+@pytest.mark.parametrize("shape", DENSE_SHAPES)
+@pytest.mark.parametrize("desc", ACTIVATIONS, ids=lambda d: d.mode.name.lower())
+def test_activation_bias_backward_equals_activation_backward_then_sgemv(backend, desc, shape):
+    """dx the same bits (the same formula), db within float32 rounding (another order of the sum)."""
+    y, dy = activation_gradient_inputs(backend, desc, shape)
+    fused = activation_then_bias_gradient(backend, desc, y, dy, True)
+    unfused = activation_then_bias_gradient(backend, desc, y, dy, False)
+    np.testing.assert_array_equal(fused[0], unfused[0])
+    assert_close(fused[1:], unfused[1:])
+
+
+def test_activation_bias_backward_checks_shapes(backend):
+    desc, y = ACTIVATIONS[0], Tensor.zeros((4, 6, 1, 1), backend)
+    with pytest.raises(ShapeError, match="one value per channel"):
+        backend.activation_bias_backward(desc, y, y, y, Tensor.zeros((5,), backend))
+    with pytest.raises(ShapeError, match="Dense layer's output"):
+        image = Tensor.zeros((4, 6, 2, 2), backend)
+        backend.activation_bias_backward(desc, image, image, image, Tensor.zeros((6,), backend))
+    with pytest.raises(ShapeError, match="same shape"):
+        backend.activation_bias_backward(desc, y, Tensor.zeros((4, 7, 1, 1), backend), y, Tensor.zeros((6,), backend))
+
+
+def test_network_sums_each_dense_bias_gradient_in_the_activation_after_it(host, monkeypatch):
+    """In the fast engine the Activations after fc1 and fc2 sum their bias gradients (no sgemv there);
+    fc3, before the Softmax, and the slides engine keep the sgemv."""
+    network = mnist_like_network(host)
+    assert [layer.name for layer in network.layers if getattr(layer, "dense_before", None)] == ["sig3", "elu4"]
+    for engine, sgemvs in (("fast", 1), ("slides", 3)):
+        calls = []
+        monkeypatch.setattr(host, "sgemv", lambda *args, _sgemv=type(host).sgemv: calls.append(_sgemv(host, *args)))
+        train_steps(network, engine, steps=1)
+        monkeypatch.undo()
+        assert len(calls) == sgemvs, engine
+
+
 # ---- CUDA: fused kernels == the CUDA unfused path == the host -------------------------------------
 @pytest.fixture
 def counters():
@@ -771,3 +832,38 @@ def test_cuda_fused_network_trains_as_the_unfused_one_and_the_host(host, cuda):
     fused = train_steps(mnist_like_network(cuda), "fast")
     for reference in (train_steps(mnist_like_network(cuda), "slides"), train_steps(mnist_like_network(host), "fast")):
         assert_close([fused[name] for name in reference], list(reference.values()), tolerance=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", DENSE_SHAPES)
+@pytest.mark.parametrize("desc", ACTIVATIONS, ids=lambda d: d.mode.name.lower())
+def test_cuda_activation_bias_backward_equals_the_host(host, cuda, desc, shape):
+    y, dy = activation_gradient_inputs(host, desc, shape)
+    ours, theirs = (activation_then_bias_gradient(backend, desc, y, dy, True) for backend in (cuda, host))
+    np.testing.assert_array_equal(ours[0], theirs[0])
+    assert_close(ours[1:], theirs[1:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, launched", [((7, 10, 1, 1), {"activation_bias_backward": 1}),
+                                             ((1000, 37, 1, 1), {"activation_bias_backward": 1,
+                                                                 "activation_bias_sums": 1}),
+                                             ((7, 12, 1, 1), {"activation_bias_backward_x4": 1}),
+                                             ((1000, 40, 1, 1), {"activation_bias_backward_x4": 1,
+                                                                 "activation_bias_sums": 1})])
+def test_cuda_activation_bias_backward_replays_its_bits_in_a_graph(cuda, counters, shape, launched):
+    """One launch where one slab of samples covers the batch, else one more adding the slabs (four
+    channels a thread where C is a multiple of 4); the same bits eager and replayed from a CUDA graph."""
+    _, launches = counters
+    desc = ACTIVATIONS[2]
+    y, dy = (Tensor.from_numpy(array, cuda) for array in activation_gradient_inputs(cuda, desc, shape))
+    dx, db = Tensor.zeros(shape, cuda), Tensor.zeros((shape[1],), cuda)
+    launches.clear()
+    cuda.activation_bias_backward(desc, y, dy, dx, db)
+    assert dict(launches) == launched
+    eager = db.numpy()
+    db.fill_(0.0)
+    with cuda.capture() as graph:
+        cuda.activation_bias_backward(desc, y, dy, dx, db)
+    graph.launch()
+    np.testing.assert_array_equal(db.numpy(), eager)

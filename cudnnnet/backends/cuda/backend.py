@@ -37,7 +37,8 @@ from ...engine import Engine
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
 from ..base import (OP_N, OP_T, ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor, PoolingDescriptor,
-                    check_augmented_gather, check_bias, check_loss_scale, check_nonfinite_operands)
+                    check_activation_bias, check_augmented_gather, check_bias, check_loss_scale,
+                    check_nonfinite_operands)
 from ..base import BatchNormMode
 from .dropout import DropoutReserve, DropoutState
 from . import dlpack
@@ -53,7 +54,7 @@ from . import plan_cache
 from .convolution import BACKWARD_DATA, BACKWARD_FILTER, DIRECTION_NAMES, FORWARD, ConvolutionPlan, Direction, \
     backward_data_by_forward, make_plan, plan_with
 from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
-from .kernel import BLOCK_SIZE, blocks_for
+from .kernel import BLOCK_SIZE, MAX_BLOCKS, blocks_for
 from .low_precision import BF16_BYTES, HALF_FORMATS, Bf16Copies, Bf16Scratch
 from . import pooling
 from .matmul import GemmEngine, GemmProblem, alignment
@@ -71,6 +72,33 @@ PLAN_CACHE_SIZE = 64
 MAX_ELEMENTWISE_BLOCKS = 65535  # one float4 per thread up to 16.7 M float4s, then grid-stride
 SOFTMAX_GROUP = 16  # lanes per sample in softmax_cross_entropy_backward (GROUP there)
 SGD_TABLE_CACHE_SIZE = 64  # parameter lists whose device table is kept (one per network in practice)
+ACTIVATION_PARTIALS = 1 << 20  # floats of activation_bias_backward's slab sums (4 MiB)
+MIN_SLAB_ROWS = 16  # samples a block of activation_bias_backward sums at least
+SUM_CHANNELS = 32  # channels a block of activation_bias_sums adds (a warp's run of a row)
+
+
+@dataclass(frozen=True)
+class Slabs:
+    """How activation_bias_backward cuts the samples: ``slabs`` slabs of ``slab_rows`` samples, each
+    summed by ``column_blocks`` blocks of BLOCK_SIZE columns (a channel, or four in the x4 kernel)."""
+
+    slabs: int
+    slab_rows: int
+    column_blocks: int
+
+    @property
+    def blocks(self) -> int:
+        return self.slabs * self.column_blocks
+
+
+def activation_slabs(samples: int, channels: int, width: int = 1) -> Slabs:
+    """About MAX_BLOCKS blocks in all, slabs of at least MIN_SLAB_ROWS samples, their partial sums
+    within ACTIVATION_PARTIALS, for a kernel taking ``width`` channels a thread: a function of the
+    shape alone, so that every launch adds alike."""
+    column_blocks = -(-(channels // width) // BLOCK_SIZE)
+    slabs = max(1, min(-(-samples // MIN_SLAB_ROWS), MAX_BLOCKS // column_blocks, ACTIVATION_PARTIALS // channels))
+    slab_rows = -(-samples // slabs)
+    return Slabs(-(-samples // slab_rows), slab_rows, column_blocks)
 
 
 @dataclass(frozen=True)
@@ -108,6 +136,7 @@ class CudaBackend(Backend):
         self._bf16 = Bf16Scratch(self.context)  # math "bf16"/"fp16": one call's operands outside a pass, convolution results
         self._bf16_copies = Bf16Copies(self.context)  # math "bf16"/"fp16": each operand of a pass, converted once
         self._scaled_sgd_scalars: Tensor | None = None  # (6,): the loss-scaled cuBLAS SGD's coefficients
+        self._activation_partial_sums: DeviceBuffer | None = None  # activation_bias_backward's slab sums
         self.math = "fp32"
         self.set_math("fp32")
 
@@ -155,6 +184,9 @@ class CudaBackend(Backend):
         self._batch_norm.close()
         self._bf16.close()
         self._bf16_copies.close()
+        if self._activation_partial_sums is not None:
+            self._activation_partial_sums.free()
+            self._activation_partial_sums = None
 
     def _scalar(self, value):
         """A host pointer to ``value`` as float32 (0, 1 and -1 are the context's constants)."""
@@ -762,6 +794,37 @@ class CudaBackend(Backend):
             return
         self.context.kernel("bias_activation_forward").launch(blocks_for(y.size), self._stream, y.data.ptr, bias.data.ptr,
                                                               y.size, y.c, y.h * y.w, mode, coef, y16)
+
+    def activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
+        """kernels/activation.cu: dx = f'(y)·dy and each slab of samples' partial sums of dx in one pass
+        (with one slab, db itself), then one launch adding the slabs in order; under math "bf16", dx's
+        bfloat16 copy as ``activation_backward`` writes it. Four channels a thread where C is a multiple
+        of 4 and every float32 operand is 16-byte aligned, else one."""
+        check_activation_bias("activation_bias_backward", y, dy, dx, db)
+        samples, channels = y.n, y.c
+        dx16 = self._bf16_copies.target(dx.data) if self.math == "bf16" and dx.size == dx.data.size else None
+        width = 4 if channels % 4 == 0 and all(t.data.ptr % 16 == 0 for t in (y, dy, dx, db)) else 1
+        cut = activation_slabs(samples, channels, width)
+        partial = db.data.ptr if cut.slabs == 1 else self._activation_partials().ptr
+        kernel = "activation_bias_backward_x4" if width == 4 else "activation_bias_backward"
+        # dx = f'(y)·dy,  partial[s] = Σ_{n in slab s} dx[n]      blocks (channels / (width·BLOCK_SIZE), slabs)
+        self.context.kernel(kernel).launch(cut.blocks, self._stream, dx.data.ptr, y.data.ptr, dy.data.ptr,
+                                           int(desc.mode), float(desc.coef), samples, channels // width,
+                                           cut.slab_rows, partial, dx16)
+        if cut.slabs > 1:
+            # db = Σ_s partial[s]
+            self.context.kernel("activation_bias_sums").launch(-(-channels // SUM_CHANNELS), self._stream,
+                                                               db.data.ptr, partial, cut.slabs, channels)
+
+    def _activation_partials(self) -> DeviceBuffer:
+        """ACTIVATION_PARTIALS floats for activation_bias_backward's slab sums, allocated on first use
+        (never in a capture) and shared by every launch on the one stream."""
+        if self._activation_partial_sums is None:
+            if self.context.is_capturing():
+                raise DeviceError("activation_bias_backward was first called during a CUDA graph capture; its "
+                                  "scratch is allocated on that call: run one step before capturing")
+            self._activation_partial_sums = DeviceBuffer.allocate(FLOAT32_BYTES * ACTIVATION_PARTIALS)
+        return self._activation_partial_sums
 
     def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """kernels/cross_entropy_backward.cu: grad = (predict - target)/N, loss[0] += the mean cross

@@ -67,6 +67,11 @@ KERNELS = {
                                                                 c_void_p)),
     "activation_backward_x4": ("activation.cu", (c_void_p,) * 4 + (c_int, c_float, c_float, c_float, c_longlong,
                                                                    c_void_p)),
+    "activation_bias_backward": ("activation.cu", (c_void_p,) * 3 + (c_int, c_float, c_int, c_int, c_int, c_void_p,
+                                                                     c_void_p)),
+    "activation_bias_backward_x4": ("activation.cu", (c_void_p,) * 3 + (c_int, c_float, c_int, c_int, c_int,
+                                                                        c_void_p, c_void_p)),
+    "activation_bias_sums": ("activation.cu", (c_void_p, c_void_p, c_int, c_int)),
     # layers, optimisers and the bf16 math of issue 18
     "to_bf16": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),
     "to_bf16_x4": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),

@@ -38,6 +38,7 @@ from ..base import (
     ConvolutionDescriptor,
     PoolingDescriptor,
     PoolingMode,
+    check_activation_bias,
     check_augmented_gather,
     check_bias,
     check_loss_scale,
@@ -548,6 +549,11 @@ class HostBackend(Backend):
         values += _nd(bias).reshape(1, y.c, 1, 1)
         if desc is not None:
             values[...] = _lookup(_ACTIVATIONS, desc.mode, "activation")(values, desc.coef)
+
+    def activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
+        check_activation_bias("activation_bias_backward", y, dy, dx, db)
+        self.activation_backward(desc, 1.0, y, dy, y, 0.0, dx)
+        db.data[: db.size] = _nd(dx).reshape(dx.n, dx.c).sum(axis=0, dtype=F32)
 
     def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """grad = (predict - target)/N;  loss[0] += -(1/N)·Σ target·log(max(predict, 1e-7));  count[0] += hits."""

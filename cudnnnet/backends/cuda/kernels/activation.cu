@@ -96,3 +96,115 @@ extern "C" __global__ void activation_backward_x4(float4* dx, const float4* __re
         default: backward_x4<4>(dx, x, y, dy, coef, alpha, beta, count4, dx16); break;
     }
 }
+
+// The activation fused after a Dense layer, with that layer's bias gradient in the same pass:
+//
+//   dx = f'(y)·dy                     f' read from y (x is y), alpha 1, beta 0, as above
+//   partial[s][c] = Σ_{n in slab s} dx[n][c]
+//
+// dx, y, dy (N, C) with C contiguous; a block takes BLOCK_SIZE columns of one slab of slab_rows
+// samples (block b: columns (b mod column_blocks)·BLOCK_SIZE on, slab b / column_blocks), so every
+// warp reads whole runs of a row. A column is a channel (activation_bias_backward) or four
+// (activation_bias_backward_x4: C a multiple of 4, float4 loads and stores, dx16 8-byte aligned).
+// A thread loads ROWS_AHEAD rows before it computes and stores them (dx, y, dy and dx16 never
+// overlap), so that many loads are in flight. The sum is in sample order within a slab, and
+// activation_bias_sums adds the slabs in a fixed order: db has the same bits on every launch. With
+// one slab, partial is db itself.
+#define ROWS_AHEAD 4
+
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
+template <int MODE>
+__device__ __forceinline__ float4 gradient4(float4 y, float4 dy, float coef) {
+    return make_float4(gradient<MODE>(y.x, y.x, dy.x, coef), gradient<MODE>(y.y, y.y, dy.y, coef),
+                       gradient<MODE>(y.z, y.z, dy.z, coef), gradient<MODE>(y.w, y.w, dy.w, coef));
+}
+
+__device__ __forceinline__ void store_bf16(unsigned short* __restrict__ dx16, long long i, float value) {
+    dx16[i] = (unsigned short)bf16_bits(value);
+}
+
+__device__ __forceinline__ void store_bf16(uint2* __restrict__ dx16, long long i, float4 value) {
+    dx16[i] = make_uint2(bf16_bits(value.x) | (bf16_bits(value.y) << 16), bf16_bits(value.z) | (bf16_bits(value.w) << 16));
+}
+
+__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float4 add(float4 a, float4 b) { return add4(a, b); }
+template <int MODE> __device__ __forceinline__ float grad(float y, float dy, float coef) { return gradient<MODE>(y, y, dy, coef); }
+template <int MODE> __device__ __forceinline__ float4 grad(float4 y, float4 dy, float coef) { return gradient4<MODE>(y, dy, coef); }
+
+// T is float (Half16 unsigned short) or float4 (Half16 uint2); columns are T's.
+template <int MODE, typename T, typename Half16>
+__device__ void backward_summed(T* __restrict__ dx, const T* __restrict__ y, const T* __restrict__ dy, float coef,
+                                int samples, int columns, int slab_rows, T* __restrict__ partial,
+                                Half16* __restrict__ dx16, T zero) {
+    const int column_blocks = (columns + BLOCK_SIZE - 1) / BLOCK_SIZE;
+    const int c = (blockIdx.x % column_blocks) * BLOCK_SIZE + threadIdx.x;
+    const int slab = blockIdx.x / column_blocks;
+    if (c >= columns) return;
+    const int first = slab * slab_rows, last = min(samples, first + slab_rows);
+    T sum = zero;
+    for (int n = first; n < last; n += ROWS_AHEAD) {
+        T ys[ROWS_AHEAD], gs[ROWS_AHEAD];
+#pragma unroll
+        for (int k = 0; k < ROWS_AHEAD; ++k) {
+            const long long i = (long long)(n + k) * columns + c;
+            ys[k] = n + k < last ? y[i] : zero;
+            gs[k] = n + k < last ? dy[i] : zero;
+        }
+#pragma unroll
+        for (int k = 0; k < ROWS_AHEAD; ++k) {
+            if (n + k >= last) break;
+            const long long i = (long long)(n + k) * columns + c;
+            const T value = grad<MODE>(ys[k], gs[k], coef);
+            dx[i] = value;
+            if (dx16) store_bf16(dx16, i, value);
+            sum = add(sum, value);
+        }
+    }
+    partial[(long long)slab * columns + c] = sum;
+}
+
+#define SUMMED_MODES(T, Half16, zero)                                                                            \
+    switch (mode) {                                                                                            \
+        case 0: backward_summed<0, T, Half16>(dx, y, dy, coef, samples, columns, slab_rows, partial, dx16, zero); break; \
+        case 1: backward_summed<1, T, Half16>(dx, y, dy, coef, samples, columns, slab_rows, partial, dx16, zero); break; \
+        case 2: backward_summed<2, T, Half16>(dx, y, dy, coef, samples, columns, slab_rows, partial, dx16, zero); break; \
+        case 3: backward_summed<3, T, Half16>(dx, y, dy, coef, samples, columns, slab_rows, partial, dx16, zero); break; \
+        default: backward_summed<4, T, Half16>(dx, y, dy, coef, samples, columns, slab_rows, partial, dx16, zero); break; \
+    }
+
+extern "C" __global__ void activation_bias_backward(float* dx, const float* __restrict__ y,
+                                                    const float* __restrict__ dy, int mode, float coef, int samples,
+                                                    int columns, int slab_rows, float* partial, unsigned short* dx16) {
+    SUMMED_MODES(float, unsigned short, 0.f)
+}
+
+extern "C" __global__ void activation_bias_backward_x4(float4* dx, const float4* __restrict__ y,
+                                                       const float4* __restrict__ dy, int mode, float coef,
+                                                       int samples, int columns, int slab_rows, float4* partial,
+                                                       uint2* dx16) {
+    SUMMED_MODES(float4, uint2, make_float4(0.f, 0.f, 0.f, 0.f))
+}
+
+// db[c] = Σ_s partial[s][c]. A block takes 32 channels (a warp's run of a row) with BLOCK_SIZE / 32
+// lanes each: lane l adds slabs l, l + lanes, … in order, then lane 0 adds the lanes' sums in order.
+extern "C" __global__ void activation_bias_sums(float* __restrict__ db, const float* __restrict__ partial, int slabs,
+                                                int channels) {
+    constexpr int LANES = BLOCK_SIZE / 32;
+    __shared__ float lane_sums[LANES][32];
+    const int c = blockIdx.x * 32 + threadIdx.x % 32, lane = threadIdx.x / 32;
+    float sum = 0.f;
+    if (c < channels) {
+        for (int s = lane; s < slabs; s += LANES) sum = __fadd_rn(sum, partial[(long long)s * channels + c]);
+    }
+    lane_sums[lane][threadIdx.x % 32] = sum;
+    __syncthreads();
+    if (lane == 0 && c < channels) {
+        float total = 0.f;
+        for (int l = 0; l < LANES; ++l) total = __fadd_rn(total, lane_sums[l][threadIdx.x]);
+        db[c] = total;
+    }
+}
