@@ -845,10 +845,10 @@ def test_cuda_activation_bias_backward_equals_the_host(host, cuda, desc, shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape, launched", [((7, 10, 1, 1), {"activation_bias_backward": 1}),
+@pytest.mark.parametrize("shape, launched", [((3, 10, 1, 1), {"activation_bias_backward": 1}),
                                              ((1000, 37, 1, 1), {"activation_bias_backward": 1,
                                                                  "activation_bias_sums": 1}),
-                                             ((7, 12, 1, 1), {"activation_bias_backward_x4": 1}),
+                                             ((3, 12, 1, 1), {"activation_bias_backward_x4": 1}),
                                              ((1000, 40, 1, 1), {"activation_bias_backward_x4": 1,
                                                                  "activation_bias_sums": 1})])
 def test_cuda_activation_bias_backward_replays_its_bits_in_a_graph(cuda, counters, shape, launched):

@@ -73,7 +73,7 @@ MAX_ELEMENTWISE_BLOCKS = 65535  # one float4 per thread up to 16.7 M float4s, th
 SOFTMAX_GROUP = 16  # lanes per sample in softmax_cross_entropy_backward (GROUP there)
 SGD_TABLE_CACHE_SIZE = 64  # parameter lists whose device table is kept (one per network in practice)
 ACTIVATION_PARTIALS = 1 << 20  # floats of activation_bias_backward's slab sums (4 MiB)
-MIN_SLAB_ROWS = 16  # samples a block of activation_bias_backward sums at least
+MIN_SLAB_ROWS = 4  # samples a block of activation_bias_backward sums at least (ROWS_AHEAD in activation.cu)
 SUM_CHANNELS = 32  # channels a block of activation_bias_sums adds (a warp's run of a row)
 
 
