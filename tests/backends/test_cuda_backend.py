@@ -1223,3 +1223,33 @@ def test_activation_backward_writes_the_bf16_copy_that_a_gemm_reads(host, cuda, 
     conversions = launches["to_bf16"] + launches["to_bf16_x4"]
     assert conversions == (1 if engine == "fast" else 2)  # W; and dx in the slides engine
     assert relative_error(results["cuda"], results["host"]) < FP32_TOLERANCE
+
+
+@pytest.mark.parametrize("k", [40, 38])  # four channels a thread, and one
+def test_activation_bias_backward_writes_the_bf16_copy_that_a_gemm_reads(host, cuda, rng, launches, k):
+    """Math bf16 in the fast engine, two passes of dx = f'·dy with db = Σₙ dx, then C = W·dx: in the
+    second, dx's bfloat16 copy is written by the summing kernel (no conversion of dx), and the GEMM
+    reads the new dx: C and db as on the host."""
+    m, n = 24, 33  # C (m × n) = W (m × k) · dx (k × n); 33 samples make several slabs
+    desc = ActivationDescriptor(ActivationMode.TANH)
+    w, y = normal(rng, m * k), np.tanh(normal(rng, n, k, 1, 1))
+    results = {}
+    for backend in (host, cuda):
+        W, Y, C = Tensor.from_numpy(w, backend), Tensor.from_numpy(y, backend), Tensor.zeros((m * n,), backend)
+        dx, db = Tensor.zeros((n, k, 1, 1), backend), Tensor.zeros((k,), backend)
+        with backend.using_engine("fast"):
+            backend.set_math("bf16")
+            try:
+                for step in range(2):
+                    dy = Tensor.from_numpy(normal(np.random.default_rng(step), n, k, 1, 1), backend)
+                    launches.clear()
+                    backend.start_pass()
+                    backend.activation_bias_backward(desc, Y, dy, dx, db)
+                    backend.sgemm(OP_N, OP_N, m, n, k, 1.0, W, m, dx, k, 0.0, C, m)
+                    backend.end_pass()
+            finally:
+                backend.set_math("fp32")
+        results[backend.name] = C.numpy(), db.numpy()
+    assert launches["to_bf16"] + launches["to_bf16_x4"] == 1  # W
+    for ours, theirs in zip(results["cuda"], results["host"]):
+        assert relative_error(ours, theirs) < FP32_TOLERANCE

@@ -36,7 +36,7 @@ import numpy as np
 from ...engine import Engine
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
-from ..base import (OP_N, OP_T, ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor, PoolingDescriptor,
+from ..base import (OP_N, OP_T, ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor,
                     check_activation_bias, check_augmented_gather, check_bias, check_loss_scale,
                     check_nonfinite_operands)
 from ..base import BatchNormMode
