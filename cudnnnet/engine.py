@@ -82,6 +82,8 @@ class Engine:
     #                         forward convolution of the flipped filter (convolution.py) are candidates
     deterministic_convolution: bool  # only deterministic algorithms where any is eligible; else cuDNN's fastest
     activation_kernel: bool  # activation backward by kernels/activation.cu; else cudnnActivationBackward
+    activation_sums_bias: bool  # Activation.sums_bias_gradient: the backward kernel of an Activation fused after
+    #                             a Dense sums that Dense's bias gradient; else the Dense's cublasSgemv
     max_pooling_kernel: bool  # non-overlapping max-pooling backward by kernels/pooling.cu; else cudnnPoolingBackward
     channel_sum: bool  # convolution bias gradient by kernels/channel_sum.cu; else cudnnConvolutionBackwardBias
     sgd_kernel: bool  # SGD by kernels/sgd*.cu (one launch for all parameters); else cuBLAS level-1 calls
@@ -104,11 +106,12 @@ class Engine:
 
 SLIDES = Engine("slides", fuse_bias_activation=False, fuse_loss=False, gemm_plans=False, convolution_search="find",
                 gemm_convolution=False, deterministic_convolution=False, activation_kernel=False,
-                max_pooling_kernel=False, channel_sum=False, sgd_kernel=False, batch_norm_kernel=False,
-                kernels=SLIDES_KERNELS)
+                activation_sums_bias=False, max_pooling_kernel=False, channel_sum=False, sgd_kernel=False,
+                batch_norm_kernel=False, kernels=SLIDES_KERNELS)
 FAST = Engine("fast", fuse_bias_activation=True, fuse_loss=True, gemm_plans=True, convolution_search="exhaustive",
-              gemm_convolution=True, deterministic_convolution=True, activation_kernel=True, max_pooling_kernel=True,
-              channel_sum=True, sgd_kernel=True, batch_norm_kernel=True, kernels=None)
+              gemm_convolution=True, deterministic_convolution=True, activation_kernel=True,
+              activation_sums_bias=True, max_pooling_kernel=True, channel_sum=True, sgd_kernel=True,
+              batch_norm_kernel=True, kernels=None)
 ENGINES = {engine.name: engine for engine in (SLIDES, FAST)}
 DEFAULT_ENGINE = SLIDES.name
 

@@ -66,8 +66,10 @@ class Activation(Layer):
     @property
     def sums_bias_gradient(self) -> bool:
         """Whether backward also writes the bias gradient of the Dense before (db = Σₙ dx), which then
-        makes no sgemv of its own: where f runs in that Dense's bias kernel."""
-        return self.dense_before is not None and self.fused and not self.gradient_stop
+        makes no sgemv of its own: where f runs in that Dense's bias kernel and the engine sums it
+        (``activation_sums_bias``)."""
+        return self.dense_before is not None and self.fused and not self.gradient_stop \
+            and self.backend.engine.activation_sums_bias
 
     def forward(self, input: Tensor) -> Tensor:
         self.prepare(input)

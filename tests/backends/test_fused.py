@@ -14,12 +14,15 @@ one names the slides engine as the reference.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from cudnnnet import Network
 from cudnnnet.errors import DeviceError, InvalidArgumentError, ShapeError, UsageError
 from cudnnnet.backends.base import ACTIVATION_MODES, ActivationDescriptor, ActivationMode
+from cudnnnet.engine import FAST
 from cudnnnet.layers import MSE, Activation, Conv2D, Dense, Pooling, Softmax
 from cudnnnet.optim import SGD
 from cudnnnet.tensor import Tensor
@@ -538,10 +541,11 @@ def test_activation_bias_backward_checks_shapes(backend):
 
 def test_network_sums_each_dense_bias_gradient_in_the_activation_after_it(host, monkeypatch):
     """In the fast engine the Activations after fc1 and fc2 sum their bias gradients (no sgemv there);
-    fc3, before the Softmax, and the slides engine keep the sgemv."""
+    fc3, before the Softmax, the slides engine and a fast engine without ``activation_sums_bias``
+    keep the sgemv."""
     network = mnist_like_network(host)
     assert [layer.name for layer in network.layers if getattr(layer, "dense_before", None)] == ["sig3", "elu4"]
-    for engine, sgemvs in (("fast", 1), ("slides", 3)):
+    for engine, sgemvs in (("fast", 1), ("slides", 3), (dataclasses.replace(FAST, activation_sums_bias=False), 3)):
         calls = []
         monkeypatch.setattr(host, "sgemv", lambda *args, _sgemv=type(host).sgemv: calls.append(_sgemv(host, *args)))
         train_steps(network, engine, steps=1)
