@@ -811,17 +811,31 @@ def test_accuracy_count_is_exact(host, cuda, rng, n):
     assert count.item() == np.count_nonzero(predict.argmax(axis=1) == target.argmax(axis=1))
 
 
+@pytest.mark.parametrize("engine", ["slides", "fast"])  # cuBLAS level-1 calls; kernels/sgd.cu
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 @pytest.mark.parametrize("lr_on_device", [False, True])
-def test_sgd_update(host, cuda, rng, lr_on_device, momentum, weight_decay):
+@pytest.mark.parametrize("offset", [0, 1])  # float4s and the values after them; one value a thread
+def test_sgd_update(host, cuda, rng, lr_on_device, momentum, weight_decay, engine, offset):
     def body(b, param, grad, velocity, lr):
         rate = lr if lr_on_device else float(lr.numpy()[0, 0, 0, 0])
-        for _ in range(3):
-            b.sgd_update(param, grad, velocity if momentum else None, rate, momentum, weight_decay)
+        param, grad, velocity = (t.view((4097,), offset) for t in (param, grad, velocity))
+        with b.using_engine(engine):
+            for _ in range(3):
+                b.sgd_update(param, grad, velocity if momentum else None, rate, momentum, weight_decay)
         return [param, velocity, grad]  # grad must be left as it was
 
-    compare(host, cuda, body, normal(rng, 4097), normal(rng, 4097), np.zeros(4097, np.float32), np.array([0.05], np.float32))
+    arrays = normal(rng, 4098), normal(rng, 4098), np.zeros(4098, np.float32)
+    compare(host, cuda, body, *arrays, np.array([0.05], np.float32))
+
+
+def test_fast_sgd_update_keeps_an_infinite_weight_without_weight_decay(host, cuda):
+    """g = grad where weight_decay is 0 (no 0·param): an infinite weight stays infinite, as on the host."""
+    for backend in (host, cuda):
+        with backend.using_engine("fast"):
+            param = Tensor.from_numpy(np.array([np.inf, 1.0, -np.inf, 2.0, 3.0], np.float32), backend)
+            backend.sgd_update(param, Tensor.from_numpy(np.ones(5, np.float32), backend), None, 0.5, 0.0, 0.0)
+            np.testing.assert_array_equal(param.numpy(), [np.inf, 0.5, -np.inf, 1.5, 2.5])
 
 
 def test_sgd_momentum_needs_velocity(cuda):

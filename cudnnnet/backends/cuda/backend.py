@@ -647,8 +647,8 @@ class CudaBackend(Backend):
             runtime.memset_async(out.data.ptr, 0, FLOAT32_BYTES, self._stream)
 
     def sgd_update(self, param, grad, velocity, lr, momentum: float, weight_decay: float) -> None:
-        """cuBLAS level-1 calls (``_sgd_cublas``); in fast mode with a one-element tensor ``lr``,
-        kernels/sgd.cu, one launch reading lr[0] on the device. ``grad`` is never modified."""
+        """cuBLAS level-1 calls (``_sgd_cublas``); in fast mode kernels/sgd.cu, reading the rate on the
+        device where ``lr`` is a one-element tensor. ``grad`` is never modified."""
         _same_shape("sgd_update", param, grad)
         if momentum:
             if velocity is None:
@@ -656,12 +656,29 @@ class CudaBackend(Backend):
             _same_shape("sgd_update", param, velocity)
         if isinstance(lr, Tensor):
             self._check_device_scalar("sgd_update", lr)
-        if self.engine.sgd_kernel and isinstance(lr, Tensor):
-            v = velocity.data.ptr if momentum else None
-            self.context.kernel("sgd_update").launch(blocks_for(param.size), self._stream, param.data.ptr, grad.data.ptr,
-                                                     v, lr.data.ptr, momentum, weight_decay, param.size)
+        if self.engine.sgd_kernel:
+            self._sgd_kernel(param, grad, velocity if momentum else None, lr, momentum, weight_decay)
             return
         self._sgd_cublas(((param, grad, velocity),), lr, momentum, weight_decay)
+
+    def _sgd_kernel(self, param, grad, velocity, lr, momentum: float, weight_decay: float) -> None:
+        """kernels/sgd.cu: four values a thread where every operand is 16-byte aligned, the rest one."""
+        rate, value = (lr.data.ptr, 0.0) if isinstance(lr, Tensor) else (None, float(lr))
+        operands = [param.data.ptr, grad.data.ptr, None if velocity is None else velocity.data.ptr]
+        count = param.size
+        vectors = count // 4 if all(pointer % 16 == 0 for pointer in operands if pointer is not None) else 0
+        if vectors:
+            # param = param - lr·(momentum·v + grad + wd·param)      float4s
+            blocks = min(-(-vectors // BLOCK_SIZE), MAX_ELEMENTWISE_BLOCKS)
+            self.context.kernel("sgd_update_x4").launch(blocks, self._stream, *operands, rate, value, momentum,
+                                                        weight_decay, vectors)
+        rest = count - 4 * vectors
+        if rest:
+            # the same for the values after the float4s
+            offset = 4 * FLOAT32_BYTES * vectors
+            self.context.kernel("sgd_update").launch(
+                blocks_for(rest), self._stream, *(None if pointer is None else pointer + offset for pointer in operands),
+                rate, value, momentum, weight_decay, rest)
 
     def _sgd_cublas(self, groups, lr, momentum: float, weight_decay: float) -> None:
         """SGD on every (param, grad, velocity) of ``groups`` with cuBLAS level-1 calls only, as the
