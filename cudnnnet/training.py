@@ -28,6 +28,7 @@ from . import checkpoint
 from .background import Background
 from .backends import get_backend, warm_up
 from .config import Config
+from .config_file import MAX_INTEGER
 from .curves import plot_curves
 from .data.loader import BatchLoader
 from .config import COMPUTED
@@ -511,6 +512,9 @@ class Trainer:
         position = metadata.get("position")
         if not isinstance(position, dict) or not all(isinstance(position.get(k), int) for k in ("epoch", "batch", "step")):
             raise CheckpointError(f"{path}: no training position in its metadata; it can be loaded but not resumed")
+        if not all(0 <= position[key] <= MAX_INTEGER for key in ("epoch", "batch", "step")):
+            raise CheckpointError(f"{path}: the training position in its metadata is malformed (epoch, batch and step "
+                                  f"must be integers in [0, {MAX_INTEGER}]); it can be loaded but not resumed")
         try:
             self.optimizer.load_state_arrays(arrays, OPTIMIZER_PREFIX)
             if self.loss_scaler is not None and not self.loss_scaler.load_state_arrays(arrays, OPTIMIZER_PREFIX):

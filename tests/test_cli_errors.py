@@ -115,6 +115,9 @@ def write_bad_checkpoints(folder: Path, good: Path) -> None:
     save_npz(folder / "nan.npz", {**arrays, "fc2.bias": np.full(arrays["fc2.bias"].shape, np.nan, np.float32)}, metadata)
     save_npz(folder / "no_config.npz", arrays, {key: value for key, value in metadata.items() if key != "config"})
     save_npz(folder / "bad_history.npz", arrays, {**metadata, "history": [{"epoch": 1, "steps": "three"}]})
+    save_npz(folder / "far_position.npz", arrays, {**metadata, "position": {"epoch": 10**30, "batch": 0, "step": 3}})
+    save_npz(folder / "negative_position.npz", arrays, {**metadata, "position": {"epoch": -1, "batch": 3, "step": 3}})
+    save_npz(folder / "negative_step.npz", {**arrays, f"{OPTIMIZER_PREFIX}step": np.array([-5.0], np.float32)}, metadata)
     (folder / "text.npz").write_text("model weights\n")
     (folder / "empty.npz").write_bytes(b"")
     (folder / "pickle.npz").write_bytes(pickle.dumps({"fc1.weight": [0.0]}))
@@ -439,6 +442,14 @@ RESUME_CASES = {
     "a malformed history": ("bad_history.npz", r"bad_history\.npz: the training history in its metadata is "
                                                r"malformed \(each row needs epoch, steps, .*\); it can be loaded "
                                                r"but not resumed"),
+    "a position past any run": ("far_position.npz", r"far_position\.npz: the training position in its metadata is "
+                                                    r"malformed \(epoch, batch and step must be integers in \[0, "
+                                                    r"2147483647\]\); it can be loaded but not resumed"),
+    "a negative position": ("negative_position.npz", r"negative_position\.npz: the training position in its "
+                                                     r"metadata is malformed"),
+    "a negative step count": ("negative_step.npz", r"negative_step\.npz: the optimiser's step count is -5; "
+                                                   r"expected a whole number in \[0, 2147483647\] \(it cannot be "
+                                                   r"resumed from\)"),
     "no training config": ("no_config.npz", r"no_config\.npz: no training config in its metadata; it can be loaded "
                                             r"but not resumed"),
     "wrong shapes": ("narrow.npz", r"narrow\.npz: fc1\.weight: checkpoint has \(500, 700, 1, 1\), network needs "
