@@ -115,6 +115,9 @@ def write_bad_checkpoints(folder: Path, good: Path) -> None:
     save_npz(folder / "nan.npz", {**arrays, "fc2.bias": np.full(arrays["fc2.bias"].shape, np.nan, np.float32)}, metadata)
     save_npz(folder / "no_config.npz", arrays, {key: value for key, value in metadata.items() if key != "config"})
     save_npz(folder / "bad_history.npz", arrays, {**metadata, "history": [{"epoch": 1, "steps": "three"}]})
+    eleven = [str(label) for label in range(11)]
+    save_npz(folder / "eleven_classes.npz", arrays,
+             {**metadata, "config": {**metadata["config"], "data": {**metadata["config"]["data"], "classes": eleven}}})
     save_npz(folder / "far_position.npz", arrays, {**metadata, "position": {"epoch": 10**30, "batch": 0, "step": 3}})
     save_npz(folder / "negative_position.npz", arrays, {**metadata, "position": {"epoch": -1, "batch": 3, "step": 3}})
     save_npz(folder / "negative_step.npz", {**arrays, f"{OPTIMIZER_PREFIX}step": np.array([-5.0], np.float32)}, metadata)
@@ -459,7 +462,9 @@ EVALUATE_CASES = {**{name: case for name, case in CHECKPOINT_CASES.items() if na
                   "a folder without a checkpoint": (".", r"--weights .*checkpoints\d*: this folder holds no model\.npz; "
                                                          r"give an output folder that a training wrote into, or a "
                                                          r"checkpoint file"),
-                  "wrong shapes": RESUME_CASES["wrong shapes"]}
+                  "wrong shapes": RESUME_CASES["wrong shapes"],
+                  "class names that do not fit": ("eleven_classes.npz", r"eleven_classes\.npz: its metadata names 11 "
+                                                                        r"classes, but the network ends in 10 scores")}
 
 
 @pytest.mark.parametrize("name, pattern", cases(RESUME_CASES))
@@ -485,7 +490,8 @@ def test_bad_checkpoint_to_evaluate_script(cli, checkpoints, mnist_dir):
     assert_one_line_error(finished, "evaluate", 2, CHECKPOINT_CASES["truncated"][1])
 
 
-@pytest.mark.parametrize("name, pattern", cases(CHECKPOINT_CASES, "missing", "text", "pickled objects", "truncated"))
+@pytest.mark.parametrize("name, pattern", cases(EVALUATE_CASES, "missing", "text", "pickled objects", "truncated",
+                                               "class names that do not fit"))
 def test_bad_checkpoint_to_predict(tool, checkpoints, tmp_path, name, pattern):
     image = one_pixel(tmp_path / "digit.png")
     finished = tool("predict", "--weights", checkpoints / name, image, "--device", "host")
