@@ -554,12 +554,20 @@ def written(path: Path, content: bytes) -> Path:
     return path
 
 
+def folder_of_notes(path: Path) -> Path:
+    path.mkdir()
+    (path / "notes.txt").write_text("no image here\n")
+    return path
+
+
 IMAGE_CASES = {
     "not an image": (lambda path: written(path, b"a digit, honestly\n"), r"notes\.png: not an image file Pillow can read"),
     "empty image file": (lambda path: written(path, b""), r"notes\.png: the file is empty \(0 bytes\)"),
     "1 pixel": (one_pixel, r"notes\.png: no digit found \(the 1x1 image is blank or uniform\)"),
     "20000 x 20000": (lambda path: png_header_only(path, 20_000, 20_000), r"notes\.png: the image is too large to decode"),
     "missing": (lambda path: path, r"notes\.png"),
+    "a folder without images": (folder_of_notes, r"no image files in .*notes\.png: a folder is read for its files "
+                                                 r"ending in \.bmp, .*, \.webp$"),
 }
 
 
@@ -570,7 +578,7 @@ def test_bad_image(tool, tmp_path, checkpoints, make, pattern):
     assert_one_line_error(finished, "predict", 2, pattern)
 
 
-@pytest.mark.parametrize("make, pattern", cases(IMAGE_CASES, "not an image", "20000 x 20000"))
+@pytest.mark.parametrize("make, pattern", cases(IMAGE_CASES, "not an image", "20000 x 20000", "a folder without images"))
 def test_bad_image_script(cli, tmp_path, checkpoints, make, pattern):
     image = make(tmp_path / "notes.png")
     finished = cli("predict", "--weights", checkpoints / "mlp.npz", image, "--device", "host")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..backends import DEVICES, get_backend
 from ..config import load_model_description
+from ..data.images import IMAGE_SUFFIXES, folder_images
 from ..shipped_configs import shipped_config_names
 from ..errors import UsageError
 from ..network import Network
@@ -91,14 +92,19 @@ def print_results(results, as_json: bool, top_k: int = 1) -> None:
             print(f"{result.image}: " + ", ".join(f"{label} {probability:.4f}" for label, probability in result.top(top_k)))
 
 
+def check_some_image(paths) -> None:
+    """At least one path is a file or a folder holding image files; else one line naming them."""
+    if all(path.is_dir() and not folder_images(path) for path in map(Path, paths)):
+        raise UsageError(f"no image files in {', '.join(map(str, paths))}: a folder is read for its files ending in "
+                         f"{', '.join(sorted(IMAGE_SUFFIXES))}")
+
+
 def main_with_args(args) -> int:
+    check_some_image(args.images)
     network, normalize = load_network(args.weights, args.config, args.device)
     network.backend.set_engine(args.engine)
     results = predict(network, args.images, normalize=normalize)
     print_results(results, args.json, args.top_k)
-    if not results:
-        print("cudnnnet-predict: error: no image files found in the paths given", file=sys.stderr)
-        return EXIT_USAGE
     return EXIT_USAGE if any(result.error is not None for result in results) else 0
 
 

@@ -67,10 +67,15 @@ def list_images(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
 
 
 def _images_in_folder(folder: Path) -> list[Path]:
-    images = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    images = folder_images(folder)
     if not images:
         log.warning("%s: no image files (%s) in this folder", folder, ", ".join(sorted(IMAGE_SUFFIXES)))
     return images
+
+
+def folder_images(folder: Path) -> list[Path]:
+    """The image files (by suffix) in ``folder``, sorted by name, not recursive."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
 
 
 # ---- loading --------------------------------------------------------------------------------
