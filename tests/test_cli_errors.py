@@ -287,6 +287,16 @@ FLAG_CASES = {
     "evaluate batch 0": ("evaluate", ["--weights", "model.npz", "--batch-size", "0"],
                          r"--batch-size: expected a positive integer"),
     "log level": ("evaluate", ["--weights", "model.npz", "--log-level", "LOUD"], r"--log-level: invalid choice: 'LOUD'"),
+    "empty config": ("train", ["--config", ""], r"argument --config: expected a path, got an empty string"),
+    "empty output": ("train", ["--config", MLP_CONFIG, "--output", ""],
+                     r"argument --output: expected a path, got an empty string"),
+    "empty resume": ("train", ["--config", MLP_CONFIG, "--resume", ""],
+                     r"argument --resume: expected a path, got an empty string"),
+    "empty weights": ("evaluate", ["--weights", ""], r"argument --weights: expected a path, got an empty string"),
+    "evaluate empty data dir": ("evaluate", ["--weights", "model.npz", "--data-dir", ""],
+                                r"argument --data-dir: expected a path, got an empty string"),
+    "empty image": ("predict", ["--weights", "model.npz", ""], r"argument IMAGE: expected a path, got an empty string"),
+    "benchmark empty json": ("benchmark", ["--json", ""], r"argument --json: expected a path, got an empty string"),
 }
 
 
@@ -295,7 +305,7 @@ def test_bad_flags(tool, script, arguments, pattern):
     assert_one_line_error(tool(script, *arguments), script, 2, pattern)
 
 
-@pytest.mark.parametrize("script, arguments, pattern", cases(FLAG_CASES, "no config", "batch 0"))
+@pytest.mark.parametrize("script, arguments, pattern", cases(FLAG_CASES, "no config", "batch 0", "empty output"))
 def test_bad_flags_script(cli, script, arguments, pattern):
     assert_one_line_error(cli(script, *arguments), script, 2, pattern)
 

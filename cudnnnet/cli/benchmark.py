@@ -104,7 +104,7 @@ from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_
                                   MICRO_SIZE, WORKLOADS)
 from ..engine import ENGINES
 from ..errors import DeviceUnavailableError
-from .common import ArgumentParser, add_common_arguments, run
+from .common import ArgumentParser, add_common_arguments, path_argument, run
 from .train import positive_int
 
 log = logging.getLogger("cudnnnet.benchmark")
@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--only", type=workload_list, default=DEFAULT_WORKLOADS, metavar="LIST",
                         help=f"comma-separated workloads among {','.join(WORKLOADS)} (default "
                              f"{','.join(DEFAULT_WORKLOADS)})")
-    parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE as JSON")
+    parser.add_argument("--json", type=path_argument, metavar="FILE", help="also write every figure to FILE as JSON")
     parser.add_argument("--compare", choices=("torch",), help="also run the workloads with PyTorch")
     parser.add_argument("--epochs", type=positive_int,
                         help="timed epochs after the warm-up one (default 10 on cuda, 1 on the host)")
@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "generated ones (smoke tests)")
     parser.add_argument("--original-runs", type=positive_int, default=3,
                         help="runs of each original workload (default 3; the median is reported)")
-    parser.add_argument("--data-dir", help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
+    parser.add_argument("--data-dir", type=path_argument,
+                        help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
     parser.add_argument("--math", choices=MATHS, default="fp32",
                         help="precision of the mlp and cnn workloads (and PyTorch's: autocast for bf16); the "
                              "micro-benchmark runs every one (default fp32)")

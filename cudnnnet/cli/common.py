@@ -45,6 +45,14 @@ def add_engine_argument(parser: argparse.ArgumentParser, default: str | None = D
                              f"GEMMs ({default_text})")
 
 
+def path_argument(text: str) -> str:
+    """A file or folder named on the command line: not empty (an unset shell variable's ``""`` would
+    be read as the current folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
+
+
 class StderrHandler(logging.StreamHandler):
     """A handler writing to whatever ``sys.stderr`` is when a record comes (not the one at set-up),
     so a tool's ``main`` can run inside another program that swaps its streams."""

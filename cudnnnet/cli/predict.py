@@ -27,7 +27,7 @@ from ..network import Network
 from ..outputs import is_output_folder
 from ..inference import predict
 from ..training import input_shape, model_mapping
-from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, add_engine_argument, run
+from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from .train import positive_int
 
 log = logging.getLogger("cudnnnet.predict")
@@ -35,13 +35,14 @@ log = logging.getLogger("cudnnnet.predict")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="cudnnnet-predict", description="Classify image files (digits, for an MNIST network).")
-    parser.add_argument("--weights", required=True, metavar="CHECKPOINT",
+    parser.add_argument("--weights", required=True, type=path_argument, metavar="CHECKPOINT",
                         help="a model.npz written by cudnnnet-train, the output folder holding it, or a directory of "
                              "the original's .bin files")
-    parser.add_argument("--config", metavar="CONFIG",
+    parser.add_argument("--config", type=path_argument, metavar="CONFIG",
                         help="with a .bin directory: a YAML config describing its network (model and data; a "
                              f"file, or a shipped config by name: {', '.join(shipped_config_names())})")
-    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, BMP, ...) or folders")
+    parser.add_argument("images", nargs="+", type=path_argument, metavar="IMAGE",
+                        help="image files (PNG, JPEG, BMP, ...) or folders")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default auto)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of {image, digit, label, probabilities}")
     parser.add_argument("--top-k", type=positive_int, default=1, metavar="K",

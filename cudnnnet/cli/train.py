@@ -23,7 +23,7 @@ from ..layers import LAYER_TYPES
 from ..network import ModelSizeError, check_model_size
 from ..outputs import checkpoint_to_resume
 from ..training import Interrupted, Trainer, class_names, input_shape
-from .common import ArgumentParser, add_common_arguments, add_engine_argument, run
+from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from .gpus import spawn_ranks
 
 log = logging.getLogger("cudnnnet.train")
@@ -51,19 +51,20 @@ def non_negative_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="cudnnnet-train", description="Train a network from a YAML config.")
-    parser.add_argument("--config", required=True,
+    parser.add_argument("--config", required=True, type=path_argument,
                         help=f"a YAML config file, or a shipped config by name: {', '.join(shipped_config_names())}")
     parser.add_argument("--device", choices=DEVICES, help="override the config's device (auto uses a GPU when usable)")
-    parser.add_argument("--data-dir", help="MNIST directory (default: $CUDNNNET_DATA, else the user cache, downloading)")
+    parser.add_argument("--data-dir", type=path_argument,
+                        help="MNIST directory (default: $CUDNNNET_DATA, else the user cache, downloading)")
     parser.add_argument("--epochs", type=positive_int, help="override train.epochs")
     parser.add_argument("--steps", type=positive_int, help="stop after this many steps (overrides --epochs)")
     parser.add_argument("--batch-size", type=positive_int, help="override train.batch_size")
     parser.add_argument("--seed", type=non_negative_int, help="override train.seed")
-    parser.add_argument("--output", default=None, help="output directory (default runs/<config name>)")
-    parser.add_argument("--resume", metavar="CHECKPOINT",
+    parser.add_argument("--output", type=path_argument, help="output directory (default runs/<config name>)")
+    parser.add_argument("--resume", type=path_argument, metavar="CHECKPOINT",
                         help="continue from an output folder (its latest checkpoint) or a model.npz file; with the "
                              "batch size it was trained with")
-    parser.add_argument("--export-original", metavar="DIR",
+    parser.add_argument("--export-original", type=path_argument, metavar="DIR",
                         help="after training, also write the weights as the C++ original's .bin files into DIR")
     parser.add_argument("--gpus", type=positive_int, metavar="N",
                         help="train on N GPUs of this host, one process each, data-parallel through NCCL "
