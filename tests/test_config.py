@@ -256,6 +256,8 @@ INVALID = [
     (("model", 0, "out_size"), "10", "model[0].out_size: expected an integer > 0, got '10' (string)"),
     (("model", 0, "name"), "fc 1", "model[0].name: expected a name of letters, digits"),
     (("model", 0, "name"), 7, "model[0].name: expected a name"),
+    (("model", 0, "name"), "x" * 129, "model[0].name: expected a name of letters, digits, '_' and '-' (at most 128 "
+                                      "characters), got 'xxxxxxxx"),
     (("model", 0, "name"), "softmax1", "model[1].name: duplicate layer name 'softmax1' (also model[0])"),
     (("model", 1), {"type": "dense", "out_size": 3}, "model[1].type: the last layer must be a loss layer (softmax or mse), got 'dense'"),
     (("model", 0), {"type": "mse"}, "model[0].type: loss layer 'mse' may only be the last layer (model[1])"),
