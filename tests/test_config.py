@@ -420,7 +420,10 @@ def test_file_level_errors_name_the_file(tmp_path, text, fragment):
     ("model: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n", "nested deeper than 32 levels"),
     ("model:\n  - {type: dense, out_size: 1" + "0" * 5000 + "}\n",
      "line 2, column 29: an integer of 5001 characters is too long to read; every integer setting is at most 2147483647"),
-], ids=["deep lists", "deep mappings", "long integer"])
+    ("train:\n  optimizer: {lr: 0.1}\n  batch_size: 8\n  optimizer: {lr: 0.01}\n",
+     "line 4, column 3: duplicate key 'optimizer' (also on line 2); each key may appear once"),
+    ("model: {type: dense, lr: 1, lr: 2}\n", "line 1, column 29: duplicate key 'lr' (also on line 1)"),
+], ids=["deep lists", "deep mappings", "long integer", "a key twice", "a key twice in a flow mapping"])
 def test_documents_python_cannot_read_are_config_errors_with_the_line(tmp_path, text, fragment):
     path = write(tmp_path, text, "hostile.yaml")
     with pytest.raises(ConfigError) as caught:
