@@ -95,6 +95,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -103,7 +104,8 @@ from ..benchmark.report import build_report, format_table, table_header
 from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MATHS,
                                   MICRO_SIZE, WORKLOADS)
 from ..engine import ENGINES
-from ..errors import DeviceUnavailableError
+from ..errors import DeviceUnavailableError, UsageError
+from ..files import atomic_write
 from .common import ArgumentParser, add_common_arguments, path_argument, run
 from .train import positive_int
 
@@ -197,10 +199,26 @@ def resolve_settings(args) -> dict:
             "compare": args.compare, "engines": list(args.engines), "math": args.math}
 
 
+def check_json_path(path: Path) -> None:
+    """``--json FILE`` can be written, checked before a workload runs for minutes."""
+    if path.is_dir():
+        raise UsageError(f"--json {path} is a folder; give a file name")
+    folder = path.absolute().parent
+    if not folder.exists():
+        raise UsageError(f"--json {path}: the folder {folder} does not exist; create it first")
+    if not folder.is_dir():
+        raise UsageError(f"--json {path}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--json {path}: cannot write in {folder} (permission denied)")
+
+
 def main_with_args(args) -> int:
+    if args.json:
+        check_json_path(Path(args.json))
     report = build_report(resolve_settings(args))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        with atomic_write(args.json) as file:
+            file.write((json.dumps(report, indent=2) + "\n").encode("utf-8"))
         log.info("wrote %s", args.json)
     print(format_table(report["table"], table_header(report)))
     return 0
