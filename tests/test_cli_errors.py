@@ -310,11 +310,21 @@ def test_bad_flags_script(cli, script, arguments, pattern):
     assert_one_line_error(cli(script, *arguments), script, 2, pattern)
 
 
+def broken_link(path: Path) -> Path:
+    path.symlink_to(path.parent / "nowhere")
+    return path
+
+
 @pytest.mark.parametrize("make, pattern", [
     pytest.param(lambda output: output / "metrics.json", r"--output .*metrics\.json is a file, not a directory",
                  id="a file"),
     pytest.param(lambda output: output / "metrics.json" / "run", r"--output .*run: .*metrics\.json is a file",
                  id="under a file"),
+    pytest.param(lambda output: broken_link(output.parent / "gone"),
+                 r"--output .*gone: .*gone is a broken link \(to .*nowhere\); remove it or give another folder",
+                 id="a broken link"),
+    pytest.param(lambda output: broken_link(output.parent / "gone") / "run", r"--output .*run: .*gone is a broken link",
+                 id="under a broken link"),
 ])
 def test_an_output_that_cannot_be_a_directory(tool, mnist_dir, untouched, make, pattern):
     finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched / "unused", "--output", make(untouched)))

@@ -123,7 +123,11 @@ def check_output(output: Path, flag: str = "--output") -> None:
     """``output`` is a directory, or can be created as one, and can be written to."""
     if output.exists() and not output.is_dir():
         raise UsageError(f"{flag} {output} is a file, not a directory")
-    existing = next(parent for parent in (output, *output.absolute().parents) if parent.exists())
+    existing = next(parent for parent in (output, *output.absolute().parents)
+                    if parent.exists() or parent.is_symlink())
+    if not existing.exists():
+        raise UsageError(f"{flag} {output}: {existing} is a broken link (to {os.readlink(existing)}); remove it or "
+                         f"give another folder")
     if not existing.is_dir():
         raise UsageError(f"{flag} {output}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
