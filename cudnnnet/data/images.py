@@ -136,6 +136,8 @@ def _check_file(path: Path) -> None:
         raise ImageError(f"{path}: no such file")
     if path.is_dir():
         raise ImageError(f"{path}: is a folder, not an image file")
+    if not path.is_file():
+        raise ImageError(f"{path}: not a regular file (a pipe or a device); give an image file")
     if path.stat().st_size == 0:
         raise ImageError(f"{path}: the file is empty (0 bytes)")
 

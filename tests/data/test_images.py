@@ -1,6 +1,7 @@
 """Image files -> MNIST-like inputs: formats, polarity, scale, centring, listing, refusals."""
 
 import gzip
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -324,6 +325,15 @@ def test_empty_file(tmp_path):
     path.write_bytes(b"")
     with pytest.raises(ImageError, match=r"empty\.png: the file is empty \(0 bytes\)"):
         load_image(path)
+
+
+def test_a_pipe_or_device_is_not_called_empty(tmp_path):
+    pipe = tmp_path / "digit.png"
+    os.mkfifo(pipe)
+    for path in (pipe, Path(os.devnull)):
+        with pytest.raises(ImageError, match=rf"{path.name}: not a regular file \(a pipe or a device\); give an "
+                                             rf"image file"):
+            load_image(path)
 
 
 def test_non_image_file(tmp_path):
