@@ -238,6 +238,9 @@ CONFIG_CASES = {
     "unknown device": (VALID_CONFIG + "device: gpu\n", r"device: expected one of auto, cuda, host, got 'gpu'"),
     "normalize std 0": (VALID_CONFIG + "data: {normalize: {mean: 0.1, std: 0}}\n",
                         r"data\.normalize\.std: expected a number > 0, got 0"),
+    "normalize per channel of RGB for grey digits": (
+        VALID_CONFIG + "data: {normalize: {mean: [0.5, 0.4, 0.3], std: [0.2, 0.2, 0.2]}}\n",
+        r"bad\.yaml: data\.normalize\.mean: 3 values \(one per channel\) for mnist's images of 1 channel; give 1"),
     "Python object tag": ('model: !!python/object/apply:os.system ["touch PWNED"]\n' + VALID_TRAIN,
                           r"bad\.yaml: line 1, column 8: refused the tag !!python/object/apply:os\.system: a config "
                           r"may not create Python objects"),

@@ -84,6 +84,7 @@ def check_model(config: Config) -> None:
     shape = input_shape(config)
     if shape is None:  # the data says it: the Trainer checks the model once the data is read
         return
+    check_normalize(config, shape[0])
     for index, spec in enumerate(config.model):
         try:
             shape = LAYER_TYPES[spec.type](spec.name, **spec.params).output_sample_shape(shape)
@@ -96,6 +97,19 @@ def check_model(config: Config) -> None:
                           f"{config.data.dataset} needs {len(classes)} class scores, shape ({len(classes)}, 1, 1) "
                           f"(a last dense layer with out_size {len(classes)})")
     check_size(config)
+
+
+def check_normalize(config: Config, channels: int) -> None:
+    """A mean and std given per channel give one value, or one for each of the images' channels."""
+    if not isinstance(config.data.normalize, tuple):
+        return
+    for key, value in zip(("mean", "std"), config.data.normalize):
+        count = len(value) if isinstance(value, tuple) else 1
+        if count not in (1, channels):
+            valid = "1" if channels == 1 else f"1 or {channels}"
+            raise ConfigError(f"{config.source}: data.normalize.{key}: {count} values (one per channel) for "
+                              f"{config.data.dataset}'s images of {channels} channel{'s' if channels > 1 else ''}; "
+                              f"give {valid}")
 
 
 def check_size(config: Config) -> None:
