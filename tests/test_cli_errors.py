@@ -120,6 +120,12 @@ def write_bad_checkpoints(folder: Path, good: Path) -> None:
              {**metadata, "config": {**metadata["config"], "data": {**metadata["config"]["data"], "classes": eleven}}})
     save_npz(folder / "far_position.npz", arrays, {**metadata, "position": {"epoch": 10**30, "batch": 0, "step": 3}})
     save_npz(folder / "negative_position.npz", arrays, {**metadata, "position": {"epoch": -1, "batch": 3, "step": 3}})
+    save_npz(folder / "epoch_past_steps.npz", arrays, {**metadata, "position": {"epoch": 2**31 - 1, "batch": 0,
+                                                                               "step": 3}})
+    save_npz(folder / "batch_past_epoch.npz", arrays, {**metadata, "position": {"epoch": 0, "batch": 2**31 - 1,
+                                                                               "step": 2**31 - 1}})
+    save_npz(folder / "far_on.npz", arrays, {**metadata, "position": {"epoch": 2**31 - 2, "batch": 0,
+                                                                     "step": 2**31 - 2}})
     save_npz(folder / "negative_step.npz", {**arrays, f"{OPTIMIZER_PREFIX}step": np.array([-5.0], np.float32)}, metadata)
     (folder / "text.npz").write_text("model weights\n")
     (folder / "empty.npz").write_bytes(b"")
@@ -473,6 +479,13 @@ RESUME_CASES = {
                                                     r"2147483647\]\); it can be loaded but not resumed"),
     "a negative position": ("negative_position.npz", r"negative_position\.npz: the training position in its "
                                                      r"metadata is malformed"),
+    "an epoch past its steps": ("epoch_past_steps.npz", r"epoch_past_steps\.npz: the training position in its "
+                                                        r"metadata \(epoch 2147483647, batch 0, step 3\) cannot be "
+                                                        r"reached: at most one epoch a step, and \d+ batches an "
+                                                        r"epoch; it can be loaded but not resumed"),
+    "a batch past its epoch": ("batch_past_epoch.npz", r"batch_past_epoch\.npz: the training position in its "
+                                                       r"metadata \(epoch 0, batch 2147483647, step 2147483647\) "
+                                                       r"cannot be reached"),
     "a negative step count": ("negative_step.npz", r"negative_step\.npz: the optimiser's step count is -5; "
                                                    r"expected a whole number in \[0, 2147483647\] \(it cannot be "
                                                    r"resumed from\)"),
@@ -536,6 +549,14 @@ def test_resuming_a_finished_run_asks_for_more_steps(tool, mnist_dir, untouched,
     finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", untouched / resume))
     assert_one_line_error(finished, "train", 2, r" is at step 3 and the run asks for 2 steps: nothing left "
                                                 r"to train; raise --epochs or --steps")
+
+
+def test_resuming_from_far_beyond_the_run_asks_for_more_steps_without_replaying_the_steps(tool, checkpoints, mnist_dir,
+                                                                                          untouched):
+    """A position training could reach, two billion steps on: refused as finished, no mask skipped for each step."""
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", checkpoints / "far_on.npz"))
+    assert_one_line_error(finished, "train", 2, r"far_on\.npz is at step 2147483646 and the run asks for 2 steps: "
+                                                r"nothing left to train")
 
 
 def test_resuming_with_another_batch_size_is_refused(tool, mnist_dir, untouched):
