@@ -713,6 +713,19 @@ def test_out_of_memory_is_one_line_and_exit_1(tool, monkeypatch, mnist_dir, unto
     assert_one_line_error(finished, "train", 1, r"the GPU is out of memory: .*; try a smaller batch size$")
 
 
+@pytest.mark.parametrize("error, message", [(MemoryError(), r"out of host memory$"),
+                                            (MemoryError("cannot allocate 8 GiB"), r"out of host memory \(cannot "
+                                                                                   r"allocate 8 GiB\)$")])
+def test_host_memory_running_out_is_one_line_and_exit_1(tool, monkeypatch, mnist_dir, untouched, error, message):
+    from cudnnnet.cli import train
+
+    def out_of_memory(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(train, "Trainer", out_of_memory)
+    assert_one_line_error(tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched)), "train", 1, message)
+
+
 # ---- runtime failures, tracebacks and logging -------------------------------------------------
 
 

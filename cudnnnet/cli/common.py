@@ -117,7 +117,8 @@ def _run_main(main, parser: argparse.ArgumentParser, args) -> int:
     except KeyboardInterrupt as error:
         return _fail(args, parser.prog, error, EXIT_INTERRUPTED, "interrupted")
     except MemoryError as error:
-        return _fail(args, parser.prog, error, EXIT_FAILURE, f"out of host memory ({error or 'MemoryError'})")
+        return _fail(args, parser.prog, error, EXIT_FAILURE, f"out of host memory ({error})" if str(error) else
+                     "out of host memory")
     except OSError as error:
         return _fail(args, parser.prog, error, EXIT_FAILURE, _os_error_text(error))
 
