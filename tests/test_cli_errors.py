@@ -452,6 +452,14 @@ def test_evaluate_names_missing_test_data(tool, tmp_path, checkpoints):
     assert_one_line_error(finished, "evaluate", 2, r"MNIST test files missing from .*t10k-labels-idx1-ubyte\(\.gz\)")
 
 
+def test_evaluate_reads_the_data_dir_the_checkpoint_was_trained_with(tool, tmp_path, mnist_dir):
+    """Without --data-dir, the checkpoint config's data.dir (as --help says), not the empty user cache."""
+    save_untrained(load_config(MLP_CONFIG).with_overrides(data_dir=mnist_dir), tmp_path / "trained_here.npz")
+    finished = tool("evaluate", "--weights", tmp_path / "trained_here.npz", "--device", "host", "--json")
+    assert finished.returncode == 0, finished.stderr
+    assert len(json.loads(finished.stdout)["confusion_matrix"]) == 10
+
+
 # ---- checkpoints ------------------------------------------------------------------------------
 
 CHECKPOINT_CASES = {

@@ -70,7 +70,8 @@ def test_images(network: Network, args) -> tuple[np.ndarray, np.ndarray]:
     config = network.training_config
     if config is None or config.data.dataset == "mnist":
         pad = mnist_pad(network, args.weights)
-        return load_mnist(args.data_dir, "test", normalize=training_normalize(network), pad=pad)
+        data_dir = args.data_dir if args.data_dir is not None or config is None else config.data.dir
+        return load_mnist(data_dir, "test", normalize=training_normalize(network), pad=pad)
     data = config.data if args.data_dir is None else dataclasses.replace(config.data, dir=args.data_dir)
     loaded = load_source(data, "test")
     images = to_float_images(loaded.pixels, data.normalize, data.pad)
