@@ -167,7 +167,11 @@ def local_splits(config: Config):
 
 
 def check_class_scores(network: Network, classes, config) -> None:
-    """ConfigError unless the network gives one score per class, shape (classes, 1, 1)."""
+    """ConfigError unless there are two classes or more and the network gives one score per class,
+    shape (classes, 1, 1)."""
+    if len(classes) < 2:
+        raise ConfigError(f"{config.source}: the data has {len(classes)} class ({', '.join(classes)}); a classifier "
+                          f"needs at least 2 (for image-folder, one sub-folder per class)")
     scores = network.output_shapes(network.input_shape)[-1]
     if tuple(scores) != (len(classes), 1, 1):
         raise ConfigError(f"{config.source}: model[{len(config.model) - 1}]: the model ends in outputs of shape "

@@ -149,3 +149,13 @@ def test_evaluate_takes_a_model_of_other_than_ten_classes(tmp_path):
     assert evaluated.returncode == 0, evaluated.stderr
     figures = json.loads(evaluated.stdout)
     assert figures["classes"] == ["a", "b"] and np.array(figures["confusion_matrix"]).shape == (2, 2)
+
+
+def test_a_single_class_folder_is_refused_with_exit_2(tmp_path):
+    root = small_folder(tmp_path / "photos", classes=("cats",))
+    finished = train_folder(root, tmp_path / "run")
+    assert finished.returncode == 2
+    assert finished.stderr.strip().splitlines() == [
+        "cudnnnet-train: error: image_folder (with overrides): the data has 1 class (cats); a classifier needs at "
+        "least 2 (for image-folder, one sub-folder per class)"]
+    assert not (tmp_path / "run").exists()
