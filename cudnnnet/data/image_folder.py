@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import atomic_write
-from ..errors import DataError
+from ..errors import DataError, ImageError
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".ti
 GREY_MODES = ("1", "L", "I", "I;16", "F")
 CHUNK = 512  # images per task sent to a worker process
 MAX_FOLDER_BYTES = 1 << 33  # decoded pixels a folder may make
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # raised whenever decoding changes, so that cached folders are decoded again
 
 
 def load_image_folder(data, split: str):
@@ -206,16 +206,20 @@ def decode_files(paths: list[str], size: tuple[int, int] | None) -> list:
     (height, width) when given; or the text of the error that stopped it being decoded."""
     from PIL import Image
 
+    from .images import eight_bit
+
     decoded = []
     for path in paths:
         try:
             with Image.open(path) as image:
                 image.load()
                 mode = "L" if image.mode in GREY_MODES else "RGB"
-                converted = image.convert(mode)
+                converted = eight_bit(image, path).convert(mode)
             if size is not None and converted.size != (size[1], size[0]):
                 converted = converted.resize((size[1], size[0]), Image.Resampling.BILINEAR)
             decoded.append(np.asarray(converted, dtype=np.uint8))
+        except ImageError as error:
+            decoded.append(str(error).removeprefix(f"{path}: "))
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
             decoded.append(f"{type(error).__name__}: {error}")
     return decoded

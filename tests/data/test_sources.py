@@ -240,3 +240,15 @@ def test_gzip_idx_family_file_written_here_is_not_mistaken_for_the_published_one
     (tmp_path / "t10k-labels-idx1-ubyte.gz").write_bytes(gzip.compress(idx_tools.idx_bytes(labels)))
     with pytest.raises(DataError, match="KMNIST expects 5c965bf0a639b31b8f53240b1b52f4d7"):
         load_source(DataConfig(dataset="kmnist", dir=str(tmp_path)), "test", download=False)
+
+
+def test_16_bit_and_float_images_are_scaled_to_8_bits_as_predict_reads_them(tmp_path):
+    gradient = np.arange(64, dtype=np.float32).reshape(8, 8) * 4  # 0 .. 252
+    for split in ("train", "test"):
+        for name, samples in (("deep", (gradient * 257).astype(np.uint16)), ("float", gradient / 255)):
+            path = tmp_path / split / name / ("0.png" if name == "deep" else "0.tif")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(samples).save(path)
+    loaded = load_source(folder_config(tmp_path), "train")
+    assert loaded.classes == ("deep", "float") and loaded.pixels.shape == (2, 1, 8, 8)
+    assert np.abs(loaded.pixels.astype(int) - gradient.astype(int)).max() <= 1
