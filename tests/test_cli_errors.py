@@ -584,6 +584,18 @@ def test_an_unusable_export_path_is_refused_before_training(tool, mnist_dir, unt
                                                 r"not a directory")
 
 
+def test_a_network_the_original_format_cannot_hold_is_refused_before_training(tool, mnist_dir, untouched,
+                                                                              tmp_path, monkeypatch):
+    from cudnnnet.cli import train
+
+    monkeypatch.setattr(train.Trainer, "run", lambda self: pytest.fail("trained"))
+    finished = tool("train", *train_args(REPO_ROOT / "configs" / "mnist_bn_cnn.yaml", mnist_dir, untouched,
+                                         "--export-original", tmp_path / "bins"))
+    assert_one_line_error(finished, "train", 2, r"--export-original .*bins: bn1\.running_mean: the original format "
+                                                r"stores only L\.weight \(L\.bin\) and L\.bias \(L\.bias\.bin\)$")
+    assert not (tmp_path / "bins").exists()
+
+
 # ---- prediction -------------------------------------------------------------------------------
 
 

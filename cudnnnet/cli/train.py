@@ -148,6 +148,15 @@ def check_output(output: Path, flag: str = "--output") -> None:
         raise UsageError(f"{flag} {output}: cannot write in {existing} (permission denied)")
 
 
+def check_exportable(network, directory: str) -> None:
+    """Every parameter and buffer of ``network`` has a file in the original's format (before training)."""
+    try:
+        for name in {**network.parameters(), **network.buffers()}:
+            checkpoint.original_file_name(name)
+    except UsageError as error:
+        raise UsageError(f"--export-original {directory}: {error}") from None
+
+
 def check_resume(path: str, config: Config, config_path: str) -> None:
     """The checkpoint to resume from loads and was trained with the model of the config at ``config_path``."""
     metadata = checkpoint.load_npz_metadata(path)
@@ -196,6 +205,8 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
     group = None if launch is None else distributed.join(launch, config)
     progress = not args.quiet and sys.stderr.isatty() and (launch is None or launch.rank == 0)
     trainer = Trainer(config, output, resume=resume, progress=progress, group=group)
+    if args.export_original:
+        check_exportable(trainer.network, args.export_original)
     if trainer.position.step >= trainer.total_steps:
         raise UsageError(f"{args.resume} is at step {trainer.position.step} and the run asks for "
                          f"{trainer.total_steps} steps: nothing left to train; raise --epochs or --steps")
