@@ -596,6 +596,17 @@ def test_a_network_the_original_format_cannot_hold_is_refused_before_training(to
     assert not (tmp_path / "bins").exists()
 
 
+def test_an_export_file_name_taken_by_a_folder_is_refused_before_training(tool, mnist_dir, untouched, tmp_path,
+                                                                           monkeypatch):
+    from cudnnnet.cli import train
+
+    monkeypatch.setattr(train.Trainer, "run", lambda self: pytest.fail("trained"))
+    (tmp_path / "bins" / "fc1.bin").mkdir(parents=True)
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--export-original", tmp_path / "bins"))
+    assert_one_line_error(finished, "train", 2, r"--export-original .*bins: .*bins/fc1\.bin \(where fc1\.weight goes\) "
+                                                r"is a folder; remove it or give another directory$")
+
+
 # ---- prediction -------------------------------------------------------------------------------
 
 

@@ -149,12 +149,16 @@ def check_output(output: Path, flag: str = "--output") -> None:
 
 
 def check_exportable(network, directory: str) -> None:
-    """Every parameter and buffer of ``network`` has a file in the original's format (before training)."""
-    try:
-        for name in {**network.parameters(), **network.buffers()}:
-            checkpoint.original_file_name(name)
-    except UsageError as error:
-        raise UsageError(f"--export-original {directory}: {error}") from None
+    """Every parameter and buffer of ``network`` has a file in the original's format, and no folder
+    stands where one goes (checked before training)."""
+    for name in {**network.parameters(), **network.buffers()}:
+        try:
+            path = Path(directory) / checkpoint.original_file_name(name)
+        except UsageError as error:
+            raise UsageError(f"--export-original {directory}: {error}") from None
+        if path.is_dir():
+            raise UsageError(f"--export-original {directory}: {path} (where {name} goes) is a folder; remove it or "
+                             f"give another directory")
 
 
 def check_resume(path: str, config: Config, config_path: str) -> None:
