@@ -45,9 +45,12 @@ def load_image_folder(data, split: str):
     if (root / "train").is_dir() and (root / "test").is_dir():
         classes = class_names(root / "train")
         pixels, labels = decoded_folder(root / split, classes, data)
+        if split == "train":
+            _check_every_class_has_images(root / "train", classes, labels)
         return Split(pixels, labels, classes)
     classes = class_names(root)
     pixels, labels = decoded_folder(root, classes, data)
+    _check_every_class_has_images(root, classes, labels)
     test = _test_indices(len(labels), data.test_fraction, data.split_seed)
     keep = np.zeros(len(labels), dtype=bool)
     keep[test] = True
@@ -56,6 +59,14 @@ def load_image_folder(data, split: str):
         raise DataError(f"{root}: the {split} split of {len(labels)} images by test_fraction {data.test_fraction} is "
                         f"empty; add images or change data.test_fraction")
     return Split(pixels[chosen], labels[chosen], classes)
+
+
+def _check_every_class_has_images(folder: Path, classes: tuple[str, ...], labels: np.ndarray) -> None:
+    """A class folder of the training images holds at least one image that could be read."""
+    counts = np.bincount(labels, minlength=len(classes))
+    if not counts.all():
+        empty = classes[int(np.argmin(counts))]
+        raise DataError(f"{folder / empty}: a class folder without readable image files; add images to it or remove it")
 
 
 def _test_indices(count: int, fraction: float, seed: int) -> np.ndarray:

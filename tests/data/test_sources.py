@@ -179,25 +179,27 @@ def test_grey_and_rgb_images_mixed_make_rgb_with_grey_in_every_channel(tmp_path)
 
 
 def test_a_corrupt_image_is_named_and_refused_or_skipped(tmp_path):
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
     for index in range(3):
-        save_image(tmp_path / "a" / f"{index}.png", np.full((4, 4), index, np.uint8))
-    corrupt = tmp_path / "a" / "broken.png"
+        save_image(root / "a" / f"{index}.png", np.full((4, 4), index, np.uint8))
+    corrupt = root / "a" / "broken.png"
     corrupt.write_bytes(b"\x89PNG\r\n\x1a\n not really")
     with pytest.raises(DataError, match=f"{corrupt}: cannot decode the image.*data.corrupt: skip"):
-        load_source(folder_config(tmp_path, test_fraction=0.34), "train")
-    skipped = [load_source(folder_config(tmp_path, test_fraction=0.34, corrupt="skip"), split) for split in ("train", "test")]
+        load_source(folder_config(root, test_fraction=0.34), "train")
+    skipped = [load_source(folder_config(root, test_fraction=0.34, corrupt="skip"), split) for split in ("train", "test")]
     assert sum(len(split.labels) for split in skipped) == 3
 
 
 def test_one_folder_is_split_by_a_seeded_fraction(tmp_path):
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
     for index in range(10):
-        save_image(tmp_path / ("x" if index % 2 else "y") / f"{index}.png", np.full((3, 3), index, np.uint8))
-    train = load_source(folder_config(tmp_path, test_fraction=0.3, split_seed=5), "train")
-    test = load_source(folder_config(tmp_path, test_fraction=0.3, split_seed=5), "test")
+        save_image(root / ("x" if index % 2 else "y") / f"{index}.png", np.full((3, 3), index, np.uint8))
+    train = load_source(folder_config(root, test_fraction=0.3, split_seed=5), "train")
+    test = load_source(folder_config(root, test_fraction=0.3, split_seed=5), "test")
     assert (len(train.labels), len(test.labels)) == (7, 3)
     values = sorted(int(image[0, 0, 0]) for image in np.concatenate([train.pixels, test.pixels]))
     assert values == list(range(10))
-    other = load_source(folder_config(tmp_path, test_fraction=0.3, split_seed=6), "test")
+    other = load_source(folder_config(root, test_fraction=0.3, split_seed=6), "test")
     assert not np.array_equal(other.pixels, test.pixels)
 
 
@@ -252,3 +254,17 @@ def test_16_bit_and_float_images_are_scaled_to_8_bits_as_predict_reads_them(tmp_
     loaded = load_source(folder_config(tmp_path), "train")
     assert loaded.classes == ("deep", "float") and loaded.pixels.shape == (2, 1, 8, 8)
     assert np.abs(loaded.pixels.astype(int) - gradient.astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("layout", ["one folder", "train and test folders"])
+def test_a_class_folder_without_images_is_named(tmp_path, layout):
+    root = tmp_path / "photos" if layout == "one folder" else tmp_path / "photos" / "train"
+    for index in range(3):
+        save_image(root / "a" / f"{index}.png", np.full((4, 4), index, np.uint8))
+    (root / "b").mkdir()
+    (root / "b" / "notes.txt").write_text("no image here\n")
+    if layout != "one folder":
+        save_image(tmp_path / "photos" / "test" / "a" / "0.png", np.zeros((4, 4), np.uint8))
+    with pytest.raises(DataError, match=rf"^{root / 'b'}: a class folder without readable image files; add images "
+                                        rf"to it or remove it$"):
+        load_source(folder_config(tmp_path / "photos", test_fraction=0.34), "train")
