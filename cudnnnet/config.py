@@ -603,9 +603,10 @@ def _parse_classes(data: _Section) -> tuple[str, ...] | None:
     if names is None:
         return None
     if not isinstance(names, list) or not names or len(names) > MAX_CLASSES \
-            or not all(isinstance(name, str) and name for name in names) or len(set(names)) != len(names):
-        data.fail("classes", f"expected a list of distinct non-empty class names (label i is the i-th), "
-                             f"got {_describe(names)}")
+            or not all(isinstance(name, str) and name and name.isprintable() for name in names) \
+            or len(set(names)) != len(names):
+        data.fail("classes", f"expected a list of distinct non-empty class names of printable text (no line breaks "
+                             f"or control characters; label i is the i-th), got {_describe(names)}")
     return tuple(names)
 
 

@@ -300,6 +300,8 @@ INVALID = [
     (("data", "corrupt"), "ignore", "data.corrupt: expected one of refuse, skip, got 'ignore'"),
     (("data", "md5"), {"a.gz": "xyz"}, "data.md5.'a.gz': expected an MD5 of 32 hex digits, got 'xyz'"),
     (("data", "classes"), ["cat", "cat"], "data.classes: expected a list of distinct non-empty class names"),
+    (("data", "classes"), ["cat\ndog", "bird"], "data.classes: expected a list of distinct non-empty class names of "
+                                                "printable text (no line breaks or control characters;"),
     (("data", "shape"), [3, 32], "data.shape: expected [channels, height, width], got [3, 32]"),
     (("data", "placement"), "gpu", "data.placement: expected one of auto, device, host, got 'gpu' (string)"),
     (("data", "placement"), True, "data.placement: expected one of auto, device, host, got True (boolean)"),

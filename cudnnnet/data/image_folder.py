@@ -83,6 +83,10 @@ def class_names(folder: Path) -> tuple[str, ...]:
         raise DataError(f"cannot read {folder}: {error.strerror or error}") from error
     if not names:
         raise DataError(f"{folder}: no class folders; image-folder reads {folder}/<class>/<image> files")
+    unprintable = [name for name in names if not name.isprintable()]
+    if unprintable:
+        raise DataError(f"{folder}/{unprintable[0]!r}: a class folder's name must be printable text (no line breaks "
+                        f"or control characters); rename it")
     return tuple(names)
 
 

@@ -268,3 +268,11 @@ def test_a_class_folder_without_images_is_named(tmp_path, layout):
     with pytest.raises(DataError, match=rf"^{root / 'b'}: a class folder without readable image files; add images "
                                         rf"to it or remove it$"):
         load_source(folder_config(tmp_path / "photos", test_fraction=0.34), "train")
+
+
+def test_a_class_folder_name_that_is_not_printable_text_is_named(tmp_path):
+    for name in ("cats", "dogs\nold"):
+        save_image(tmp_path / "photos" / name / "0.png", np.zeros((4, 4), np.uint8))
+    with pytest.raises(DataError, match=r"photos/'dogs\\nold': a class folder's name must be printable text \(no line "
+                                        r"breaks or control characters\); rename it"):
+        load_source(folder_config(tmp_path / "photos"), "train")
