@@ -542,6 +542,14 @@ def test_bad_checkpoint_to_predict(tool, checkpoints, tmp_path, name, pattern):
     assert_one_line_error(finished, "predict", 2, pattern)
 
 
+def test_an_output_folder_whose_set_is_gone_is_named_so_to_predict(tool, tmp_path):
+    """Its model.npz link points nowhere: the link is named, not the folder read as the original's .bin files."""
+    (tmp_path / "run").mkdir()
+    broken_link(tmp_path / "run" / "model.npz")
+    finished = tool("predict", "--weights", tmp_path / "run", one_pixel(tmp_path / "digit.png"), "--device", "host")
+    assert_one_line_error(finished, "predict", 2, r"run/model\.npz: no such checkpoint file$")
+
+
 @pytest.mark.parametrize("run", ["tool", "cli"])
 def test_truncated_bin_files_to_predict(run, request, checkpoints, tmp_path):
     image = one_pixel(tmp_path / "digit.png")

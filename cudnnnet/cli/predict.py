@@ -58,7 +58,7 @@ def load_network(weights: str, config_path: str | None, device: str) -> tuple[Ne
     The normalisation is None for a ``.npz``, whose own config says it (see ``predict``).
     """
     weights = Path(weights)
-    if is_output_folder(weights):
+    if is_output_folder(weights) or (weights / "model.npz").is_symlink():  # a link to a set that is gone: named
         weights = weights / "model.npz"
     if not weights.is_dir():
         if config_path is not None:
