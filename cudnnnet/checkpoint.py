@@ -416,8 +416,9 @@ def _from_original(name: str, blob: bytes, shape: tuple) -> np.ndarray:
 def write_original(directory: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
     """Write each ``L.weight`` to ``directory/L.bin`` and ``L.bias`` to ``L.bias.bin`` (atomic per file)."""
     directory = Path(directory)
+    paths = {name: directory / original_file_name(name) for name in arrays}  # every name has a file, or none is written
     for name, array in arrays.items():
-        path = directory / original_file_name(name)
+        path = paths[name]
         blob = _to_original(name, array)
         _write_file(path, lambda file, blob=blob: file.write(blob))
     log.info("wrote %d parameter files to %s", len(arrays), directory)

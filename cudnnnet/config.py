@@ -38,7 +38,8 @@ DATASETS = ("mnist", "fashion-mnist", "kmnist", "idx", "npz", "cifar10", "image-
 PLACEMENTS = ("auto", "device", "host")  # where the training set lives: see data/streamed.py
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "inverse", "step", "cosine")
-LAYER_NAME = re.compile(r"[A-Za-z0-9_-]+")
+LAYER_NAME_LENGTH = 128  # within a zip member name and a file name (NAME_MAX 255) with a suffix
+LAYER_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{LAYER_NAME_LENGTH}}}")
 
 _REQUIRED = object()
 _SHORT_REPR = reprlib.Repr()
@@ -508,7 +509,8 @@ def _parse_layer(value: Any, path: str, source: str, type_counts: Counter) -> La
     type_counts[layer_type] += 1
     name = layer.get("name", f"{layer_type}{type_counts[layer_type]}", "a name")
     if not isinstance(name, str) or not LAYER_NAME.fullmatch(name):
-        layer.fail("name", f"expected a name of letters, digits, '_' and '-', got {_describe(name)}")
+        layer.fail("name", f"expected a name of letters, digits, '_' and '-' (at most {LAYER_NAME_LENGTH} characters), "
+                           f"got {_describe(name)}")
     return LayerSpec(layer_type, name, parse_params(layer))
 
 
@@ -601,9 +603,10 @@ def _parse_classes(data: _Section) -> tuple[str, ...] | None:
     if names is None:
         return None
     if not isinstance(names, list) or not names or len(names) > MAX_CLASSES \
-            or not all(isinstance(name, str) and name for name in names) or len(set(names)) != len(names):
-        data.fail("classes", f"expected a list of distinct non-empty class names (label i is the i-th), "
-                             f"got {_describe(names)}")
+            or not all(isinstance(name, str) and name and name.isprintable() for name in names) \
+            or len(set(names)) != len(names):
+        data.fail("classes", f"expected a list of distinct non-empty class names of printable text (no line breaks "
+                             f"or control characters; label i is the i-th), got {_describe(names)}")
     return tuple(names)
 
 

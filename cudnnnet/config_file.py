@@ -102,4 +102,23 @@ class _ConfigLoader(yaml.SafeLoader):
                 f"setting is at most {MAX_INTEGER}", node.start_mark) from None
 
 
+    def construct_mapping(self, node, deep=False):
+        _refuse_duplicate_keys(node)
+        return super().construct_mapping(node, deep)
+
+
+def _refuse_duplicate_keys(node: yaml.MappingNode) -> None:
+    """A key given twice in one mapping (YAML forbids it; PyYAML would keep the last silently).
+    Keys that a merge (``<<: *defaults``) brings in may be overridden."""
+    first: dict[tuple[str, str], yaml.Node] = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        earlier = first.setdefault((key_node.tag, key_node.value), key_node)
+        if earlier is not key_node:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key_node.value!r} (also on line {earlier.start_mark.line + 1}); each key "
+                f"may appear once", key_node.start_mark)
+
+
 _ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)

@@ -40,8 +40,9 @@ class Accumulator:
 def evaluate(network: Network, images: np.ndarray, labels: np.ndarray, batch_size: int = 1000,
              keep_predictions: bool = False) -> Evaluation:
     """Mean loss and accuracy over a whole set (and, if asked, each sample's predicted class),
-    its batches copied from the host."""
-    loader = BatchLoader(images, labels, batch_size, shuffle=False)
+    its batches copied from the host; the labels are one-hot over the network's scores."""
+    scores = int(np.prod(network.output_shapes(images.shape[1:])[-1]))
+    loader = BatchLoader(images, labels, batch_size, shuffle=False, classes=scores)
     feed = BatchFeed(network.backend, images.shape[1:], loader.classes)
     batches = (feed(batch_images, onehot) for batch_images, onehot, _ in loader.epoch_batches(0))
     return evaluate_batches(network, batches, loader.num_samples, keep_predictions)

@@ -354,6 +354,7 @@ class Network:
             network = cls.from_spec(_model_spec(metadata, path), _input_shape(metadata, path), backend)
         except (TypeError, InvalidArgumentError, ShapeError) as error:
             raise CheckpointError(f"{path}: its model description cannot be built: {error}") from None
+        _check_classes(network, training_config, path)
         arrays, _ = checkpoint.load_npz(path, network.checkpoint_shape)
         network._load_checkpoint_arrays(arrays, path)
         network.checkpoint_metadata = metadata
@@ -462,6 +463,15 @@ def _training_config(metadata: dict, path):
         return parse_config(metadata["config"], source=f"{path}: the training config in its metadata")
     except ConfigError as error:
         raise CheckpointError(str(error)) from None
+
+
+def _check_classes(network: "Network", training_config, path) -> None:
+    """The class names a checkpoint's config keeps label the network's scores: one name per score."""
+    classes = None if training_config is None else training_config.data.classes
+    scores = int(np.prod(network.output_shapes(network.input_shape)[-1]))
+    if classes and len(classes) != scores:
+        raise CheckpointError(f"{path}: its metadata names {len(classes)} classes, but the network ends in {scores} "
+                              f"scores; a checkpoint needs one class name per score")
 
 
 def _input_shape(metadata: dict, path) -> tuple[int, int, int]:

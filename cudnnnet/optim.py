@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import OptimizerConfig, ScheduleConfig
+from .config_file import MAX_INTEGER
 from .errors import CheckpointError, InvalidArgumentError
 from .tensor import Tensor
 
@@ -132,16 +133,14 @@ class SGD:
 
     def load_state_arrays(self, arrays: dict, prefix: str) -> None:
         """Restore velocities and the step count (a checkpoint of the same network and momentum)."""
-        step = arrays.get(f"{prefix}step")
-        if step is None or step.size != 1:
-            raise CheckpointError("the checkpoint holds no optimiser state (it cannot be resumed from)")
+        step = _step_count(arrays, prefix)
         for name, value in self.velocity.items():
             saved = arrays.get(f"{prefix}velocity.{name}")
             if saved is None or saved.size != value.size:
                 raise CheckpointError(f"the checkpoint's optimiser state has no velocity of shape {value.shape} for {name}")
         for name, value in self.velocity.items():
             value.copy_(Tensor.from_numpy(arrays[f"{prefix}velocity.{name}"].reshape(value.shape)))
-        self.step_count = int(step.reshape(-1)[0])
+        self.step_count = step
 
 
 class Adam:
@@ -225,9 +224,9 @@ class Adam:
 
     def load_state_arrays(self, arrays: dict, prefix: str) -> None:
         """Restore both moments of every parameter and the step count (the device's too), all or nothing."""
-        step = arrays.get(f"{prefix}step")
-        if step is None or step.size != 1:
-            raise CheckpointError("the checkpoint holds no optimiser state (it cannot be resumed from)")
+        step = _step_count(arrays, prefix)
+        taken = arrays.get(f"{prefix}{ADAM_STEPS}")  # fewer than step_count where loss scaling skipped steps
+        taken = step if taken is None or taken.size != 1 else _saved_count(taken, "Adam's step count")
         for name, (m, _) in self.moments.items():
             for moment in ("m", "v"):
                 saved = arrays.get(f"{prefix}{moment}.{name}")
@@ -237,10 +236,25 @@ class Adam:
         for name, (m, v) in self.moments.items():
             m.copy_(Tensor.from_numpy(arrays[f"{prefix}m.{name}"].reshape(m.shape)))
             v.copy_(Tensor.from_numpy(arrays[f"{prefix}v.{name}"].reshape(v.shape)))
-        self.step_count = int(step.reshape(-1)[0])
-        taken = arrays.get(f"{prefix}{ADAM_STEPS}")  # fewer than step_count where loss scaling skipped steps
-        taken = self.step_count if taken is None or taken.size != 1 else int(taken.reshape(-1)[0])
+        self.step_count = step
         self.counter.write_(np.array([taken, 0], dtype=np.float32))
+
+
+def _step_count(arrays: dict, prefix: str) -> int:
+    """The steps a checkpoint's optimiser took (refused where there is no optimiser state)."""
+    step = arrays.get(f"{prefix}step")
+    if step is None or step.size != 1:
+        raise CheckpointError("the checkpoint holds no optimiser state (it cannot be resumed from)")
+    return _saved_count(step, "the optimiser's step count")
+
+
+def _saved_count(array: np.ndarray, what: str) -> int:
+    """A count saved as one float32: a whole number, within what the schedules and counters take."""
+    value = float(array.reshape(-1)[0])
+    if not (0 <= value <= MAX_INTEGER and value.is_integer()):
+        raise CheckpointError(f"{what} is {value:g}; expected a whole number in [0, {MAX_INTEGER}] "
+                              "(it cannot be resumed from)")
+    return int(value)
 
 
 def _scaling(loss_scale) -> dict:

@@ -28,6 +28,7 @@ from . import checkpoint
 from .background import Background
 from .backends import get_backend, warm_up
 from .config import Config
+from .config_file import MAX_INTEGER
 from .curves import plot_curves
 from .data.loader import BatchLoader
 from .config import COMPUTED
@@ -166,7 +167,11 @@ def local_splits(config: Config):
 
 
 def check_class_scores(network: Network, classes, config) -> None:
-    """ConfigError unless the network gives one score per class, shape (classes, 1, 1)."""
+    """ConfigError unless there are two classes or more and the network gives one score per class,
+    shape (classes, 1, 1)."""
+    if len(classes) < 2:
+        raise ConfigError(f"{config.source}: the data has {len(classes)} class ({', '.join(classes)}); a classifier "
+                          f"needs at least 2 (for image-folder, one sub-folder per class)")
     scores = network.output_shapes(network.input_shape)[-1]
     if tuple(scores) != (len(classes), 1, 1):
         raise ConfigError(f"{config.source}: model[{len(config.model) - 1}]: the model ends in outputs of shape "
@@ -511,6 +516,10 @@ class Trainer:
         position = metadata.get("position")
         if not isinstance(position, dict) or not all(isinstance(position.get(k), int) for k in ("epoch", "batch", "step")):
             raise CheckpointError(f"{path}: no training position in its metadata; it can be loaded but not resumed")
+        if not all(0 <= position[key] <= MAX_INTEGER for key in ("epoch", "batch", "step")):
+            raise CheckpointError(f"{path}: the training position in its metadata is malformed (epoch, batch and step "
+                                  f"must be integers in [0, {MAX_INTEGER}]); it can be loaded but not resumed")
+        self._check_reachable(path, position)
         try:
             self.optimizer.load_state_arrays(arrays, OPTIMIZER_PREFIX)
             if self.loss_scaler is not None and not self.loss_scaler.load_state_arrays(arrays, OPTIMIZER_PREFIX):
@@ -522,9 +531,19 @@ class Trainer:
             raise CheckpointError(f"{path}: the training history in its metadata is malformed (each row needs "
                                   f"{', '.join(HISTORY_FIELDS)} as numbers); it can be loaded but not resumed")
         self.position = Position(position["epoch"], position["batch"], position["step"], list(history))
-        self.network.skip_dropout_masks(self._batches_before(self.position))
+        if self.position.step < self.total_steps:  # else nothing is left to train, and no mask to skip
+            self.network.skip_dropout_masks(self._batches_before(self.position))
         log.info("resumed from %s at epoch %d, batch %d (step %d)", path, self.position.epoch + 1,
                  self.position.batch, self.position.step)
+
+    def _check_reachable(self, path: Path, position: dict) -> None:
+        """A position training can reach: no more epochs than steps, no more batches than an epoch has."""
+        epoch, batch, step = position["epoch"], position["batch"], position["step"]
+        per_epoch = self.loader.steps_per_epoch
+        if epoch > step or batch > min(step, per_epoch):
+            raise CheckpointError(f"{path}: the training position in its metadata (epoch {epoch}, batch {batch}, step "
+                                  f"{step}) cannot be reached: at most one epoch a step, and {per_epoch} batches an "
+                                  f"epoch; it can be loaded but not resumed")
 
     def _batches_before(self, position: Position) -> list[tuple[int, int]]:
         """The (batch size, steps) runs this rank trained before ``position``, in order: each epoch's

@@ -2,6 +2,7 @@
 
 import json
 import py_compile
+import re
 import subprocess
 import sys
 import types
@@ -475,6 +476,20 @@ def test_unknown_workload_is_one_line_and_exit_2(capsys):
         benchmark.main(["--only", "mlp,gpt"])
     assert exit.value.code == 2
     assert "unknown workload 'gpt'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("json_path, problem", [
+    ("absent/out.json", r"--json .*absent/out\.json: the folder .*absent does not exist; create it first"),
+    ("a_file/out.json", r"--json .*a_file/out\.json: .*a_file is a file, not a folder"),
+    (".", r"--json .* is a folder; give a file name"),
+])
+def test_an_unusable_json_path_is_refused_before_any_workload_runs(tmp_path, capsys, monkeypatch, json_path, problem):
+    (tmp_path / "a_file").write_text("kept\n")
+    monkeypatch.setattr(benchmark, "build_report", lambda settings: pytest.fail("a workload ran"))
+    assert benchmark.main(["--device", "host", "--only", "micro", "--quiet", "--json", str(tmp_path / json_path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and re.match(r"cudnnnet-benchmark: error: " + problem, lines[0]), lines
+    assert (tmp_path / "a_file").read_text() == "kept\n"
 
 
 def test_script_prints_the_table_last(tmp_path):

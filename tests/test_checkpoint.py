@@ -434,6 +434,13 @@ def test_original_refuses_names_without_a_file():
         checkpoint.original_file_name("bn1.gamma")
 
 
+def test_writing_the_original_with_a_name_it_has_no_file_for_writes_no_file(tmp_path):
+    arrays = {"fc1.weight": np.ones((2, 3, 1, 1), np.float32), "bn1.running_mean": np.zeros((2,), np.float32)}
+    with pytest.raises(CheckpointError, match=r"bn1\.running_mean: the original format stores only"):
+        checkpoint.write_original(tmp_path, arrays)
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---- atomic saves -------------------------------------------------------------------------
 
 

@@ -115,6 +115,18 @@ def write_bad_checkpoints(folder: Path, good: Path) -> None:
     save_npz(folder / "nan.npz", {**arrays, "fc2.bias": np.full(arrays["fc2.bias"].shape, np.nan, np.float32)}, metadata)
     save_npz(folder / "no_config.npz", arrays, {key: value for key, value in metadata.items() if key != "config"})
     save_npz(folder / "bad_history.npz", arrays, {**metadata, "history": [{"epoch": 1, "steps": "three"}]})
+    eleven = [str(label) for label in range(11)]
+    save_npz(folder / "eleven_classes.npz", arrays,
+             {**metadata, "config": {**metadata["config"], "data": {**metadata["config"]["data"], "classes": eleven}}})
+    save_npz(folder / "far_position.npz", arrays, {**metadata, "position": {"epoch": 10**30, "batch": 0, "step": 3}})
+    save_npz(folder / "negative_position.npz", arrays, {**metadata, "position": {"epoch": -1, "batch": 3, "step": 3}})
+    save_npz(folder / "epoch_past_steps.npz", arrays, {**metadata, "position": {"epoch": 2**31 - 1, "batch": 0,
+                                                                               "step": 3}})
+    save_npz(folder / "batch_past_epoch.npz", arrays, {**metadata, "position": {"epoch": 0, "batch": 2**31 - 1,
+                                                                               "step": 2**31 - 1}})
+    save_npz(folder / "far_on.npz", arrays, {**metadata, "position": {"epoch": 2**31 - 2, "batch": 0,
+                                                                     "step": 2**31 - 2}})
+    save_npz(folder / "negative_step.npz", {**arrays, f"{OPTIMIZER_PREFIX}step": np.array([-5.0], np.float32)}, metadata)
     (folder / "text.npz").write_text("model weights\n")
     (folder / "empty.npz").write_bytes(b"")
     (folder / "pickle.npz").write_bytes(pickle.dumps({"fc1.weight": [0.0]}))
@@ -232,6 +244,9 @@ CONFIG_CASES = {
     "unknown device": (VALID_CONFIG + "device: gpu\n", r"device: expected one of auto, cuda, host, got 'gpu'"),
     "normalize std 0": (VALID_CONFIG + "data: {normalize: {mean: 0.1, std: 0}}\n",
                         r"data\.normalize\.std: expected a number > 0, got 0"),
+    "normalize per channel of RGB for grey digits": (
+        VALID_CONFIG + "data: {normalize: {mean: [0.5, 0.4, 0.3], std: [0.2, 0.2, 0.2]}}\n",
+        r"bad\.yaml: data\.normalize\.mean: 3 values \(one per channel\) for mnist's images of 1 channel; give 1"),
     "Python object tag": ('model: !!python/object/apply:os.system ["touch PWNED"]\n' + VALID_TRAIN,
                           r"bad\.yaml: line 1, column 8: refused the tag !!python/object/apply:os\.system: a config "
                           r"may not create Python objects"),
@@ -281,6 +296,16 @@ FLAG_CASES = {
     "evaluate batch 0": ("evaluate", ["--weights", "model.npz", "--batch-size", "0"],
                          r"--batch-size: expected a positive integer"),
     "log level": ("evaluate", ["--weights", "model.npz", "--log-level", "LOUD"], r"--log-level: invalid choice: 'LOUD'"),
+    "empty config": ("train", ["--config", ""], r"argument --config: expected a path, got an empty string"),
+    "empty output": ("train", ["--config", MLP_CONFIG, "--output", ""],
+                     r"argument --output: expected a path, got an empty string"),
+    "empty resume": ("train", ["--config", MLP_CONFIG, "--resume", ""],
+                     r"argument --resume: expected a path, got an empty string"),
+    "empty weights": ("evaluate", ["--weights", ""], r"argument --weights: expected a path, got an empty string"),
+    "evaluate empty data dir": ("evaluate", ["--weights", "model.npz", "--data-dir", ""],
+                                r"argument --data-dir: expected a path, got an empty string"),
+    "empty image": ("predict", ["--weights", "model.npz", ""], r"argument IMAGE: expected a path, got an empty string"),
+    "benchmark empty json": ("benchmark", ["--json", ""], r"argument --json: expected a path, got an empty string"),
 }
 
 
@@ -289,9 +314,14 @@ def test_bad_flags(tool, script, arguments, pattern):
     assert_one_line_error(tool(script, *arguments), script, 2, pattern)
 
 
-@pytest.mark.parametrize("script, arguments, pattern", cases(FLAG_CASES, "no config", "batch 0"))
+@pytest.mark.parametrize("script, arguments, pattern", cases(FLAG_CASES, "no config", "batch 0", "empty output"))
 def test_bad_flags_script(cli, script, arguments, pattern):
     assert_one_line_error(cli(script, *arguments), script, 2, pattern)
+
+
+def broken_link(path: Path) -> Path:
+    path.symlink_to(path.parent / "nowhere")
+    return path
 
 
 @pytest.mark.parametrize("make, pattern", [
@@ -299,6 +329,11 @@ def test_bad_flags_script(cli, script, arguments, pattern):
                  id="a file"),
     pytest.param(lambda output: output / "metrics.json" / "run", r"--output .*run: .*metrics\.json is a file",
                  id="under a file"),
+    pytest.param(lambda output: broken_link(output.parent / "gone"),
+                 r"--output .*gone: .*gone is a broken link \(to .*nowhere\); remove it or give another folder",
+                 id="a broken link"),
+    pytest.param(lambda output: broken_link(output.parent / "gone") / "run", r"--output .*run: .*gone is a broken link",
+                 id="under a broken link"),
 ])
 def test_an_output_that_cannot_be_a_directory(tool, mnist_dir, untouched, make, pattern):
     finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched / "unused", "--output", make(untouched)))
@@ -417,6 +452,14 @@ def test_evaluate_names_missing_test_data(tool, tmp_path, checkpoints):
     assert_one_line_error(finished, "evaluate", 2, r"MNIST test files missing from .*t10k-labels-idx1-ubyte\(\.gz\)")
 
 
+def test_evaluate_reads_the_data_dir_the_checkpoint_was_trained_with(tool, tmp_path, mnist_dir):
+    """Without --data-dir, the checkpoint config's data.dir (as --help says), not the empty user cache."""
+    save_untrained(load_config(MLP_CONFIG).with_overrides(data_dir=mnist_dir), tmp_path / "trained_here.npz")
+    finished = tool("evaluate", "--weights", tmp_path / "trained_here.npz", "--device", "host", "--json")
+    assert finished.returncode == 0, finished.stderr
+    assert len(json.loads(finished.stdout)["confusion_matrix"]) == 10
+
+
 # ---- checkpoints ------------------------------------------------------------------------------
 
 CHECKPOINT_CASES = {
@@ -439,6 +482,21 @@ RESUME_CASES = {
     "a malformed history": ("bad_history.npz", r"bad_history\.npz: the training history in its metadata is "
                                                r"malformed \(each row needs epoch, steps, .*\); it can be loaded "
                                                r"but not resumed"),
+    "a position past any run": ("far_position.npz", r"far_position\.npz: the training position in its metadata is "
+                                                    r"malformed \(epoch, batch and step must be integers in \[0, "
+                                                    r"2147483647\]\); it can be loaded but not resumed"),
+    "a negative position": ("negative_position.npz", r"negative_position\.npz: the training position in its "
+                                                     r"metadata is malformed"),
+    "an epoch past its steps": ("epoch_past_steps.npz", r"epoch_past_steps\.npz: the training position in its "
+                                                        r"metadata \(epoch 2147483647, batch 0, step 3\) cannot be "
+                                                        r"reached: at most one epoch a step, and \d+ batches an "
+                                                        r"epoch; it can be loaded but not resumed"),
+    "a batch past its epoch": ("batch_past_epoch.npz", r"batch_past_epoch\.npz: the training position in its "
+                                                       r"metadata \(epoch 0, batch 2147483647, step 2147483647\) "
+                                                       r"cannot be reached"),
+    "a negative step count": ("negative_step.npz", r"negative_step\.npz: the optimiser's step count is -5; "
+                                                   r"expected a whole number in \[0, 2147483647\] \(it cannot be "
+                                                   r"resumed from\)"),
     "no training config": ("no_config.npz", r"no_config\.npz: no training config in its metadata; it can be loaded "
                                             r"but not resumed"),
     "wrong shapes": ("narrow.npz", r"narrow\.npz: fc1\.weight: checkpoint has \(500, 700, 1, 1\), network needs "
@@ -448,7 +506,9 @@ EVALUATE_CASES = {**{name: case for name, case in CHECKPOINT_CASES.items() if na
                   "a folder without a checkpoint": (".", r"--weights .*checkpoints\d*: this folder holds no model\.npz; "
                                                          r"give an output folder that a training wrote into, or a "
                                                          r"checkpoint file"),
-                  "wrong shapes": RESUME_CASES["wrong shapes"]}
+                  "wrong shapes": RESUME_CASES["wrong shapes"],
+                  "class names that do not fit": ("eleven_classes.npz", r"eleven_classes\.npz: its metadata names 11 "
+                                                                        r"classes, but the network ends in 10 scores")}
 
 
 @pytest.mark.parametrize("name, pattern", cases(RESUME_CASES))
@@ -474,11 +534,20 @@ def test_bad_checkpoint_to_evaluate_script(cli, checkpoints, mnist_dir):
     assert_one_line_error(finished, "evaluate", 2, CHECKPOINT_CASES["truncated"][1])
 
 
-@pytest.mark.parametrize("name, pattern", cases(CHECKPOINT_CASES, "missing", "text", "pickled objects", "truncated"))
+@pytest.mark.parametrize("name, pattern", cases(EVALUATE_CASES, "missing", "text", "pickled objects", "truncated",
+                                               "class names that do not fit"))
 def test_bad_checkpoint_to_predict(tool, checkpoints, tmp_path, name, pattern):
     image = one_pixel(tmp_path / "digit.png")
     finished = tool("predict", "--weights", checkpoints / name, image, "--device", "host")
     assert_one_line_error(finished, "predict", 2, pattern)
+
+
+def test_an_output_folder_whose_set_is_gone_is_named_so_to_predict(tool, tmp_path):
+    """Its model.npz link points nowhere: the link is named, not the folder read as the original's .bin files."""
+    (tmp_path / "run").mkdir()
+    broken_link(tmp_path / "run" / "model.npz")
+    finished = tool("predict", "--weights", tmp_path / "run", one_pixel(tmp_path / "digit.png"), "--device", "host")
+    assert_one_line_error(finished, "predict", 2, r"run/model\.npz: no such checkpoint file$")
 
 
 @pytest.mark.parametrize("run", ["tool", "cli"])
@@ -498,6 +567,14 @@ def test_resuming_a_finished_run_asks_for_more_steps(tool, mnist_dir, untouched,
                                                 r"to train; raise --epochs or --steps")
 
 
+def test_resuming_from_far_beyond_the_run_asks_for_more_steps_without_replaying_the_steps(tool, checkpoints, mnist_dir,
+                                                                                          untouched):
+    """A position training could reach, two billion steps on: refused as finished, no mask skipped for each step."""
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", checkpoints / "far_on.npz"))
+    assert_one_line_error(finished, "train", 2, r"far_on\.npz is at step 2147483646 and the run asks for 2 steps: "
+                                                r"nothing left to train")
+
+
 def test_resuming_with_another_batch_size_is_refused(tool, mnist_dir, untouched):
     finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--resume", untouched, "--steps", "9",
                                          "--batch-size", "32"))
@@ -513,6 +590,29 @@ def test_an_unusable_export_path_is_refused_before_training(tool, mnist_dir, unt
                                          untouched / "metrics.json" / "bins"))
     assert_one_line_error(finished, "train", 2, r"--export-original .*metrics\.json/bins: .*metrics\.json is a file, "
                                                 r"not a directory")
+
+
+def test_a_network_the_original_format_cannot_hold_is_refused_before_training(tool, mnist_dir, untouched,
+                                                                              tmp_path, monkeypatch):
+    from cudnnnet.cli import train
+
+    monkeypatch.setattr(train.Trainer, "run", lambda self: pytest.fail("trained"))
+    finished = tool("train", *train_args(REPO_ROOT / "configs" / "mnist_bn_cnn.yaml", mnist_dir, untouched,
+                                         "--export-original", tmp_path / "bins"))
+    assert_one_line_error(finished, "train", 2, r"--export-original .*bins: bn1\.running_mean: the original format "
+                                                r"stores only L\.weight \(L\.bin\) and L\.bias \(L\.bias\.bin\)$")
+    assert not (tmp_path / "bins").exists()
+
+
+def test_an_export_file_name_taken_by_a_folder_is_refused_before_training(tool, mnist_dir, untouched, tmp_path,
+                                                                           monkeypatch):
+    from cudnnnet.cli import train
+
+    monkeypatch.setattr(train.Trainer, "run", lambda self: pytest.fail("trained"))
+    (tmp_path / "bins" / "fc1.bin").mkdir(parents=True)
+    finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched, "--export-original", tmp_path / "bins"))
+    assert_one_line_error(finished, "train", 2, r"--export-original .*bins: .*bins/fc1\.bin \(where fc1\.weight goes\) "
+                                                r"is a folder; remove it or give another directory$")
 
 
 # ---- prediction -------------------------------------------------------------------------------
@@ -537,12 +637,20 @@ def written(path: Path, content: bytes) -> Path:
     return path
 
 
+def folder_of_notes(path: Path) -> Path:
+    path.mkdir()
+    (path / "notes.txt").write_text("no image here\n")
+    return path
+
+
 IMAGE_CASES = {
     "not an image": (lambda path: written(path, b"a digit, honestly\n"), r"notes\.png: not an image file Pillow can read"),
     "empty image file": (lambda path: written(path, b""), r"notes\.png: the file is empty \(0 bytes\)"),
     "1 pixel": (one_pixel, r"notes\.png: no digit found \(the 1x1 image is blank or uniform\)"),
     "20000 x 20000": (lambda path: png_header_only(path, 20_000, 20_000), r"notes\.png: the image is too large to decode"),
     "missing": (lambda path: path, r"notes\.png"),
+    "a folder without images": (folder_of_notes, r"no image files in .*notes\.png: a folder is read for its files "
+                                                 r"ending in \.bmp, .*, \.webp$"),
 }
 
 
@@ -553,7 +661,7 @@ def test_bad_image(tool, tmp_path, checkpoints, make, pattern):
     assert_one_line_error(finished, "predict", 2, pattern)
 
 
-@pytest.mark.parametrize("make, pattern", cases(IMAGE_CASES, "not an image", "20000 x 20000"))
+@pytest.mark.parametrize("make, pattern", cases(IMAGE_CASES, "not an image", "20000 x 20000", "a folder without images"))
 def test_bad_image_script(cli, tmp_path, checkpoints, make, pattern):
     image = make(tmp_path / "notes.png")
     finished = cli("predict", "--weights", checkpoints / "mlp.npz", image, "--device", "host")
@@ -642,6 +750,19 @@ def test_out_of_memory_is_one_line_and_exit_1(tool, monkeypatch, mnist_dir, unto
     monkeypatch.setattr(train, "Trainer", out_of_memory)
     finished = tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched))
     assert_one_line_error(finished, "train", 1, r"the GPU is out of memory: .*; try a smaller batch size$")
+
+
+@pytest.mark.parametrize("error, message", [(MemoryError(), r"out of host memory$"),
+                                            (MemoryError("cannot allocate 8 GiB"), r"out of host memory \(cannot "
+                                                                                   r"allocate 8 GiB\)$")])
+def test_host_memory_running_out_is_one_line_and_exit_1(tool, monkeypatch, mnist_dir, untouched, error, message):
+    from cudnnnet.cli import train
+
+    def out_of_memory(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(train, "Trainer", out_of_memory)
+    assert_one_line_error(tool("train", *train_args(MLP_CONFIG, mnist_dir, untouched)), "train", 1, message)
 
 
 # ---- runtime failures, tracebacks and logging -------------------------------------------------

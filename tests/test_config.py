@@ -256,6 +256,8 @@ INVALID = [
     (("model", 0, "out_size"), "10", "model[0].out_size: expected an integer > 0, got '10' (string)"),
     (("model", 0, "name"), "fc 1", "model[0].name: expected a name of letters, digits"),
     (("model", 0, "name"), 7, "model[0].name: expected a name"),
+    (("model", 0, "name"), "x" * 129, "model[0].name: expected a name of letters, digits, '_' and '-' (at most 128 "
+                                      "characters), got 'xxxxxxxx"),
     (("model", 0, "name"), "softmax1", "model[1].name: duplicate layer name 'softmax1' (also model[0])"),
     (("model", 1), {"type": "dense", "out_size": 3}, "model[1].type: the last layer must be a loss layer (softmax or mse), got 'dense'"),
     (("model", 0), {"type": "mse"}, "model[0].type: loss layer 'mse' may only be the last layer (model[1])"),
@@ -298,6 +300,8 @@ INVALID = [
     (("data", "corrupt"), "ignore", "data.corrupt: expected one of refuse, skip, got 'ignore'"),
     (("data", "md5"), {"a.gz": "xyz"}, "data.md5.'a.gz': expected an MD5 of 32 hex digits, got 'xyz'"),
     (("data", "classes"), ["cat", "cat"], "data.classes: expected a list of distinct non-empty class names"),
+    (("data", "classes"), ["cat\ndog", "bird"], "data.classes: expected a list of distinct non-empty class names of "
+                                                "printable text (no line breaks or control characters;"),
     (("data", "shape"), [3, 32], "data.shape: expected [channels, height, width], got [3, 32]"),
     (("data", "placement"), "gpu", "data.placement: expected one of auto, device, host, got 'gpu' (string)"),
     (("data", "placement"), True, "data.placement: expected one of auto, device, host, got True (boolean)"),
@@ -418,7 +422,10 @@ def test_file_level_errors_name_the_file(tmp_path, text, fragment):
     ("model: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n", "nested deeper than 32 levels"),
     ("model:\n  - {type: dense, out_size: 1" + "0" * 5000 + "}\n",
      "line 2, column 29: an integer of 5001 characters is too long to read; every integer setting is at most 2147483647"),
-], ids=["deep lists", "deep mappings", "long integer"])
+    ("train:\n  optimizer: {lr: 0.1}\n  batch_size: 8\n  optimizer: {lr: 0.01}\n",
+     "line 4, column 3: duplicate key 'optimizer' (also on line 2); each key may appear once"),
+    ("model: {type: dense, lr: 1, lr: 2}\n", "line 1, column 29: duplicate key 'lr' (also on line 1)"),
+], ids=["deep lists", "deep mappings", "long integer", "a key twice", "a key twice in a flow mapping"])
 def test_documents_python_cannot_read_are_config_errors_with_the_line(tmp_path, text, fragment):
     path = write(tmp_path, text, "hostile.yaml")
     with pytest.raises(ConfigError) as caught:

@@ -140,3 +140,22 @@ def test_a_model_without_one_score_per_class_folder_is_named_with_exit_2(tmp_pat
     finished = train_folder(root, tmp_path / "run")
     assert finished.returncode == 2
     assert "the data has 3 classes, so it needs shape (3, 1, 1) (a last dense layer with out_size 3)" in finished.stderr
+
+
+def test_evaluate_takes_a_model_of_other_than_ten_classes(tmp_path):
+    root = small_folder(tmp_path / "photos", count=6)
+    assert train_folder(root, tmp_path / "run").returncode == 0
+    evaluated = run_script("evaluate", "--weights", str(tmp_path / "run"), "--device", "host", "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    figures = json.loads(evaluated.stdout)
+    assert figures["classes"] == ["a", "b"] and np.array(figures["confusion_matrix"]).shape == (2, 2)
+
+
+def test_a_single_class_folder_is_refused_with_exit_2(tmp_path):
+    root = small_folder(tmp_path / "photos", classes=("cats",))
+    finished = train_folder(root, tmp_path / "run")
+    assert finished.returncode == 2
+    assert finished.stderr.strip().splitlines() == [
+        "cudnnnet-train: error: image_folder (with overrides): the data has 1 class (cats); a classifier needs at "
+        "least 2 (for image-folder, one sub-folder per class)"]
+    assert not (tmp_path / "run").exists()

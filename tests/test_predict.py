@@ -194,7 +194,7 @@ def test_an_image_with_nan_samples_is_named_and_the_others_predicted(untrained_m
     finished, results = predict_cli(untrained_mlp / "model.npz", str(folder))
     assert finished.returncode == 2
     assert finished.stderr.splitlines() == [f"cudnnnet-predict: error: {folder / 'nan.tif'}: the image holds NaN or "
-                                            f"infinite values (1 of its 784 samples); a digit image holds finite values only"]
+                                            f"infinite values (1 of its 784 samples); an image holds finite values only"]
     assert [result["digit"] is not None for result in results] == [True, True, False]
 
 

@@ -95,6 +95,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -103,8 +104,9 @@ from ..benchmark.report import build_report, format_table, table_header
 from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MATHS,
                                   MICRO_SIZE, WORKLOADS)
 from ..engine import ENGINES
-from ..errors import DeviceUnavailableError
-from .common import ArgumentParser, add_common_arguments, run
+from ..errors import DeviceUnavailableError, UsageError
+from ..files import atomic_write
+from .common import ArgumentParser, add_common_arguments, path_argument, run
 from .train import positive_int
 
 log = logging.getLogger("cudnnnet.benchmark")
@@ -137,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--only", type=workload_list, default=DEFAULT_WORKLOADS, metavar="LIST",
                         help=f"comma-separated workloads among {','.join(WORKLOADS)} (default "
                              f"{','.join(DEFAULT_WORKLOADS)})")
-    parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE as JSON")
+    parser.add_argument("--json", type=path_argument, metavar="FILE", help="also write every figure to FILE as JSON")
     parser.add_argument("--compare", choices=("torch",), help="also run the workloads with PyTorch")
     parser.add_argument("--epochs", type=positive_int,
                         help="timed epochs after the warm-up one (default 10 on cuda, 1 on the host)")
@@ -151,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "generated ones (smoke tests)")
     parser.add_argument("--original-runs", type=positive_int, default=3,
                         help="runs of each original workload (default 3; the median is reported)")
-    parser.add_argument("--data-dir", help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
+    parser.add_argument("--data-dir", type=path_argument,
+                        help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
     parser.add_argument("--math", choices=MATHS, default="fp32",
                         help="precision of the mlp and cnn workloads (and PyTorch's: autocast for bf16); the "
                              "micro-benchmark runs every one (default fp32)")
@@ -196,10 +199,26 @@ def resolve_settings(args) -> dict:
             "compare": args.compare, "engines": list(args.engines), "math": args.math}
 
 
+def check_json_path(path: Path) -> None:
+    """``--json FILE`` can be written, checked before a workload runs for minutes."""
+    if path.is_dir():
+        raise UsageError(f"--json {path} is a folder; give a file name")
+    folder = path.absolute().parent
+    if not folder.exists():
+        raise UsageError(f"--json {path}: the folder {folder} does not exist; create it first")
+    if not folder.is_dir():
+        raise UsageError(f"--json {path}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--json {path}: cannot write in {folder} (permission denied)")
+
+
 def main_with_args(args) -> int:
+    if args.json:
+        check_json_path(Path(args.json))
     report = build_report(resolve_settings(args))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        with atomic_write(args.json) as file:
+            file.write((json.dumps(report, indent=2) + "\n").encode("utf-8"))
         log.info("wrote %s", args.json)
     print(format_table(report["table"], table_header(report)))
     return 0

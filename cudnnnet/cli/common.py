@@ -45,6 +45,14 @@ def add_engine_argument(parser: argparse.ArgumentParser, default: str | None = D
                              f"GEMMs ({default_text})")
 
 
+def path_argument(text: str) -> str:
+    """A file or folder named on the command line: not empty (an unset shell variable's ``""`` would
+    be read as the current folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
+
+
 class StderrHandler(logging.StreamHandler):
     """A handler writing to whatever ``sys.stderr`` is when a record comes (not the one at set-up),
     so a tool's ``main`` can run inside another program that swaps its streams."""
@@ -109,7 +117,8 @@ def _run_main(main, parser: argparse.ArgumentParser, args) -> int:
     except KeyboardInterrupt as error:
         return _fail(args, parser.prog, error, EXIT_INTERRUPTED, "interrupted")
     except MemoryError as error:
-        return _fail(args, parser.prog, error, EXIT_FAILURE, f"out of host memory ({error or 'MemoryError'})")
+        return _fail(args, parser.prog, error, EXIT_FAILURE, f"out of host memory ({error})" if str(error) else
+                     "out of host memory")
     except OSError as error:
         return _fail(args, parser.prog, error, EXIT_FAILURE, _os_error_text(error))
 

@@ -19,15 +19,16 @@ from ..network import Network
 from ..outputs import checkpoint_to_resume
 from ..inference import network_classes, training_normalize
 from ..training import evaluate
-from .common import ArgumentParser, add_common_arguments, add_engine_argument, run
+from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from .train import positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="cudnnnet-evaluate", description="Evaluate a checkpoint on the test set of its data (MNIST's by default).")
-    parser.add_argument("--weights", required=True, metavar="CHECKPOINT",
+    parser.add_argument("--weights", required=True, type=path_argument, metavar="CHECKPOINT",
                         help="a model.npz written by cudnnnet-train, or the output folder holding it")
-    parser.add_argument("--data-dir", help="the data directory (default: the checkpoint config's data.dir, else $CUDNNNET_DATA or the user cache)")
+    parser.add_argument("--data-dir", type=path_argument,
+                        help="the data directory (default: the checkpoint config's data.dir, else $CUDNNNET_DATA or the user cache)")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default auto)")
     parser.add_argument("--batch-size", type=positive_int, default=1000, help="evaluation batch size")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -69,7 +70,8 @@ def test_images(network: Network, args) -> tuple[np.ndarray, np.ndarray]:
     config = network.training_config
     if config is None or config.data.dataset == "mnist":
         pad = mnist_pad(network, args.weights)
-        return load_mnist(args.data_dir, "test", normalize=training_normalize(network), pad=pad)
+        data_dir = args.data_dir if args.data_dir is not None or config is None else config.data.dir
+        return load_mnist(data_dir, "test", normalize=training_normalize(network), pad=pad)
     data = config.data if args.data_dir is None else dataclasses.replace(config.data, dir=args.data_dir)
     loaded = load_source(data, "test")
     images = to_float_images(loaded.pixels, data.normalize, data.pad)

@@ -20,13 +20,14 @@ from pathlib import Path
 
 from ..backends import DEVICES, get_backend
 from ..config import load_model_description
+from ..data.images import IMAGE_SUFFIXES, folder_images
 from ..shipped_configs import shipped_config_names
 from ..errors import UsageError
 from ..network import Network
 from ..outputs import is_output_folder
 from ..inference import predict
 from ..training import input_shape, model_mapping
-from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, add_engine_argument, run
+from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from .train import positive_int
 
 log = logging.getLogger("cudnnnet.predict")
@@ -34,13 +35,14 @@ log = logging.getLogger("cudnnnet.predict")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="cudnnnet-predict", description="Classify image files (digits, for an MNIST network).")
-    parser.add_argument("--weights", required=True, metavar="CHECKPOINT",
+    parser.add_argument("--weights", required=True, type=path_argument, metavar="CHECKPOINT",
                         help="a model.npz written by cudnnnet-train, the output folder holding it, or a directory of "
                              "the original's .bin files")
-    parser.add_argument("--config", metavar="CONFIG",
+    parser.add_argument("--config", type=path_argument, metavar="CONFIG",
                         help="with a .bin directory: a YAML config describing its network (model and data; a "
                              f"file, or a shipped config by name: {', '.join(shipped_config_names())})")
-    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, BMP, ...) or folders")
+    parser.add_argument("images", nargs="+", type=path_argument, metavar="IMAGE",
+                        help="image files (PNG, JPEG, BMP, ...) or folders")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default auto)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of {image, digit, label, probabilities}")
     parser.add_argument("--top-k", type=positive_int, default=1, metavar="K",
@@ -56,7 +58,7 @@ def load_network(weights: str, config_path: str | None, device: str) -> tuple[Ne
     The normalisation is None for a ``.npz``, whose own config says it (see ``predict``).
     """
     weights = Path(weights)
-    if is_output_folder(weights):
+    if is_output_folder(weights) or (weights / "model.npz").is_symlink():  # a link to a set that is gone: named
         weights = weights / "model.npz"
     if not weights.is_dir():
         if config_path is not None:
@@ -91,14 +93,19 @@ def print_results(results, as_json: bool, top_k: int = 1) -> None:
             print(f"{result.image}: " + ", ".join(f"{label} {probability:.4f}" for label, probability in result.top(top_k)))
 
 
+def check_some_image(paths) -> None:
+    """At least one path is a file or a folder holding image files; else one line naming them."""
+    if all(path.is_dir() and not folder_images(path) for path in map(Path, paths)):
+        raise UsageError(f"no image files in {', '.join(map(str, paths))}: a folder is read for its files ending in "
+                         f"{', '.join(sorted(IMAGE_SUFFIXES))}")
+
+
 def main_with_args(args) -> int:
     network, normalize = load_network(args.weights, args.config, args.device)
+    check_some_image(args.images)
     network.backend.set_engine(args.engine)
     results = predict(network, args.images, normalize=normalize)
     print_results(results, args.json, args.top_k)
-    if not results:
-        print("cudnnnet-predict: error: no image files found in the paths given", file=sys.stderr)
-        return EXIT_USAGE
     return EXIT_USAGE if any(result.error is not None for result in results) else 0
 
 

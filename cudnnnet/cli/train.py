@@ -23,7 +23,7 @@ from ..layers import LAYER_TYPES
 from ..network import ModelSizeError, check_model_size
 from ..outputs import checkpoint_to_resume
 from ..training import Interrupted, Trainer, class_names, input_shape
-from .common import ArgumentParser, add_common_arguments, add_engine_argument, run
+from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from .gpus import spawn_ranks
 
 log = logging.getLogger("cudnnnet.train")
@@ -51,19 +51,20 @@ def non_negative_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="cudnnnet-train", description="Train a network from a YAML config.")
-    parser.add_argument("--config", required=True,
+    parser.add_argument("--config", required=True, type=path_argument,
                         help=f"a YAML config file, or a shipped config by name: {', '.join(shipped_config_names())}")
     parser.add_argument("--device", choices=DEVICES, help="override the config's device (auto uses a GPU when usable)")
-    parser.add_argument("--data-dir", help="MNIST directory (default: $CUDNNNET_DATA, else the user cache, downloading)")
+    parser.add_argument("--data-dir", type=path_argument,
+                        help="MNIST directory (default: $CUDNNNET_DATA, else the user cache, downloading)")
     parser.add_argument("--epochs", type=positive_int, help="override train.epochs")
     parser.add_argument("--steps", type=positive_int, help="stop after this many steps (overrides --epochs)")
     parser.add_argument("--batch-size", type=positive_int, help="override train.batch_size")
     parser.add_argument("--seed", type=non_negative_int, help="override train.seed")
-    parser.add_argument("--output", default=None, help="output directory (default runs/<config name>)")
-    parser.add_argument("--resume", metavar="CHECKPOINT",
+    parser.add_argument("--output", type=path_argument, help="output directory (default runs/<config name>)")
+    parser.add_argument("--resume", type=path_argument, metavar="CHECKPOINT",
                         help="continue from an output folder (its latest checkpoint) or a model.npz file; with the "
                              "batch size it was trained with")
-    parser.add_argument("--export-original", metavar="DIR",
+    parser.add_argument("--export-original", type=path_argument, metavar="DIR",
                         help="after training, also write the weights as the C++ original's .bin files into DIR")
     parser.add_argument("--gpus", type=positive_int, metavar="N",
                         help="train on N GPUs of this host, one process each, data-parallel through NCCL "
@@ -83,6 +84,7 @@ def check_model(config: Config) -> None:
     shape = input_shape(config)
     if shape is None:  # the data says it: the Trainer checks the model once the data is read
         return
+    check_normalize(config, shape[0])
     for index, spec in enumerate(config.model):
         try:
             shape = LAYER_TYPES[spec.type](spec.name, **spec.params).output_sample_shape(shape)
@@ -95,6 +97,19 @@ def check_model(config: Config) -> None:
                           f"{config.data.dataset} needs {len(classes)} class scores, shape ({len(classes)}, 1, 1) "
                           f"(a last dense layer with out_size {len(classes)})")
     check_size(config)
+
+
+def check_normalize(config: Config, channels: int) -> None:
+    """A mean and std given per channel give one value, or one for each of the images' channels."""
+    if not isinstance(config.data.normalize, tuple):
+        return
+    for key, value in zip(("mean", "std"), config.data.normalize):
+        count = len(value) if isinstance(value, tuple) else 1
+        if count not in (1, channels):
+            valid = "1" if channels == 1 else f"1 or {channels}"
+            raise ConfigError(f"{config.source}: data.normalize.{key}: {count} values (one per channel) for "
+                              f"{config.data.dataset}'s images of {channels} channel{'s' if channels > 1 else ''}; "
+                              f"give {valid}")
 
 
 def check_size(config: Config) -> None:
@@ -122,11 +137,28 @@ def check_output(output: Path, flag: str = "--output") -> None:
     """``output`` is a directory, or can be created as one, and can be written to."""
     if output.exists() and not output.is_dir():
         raise UsageError(f"{flag} {output} is a file, not a directory")
-    existing = next(parent for parent in (output, *output.absolute().parents) if parent.exists())
+    existing = next(parent for parent in (output, *output.absolute().parents)
+                    if parent.exists() or parent.is_symlink())
+    if not existing.exists():
+        raise UsageError(f"{flag} {output}: {existing} is a broken link (to {os.readlink(existing)}); remove it or "
+                         f"give another folder")
     if not existing.is_dir():
         raise UsageError(f"{flag} {output}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {output}: cannot write in {existing} (permission denied)")
+
+
+def check_exportable(network, directory: str) -> None:
+    """Every parameter and buffer of ``network`` has a file in the original's format, and no folder
+    stands where one goes (checked before training)."""
+    for name in {**network.parameters(), **network.buffers()}:
+        try:
+            path = Path(directory) / checkpoint.original_file_name(name)
+        except UsageError as error:
+            raise UsageError(f"--export-original {directory}: {error}") from None
+        if path.is_dir():
+            raise UsageError(f"--export-original {directory}: {path} (where {name} goes) is a folder; remove it or "
+                             f"give another directory")
 
 
 def check_resume(path: str, config: Config, config_path: str) -> None:
@@ -177,6 +209,8 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
     group = None if launch is None else distributed.join(launch, config)
     progress = not args.quiet and sys.stderr.isatty() and (launch is None or launch.rank == 0)
     trainer = Trainer(config, output, resume=resume, progress=progress, group=group)
+    if args.export_original:
+        check_exportable(trainer.network, args.export_original)
     if trainer.position.step >= trainer.total_steps:
         raise UsageError(f"{args.resume} is at step {trainer.position.step} and the run asks for "
                          f"{trainer.total_steps} steps: nothing left to train; raise --epochs or --steps")

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import atomic_write
-from ..errors import DataError
+from ..errors import DataError, ImageError
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".ti
 GREY_MODES = ("1", "L", "I", "I;16", "F")
 CHUNK = 512  # images per task sent to a worker process
 MAX_FOLDER_BYTES = 1 << 33  # decoded pixels a folder may make
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # raised whenever decoding changes, so that cached folders are decoded again
 
 
 def load_image_folder(data, split: str):
@@ -45,9 +45,12 @@ def load_image_folder(data, split: str):
     if (root / "train").is_dir() and (root / "test").is_dir():
         classes = class_names(root / "train")
         pixels, labels = decoded_folder(root / split, classes, data)
+        if split == "train":
+            _check_every_class_has_images(root / "train", classes, labels)
         return Split(pixels, labels, classes)
     classes = class_names(root)
     pixels, labels = decoded_folder(root, classes, data)
+    _check_every_class_has_images(root, classes, labels)
     test = _test_indices(len(labels), data.test_fraction, data.split_seed)
     keep = np.zeros(len(labels), dtype=bool)
     keep[test] = True
@@ -56,6 +59,14 @@ def load_image_folder(data, split: str):
         raise DataError(f"{root}: the {split} split of {len(labels)} images by test_fraction {data.test_fraction} is "
                         f"empty; add images or change data.test_fraction")
     return Split(pixels[chosen], labels[chosen], classes)
+
+
+def _check_every_class_has_images(folder: Path, classes: tuple[str, ...], labels: np.ndarray) -> None:
+    """A class folder of the training images holds at least one image that could be read."""
+    counts = np.bincount(labels, minlength=len(classes))
+    if not counts.all():
+        empty = classes[int(np.argmin(counts))]
+        raise DataError(f"{folder / empty}: a class folder without readable image files; add images to it or remove it")
 
 
 def _test_indices(count: int, fraction: float, seed: int) -> np.ndarray:
@@ -72,6 +83,10 @@ def class_names(folder: Path) -> tuple[str, ...]:
         raise DataError(f"cannot read {folder}: {error.strerror or error}") from error
     if not names:
         raise DataError(f"{folder}: no class folders; image-folder reads {folder}/<class>/<image> files")
+    unprintable = [name for name in names if not name.isprintable()]
+    if unprintable:
+        raise DataError(f"{folder}/{unprintable[0]!r}: a class folder's name must be printable text (no line breaks "
+                        f"or control characters); rename it")
     return tuple(names)
 
 
@@ -206,16 +221,20 @@ def decode_files(paths: list[str], size: tuple[int, int] | None) -> list:
     (height, width) when given; or the text of the error that stopped it being decoded."""
     from PIL import Image
 
+    from .images import eight_bit
+
     decoded = []
     for path in paths:
         try:
             with Image.open(path) as image:
                 image.load()
                 mode = "L" if image.mode in GREY_MODES else "RGB"
-                converted = image.convert(mode)
+                converted = eight_bit(image, path).convert(mode)
             if size is not None and converted.size != (size[1], size[0]):
                 converted = converted.resize((size[1], size[0]), Image.Resampling.BILINEAR)
             decoded.append(np.asarray(converted, dtype=np.uint8))
+        except ImageError as error:
+            decoded.append(str(error).removeprefix(f"{path}: "))
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
             decoded.append(f"{type(error).__name__}: {error}")
     return decoded

@@ -45,6 +45,7 @@ MIN_CONTRAST = 0.1  # ink fainter than this above the background is no digit
 LIGHT_BACKGROUND = 0.5  # a border median above this means a dark digit on a light background
 
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+_WIDE_MODES = (*_SIXTEEN_BIT_MODES, "I", "F")  # one channel of more than 8 bits: Pillow's convert() clips them
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, KeyError, TypeError)
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # ITU-R 601-2, as Pillow's convert("L")
 
@@ -67,10 +68,15 @@ def list_images(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
 
 
 def _images_in_folder(folder: Path) -> list[Path]:
-    images = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    images = folder_images(folder)
     if not images:
         log.warning("%s: no image files (%s) in this folder", folder, ", ".join(sorted(IMAGE_SUFFIXES)))
     return images
+
+
+def folder_images(folder: Path) -> list[Path]:
+    """The image files (by suffix) in ``folder``, sorted by name, not recursive."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
 
 
 # ---- loading --------------------------------------------------------------------------------
@@ -131,6 +137,8 @@ def _check_file(path: Path) -> None:
         raise ImageError(f"{path}: no such file")
     if path.is_dir():
         raise ImageError(f"{path}: is a folder, not an image file")
+    if not path.is_file():
+        raise ImageError(f"{path}: not a regular file (a pipe or a device); give an image file")
     if path.stat().st_size == 0:
         raise ImageError(f"{path}: the file is empty (0 bytes)")
 
@@ -185,16 +193,29 @@ def _to_grey(image: Image.Image, source) -> np.ndarray:
     """A float32 (H, W) greyscale copy of ``image`` in [0, 1], alpha composited onto white."""
     try:
         image = _upright(image)
-        if image.mode in _SIXTEEN_BIT_MODES:
-            return np.asarray(image, dtype=np.float32) / 65535.0
-        if image.mode in ("I", "F"):
-            return _scale_unit(_finite(np.asarray(image, dtype=np.float32), source))
+        if image.mode in _WIDE_MODES:
+            return _wide_samples(image, source)
         if _has_alpha(image):
             white = Image.new("RGBA", image.size, (255, 255, 255, 255))
             image = Image.alpha_composite(white, image.convert("RGBA"))
         return np.asarray(image.convert("L"), dtype=np.float32) / 255.0
     except _DECODE_ERRORS as exc:
         raise ImageError(f"{source}: cannot convert the {image.mode} image to greyscale ({_one_line(exc)})") from exc
+
+
+def _wide_samples(image: Image.Image, source) -> np.ndarray:
+    """A float32 (H, W) copy in [0, 1] of a 16-bit, 32-bit integer or float image (one channel)."""
+    if image.mode in _SIXTEEN_BIT_MODES:
+        return np.asarray(image, dtype=np.float32) / 65535.0
+    return _scale_unit(_finite(np.asarray(image, dtype=np.float32), source))
+
+
+def eight_bit(image: Image.Image, source) -> Image.Image:
+    """An 8-bit grey ("L") copy of a 16-bit, 32-bit integer or float image, its samples scaled to
+    [0, 1] as a digit's are (Pillow's convert() would clip them); any other image as it is."""
+    if image.mode not in _WIDE_MODES:
+        return image
+    return Image.fromarray(np.round(_wide_samples(image, source) * 255).astype(np.uint8), "L")
 
 
 def _upright(image: Image.Image) -> Image.Image:
@@ -253,7 +274,7 @@ def _finite(values: np.ndarray, source) -> np.ndarray:
     bad = values.size - int(np.count_nonzero(np.isfinite(values)))
     if bad:
         raise ImageError(f"{source}: the image holds NaN or infinite values ({bad} of its {values.size} samples); "
-                         f"a digit image holds finite values only")
+                         f"an image holds finite values only")
     return values
 
 
@@ -408,6 +429,7 @@ def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, wi
         image = Image.fromarray(np.asarray(image, dtype=np.uint8))
     try:
         image = _upright(image)
+        image = eight_bit(image, source)
         if _has_alpha(image):
             white = Image.new("RGBA", image.size, (255, 255, 255, 255))
             image = Image.alpha_composite(white, image.convert("RGBA"))

@@ -266,19 +266,35 @@ def _read_cached(file_key: tuple[str, int, int], idx_name: str) -> tuple[np.ndar
     path = Path(file_key[0])
     entry = _cache_entry(file_key[0])
     cached = _load_entry(entry, file_key) if entry else None
+    if cached is not None and not _passes_check(cached[0], idx_name, path):
+        logger.debug("ignoring the cache entry %s: its array fails the check of %s", entry, path)
+        cached = None
     if cached is None:
         data = read_idx_bytes(path)
         array, md5 = parse_idx(data, str(path)), md5_of(data)
     else:
         array, md5 = cached
-    if "images" in idx_name:
-        images_from_idx(array, path)
-    else:
-        labels_from_idx(array, path)
+    _check(array, idx_name, path)
     if entry and cached is None:
         _store_entry(entry, file_key, array, md5)
     logger.debug("%s %s: shape %s", "parsed" if cached is None else "cached", path, array.shape)
     return array, md5
+
+
+def _check(array: np.ndarray, idx_name: str, path: Path) -> None:
+    """The images or labels checks of a parsed IDX array; DataError naming ``path`` where it fails."""
+    if "images" in idx_name:
+        images_from_idx(array, path)
+    else:
+        labels_from_idx(array, path)
+
+
+def _passes_check(array: np.ndarray, idx_name: str, path: Path) -> bool:
+    try:
+        _check(array, idx_name, path)
+    except DataError:
+        return False
+    return True
 
 
 # ---- the disk cache of parsed files --------------------------------------------------------

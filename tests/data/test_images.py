@@ -1,6 +1,7 @@
 """Image files -> MNIST-like inputs: formats, polarity, scale, centring, listing, refusals."""
 
 import gzip
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from cudnnnet.data.images import IMAGE_SUFFIXES, list_images, load_image, preprocess
+from cudnnnet.data.images import IMAGE_SUFFIXES, list_images, load_image, load_photo, preprocess
 from cudnnnet.errors import ImageError
 
 MNIST_TEST_IMAGES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mnist" / "t10k-images-idx3-ubyte.gz"
@@ -261,6 +262,31 @@ def test_arrays_that_are_not_images_are_refused(array):
         preprocess(array)
 
 
+GRADIENT = np.arange(64, dtype=np.float32).reshape(8, 8) * 4  # 0 .. 252
+
+
+@pytest.mark.parametrize("mode, samples", [("F", GRADIENT / 255), ("I;16", GRADIENT * 257), ("I", GRADIENT)],
+                         ids=["float in [0, 1]", "16-bit", "32-bit integers"])
+def test_photos_of_16_bit_and_float_samples_read_as_their_8_bit_image(tmp_path, mode, samples):
+    path = tmp_path / "photo.tif"
+    image = Image.fromarray(samples.astype(np.uint16 if mode == "I;16" else np.int32 if mode == "I" else np.float32))
+    assert image.mode == mode
+    image.save(path)
+    for channels in (1, 3):
+        pixels = load_photo(path, channels, 8, 8)
+        assert pixels.shape == (channels, 8, 8) and pixels.dtype == np.uint8
+        assert np.abs(pixels.astype(int) - GRADIENT.astype(int)).max() <= 1
+
+
+def test_a_float_photo_with_nan_samples_is_refused(tmp_path):
+    samples = np.full((8, 8), 0.5, np.float32)
+    samples[2, 3] = np.nan
+    Image.fromarray(samples, "F").save(tmp_path / "nan.tif")
+    with pytest.raises(ImageError, match=r"nan\.tif: the image holds NaN or infinite values \(1 of its 64 samples\); "
+                                         r"an image holds finite values only"):
+        load_photo(tmp_path / "nan.tif", 3, 8, 8)
+
+
 @pytest.mark.parametrize("suffix", [".tif", ".pfm"])
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_float_images_with_non_finite_samples_are_refused(tmp_path, suffix, value):
@@ -324,6 +350,15 @@ def test_empty_file(tmp_path):
     path.write_bytes(b"")
     with pytest.raises(ImageError, match=r"empty\.png: the file is empty \(0 bytes\)"):
         load_image(path)
+
+
+def test_a_pipe_or_device_is_not_called_empty(tmp_path):
+    pipe = tmp_path / "digit.png"
+    os.mkfifo(pipe)
+    for path in (pipe, Path(os.devnull)):
+        with pytest.raises(ImageError, match=rf"{path.name}: not a regular file \(a pipe or a device\); give an "
+                                             rf"image file"):
+            load_image(path)
 
 
 def test_non_image_file(tmp_path):

@@ -536,6 +536,25 @@ def test_an_entry_describing_another_array_is_ignored(tmp_path, idx_tools, parse
     assert loaded_images.shape[0] == 3 and len(parse_calls) == 2
 
 
+def test_an_entry_whose_array_fails_the_check_is_ignored_and_rewritten(tmp_path, idx_tools, parse_calls, parsed_dir):
+    images, labels = idx_tools.fake_split(3)
+    idx_tools.write_split(tmp_path, "test", images, labels)
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    for path in parsed_dir.glob("*.npy"):
+        array = np.load(path)
+        if array.ndim == 1:
+            np.save(path, np.full_like(array, 200))  # flipped bits in the cache: labels no file of ours holds
+    new_process()
+    parse_calls.clear()
+    _, loaded_labels = load_mnist(tmp_path, "test", download=False, verify=False)
+    np.testing.assert_array_equal(loaded_labels, labels)
+    assert parse_calls == ["t10k-labels-idx1-ubyte.gz"]
+    new_process()
+    parse_calls.clear()
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    assert parse_calls == []  # rewritten
+
+
 @pytest.mark.parametrize("blocked", ["read-only directory", "a file in the way"])
 def test_an_unwritable_cache_still_loads(tmp_path, idx_tools, parsed_dir, monkeypatch, caplog, blocked):
     images, labels = idx_tools.fake_split(3)

@@ -179,25 +179,27 @@ def test_grey_and_rgb_images_mixed_make_rgb_with_grey_in_every_channel(tmp_path)
 
 
 def test_a_corrupt_image_is_named_and_refused_or_skipped(tmp_path):
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
     for index in range(3):
-        save_image(tmp_path / "a" / f"{index}.png", np.full((4, 4), index, np.uint8))
-    corrupt = tmp_path / "a" / "broken.png"
+        save_image(root / "a" / f"{index}.png", np.full((4, 4), index, np.uint8))
+    corrupt = root / "a" / "broken.png"
     corrupt.write_bytes(b"\x89PNG\r\n\x1a\n not really")
     with pytest.raises(DataError, match=f"{corrupt}: cannot decode the image.*data.corrupt: skip"):
-        load_source(folder_config(tmp_path, test_fraction=0.34), "train")
-    skipped = [load_source(folder_config(tmp_path, test_fraction=0.34, corrupt="skip"), split) for split in ("train", "test")]
+        load_source(folder_config(root, test_fraction=0.34), "train")
+    skipped = [load_source(folder_config(root, test_fraction=0.34, corrupt="skip"), split) for split in ("train", "test")]
     assert sum(len(split.labels) for split in skipped) == 3
 
 
 def test_one_folder_is_split_by_a_seeded_fraction(tmp_path):
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
     for index in range(10):
-        save_image(tmp_path / ("x" if index % 2 else "y") / f"{index}.png", np.full((3, 3), index, np.uint8))
-    train = load_source(folder_config(tmp_path, test_fraction=0.3, split_seed=5), "train")
-    test = load_source(folder_config(tmp_path, test_fraction=0.3, split_seed=5), "test")
+        save_image(root / ("x" if index % 2 else "y") / f"{index}.png", np.full((3, 3), index, np.uint8))
+    train = load_source(folder_config(root, test_fraction=0.3, split_seed=5), "train")
+    test = load_source(folder_config(root, test_fraction=0.3, split_seed=5), "test")
     assert (len(train.labels), len(test.labels)) == (7, 3)
     values = sorted(int(image[0, 0, 0]) for image in np.concatenate([train.pixels, test.pixels]))
     assert values == list(range(10))
-    other = load_source(folder_config(tmp_path, test_fraction=0.3, split_seed=6), "test")
+    other = load_source(folder_config(root, test_fraction=0.3, split_seed=6), "test")
     assert not np.array_equal(other.pixels, test.pixels)
 
 
@@ -240,3 +242,37 @@ def test_gzip_idx_family_file_written_here_is_not_mistaken_for_the_published_one
     (tmp_path / "t10k-labels-idx1-ubyte.gz").write_bytes(gzip.compress(idx_tools.idx_bytes(labels)))
     with pytest.raises(DataError, match="KMNIST expects 5c965bf0a639b31b8f53240b1b52f4d7"):
         load_source(DataConfig(dataset="kmnist", dir=str(tmp_path)), "test", download=False)
+
+
+def test_16_bit_and_float_images_are_scaled_to_8_bits_as_predict_reads_them(tmp_path):
+    gradient = np.arange(64, dtype=np.float32).reshape(8, 8) * 4  # 0 .. 252
+    for split in ("train", "test"):
+        for name, samples in (("deep", (gradient * 257).astype(np.uint16)), ("float", gradient / 255)):
+            path = tmp_path / split / name / ("0.png" if name == "deep" else "0.tif")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(samples).save(path)
+    loaded = load_source(folder_config(tmp_path), "train")
+    assert loaded.classes == ("deep", "float") and loaded.pixels.shape == (2, 1, 8, 8)
+    assert np.abs(loaded.pixels.astype(int) - gradient.astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("layout", ["one folder", "train and test folders"])
+def test_a_class_folder_without_images_is_named(tmp_path, layout):
+    root = tmp_path / "photos" if layout == "one folder" else tmp_path / "photos" / "train"
+    for index in range(3):
+        save_image(root / "a" / f"{index}.png", np.full((4, 4), index, np.uint8))
+    (root / "b").mkdir()
+    (root / "b" / "notes.txt").write_text("no image here\n")
+    if layout != "one folder":
+        save_image(tmp_path / "photos" / "test" / "a" / "0.png", np.zeros((4, 4), np.uint8))
+    with pytest.raises(DataError, match=rf"^{root / 'b'}: a class folder without readable image files; add images "
+                                        rf"to it or remove it$"):
+        load_source(folder_config(tmp_path / "photos", test_fraction=0.34), "train")
+
+
+def test_a_class_folder_name_that_is_not_printable_text_is_named(tmp_path):
+    for name in ("cats", "dogs\nold"):
+        save_image(tmp_path / "photos" / name / "0.png", np.zeros((4, 4), np.uint8))
+    with pytest.raises(DataError, match=r"photos/'dogs\\nold': a class folder's name must be printable text \(no line "
+                                        r"breaks or control characters\); rename it"):
+        load_source(folder_config(tmp_path / "photos"), "train")
