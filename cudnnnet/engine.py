@@ -26,8 +26,9 @@ softmax + loss + gradient in one, timed cuBLASLt GEMM plans, our explicit-GEMM c
 stride-1 backward data as a forward convolution of the flipped filter timed against cuDNN's
 algorithms (deterministic ones only, so a seed gives the same weights), activation backward
 (writing dx's bfloat16 copy too under math bf16, and after a Dense that layer's bias gradient),
-max-pooling and bias-gradient kernels, one-launch SGD, batch normalisation in training by our
-kernels with a following ReLU applied in them.
+max-pooling and bias-gradient kernels, one-launch SGD (and in ``Network.train_step`` plain SGD on a
+Dense weight applied by its weight-gradient GEMM), batch normalisation in training by our kernels
+with a following ReLU applied in them.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class Engine:
     max_pooling_kernel: bool  # non-overlapping max-pooling backward by kernels/pooling.cu; else cudnnPoolingBackward
     channel_sum: bool  # convolution bias gradient by kernels/channel_sum.cu; else cudnnConvolutionBackwardBias
     sgd_kernel: bool  # SGD by kernels/sgd*.cu (one launch for all parameters); else cuBLAS level-1 calls
+    sgd_in_weight_gradient: bool  # Network.train_step: a Dense layer's weight-gradient GEMM writes W − lr·x·dyᵀ
+    #                               into W (alpha −lr, beta 1); else backward, then update's SGD on every parameter
     batch_norm_kernel: bool  # BatchNorm in training by kernels/batch_norm.cu, a following ReLU applied in it;
     #                          else cudnnBatchNormalization{ForwardTraining,Backward}
     kernels: frozenset | None  # our kernels this engine may launch (None: any)
@@ -107,11 +110,11 @@ class Engine:
 SLIDES = Engine("slides", fuse_bias_activation=False, fuse_loss=False, gemm_plans=False, convolution_search="find",
                 gemm_convolution=False, deterministic_convolution=False, activation_kernel=False,
                 activation_sums_bias=False, max_pooling_kernel=False, channel_sum=False, sgd_kernel=False,
-                batch_norm_kernel=False, kernels=SLIDES_KERNELS)
+                sgd_in_weight_gradient=False, batch_norm_kernel=False, kernels=SLIDES_KERNELS)
 FAST = Engine("fast", fuse_bias_activation=True, fuse_loss=True, gemm_plans=True, convolution_search="exhaustive",
               gemm_convolution=True, deterministic_convolution=True, activation_kernel=True,
               activation_sums_bias=True, max_pooling_kernel=True, channel_sum=True, sgd_kernel=True,
-              batch_norm_kernel=True, kernels=None)
+              sgd_in_weight_gradient=True, batch_norm_kernel=True, kernels=None)
 ENGINES = {engine.name: engine for engine in (SLIDES, FAST)}
 DEFAULT_ENGINE = SLIDES.name
 

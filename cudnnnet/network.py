@@ -196,6 +196,31 @@ class Network:
         for parameter in self.parameter_list():
             self.backend.sgd_update(parameter.value, parameter.grad, None, learning_rate, 0.0, 0.0)
 
+    def train_step(self, x, target, learning_rate: float) -> None:
+        """One step of the original's training: ``forward(x)``, ``backward(target)``, ``update(learning_rate)``.
+
+        Where the engine applies SGD in the weight gradient (``sgd_in_weight_gradient``: the fast
+        engine), each Dense layer's backward makes its weight-gradient GEMM the update,
+        W = W − lr·x·dyᵀ (alpha −lr, beta 1, C = W), after its dx GEMM has read the W of the forward;
+        that layer's ``grad_weight`` is then neither written nor read (it keeps its earlier values),
+        and ``update``'s SGD runs on every other parameter. The same step, one pass over the weight
+        fewer, without dW written and read back."""
+        rate = _learning_rate(learning_rate)
+        self.forward(x)
+        fused = [layer for layer in self.layers if isinstance(layer, Dense)] \
+            if self.backend.engine.sgd_in_weight_gradient else []
+        for layer in fused:
+            layer.sgd_rate = rate
+        try:
+            self.backward(target)
+        finally:
+            for layer in fused:
+                layer.sgd_rate = None
+        updated = {id(layer.weight) for layer in fused}
+        for parameter in self.parameter_list():
+            if id(parameter.value) not in updated:
+                self.backend.sgd_update(parameter.value, parameter.grad, None, rate, 0.0, 0.0)
+
     def check_batch(self, batch_size: int) -> None:
         """Refuse (ModelSizeError) a batch whose tensors this built network could not make, before
         any is allocated (see ``check_model_size``)."""
@@ -403,6 +428,17 @@ class ModelSizeError(TensorSizeError):
     def __init__(self, message: str, index: int | None):
         super().__init__(message)
         self.index = index
+
+
+def _learning_rate(value) -> float:
+    """``value`` as a finite float learning rate; InvalidArgumentError naming it otherwise."""
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        rate = None
+    if rate is None or not np.isfinite(rate):
+        raise InvalidArgumentError(f"train_step: invalid learning rate {value!r}; it must be a finite number")
+    return rate
 
 
 def check_model_size(layers, input_shape, batch_size: int = 1) -> None:

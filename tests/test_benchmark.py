@@ -5,6 +5,7 @@ import py_compile
 import re
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -498,3 +499,14 @@ def test_script_prints_the_table_last(tmp_path):
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.strip().splitlines()[-1].startswith("micro bf16 step (16), eager")  # the last of MATHS
     assert json.loads((tmp_path / "out.json").read_text())["results"]["slides"]["micro"]["size"] == 16
+
+
+def test_timed_calls_warm_up_for_the_seconds_asked_before_timing():
+    from cudnnnet.benchmark.measuring import timed_calls
+
+    calls = []
+    seconds = timed_calls(lambda: (calls.append(1), time.sleep(0.01)), 3, lambda: None, 1, warmup_seconds=0.1)
+    assert len(seconds) == 3 and len(calls) >= 3 + 1 + 9
+    calls.clear()
+    timed_calls(lambda: calls.append(1), 3, lambda: None, 2)
+    assert len(calls) == 5

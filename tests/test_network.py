@@ -8,7 +8,7 @@ from cudnnnet.data.mnist import MNIST_MEAN, MNIST_STD
 from cudnnnet.errors import CheckpointError, InvalidArgumentError, ShapeError
 from cudnnnet.inference import training_normalize
 from cudnnnet.network import ModelSizeError, check_model_size
-from cudnnnet.layers import Activation, Conv2D, Dense, Pooling, Softmax
+from cudnnnet.layers import MSE, Activation, Conv2D, Dense, Pooling, Softmax
 
 
 def small_cnn(backend, seed=0):
@@ -255,3 +255,75 @@ def _checkpoint_with_metadata(tmp_path, edit):
     path = tmp_path / "model.npz"
     save_npz(path, network.state_dict(), metadata)
     return path
+
+
+def small_mlp(backend, loss_layer, seed=0):
+    network = Network(backend=backend, seed=seed, layers=[
+        Dense("fc1", 24), Activation("tanh1", "tanh"), Dense("fc2", 16), Activation("sigmoid2", "sigmoid"),
+        Dense("fc3", 10), loss_layer])
+    return network.build((1, 10, 10))
+
+
+TRAIN_STEP_NETWORKS = {"cnn": small_cnn, "mlp softmax": lambda b: small_mlp(b, Softmax("softmax")),
+                       "mlp mse": lambda b: small_mlp(b, MSE("quadratic"))}
+
+
+@pytest.mark.parametrize("math", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", TRAIN_STEP_NETWORKS)
+def test_train_step_is_forward_backward_update(backend, engine, math, name):
+    """Three steps of train_step give the weights of forward, backward, update: in the fast engine
+    the Dense weights are updated by their weight-gradient GEMMs (W = W − lr·x·dyᵀ), after dx has
+    read the weights of the forward; within float32 rounding of the other order of operations."""
+    make = TRAIN_STEP_NETWORKS[name]
+    stepped, reference = make(backend), make(backend)
+    previous = backend.math
+    backend.set_math(math)
+    try:
+        for seed in range(3):
+            x, target = batch(seed=seed)
+            stepped.train_step(Tensor.from_numpy(x, backend), Tensor.from_numpy(target, backend), 0.5)
+            reference.forward(Tensor.from_numpy(x, backend))
+            reference.backward(Tensor.from_numpy(target, backend))
+            reference.update(0.5)
+    finally:
+        backend.set_math(previous)
+    expected = reference.state_dict()
+    for parameter, value in stepped.state_dict().items():
+        np.testing.assert_allclose(value, expected[parameter], rtol=1e-5, atol=2e-6, err_msg=parameter)
+
+
+def test_the_fast_engine_applies_sgd_to_dense_weights_in_their_weight_gradient_gemm(host, monkeypatch):
+    """fast: one GEMM (alpha −lr, beta 1) into each Dense weight, no sgd_update of it and its
+    grad_weight untouched; slides: every parameter through sgd_update, every grad_weight written."""
+    network = small_cnn(host)
+    dense_weights = {f"{layer.name}.weight" for layer in network.layers if isinstance(layer, Dense)}
+    x, target = batch()
+    for engine_name, updated_in_gemm in (("fast", dense_weights), ("slides", set())):
+        for layer in network.layers:
+            if isinstance(layer, Dense):
+                layer.grad_weight.fill_(7.0)
+        weights = {id(value): name for name, value in network.parameters().items()}
+        into_weights, updated = [], []
+        monkeypatch.setattr(host, "sgemm", lambda *args, _sgemm=type(host).sgemm: (
+            into_weights.append((weights.get(id(args[11])), args[5], args[10])) if id(args[11]) in weights else None,
+            _sgemm(host, *args))[1])
+        monkeypatch.setattr(host, "sgd_update", lambda param, *args, _update=type(host).sgd_update: (
+            updated.append(weights[id(param)]), _update(host, param, *args))[1])
+        with host.using_engine(engine_name):
+            network.train_step(Tensor.from_numpy(x, host), Tensor.from_numpy(target, host), 0.25)
+        monkeypatch.undo()
+        assert sorted(into_weights) == sorted((name, -0.25, 1.0) for name in updated_in_gemm), engine_name
+        assert set(updated) == set(network.parameters()) - updated_in_gemm, engine_name
+        untouched = {layer.name for layer in network.layers
+                     if isinstance(layer, Dense) and np.all(layer.grad_weight.numpy() == 7.0)}
+        assert untouched == {name.split(".")[0] for name in updated_in_gemm}, engine_name
+
+
+@pytest.mark.parametrize("rate", [float("nan"), float("inf"), "fast", None])
+def test_train_step_refuses_a_learning_rate_that_is_not_a_finite_number(host, rate):
+    network = small_cnn(host)
+    x, target = batch()
+    before = network.state_dict()
+    with pytest.raises(InvalidArgumentError, match="invalid learning rate.*finite number"):
+        network.train_step(x, target, rate)
+    assert all(np.array_equal(value, before[name]) for name, value in network.state_dict().items())

@@ -12,11 +12,16 @@ def median_ms(seconds: list[float]) -> float:
     return 1000.0 * statistics.median(seconds)
 
 
-def timed_calls(call, repeat: int, synchronize, warmup: int) -> list[float]:
-    """Seconds of each of ``repeat`` calls after ``warmup`` untimed ones, each synchronised."""
+def timed_calls(call, repeat: int, synchronize, warmup: int, warmup_seconds: float = 0.0) -> list[float]:
+    """Seconds of each of ``repeat`` calls after ``warmup`` untimed ones, and more until ``warmup_seconds``
+    have passed (a GPU's clock settles under a steady load), each synchronised."""
+    started = time.perf_counter()
     for _ in range(warmup):
         call()
     synchronize()
+    while time.perf_counter() - started < warmup_seconds:
+        call()
+        synchronize()
     seconds = []
     for _ in range(repeat):
         started = time.perf_counter()

@@ -19,6 +19,9 @@ MICRO_SIZE = 10_000  # the series' 10 000 × 10 000 input
 HOST_MICRO_SIZE = 1_000
 MICRO_LEARNING_RATE = 0.05
 MICRO_WARMUP = 2
+# On a GPU every micro row (ours and PyTorch's, eager and graph) is timed after this long of untimed steps:
+# its clock is then in the steady state of that row's load, whatever ran before it.
+MICRO_WARMUP_SECONDS = 1.0
 MICRO_SEED = 0
 MATHS = ("fp32", "tf32", "bf16")
 MIB = 1 << 20

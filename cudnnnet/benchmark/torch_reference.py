@@ -17,7 +17,8 @@ from .. import training
 from ..config import Config
 from ..layers import LAYER_TYPES
 from .measuring import epoch_summary, step_summary, timed_calls
-from .settings import GRAPH_ONLY, MATHS, MICRO_LEARNING_RATE, MICRO_WARMUP, TORCH_SPEED_UPS, TRAINING_CONFIGS, BenchmarkError
+from .settings import (GRAPH_ONLY, MATHS, MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS, TORCH_SPEED_UPS,
+                       TRAINING_CONFIGS, BenchmarkError)
 from .workloads import augmentation, data_dir, micro_data, micro_layer_sizes, workload_config
 
 log = logging.getLogger(__name__)
@@ -272,7 +273,8 @@ def torch_micro(torch, size: int, repeat: int, maths, device: str) -> dict:
         calls = {"eager": math_step}
         if device == "cuda":
             calls["graph"] = torch_capture(torch, math_step).replay
-        results[math] = {mode: step_summary(timed_calls(call, repeat, synchronize, MICRO_WARMUP))
+        warmup_seconds = MICRO_WARMUP_SECONDS if device == "cuda" else 0.0
+        results[math] = {mode: step_summary(timed_calls(call, repeat, synchronize, MICRO_WARMUP, warmup_seconds))
                          for mode, call in calls.items()}
     set_torch_math(torch, "fp32")
     return results

@@ -24,7 +24,7 @@ from ..tensor import Tensor
 from ..training import Trainer
 from .measuring import DeviceMemory, epoch_summary, step_summary, timed_calls
 from .settings import (BATCH_SIZE, CONFIG_BATCH, GENERATED_DATA, GENERATED_SEED, GRAPH_ONLY, MATHS, MICRO_LEARNING_RATE,
-                       MICRO_SEED, MICRO_SIZE, MICRO_WARMUP, TRAINING_CONFIGS)
+                       MICRO_SEED, MICRO_SIZE, MICRO_WARMUP, MICRO_WARMUP_SECONDS, TRAINING_CONFIGS)
 
 log = logging.getLogger(__name__)
 
@@ -192,15 +192,14 @@ def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides") -> 
     target = Tensor.from_numpy(targets, backend)  # (N, 10)
 
     def step():
-        network.forward(x)
-        network.backward(target)
-        network.update(MICRO_LEARNING_RATE)
+        network.train_step(x, target, MICRO_LEARNING_RATE)
 
     section = {"size": size, "layers": list(micro_layer_sizes(size)), "repeat": repeat,
                **{math: None for math in MATHS}}
     for math in micro_maths(backend):
         with math_mode(backend, math):
-            found = {"eager": step_summary(timed_calls(step, repeat, backend.synchronize, MICRO_WARMUP)),
+            found = {"eager": step_summary(timed_calls(step, repeat, backend.synchronize, MICRO_WARMUP,
+                                                       _warmup_seconds(backend))),
                      "graph": captured_steps(backend, step, repeat) if backend.supports_graphs else None}
         section[math] = found
         log.info("micro %s %s: %.2f ms a step eager%s (%d × %d)", engine, math, found["eager"]["step_ms"],
@@ -214,7 +213,12 @@ def captured_steps(backend, step, repeat: int) -> dict:
     cannot do."""
     with backend.capture() as graph:
         step()
-    return step_summary(timed_calls(graph.launch, repeat, backend.synchronize, MICRO_WARMUP))
+    return step_summary(timed_calls(graph.launch, repeat, backend.synchronize, MICRO_WARMUP, _warmup_seconds(backend)))
+
+
+def _warmup_seconds(backend) -> float:
+    """MICRO_WARMUP_SECONDS on a GPU (a backend with graphs); none on the host, whose clock does not drift so."""
+    return MICRO_WARMUP_SECONDS if backend.supports_graphs else 0.0
 
 
 @contextlib.contextmanager

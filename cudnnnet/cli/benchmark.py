@@ -38,8 +38,10 @@ micro
     The "Deep Learning from Scratch to GPU" part 10 micro-benchmark: 10 000 samples of 10 000
     features, Dense 5 000 tanh → Dense 1 000 sigmoid → Dense 10 sigmoid, quadratic cost (an MSE
     layer), random data drawn on the host with a fixed seed and uploaded once. One step is
-    forward, backward and ``network.update(0.05)``, synchronised; reported: the median of
-    ``--repeat`` steps after two warm-up steps, in ms, in FP32, TF32 (CUDA only) and bf16
+    ``network.train_step(x, target, 0.05)`` (forward, backward and plain SGD; the fast engine applies
+    SGD to the Dense weights in their weight-gradient GEMMs), synchronised; reported: the median of
+    ``--repeat`` steps after two warm-up steps (on CUDA, warm-up steps for a second at least: the
+    GPU's clock settles to the row's load), in ms, in FP32, TF32 (CUDA only) and bf16
     (``backend.set_math``; PyTorch's column runs bf16 under autocast), eager and (CUDA only) captured
     once as a CUDA graph and replayed, as PyTorch's graph row is; the fast engine's target is judged on
     the graph row, and in bf16 it is also PyTorch's graph step. ``--micro-size N`` shrinks it to N

@@ -13,6 +13,9 @@ matrices with one sample per column: x (in_size × N), y (out_size × N).
                                                                 kernel; else cublasSgemv
               dW = x·dyᵀ       cublasSgemm                      timed GEMM plan
               dx = W·dy        cublasSgemm                      timed GEMM plan
+    in Network.train_step (plain SGD at rate lr), the fast engine's weight gradient is the update:
+              W  = W − lr·x·dyᵀ                                 the dW GEMM with alpha = −lr, beta = 1 and
+                                                                C = W, after dx has read the W of the forward
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Dense(WeightBiasLayer):
         self.in_size = None
         self.ones = None  # (N,) of 1.0: broadcasts the bias, sums its gradient over the batch
         self.next_activation = None  # the Activation after it (set by Network): its backward may sum db
+        self.sgd_rate = None  # lr while Network.train_step has the weight-gradient GEMM apply SGD to W
 
     def config(self):
         return {"out_size": self.out_size}
@@ -72,11 +76,16 @@ class Dense(WeightBiasLayer):
         if self.next_activation is None or not self.next_activation.sums_bias_gradient:
             # db = dy·1       (out_size) = (out_size × N) · (N)
             b.sgemv(OP_N, self.out_size, n, 1.0, dy, self.out_size, self.ones, 1, 0.0, self.grad_bias, 1)
-        # dW = x·dyᵀ          (in_size × out_size) = (in_size × N) · (N × out_size)
-        b.sgemm(OP_N, OP_T, self.in_size, self.out_size, n,
-                1.0, self.input, self.in_size, dy, self.out_size, 0.0, self.grad_weight, self.in_size)
+        if self.sgd_rate is None:
+            # dW = x·dyᵀ      (in_size × out_size) = (in_size × N) · (N × out_size)
+            b.sgemm(OP_N, OP_T, self.in_size, self.out_size, n,
+                    1.0, self.input, self.in_size, dy, self.out_size, 0.0, self.grad_weight, self.in_size)
         if not self.gradient_stop:
             # dx = W·dy       (in_size × N) = (in_size × out_size) · (out_size × N)
             b.sgemm(OP_N, OP_N, self.in_size, n, self.out_size,
                     1.0, self.weight, self.in_size, dy, self.out_size, 0.0, self.grad_input, self.in_size)
+        if self.sgd_rate is not None:
+            # W = W − lr·x·dyᵀ (in_size × out_size) = (in_size × out_size) − lr·(in_size × N) · (N × out_size)
+            b.sgemm(OP_N, OP_T, self.in_size, self.out_size, n,
+                    -self.sgd_rate, self.input, self.in_size, dy, self.out_size, 1.0, self.weight, self.in_size)
         return self.grad_input
