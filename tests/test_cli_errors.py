@@ -166,7 +166,10 @@ def config_file(tmp_path: Path, text: str) -> Path:
 
 
 def train_args(config, data_dir, output, *extra):
-    return ("--config", config, "--device", "host", "--data-dir", data_dir, "--output", output, "--steps", "2", *extra)
+    """A short training of ``config`` into ``output``, replacing what an earlier run published there
+    (``untouched``): the failure under test comes first, and must leave that run as it was."""
+    return ("--config", config, "--device", "host", "--data-dir", data_dir, "--output", output, "--steps", "2",
+            "--overwrite", *extra)
 
 
 def cases(table: dict, *names: str) -> list:
