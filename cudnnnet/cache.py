@@ -14,6 +14,11 @@ written is left alone. Both are logged at debug level through the caller's logge
 A keyed entry (``keyed_path``, ``read_keyed``, ``write_keyed``: the plans) is one JSON file named by
 the SHA-256 of its key, everything that decides the value; the file holds the key too, and an entry
 holding another key is ignored like a damaged one.
+
+A cached array (parsed or decoded data) is stored with the SHA-256 of its contents
+(``array_digest``), recorded when it is written and compared when it is read back
+(``digest_matches``): a flipped bit that leaves every value in range is caught, logged as a warning,
+and the entry is made again from its source.
 """
 
 from __future__ import annotations
@@ -116,3 +121,23 @@ def write_keyed(folder: Callable[[], Path], key: dict, content: dict, what: str,
     if path is not None:
         stored = canonical({"key": key, **content}).encode()
         store_entry({path: lambda file: file.write(stored)}, f"the {what}", log)
+
+
+def array_digest(array) -> str:
+    """SHA-256 of a NumPy array's dtype, shape and values (C order): what a cached array is checked
+    against when it is read back."""
+    import numpy as np
+
+    digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
+    digest.update(np.ascontiguousarray(array).data)
+    return digest.hexdigest()
+
+
+def digest_matches(array, recorded: str, path: Path, log: logging.Logger) -> bool:
+    """Whether ``array``, read back from the cache file ``path``, has the digest ``recorded`` when it
+    was written; a mismatch (the file damaged on disk) is logged as a warning."""
+    if array_digest(array) == recorded:
+        return True
+    log.warning("ignoring the cache file %s: its contents do not match the checksum recorded when it was "
+                "written (damaged on disk); reading the source again", path)
+    return False

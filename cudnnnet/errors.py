@@ -41,6 +41,11 @@ class OutputInUseError(UsageError):
     """Another training is writing into the output folder asked for."""
 
 
+class OutputExistsError(UsageError):
+    """The output folder asked for holds the published outputs of an earlier training, which this
+    run would replace without being told to (resume it or overwrite it)."""
+
+
 class WriteError(CudnnnetError):
     """A file could not be written (a full disk, a lost permission): a runtime failure, not bad input."""
 

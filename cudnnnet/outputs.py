@@ -16,6 +16,10 @@ the next training in the folder. Older sets are removed once a newer one is publ
 
 While a training runs it holds an exclusive ``flock`` on the folder itself, so a second training
 into the same folder is refused; the lock goes with the process, however it ends.
+
+A new training into a folder that already holds a published set is refused before it starts
+(``refuse_replacing``) unless it resumes that set or is told to overwrite it; an overwriting run
+leaves the old set published, and readable, until it publishes its own first set.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from .errors import CheckpointError, OutputInUseError, WriteError
+from .errors import CheckpointError, OutputExistsError, OutputInUseError, WriteError
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +65,27 @@ class OutputFolder:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise OutputInUseError(f"--output {self.path}: another training is writing into this folder; "
-                                   f"wait for it to finish or choose another --output") from None
+            raise self._in_use_error() from None
         self._lock_fd = fd
         self.remove_leftovers()
+
+    def check_not_in_use(self) -> None:
+        """OutputInUseError where another training holds the folder's lock (the lock is taken and
+        released at once: a question, not a claim)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise self._in_use_error() from None
+        finally:
+            os.close(fd)
+
+    def _in_use_error(self) -> OutputInUseError:
+        return OutputInUseError(f"--output {self.path}: another training is writing into this folder; "
+                                f"wait for it to finish or choose another --output")
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
@@ -143,6 +164,40 @@ class OutputFolder:
             elif entry.name.startswith(LINK_TEMP_PREFIX) and entry.is_symlink():
                 with contextlib.suppress(FileNotFoundError):
                     entry.unlink()
+
+
+def published_outputs(path) -> list[str]:
+    """The outputs of a published set that the folder ``path`` holds (``current`` and the names of
+    NAMES that lead to a file); empty for a missing or empty folder, or one holding only what a
+    training killed mid-write left behind (hidden, and removed by the next training)."""
+    path = Path(path)
+    if not path.is_dir():
+        return []
+    held = [name for name in NAMES if (path / name).is_file()]
+    return held + [CURRENT] if OutputFolder(path).current_set() is not None else held
+
+
+def refuse_replacing(path, resume=None, overwrite: bool = False) -> None:
+    """OutputExistsError where the folder ``path`` holds the published outputs of a training that a
+    new run would replace: unless ``overwrite``, or ``resume`` is that training's checkpoint (the
+    folder itself, its model.npz, or the file that model.npz leads to). A folder another training
+    is writing into is named as such (OutputInUseError), as taking its lock would."""
+    held = published_outputs(path)
+    if overwrite or not held or (resume is not None and _is_published_checkpoint(path, resume)):
+        return
+    OutputFolder(path).check_not_in_use()
+    listed = [name for name in held if name != CURRENT] or held
+    raise OutputExistsError(f"--output {path} already holds the outputs of a training ({', '.join(listed)}): pass "
+                            f"--resume {path} to continue it, --overwrite to replace it, or another --output")
+
+
+def _is_published_checkpoint(folder, resume) -> bool:
+    """Whether ``resume`` (a folder or a checkpoint file) names the checkpoint ``folder`` published."""
+    resume, folder = Path(resume), Path(folder)
+    try:
+        return resume.samefile(folder if resume.is_dir() else folder / "model.npz")
+    except OSError:
+        return False
 
 
 def checkpoint_to_resume(path, option: str = "--resume") -> Path:

@@ -4,7 +4,10 @@
 writes into ``output_dir``: ``model.npz`` (weights, optimiser state and position, so a run can be
 resumed), ``metrics.json``, ``history.csv`` and ``curves.png`` (drawn with Pillow), as one set
 published at once (``outputs.OutputFolder``): after every ``checkpoint_every`` epochs, at the end,
-and when a signal stops the run. Nothing outside ``output_dir`` is written.
+and when a signal stops the run. Nothing outside ``output_dir`` is written. A folder that already
+holds a published training is refused (``outputs.refuse_replacing``, checked by the Trainer itself so
+that the command line and library users alike are protected) unless the run resumes it or is given
+``overwrite=True``.
 
 The data sets held on the device are ``data/resident.py``'s, the evaluation ``evaluation.py``'s;
 their names are re-exported here.
@@ -44,7 +47,7 @@ from .files import atomic_write
 from .loss_scaling import LossScaler
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import make_optimizer
-from .outputs import OutputFolder, checkpoint_to_resume
+from .outputs import OutputFolder, checkpoint_to_resume, refuse_replacing
 from .tensor import Tensor
 
 log = logging.getLogger(__name__)
@@ -191,10 +194,15 @@ class Position:
 
 class Trainer:
     def __init__(self, config: Config, output_dir, resume=None, progress: bool = True, image_limit: int | None = None,
-                 group=None):
-        """``image_limit``: train and test on the first ``image_limit`` images of each split only
+                 group=None, overwrite: bool = False):
+        """``resume``: an output folder or checkpoint to continue from. ``overwrite``: replace the outputs
+        ``output_dir`` already holds; without it (and without ``resume`` naming them) a folder holding
+        a published training is refused (OutputExistsError) before anything is read, on the rank that
+        writes. ``image_limit``: train and test on the first ``image_limit`` images of each split only
         (the benchmark's smoke tests); None takes every image. ``group``: this rank's
         ``distributed.Group`` where several processes train together (data-parallel over NCCL)."""
+        if group is None or group.launch.rank == 0:  # the rank that writes (see ``writes``)
+            refuse_replacing(output_dir, resume, overwrite)
         self.config = config
         self.output_dir = Path(output_dir)
         self.outputs = OutputFolder(self.output_dir)

@@ -166,7 +166,10 @@ def config_file(tmp_path: Path, text: str) -> Path:
 
 
 def train_args(config, data_dir, output, *extra):
-    return ("--config", config, "--device", "host", "--data-dir", data_dir, "--output", output, "--steps", "2", *extra)
+    """A short training of ``config`` into ``output``, replacing what an earlier run published there
+    (``untouched``): the failure under test comes first, and must leave that run as it was."""
+    return ("--config", config, "--device", "host", "--data-dir", data_dir, "--output", output, "--steps", "2",
+            "--overwrite", *extra)
 
 
 def cases(table: dict, *names: str) -> list:
@@ -458,6 +461,21 @@ def test_evaluate_reads_the_data_dir_the_checkpoint_was_trained_with(tool, tmp_p
     finished = tool("evaluate", "--weights", tmp_path / "trained_here.npz", "--device", "host", "--json")
     assert finished.returncode == 0, finished.stderr
     assert len(json.loads(finished.stdout)["confusion_matrix"]) == 10
+
+
+def test_evaluate_says_to_pass_data_dir_when_the_checkpoint_s_data_dir_is_gone(tool, tmp_path, mnist_dir):
+    gone = tmp_path / "moved_away"
+    gone.mkdir()
+    save_untrained(load_config(MLP_CONFIG).with_overrides(data_dir=gone), tmp_path / "trained_there.npz")
+    gone.rmdir()
+    finished = tool("evaluate", "--weights", tmp_path / "trained_there.npz", "--device", "host")
+    line = assert_one_line_error(finished, "evaluate", 2, r"trained_there\.npz: the data directory it was trained "
+                                 r"with, .*moved_away \(its data\.dir\), does not exist or is not a directory; pass "
+                                 r"--data-dir DIR, the folder holding its mnist test data$")
+    assert f" {gone} " in line
+    finished = tool("evaluate", "--weights", tmp_path / "trained_there.npz", "--device", "host", "--data-dir",
+                    mnist_dir, "--json")
+    assert finished.returncode == 0, finished.stderr
 
 
 # ---- checkpoints ------------------------------------------------------------------------------

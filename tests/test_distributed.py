@@ -13,7 +13,8 @@ from cudnnnet import distributed
 from cudnnnet.cli.gpus import spawn_ranks, without_gpus_option
 from cudnnnet.config import parse_config
 from cudnnnet.data.loader import BatchLoader
-from cudnnnet.errors import ConfigError, DistributedError, UsageError
+from cudnnnet.errors import ConfigError, DistributedError, OutputExistsError, UsageError
+from cudnnnet.outputs import OutputFolder
 
 UNIQUE_ID = bytes(range(128))
 
@@ -243,6 +244,49 @@ def test_gpus_beyond_the_host_s_are_refused_before_any_rank_starts(monkeypatch, 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     assert main(["--config", "mnist_mlp", "--gpus", "2"]) == 2
     assert problem in capsys.readouterr().err
+
+
+def _published(output):
+    """``output`` holding a published set, as an earlier training leaves it."""
+    with OutputFolder(output) as folder, folder.new_set() as staging:
+        (staging / "model.npz").write_text("an earlier run's")
+    return output
+
+
+def test_gpus_into_a_published_folder_is_refused_before_any_rank_starts(monkeypatch, capsys, tmp_path):
+    from cudnnnet.cli import train
+
+    output = _published(tmp_path / "run")
+    started = []
+    monkeypatch.setattr(train, "spawn_ranks", lambda count, argv: started.append(argv) or 0)
+    arguments = ["--config", "mnist_mlp", "--gpus", "2", "--output", str(output)]
+    assert train.main(arguments) == 2
+    assert f"--output {output} already holds the outputs of a training (model.npz)" in capsys.readouterr().err
+    assert started == []
+    assert train.main([*arguments, "--overwrite"]) == 0
+    assert train.main([*arguments, "--resume", str(output)]) == 0
+    assert len(started) == 2
+
+
+def test_only_the_rank_that_writes_refuses_a_published_folder(mnist_dir, tmp_path):
+    """Rank 0 writes the outputs, so it alone checks the folder: the other ranks go on (here, on the
+    host, to the refusal of several processes without CUDA) and never refuse what rank 0 publishes."""
+    from cudnnnet.config import load_config
+    from cudnnnet.training import Trainer
+    from run_helpers import REPO_ROOT
+
+    output = _published(tmp_path / "run")
+    config = load_config(REPO_ROOT / "configs" / "mnist_mlp.yaml").with_overrides(
+        steps=1, device="host", data_dir=mnist_dir)
+
+    def rank(number):
+        return distributed.Group(distributed.Launch(number, 2, 0, "127.0.0.1", 1, "torchrun"), UNIQUE_ID, None)
+
+    with pytest.raises(OutputExistsError, match="already holds the outputs of a training"):
+        Trainer(config, output, progress=False, group=rank(0))
+    with pytest.raises(UsageError, match="needs the CUDA backend") as refused:
+        Trainer(config, output, progress=False, group=rank(1))
+    assert not isinstance(refused.value, OutputExistsError)
 
 
 def test_a_failing_rank_ends_the_others_after_the_grace_time_with_its_exit_code(monkeypatch):

@@ -241,6 +241,35 @@ def test_a_second_training_into_a_busy_folder_is_refused_in_one_line(mnist_dir, 
     assert_one_consistent_set(output)
 
 
+def test_kill_9_of_an_overwriting_run_before_its_first_set_leaves_the_earlier_set_published(mnist_dir, tmp_path):
+    output = tmp_path / "run"
+    earlier = subprocess.run([*TRAIN, "--data-dir", str(mnist_dir), "--output", str(output), "--steps", "3"],
+                             capture_output=True, text=True)
+    assert earlier.returncode == 0, earlier.stderr
+    before = {name: (output / name).read_bytes() for name in ("model.npz", "metrics.json", "history.csv")}
+    earlier_set = os.readlink(output / "current")
+    never = tmp_path / "never.yaml"  # one set at the end of 40 epochs: none before the kill
+    never.write_text((REPO_ROOT / "configs" / "mnist_mlp.yaml").read_text().replace(
+        "  log_every: 100\n", "  log_every: 100\n  checkpoint_every: never\n"))
+    command = [*TRAIN[:3], str(never), "--device", "host", "--log-level", "INFO", "--data-dir", str(mnist_dir),
+               "--output", str(output), "--epochs", "40", "--overwrite"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    try:
+        for line in process.stderr:
+            if "training " in line:
+                break
+        time.sleep(1.0)
+        assert process.poll() is None, "the overwriting run ended before it was killed: the test proves nothing"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        process.stderr.close()
+    assert os.readlink(output / "current") == earlier_set
+    assert {name: (output / name).read_bytes() for name in before} == before
+    assert assert_one_consistent_set(output) == 3
+
+
 def test_a_full_disk_is_exit_1_in_one_line_and_the_published_set_stays(mnist_dir, tmp_path, monkeypatch, capsys):
     """The second set's writes fail with ENOSPC: the first set is still what the folder shows."""
     from cudnnnet import training

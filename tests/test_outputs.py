@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from cudnnnet.errors import OutputInUseError, WriteError
-from cudnnnet.outputs import NAMES, OutputFolder, checkpoint_to_resume
+from cudnnnet.errors import OutputExistsError, OutputInUseError, WriteError
+from cudnnnet.outputs import NAMES, OutputFolder, checkpoint_to_resume, published_outputs, refuse_replacing
 
 
 def write_set(folder: OutputFolder, tag: str, names=NAMES):
@@ -82,3 +82,74 @@ def test_resume_takes_a_folder_or_a_file(tmp_path):
         write_set(folder, "first")
     assert checkpoint_to_resume(tmp_path / "run") == tmp_path / "run" / "model.npz"
     assert checkpoint_to_resume(tmp_path / "other.npz") == tmp_path / "other.npz"
+
+
+# ---- a new training into a folder that holds a published one ----------------------------------
+
+
+def published(path):
+    with OutputFolder(path) as folder:
+        write_set(folder, "earlier")
+    return path
+
+
+def test_a_folder_without_a_published_set_is_not_refused(tmp_path):
+    refuse_replacing(tmp_path / "missing")
+    refuse_replacing(tmp_path)  # empty
+    (tmp_path / ".set-killed-0001").mkdir()  # what a training killed before its first set leaves
+    (tmp_path / ".set-killed-0001" / "model.npz").write_text("half")
+    os.symlink(".set-killed-0001", tmp_path / ".link-current-99")
+    assert published_outputs(tmp_path) == []
+    refuse_replacing(tmp_path)
+
+
+def test_a_published_set_is_refused_naming_its_files_and_what_would_be_valid(tmp_path):
+    output = published(tmp_path / "run")
+    with pytest.raises(OutputExistsError) as refused:
+        refuse_replacing(output)
+    assert str(refused.value) == (
+        f"--output {output} already holds the outputs of a training (model.npz, metrics.json, history.csv, "
+        f"curves.png): pass --resume {output} to continue it, --overwrite to replace it, or another --output")
+    assert shown(output) == dict.fromkeys(NAMES, "earlier")
+
+
+@pytest.mark.parametrize("held", [["model.npz"], ["metrics.json", "history.csv"]])
+def test_files_of_an_older_layout_are_refused_too(tmp_path, held):
+    for name in held:
+        (tmp_path / name).write_text("old")
+    with pytest.raises(OutputExistsError, match=rf"already holds the outputs of a training \({', '.join(held)}\)"):
+        refuse_replacing(tmp_path)
+
+
+def test_a_published_set_whose_names_are_gone_is_refused_by_its_current_link(tmp_path):
+    output = published(tmp_path / "run")
+    for name in NAMES:
+        (output / name).unlink()
+    with pytest.raises(OutputExistsError, match=r"a training \(current\): pass --resume"):
+        refuse_replacing(output)
+
+
+def test_resuming_the_published_checkpoint_or_overwriting_is_allowed(tmp_path):
+    output = published(tmp_path / "run")
+    current = os.readlink(output / "current")
+    for resume in (output, output / "model.npz", output / "current" / "model.npz", output / current / "model.npz"):
+        refuse_replacing(output, resume=resume)
+    refuse_replacing(output, overwrite=True)
+    other = published(tmp_path / "other")
+    for resume in (other, other / "model.npz", tmp_path / "missing.npz"):
+        with pytest.raises(OutputExistsError):
+            refuse_replacing(output, resume=resume)
+
+
+def test_a_published_folder_another_training_writes_into_is_named_as_in_use(tmp_path):
+    output = published(tmp_path / "run")
+    writer = OutputFolder(output)
+    writer.lock()
+    try:
+        with pytest.raises(OutputInUseError, match="another training is writing into this folder"):
+            refuse_replacing(output)
+    finally:
+        writer.unlock()
+    OutputFolder(output).check_not_in_use()  # the question took no lock
+    with pytest.raises(OutputExistsError):
+        refuse_replacing(output)

@@ -1,15 +1,18 @@
 """What training leaves behind for later use: periodic model.npz checkpoints and the original's .bin files."""
 
 import json
+import os
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from cudnnnet import Network
 from cudnnnet.checkpoint import load_npz
 from cudnnnet.config import load_config, parse_config
+from cudnnnet.errors import OutputExistsError
 from cudnnnet.training import Trainer, build_network
-from run_helpers import REPO_ROOT, run_script, train_cli
+from run_helpers import REPO_ROOT, offline_tools, run_script, train_cli
 
 MLP_CONFIG = REPO_ROOT / "configs" / "mnist_mlp.yaml"
 
@@ -37,6 +40,76 @@ def test_checkpoint_every_epoch_writes_model_npz_after_the_first(mnist_dir, tmp_
     assert not np.array_equal(after_epoch_one["fc1.weight"], at_the_end["fc1.weight"])
     final = trainer.network.state_dict()
     assert all(np.array_equal(at_the_end[name], value) for name, value in final.items())
+
+
+def folder_contents(folder) -> dict:
+    """Every file's bytes and every link's target under ``folder`` (hidden sets included; links not followed)."""
+    contents = {}
+    for parent, folders, files in os.walk(folder):
+        for name in folders + files:
+            path = os.path.join(parent, name)
+            relative = os.path.relpath(path, folder)
+            if os.path.islink(path):
+                contents[relative] = ("link", os.readlink(path))
+            elif os.path.isfile(path):
+                with open(path, "rb") as file:
+                    contents[relative] = file.read()
+    return contents
+
+
+def short_run(mnist_dir, steps: int):
+    return load_config(MLP_CONFIG).with_overrides(steps=steps, device="host", data_dir=mnist_dir)
+
+
+@pytest.fixture
+def earlier_run(mnist_dir, tmp_path):
+    """An output folder holding the published set of a 2-step training."""
+    output = tmp_path / "run"
+    Trainer(short_run(mnist_dir, 2), output, progress=False).run()
+    return output
+
+
+def test_training_into_a_published_folder_is_refused_before_anything_is_read(earlier_run, tmp_path):
+    before = folder_contents(earlier_run)
+    with offline_tools(tmp_path) as call:  # no data there, and no download: reading it would fail otherwise
+        finished = call("train", "--config", MLP_CONFIG, "--device", "host", "--data-dir", tmp_path / "no_data",
+                        "--output", earlier_run, "--steps", "2")
+    assert finished.returncode == 2, finished.stderr
+    assert finished.stderr.splitlines() == [
+        f"cudnnnet-train: error: --output {earlier_run} already holds the outputs of a training (model.npz, "
+        f"metrics.json, history.csv, curves.png): pass --resume {earlier_run} to continue it, --overwrite to "
+        f"replace it, or another --output"]
+    assert folder_contents(earlier_run) == before and not (tmp_path / "no_data").exists()
+
+
+def test_the_trainer_refuses_a_published_folder_unless_it_resumes_it_or_overwrites_it(earlier_run, mnist_dir):
+    before = folder_contents(earlier_run)
+    with pytest.raises(OutputExistsError, match=rf"--output {earlier_run} already holds the outputs of a training"):
+        Trainer(short_run(mnist_dir, 4), earlier_run, progress=False)
+    assert folder_contents(earlier_run) == before
+    resumed = Trainer(short_run(mnist_dir, 4), earlier_run, resume=earlier_run / "model.npz", progress=False)
+    assert resumed.position.step == 2
+    Trainer(short_run(mnist_dir, 4), earlier_run, progress=False, overwrite=True)
+    assert folder_contents(earlier_run) == before  # made, not run: nothing written
+
+
+def test_an_overwriting_run_leaves_the_earlier_set_published_until_it_publishes_its_own(earlier_run, mnist_dir):
+    earlier = (earlier_run / "model.npz").read_bytes()
+    earlier_set = os.readlink(earlier_run / "current")
+    overwriting = Trainer(short_run(mnist_dir, 5), earlier_run, progress=False, overwrite=True)
+    train_batch = overwriting.train_batch
+    shown = []  # what the folder showed at each step of the new run, before its only publication
+
+    def train_and_look(index):
+        shown.append((os.readlink(earlier_run / "current"), (earlier_run / "model.npz").read_bytes()))
+        return train_batch(index)
+
+    overwriting.train_batch = train_and_look
+    overwriting.run()
+    assert shown == [(earlier_set, earlier)] * 5
+    assert load_npz(earlier_run / "model.npz")[1]["position"]["step"] == 5
+    assert [path.name for path in earlier_run.iterdir() if path.name.startswith(".")] == \
+        [os.readlink(earlier_run / "current")] != [earlier_set]
 
 
 def write_digit_image(path):

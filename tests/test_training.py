@@ -205,7 +205,7 @@ def test_a_diverging_loss_stops_with_the_step_and_keeps_the_last_checkpoint(mnis
     config["train"]["log_every"] = 5
     from cudnnnet.config import parse_config
 
-    diverging = Trainer(parse_config(config), tmp_path, progress=False)
+    diverging = Trainer(parse_config(config), tmp_path, progress=False, overwrite=True)
     with pytest.raises(TrainingError, match=r"loss became (nan|inf).* at step \d+"):
         diverging.run()
     assert (tmp_path / "model.npz").read_bytes() == saved

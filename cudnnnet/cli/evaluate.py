@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -65,9 +66,21 @@ def mnist_pad(network: Network, weights: str) -> int:
     return pad
 
 
+def check_recorded_data_dir(config, weights: str) -> None:
+    """The data.dir a checkpoint was trained with, read where --data-dir is not given, is still a folder;
+    DataError saying how to name another one otherwise."""
+    recorded = config.data.dir
+    if recorded is not None and not Path(recorded).is_dir():
+        raise DataError(f"{weights}: the data directory it was trained with, {recorded} (its data.dir), does not "
+                        f"exist or is not a directory; pass --data-dir DIR, the folder holding its "
+                        f"{config.data.dataset} test data")
+
+
 def test_images(network: Network, args) -> tuple[np.ndarray, np.ndarray]:
     """(float32 (N, C, H, W), int64 (N,)): the test split of the checkpoint's data, prepared as in training."""
     config = network.training_config
+    if config is not None and args.data_dir is None:
+        check_recorded_data_dir(config, args.weights)
     if config is None or config.data.dataset == "mnist":
         pad = mnist_pad(network, args.weights)
         data_dir = args.data_dir if args.data_dir is not None or config is None else config.data.dir

@@ -21,7 +21,7 @@ from ..data.mnist import SPLIT_COUNTS
 from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError, UsageError
 from ..layers import LAYER_TYPES
 from ..network import ModelSizeError, check_model_size
-from ..outputs import checkpoint_to_resume
+from ..outputs import checkpoint_to_resume, refuse_replacing
 from ..training import Interrupted, Trainer, class_names, input_shape
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from .gpus import spawn_ranks
@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", type=path_argument, metavar="CHECKPOINT",
                         help="continue from an output folder (its latest checkpoint) or a model.npz file; with the "
                              "batch size it was trained with")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the outputs of an earlier training in --output (they stay published until "
+                             "this run publishes its first checkpoint); without it such a folder is refused")
     parser.add_argument("--export-original", type=path_argument, metavar="DIR",
                         help="after training, also write the weights as the C++ original's .bin files into DIR")
     parser.add_argument("--gpus", type=positive_int, metavar="N",
@@ -196,7 +199,7 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
         data_dir=args.data_dir, graph=False if args.no_graph else None, engine=args.engine,
     )
     check_size(config)  # again: --batch-size may have changed the largest batch
-    output = Path(args.output or f"runs/{Path(args.config).stem}")
+    output = output_folder(args)
     check_output(output)
     if args.export_original:
         check_output(Path(args.export_original), "--export-original")
@@ -208,7 +211,7 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
         distributed.pin_device(launch)
     group = None if launch is None else distributed.join(launch, config)
     progress = not args.quiet and sys.stderr.isatty() and (launch is None or launch.rank == 0)
-    trainer = Trainer(config, output, resume=resume, progress=progress, group=group)
+    trainer = Trainer(config, output, resume=resume, progress=progress, group=group, overwrite=args.overwrite)
     if args.export_original:
         check_exportable(trainer.network, args.export_original)
     if trainer.position.step >= trainer.total_steps:
@@ -217,8 +220,14 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
     return trainer, output
 
 
+def output_folder(args) -> Path:
+    """The folder the run writes into: --output, else runs/<config name>."""
+    return Path(args.output or f"runs/{Path(args.config).stem}")
+
+
 def main_with_args(args, config_text: dict | None = None, argv: list[str] | None = None) -> int:
-    if args.gpus is not None:
+    if args.gpus is not None:  # refused here, before any rank starts (rank 0 checks again, as every Trainer does)
+        refuse_replacing(output_folder(args), args.resume, args.overwrite)
         return spawn_ranks(args.gpus, sys.argv[1:] if argv is None else argv)
     trainer, output = prepare(args, config_text)
     try:

@@ -8,7 +8,10 @@ and resized to ``data.image_size`` where it is given (else all must share one si
 
 The decoded array is cached beside MNIST's parsed files (``mnist.parsed_cache_dir()/folders``),
 keyed by the folder's file list with every file's size and mtime and by the recipe, so a second
-run reads one ``.npy`` instead of decoding. A file Pillow cannot decode is named; with
+run reads one ``.npy`` instead of decoding. An entry is three files, written in this order:
+``KEY.pixels.npy``, ``KEY.labels.npy`` and ``KEY.json``, which records the SHA-256 of both arrays
+(``cache.array_digest``); an entry without it, or whose arrays no longer have those digests (damaged
+on disk: a warning), is decoded again and rewritten. A file Pillow cannot decode is named; with
 ``data.corrupt: skip`` it is left out (and logged), else the load is refused.
 """
 
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import atomic_write
+from .. import cache
 from ..errors import DataError, ImageError
 
 logger = logging.getLogger(__name__)
@@ -32,7 +35,8 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".ti
 GREY_MODES = ("1", "L", "I", "I;16", "F")
 CHUNK = 512  # images per task sent to a worker process
 MAX_FOLDER_BYTES = 1 << 33  # decoded pixels a folder may make
-CACHE_FORMAT = 2  # raised whenever decoding changes, so that cached folders are decoded again
+CACHE_FORMAT = 3  # raised whenever decoding or the entry's files change, so that cached folders are decoded again
+ARRAYS = ("pixels", "labels")  # an entry's arrays, KEY.<name>.npy, written before its KEY.json
 
 
 def load_image_folder(data, split: str):
@@ -140,28 +144,40 @@ def _cache_dir() -> Path | None:
         return None
 
 
+def _array_path(entry: Path, name: str) -> Path:
+    return entry.with_suffix(f".{name}.npy")
+
+
 def _load_cached(entry: Path) -> tuple[np.ndarray, np.ndarray] | None:
-    try:
-        pixels = np.load(entry.with_suffix(".pixels.npy"), allow_pickle=False)
-        labels = np.load(entry.with_suffix(".labels.npy"), allow_pickle=False)
-    except FileNotFoundError:
+    """(pixels, labels) of the cache entry when it is whole and both arrays have the digests recorded
+    in its JSON, else None."""
+    def read() -> tuple[object, np.ndarray, np.ndarray]:
+        digests = json.loads(entry.with_suffix(".json").read_text())
+        return (digests, *(np.load(_array_path(entry, name), mmap_mode="r", allow_pickle=False) for name in ARRAYS))
+
+    stored = cache.read_entry(read, entry, "decoded folder", logger)
+    if stored is None:
         return None
-    except (OSError, ValueError, EOFError) as error:
-        logger.debug("ignoring the unreadable cache entry %s: %s", entry, error)
+    digests, pixels, labels = stored
+    if not (isinstance(digests, dict) and all(isinstance(digests.get(name), str) for name in ARRAYS)
+            and pixels.dtype == np.uint8 and pixels.ndim == 4 and pixels.nbytes <= MAX_FOLDER_BYTES
+            and labels.dtype == np.int64 and labels.shape == (pixels.shape[0],)):
+        logger.debug("ignoring the cache entry %s: it records no digests or holds other arrays", entry)
         return None
-    if pixels.dtype != np.uint8 or pixels.ndim != 4 or labels.shape != (pixels.shape[0],):
-        return None
-    return pixels, labels.astype(np.int64)
+    arrays = [np.array(pixels), np.array(labels)]  # read only once their shapes are known to fit
+    for name, array in zip(ARRAYS, arrays):
+        if not cache.digest_matches(array, digests[name], _array_path(entry, name), logger):
+            return None
+    return arrays[0], arrays[1]
 
 
 def _store(entry: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        for suffix, array in ((".labels.npy", labels), (".pixels.npy", pixels)):
-            with atomic_write(entry.with_suffix(suffix)) as file:
-                np.save(file, array, allow_pickle=False)
-    except OSError as error:
-        logger.debug("not caching %s: %s", entry, error.strerror or error)
+    """Write the arrays, then the JSON of their digests, each atomically; a failure is only logged."""
+    arrays = dict(zip(ARRAYS, (pixels, labels)))
+    digests = json.dumps({name: cache.array_digest(array) for name, array in arrays.items()}).encode()
+    writers = {_array_path(entry, name): (lambda file, array=array: np.save(file, array, allow_pickle=False))
+               for name, array in arrays.items()}
+    cache.store_entry({**writers, entry.with_suffix(".json"): lambda file: file.write(digests)}, str(entry), logger)
 
 
 def _decode_all(folder: Path, files, data) -> tuple[np.ndarray, np.ndarray]:

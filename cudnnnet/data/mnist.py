@@ -6,10 +6,11 @@ Images files carry magic 2051 (0x00000803, dims N × rows × cols), label files 
 dims N). Files may be gzip-compressed; that is detected from the gzip magic bytes, not the name.
 
 Parsed files are kept in a cache on disk (``parsed_cache_dir()``): the array as ``.npy`` and a
-JSON sidecar naming the source (resolved path, size, mtime) and the MD5 of its uncompressed bytes.
-An entry is used only while its source is unchanged; ``CUDNNNET_NO_CACHE=1`` turns the cache off.
-The cache never fails a load: an entry that cannot be read is ignored and written again, a cache
-directory that cannot be written is left alone.
+JSON sidecar naming the source (resolved path, size, mtime), the MD5 of its uncompressed bytes and
+the SHA-256 of the array (``cache.array_digest``). An entry is used only while its source is
+unchanged and its array still has that digest; ``CUDNNNET_NO_CACHE=1`` turns the cache off. The
+cache never fails a load: an entry that cannot be read, or whose array was damaged (a warning), is
+ignored and written again from the source; a cache directory that cannot be written is left alone.
 
 Every error this module raises on purpose is a ``DataError`` naming the file and the problem.
 """
@@ -306,14 +307,16 @@ def _cache_entry(resolved_path: str) -> Path | None:
     return cache.entry_path(parsed_cache_dir, digest)
 
 
-def _sidecar(file_key: tuple[str, int, int], md5: str, array: np.ndarray) -> dict:
+def _sidecar(file_key: tuple[str, int, int], md5: str, array: np.ndarray, digest: str) -> dict:
+    """What the entry's JSON holds: the source as it was parsed, and the array's dtype, shape and digest."""
     path, mtime_ns, size = file_key
     return {"source": path, "size": size, "mtime_ns": mtime_ns, "md5": md5, "dtype": str(array.dtype),
-            "shape": list(array.shape)}
+            "shape": list(array.shape), "sha256": digest}
 
 
 def _load_entry(entry: Path, file_key: tuple[str, int, int]) -> tuple[np.ndarray, str] | None:
-    """(array, MD5) from the cache entry when it describes the source as it is now, else None."""
+    """(array, MD5) from the cache entry when it describes the source as it is now and its array has
+    the digest recorded with it, else None."""
     def read() -> tuple[object, np.ndarray]:
         sidecar = json.loads(entry.with_suffix(".json").read_text())
         return sidecar, np.load(entry.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)  # nothing read yet
@@ -322,18 +325,21 @@ def _load_entry(entry: Path, file_key: tuple[str, int, int]) -> tuple[np.ndarray
     if stored is None:
         return None
     sidecar, mapped = stored
-    md5 = sidecar.get("md5") if isinstance(sidecar, dict) else None
-    if not isinstance(md5, str) or sidecar != _sidecar(file_key, md5, mapped) or mapped.nbytes > MAX_IDX_BYTES:
+    md5, digest = (sidecar.get("md5"), sidecar.get("sha256")) if isinstance(sidecar, dict) else (None, None)
+    if not isinstance(md5, str) or not isinstance(digest, str) or sidecar != _sidecar(file_key, md5, mapped, digest) \
+            or mapped.nbytes > MAX_IDX_BYTES:
         logger.debug("ignoring the cache entry %s: it describes another file or array", entry)
         return None
     array = np.array(mapped)  # read only once the entry is known to describe this file
+    if not cache.digest_matches(array, digest, entry.with_suffix(".npy"), logger):
+        return None
     array.flags.writeable = False
     return array, md5
 
 
 def _store_entry(entry: Path, file_key: tuple[str, int, int], array: np.ndarray, md5: str) -> None:
     """Write the cache entry (array, then sidecar, each atomically); a failure is only logged."""
-    sidecar = json.dumps(_sidecar(file_key, md5, array)).encode()
+    sidecar = json.dumps(_sidecar(file_key, md5, array, cache.array_digest(array))).encode()
     cache.store_entry({entry.with_suffix(".npy"): lambda file: np.save(file, array, allow_pickle=False),
                        entry.with_suffix(".json"): lambda file: file.write(sidecar)}, file_key[0], logger)
 

@@ -2,6 +2,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -553,6 +554,50 @@ def test_an_entry_whose_array_fails_the_check_is_ignored_and_rewritten(tmp_path,
     parse_calls.clear()
     load_mnist(tmp_path, "test", download=False, verify=False)
     assert parse_calls == []  # rewritten
+
+
+def test_a_bit_flipped_within_range_in_a_cache_entry_is_caught_warned_and_rebuilt(tmp_path, idx_tools, parse_calls,
+                                                                                   parsed_dir, caplog):
+    """Every value still in range (a pixel, a label 0..9): only the digest recorded with the entry sees it."""
+    images, labels = idx_tools.fake_split(3)
+    idx_tools.write_split(tmp_path, "test", images, labels)
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    flipped = sorted(parsed_dir.glob("*.npy"))
+    for path in flipped:
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 1  # the last pixel (0..255) or the last label (0..9 stays 0..9)
+        path.write_bytes(bytes(data))
+        array = np.load(path)
+        assert array.max() < (256 if array.ndim == 3 else 10), "the flip left the range: the test proves nothing"
+    new_process()
+    parse_calls.clear()
+    with caplog.at_level(logging.WARNING, logger=mnist.logger.name):
+        loaded_images, loaded_labels = load_mnist(tmp_path, "test", download=False, verify=False)
+    np.testing.assert_array_equal(loaded_labels, labels)
+    np.testing.assert_array_equal(loaded_images[:, 0], images.astype(np.float32) / 255)
+    assert sorted(parse_calls) == ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all("do not match the checksum recorded when it was written" in text
+                                      for text in warnings)
+    assert all(any(f"cache file {path}:" in text for text in warnings) for path in flipped)
+    new_process()
+    parse_calls.clear()
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    assert parse_calls == []  # rewritten
+
+
+def test_an_entry_of_the_format_without_a_digest_is_parsed_again(tmp_path, idx_tools, parse_calls, parsed_dir):
+    images, labels = idx_tools.fake_split(3)
+    idx_tools.write_split(tmp_path, "test", images, labels)
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    for path in parsed_dir.glob("*.json"):
+        sidecar = json.loads(path.read_text())
+        del sidecar["sha256"]
+        path.write_text(json.dumps(sidecar))
+    new_process()
+    parse_calls.clear()
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    assert len(parse_calls) == 2
 
 
 @pytest.mark.parametrize("blocked", ["read-only directory", "a file in the way"])

@@ -229,6 +229,48 @@ def test_the_decoded_folder_is_cached_and_a_changed_file_is_decoded_again(tmp_pa
     assert len(decoded) == 1 and changed.pixels[0, 0, 0, 0] == 77
 
 
+@pytest.mark.parametrize("array, offset", [("pixels", -1), ("labels", -8)])  # a pixel; a label's low byte
+def test_a_bit_flipped_within_range_in_the_folder_cache_is_caught_warned_and_decoded_again(
+        tmp_path, monkeypatch, caplog, array, offset):
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
+    for index in range(4):
+        save_image(root / ("a" if index % 2 else "b") / f"{index}.png", np.full((3, 3), 10 * index, np.uint8))
+    config = folder_config(root, test_fraction=0.25)
+    first = load_source(config, "train")
+    (entry,) = (tmp_path / "xdg-cache").rglob(f"*.{array}.npy")
+    data = bytearray(entry.read_bytes())
+    data[offset] ^= 1  # a pixel value 0..255, or a label 0 <-> 1 of the two classes: still in range
+    entry.write_bytes(bytes(data))
+    stored = np.load(entry)
+    assert stored.min() >= 0 and stored.max() < (256 if array == "pixels" else 2), "the test proves nothing"
+    decoded = []
+    real_decode = image_folder.decode_files
+    monkeypatch.setattr(image_folder, "decode_files", lambda paths, size: decoded.append(paths) or real_decode(paths, size))
+    with caplog.at_level("WARNING", logger=image_folder.logger.name):
+        again = load_source(config, "train")
+    assert len(decoded) == 1
+    assert np.array_equal(again.pixels, first.pixels) and np.array_equal(again.labels, first.labels)
+    assert [record.getMessage() for record in caplog.records if record.levelname == "WARNING"] == [
+        f"ignoring the cache file {entry}: its contents do not match the checksum recorded when it was written "
+        f"(damaged on disk); reading the source again"]
+    load_source(config, "train")
+    assert len(decoded) == 1  # rewritten
+
+
+def test_a_folder_cache_entry_without_its_digests_is_decoded_again(tmp_path, monkeypatch):
+    for split in ("train", "test"):
+        for name in ("a", "b"):
+            save_image(tmp_path / split / name / "0.png", np.zeros((3, 3), np.uint8))
+    load_source(folder_config(tmp_path), "train")
+    (digests,) = (tmp_path / "xdg-cache").rglob("*.json")
+    digests.unlink()  # what a crash after writing the arrays leaves
+    decoded = []
+    monkeypatch.setattr(image_folder, "decode_files", lambda paths, size: decoded.append(paths) or
+                        [np.zeros((3, 3), np.uint8)] * len(paths))
+    load_source(folder_config(tmp_path), "train")
+    assert len(decoded) == 1 and digests.is_file()
+
+
 def test_a_test_folder_with_a_class_training_lacks_is_named(tmp_path):
     save_image(tmp_path / "train" / "a" / "0.png", np.zeros((3, 3), np.uint8))
     save_image(tmp_path / "test" / "b" / "0.png", np.zeros((3, 3), np.uint8))
