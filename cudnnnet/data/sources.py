@@ -131,8 +131,8 @@ def _check_family_file(path: Path, family: IdxFamily, md5: dict | None) -> None:
 
 
 def family_dir(data) -> Path:
-    """data.dir, else the user cache's folder for this data set."""
-    return Path(data.dir) if data.dir else mnist._user_cache_dir() / data.dataset
+    """data.dir, else the user cache's folder for this data set ($XDG_CACHE_HOME/cudnnnet/<dataset>)."""
+    return Path(data.dir) if data.dir else mnist.default_cache_dir(data.dataset)
 
 
 def _download(file_name: str, directory: Path, mirrors, md5: str) -> Path:
@@ -141,7 +141,11 @@ def _download(file_name: str, directory: Path, mirrors, md5: str) -> Path:
     except OSError as error:
         raise DataError(f"cannot create {directory}: {error.strerror or error}; set data.dir to a writable "
                         f"directory") from error
-    return mnist._download_file(file_name, directory, mirrors, 60.0, md5)
+    try:
+        return mnist._download_file(file_name, directory, mirrors, 60.0, md5)
+    except DataError as error:
+        raise DataError(f"{error}; put the files there, or give the folder that holds them with --data-dir "
+                        f"(data.dir)") from error
 
 
 def file_md5(path: Path) -> str:

@@ -61,6 +61,40 @@ def test_missing_cifar10_files_are_listed_without_a_download(tmp_path):
         load_source(DataConfig(dataset="cifar10", dir=str(tmp_path)), "test", download=False)
 
 
+def test_without_data_dir_cifar10_and_the_idx_family_use_the_user_cache(tmp_path, idx_tools):
+    """The shipped fashion_mnist_cnn and cifar10_cnn configs give no data.dir: their files are looked
+    for in (and downloaded to) $XDG_CACHE_HOME/cudnnnet/<dataset>."""
+    written = write_cifar(_made(tmp_path / "xdg-cache" / "cudnnnet" / "cifar10"))
+    test = load_source(DataConfig(dataset="cifar10"), "test", download=False)
+    assert np.array_equal(test.pixels, written["test_batch.bin"][0])
+    folder = tmp_path / "xdg-cache" / "cudnnnet" / "kmnist"
+    with pytest.raises(DataError, match=f"KMNIST train file train-images-idx3-ubyte.* missing from {folder}"):
+        load_source(DataConfig(dataset="kmnist"), "train", download=False)
+
+
+def _made(folder):
+    folder.mkdir(parents=True)
+    return folder
+
+
+def test_a_failed_download_says_how_to_give_the_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "CIFAR10_URL", "http://127.0.0.1:9/cifar-10-binary.tar.gz")
+    with pytest.raises(DataError, match=r"could not download cifar-10-binary\.tar\.gz into .*cifar10: .*127\.0\.0\.1:9"
+                                        r".*; put the files there, or give the folder that holds them with --data-dir"):
+        load_source(DataConfig(dataset="cifar10"), "train")
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "fashion-mnist", "cifar10"])
+def test_without_a_home_or_xdg_cache_a_data_set_without_a_folder_is_named(monkeypatch, dataset):
+    """A service account with no home directory and no $XDG_CACHE_HOME: no user cache to download into."""
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(os.path, "expanduser", lambda path: path)  # what it returns where the user has no home
+    with pytest.raises(DataError, match=f"no folder for {dataset}: neither \\$XDG_CACHE_HOME nor a home directory "
+                                        r"is set.*give the folder .* with --data-dir"):
+        load_source(DataConfig(dataset=dataset), "train")
+
+
 def test_fashion_mnist_named_files_are_checked_against_the_published_md5(tmp_path, idx_tools):
     images, labels = idx_tools.fake_split(8)
     idx_tools.write_split(tmp_path, "train", images, labels)
