@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import MAX_CLASSES
 from ..errors import DataError
 from . import mnist
 
@@ -217,6 +218,9 @@ def read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{path}: y must hold {x.shape[0]} integer labels, got dtype {y.dtype} shape {y.shape}")
     if y.min() < 0:
         raise DataError(f"{path}: label {int(y.min())} is negative")
+    if y.max() >= MAX_CLASSES:  # on y's own dtype: a uint64 label past int64 is not cast to a negative one
+        raise DataError(f"{path}: label {int(y.max())} at index {int(np.argmax(y))} would make {int(y.max()) + 1} "
+                        f"classes; labels are 0..K-1 for K classes, at most {MAX_CLASSES}")
     return _as_pixels(x, path), y.astype(np.int64)
 
 

@@ -163,6 +163,10 @@ def test_npz_of_uint8_and_of_float_pixels(tmp_path):
     (dict(x=np.full((3, 4, 4), 2.0, np.float32), y=np.zeros(3, np.int64)), r"float x must hold finite values in \[0, 1\]"),
     (dict(x=np.zeros((3, 4), np.uint8), y=np.zeros(3, np.int64)), "x must hold images shaped"),
     (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, -1, 0])), "label -1 is negative"),
+    (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, 100_000, 0])),
+     r"label 100000 at index 1 would make 100001 classes; labels are 0\.\.K-1 for K classes, at most 100000"),
+    (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, (1 << 63) + 5, 0], np.uint64)),
+     r"label 9223372036854775813 at index 1 would make"),
 ])
 def test_a_bad_npz_is_named_with_what_is_wrong(tmp_path, arrays, message):
     path = write_npz(tmp_path / "bad.npz", **arrays)
