@@ -434,12 +434,25 @@ def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, wi
             white = Image.new("RGBA", image.size, (255, 255, 255, 255))
             image = Image.alpha_composite(white, image.convert("RGBA"))
         image = image.convert("L" if channels == 1 else "RGB")
-        scale = max(height / image.height, width / image.width)
-        covering = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
-        if covering != image.size:
-            image = image.resize(covering, Image.Resampling.BILINEAR)
-        left, top = (covering[0] - width) // 2, (covering[1] - height) // 2
-        array = np.asarray(image.crop((left, top, left + width, top + height)), dtype=np.uint8)
+        array = np.asarray(_covered_centre(image, height, width), dtype=np.uint8)
     except _DECODE_ERRORS as exc:
         raise ImageError(f"{source}: cannot convert the {image.mode} image ({_one_line(exc)})") from exc
     return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+
+
+def _covered_centre(image: Image.Image, height: int, width: int) -> Image.Image:
+    """The centre ``height`` × ``width`` of ``image`` resized so its shorter side covers them (bilinear).
+
+    Only the crop is resampled (``resize`` with the crop's box in the image's own pixels), never the
+    whole covering image: a 1-pixel-high strip 50 megapixels long would cover a 32×32 input at
+    32 × 1.6 billion pixels.
+    """
+    scale = max(height / image.height, width / image.width)
+    covering = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
+    if covering == image.size:
+        left, top = (covering[0] - width) // 2, (covering[1] - height) // 2
+        return image.crop((left, top, left + width, top + height))
+    x_step, y_step = image.width / covering[0], image.height / covering[1]  # image pixels per covering pixel
+    left, top = (covering[0] - width) // 2 * x_step, (covering[1] - height) // 2 * y_step
+    box = (left, top, left + width * x_step, top + height * y_step)
+    return image.resize((width, height), Image.Resampling.BILINEAR, box=box)

@@ -442,3 +442,21 @@ def test_error_messages_are_one_line(tmp_path):
     with pytest.raises(ImageError) as error:
         load_image(path)
     assert "\n" not in str(error.value) and str(path) in str(error.value)
+
+
+@pytest.mark.parametrize("height, width, target", [(40, 90, (16, 16)), (90, 40, (8, 12)), (7, 5, (32, 32)),
+                                                   (64, 64, (16, 16)), (30, 31, (30, 20)), (1, 4000, (16, 16))])
+def test_a_photo_is_its_centre_crop_of_the_resized_image(tmp_path, height, width, target):
+    """Only the crop is resampled, but what predict reads is the centre of the whole image resized so its
+    shorter side covers the input (bilinear), within one level of rounding."""
+    samples = np.random.default_rng(height * width).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    Image.fromarray(samples).save(tmp_path / "photo.png")
+    out_height, out_width = target
+    scale = max(out_height / height, out_width / width)
+    covering = (max(out_width, round(width * scale)), max(out_height, round(height * scale)))
+    resized = np.asarray(Image.fromarray(samples).resize(covering, Image.Resampling.BILINEAR), dtype=int)
+    left, top = (covering[0] - out_width) // 2, (covering[1] - out_height) // 2
+    expected = resized[top:top + out_height, left:left + out_width].transpose(2, 0, 1)
+    pixels = load_photo(tmp_path / "photo.png", 3, out_height, out_width)
+    assert pixels.shape == (3, out_height, out_width)
+    assert np.abs(pixels.astype(int) - expected).max() <= 1
