@@ -21,12 +21,13 @@ The result is float32 shaped (1, size, size): one channel, ready to be stacked i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import warnings
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -98,11 +99,12 @@ def load_image(
     size, normalize = _check_size(size), _check_normalize(normalize)
     path = Path(path)
     _check_file(path)
-    image = _open_image(path, max_pixels)
-    try:
-        grey = _to_grey(image, path)
-    finally:
-        image.close()
+    with _warnings_logged(path):
+        image = _open_image(path, max_pixels)
+        try:
+            grey = _to_grey(image, path)
+        finally:
+            image.close()
     return _digit_canvas(grey, size, normalize, path)
 
 
@@ -141,6 +143,19 @@ def _check_file(path: Path) -> None:
         raise ImageError(f"{path}: not a regular file (a pipe or a device); give an image file")
     if path.stat().st_size == 0:
         raise ImageError(f"{path}: the file is empty (0 bytes)")
+
+
+@contextlib.contextmanager
+def _warnings_logged(path: Path) -> Iterator[None]:
+    """Pillow's warnings while it reads ``path`` (corrupt EXIF data, say) logged at debug level, not
+    printed: the image is read all the same, or refused with its own one-line error."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            for warning in caught:
+                log.debug("%s: %s", path, warning.message)
 
 
 def _open_image(path: Path, max_pixels: int) -> Image.Image:
@@ -416,11 +431,12 @@ def load_photo(path: str | os.PathLike, channels: int, height: int, width: int,
     centre-cropped, as a network trained on an image folder or CIFAR-10 reads it."""
     path = Path(path)
     _check_file(path)
-    image = _open_image(path, max_pixels)
-    try:
-        return photo_pixels(image, channels, height, width, path)
-    finally:
-        image.close()
+    with _warnings_logged(path):
+        image = _open_image(path, max_pixels)
+        try:
+            return photo_pixels(image, channels, height, width, path)
+        finally:
+            image.close()
 
 
 def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, width: int, source="<image>") -> np.ndarray:

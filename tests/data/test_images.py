@@ -1,8 +1,11 @@
 """Image files -> MNIST-like inputs: formats, polarity, scale, centring, listing, refusals."""
 
 import gzip
+import io
+import logging
 import os
 import struct
+import warnings
 import zlib
 from pathlib import Path
 
@@ -460,3 +463,30 @@ def test_a_photo_is_its_centre_crop_of_the_resized_image(tmp_path, height, width
     pixels = load_photo(tmp_path / "photo.png", 3, out_height, out_width)
     assert pixels.shape == (3, out_height, out_width)
     assert np.abs(pixels.astype(int) - expected).max() <= 1
+
+
+def jpeg_with_corrupt_exif(path: Path, samples: np.ndarray) -> Path:
+    """A JPEG whose EXIF block declares more entries than it holds (as some editors write them)."""
+    exif = Image.Exif()
+    exif[0x0112] = 1  # orientation: upright
+    buffer = io.BytesIO()
+    Image.fromarray(samples).save(buffer, "JPEG", exif=exif.tobytes(), quality=100)
+    data = bytearray(buffer.getvalue())
+    ifd = data.find(b"Exif\x00\x00") + 6 + 8  # after the TIFF header: the first IFD's entry count
+    data[ifd:ifd + 2] = b"\x30\x30"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_pillow_s_warnings_about_an_image_are_logged_not_printed(tmp_path, caplog):
+    """A corrupt EXIF block made Pillow print a two-line UserWarning (with its own source path) to
+    stderr for each read, even under --quiet; the image is read all the same."""
+    digit = np.zeros((28, 28), np.uint8)
+    digit[6:22, 12:16] = 255
+    path = jpeg_with_corrupt_exif(tmp_path / "digit.jpg", digit)
+    caplog.set_level(logging.DEBUG, logger="cudnnnet.data.images")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning that escapes fails the test
+        assert load_image(path).shape == (1, 28, 28)
+        assert load_photo(path, 3, 8, 8).shape == (3, 8, 8)
+    assert f"{path}: Corrupt EXIF data" in caplog.text
