@@ -255,15 +255,29 @@ def _scale_unit(values: np.ndarray) -> np.ndarray:
     return values / (255.0 if peak <= 255.0 else 65535.0)
 
 
-def _array_to_grey(array: np.ndarray) -> np.ndarray:
-    """(H, W), (H, W, 1|3|4) or (1, H, W) samples -> float32 (H, W) in [0, 1]."""
+def _image_array(array: np.ndarray) -> np.ndarray:
+    """(H, W), (H, W, 1|3|4) or (1, H, W) samples as (H, W) or (H, W, 3|4); ImageError for another shape."""
     if array.ndim == 3 and array.shape[0] == 1 and array.shape[-1] not in (3, 4):
         array = array[0]
     if array.ndim == 3 and array.shape[-1] == 1:
         array = array[..., 0]
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)) or 0 in array.shape:
         raise ImageError(f"<array>: cannot read an array of shape {array.shape} as an image (H, W) or (H, W, 1|3|4)")
-    values = _array_to_unit(array)
+    return array
+
+
+def _array_to_pixels(array: np.ndarray) -> np.ndarray:
+    """(H, W), (H, W, 1|3|4) or (1, H, W) samples -> uint8 (H, W) or (H, W, 3|4), each sample read as
+    ``_array_to_unit`` reads it (floats in [0, 1] or [0, 255], 16-bit, booleans)."""
+    array = _image_array(array)
+    if array.dtype == np.uint8:
+        return np.ascontiguousarray(array)
+    return np.rint(_array_to_unit(array) * 255).astype(np.uint8)
+
+
+def _array_to_grey(array: np.ndarray) -> np.ndarray:
+    """(H, W), (H, W, 1|3|4) or (1, H, W) samples -> float32 (H, W) in [0, 1]."""
+    values = _array_to_unit(_image_array(array))
     if values.ndim == 2:
         return values
     if values.shape[-1] == 4:
@@ -440,9 +454,11 @@ def load_photo(path: str | os.PathLike, channels: int, height: int, width: int,
 
 
 def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, width: int, source="<image>") -> np.ndarray:
-    """``load_photo`` of an in-memory image (PIL image, or uint8 (H, W) / (H, W, 3) array)."""
+    """``load_photo`` of an in-memory image: a PIL image, or an array of (H, W), (H, W, 1|3|4) or
+    (1, H, W) samples read as ``preprocess`` reads them (uint8 0..255, floats in [0, 1] or [0, 255],
+    16-bit; finite)."""
     if isinstance(image, np.ndarray):
-        image = Image.fromarray(np.asarray(image, dtype=np.uint8))
+        image = Image.fromarray(_array_to_pixels(image))
     try:
         image = _upright(image)
         image = eight_bit(image, source)

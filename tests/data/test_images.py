@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from cudnnnet.data.images import IMAGE_SUFFIXES, list_images, load_image, load_photo, preprocess
+from cudnnnet.data.images import IMAGE_SUFFIXES, list_images, load_image, load_photo, photo_pixels, preprocess
 from cudnnnet.errors import ImageError
 
 MNIST_TEST_IMAGES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mnist" / "t10k-images-idx3-ubyte.gz"
@@ -490,3 +490,27 @@ def test_pillow_s_warnings_about_an_image_are_logged_not_printed(tmp_path, caplo
         assert load_image(path).shape == (1, 28, 28)
         assert load_photo(path, 3, 8, 8).shape == (3, 8, 8)
     assert f"{path}: Corrupt EXIF data" in caplog.text
+
+
+def test_a_photo_array_is_read_as_preprocess_reads_an_array():
+    """Floats in [0, 1] were cast to uint8 (0 or 1: a black photo), 16-bit and larger integers wrapped."""
+    pixels = np.random.default_rng(0).integers(0, 256, (12, 10, 3), dtype=np.uint8)
+    expected = photo_pixels(pixels, 3, 8, 8)
+    for same in (pixels / 255, (pixels / 255).astype(np.float32), pixels.astype(np.float64),
+                 pixels.astype(np.uint16) * 257):
+        assert np.array_equal(photo_pixels(same, 3, 8, 8), expected), same.dtype
+    grey = pixels[..., 0]
+    assert np.array_equal(photo_pixels(grey[None], 1, 8, 8), photo_pixels(grey, 1, 8, 8))
+    assert np.array_equal(photo_pixels(grey[..., None] > 127, 1, 8, 8), photo_pixels((grey > 127) * 255, 1, 8, 8))
+
+
+@pytest.mark.parametrize("array, pattern", [
+    (np.full((8, 8), np.nan), r"<array>: the image holds NaN or infinite values \(64 of its 64 samples\)"),
+    (np.array([[None] * 8] * 8), r"<array>: cannot read an array of dtype object as an image"),
+    (np.ones((8, 8), complex), r"<array>: cannot read an array of dtype complex128 as an image"),
+    (np.zeros((1, 1, 1, 8, 8)), r"<array>: cannot read an array of shape \(1, 1, 1, 8, 8\) as an image"),
+    (np.zeros((0, 8)), r"<array>: cannot read an array of shape \(0, 8\)"),
+], ids=["NaN", "objects", "complex", "five dimensions", "empty"])
+def test_a_photo_array_that_is_no_image_is_an_image_error(array, pattern):
+    with pytest.raises(ImageError, match=pattern):
+        photo_pixels(array, 3, 8, 8)
