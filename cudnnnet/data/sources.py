@@ -19,6 +19,7 @@ import hashlib
 import logging
 import math
 import os
+import shutil
 import tarfile
 import zipfile
 import zlib
@@ -29,6 +30,7 @@ import numpy as np
 
 from ..config import MAX_CLASSES
 from ..errors import DataError
+from ..files import atomic_write
 from . import mnist
 
 logger = logging.getLogger(__name__)
@@ -324,8 +326,8 @@ def _download_cifar(directory: Path) -> None:
             for member in tar:
                 name = Path(member.name).name
                 if member.isfile() and name in wanted and member.size <= CIFAR10_BATCH * CIFAR10_RECORD:
-                    source = tar.extractfile(member)
-                    (directory / name).write_bytes(source.read())
+                    with atomic_write(directory / name) as file:  # never a part of a file for a later run to read
+                        shutil.copyfileobj(tar.extractfile(member), file)
     except (tarfile.TarError, OSError, EOFError) as error:
         raise DataError(f"{archive}: cannot extract the CIFAR-10 records: {error}") from error
 

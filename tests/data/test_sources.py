@@ -56,6 +56,43 @@ def test_a_damaged_cifar10_file_is_named(tmp_path, damage, message):
         load_source(DataConfig(dataset="cifar10", dir=str(tmp_path)), "train", download=False)
 
 
+EXTRACT_WITH_A_FULL_DISK = """
+import resource, signal, sys
+from cudnnnet.data import sources
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+sources.CIFAR10_ARCHIVE_MD5 = sys.argv[2]
+try:
+    sources._download_cifar(sources.Path(sys.argv[1]))
+except sources.DataError as error:
+    print(error)
+"""
+
+
+def test_a_cifar10_extraction_that_fails_midway_leaves_no_part_of_a_file(tmp_path):
+    """The disk filled up (or the user pressed Ctrl-C) while the records were extracted: the next run
+    finds the files missing and extracts them again, never a truncated file it then refuses, or reads short."""
+    import subprocess
+    import sys
+    import tarfile
+
+    records = tmp_path / "records"
+    records.mkdir()
+    write_cifar(records, per_file=20)  # 61 460 bytes a file: more than the 50 000 the process may write
+    archive = tmp_path / "cifar" / "cifar-10-binary.tar.gz"
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in sorted(records.iterdir()):
+            tar.add(path, arcname=f"cifar-10-batches-bin/{path.name}")
+    finished = subprocess.run([sys.executable, "-c", EXTRACT_WITH_A_FULL_DISK, str(archive.parent),
+                               sources.file_md5(archive)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert "cannot extract the CIFAR-10 records" in finished.stdout, finished.stdout + finished.stderr
+    assert sorted(path.name for path in archive.parent.iterdir()) == [archive.name]
+    with pytest.raises(DataError, match="CIFAR-10 train files missing"):
+        load_source(DataConfig(dataset="cifar10", dir=str(archive.parent)), "train", download=False)
+
+
 def test_missing_cifar10_files_are_listed_without_a_download(tmp_path):
     with pytest.raises(DataError, match="CIFAR-10 test files missing.*test_batch.bin"):
         load_source(DataConfig(dataset="cifar10", dir=str(tmp_path)), "test", download=False)
