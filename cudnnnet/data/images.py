@@ -207,7 +207,7 @@ def _one_line(exc: BaseException) -> str:
 def _to_grey(image: Image.Image, source) -> np.ndarray:
     """A float32 (H, W) greyscale copy of ``image`` in [0, 1], alpha composited onto white."""
     try:
-        image = _upright(image)
+        image = upright(image)
         if image.mode in _WIDE_MODES:
             return _wide_samples(image, source)
         if _has_alpha(image):
@@ -233,7 +233,7 @@ def eight_bit(image: Image.Image, source) -> Image.Image:
     return Image.fromarray(np.round(_wide_samples(image, source) * 255).astype(np.uint8), "L")
 
 
-def _upright(image: Image.Image) -> Image.Image:
+def upright(image: Image.Image) -> Image.Image:
     """Apply the EXIF orientation of photos taken with a rotated camera (a no-op otherwise)."""
     try:
         return ImageOps.exif_transpose(image)
@@ -460,7 +460,7 @@ def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, wi
     if isinstance(image, np.ndarray):
         image = Image.fromarray(_array_to_pixels(image))
     try:
-        image = _upright(image)
+        image = upright(image)
         image = eight_bit(image, source)
         if _has_alpha(image):
             white = Image.new("RGBA", image.size, (255, 255, 255, 255))

@@ -238,6 +238,25 @@ def folder_config(root, **keys):
     return DataConfig(dataset="image-folder", dir=str(root), **keys)
 
 
+def test_a_photo_turned_by_its_exif_orientation_is_trained_on_as_predict_reads_it(tmp_path):
+    """A phone stores a portrait photo as landscape pixels and an EXIF orientation; predict turns it
+    upright, so training must too (it read the stored pixels: every such photo lay on its side)."""
+    from cudnnnet.data.images import load_photo
+
+    stored = np.random.default_rng(3).integers(0, 256, (6, 8, 3), dtype=np.uint8)  # 8 wide, 6 high
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90° clockwise to display"
+    for split in ("train", "test"):
+        for name in ("cat", "dog"):
+            path = tmp_path / split / name / "a.png"
+            path.parent.mkdir(parents=True)
+            Image.fromarray(stored).save(path, exif=exif.tobytes())
+    loaded = load_source(folder_config(tmp_path), "train")
+    upright = np.rot90(stored, k=-1).transpose(2, 0, 1)  # 6 wide, 8 high
+    assert loaded.pixels.shape == (2, 3, 8, 6) and np.array_equal(loaded.pixels[0], upright)
+    assert np.array_equal(load_photo(tmp_path / "test" / "cat" / "a.png", 3, 8, 6), upright)
+
+
 def test_grey_and_rgb_images_mixed_make_rgb_with_grey_in_every_channel(tmp_path):
     grey = np.arange(48, dtype=np.uint8).reshape(6, 8)
     colour = np.random.default_rng(2).integers(0, 256, (6, 8, 3), dtype=np.uint8)
