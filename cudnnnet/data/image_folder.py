@@ -221,12 +221,12 @@ def decode_files(paths: list[str], size: tuple[int, int] | None) -> list:
     (height, width) when given; or the text of the error that stopped it being decoded."""
     from PIL import Image
 
-    from .images import eight_bit, upright
+    from .images import eight_bit, upright, warnings_logged
 
     decoded = []
     for path in paths:
         try:
-            with Image.open(path) as image:
+            with warnings_logged(path), Image.open(path) as image:
                 image.load()
                 mode = "L" if image.mode in GREY_MODES else "RGB"
                 converted = eight_bit(upright(image), path).convert(mode)  # as predict reads a photo

@@ -99,7 +99,7 @@ def load_image(
     size, normalize = _check_size(size), _check_normalize(normalize)
     path = Path(path)
     _check_file(path)
-    with _warnings_logged(path):
+    with warnings_logged(path):
         image = _open_image(path, max_pixels)
         try:
             grey = _to_grey(image, path)
@@ -146,7 +146,7 @@ def _check_file(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _warnings_logged(path: Path) -> Iterator[None]:
+def warnings_logged(path: str | os.PathLike) -> Iterator[None]:
     """Pillow's warnings while it reads ``path`` (corrupt EXIF data, say) logged at debug level, not
     printed: the image is read all the same, or refused with its own one-line error."""
     with warnings.catch_warnings(record=True) as caught:
@@ -445,7 +445,7 @@ def load_photo(path: str | os.PathLike, channels: int, height: int, width: int,
     centre-cropped, as a network trained on an image folder or CIFAR-10 reads it."""
     path = Path(path)
     _check_file(path)
-    with _warnings_logged(path):
+    with warnings_logged(path):
         image = _open_image(path, max_pixels)
         try:
             return photo_pixels(image, channels, height, width, path)

@@ -257,6 +257,20 @@ def test_a_photo_turned_by_its_exif_orientation_is_trained_on_as_predict_reads_i
     assert np.array_equal(load_photo(tmp_path / "test" / "cat" / "a.png", 3, 8, 6), upright)
 
 
+def test_pillow_s_warnings_about_a_folder_image_are_not_printed(tmp_path):
+    """Turning a photo upright reads its EXIF block; a corrupt one made Pillow print a UserWarning."""
+    import warnings
+
+    from test_images import jpeg_with_corrupt_exif
+
+    for split in ("train", "test"):
+        for name in ("cat", "dog"):
+            jpeg_with_corrupt_exif(_made(tmp_path / split / name) / "a.jpg", np.full((6, 8, 3), 200, np.uint8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_source(folder_config(tmp_path), "train").pixels.shape == (2, 3, 6, 8)
+
+
 def test_grey_and_rgb_images_mixed_make_rgb_with_grey_in_every_channel(tmp_path):
     grey = np.arange(48, dtype=np.uint8).reshape(6, 8)
     colour = np.random.default_rng(2).integers(0, 256, (6, 8, 3), dtype=np.uint8)
