@@ -19,6 +19,7 @@ from .shipped_configs import valid_configs
 MAX_CONFIG_BYTES = 1 << 20
 MAX_DEPTH = 32  # nesting of mappings and lists
 MAX_INTEGER = 2**31 - 1  # every integer setting: cuBLAS and cuDNN take 32-bit sizes, and no count needs more
+MAX_MERGED_KEYS = 10_000  # keys merges (``<<: *defaults``) may bring into one mapping
 
 
 def read_yaml(path: str | Path, data: bytes | None = None) -> Any:
@@ -101,6 +102,23 @@ class _ConfigLoader(yaml.SafeLoader):
                 None, None, f"an integer of {len(node.value)} characters is too long to read; every integer "
                 f"setting is at most {MAX_INTEGER}", node.start_mark) from None
 
+    def flatten_mapping(self, node):
+        """PyYAML's merge (``<<``), refused with its line where it would bring more than MAX_MERGED_KEYS
+        keys into one mapping: PyYAML copies every merged key, so a mapping that merges an alias twice,
+        merged twice by the next one, doubles at each line and 40 lines would take all memory."""
+        merged = 0
+        for key_node, value_node in node.value:
+            if key_node.tag != "tag:yaml.org,2002:merge":
+                continue
+            subnodes = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for subnode in (subnode for subnode in subnodes if isinstance(subnode, yaml.MappingNode)):
+                self.flatten_mapping(subnode)
+                merged += len(subnode.value)
+                if merged > MAX_MERGED_KEYS:  # checked at once: a long list of aliases costs no more than the limit
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the merges (<<) here bring more than {MAX_MERGED_KEYS} keys into one mapping",
+                        node.start_mark)
+        super().flatten_mapping(node)
 
     def construct_mapping(self, node, deep=False):
         _refuse_duplicate_keys(node)

@@ -20,7 +20,7 @@ from . import checkpoint
 from .backends import get_backend
 from .errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError
 from .layers import LAYER_TYPES, Activation, BatchNorm, Dense, Dropout, Layer, LossLayer, Parameter, WeightBiasLayer
-from .tensor import Tensor, as_shape, check_tensor_values
+from .tensor import Tensor, as_shape, check_tensor_values, float32_values
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ class Network:
         self._scalars = None  # device scalars: loss, correct count
         self.checkpoint_metadata: dict | None = None  # set by Network.load
         self.training_config = None  # the validated Config in that checkpoint's metadata, if it has one
+        self._checked_batch = None  # the batch size check_batch last passed for forward
         for layer in layers:
             self.add_layer(layer)
         if input_shape is not None:
@@ -118,10 +119,16 @@ class Network:
 
     # ---- computation -------------------------------------------------------------------------
     def _as_input(self, x) -> Tensor:
+        """``x`` as a tensor on this backend: a Tensor, or an array-like of finite real numbers
+        (converted to float32). A new batch size is checked first (``check_batch``), so a batch whose
+        outputs could not fit this machine is refused rather than allocated."""
         if not isinstance(x, Tensor):
-            x = Tensor.from_numpy(np.asarray(x, dtype=np.float32), self.backend)
+            x = Tensor.from_numpy(_finite(float32_values(x, "forward"), "forward: the input"), self.backend)
         if self.input_shape is None:
             self.build(x.shape[1:])
+        if x.n != self._checked_batch:
+            self.check_batch(x.n)
+            self._checked_batch = x.n
         return x.to(self.backend)
 
     def _as_target(self, target) -> Tensor:
@@ -129,7 +136,7 @@ class Network:
         ``forward`` converts its input; an array of the last output's size per sample (N, classes) is
         taken in the output's shape (N, classes, 1, 1). The loss layer checks the shape."""
         if not isinstance(target, Tensor):
-            array = np.asarray(target, dtype=np.float32)
+            array = _finite(float32_values(target, "the target"), "the target")
             output = self.loss_layer.output
             if output is not None:
                 if array.size != output.size or array.shape[:1] != output.shape[:1]:
@@ -276,8 +283,12 @@ class Network:
         """Copy parameters and buffers in by name; checks every name and shape first, so a mismatch changes nothing."""
         tensors = {**self.parameters(), **self.buffers()}
         checkpoint.check_compatible(arrays, {name: value.shape for name, value in tensors.items()})
+        values = {name: float32_values(arrays[name], f"load_state_dict: {name}") for name in tensors}
+        for name, array in values.items():
+            if not np.isfinite(array).all():
+                raise CheckpointError(f"{name} holds NaN or infinite values")
         for name, value in tensors.items():
-            value.copy_(Tensor.from_numpy(np.asarray(arrays[name], dtype=np.float32).reshape(value.shape)))
+            value.copy_(Tensor.from_numpy(values[name].reshape(value.shape)))
 
     # ---- training and evaluation mode ----------------------------------------------------------
     training = True
@@ -428,6 +439,14 @@ class ModelSizeError(TensorSizeError):
     def __init__(self, message: str, index: int | None):
         super().__init__(message)
         self.index = index
+
+
+def _finite(array: np.ndarray, what: str) -> np.ndarray:
+    """``array``, or InvalidArgumentError naming ``what`` where it holds NaN or infinite values."""
+    bad = array.size - int(np.count_nonzero(np.isfinite(array)))
+    if bad:
+        raise InvalidArgumentError(f"{what} holds {bad} NaN or infinite values (of {array.size}); it must be finite")
+    return array
 
 
 def _learning_rate(value) -> float:

@@ -29,13 +29,17 @@ def valid_configs() -> str:
 
 
 def resolve_config(name: str | os.PathLike) -> Path:
-    """The file ``--config NAME`` reads: ``name`` itself where it exists or names folders, else the
-    shipped config of that name ("mnist_mlp" or "mnist_mlp.yaml"); ConfigError where there is none."""
+    """The file ``--config NAME`` reads: ``name`` itself where it names folders or is a file here (or a
+    pipe), else the shipped config of that name ("mnist_mlp" or "mnist_mlp.yaml"); ConfigError where
+    there is none. A folder of that name here (``--output mnist_mlp`` makes one) does not hide the
+    shipped config."""
     path = Path(name)
-    if path.exists() or len(path.parts) != 1:
+    if len(path.parts) != 1 or (path.exists() and not path.is_dir()):
         return path
     stem = path.stem if path.suffix in SUFFIXES else path.name
     shipped = CONFIG_DIR / f"{stem}.yaml"
-    if not shipped.is_file():
-        raise ConfigError(f"config {os.fspath(name)!r} is neither a file nor a shipped config; {valid_configs()}")
-    return shipped
+    if shipped.is_file():
+        return shipped
+    if path.exists():
+        return path  # a folder: reading it names the problem
+    raise ConfigError(f"config {os.fspath(name)!r} is neither a file nor a shipped config; {valid_configs()}")

@@ -43,6 +43,20 @@ def check_tensor_values(shape: tuple[int, ...], what: str = "a tensor") -> None:
                          f"(2^31 - 1) that cuBLAS and cuDNN can index")
 
 
+def float32_values(values, what: str = "Tensor.from_numpy") -> np.ndarray:
+    """``values`` (an array-like of real numbers or booleans) as a contiguous float32 array of its shape;
+    ShapeError naming ``what`` where it is none (objects, text, complex numbers, ragged lists)."""
+    try:
+        array = np.asarray(values)
+    except (ValueError, TypeError) as error:
+        raise ShapeError(f"{what} needs a real numeric array; NumPy cannot make one of this "
+                         f"{type(values).__name__} ({' '.join(str(error).split())})") from None
+    if array.dtype != np.bool_ and (not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array)):
+        raise ShapeError(f"{what} needs a real numeric array, got dtype {array.dtype}")
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf, which callers may refuse
+        return np.ascontiguousarray(array, dtype=np.float32)
+
+
 def _resolve(backend):
     from .backends import get_backend
 
@@ -93,14 +107,13 @@ class Tensor:
 
     @classmethod
     def from_numpy(cls, array, backend=None) -> "Tensor":
-        """A tensor holding a float32 copy of ``array`` (1 to 4 dimensions, read as n, c, h, w)."""
-        array = np.asarray(array)
+        """A tensor holding a float32 copy of ``array`` (1 to 4 dimensions, read as n, c, h, w; real
+        numbers or booleans)."""
+        array = float32_values(array)
         if array.ndim == 0:
             array = array.reshape(1)
-        if not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array):
-            raise ShapeError(f"Tensor.from_numpy needs a real numeric array, got dtype {array.dtype}")
         shape = as_shape(array.shape)
-        flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        flat = array.reshape(-1)
         backend = _resolve(backend)
         return cls(shape, backend, backend.upload(flat))
 
@@ -133,7 +146,7 @@ class Tensor:
 
     def write_(self, array) -> "Tensor":
         """Overwrite the values in place from a host array of the same size (no new storage)."""
-        flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        flat = float32_values(array, "Tensor.write_").reshape(-1)
         if flat.size != self.size:
             raise ShapeError(f"cannot write {flat.size} values into a tensor of shape {self.shape}")
         self.backend.write(self.data, flat)

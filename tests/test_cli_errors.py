@@ -250,6 +250,10 @@ CONFIG_CASES = {
     "normalize per channel of RGB for grey digits": (
         VALID_CONFIG + "data: {normalize: {mean: [0.5, 0.4, 0.3], std: [0.2, 0.2, 0.2]}}\n",
         r"bad\.yaml: data\.normalize\.mean: 3 values \(one per channel\) for mnist's images of 1 channel; give 1"),
+    "YAML merges doubling at each line": (
+        "m0: &m0 {k0: 1}\n" + "".join(f"m{i}: &m{i} {{<<: [*m{i - 1}, *m{i - 1}], k{i}: 1}}\n" for i in range(1, 40)),
+        r"bad\.yaml: not valid YAML: line 14, column 6: the merges \(<<\) here bring more than 10000 keys into one "
+        r"mapping"),
     "Python object tag": ('model: !!python/object/apply:os.system ["touch PWNED"]\n' + VALID_TRAIN,
                           r"bad\.yaml: line 1, column 8: refused the tag !!python/object/apply:os\.system: a config "
                           r"may not create Python objects"),

@@ -425,12 +425,29 @@ def test_file_level_errors_name_the_file(tmp_path, text, fragment):
     ("train:\n  optimizer: {lr: 0.1}\n  batch_size: 8\n  optimizer: {lr: 0.01}\n",
      "line 4, column 3: duplicate key 'optimizer' (also on line 2); each key may appear once"),
     ("model: {type: dense, lr: 1, lr: 2}\n", "line 1, column 29: duplicate key 'lr' (also on line 1)"),
-], ids=["deep lists", "deep mappings", "long integer", "a key twice", "a key twice in a flow mapping"])
+    ("m0: &m0 {k0: 1}\n" + "".join(f"m{i}: &m{i} {{<<: [*m{i - 1}, *m{i - 1}], k{i}: 1}}\n" for i in range(1, 16)),
+     "line 14, column 6: the merges (<<) here bring more than 10000 keys into one mapping"),
+    ("b: &b {" + ", ".join(f"k{i}: 1" for i in range(6000)) + "}\nw: {<<: [*b, *b, *b]}\n",
+     "line 2, column 4: the merges (<<) here bring more than 10000 keys"),
+], ids=["deep lists", "deep mappings", "long integer", "a key twice", "a key twice in a flow mapping",
+        "merges doubling at each line", "one mapping merged many times"])
 def test_documents_python_cannot_read_are_config_errors_with_the_line(tmp_path, text, fragment):
     path = write(tmp_path, text, "hostile.yaml")
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert str(caught.value).startswith(f"{path}: ") and fragment in str(caught.value)
+
+
+def test_merges_and_aliases_give_what_they_name(tmp_path):
+    """A layer's settings merged from an earlier layer's (``<<: *conv``) and overridden; an alias for a list."""
+    path = write(tmp_path, "model:\n  - &conv {type: conv2d, name: c1, out_channels: 4, kernel_size: 3, padding: 1}\n"
+                           "  - {<<: *conv, name: c2, out_channels: 8}\n  - {type: dense, out_size: 10}\n"
+                           "  - {type: softmax}\ntrain: {optimizer: {name: adam, lr: 0.01, betas: &betas [0.8, 0.9]}}\n",
+                 "merged.yaml")
+    config = load_config(path)
+    assert [(layer.name, layer.params["out_channels"], layer.params["padding"]) for layer in config.model[:2]] \
+        == [("c1", 4, 1), ("c2", 8, 1)]
+    assert config.train.optimizer.betas == (0.8, 0.9)
 
 
 def test_a_config_longer_than_the_limit_is_refused_without_reading_it_all(tmp_path):

@@ -195,6 +195,38 @@ def test_a_config_declaring_enormous_shapes_is_refused_within_the_memory_of_a_no
     assert not (tmp_path / "out").exists()
 
 
+@pytest.fixture(scope="module")
+def photo_model(tmp_path_factory) -> Path:
+    """The checkpoint of a model of 16×16 RGB images (one step on random pixels): predict resizes and crops for it."""
+    from cudnnnet.config import parse_config
+    from cudnnnet.training import Trainer
+
+    folder = tmp_path_factory.mktemp("photo-model")
+    rng = np.random.default_rng(0)
+    np.savez(folder / "data.npz", x=rng.integers(0, 256, (20, 3, 16, 16), dtype=np.uint8), y=np.arange(20) % 2)
+    config = {"model": [{"type": "dense", "out_size": 2}, {"type": "softmax"}], "device": "host",
+              "data": {"dataset": "npz", "train_file": str(folder / "data.npz"), "test_file": str(folder / "data.npz")},
+              "train": {"batch_size": 10, "steps": 1, "optimizer": {"lr": 0.1}}}
+    Trainer(parse_config(config, source="<photo model>"), folder / "run", progress=False).run()
+    return folder / "run" / "model.npz"
+
+
+@pytest.mark.parametrize("height, width", [(1, 3_000_000), (3_000_000, 1)], ids=["a strip", "a column"])
+def test_an_image_of_an_extreme_shape_is_predicted_within_the_memory_of_a_normal_start(photo_model, tmp_path,
+                                                                                       height, width):
+    """A 3 KB PNG one pixel high and 3 million wide: covering a 16×16 input means 48 million × 16
+    pixels if the whole image is resized before the centre crop, 2.3 GB; only the crop is resampled."""
+    ordinary, strip = tmp_path / "ordinary.png", tmp_path / "strip.png"
+    Image.fromarray(np.full((20, 30, 3), 128, np.uint8)).save(ordinary)
+    Image.fromarray(np.full((height, width), 128, np.uint8)).save(strip)
+    normal, normal_peak = run_measured("predict", "--weights", photo_model, "--device", "host", ordinary, cwd=tmp_path)
+    assert normal.returncode == 0, normal.stderr
+    finished, peak = run_measured("predict", "--weights", photo_model, "--device", "host", strip, cwd=tmp_path)
+    assert finished.returncode == 0, finished.stderr
+    assert peak <= normal_peak + ALLOWED_EXTRA_MIB, f"peak {peak} MiB, an ordinary image {normal_peak} MiB"
+    assert finished.stdout.split(": ", 1)[1] == normal.stdout.split(": ", 1)[1]  # the same grey, the same scores
+
+
 # ---- generated inputs, in-process -------------------------------------------------------------
 
 

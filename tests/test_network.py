@@ -1,3 +1,5 @@
+import warnings
+
 import numpy as np
 import pytest
 
@@ -162,6 +164,91 @@ def test_a_target_of_another_shape_names_both_shapes(host):
     network.forward(x)
     with pytest.raises(ShapeError, match=r"target has shape \(8, 9\), the output has shape \(8, 10, 1, 1\)"):
         network.backward(target[:, :9])
+
+
+UNREADABLE_INPUTS = {
+    "objects": (np.array([[object()]] * 8, dtype=object), ShapeError, r"forward needs a real numeric array, got dtype "
+                                                                      r"object"),
+    "None": (None, ShapeError, r"forward needs a real numeric array, got dtype object"),
+    "text": (np.array(["0.5"] * 800).reshape(8, 1, 10, 10), ShapeError, r"got dtype <U3"),
+    "complex numbers": (np.ones((8, 1, 10, 10), np.complex64), ShapeError, r"got dtype complex64"),
+    "ragged lists": ([[0.5] * 100, [0.5] * 99], ShapeError, r"forward needs a real numeric array; NumPy cannot make "
+                                                            r"one of this list \(setting an array element"),
+    "a NaN": (np.where(np.arange(800).reshape(8, 1, 10, 10) == 5, np.nan, 0.5), InvalidArgumentError,
+              r"forward: the input holds 1 NaN or infinite values \(of 800\); it must be finite"),
+    "infinities": (np.full((8, 1, 10, 10), -np.inf), InvalidArgumentError, r"holds 800 NaN or infinite values"),
+    "float64 past float32": (np.full((8, 1, 10, 10), 1e300), InvalidArgumentError, r"holds 800 NaN or infinite"),
+}
+
+
+@pytest.mark.parametrize("call", ["forward", "predict", "train_step"])
+@pytest.mark.parametrize("x, error, pattern", UNREADABLE_INPUTS.values(), ids=UNREADABLE_INPUTS.keys())
+def test_an_input_that_is_not_finite_real_numbers_is_a_typed_error_naming_it(backend, call, x, error, pattern):
+    """Not a NumPy TypeError or ValueError from deep inside, nor NaN scores after a RuntimeWarning."""
+    network = small_cnn(backend)
+    _, target = batch()
+    arguments = (x, target, 0.1) if call == "train_step" else (x,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(error, match=pattern):
+            getattr(network, call)(*arguments)
+
+
+@pytest.mark.parametrize("as_given", [lambda x: x.astype(np.float64), lambda x: x.astype(np.int16),
+                                      lambda x: x > 0, lambda x: np.asfortranarray(x),
+                                      lambda x: np.repeat(x, 2, axis=3)[..., ::2], lambda x: x.tolist()],
+                         ids=["float64", "int16", "bool", "Fortran order", "strided", "nested lists"])
+def test_any_real_numeric_array_is_read_as_its_float32_values(backend, as_given):
+    x, _ = batch()
+    given = as_given(x)
+    expected = small_cnn(backend).forward(Tensor.from_numpy(np.asarray(given, dtype=np.float32), backend)).numpy()
+    assert np.array_equal(small_cnn(backend).forward(given).numpy(), expected)
+    assert np.array_equal(Tensor.from_numpy(given, backend).numpy().reshape(8, 1, 10, 10),
+                          np.asarray(given, dtype=np.float32))
+
+
+@pytest.mark.parametrize("target, error, pattern", [
+    (np.full((8, 10), np.nan, np.float32), InvalidArgumentError, r"the target holds 80 NaN or infinite values"),
+    (np.array([None] * 80).reshape(8, 10), ShapeError, r"the target needs a real numeric array, got dtype object"),
+], ids=["NaN", "objects"])
+@pytest.mark.parametrize("call", ["backward", "loss", "accuracy"])
+def test_a_target_that_is_not_finite_real_numbers_is_a_typed_error(host, call, target, error, pattern):
+    network = small_cnn(host)
+    network.forward(batch()[0])
+    with pytest.raises(error, match=pattern):
+        getattr(network, call)(target)
+
+
+@pytest.mark.parametrize("call", ["backward", "loss", "accuracy"])
+def test_a_target_before_any_forward_asks_for_the_forward(host, call):
+    with pytest.raises(InvalidArgumentError, match=r"layer 'softmax': no output to compare the target with; call "
+                                                   r"forward first"):
+        getattr(small_cnn(host), call)(batch()[1])
+
+
+def test_a_batch_too_large_for_the_machine_is_refused_before_the_layers_allocate_it(host, monkeypatch):
+    """The check of ``build`` is made again for each new batch size: an array of 20 000 samples must not
+    be pushed through layers whose outputs could not fit (the process would be killed, not warned)."""
+    network = small_cnn(host)
+    monkeypatch.setattr(network_module, "physical_memory", lambda: 8 << 20)
+    assert network.forward(batch(16)[0]).shape == (16, 10, 1, 1)
+    monkeypatch.setattr(network.layers[0], "forward", lambda x: pytest.fail("the first layer ran"))
+    with pytest.raises(ModelSizeError, match=r"the outputs of a batch of 20000, more than this machine's 0\.0 GiB"):
+        network.forward(np.zeros((20_000, 1, 10, 10), np.float32))
+
+
+@pytest.mark.parametrize("value, error, pattern", [
+    (np.nan, CheckpointError, r"conv1\.weight holds NaN or infinite values"),
+    (None, ShapeError, r"load_state_dict: conv1\.weight needs a real numeric array, got dtype object"),
+], ids=["NaN", "objects"])
+def test_load_state_dict_refuses_values_a_checkpoint_may_not_hold_and_changes_nothing(host, value, error, pattern):
+    network = small_cnn(host)
+    before = network.state_dict()
+    arrays = {name: np.full(array.shape, value, dtype=object if value is None else np.float32)
+              for name, array in before.items()}
+    with pytest.raises(error, match=pattern):
+        network.load_state_dict(arrays)
+    assert all(np.array_equal(array, before[name]) for name, array in network.state_dict().items())
 
 
 def test_load_with_backend_auto_runs_where_it_can(tmp_path, monkeypatch):

@@ -36,6 +36,17 @@ def test_a_file_of_that_name_wins(tmp_path, monkeypatch):
     assert load_config("mnist_mlp").train.batch_size == 64  # no file called mnist_mlp: the shipped one
 
 
+def test_a_folder_of_that_name_does_not_hide_the_shipped_config(tmp_path, monkeypatch):
+    """``--output mnist_mlp`` makes a folder mnist_mlp here; ``--config mnist_mlp`` still names the shipped one."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mnist_mlp").mkdir()
+    (tmp_path / "mnist_mlp.yaml").mkdir()
+    assert resolve_config("mnist_mlp") == resolve_config("mnist_mlp.yaml") == CONFIG_DIR / "mnist_mlp.yaml"
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(ConfigError, match=r"cannot read config file mine: Is a directory"):
+        load_config("mine")
+
+
 @pytest.mark.parametrize(("name", "said"), [
     ("mnist_gpt", "config 'mnist_gpt' is neither a file nor a shipped config"),
     ("elsewhere/mnist_mlp.yaml", "config file elsewhere/mnist_mlp.yaml does not exist"),

@@ -120,7 +120,7 @@ def decoded_folder(folder: Path, classes: tuple[str, ...], data) -> tuple[np.nda
     this very file list and recipe."""
     files = list_files(folder, classes)
     recipe = {"format": CACHE_FORMAT, "channels": data.channels, "image_size": data.image_size,
-              "corrupt": data.corrupt, "folder": str(folder.resolve())}
+              "corrupt": data.corrupt, "folder": str(folder.resolve()), "exif_orientation": True}
     key = hashlib.sha256(json.dumps([recipe, files]).encode(errors="surrogateescape")).hexdigest()[:32]
     entry = _cache_dir() / key if _cache_dir() else None
     cached = _load_cached(entry) if entry else None
@@ -237,15 +237,15 @@ def decode_files(paths: list[str], size: tuple[int, int] | None) -> list:
     (height, width) when given; or the text of the error that stopped it being decoded."""
     from PIL import Image
 
-    from .images import eight_bit
+    from .images import eight_bit, upright, warnings_logged
 
     decoded = []
     for path in paths:
         try:
-            with Image.open(path) as image:
+            with warnings_logged(path), Image.open(path) as image:
                 image.load()
                 mode = "L" if image.mode in GREY_MODES else "RGB"
-                converted = eight_bit(image, path).convert(mode)
+                converted = eight_bit(upright(image), path).convert(mode)  # as predict reads a photo
             if size is not None and converted.size != (size[1], size[0]):
                 converted = converted.resize((size[1], size[0]), Image.Resampling.BILINEAR)
             decoded.append(np.asarray(converted, dtype=np.uint8))

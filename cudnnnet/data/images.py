@@ -21,12 +21,13 @@ The result is float32 shaped (1, size, size): one channel, ready to be stacked i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import warnings
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -98,11 +99,12 @@ def load_image(
     size, normalize = _check_size(size), _check_normalize(normalize)
     path = Path(path)
     _check_file(path)
-    image = _open_image(path, max_pixels)
-    try:
-        grey = _to_grey(image, path)
-    finally:
-        image.close()
+    with warnings_logged(path):
+        image = _open_image(path, max_pixels)
+        try:
+            grey = _to_grey(image, path)
+        finally:
+            image.close()
     return _digit_canvas(grey, size, normalize, path)
 
 
@@ -141,6 +143,19 @@ def _check_file(path: Path) -> None:
         raise ImageError(f"{path}: not a regular file (a pipe or a device); give an image file")
     if path.stat().st_size == 0:
         raise ImageError(f"{path}: the file is empty (0 bytes)")
+
+
+@contextlib.contextmanager
+def warnings_logged(path: str | os.PathLike) -> Iterator[None]:
+    """Pillow's warnings while it reads ``path`` (corrupt EXIF data, say) logged at debug level, not
+    printed: the image is read all the same, or refused with its own one-line error."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            for warning in caught:
+                log.debug("%s: %s", path, warning.message)
 
 
 def _open_image(path: Path, max_pixels: int) -> Image.Image:
@@ -192,7 +207,7 @@ def _one_line(exc: BaseException) -> str:
 def _to_grey(image: Image.Image, source) -> np.ndarray:
     """A float32 (H, W) greyscale copy of ``image`` in [0, 1], alpha composited onto white."""
     try:
-        image = _upright(image)
+        image = upright(image)
         if image.mode in _WIDE_MODES:
             return _wide_samples(image, source)
         if _has_alpha(image):
@@ -218,7 +233,7 @@ def eight_bit(image: Image.Image, source) -> Image.Image:
     return Image.fromarray(np.round(_wide_samples(image, source) * 255).astype(np.uint8), "L")
 
 
-def _upright(image: Image.Image) -> Image.Image:
+def upright(image: Image.Image) -> Image.Image:
     """Apply the EXIF orientation of photos taken with a rotated camera (a no-op otherwise)."""
     try:
         return ImageOps.exif_transpose(image)
@@ -240,15 +255,29 @@ def _scale_unit(values: np.ndarray) -> np.ndarray:
     return values / (255.0 if peak <= 255.0 else 65535.0)
 
 
-def _array_to_grey(array: np.ndarray) -> np.ndarray:
-    """(H, W), (H, W, 1|3|4) or (1, H, W) samples -> float32 (H, W) in [0, 1]."""
+def _image_array(array: np.ndarray) -> np.ndarray:
+    """(H, W), (H, W, 1|3|4) or (1, H, W) samples as (H, W) or (H, W, 3|4); ImageError for another shape."""
     if array.ndim == 3 and array.shape[0] == 1 and array.shape[-1] not in (3, 4):
         array = array[0]
     if array.ndim == 3 and array.shape[-1] == 1:
         array = array[..., 0]
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)) or 0 in array.shape:
         raise ImageError(f"<array>: cannot read an array of shape {array.shape} as an image (H, W) or (H, W, 1|3|4)")
-    values = _array_to_unit(array)
+    return array
+
+
+def _array_to_pixels(array: np.ndarray) -> np.ndarray:
+    """(H, W), (H, W, 1|3|4) or (1, H, W) samples -> uint8 (H, W) or (H, W, 3|4), each sample read as
+    ``_array_to_unit`` reads it (floats in [0, 1] or [0, 255], 16-bit, booleans)."""
+    array = _image_array(array)
+    if array.dtype == np.uint8:
+        return np.ascontiguousarray(array)
+    return np.rint(_array_to_unit(array) * 255).astype(np.uint8)
+
+
+def _array_to_grey(array: np.ndarray) -> np.ndarray:
+    """(H, W), (H, W, 1|3|4) or (1, H, W) samples -> float32 (H, W) in [0, 1]."""
+    values = _array_to_unit(_image_array(array))
     if values.ndim == 2:
         return values
     if values.shape[-1] == 4:
@@ -416,30 +445,46 @@ def load_photo(path: str | os.PathLike, channels: int, height: int, width: int,
     centre-cropped, as a network trained on an image folder or CIFAR-10 reads it."""
     path = Path(path)
     _check_file(path)
-    image = _open_image(path, max_pixels)
-    try:
-        return photo_pixels(image, channels, height, width, path)
-    finally:
-        image.close()
+    with warnings_logged(path):
+        image = _open_image(path, max_pixels)
+        try:
+            return photo_pixels(image, channels, height, width, path)
+        finally:
+            image.close()
 
 
 def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, width: int, source="<image>") -> np.ndarray:
-    """``load_photo`` of an in-memory image (PIL image, or uint8 (H, W) / (H, W, 3) array)."""
+    """``load_photo`` of an in-memory image: a PIL image, or an array of (H, W), (H, W, 1|3|4) or
+    (1, H, W) samples read as ``preprocess`` reads them (uint8 0..255, floats in [0, 1] or [0, 255],
+    16-bit; finite)."""
     if isinstance(image, np.ndarray):
-        image = Image.fromarray(np.asarray(image, dtype=np.uint8))
+        image = Image.fromarray(_array_to_pixels(image))
     try:
-        image = _upright(image)
+        image = upright(image)
         image = eight_bit(image, source)
         if _has_alpha(image):
             white = Image.new("RGBA", image.size, (255, 255, 255, 255))
             image = Image.alpha_composite(white, image.convert("RGBA"))
         image = image.convert("L" if channels == 1 else "RGB")
-        scale = max(height / image.height, width / image.width)
-        covering = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
-        if covering != image.size:
-            image = image.resize(covering, Image.Resampling.BILINEAR)
-        left, top = (covering[0] - width) // 2, (covering[1] - height) // 2
-        array = np.asarray(image.crop((left, top, left + width, top + height)), dtype=np.uint8)
+        array = np.asarray(_covered_centre(image, height, width), dtype=np.uint8)
     except _DECODE_ERRORS as exc:
         raise ImageError(f"{source}: cannot convert the {image.mode} image ({_one_line(exc)})") from exc
     return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+
+
+def _covered_centre(image: Image.Image, height: int, width: int) -> Image.Image:
+    """The centre ``height`` × ``width`` of ``image`` resized so its shorter side covers them (bilinear).
+
+    Only the crop is resampled (``resize`` with the crop's box in the image's own pixels), never the
+    whole covering image: a 1-pixel-high strip 50 megapixels long would cover a 32×32 input at
+    32 × 1.6 billion pixels.
+    """
+    scale = max(height / image.height, width / image.width)
+    covering = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
+    if covering == image.size:
+        left, top = (covering[0] - width) // 2, (covering[1] - height) // 2
+        return image.crop((left, top, left + width, top + height))
+    x_step, y_step = image.width / covering[0], image.height / covering[1]  # image pixels per covering pixel
+    left, top = (covering[0] - width) // 2 * x_step, (covering[1] - height) // 2 * y_step
+    box = (left, top, left + width * x_step, top + height * y_step)
+    return image.resize((width, height), Image.Resampling.BILINEAR, box=box)

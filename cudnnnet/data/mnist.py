@@ -355,9 +355,15 @@ def _read_mnist_file(path: Path, idx_name: str) -> tuple[np.ndarray, str]:
 # ---- locating and downloading --------------------------------------------------------------
 
 
-def default_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/cudnnnet/mnist, else ~/.cache/cudnnnet/mnist: where MNIST is downloaded."""
-    return cache.cache_root() / "mnist"
+def default_cache_dir(dataset: str = "mnist") -> Path:
+    """$XDG_CACHE_HOME/cudnnnet/<dataset>, else ~/.cache/cudnnnet/<dataset>: where a data set is
+    downloaded; DataError where neither is set (no home directory), saying how to give the folder."""
+    try:
+        return cache.cache_root() / dataset
+    except RuntimeError as error:
+        where = f"--data-dir (data.dir) or ${DATA_ENV}" if dataset == "mnist" else "--data-dir (data.dir)"
+        raise DataError(f"no folder for {dataset}: neither $XDG_CACHE_HOME nor a home directory is set, so there "
+                        f"is no user cache; give the folder that holds (or will hold) it with {where}") from error
 
 
 def parsed_cache_dir() -> Path:
@@ -480,7 +486,8 @@ def _split_paths(split: str, data_dir, download: bool, mirrors: Iterable[str] | 
             download_mnist(data_dir, splits=(split,), mirrors=mirrors)
         except DataError as error:
             raise DataError(f"MNIST {split} files missing from {directory}: "
-                            + ", ".join(f"{name}(.gz)" for name in missing) + f", and {error}") from error
+                            + ", ".join(f"{name}(.gz)" for name in missing) + f", and {error}; put them there, or "
+                            f"give the folder that holds them with --data-dir (data.dir) or ${DATA_ENV}") from error
         paths = [_find_file(directory, idx_name) for idx_name in idx_names]
     return paths[0], paths[1]
 

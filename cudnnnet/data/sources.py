@@ -19,6 +19,7 @@ import hashlib
 import logging
 import math
 import os
+import shutil
 import tarfile
 import zipfile
 import zlib
@@ -27,7 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import MAX_CLASSES
 from ..errors import DataError
+from ..files import atomic_write
 from . import mnist
 
 logger = logging.getLogger(__name__)
@@ -131,8 +134,8 @@ def _check_family_file(path: Path, family: IdxFamily, md5: dict | None) -> None:
 
 
 def family_dir(data) -> Path:
-    """data.dir, else the user cache's folder for this data set."""
-    return Path(data.dir) if data.dir else mnist._user_cache_dir() / data.dataset
+    """data.dir, else the user cache's folder for this data set ($XDG_CACHE_HOME/cudnnnet/<dataset>)."""
+    return Path(data.dir) if data.dir else mnist.default_cache_dir(data.dataset)
 
 
 def _download(file_name: str, directory: Path, mirrors, md5: str) -> Path:
@@ -141,7 +144,11 @@ def _download(file_name: str, directory: Path, mirrors, md5: str) -> Path:
     except OSError as error:
         raise DataError(f"cannot create {directory}: {error.strerror or error}; set data.dir to a writable "
                         f"directory") from error
-    return mnist._download_file(file_name, directory, mirrors, 60.0, md5)
+    try:
+        return mnist._download_file(file_name, directory, mirrors, 60.0, md5)
+    except DataError as error:
+        raise DataError(f"{error}; put the files there, or give the folder that holds them with --data-dir "
+                        f"(data.dir)") from error
 
 
 def file_md5(path: Path) -> str:
@@ -213,6 +220,9 @@ def read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{path}: y must hold {x.shape[0]} integer labels, got dtype {y.dtype} shape {y.shape}")
     if y.min() < 0:
         raise DataError(f"{path}: label {int(y.min())} is negative")
+    if y.max() >= MAX_CLASSES:  # on y's own dtype: a uint64 label past int64 is not cast to a negative one
+        raise DataError(f"{path}: label {int(y.max())} at index {int(np.argmax(y))} would make {int(y.max()) + 1} "
+                        f"classes; labels are 0..K-1 for K classes, at most {MAX_CLASSES}")
     return _as_pixels(x, path), y.astype(np.int64)
 
 
@@ -316,8 +326,8 @@ def _download_cifar(directory: Path) -> None:
             for member in tar:
                 name = Path(member.name).name
                 if member.isfile() and name in wanted and member.size <= CIFAR10_BATCH * CIFAR10_RECORD:
-                    source = tar.extractfile(member)
-                    (directory / name).write_bytes(source.read())
+                    with atomic_write(directory / name) as file:  # never a part of a file for a later run to read
+                        shutil.copyfileobj(tar.extractfile(member), file)
     except (tarfile.TarError, OSError, EOFError) as error:
         raise DataError(f"{archive}: cannot extract the CIFAR-10 records: {error}") from error
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import ShapeError
+from ..errors import InvalidArgumentError, ShapeError
 from ..tensor import Tensor
 from .base import Layer
 
@@ -13,9 +13,11 @@ class LossLayer(Layer):
     is_loss = True
 
     def check_target(self, target: Tensor) -> None:
-        if self.output is None or target.shape != self.output.shape:
-            expected = None if self.output is None else self.output.shape
-            raise ShapeError(f"layer {self.name!r}: target has shape {target.shape}, the output has shape {expected}")
+        if self.output is None:
+            raise InvalidArgumentError(f"layer {self.name!r}: no output to compare the target with; call forward first")
+        if target.shape != self.output.shape:
+            raise ShapeError(f"layer {self.name!r}: target has shape {target.shape}, the output has shape "
+                             f"{self.output.shape}")
 
     def backward(self, target: Tensor) -> Tensor:
         """dx = (ŷ - y) / N — the gradient of both cross-entropy over softmax and ½‖ŷ - y‖²."""

@@ -1,8 +1,11 @@
 """Image files -> MNIST-like inputs: formats, polarity, scale, centring, listing, refusals."""
 
 import gzip
+import io
+import logging
 import os
 import struct
+import warnings
 import zlib
 from pathlib import Path
 
@@ -10,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from cudnnnet.data.images import IMAGE_SUFFIXES, list_images, load_image, load_photo, preprocess
+from cudnnnet.data.images import IMAGE_SUFFIXES, list_images, load_image, load_photo, photo_pixels, preprocess
 from cudnnnet.errors import ImageError
 
 MNIST_TEST_IMAGES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mnist" / "t10k-images-idx3-ubyte.gz"
@@ -442,3 +445,72 @@ def test_error_messages_are_one_line(tmp_path):
     with pytest.raises(ImageError) as error:
         load_image(path)
     assert "\n" not in str(error.value) and str(path) in str(error.value)
+
+
+@pytest.mark.parametrize("height, width, target", [(40, 90, (16, 16)), (90, 40, (8, 12)), (7, 5, (32, 32)),
+                                                   (64, 64, (16, 16)), (30, 31, (30, 20)), (1, 4000, (16, 16))])
+def test_a_photo_is_its_centre_crop_of_the_resized_image(tmp_path, height, width, target):
+    """Only the crop is resampled, but what predict reads is the centre of the whole image resized so its
+    shorter side covers the input (bilinear), within one level of rounding."""
+    samples = np.random.default_rng(height * width).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    Image.fromarray(samples).save(tmp_path / "photo.png")
+    out_height, out_width = target
+    scale = max(out_height / height, out_width / width)
+    covering = (max(out_width, round(width * scale)), max(out_height, round(height * scale)))
+    resized = np.asarray(Image.fromarray(samples).resize(covering, Image.Resampling.BILINEAR), dtype=int)
+    left, top = (covering[0] - out_width) // 2, (covering[1] - out_height) // 2
+    expected = resized[top:top + out_height, left:left + out_width].transpose(2, 0, 1)
+    pixels = load_photo(tmp_path / "photo.png", 3, out_height, out_width)
+    assert pixels.shape == (3, out_height, out_width)
+    assert np.abs(pixels.astype(int) - expected).max() <= 1
+
+
+def jpeg_with_corrupt_exif(path: Path, samples: np.ndarray) -> Path:
+    """A JPEG whose EXIF block declares more entries than it holds (as some editors write them)."""
+    exif = Image.Exif()
+    exif[0x0112] = 1  # orientation: upright
+    buffer = io.BytesIO()
+    Image.fromarray(samples).save(buffer, "JPEG", exif=exif.tobytes(), quality=100)
+    data = bytearray(buffer.getvalue())
+    ifd = data.find(b"Exif\x00\x00") + 6 + 8  # after the TIFF header: the first IFD's entry count
+    data[ifd:ifd + 2] = b"\x30\x30"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_pillow_s_warnings_about_an_image_are_logged_not_printed(tmp_path, caplog):
+    """A corrupt EXIF block made Pillow print a two-line UserWarning (with its own source path) to
+    stderr for each read, even under --quiet; the image is read all the same."""
+    digit = np.zeros((28, 28), np.uint8)
+    digit[6:22, 12:16] = 255
+    path = jpeg_with_corrupt_exif(tmp_path / "digit.jpg", digit)
+    caplog.set_level(logging.DEBUG, logger="cudnnnet.data.images")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning that escapes fails the test
+        assert load_image(path).shape == (1, 28, 28)
+        assert load_photo(path, 3, 8, 8).shape == (3, 8, 8)
+    assert f"{path}: Corrupt EXIF data" in caplog.text
+
+
+def test_a_photo_array_is_read_as_preprocess_reads_an_array():
+    """Floats in [0, 1] were cast to uint8 (0 or 1: a black photo), 16-bit and larger integers wrapped."""
+    pixels = np.random.default_rng(0).integers(0, 256, (12, 10, 3), dtype=np.uint8)
+    expected = photo_pixels(pixels, 3, 8, 8)
+    for same in (pixels / 255, (pixels / 255).astype(np.float32), pixels.astype(np.float64),
+                 pixels.astype(np.uint16) * 257):
+        assert np.array_equal(photo_pixels(same, 3, 8, 8), expected), same.dtype
+    grey = pixels[..., 0]
+    assert np.array_equal(photo_pixels(grey[None], 1, 8, 8), photo_pixels(grey, 1, 8, 8))
+    assert np.array_equal(photo_pixels(grey[..., None] > 127, 1, 8, 8), photo_pixels((grey > 127) * 255, 1, 8, 8))
+
+
+@pytest.mark.parametrize("array, pattern", [
+    (np.full((8, 8), np.nan), r"<array>: the image holds NaN or infinite values \(64 of its 64 samples\)"),
+    (np.array([[None] * 8] * 8), r"<array>: cannot read an array of dtype object as an image"),
+    (np.ones((8, 8), complex), r"<array>: cannot read an array of dtype complex128 as an image"),
+    (np.zeros((1, 1, 1, 8, 8)), r"<array>: cannot read an array of shape \(1, 1, 1, 8, 8\) as an image"),
+    (np.zeros((0, 8)), r"<array>: cannot read an array of shape \(0, 8\)"),
+], ids=["NaN", "objects", "complex", "five dimensions", "empty"])
+def test_a_photo_array_that_is_no_image_is_an_image_error(array, pattern):
+    with pytest.raises(ImageError, match=pattern):
+        photo_pixels(array, 3, 8, 8)

@@ -307,7 +307,9 @@ def test_wrong_checksum_download_is_refused_and_keeps_the_cached_file(tmp_path, 
 
 
 def test_unreachable_mirror_is_a_data_error_naming_the_url(tmp_path):
-    with pytest.raises(DataError, match=r"could not download train-images-idx3-ubyte\.gz .*127\.0\.0\.1:9"):
+    with pytest.raises(DataError, match=r"could not download train-images-idx3-ubyte\.gz .*127\.0\.0\.1:9.*; put them "
+                                        r"there, or give the folder that holds them with --data-dir \(data\.dir\) "
+                                        r"or \$CUDNNNET_DATA"):
         load_mnist()
     cache = tmp_path / "xdg-cache" / "cudnnnet" / "mnist"
     assert list(cache.iterdir()) == []

@@ -56,9 +56,80 @@ def test_a_damaged_cifar10_file_is_named(tmp_path, damage, message):
         load_source(DataConfig(dataset="cifar10", dir=str(tmp_path)), "train", download=False)
 
 
+EXTRACT_WITH_A_FULL_DISK = """
+import resource, signal, sys
+from cudnnnet.data import sources
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+sources.CIFAR10_ARCHIVE_MD5 = sys.argv[2]
+try:
+    sources._download_cifar(sources.Path(sys.argv[1]))
+except sources.DataError as error:
+    print(error)
+"""
+
+
+def test_a_cifar10_extraction_that_fails_midway_leaves_no_part_of_a_file(tmp_path):
+    """The disk filled up (or the user pressed Ctrl-C) while the records were extracted: the next run
+    finds the files missing and extracts them again, never a truncated file it then refuses, or reads short."""
+    import subprocess
+    import sys
+    import tarfile
+
+    records = tmp_path / "records"
+    records.mkdir()
+    write_cifar(records, per_file=20)  # 61 460 bytes a file: more than the 50 000 the process may write
+    archive = tmp_path / "cifar" / "cifar-10-binary.tar.gz"
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in sorted(records.iterdir()):
+            tar.add(path, arcname=f"cifar-10-batches-bin/{path.name}")
+    finished = subprocess.run([sys.executable, "-c", EXTRACT_WITH_A_FULL_DISK, str(archive.parent),
+                               sources.file_md5(archive)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert "cannot extract the CIFAR-10 records" in finished.stdout, finished.stdout + finished.stderr
+    assert sorted(path.name for path in archive.parent.iterdir()) == [archive.name]
+    with pytest.raises(DataError, match="CIFAR-10 train files missing"):
+        load_source(DataConfig(dataset="cifar10", dir=str(archive.parent)), "train", download=False)
+
+
 def test_missing_cifar10_files_are_listed_without_a_download(tmp_path):
     with pytest.raises(DataError, match="CIFAR-10 test files missing.*test_batch.bin"):
         load_source(DataConfig(dataset="cifar10", dir=str(tmp_path)), "test", download=False)
+
+
+def test_without_data_dir_cifar10_and_the_idx_family_use_the_user_cache(tmp_path, idx_tools):
+    """The shipped fashion_mnist_cnn and cifar10_cnn configs give no data.dir: their files are looked
+    for in (and downloaded to) $XDG_CACHE_HOME/cudnnnet/<dataset>."""
+    written = write_cifar(_made(tmp_path / "xdg-cache" / "cudnnnet" / "cifar10"))
+    test = load_source(DataConfig(dataset="cifar10"), "test", download=False)
+    assert np.array_equal(test.pixels, written["test_batch.bin"][0])
+    folder = tmp_path / "xdg-cache" / "cudnnnet" / "kmnist"
+    with pytest.raises(DataError, match=f"KMNIST train file train-images-idx3-ubyte.* missing from {folder}"):
+        load_source(DataConfig(dataset="kmnist"), "train", download=False)
+
+
+def _made(folder):
+    folder.mkdir(parents=True)
+    return folder
+
+
+def test_a_failed_download_says_how_to_give_the_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "CIFAR10_URL", "http://127.0.0.1:9/cifar-10-binary.tar.gz")
+    with pytest.raises(DataError, match=r"could not download cifar-10-binary\.tar\.gz into .*cifar10: .*127\.0\.0\.1:9"
+                                        r".*; put the files there, or give the folder that holds them with --data-dir"):
+        load_source(DataConfig(dataset="cifar10"), "train")
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "fashion-mnist", "cifar10"])
+def test_without_a_home_or_xdg_cache_a_data_set_without_a_folder_is_named(monkeypatch, dataset):
+    """A service account with no home directory and no $XDG_CACHE_HOME: no user cache to download into."""
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(os.path, "expanduser", lambda path: path)  # what it returns where the user has no home
+    with pytest.raises(DataError, match=f"no folder for {dataset}: neither \\$XDG_CACHE_HOME nor a home directory "
+                                        r"is set.*give the folder .* with --data-dir"):
+        load_source(DataConfig(dataset=dataset), "train")
 
 
 def test_fashion_mnist_named_files_are_checked_against_the_published_md5(tmp_path, idx_tools):
@@ -129,6 +200,10 @@ def test_npz_of_uint8_and_of_float_pixels(tmp_path):
     (dict(x=np.full((3, 4, 4), 2.0, np.float32), y=np.zeros(3, np.int64)), r"float x must hold finite values in \[0, 1\]"),
     (dict(x=np.zeros((3, 4), np.uint8), y=np.zeros(3, np.int64)), "x must hold images shaped"),
     (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, -1, 0])), "label -1 is negative"),
+    (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, 100_000, 0])),
+     r"label 100000 at index 1 would make 100001 classes; labels are 0\.\.K-1 for K classes, at most 100000"),
+    (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, (1 << 63) + 5, 0], np.uint64)),
+     r"label 9223372036854775813 at index 1 would make"),
 ])
 def test_a_bad_npz_is_named_with_what_is_wrong(tmp_path, arrays, message):
     path = write_npz(tmp_path / "bad.npz", **arrays)
@@ -161,6 +236,39 @@ def save_image(path, array):
 
 def folder_config(root, **keys):
     return DataConfig(dataset="image-folder", dir=str(root), **keys)
+
+
+def test_a_photo_turned_by_its_exif_orientation_is_trained_on_as_predict_reads_it(tmp_path):
+    """A phone stores a portrait photo as landscape pixels and an EXIF orientation; predict turns it
+    upright, so training must too (it read the stored pixels: every such photo lay on its side)."""
+    from cudnnnet.data.images import load_photo
+
+    stored = np.random.default_rng(3).integers(0, 256, (6, 8, 3), dtype=np.uint8)  # 8 wide, 6 high
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90° clockwise to display"
+    for split in ("train", "test"):
+        for name in ("cat", "dog"):
+            path = tmp_path / split / name / "a.png"
+            path.parent.mkdir(parents=True)
+            Image.fromarray(stored).save(path, exif=exif.tobytes())
+    loaded = load_source(folder_config(tmp_path), "train")
+    upright = np.rot90(stored, k=-1).transpose(2, 0, 1)  # 6 wide, 8 high
+    assert loaded.pixels.shape == (2, 3, 8, 6) and np.array_equal(loaded.pixels[0], upright)
+    assert np.array_equal(load_photo(tmp_path / "test" / "cat" / "a.png", 3, 8, 6), upright)
+
+
+def test_pillow_s_warnings_about_a_folder_image_are_not_printed(tmp_path):
+    """Turning a photo upright reads its EXIF block; a corrupt one made Pillow print a UserWarning."""
+    import warnings
+
+    from test_images import jpeg_with_corrupt_exif
+
+    for split in ("train", "test"):
+        for name in ("cat", "dog"):
+            jpeg_with_corrupt_exif(_made(tmp_path / split / name) / "a.jpg", np.full((6, 8, 3), 200, np.uint8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_source(folder_config(tmp_path), "train").pixels.shape == (2, 3, 6, 8)
 
 
 def test_grey_and_rgb_images_mixed_make_rgb_with_grey_in_every_channel(tmp_path):
