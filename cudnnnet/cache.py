@@ -44,8 +44,11 @@ def cache_off() -> bool:
 
 
 def cache_root() -> Path:
-    """$XDG_CACHE_HOME/cudnnnet, else ~/.cache/cudnnnet; RuntimeError when there is no home directory."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cudnnnet"
+    """$XDG_CACHE_HOME/cudnnnet, else ~/.cache/cudnnnet; RuntimeError when there is no home directory.
+    A relative $XDG_CACHE_HOME is ignored, as the XDG base directory specification asks (it would name
+    another folder in each working directory)."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "cudnnnet"
 
 
 def plan_dir() -> Path:

@@ -583,7 +583,7 @@ def _path(data: _Section, key: str, required: bool) -> str | None:
     value = data.get(key, _REQUIRED if required else None, "a file path")
     if value is not None and (not isinstance(value, str) or not value):
         data.fail(key, f"expected a path (a non-empty string), got {_describe(value)}")
-    return value
+    return None if value is None else os.path.expanduser(value)
 
 
 def _parse_md5(data: _Section) -> dict | None:
@@ -666,6 +666,8 @@ def _parse_data(data: _Section) -> DataConfig:
         data.fail("dir", f"expected a directory path (a non-empty string), got {_describe(directory)}")
     if dataset == "image-folder" and directory is None:
         data.fail("dir", "missing required key: image-folder reads dir/<class>/<image> (or dir/train/, dir/test/)")
+    if directory is not None:
+        directory = os.path.expanduser(directory)  # "~/data", as a shell would read it
     paths = {key: _path(data, key, dataset == "idx") for key in IDX_PATH_KEYS}
     paths.update({key: _path(data, key, dataset == "npz") for key in NPZ_PATH_KEYS})
     return DataConfig(dataset=dataset, dir=directory,

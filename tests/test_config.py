@@ -70,6 +70,16 @@ def test_load_config_types_values_and_defaults(tmp_path):
     assert (config.device, config.math) == ("host", "tf32")
 
 
+def test_a_data_path_starting_with_a_tilde_is_read_in_the_home_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    raw = minimal()
+    raw["data"] = {"dataset": "idx", "dir": "~/digits", "train_images": "~/digits/train.idx",
+                   "train_labels": "labels.idx", "test_images": "t.idx", "test_labels": "tl.idx"}
+    data = parse_config(raw).data
+    assert (data.dir, data.train_images, data.train_labels) == (str(tmp_path / "digits"),
+                                                                str(tmp_path / "digits" / "train.idx"), "labels.idx")
+
+
 def test_minimal_config_defaults():
     config = parse_config(minimal())
     assert (config.device, config.math, config.source) == ("auto", "fp32", "<dict>")

@@ -154,6 +154,16 @@ def test_no_home_directory_means_no_cache(monkeypatch):
     assert plan_cache.read_plan(KEY) is None
 
 
+def test_a_relative_xdg_cache_home_is_ignored_for_the_home_cache(tmp_path, monkeypatch):
+    """The XDG base directory specification: a relative path in $XDG_CACHE_HOME is invalid, ignored."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative-cache")
+    monkeypatch.setattr(Path, "home", staticmethod(lambda: tmp_path / "home"))
+    assert cache.cache_root() == tmp_path / "home" / ".cache" / "cudnnnet"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "absolute-cache"))
+    assert cache.cache_root() == tmp_path / "absolute-cache" / "cudnnnet"
+
+
 def test_the_no_cache_variable_turns_the_disk_cache_off(cache_dir, monkeypatch):
     plan_cache.write_plan(KEY, ALGORITHMS)
     monkeypatch.setenv(plan_cache.NO_CACHE_ENV, "1")
