@@ -70,3 +70,17 @@ def write_zip(path, entries: dict[str, Entry]) -> None:
         file.write(bytes(local) + bytes(central) + zip64_end + locator + end)
     with zipfile.ZipFile(path) as archive:  # the archive is well formed: its directory reads
         assert [info.filename for info in archive.infolist()] == list(entries)
+
+
+def pyyaml_copies_merged_keys() -> bool:
+    """Whether this PyYAML copies a key every time a merge (``<<``) brings it in (before 6.0.4), so that
+    mappings merging the previous one twice double at each line; later versions keep each key once."""
+    import yaml
+
+    loader = yaml.SafeLoader("a: &a {k: 1}\nb: {<<: [*a, *a]}\n")
+    try:
+        merging = loader.get_single_node().value[1][1]
+        loader.flatten_mapping(merging)
+        return len(merging.value) == 2
+    finally:
+        loader.dispose()

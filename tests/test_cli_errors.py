@@ -34,6 +34,7 @@ from cudnnnet.data import mnist
 from cudnnnet.network import OPTIMIZER_PREFIX, Network
 from cudnnnet.optim import SGD
 from cudnnnet.training import build_network
+from hostile_files import pyyaml_copies_merged_keys
 from run_helpers import NO_NETWORK, REPO_ROOT, offline_tools
 
 MLP_CONFIG = REPO_ROOT / "configs" / "mnist_mlp.yaml"
@@ -253,7 +254,7 @@ CONFIG_CASES = {
     "YAML merges doubling at each line": (
         "m0: &m0 {k0: 1}\n" + "".join(f"m{i}: &m{i} {{<<: [*m{i - 1}, *m{i - 1}], k{i}: 1}}\n" for i in range(1, 40)),
         r"bad\.yaml: not valid YAML: line 14, column 6: the merges \(<<\) here bring more than 10000 keys into one "
-        r"mapping"),
+        r"mapping" if pyyaml_copies_merged_keys() else r"bad\.yaml: m0: unknown key 'm0'"),
     "Python object tag": ('model: !!python/object/apply:os.system ["touch PWNED"]\n' + VALID_TRAIN,
                           r"bad\.yaml: line 1, column 8: refused the tag !!python/object/apply:os\.system: a config "
                           r"may not create Python objects"),

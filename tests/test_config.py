@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from cudnnnet.config import (AugmentConfig, Config, ConfigError, LayerSpec, OptimizerConfig, ScheduleConfig, load_config,
                              parse_config)
 from cudnnnet.errors import UsageError
+from hostile_files import pyyaml_copies_merged_keys
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -436,7 +437,8 @@ def test_file_level_errors_name_the_file(tmp_path, text, fragment):
      "line 4, column 3: duplicate key 'optimizer' (also on line 2); each key may appear once"),
     ("model: {type: dense, lr: 1, lr: 2}\n", "line 1, column 29: duplicate key 'lr' (also on line 1)"),
     ("m0: &m0 {k0: 1}\n" + "".join(f"m{i}: &m{i} {{<<: [*m{i - 1}, *m{i - 1}], k{i}: 1}}\n" for i in range(1, 16)),
-     "line 14, column 6: the merges (<<) here bring more than 10000 keys into one mapping"),
+     "line 14, column 6: the merges (<<) here bring more than 10000 keys into one mapping"
+     if pyyaml_copies_merged_keys() else "m0: unknown key 'm0'"),  # a PyYAML keeping each key once reads it
     ("b: &b {" + ", ".join(f"k{i}: 1" for i in range(6000)) + "}\nw: {<<: [*b, *b, *b]}\n",
      "line 2, column 4: the merges (<<) here bring more than 10000 keys"),
 ], ids=["deep lists", "deep mappings", "long integer", "a key twice", "a key twice in a flow mapping",
