@@ -10,6 +10,9 @@ that a cache never fails its caller.
 ``CUDNNNET_NO_CACHE=1`` turns every cache off. An entry that is missing, cannot be read or does not
 parse is ignored (the caller computes the value again and stores it); a folder that cannot be
 written is left alone. Both are logged at debug level through the caller's logger, nothing more.
+Entries are read only from regular files (``read_bytes``, ``map_array``): a FIFO, a device or a
+folder planted where an entry belongs is ignored like a damaged entry, without blocking on it or
+reading it without end, and replaced by the rewritten entry (``atomic_write`` renames over it).
 
 A keyed entry (``keyed_path``, ``read_keyed``, ``write_keyed``: the plans) is one JSON file named by
 the SHA-256 of its key, everything that decides the value; the file holds the key too, and an entry
@@ -27,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import BinaryIO, Callable, Mapping, TypeVar
 
@@ -34,6 +38,9 @@ from .files import atomic_write
 
 NO_CACHE_ENV = "CUDNNNET_NO_CACHE"
 READ_ERRORS = (OSError, ValueError, EOFError, RecursionError)  # a damaged entry: unreadable, truncated, not parsing
+MAX_ENTRY_BYTES = 64 << 20  # a plan's JSON, a sidecar or a cubin: a larger file is no entry this package wrote
+_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 Read = TypeVar("Read")
 Parsed = TypeVar("Parsed")
 
@@ -78,6 +85,59 @@ def read_entry(read: Callable[[], Read], path: Path, what: str, log: logging.Log
         return None
 
 
+class NotRegularFile(OSError):
+    """A cache entry's path holds something other than a regular file, or a file too large to be one."""
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` (symbolic links followed) opened for reading when it is a regular file; NotRegularFile
+    for a FIFO, a device, a socket or a folder. Checked before the open, so that no device is opened, and
+    on the opened descriptor, which ``O_NONBLOCK`` keeps a FIFO swapped in meanwhile from blocking."""
+    _check_regular(os.stat(path).st_mode, path)
+    handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _check_regular(os.fstat(handle).st_mode, path)
+        os.set_blocking(handle, True)
+        return os.fdopen(handle, "rb")
+    except BaseException:
+        os.close(handle)
+        raise
+
+
+def _check_regular(mode: int, path: Path) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a file")
+        raise NotRegularFile(0, f"not a regular file ({kind})", str(path))
+
+
+def read_bytes(path: Path, limit: int = MAX_ENTRY_BYTES) -> bytes:
+    """The contents of the regular file ``path``; NotRegularFile for anything else or a file above ``limit`` bytes."""
+    with open_regular(path) as file:
+        content = file.read(limit + 1)
+    if len(content) > limit:
+        raise NotRegularFile(0, f"larger than {limit} bytes, more than a cache entry holds", str(path))
+    return content
+
+
+def map_array(path: Path):
+    """The ``.npy`` array in the regular file ``path``, memory-mapped read-only (nothing read but its
+    header); ValueError for an array of Python objects or a header this reader does not know."""
+    import numpy as np
+
+    with open_regular(path) as file:
+        version = np.lib.format.read_magic(file)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"an .npy file of format version {version}, not 1.0 or 2.0")
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = read_header(file)
+        if dtype.hasobject:
+            raise ValueError("an array of Python objects, which is never cached")
+        if 0 in shape:
+            return np.zeros(shape, dtype)
+        return np.memmap(file, dtype=dtype, mode="r", offset=file.tell(), shape=shape,
+                         order="F" if fortran_order else "C")
+
+
 def store_entry(files: Mapping[Path, Callable[[BinaryIO], None]], what: str, log: logging.Logger) -> None:
     """Write each of ``files`` atomically, in order, through its writer; a failure is only logged."""
     try:
@@ -108,7 +168,7 @@ def read_keyed(folder: Callable[[], Path], key: dict, parse: Callable[[dict], Pa
     path = keyed_path(folder, key)
     if path is None:
         return None
-    read = read_entry(lambda: (json.loads(path.read_bytes()),), path, what, log)
+    read = read_entry(lambda: (json.loads(read_bytes(path)),), path, what, log)
     if read is None:
         return None
     (entry,) = read

@@ -1,8 +1,13 @@
 """Builders of small hostile files the tests share (not fixtures): streams that inflate to far more
-than they take on disk, and zip archives whose entries declare what their writer chose."""
+than they take on disk, zip archives whose entries declare what their writer chose, and FIFOs or
+devices planted where a file belongs (with ``within``, which fails a read that blocks instead of
+hanging the tests)."""
 
+import contextlib
 import gzip
 import io
+import os
+import signal
 import struct
 import zipfile
 import zlib
@@ -10,6 +15,39 @@ import zlib
 import numpy as np
 
 MIB = 1 << 20
+
+
+def plant(path, kind: str) -> None:
+    """Put a FIFO (``"fifo"``: no writer, so a blocking open waits for ever), a link to the device
+    /dev/null (``"device"``) or an empty folder (``"folder"``) where ``path`` is. (Not /dev/zero: a
+    reader that regressed would fill the memory of the machine before any deadline could stop it.)"""
+    if path.is_dir() and not path.is_symlink():
+        path.rmdir()
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    {"fifo": os.mkfifo, "device": lambda where: os.symlink(os.devnull, where), "folder": os.mkdir}[kind](path)
+
+
+class Blocked(BaseException):
+    """Raised by ``within``: a BaseException, so that no handler of the code under test (a cache
+    ignoring an unreadable entry catches OSError, TimeoutError's base) swallows it."""
+
+
+@contextlib.contextmanager
+def within(seconds: float):
+    """Raise Blocked in the body once it has run ``seconds`` (SIGALRM, so the main thread only):
+    a read blocked on a FIFO fails the test instead of hanging the run."""
+    def expire(signum, frame):
+        raise Blocked(f"still running after {seconds} s: blocked on a file that is not a regular one?")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def gzip_bomb(header: bytes, megabytes: int) -> bytes:

@@ -152,8 +152,8 @@ def _load_cached(entry: Path) -> tuple[np.ndarray, np.ndarray] | None:
     """(pixels, labels) of the cache entry when it is whole and both arrays have the digests recorded
     in its JSON, else None."""
     def read() -> tuple[object, np.ndarray, np.ndarray]:
-        digests = json.loads(entry.with_suffix(".json").read_text())
-        return (digests, *(np.load(_array_path(entry, name), mmap_mode="r", allow_pickle=False) for name in ARRAYS))
+        digests = json.loads(cache.read_bytes(entry.with_suffix(".json")))
+        return (digests, *(cache.map_array(_array_path(entry, name)) for name in ARRAYS))
 
     stored = cache.read_entry(read, entry, "decoded folder", logger)
     if stored is None:

@@ -318,8 +318,8 @@ def _load_entry(entry: Path, file_key: tuple[str, int, int]) -> tuple[np.ndarray
     """(array, MD5) from the cache entry when it describes the source as it is now and its array has
     the digest recorded with it, else None."""
     def read() -> tuple[object, np.ndarray]:
-        sidecar = json.loads(entry.with_suffix(".json").read_text())
-        return sidecar, np.load(entry.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)  # nothing read yet
+        sidecar = json.loads(cache.read_bytes(entry.with_suffix(".json")))
+        return sidecar, cache.map_array(entry.with_suffix(".npy"))  # nothing read yet
 
     stored = cache.read_entry(read, entry, "parsed file", logger)
     if stored is None:

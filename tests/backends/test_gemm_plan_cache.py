@@ -20,6 +20,7 @@ from cudnnnet.backends.cuda import matmul
 from cudnnnet.backends.cuda.bindings import cublas, cublaslt
 from cudnnnet.backends.cuda.matmul import GemmChoice, GemmEngine, GemmKey, GemmProblem
 from cudnnnet.errors import CublasError, OutOfMemoryError
+from hostile_files import plant, within
 
 PROBLEM = GemmProblem(OP_N, OP_N, 500, 256, 10, 500, 10, 500)  # the MLP's last dx: C = dy·W (NN)
 WORKSPACE_BYTES = 32 << 20
@@ -186,6 +187,18 @@ def test_a_whole_number_of_microseconds_is_read_as_a_float():
     path.parent.mkdir(parents=True)
     path.write_bytes(entry_with(lambda entry: entry["choice"].update(microseconds=3)))
     assert matmul.read_gemm_plan(KEY) == GemmChoice("lt", 3.0, ALGO)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_device_planted_as_the_entry_is_ignored_promptly_and_replaced(kind, caplog):
+    path = matmul.gemm_plan_path(KEY)
+    plant(path, kind)
+    caplog.set_level(logging.DEBUG, logger=matmul.__name__)
+    with within(5):
+        assert matmul.read_gemm_plan(KEY) is None
+    assert "not a regular file" in caplog.text
+    matmul.write_gemm_plan(KEY, CHOICES["lt"])
+    assert path.is_file() and not path.is_symlink() and matmul.read_gemm_plan(KEY) == CHOICES["lt"]
 
 
 def test_an_unreadable_entry_and_an_unwritable_cache_only_log(caplog):

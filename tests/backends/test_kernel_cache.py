@@ -11,6 +11,7 @@ import pytest
 from cudnnnet.backends.cuda import kernel
 from cudnnnet.backends.cuda.bindings import nvrtc
 from cudnnnet.errors import CudaError
+from hostile_files import plant, within
 
 SOURCE = b'extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }'
 ARCH = "sm_90"
@@ -143,6 +144,19 @@ def test_an_empty_or_foreign_cache_file_is_compiled_again_and_rewritten(fake_nvr
     new_process()
     assert kernel.compile_cubin(SOURCE, "twice.cu", ARCH) == cubin and fake_nvrtc.compiles == 2
     assert cached.read_bytes() == cubin
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_device_planted_as_the_cubin_is_compiled_again_promptly_and_replaced(fake_nvrtc, kind, caplog):
+    path = kernel.cached_cubin_path(SOURCE, "twice.cu", ARCH)
+    plant(path, kind)
+    caplog.set_level(logging.DEBUG, logger=kernel.__name__)
+    with within(5):
+        cubin = kernel.compile_cubin(SOURCE, "twice.cu", ARCH)
+    assert fake_nvrtc.compiles == 1 and "not a regular file" in caplog.text
+    assert path.is_file() and not path.is_symlink() and path.read_bytes() == cubin
+    new_process()
+    assert kernel.compile_cubin(SOURCE, "twice.cu", ARCH) == cubin and fake_nvrtc.compiles == 1
 
 
 def test_an_unreadable_cache_file_and_an_unwritable_cache_only_log(fake_nvrtc, cache_dir, caplog):

@@ -22,6 +22,7 @@ from cudnnnet.backends.cuda.backend import CudaBackend
 from cudnnnet.backends.cuda.convolution import DIRECTION_NAMES, Algorithm
 from cudnnnet.backends.cuda.gemm_convolution import GEMM_ALGORITHM, GemmShape, workspace_bytes
 from cudnnnet.errors import CudnnError
+from hostile_files import plant, within
 
 DESC = ConvolutionDescriptor(20, 1, 5)
 X_SHAPE = (256, 1, 28, 28)
@@ -123,6 +124,18 @@ def test_a_damaged_entry_is_ignored_and_rewritten(content, caplog):
     assert "ignoring the" in caplog.text
     plan_cache.write_plan(KEY, ALGORITHMS)
     assert plan_cache.read_plan(KEY) == ALGORITHMS
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_device_planted_as_the_entry_is_ignored_promptly_and_replaced(kind, caplog):
+    path = plan_cache.plan_path(KEY)
+    plant(path, kind)
+    caplog.set_level(logging.DEBUG, logger=plan_cache.__name__)
+    with within(5):
+        assert plan_cache.read_plan(KEY) is None
+    assert "not a regular file" in caplog.text
+    plan_cache.write_plan(KEY, ALGORITHMS)
+    assert path.is_file() and not path.is_symlink() and plan_cache.read_plan(KEY) == ALGORITHMS
 
 
 def test_an_unreadable_entry_and_an_unwritable_cache_only_log(caplog):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from cudnnnet.data import mnist
 from cudnnnet.data.mnist import load_mnist, one_hot, parse_idx, read_idx, read_images, read_labels
 from cudnnnet.errors import DataError, UsageError
+from hostile_files import plant, within
 
 
 def md5(data: bytes) -> str:
@@ -525,6 +526,28 @@ def test_a_damaged_cache_entry_is_ignored_and_rewritten(tmp_path, idx_tools, par
     parse_calls.clear()
     load_mnist(tmp_path, "test", download=False, verify=False)
     assert parse_calls == []  # rewritten whole
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".json"])
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_device_planted_as_a_cache_file_is_ignored_promptly_and_replaced(tmp_path, idx_tools, parse_calls,
+                                                                                   parsed_dir, suffix, kind):
+    images, labels = idx_tools.fake_split(3)
+    idx_tools.write_split(tmp_path, "test", images, labels)
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    planted = sorted(parsed_dir.glob(f"*{suffix}"))
+    for path in planted:
+        plant(path, kind)
+    new_process()
+    parse_calls.clear()
+    with within(5):
+        _, loaded_labels = load_mnist(tmp_path, "test", download=False, verify=False)
+    np.testing.assert_array_equal(loaded_labels, labels)
+    assert len(parse_calls) == 2 and all(path.is_file() and not path.is_symlink() for path in planted)
+    new_process()
+    parse_calls.clear()
+    load_mnist(tmp_path, "test", download=False, verify=False)
+    assert parse_calls == []  # rewritten as files
 
 
 def test_an_entry_describing_another_array_is_ignored(tmp_path, idx_tools, parse_calls, parsed_dir):

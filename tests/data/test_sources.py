@@ -15,6 +15,7 @@ from cudnnnet.config import DataConfig
 from cudnnnet.data import image_folder, sources
 from cudnnnet.data.sources import load_source
 from cudnnnet.errors import DataError
+from hostile_files import plant, within
 
 
 def cifar_records(labels: np.ndarray, pixels: np.ndarray) -> bytes:
@@ -377,6 +378,23 @@ def test_a_folder_cache_entry_without_its_digests_is_decoded_again(tmp_path, mon
                         [np.zeros((3, 3), np.uint8)] * len(paths))
     load_source(folder_config(tmp_path), "train")
     assert len(decoded) == 1 and digests.is_file()
+
+
+@pytest.mark.parametrize("suffix", [".pixels.npy", ".labels.npy", ".json"])
+def test_a_fifo_planted_as_a_folder_cache_file_is_ignored_promptly_and_replaced(tmp_path, monkeypatch, suffix):
+    for split in ("train", "test"):
+        for name in ("a", "b"):
+            save_image(tmp_path / split / name / "0.png", np.full((3, 3), 40 if name == "a" else 90, np.uint8))
+    first = load_source(folder_config(tmp_path), "train")
+    (planted,) = (tmp_path / "xdg-cache").rglob(f"*{suffix}")
+    plant(planted, "fifo")
+    decoded = []
+    real_decode = image_folder.decode_files
+    monkeypatch.setattr(image_folder, "decode_files", lambda *args: decoded.append(args) or real_decode(*args))
+    with within(5):
+        again = load_source(folder_config(tmp_path), "train")
+    assert len(decoded) == 1 and np.array_equal(again.pixels, first.pixels) and planted.is_file()
+    assert np.array_equal(load_source(folder_config(tmp_path), "train").labels, first.labels) and len(decoded) == 1
 
 
 def test_a_test_folder_with_a_class_training_lacks_is_named(tmp_path):

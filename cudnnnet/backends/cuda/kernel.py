@@ -158,7 +158,7 @@ def cached_cubin_path(source: bytes, name: str, arch: str) -> Path | None:
 
 
 def _read_cubin(path: Path) -> bytes | None:
-    cubin = cache.read_entry(path.read_bytes, path, "cubin", log)
+    cubin = cache.read_entry(lambda: cache.read_bytes(path), path, "cubin", log)
     if cubin is None:
         return None
     if not cubin.startswith(ELF_MAGIC):
