@@ -24,6 +24,7 @@ from typing import Any, Callable, NoReturn
 
 from .augmentation import MAX_CROP_PADDING
 from .data.mnist import MNIST_MEAN, MNIST_STD
+from .data.pixels import RESIZE_MODES
 from .config_file import MAX_INTEGER, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
 from .errors import ConfigError
@@ -71,6 +72,7 @@ class LayerSpec:
 IDX_PATH_KEYS = ("train_images", "train_labels", "test_images", "test_labels")
 NPZ_PATH_KEYS = ("train_file", "test_file")
 CORRUPT_POLICIES = ("refuse", "skip")
+LEGACY_RESIZE = "stretch"  # what image-folder training did before data.resize existed
 COMPUTED = "computed"  # data.normalize: per-channel mean and std of the training set
 
 
@@ -116,6 +118,7 @@ class DataConfig:
     test_fraction: float = 0.2  # image-folder without train/ and test/: the share held out, by split_seed
     split_seed: int = 0
     corrupt: str = "refuse"  # image-folder: an image that cannot be decoded is refused or skipped
+    resize: str = "crop"  # image-folder training and prediction: fit an image by crop (cover, centre) or stretch
     classes: tuple[str, ...] | None = None  # class names, index = label
     shape: tuple[int, int, int] | None = None  # (C, H, W) of the images before padding
     augment: AugmentConfig | None = None  # training batches only; None: off
@@ -132,6 +135,7 @@ class DataConfig:
             "image_size": None if self.image_size is None else list(self.image_size),
             "test_fraction": None if self.dataset != "image-folder" else self.test_fraction,
             "split_seed": self.split_seed or None, "corrupt": None if self.corrupt == "refuse" else self.corrupt,
+            "resize": self.resize if self.dataset == "image-folder" or self.resize != "crop" else None,
             "classes": None if self.classes is None else list(self.classes),
             "shape": None if self.shape is None else list(self.shape),
             "augment": None if self.augment is None else self.augment.to_dict()})
@@ -655,7 +659,8 @@ def _parse_augment(data: _Section) -> AugmentConfig | None:
 
 
 DATA_KEYS = ("dataset", "dir", "normalize", "pad", "placement") + IDX_PATH_KEYS + NPZ_PATH_KEYS + (
-    "md5", "channels", "image_size", "test_fraction", "split_seed", "corrupt", "classes", "shape", "augment")
+    "md5", "channels", "image_size", "test_fraction", "split_seed", "corrupt", "resize", "classes", "shape",
+    "augment")
 
 
 def _parse_data(data: _Section) -> DataConfig:
@@ -677,7 +682,8 @@ def _parse_data(data: _Section) -> DataConfig:
                       test_fraction=data.number("test_fraction", 0.2, low=0.0, high=1.0, low_open=True, high_open=True),
                       split_seed=data.integer("split_seed", 0, low=0), corrupt=data.choice("corrupt", CORRUPT_POLICIES,
                                                                                          "refuse"),
-                      classes=_parse_classes(data), shape=_parse_shape(data), augment=_parse_augment(data))
+                      resize=data.choice("resize", RESIZE_MODES, "crop"), classes=_parse_classes(data),
+                      shape=_parse_shape(data), augment=_parse_augment(data))
 
 
 ADAMW_WEIGHT_DECAY = 0.01  # AdamW's default decoupled weight decay (PyTorch's)
@@ -781,6 +787,16 @@ def _parse_train(train: _Section) -> TrainConfig:
 
 
 # ---- entry points --------------------------------------------------------------------------
+
+
+def with_checkpoint_defaults(mapping: Any) -> Any:
+    """A checkpoint's stored config with what its writer did where it predates a key: an image-folder
+    config without ``data.resize`` was trained on stretched images (``LEGACY_RESIZE``). Anything else is
+    returned as it is, for ``parse_config`` to validate."""
+    data = mapping.get("data") if isinstance(mapping, dict) else None
+    if not isinstance(data, dict) or data.get("dataset") != "image-folder" or "resize" in data:
+        return mapping
+    return {**mapping, "data": {**data, "resize": LEGACY_RESIZE}}
 
 
 def parse_config(mapping: Any, source: str = "<dict>") -> Config:

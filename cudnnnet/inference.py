@@ -5,8 +5,10 @@
         print(result.image, result.label, result.probability)
 
 A network trained on MNIST (or one without a training config: the original's weights) reads
-digits, preprocessed like MNIST (see ``cudnnnet.data.images``); any other is given the image
-resized (shorter side) and centre-cropped to its input, grey or RGB as it was trained. Both are
+digits, preprocessed like MNIST (see ``cudnnnet.data.images``); any other is given the image fitted
+to its input as it was trained (``data.resize``: crop, the shorter side resized to cover the input and
+the centre taken; or stretch, for image folders trained so, checkpoints from before the key among
+them), grey or RGB as it was trained. Both are
 normalised and padded as the network was trained (read from the checkpoint's config), and the
 classes are named from it.
 """
@@ -105,16 +107,17 @@ def _digit_loader(network, normalize):
 
 
 def _photo_loader(network, normalize):
-    """image -> float32 (C, H, W): resized, centre-cropped, /255, padded and normalised as in training."""
+    """image -> float32 (C, H, W): fitted (``data.resize``), /255, padded and normalised as in training."""
     from .data.images import load_photo, photo_pixels
     from .data.pixels import to_float_images
 
     channels, height, width = network.input_shape
-    pad = network.training_config.data.pad
+    pad, resize = network.training_config.data.pad, network.training_config.data.resize
     size = (channels, height - 2 * pad, width - 2 * pad)
 
     def load(item):
-        pixels = photo_pixels(item, *size) if isinstance(item, np.ndarray) else load_photo(item, *size)
+        pixels = (photo_pixels(item, *size, resize=resize) if isinstance(item, np.ndarray)
+                  else load_photo(item, *size, resize=resize))
         return to_float_images(pixels[None], normalize, pad)[0]
     return load
 

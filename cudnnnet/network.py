@@ -508,14 +508,15 @@ def _model_spec(metadata: dict, path) -> list[dict]:
 
 
 def _training_config(metadata: dict, path):
-    """The validated training config a checkpoint carries (its data normalisation is predicted
-    with), or None when it carries none."""
-    from .config import parse_config  # YAML comes with it: imported when a checkpoint is loaded, not with Network
+    """The validated training config a checkpoint carries (its data normalisation and image geometry
+    are predicted with; a config older than a key reads as what its writer did), or None when it carries none."""
+    from .config import parse_config, with_checkpoint_defaults  # YAML comes with it: imported with a checkpoint
 
     if metadata.get("config") is None:
         return None
     try:
-        return parse_config(metadata["config"], source=f"{path}: the training config in its metadata")
+        return parse_config(with_checkpoint_defaults(metadata["config"]),
+                            source=f"{path}: the training config in its metadata")
     except ConfigError as error:
         raise CheckpointError(str(error)) from None
 

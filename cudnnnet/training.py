@@ -30,7 +30,7 @@ import numpy as np
 from . import checkpoint
 from .background import Background
 from .backends import get_backend, warm_up
-from .config import Config
+from .config import Config, with_checkpoint_defaults
 from .config_file import MAX_INTEGER
 from .curves import plot_curves
 from .data.loader import BatchLoader
@@ -520,6 +520,7 @@ class Trainer:
         path = checkpoint_to_resume(path)
         arrays, metadata = checkpoint.load_npz(path, self.network.checkpoint_shape)
         self._check_batch_size(path, metadata)
+        self._check_geometry(path, metadata)
         self.network.load_weights(path)
         position = metadata.get("position")
         if not isinstance(position, dict) or not all(isinstance(position.get(k), int) for k in ("epoch", "batch", "step")):
@@ -577,6 +578,18 @@ class Trainer:
         if isinstance(saved, int) and not isinstance(saved, bool) and saved != ours:
             raise CheckpointError(f"{path} was trained with batch size {saved} and this run asks for {ours}; its "
                                   f"position counts batches of {saved}: resume with --batch-size {saved}")
+
+    def _check_geometry(self, path: Path, metadata: dict) -> None:
+        """Resuming fits the folder's images as the checkpoint was trained on them: the same data.resize
+        where both resize an image folder (a checkpoint from before the key stretched them)."""
+        config = with_checkpoint_defaults(metadata.get("config"))
+        data = config.get("data") if isinstance(config, dict) else None
+        if not (isinstance(data, dict) and data.get("dataset") == "image-folder" and data.get("image_size")):
+            return
+        saved, ours = data.get("resize"), self.config.data
+        if ours.dataset == "image-folder" and ours.image_size and isinstance(saved, str) and saved != ours.resize:
+            raise CheckpointError(f"{path} was trained on images fitted to data.image_size by data.resize: {saved}, "
+                                  f"and this run asks for {ours.resize}: resume with data.resize: {saved}")
 
 
 class NonFiniteWatch:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cudnnnet.config import (AugmentConfig, Config, ConfigError, LayerSpec, OptimizerConfig, ScheduleConfig, load_config,
-                             parse_config)
+                             parse_config, with_checkpoint_defaults)
 from cudnnnet.errors import UsageError
 from hostile_files import pyyaml_copies_merged_keys
 
@@ -147,6 +147,33 @@ def test_data_augment_is_read_and_round_trips(augment, expected):
     assert config.data.augment == expected
     assert parse_config(config.to_dict()) == config
     assert ("augment" in config.to_dict()["data"]) == (expected is not None)
+
+
+@pytest.mark.parametrize("dataset", ["image-folder", "cifar10"])
+@pytest.mark.parametrize("resize", [None, "crop", "stretch"])
+def test_data_resize_defaults_to_crop_round_trips_and_is_always_written_for_an_image_folder(dataset, resize):
+    raw = minimal()
+    raw["data"] = {"dataset": dataset, "dir": "photos", **({} if resize is None else {"resize": resize})}
+    config = parse_config(raw)
+    assert config.data.resize == (resize or "crop")
+    assert parse_config(config.to_dict()) == config
+    written = config.to_dict()["data"].get("resize")
+    assert written == (config.data.resize if dataset == "image-folder" or resize == "stretch" else None)
+    assert parse_config(with_checkpoint_defaults(config.to_dict())) == config  # a checkpoint written now reads the same
+
+
+def test_a_checkpoint_s_image_folder_config_from_before_data_resize_reads_as_stretch():
+    """Image folders were stretched to data.image_size before the key existed: predicting with such a
+    checkpoint, or resuming it, must fit images the way it was trained."""
+    legacy = minimal()
+    legacy["data"] = {"dataset": "image-folder", "dir": "photos", "image_size": [8, 12]}
+    assert parse_config(legacy).data.resize == "crop"  # a config written by hand: the new default
+    assert parse_config(with_checkpoint_defaults(legacy)).data.resize == "stretch"
+    assert "resize" not in legacy["data"]  # the stored mapping is left as it is
+    for other in ({"dataset": "cifar10"}, {}, None):
+        raw = {**minimal(), **({} if other is None else {"data": other})}
+        assert with_checkpoint_defaults(raw) == raw
+    assert with_checkpoint_defaults(["not", "a", "mapping"]) == ["not", "a", "mapping"]
 
 
 def test_augmentation_is_on_for_the_natural_image_configs_and_off_for_digits():
@@ -309,6 +336,8 @@ INVALID = [
     (("data", "image_size"), [32, 0], "data.image_size.width: expected an integer in [1, 65536], got 0"),
     (("data", "test_fraction"), 1.0, "data.test_fraction: expected a number in (0, 1), got 1.0"),
     (("data", "corrupt"), "ignore", "data.corrupt: expected one of refuse, skip, got 'ignore'"),
+    (("data", "resize"), "fit", "data.resize: expected one of crop, stretch, got 'fit'"),
+    (("data", "resize"), True, "data.resize: expected one of crop, stretch, got True (boolean)"),
     (("data", "md5"), {"a.gz": "xyz"}, "data.md5.'a.gz': expected an MD5 of 32 hex digits, got 'xyz'"),
     (("data", "classes"), ["cat", "cat"], "data.classes: expected a list of distinct non-empty class names"),
     (("data", "classes"), ["cat\ndog", "bird"], "data.classes: expected a list of distinct non-empty class names of "

@@ -9,7 +9,7 @@ from PIL import Image
 
 import cudnnnet
 from cudnnnet import Network
-from cudnnnet.config import load_config
+from cudnnnet.config import load_config, parse_config
 from cudnnnet.data.mnist import read_images, read_labels
 from cudnnnet.training import build_network
 from run_helpers import REPO_ROOT, run_script, train_cli
@@ -139,6 +139,47 @@ def test_the_api_predicts_files_and_arrays_as_the_script_does(trained_cnn, rende
     from_bmp = cudnnnet.predict(network, rendered["white_on_black"])  # the same uint8 pixels as the arrays
     assert [result.probabilities for result in from_bmp] == [result.probabilities for result in from_arrays]
     assert all(result.probability == max(result.probabilities) for result in from_arrays)
+
+
+# ---- natural images: the geometry the network was trained with ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def folder_checkpoints(tmp_path_factory):
+    """configs/image_folder.yaml's network for 3×12×12 inputs, saved three times with its initial
+    weights: trained with data.resize crop, with stretch, and by a version before the key (none)."""
+    root = tmp_path_factory.mktemp("folder-models")
+    raw = load_config(REPO_ROOT / "configs" / "image_folder.yaml").to_dict()
+    raw["data"].update(dir=str(root), image_size=[12, 12], channels=3, shape=[3, 12, 12], classes=["cat", "dog"],
+                       normalize={"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]})
+    network = build_network(parse_config(raw), "host")
+    for resize in ("crop", "stretch", None):
+        saved = {**raw, "data": {key: value for key, value in raw["data"].items() if key != "resize"}}
+        if resize is not None:
+            saved["data"]["resize"] = resize
+        network.save(root / f"{resize or 'legacy'}.npz", config=saved)
+    return root
+
+
+@pytest.mark.parametrize("model, resize", [("crop", "crop"), ("stretch", "stretch"), ("legacy", "stretch")])
+def test_a_folder_model_predicts_a_photo_fitted_as_it_was_trained(folder_checkpoints, tmp_path, model, resize):
+    """A checkpoint from before data.resize was trained on stretched images, so it predicts on them."""
+    from cudnnnet.data.images import load_photo
+    from cudnnnet.data.pixels import to_float_images
+    from cudnnnet.tensor import Tensor
+
+    photo = tmp_path / "landscape.png"
+    Image.fromarray(np.random.default_rng(5).integers(0, 256, (30, 50, 3), dtype=np.uint8)).save(photo)
+    network = Network.load(folder_checkpoints / f"{model}.npz", backend="host")
+    assert network.training_config.data.resize == resize
+    (result,) = cudnnnet.predict(network, [photo])
+    normalize = network.training_config.data.normalize
+    expected = {}
+    for geometry in ("crop", "stretch"):
+        inputs = to_float_images(load_photo(photo, 3, 12, 12, resize=geometry)[None], normalize, 0)
+        expected[geometry] = network.predict(Tensor.from_numpy(inputs, network.backend)).numpy().reshape(-1)
+    assert not np.allclose(expected["crop"], expected["stretch"], atol=1e-6), "the photo does not tell them apart"
+    assert np.allclose(result.probabilities, expected[resize], atol=1e-6)
 
 
 # ---- bad files ----------------------------------------------------------------------------------

@@ -522,3 +522,45 @@ def test_bn_cnn_graph_replay_gives_the_same_weights_as_eager_steps(cuda, mnist_d
         finals.append(run.network.state_dict())
     for name, value in finals[0].items():
         assert np.allclose(finals[1][name], value, rtol=1e-3, atol=1e-5), name
+
+
+# ---- resuming an image folder: the geometry it was trained with ----------------------------------
+
+
+def _folder_config(root, resize):
+    from PIL import Image
+
+    from cudnnnet.config import parse_config
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for name in ("cat", "dog"):
+            (root / split / name).mkdir(parents=True, exist_ok=True)
+            for index in range(2):
+                photo = rng.integers(0, 256, (10, 16, 3), dtype=np.uint8)
+                Image.fromarray(photo).save(root / split / name / f"{index}.png")
+    raw = load_config(REPO_ROOT / "configs" / "image_folder.yaml").to_dict()
+    raw["data"].update(dir=str(root), image_size=[8, 8], resize=resize, augment=False)
+    raw["train"].update(epochs=1, batch_size=4)
+    raw["device"] = "host"
+    return parse_config(raw, source="<folder>")
+
+
+def test_resuming_an_image_folder_run_with_another_resize_is_refused_and_an_old_checkpoint_reads_as_stretch(tmp_path):
+    from cudnnnet.checkpoint import save_npz
+    from cudnnnet.errors import CheckpointError
+
+    Trainer(_folder_config(tmp_path / "photos", "crop"), tmp_path / "run", progress=False).run()
+    checkpoint = tmp_path / "run" / "model.npz"
+    with pytest.raises(CheckpointError, match=r"model.npz was trained on images fitted to data.image_size by "
+                                              r"data.resize: crop, and this run asks for stretch: resume with "
+                                              r"data.resize: crop"):
+        Trainer(_folder_config(tmp_path / "photos", "stretch"), tmp_path / "again", resume=checkpoint, progress=False)
+    Trainer(_folder_config(tmp_path / "photos", "crop"), tmp_path / "same", resume=checkpoint, progress=False)
+    arrays, metadata = load_npz(checkpoint)
+    del metadata["config"]["data"]["resize"]  # as a version before the key wrote it: images were stretched
+    save_npz(checkpoint, arrays, metadata)
+    with pytest.raises(CheckpointError, match=r"by data.resize: stretch, and this run asks for crop"):
+        Trainer(_folder_config(tmp_path / "photos", "crop"), tmp_path / "old", resume=checkpoint, progress=False)
+    Trainer(_folder_config(tmp_path / "photos", "stretch"), tmp_path / "old-stretched", resume=checkpoint,
+            progress=False)

@@ -4,7 +4,9 @@ With ``root/train/<class>/`` and ``root/test/<class>/`` the two splits are those
 images of ``root/<class>/`` are split by ``data.test_fraction`` with ``data.split_seed``. Classes
 are the sorted sub-folder names. Images are decoded with Pillow in worker processes, converted to
 grey (1 channel) or RGB (3; ``data.channels: auto`` takes 3 as soon as one image has colour)
-and resized to ``data.image_size`` where it is given (else all must share one size).
+and fitted to ``data.image_size`` where it is given (else all must share one size) as ``data.resize``
+says: ``crop`` (the default) resizes an image so its shorter side covers that size and takes the
+centre, ``stretch`` resizes it to that size; ``images.fitted`` does both, for prediction too.
 
 The decoded array is cached beside MNIST's parsed files (``mnist.parsed_cache_dir()/folders``),
 keyed by the folder's file list with every file's size and mtime and by the recipe, so a second
@@ -28,6 +30,7 @@ import numpy as np
 
 from .. import cache
 from ..errors import DataError, ImageError
+from .pixels import RESIZE_MODES
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +38,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".ti
 GREY_MODES = ("1", "L", "I", "I;16", "F")
 CHUNK = 512  # images per task sent to a worker process
 MAX_FOLDER_BYTES = 1 << 33  # decoded pixels a folder may make
-CACHE_FORMAT = 3  # raised whenever decoding or the entry's files change, so that cached folders are decoded again
+CACHE_FORMAT = 4  # raised whenever decoding or the entry's files change, so that cached folders are decoded again
 ARRAYS = ("pixels", "labels")  # an entry's arrays, KEY.<name>.npy, written before its KEY.json
 
 
@@ -43,6 +46,8 @@ def load_image_folder(data, split: str):
     """The Split ``split`` of the folder ``data.dir`` (a DataConfig with dataset image-folder)."""
     from .sources import Split
 
+    if data.resize not in RESIZE_MODES:
+        raise DataError(f"invalid data.resize {data.resize!r}: expected one of {', '.join(RESIZE_MODES)}")
     root = Path(data.dir)
     if not root.is_dir():
         raise DataError(f"data.dir {root} is not a directory; image-folder reads root/<class>/<image> files")
@@ -120,7 +125,8 @@ def decoded_folder(folder: Path, classes: tuple[str, ...], data) -> tuple[np.nda
     this very file list and recipe."""
     files = list_files(folder, classes)
     recipe = {"format": CACHE_FORMAT, "channels": data.channels, "image_size": data.image_size,
-              "corrupt": data.corrupt, "folder": str(folder.resolve()), "exif_orientation": True}
+              "corrupt": data.corrupt, "resize": data.resize, "folder": str(folder.resolve()),
+              "exif_orientation": True}
     key = hashlib.sha256(json.dumps([recipe, files]).encode(errors="surrogateescape")).hexdigest()[:32]
     entry = _cache_dir() / key if _cache_dir() else None
     cached = _load_cached(entry) if entry else None
@@ -187,9 +193,10 @@ def _decode_all(folder: Path, files, data) -> tuple[np.ndarray, np.ndarray]:
     size = tuple(data.image_size) if data.image_size else None
     if workers > 1:
         with concurrent.futures.ProcessPoolExecutor(workers) as pool:
-            decoded = [image for part in pool.map(decode_files, chunks, [size] * len(chunks)) for image in part]
+            decoded = [image for part in pool.map(decode_files, chunks, [size] * len(chunks),
+                                                  [data.resize] * len(chunks)) for image in part]
     else:
-        decoded = [image for chunk in chunks for image in decode_files(chunk, size)]
+        decoded = [image for chunk in chunks for image in decode_files(chunk, size, data.resize)]
     images, labels = [], []
     for path, (_, label, _, _), image in zip(paths, files, decoded):
         if isinstance(image, str):
@@ -232,12 +239,13 @@ def _channels_first(image: np.ndarray, channels: int) -> np.ndarray:
     return np.rint(grey).astype(np.uint8)[None]
 
 
-def decode_files(paths: list[str], size: tuple[int, int] | None) -> list:
-    """For each path: uint8 (H, W) for a grey image, (H, W, 3) for a colour one, resized to ``size``
-    (height, width) when given; or the text of the error that stopped it being decoded."""
+def decode_files(paths: list[str], size: tuple[int, int] | None, resize: str = "crop") -> list:
+    """For each path: uint8 (H, W) for a grey image, (H, W, 3) for a colour one, fitted to ``size``
+    (height, width) when given as ``resize`` says (``images.fitted``, as predict fits an image); or the
+    text of the error that stopped it being decoded."""
     from PIL import Image
 
-    from .images import eight_bit, upright, warnings_logged
+    from .images import eight_bit, fitted, upright, warnings_logged
 
     decoded = []
     for path in paths:
@@ -246,8 +254,8 @@ def decode_files(paths: list[str], size: tuple[int, int] | None) -> list:
                 image.load()
                 mode = "L" if image.mode in GREY_MODES else "RGB"
                 converted = eight_bit(upright(image), path).convert(mode)  # as predict reads a photo
-            if size is not None and converted.size != (size[1], size[0]):
-                converted = converted.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            if size is not None:
+                converted = fitted(converted, *size, resize)
             decoded.append(np.asarray(converted, dtype=np.uint8))
         except ImageError as error:
             decoded.append(str(error).removeprefix(f"{path}: "))

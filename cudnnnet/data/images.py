@@ -33,6 +33,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import ImageError
+from .pixels import RESIZE_MODES
 
 log = logging.getLogger(__name__)
 
@@ -435,25 +436,27 @@ def _normalized(canvas: np.ndarray, normalize: tuple[float, float] | None) -> np
     return ((canvas - mean) / std).astype(np.float32)
 
 
-# ---- natural images: resized and centre-cropped --------------------------------------------
+# ---- natural images: fitted to the input (crop or stretch) ---------------------------------
 
 
 def load_photo(path: str | os.PathLike, channels: int, height: int, width: int,
-               max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+               max_pixels: int = DEFAULT_MAX_PIXELS, resize: str = "crop") -> np.ndarray:
     """uint8 (channels, height, width) of the image file ``path``: grey or RGB as ``channels`` says
-    (alpha composited onto white), resized so its shorter side covers the target (bilinear) and
-    centre-cropped, as a network trained on an image folder or CIFAR-10 reads it."""
+    (alpha composited onto white), fitted to the target as ``resize`` says (``fitted``: by default
+    resized so its shorter side covers it, bilinear, and centre-cropped), as a network trained on an
+    image folder or CIFAR-10 reads it."""
     path = Path(path)
     _check_file(path)
     with warnings_logged(path):
         image = _open_image(path, max_pixels)
         try:
-            return photo_pixels(image, channels, height, width, path)
+            return photo_pixels(image, channels, height, width, path, resize=resize)
         finally:
             image.close()
 
 
-def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, width: int, source="<image>") -> np.ndarray:
+def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, width: int, source="<image>",
+                 resize: str = "crop") -> np.ndarray:
     """``load_photo`` of an in-memory image: a PIL image, or an array of (H, W), (H, W, 1|3|4) or
     (1, H, W) samples read as ``preprocess`` reads them (uint8 0..255, floats in [0, 1] or [0, 255],
     16-bit; finite)."""
@@ -466,10 +469,24 @@ def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, wi
             white = Image.new("RGBA", image.size, (255, 255, 255, 255))
             image = Image.alpha_composite(white, image.convert("RGBA"))
         image = image.convert("L" if channels == 1 else "RGB")
-        array = np.asarray(_covered_centre(image, height, width), dtype=np.uint8)
+        array = np.asarray(fitted(image, height, width, resize), dtype=np.uint8)
     except _DECODE_ERRORS as exc:
         raise ImageError(f"{source}: cannot convert the {image.mode} image ({_one_line(exc)})") from exc
     return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+
+
+def fitted(image: Image.Image, height: int, width: int, resize: str = "crop") -> Image.Image:
+    """``image`` as ``height`` × ``width`` pixels, bilinear: ``crop`` resizes it so its shorter side
+    covers them and takes the centre (the aspect ratio kept, the overhang cut off); ``stretch``
+    resizes it to them (the aspect ratio changed). An image of that size already is returned as it is.
+    The one geometry of image-folder training (``image_folder.decode_files``) and of prediction."""
+    if resize not in RESIZE_MODES:
+        raise ValueError(f"invalid resize {resize!r}: expected one of {', '.join(RESIZE_MODES)}")
+    if image.size == (width, height):
+        return image
+    if resize == "stretch":
+        return image.resize((width, height), Image.Resampling.BILINEAR)
+    return _covered_centre(image, height, width)
 
 
 def _covered_centre(image: Image.Image, height: int, width: int) -> Image.Image:

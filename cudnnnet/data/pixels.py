@@ -18,6 +18,11 @@ import numpy as np
 from ..errors import DataError
 from ..float_images import as_channels, to_float_images  # noqa: F401 (to_float_images re-exported)
 
+# data.resize: how an image of another shape is fitted to a network's input (images.fitted): crop
+# resizes it so its shorter side covers the input and takes the centre (the aspect ratio kept);
+# stretch resizes it to the input (the aspect ratio changed).
+RESIZE_MODES = ("crop", "stretch")
+
 
 def check_recipe(normalize, pad) -> None:
     """DataError unless ``pad`` is an integer >= 0 and ``normalize`` is None or a finite (mean, std > 0),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from cudnnnet.data.images import IMAGE_SUFFIXES, list_images, load_image, load_photo, photo_pixels, preprocess
+from cudnnnet.data.images import IMAGE_SUFFIXES, fitted, list_images, load_image, load_photo, photo_pixels, preprocess
 from cudnnnet.errors import ImageError
 
 MNIST_TEST_IMAGES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mnist" / "t10k-images-idx3-ubyte.gz"
@@ -463,6 +463,36 @@ def test_a_photo_is_its_centre_crop_of_the_resized_image(tmp_path, height, width
     pixels = load_photo(tmp_path / "photo.png", 3, out_height, out_width)
     assert pixels.shape == (3, out_height, out_width)
     assert np.abs(pixels.astype(int) - expected).max() <= 1
+
+
+@pytest.mark.parametrize("side, target", [(64, 16), (20, 20), (7, 32)])
+@pytest.mark.parametrize("resize", ["crop", "stretch"])
+def test_a_square_photo_into_a_square_input_is_the_plain_resize_either_way(tmp_path, side, target, resize):
+    """What image-folder training (stretch) and predict (crop) made of a square image before either
+    could be chosen: both the whole image resized (bilinear), to the last pixel."""
+    samples = np.random.default_rng(side).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    Image.fromarray(samples).save(tmp_path / "square.png")
+    plain = np.asarray(Image.fromarray(samples).resize((target, target), Image.Resampling.BILINEAR))
+    assert np.array_equal(load_photo(tmp_path / "square.png", 3, target, target, resize=resize),
+                          plain.transpose(2, 0, 1))
+
+
+@pytest.mark.parametrize("height, width, target", [(40, 90, (16, 16)), (90, 40, (8, 12)), (6, 8, (8, 6))])
+def test_stretch_resizes_the_whole_photo_and_crop_keeps_its_aspect_ratio(height, width, target):
+    samples = np.random.default_rng(height).integers(0, 256, (height, width), dtype=np.uint8)
+    image = Image.fromarray(samples)
+    out_height, out_width = target
+    stretched = np.asarray(fitted(image, out_height, out_width, "stretch"))
+    assert np.array_equal(stretched, np.asarray(image.resize((out_width, out_height), Image.Resampling.BILINEAR)))
+    cropped = np.asarray(fitted(image, out_height, out_width, "crop"))
+    assert cropped.shape == stretched.shape == target and not np.array_equal(cropped, stretched)
+    assert np.array_equal(photo_pixels(samples, 1, out_height, out_width, resize="stretch")[0], stretched)
+    assert np.array_equal(photo_pixels(samples, 1, out_height, out_width)[0], cropped)  # crop: the default
+
+
+def test_an_unknown_resize_is_refused_naming_the_valid_ones():
+    with pytest.raises(ValueError, match=r"invalid resize 'fit': expected one of crop, stretch"):
+        fitted(Image.new("L", (4, 3)), 2, 2, "fit")
 
 
 def jpeg_with_corrupt_exif(path: Path, samples: np.ndarray) -> Path:

@@ -322,6 +322,62 @@ def test_mixed_sizes_need_image_size_and_are_resized_to_it(tmp_path):
     assert resized.pixels.shape[1:] == (1, 5, 6)
 
 
+def photo_folder(root, shape=(30, 50, 3)) -> list:
+    """train/ and test/ folders of two classes, each with one random image of ``shape``; the paths."""
+    rng = np.random.default_rng(sum(shape))
+    paths = []
+    for split in ("train", "test"):
+        for name in ("cat", "dog"):
+            paths.append(root / split / name / "a.png")
+            save_image(paths[-1], rng.integers(0, 256, shape, dtype=np.uint8))
+    return paths
+
+
+@pytest.mark.parametrize("resize", [None, "crop", "stretch"])
+def test_a_folder_is_trained_on_the_pixels_predict_reads(tmp_path, resize):
+    """A landscape photo in a folder trained at a portrait image_size: training had stretched it while
+    predict cropped it; both now fit it as data.resize says (crop by default), through one function."""
+    from cudnnnet.data.images import load_photo
+
+    paths = photo_folder(tmp_path)
+    config = folder_config(tmp_path, image_size=(12, 8), **({} if resize is None else {"resize": resize}))
+    trained = load_source(config, "train")
+    assert trained.pixels.shape == (2, 3, 12, 8)
+    for path, pixels in zip(paths, trained.pixels):
+        assert np.array_equal(pixels, load_photo(path, 3, 12, 8, resize=config.resize))
+    other = "stretch" if config.resize == "crop" else "crop"
+    assert not np.array_equal(trained.pixels[0], load_photo(paths[0], 3, 12, 8, resize=other))
+
+
+@pytest.mark.parametrize("resize", ["crop", "stretch"])
+def test_a_square_folder_image_gives_the_pixels_it_gave_before_resize_existed(tmp_path, resize):
+    paths = photo_folder(tmp_path, shape=(24, 24, 3))
+    trained = load_source(folder_config(tmp_path, image_size=(8, 8), resize=resize), "train")
+    for path, pixels in zip(paths, trained.pixels):
+        with Image.open(path) as image:
+            before = np.asarray(image.convert("RGB").resize((8, 8), Image.Resampling.BILINEAR))
+        assert np.array_equal(pixels, before.transpose(2, 0, 1))
+
+
+def test_a_folder_decoded_with_one_resize_is_not_taken_from_the_cache_for_the_other(tmp_path, monkeypatch):
+    photo_folder(tmp_path)
+    stretched = load_source(folder_config(tmp_path, image_size=(12, 8), resize="stretch"), "train")
+    decoded = []
+    real_decode = image_folder.decode_files
+    monkeypatch.setattr(image_folder, "decode_files",
+                        lambda paths, *args: decoded.append(args) or real_decode(paths, *args))
+    cropped = load_source(folder_config(tmp_path, image_size=(12, 8)), "train")
+    assert decoded == [((12, 8), "crop")] and not np.array_equal(cropped.pixels, stretched.pixels)
+    assert np.array_equal(load_source(folder_config(tmp_path, image_size=(12, 8), resize="stretch"), "train").pixels,
+                          stretched.pixels) and len(decoded) == 1  # each kept in its own entry
+
+
+def test_an_unknown_resize_given_from_python_is_refused_before_any_image_is_decoded(tmp_path):
+    photo_folder(tmp_path)
+    with pytest.raises(DataError, match=r"invalid data.resize 'fit': expected one of crop, stretch"):
+        load_source(folder_config(tmp_path, image_size=(12, 8), resize="fit"), "train")
+
+
 def test_the_decoded_folder_is_cached_and_a_changed_file_is_decoded_again(tmp_path, monkeypatch):
     for index in range(4):
         save_image(tmp_path / "train" / "a" / f"{index}.png", np.full((3, 3), index, np.uint8))
@@ -329,7 +385,8 @@ def test_the_decoded_folder_is_cached_and_a_changed_file_is_decoded_again(tmp_pa
     first = load_source(folder_config(tmp_path), "train")
     decoded = []
     real_decode = image_folder.decode_files
-    monkeypatch.setattr(image_folder, "decode_files", lambda paths, size: decoded.append(paths) or real_decode(paths, size))
+    monkeypatch.setattr(image_folder, "decode_files",
+                        lambda paths, *args: decoded.append(paths) or real_decode(paths, *args))
     again = load_source(folder_config(tmp_path), "train")
     assert decoded == [] and np.array_equal(again.pixels, first.pixels)
     save_image(tmp_path / "train" / "a" / "0.png", np.full((3, 3), 77, np.uint8))
@@ -354,7 +411,8 @@ def test_a_bit_flipped_within_range_in_the_folder_cache_is_caught_warned_and_dec
     assert stored.min() >= 0 and stored.max() < (256 if array == "pixels" else 2), "the test proves nothing"
     decoded = []
     real_decode = image_folder.decode_files
-    monkeypatch.setattr(image_folder, "decode_files", lambda paths, size: decoded.append(paths) or real_decode(paths, size))
+    monkeypatch.setattr(image_folder, "decode_files",
+                        lambda paths, *args: decoded.append(paths) or real_decode(paths, *args))
     with caplog.at_level("WARNING", logger=image_folder.logger.name):
         again = load_source(config, "train")
     assert len(decoded) == 1
@@ -374,7 +432,7 @@ def test_a_folder_cache_entry_without_its_digests_is_decoded_again(tmp_path, mon
     (digests,) = (tmp_path / "xdg-cache").rglob("*.json")
     digests.unlink()  # what a crash after writing the arrays leaves
     decoded = []
-    monkeypatch.setattr(image_folder, "decode_files", lambda paths, size: decoded.append(paths) or
+    monkeypatch.setattr(image_folder, "decode_files", lambda paths, *args: decoded.append(paths) or
                         [np.zeros((3, 3), np.uint8)] * len(paths))
     load_source(folder_config(tmp_path), "train")
     assert len(decoded) == 1 and digests.is_file()
