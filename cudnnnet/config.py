@@ -791,10 +791,12 @@ def _parse_train(train: _Section) -> TrainConfig:
 
 def with_checkpoint_defaults(mapping: Any) -> Any:
     """A checkpoint's stored config with what its writer did where it predates a key: an image-folder
-    config without ``data.resize`` was trained on stretched images (``LEGACY_RESIZE``). Anything else is
-    returned as it is, for ``parse_config`` to validate."""
+    config with ``data.image_size`` but without ``data.resize`` was trained on images stretched to that
+    size (``LEGACY_RESIZE``). Without ``image_size`` no image was resized in training, and prediction
+    keeps cropping as it did. Anything else is returned as it is, for ``parse_config`` to validate."""
     data = mapping.get("data") if isinstance(mapping, dict) else None
-    if not isinstance(data, dict) or data.get("dataset") != "image-folder" or "resize" in data:
+    if (not isinstance(data, dict) or data.get("dataset") != "image-folder" or "resize" in data
+            or data.get("image_size") is None):
         return mapping
     return {**mapping, "data": {**data, "resize": LEGACY_RESIZE}}
 

@@ -164,13 +164,14 @@ def test_data_resize_defaults_to_crop_round_trips_and_is_always_written_for_an_i
 
 def test_a_checkpoint_s_image_folder_config_from_before_data_resize_reads_as_stretch():
     """Image folders were stretched to data.image_size before the key existed: predicting with such a
-    checkpoint, or resuming it, must fit images the way it was trained."""
+    checkpoint, or resuming it, must fit images the way it was trained. Without an image_size nothing
+    was resized in training, and prediction keeps the crop it made before."""
     legacy = minimal()
     legacy["data"] = {"dataset": "image-folder", "dir": "photos", "image_size": [8, 12]}
     assert parse_config(legacy).data.resize == "crop"  # a config written by hand: the new default
     assert parse_config(with_checkpoint_defaults(legacy)).data.resize == "stretch"
     assert "resize" not in legacy["data"]  # the stored mapping is left as it is
-    for other in ({"dataset": "cifar10"}, {}, None):
+    for other in ({"dataset": "cifar10"}, {}, None, {"dataset": "image-folder", "dir": "photos"}):
         raw = {**minimal(), **({} if other is None else {"data": other})}
         assert with_checkpoint_defaults(raw) == raw
     assert with_checkpoint_defaults(["not", "a", "mapping"]) == ["not", "a", "mapping"]
