@@ -112,6 +112,8 @@ def _photo_loader(network, normalize):
     from .data.pixels import to_float_images
 
     channels, height, width = network.input_shape
+    if channels not in (1, 3):
+        raise InvalidArgumentError(f"predict reads grey or RGB images; this network takes {network.input_shape}")
     pad, resize = network.training_config.data.pad, network.training_config.data.resize
     size = (channels, height - 2 * pad, width - 2 * pad)
 

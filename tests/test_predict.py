@@ -1,5 +1,6 @@
 """Prediction from image files: scripts/predict.py and cudnnnet.predict on real MNIST digits drawn as files."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -180,6 +181,36 @@ def test_a_folder_model_predicts_a_photo_fitted_as_it_was_trained(folder_checkpo
         expected[geometry] = network.predict(Tensor.from_numpy(inputs, network.backend)).numpy().reshape(-1)
     assert not np.allclose(expected["crop"], expected["stretch"], atol=1e-6), "the photo does not tell them apart"
     assert np.allclose(result.probabilities, expected[resize], atol=1e-6)
+
+
+def test_a_folder_model_predicts_a_photo_of_any_mode_as_it_was_trained_on_it(folder_checkpoints, tmp_path):
+    """Transparent, palette, CMYK, grey and 16-bit photos: predicting the file gives the network's output
+    on the pixels training made of it (training had dropped transparency, which predict composites on white)."""
+    from cudnnnet.data.pixels import to_float_images
+    from cudnnnet.data.sources import load_source
+    from cudnnnet.tensor import Tensor
+    from image_modes import COLOUR_MODES, GREY_MODES, mode_folder
+
+    network = Network.load(folder_checkpoints / "crop.npz", backend="host")
+    paths = mode_folder(tmp_path, COLOUR_MODES + GREY_MODES)
+    data = dataclasses.replace(network.training_config.data, dir=str(tmp_path), classes=None, shape=None)
+    trained = load_source(data, "train")
+    inputs = to_float_images(trained.pixels, data.normalize, data.pad)
+    expected = network.predict(Tensor.from_numpy(inputs, network.backend)).numpy().reshape(len(paths), -1)
+    results = cudnnnet.predict(network, paths)
+    assert [result.error for result in results] == [None] * len(paths)
+    assert np.allclose([result.probabilities for result in results], expected, atol=1e-6)
+
+
+def test_a_network_of_neither_grey_nor_rgb_inputs_is_refused_by_predict(folder_checkpoints, tmp_path):
+    raw = Network.load(folder_checkpoints / "crop.npz", backend="host").training_config.to_dict()
+    raw["data"].update(shape=[4, 12, 12])
+    build_network(parse_config(raw), "host").save(tmp_path / "four.npz", config=raw)
+    network = Network.load(tmp_path / "four.npz", backend="host")
+    Image.new("RGB", (12, 12)).save(tmp_path / "photo.png")
+    with pytest.raises(cudnnnet.errors.InvalidArgumentError,
+                       match=r"predict reads grey or RGB images; this network takes \(4, 12, 12\)"):
+        cudnnnet.predict(network, [tmp_path / "photo.png"])
 
 
 # ---- bad files ----------------------------------------------------------------------------------

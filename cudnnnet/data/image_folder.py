@@ -2,11 +2,13 @@
 
 With ``root/train/<class>/`` and ``root/test/<class>/`` the two splits are those folders; else the
 images of ``root/<class>/`` are split by ``data.test_fraction`` with ``data.split_seed``. Classes
-are the sorted sub-folder names. Images are decoded with Pillow in worker processes, converted to
-grey (1 channel) or RGB (3; ``data.channels: auto`` takes 3 as soon as one image has colour)
+are the sorted sub-folder names. Images are decoded with Pillow in worker processes and converted by
+``images.photo_array``, the conversion prediction makes too: turned upright, 16-bit and float samples
+scaled to 8 bits, transparency composited onto white, converted to grey (1 channel) or RGB (3;
+``data.channels: auto`` takes 3 as soon as one image has colour, grey images then in every channel)
 and fitted to ``data.image_size`` where it is given (else all must share one size) as ``data.resize``
 says: ``crop`` (the default) resizes an image so its shorter side covers that size and takes the
-centre, ``stretch`` resizes it to that size; ``images.fitted`` does both, for prediction too.
+centre, ``stretch`` resizes it to that size.
 
 The decoded array is cached beside MNIST's parsed files (``mnist.parsed_cache_dir()/folders``),
 keyed by the folder's file list with every file's size and mtime and by the recipe, so a second
@@ -30,15 +32,14 @@ import numpy as np
 
 from .. import cache
 from ..errors import DataError, ImageError
-from .pixels import RESIZE_MODES
+from .pixels import PHOTO_CHANNELS, RESIZE_MODES
 
 logger = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
-GREY_MODES = ("1", "L", "I", "I;16", "F")
 CHUNK = 512  # images per task sent to a worker process
 MAX_FOLDER_BYTES = 1 << 33  # decoded pixels a folder may make
-CACHE_FORMAT = 4  # raised whenever decoding or the entry's files change, so that cached folders are decoded again
+CACHE_FORMAT = 5  # raised whenever decoding or the entry's files change, so that cached folders are decoded again
 ARRAYS = ("pixels", "labels")  # an entry's arrays, KEY.<name>.npy, written before its KEY.json
 
 
@@ -48,6 +49,8 @@ def load_image_folder(data, split: str):
 
     if data.resize not in RESIZE_MODES:
         raise DataError(f"invalid data.resize {data.resize!r}: expected one of {', '.join(RESIZE_MODES)}")
+    if data.channels not in PHOTO_CHANNELS or isinstance(data.channels, bool):
+        raise DataError(f"invalid data.channels {data.channels!r}: expected 1, 3 or auto")
     root = Path(data.dir)
     if not root.is_dir():
         raise DataError(f"data.dir {root} is not a directory; image-folder reads root/<class>/<image> files")
@@ -193,10 +196,11 @@ def _decode_all(folder: Path, files, data) -> tuple[np.ndarray, np.ndarray]:
     size = tuple(data.image_size) if data.image_size else None
     if workers > 1:
         with concurrent.futures.ProcessPoolExecutor(workers) as pool:
-            decoded = [image for part in pool.map(decode_files, chunks, [size] * len(chunks),
-                                                  [data.resize] * len(chunks)) for image in part]
+            decoded = [image for part in pool.map(decode_files, chunks, *([setting] * len(chunks) for setting in
+                                                                          (size, data.resize, data.channels)))
+                       for image in part]
     else:
-        decoded = [image for chunk in chunks for image in decode_files(chunk, size, data.resize)]
+        decoded = [image for chunk in chunks for image in decode_files(chunk, size, data.resize, data.channels)]
     images, labels = [], []
     for path, (_, label, _, _), image in zip(paths, files, decoded):
         if isinstance(image, str):
@@ -230,33 +234,27 @@ def _stack(folder: Path, paths, images: list[np.ndarray], channels: str | int) -
 
 
 def _channels_first(image: np.ndarray, channels: int) -> np.ndarray:
+    """(H, W) grey -> (channels, H, W), the grey in every channel; (H, W, 3) RGB -> (3, H, W)."""
     if image.ndim == 2:
         return np.broadcast_to(image, (channels,) + image.shape)
-    if channels == 3:
-        return image.transpose(2, 0, 1)
-    # ITU-R 601-2 luma, as Pillow's convert("L")
-    grey = image[..., 0] * 0.299 + image[..., 1] * 0.587 + image[..., 2] * 0.114
-    return np.rint(grey).astype(np.uint8)[None]
+    return image.transpose(2, 0, 1)
 
 
-def decode_files(paths: list[str], size: tuple[int, int] | None, resize: str = "crop") -> list:
-    """For each path: uint8 (H, W) for a grey image, (H, W, 3) for a colour one, fitted to ``size``
-    (height, width) when given as ``resize`` says (``images.fitted``, as predict fits an image); or the
-    text of the error that stopped it being decoded."""
+def decode_files(paths: list[str], size: tuple[int, int] | None, resize: str = "crop",
+                 channels: int | str = "auto") -> list:
+    """For each path: uint8 (H, W) grey or (H, W, 3) RGB pixels as ``channels`` (1, 3 or auto: each image
+    as its mode is) says, fitted to ``size`` (height, width) when given as ``resize`` says, made by
+    ``images.photo_array`` as predict makes them; or the text of the error that stopped it being decoded."""
     from PIL import Image
 
-    from .images import eight_bit, fitted, upright, warnings_logged
+    from .images import photo_array, warnings_logged
 
     decoded = []
     for path in paths:
         try:
             with warnings_logged(path), Image.open(path) as image:
                 image.load()
-                mode = "L" if image.mode in GREY_MODES else "RGB"
-                converted = eight_bit(upright(image), path).convert(mode)  # as predict reads a photo
-            if size is not None:
-                converted = fitted(converted, *size, resize)
-            decoded.append(np.asarray(converted, dtype=np.uint8))
+                decoded.append(photo_array(image, channels, size, path, resize))
         except ImageError as error:
             decoded.append(str(error).removeprefix(f"{path}: "))
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:

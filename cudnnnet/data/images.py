@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import ImageError
-from .pixels import RESIZE_MODES
+from .pixels import PHOTO_CHANNELS, RESIZE_MODES
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,9 @@ LIGHT_BACKGROUND = 0.5  # a border median above this means a dark digit on a lig
 
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 _WIDE_MODES = (*_SIXTEEN_BIT_MODES, "I", "F")  # one channel of more than 8 bits: Pillow's convert() clips them
+# modes of one grey channel (with alpha or not): read as grey by channels "auto"; every other mode (RGB,
+# RGBA, P, CMYK, YCbCr, ...) is colour
+GREY_MODES = ("1", "L", "LA", "La", *_WIDE_MODES)
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, KeyError, TypeError)
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # ITU-R 601-2, as Pillow's convert("L")
 
@@ -211,10 +214,7 @@ def _to_grey(image: Image.Image, source) -> np.ndarray:
         image = upright(image)
         if image.mode in _WIDE_MODES:
             return _wide_samples(image, source)
-        if _has_alpha(image):
-            white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-            image = Image.alpha_composite(white, image.convert("RGBA"))
-        return np.asarray(image.convert("L"), dtype=np.float32) / 255.0
+        return np.asarray(on_white(image).convert("L"), dtype=np.float32) / 255.0
     except _DECODE_ERRORS as exc:
         raise ImageError(f"{source}: cannot convert the {image.mode} image to greyscale ({_one_line(exc)})") from exc
 
@@ -245,6 +245,15 @@ def upright(image: Image.Image) -> Image.Image:
 
 def _has_alpha(image: Image.Image) -> bool:
     return image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info
+
+
+def on_white(image: Image.Image) -> Image.Image:
+    """``image`` composited onto a white background (RGBA, opaque) where it has transparency (an alpha
+    channel, or a transparent palette entry or colour key); else ``image`` itself."""
+    if not _has_alpha(image):
+        return image
+    white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+    return Image.alpha_composite(white, image.convert("RGBA"))
 
 
 def _scale_unit(values: np.ndarray) -> np.ndarray:
@@ -441,10 +450,9 @@ def _normalized(canvas: np.ndarray, normalize: tuple[float, float] | None) -> np
 
 def load_photo(path: str | os.PathLike, channels: int, height: int, width: int,
                max_pixels: int = DEFAULT_MAX_PIXELS, resize: str = "crop") -> np.ndarray:
-    """uint8 (channels, height, width) of the image file ``path``: grey or RGB as ``channels`` says
-    (alpha composited onto white), fitted to the target as ``resize`` says (``fitted``: by default
-    resized so its shorter side covers it, bilinear, and centre-cropped), as a network trained on an
-    image folder or CIFAR-10 reads it."""
+    """uint8 (channels, height, width) of the image file ``path`` as a network trained on an image folder
+    or CIFAR-10 reads it (``photo_array``: grey or RGB as ``channels`` says, transparency composited onto
+    white, fitted to the target as ``resize`` says)."""
     path = Path(path)
     _check_file(path)
     with warnings_logged(path):
@@ -462,24 +470,42 @@ def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, wi
     16-bit; finite)."""
     if isinstance(image, np.ndarray):
         image = Image.fromarray(_array_to_pixels(image))
+    array = photo_array(image, channels, (height, width), source, resize)
+    return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+
+
+def photo_array(image: Image.Image, channels: int | str, size: tuple[int, int] | None, source="<image>",
+                resize: str = "crop") -> np.ndarray:
+    """uint8 (H, W) grey or (H, W, 3) RGB pixels of ``image``: the one conversion of a photo, in
+    image-folder training (``image_folder.decode_files``) and in prediction (``photo_pixels``).
+
+    1. turned upright by its EXIF orientation;
+    2. 16-bit, 32-bit integer and float samples scaled to 8 bits (``eight_bit``);
+    3. transparency composited onto white (``on_white``);
+    4. converted to grey (``channels`` 1: ITU-R 601-2 luma, Pillow's ``convert("L")``) or RGB (3), before
+       any resizing; ``"auto"`` keeps an image of a ``GREY_MODES`` mode grey and makes any other RGB (a
+       grey image copied into three channels is then what RGB makes of it);
+    5. fitted to ``size`` (height, width) as ``resize`` says (``fitted``), where a size is given.
+
+    ImageError naming ``source`` for an image that cannot be converted.
+    """
+    if channels not in PHOTO_CHANNELS or isinstance(channels, bool):
+        raise ValueError(f"invalid channels {channels!r}: expected one of 1, 3, auto")
+    grey = channels == 1 or (channels == "auto" and image.mode in GREY_MODES)
     try:
-        image = upright(image)
-        image = eight_bit(image, source)
-        if _has_alpha(image):
-            white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-            image = Image.alpha_composite(white, image.convert("RGBA"))
-        image = image.convert("L" if channels == 1 else "RGB")
-        array = np.asarray(fitted(image, height, width, resize), dtype=np.uint8)
+        image = on_white(eight_bit(upright(image), source)).convert("L" if grey else "RGB")
+        if size is not None:
+            image = fitted(image, *size, resize)
+        return np.asarray(image, dtype=np.uint8)
     except _DECODE_ERRORS as exc:
         raise ImageError(f"{source}: cannot convert the {image.mode} image ({_one_line(exc)})") from exc
-    return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
 
 
 def fitted(image: Image.Image, height: int, width: int, resize: str = "crop") -> Image.Image:
     """``image`` as ``height`` × ``width`` pixels, bilinear: ``crop`` resizes it so its shorter side
     covers them and takes the centre (the aspect ratio kept, the overhang cut off); ``stretch``
     resizes it to them (the aspect ratio changed). An image of that size already is returned as it is.
-    The one geometry of image-folder training (``image_folder.decode_files``) and of prediction."""
+    The one geometry of image-folder training and of prediction (step 5 of ``photo_array``)."""
     if resize not in RESIZE_MODES:
         raise ValueError(f"invalid resize {resize!r}: expected one of {', '.join(RESIZE_MODES)}")
     if image.size == (width, height):

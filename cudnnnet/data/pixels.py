@@ -22,6 +22,9 @@ from ..float_images import as_channels, to_float_images  # noqa: F401 (to_float_
 # resizes it so its shorter side covers the input and takes the centre (the aspect ratio kept);
 # stretch resizes it to the input (the aspect ratio changed).
 RESIZE_MODES = ("crop", "stretch")
+# data.channels of an image folder, and what images.photo_array makes of an image: 1 grey, 3 RGB, or auto
+# (grey for an image of a grey mode, RGB for any other; a folder is RGB as soon as one image is)
+PHOTO_CHANNELS = (1, 3, "auto")
 
 
 def check_recipe(normalize, pad) -> None:

@@ -16,6 +16,7 @@ from cudnnnet.data import image_folder, sources
 from cudnnnet.data.sources import load_source
 from cudnnnet.errors import DataError
 from hostile_files import plant, within
+from image_modes import COLOUR_MODES, GREY_MODES, mode_folder
 
 
 def cifar_records(labels: np.ndarray, pixels: np.ndarray) -> bytes:
@@ -349,6 +350,54 @@ def test_a_folder_is_trained_on_the_pixels_predict_reads(tmp_path, resize):
     assert not np.array_equal(trained.pixels[0], load_photo(paths[0], 3, 12, 8, resize=other))
 
 
+@pytest.mark.parametrize("image_size", [(12, 8), None])
+@pytest.mark.parametrize("channels, modes, read_as", [
+    (1, COLOUR_MODES + GREY_MODES, 1), (3, COLOUR_MODES + GREY_MODES, 3), ("auto", COLOUR_MODES + GREY_MODES, 3),
+    ("auto", GREY_MODES, 1)], ids=["grey", "rgb", "auto with colour", "auto, all grey"])
+def test_a_folder_image_of_every_mode_is_trained_on_the_pixels_predict_reads(tmp_path, channels, modes, read_as,
+                                                                          image_size):
+    """One conversion in training and prediction: training had dropped the alpha of RGBA, LA and
+    transparent palette images (predict composites them on white), read LA as colour, and made grey
+    from colour after resizing (predict before)."""
+    from cudnnnet.data.images import load_photo
+
+    paths = mode_folder(tmp_path, modes)
+    keys = {"channels": channels, **({"image_size": image_size} if image_size else {})}
+    trained = load_source(folder_config(tmp_path, **keys), "train")
+    height, width = image_size or (30, 50)
+    assert trained.pixels.shape == (len(modes), read_as, height, width)
+    for path, pixels in zip(paths, trained.pixels):
+        assert np.array_equal(pixels, load_photo(path, read_as, height, width)), path.parent.name
+
+
+def test_transparency_is_composited_on_white_and_grey_alpha_images_stay_grey(tmp_path):
+    """A transparent pixel is white, a half-transparent one halfway to white, in training as in predict;
+    LA images are grey (channels auto keeps one channel), and not read as colour with their alpha dropped."""
+    value = np.full((4, 6), 60, np.uint8)
+    alpha = np.repeat(np.array([0, 128, 255], np.uint8), 2)[None].repeat(4, axis=0)
+    for split in ("train", "test"):
+        save_image(tmp_path / split / "grey" / "a.png", np.dstack([value, alpha]))
+        save_image(tmp_path / split / "opaque" / "a.png", np.dstack([value, np.full_like(alpha, 255)]))
+    trained = load_source(folder_config(tmp_path), "train")
+    assert trained.pixels.shape == (2, 1, 4, 6)
+    assert trained.pixels[0, 0, 0].tolist() == [255, 255, 157, 157, 60, 60]  # 60·128/255 + 255·127/255 = 157.1
+    assert (trained.pixels[1] == 60).all()
+
+
+def test_a_folder_decoded_before_transparency_was_composited_is_not_taken_from_the_cache(tmp_path, monkeypatch):
+    """An entry of the format before, holding RGBA images with their alpha dropped, is decoded again."""
+    for split in ("train", "test"):
+        for name, alpha in (("clear", 0), ("solid", 255)):
+            save_image(tmp_path / split / name / "a.png", np.dstack([np.full((4, 4, 3), 30, np.uint8),
+                                                                     np.full((4, 4), alpha, np.uint8)]))
+    with monkeypatch.context() as old:
+        old.setattr(image_folder, "CACHE_FORMAT", 4)
+        old.setattr(image_folder, "decode_files", lambda paths, *args: [np.full((4, 4, 3), 30, np.uint8)] * len(paths))
+        assert (load_source(folder_config(tmp_path), "train").pixels == 30).all()
+    trained = load_source(folder_config(tmp_path), "train")
+    assert (trained.pixels[0] == 255).all() and (trained.pixels[1] == 30).all()
+
+
 @pytest.mark.parametrize("resize", ["crop", "stretch"])
 def test_a_square_folder_image_gives_the_pixels_it_gave_before_resize_existed(tmp_path, resize):
     paths = photo_folder(tmp_path, shape=(24, 24, 3))
@@ -367,7 +416,7 @@ def test_a_folder_decoded_with_one_resize_is_not_taken_from_the_cache_for_the_ot
     monkeypatch.setattr(image_folder, "decode_files",
                         lambda paths, *args: decoded.append(args) or real_decode(paths, *args))
     cropped = load_source(folder_config(tmp_path, image_size=(12, 8)), "train")
-    assert decoded == [((12, 8), "crop")] and not np.array_equal(cropped.pixels, stretched.pixels)
+    assert decoded == [((12, 8), "crop", "auto")] and not np.array_equal(cropped.pixels, stretched.pixels)
     assert np.array_equal(load_source(folder_config(tmp_path, image_size=(12, 8), resize="stretch"), "train").pixels,
                           stretched.pixels) and len(decoded) == 1  # each kept in its own entry
 
