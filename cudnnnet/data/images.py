@@ -228,10 +228,12 @@ def _wide_samples(image: Image.Image, source) -> np.ndarray:
 
 def eight_bit(image: Image.Image, source) -> Image.Image:
     """An 8-bit grey ("L") copy of a 16-bit, 32-bit integer or float image, its samples scaled to
-    [0, 1] as a digit's are (Pillow's convert() would clip them); any other image as it is."""
+    [0, 1] as a digit's are (Pillow's convert() would clip them) and samples above 65535 saturated at
+    white; any other image as it is."""
     if image.mode not in _WIDE_MODES:
         return image
-    return Image.fromarray(np.round(_wide_samples(image, source) * 255).astype(np.uint8), "L")
+    unit = np.clip(_wide_samples(image, source), 0.0, 1.0)
+    return Image.fromarray(np.round(unit * 255).astype(np.uint8), "L")
 
 
 def upright(image: Image.Image) -> Image.Image:

@@ -281,6 +281,12 @@ def test_photos_of_16_bit_and_float_samples_read_as_their_8_bit_image(tmp_path, 
         assert np.abs(pixels.astype(int) - GRADIENT.astype(int)).max() <= 1
 
 
+def test_32_bit_samples_above_16_bits_are_white_in_a_photo_not_wrapped_around(tmp_path):
+    """70000 / 65535 · 255 is 272: cast to 8 bits it had become 16, nearly black."""
+    Image.fromarray(np.array([[0, 32768, 65535, 70000, 2**31 - 1]], np.int32)).save(tmp_path / "deep.tif")
+    assert load_photo(tmp_path / "deep.tif", 1, 1, 5)[0, 0].tolist() == [0, 128, 255, 255, 255]
+
+
 def test_a_float_photo_with_nan_samples_is_refused(tmp_path):
     samples = np.full((8, 8), 0.5, np.float32)
     samples[2, 3] = np.nan
