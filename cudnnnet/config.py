@@ -10,6 +10,7 @@ the file, the key path (``model[2].out_size``, ``train.optimizer.lr``) and what 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import os
@@ -139,6 +140,14 @@ class DataConfig:
             "classes": None if self.classes is None else list(self.classes),
             "shape": None if self.shape is None else list(self.shape),
             "augment": None if self.augment is None else self.augment.to_dict()})
+
+    def with_absolute_paths(self) -> "DataConfig":
+        """The same data with ``dir`` and the file keys made absolute from the working directory, so that
+        a checkpoint names the folder it was trained on wherever it is read (a relative path would be
+        read from the reader's working directory)."""
+        paths = {key: os.path.abspath(getattr(self, key)) for key in ("dir",) + IDX_PATH_KEYS + NPZ_PATH_KEYS
+                 if getattr(self, key) is not None}
+        return dataclasses.replace(self, **paths)
 
 
 def _plain(value):

@@ -465,7 +465,8 @@ class Trainer:
         if self.loss_scaler is not None:
             arrays.update(self.loss_scaler.state_arrays(OPTIMIZER_PREFIX))
         position = {"epoch": self.position.epoch, "batch": self.position.batch, "step": self.position.step}
-        return self.network.save(path, extra_arrays=arrays, config=self.config.to_dict(),
+        config = dataclasses.replace(self.config, data=self.config.data.with_absolute_paths())
+        return self.network.save(path, extra_arrays=arrays, config=config.to_dict(),
                                  position=position, history=self.position.history)
 
     def metrics(self) -> dict:

@@ -468,6 +468,24 @@ def test_evaluate_reads_the_data_dir_the_checkpoint_was_trained_with(tool, tmp_p
     assert len(json.loads(finished.stdout)["confusion_matrix"]) == 10
 
 
+def test_a_relative_data_dir_names_the_same_folder_when_evaluate_runs_elsewhere(tmp_path, mnist_dir):
+    """The README's train then evaluate, `--data-dir ../shared/data/mnist` relative to where training
+    ran: evaluate without --data-dir, from a folder at another depth, reads that same folder."""
+    trained_in, elsewhere = tmp_path / "project", tmp_path / "a" / "b" / "c"
+    trained_in.mkdir()
+    elsewhere.mkdir(parents=True)
+    relative = os.path.relpath(mnist_dir, trained_in)
+    with offline_tools(trained_in) as tool:
+        finished = tool("train", "--config", MLP_CONFIG, "--device", "host", "--data-dir", relative, "--steps", "2",
+                        "--output", "out")
+    assert finished.returncode == 0, finished.stderr
+    assert load_npz(trained_in / "out" / "model.npz")[1]["config"]["data"]["dir"] == os.path.abspath(trained_in / relative)
+    with offline_tools(elsewhere) as tool:
+        finished = tool("evaluate", "--weights", trained_in / "out", "--device", "host", "--json")
+    assert finished.returncode == 0, finished.stderr
+    assert sum(map(sum, json.loads(finished.stdout)["confusion_matrix"])) == 10_000
+
+
 def test_evaluate_says_to_pass_data_dir_when_the_checkpoint_s_data_dir_is_gone(tool, tmp_path, mnist_dir):
     gone = tmp_path / "moved_away"
     gone.mkdir()
