@@ -368,7 +368,7 @@ class Trainer:
             bar.update(1)
             if self._stopping(index + 1 == last):
                 bar.close()
-                self._interrupt()
+                self._interrupt(started)
         self.backend.synchronize()
         bar.close()
         return time.perf_counter() - started
@@ -510,8 +510,11 @@ class Trainer:
         return "\n".join(lines) + "\n"
 
     # ---- interruption and resumption ---------------------------------------------------------
-    def _interrupt(self) -> None:
+    def _interrupt(self, epoch_started: float) -> None:
+        """Publish the outputs of the steps trained so far (the epoch in progress counted in
+        train_seconds) and stop with Interrupted."""
         self.backend.synchronize()
+        self.train_seconds += time.perf_counter() - epoch_started
         self._publish(finished=False, interrupted=True)
         if self.replicas is not None:
             self.replicas.finish()

@@ -191,6 +191,9 @@ def test_an_interrupted_run_resumes_to_the_same_weights_as_an_uninterrupted_one(
     straight = trainer(mnist_dir, tmp_path / "straight", steps=60)
     straight.run()
     resumed = interrupted_then_resumed(straight.config, tmp_path / "resumed", stop_after=25)
+    interrupted = metrics_of(tmp_path / "resumed")
+    assert interrupted["interrupted"] is True and interrupted["steps"] == 25
+    assert interrupted["train_seconds"] > 0 and interrupted["images_per_second"] > 0  # the unfinished epoch counts
     resumed.run()
     for name, value in straight.network.state_dict().items():
         assert np.allclose(resumed.network.state_dict()[name], value, rtol=1e-5, atol=1e-7), name
