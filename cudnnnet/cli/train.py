@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"a YAML config file, or a shipped config by name: {', '.join(shipped_config_names())}")
     parser.add_argument("--device", choices=DEVICES, help="override the config's device (auto uses a GPU when usable)")
     parser.add_argument("--data-dir", type=path_argument,
-                        help="MNIST directory (default: $CUDNNNET_DATA, else the user cache, downloading)")
+                        help="the data set's folder: overrides data.dir for every data set (MNIST default: "
+                             "$CUDNNNET_DATA, else the user cache, downloading)")
     parser.add_argument("--epochs", type=positive_int, help="override train.epochs")
     parser.add_argument("--steps", type=positive_int, help="stop after this many steps (overrides --epochs)")
     parser.add_argument("--batch-size", type=positive_int, help="override train.batch_size")
