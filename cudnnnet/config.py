@@ -42,6 +42,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "inverse", "step", "cosine")
 LAYER_NAME_LENGTH = 128  # within a zip member name and a file name (NAME_MAX 255) with a suffix
 LAYER_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{LAYER_NAME_LENGTH}}}")
+TOP_LEVEL_KEYS = ("model", "data", "train", "device", "math", "engine")  # a config file's sections
 
 _REQUIRED = object()
 _SHORT_REPR = reprlib.Repr()
@@ -816,7 +817,7 @@ def parse_config(mapping: Any, source: str = "<dict>") -> Config:
         raise ConfigError(f"{source}: the top level must be a mapping with keys model, data, train, "
                           f"device, math, engine; got {_describe(mapping)}")
     root = _Section(mapping, "", source)
-    root.only(("model", "data", "train", "device", "math", "engine"))
+    root.only(TOP_LEVEL_KEYS)
     return Config(
         model=_parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
         data=_parse_data(root.section("data")),
@@ -838,15 +839,16 @@ class ModelDescription:
 
 
 def load_model_description(path: str | os.PathLike) -> ModelDescription:
-    """The ``model`` and ``data`` of the YAML config at ``path``; its ``train`` section, if any, is not
-    needed and not read (predicting with the original's .bin files needs no optimiser)."""
+    """The ``model`` and ``data`` of the YAML config at ``path``; its other sections (a training
+    config's ``train``, ``device``, ``math``, ``engine``), if any, are not needed and not read
+    (predicting with the original's .bin files needs no optimiser)."""
     path = resolve_config(path)
     mapping = _read_mapping(path, None)
     source = str(path)
     if not isinstance(mapping, dict):
         raise ConfigError(f"{source}: the top level must be a mapping with keys model and data; got {_describe(mapping)}")
     root = _Section(mapping, "", source)
-    root.only(("model", "data", "train", "device", "math"))
+    root.only(TOP_LEVEL_KEYS)
     return ModelDescription(model=_parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
                             data=_parse_data(root.section("data")), source=source)
 

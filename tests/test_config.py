@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cudnnnet.config import (AugmentConfig, Config, ConfigError, LayerSpec, OptimizerConfig, ScheduleConfig, load_config,
-                             parse_config, with_checkpoint_defaults)
+                             load_model_description, parse_config, with_checkpoint_defaults)
 from cudnnnet.errors import UsageError
 from hostile_files import pyyaml_copies_merged_keys
 
@@ -515,6 +515,14 @@ def test_absurd_integers_are_refused_naming_the_key(path, value):
 def test_the_largest_integers_are_accepted():
     config = parse_config(_set(_set(minimal(), ("train", "seed"), 2**31 - 1), ("train", "epochs"), 2**31 - 1))
     assert config.train.seed == config.train.epochs == 2**31 - 1
+
+
+def test_a_training_config_describes_its_model_with_every_top_level_key(tmp_path):
+    """predict --config reads the model and data of any config training takes (engine: fast was refused)."""
+    path = write(tmp_path, LENET_YAML + "engine: fast\n")
+    assert load_config(path).engine == "fast"
+    description = load_model_description(path)
+    assert description.model == load_config(path).model and description.data.pad == 2
 
 
 def test_missing_file_is_named(tmp_path):
