@@ -280,13 +280,16 @@ class Network:
         return {name: value.numpy() for name, value in {**self.parameters(), **self.buffers()}.items()}
 
     def load_state_dict(self, arrays: dict) -> None:
-        """Copy parameters and buffers in by name; checks every name and shape first, so a mismatch changes nothing."""
+        """Copy parameters and buffers in by name; checks every name, shape and value first (finite, and
+        what each layer can compute with: ``Layer.check_state``), so a mismatch changes nothing."""
         tensors = {**self.parameters(), **self.buffers()}
         checkpoint.check_compatible(arrays, {name: value.shape for name, value in tensors.items()})
         values = {name: float32_values(arrays[name], f"load_state_dict: {name}") for name in tensors}
         for name, array in values.items():
             if not np.isfinite(array).all():
                 raise CheckpointError(f"{name} holds NaN or infinite values")
+        for layer in self.layers:
+            layer.check_state(values)
         for name, value in tensors.items():
             value.copy_(Tensor.from_numpy(values[name].reshape(value.shape)))
 

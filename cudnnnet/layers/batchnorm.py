@@ -22,7 +22,7 @@ from __future__ import annotations
 import numbers
 
 from ..backends.base import BATCH_NORM_MODES, BatchNormMode
-from ..errors import InvalidArgumentError
+from ..errors import CheckpointError, InvalidArgumentError
 from ..tensor import Tensor
 from .base import Layer, Parameter
 
@@ -83,6 +83,14 @@ class BatchNorm(Layer):
 
     def buffers(self) -> dict[str, Tensor]:
         return {f"{self.name}.running_mean": self.running_mean, f"{self.name}.running_var": self.running_var}
+
+    def check_state(self, values: dict) -> None:
+        """A running variance is >= 0: a negative one makes √(running_var + eps) NaN in evaluation."""
+        name = f"{self.name}.running_var"
+        negative = int((values[name] < 0).sum())
+        if negative:
+            raise CheckpointError(f"{name} holds {negative} negative values (of {values[name].size}); a variance "
+                                  f"is >= 0")
 
     @property
     def applies_relu(self) -> bool:

@@ -178,6 +178,22 @@ def test_running_statistics_are_saved_and_loaded_as_buffers_not_trained(backend,
         trained.save_original(tmp_path / "original")
 
 
+def test_a_negative_running_variance_is_refused_before_anything_is_loaded(backend, tmp_path):
+    """A checkpoint whose running variance is negative was loaded and predicted NaN (class 0, probability nan)."""
+    network = Network(backend=backend, layers=[Dense("fc", 3), BatchNorm("bn"), Softmax("softmax")]).build((1, 2, 2))
+    before = network.state_dict()
+    state = {**before, "fc.weight": before["fc.weight"] + 1, "bn.running_var": np.array([[[[0.5]], [[-0.25]], [[0.0]]]])}
+    with pytest.raises(CheckpointError, match=r"^bn\.running_var holds 1 negative values \(of 3\); a variance is >= 0$"):
+        network.load_state_dict(state)
+    assert all(np.array_equal(value, before[name]) for name, value in network.state_dict().items())
+    network.save(tmp_path / "model.npz", extra_arrays={"bn.running_var": state["bn.running_var"].astype(np.float32)})
+    with pytest.raises(CheckpointError, match=r"model\.npz: bn\.running_var holds 1 negative values"):
+        Network.load(tmp_path / "model.npz", backend=backend)
+    state["bn.running_var"] = np.zeros((1, 3, 1, 1))  # a constant input's variance: eps keeps it finite
+    network.load_state_dict(state)
+    assert np.isfinite(network.predict(np.ones((2, 1, 2, 2))).numpy()).all()
+
+
 @pytest.mark.parametrize("arguments, message", [({"mode": "batch"}, "unknown batch normalisation mode"),
                                                 ({"momentum": 0}, "momentum must be a number in \\(0, 1\\]"),
                                                 ({"eps": 1e-6}, "eps must be a number >= 1e-05")])
