@@ -28,8 +28,8 @@ import numpy as np
 
 from .config import OptimizerConfig, ScheduleConfig
 from .config_file import MAX_INTEGER
-from .errors import CheckpointError, InvalidArgumentError
-from .tensor import Tensor
+from .errors import CheckpointError, InvalidArgumentError, ShapeError
+from .tensor import Tensor, float32_values
 
 ADAM_STEPS = "adam_steps"  # checkpoint array, after the prefix: the steps Adam took (its bias correction's t)
 PACK_ALIGNMENT = 64  # floats (256 bytes): each packed tensor starts as aligned as an allocation of its own
@@ -227,17 +227,34 @@ class Adam:
         step = _step_count(arrays, prefix)
         taken = arrays.get(f"{prefix}{ADAM_STEPS}")  # fewer than step_count where loss scaling skipped steps
         taken = step if taken is None or taken.size != 1 else _saved_count(taken, "Adam's step count")
+        values = {}  # (name, moment) -> its saved values, every one checked before any is copied
         for name, (m, _) in self.moments.items():
             for moment in ("m", "v"):
                 saved = arrays.get(f"{prefix}{moment}.{name}")
                 if saved is None or saved.size != m.size:
                     raise CheckpointError(f"the checkpoint's optimiser state has no Adam moment {moment} of shape "
                                           f"{m.shape} for {name} (was it saved with another optimiser?)")
+                values[name, moment] = _moment_values(saved, f"Adam's moment {moment} of {name}", moment == "v")
         for name, (m, v) in self.moments.items():
-            m.copy_(Tensor.from_numpy(arrays[f"{prefix}m.{name}"].reshape(m.shape)))
-            v.copy_(Tensor.from_numpy(arrays[f"{prefix}v.{name}"].reshape(v.shape)))
+            m.copy_(Tensor.from_numpy(values[name, "m"].reshape(m.shape)))
+            v.copy_(Tensor.from_numpy(values[name, "v"].reshape(v.shape)))
         self.step_count = step
         self.counter.write_(np.array([taken, 0], dtype=np.float32))
+
+
+def _moment_values(saved, what: str, squares: bool) -> np.ndarray:
+    """A saved moment as float32, finite, and >= 0 where it is a mean of squares (Adam's v: the
+    update's √v̂ would be NaN), else CheckpointError naming ``what``."""
+    try:
+        values = float32_values(saved, what)
+    except ShapeError as error:
+        raise CheckpointError(str(error)) from None
+    if not np.isfinite(values).all():
+        raise CheckpointError(f"{what} holds NaN or infinite values (it cannot be resumed from)")
+    if squares and (values < 0).any():
+        raise CheckpointError(f"{what} holds {int((values < 0).sum())} negative values, and a mean of squares is >= 0 "
+                              "(it cannot be resumed from)")
+    return values
 
 
 def _step_count(arrays: dict, prefix: str) -> int:

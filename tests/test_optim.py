@@ -228,6 +228,24 @@ def test_adam_refuses_an_sgd_checkpoints_state(host):
         Adam(network_with_gradients(host), lr=0.1).load_state_arrays(sgd_state, OPTIMIZER_PREFIX)
 
 
+@pytest.mark.parametrize("moment, value, message", [
+    ("v", -1e-6, r"Adam's moment v of fc\.weight holds 1 negative values, and a mean of squares is >= 0"),
+    ("m", np.nan, r"Adam's moment m of fc\.weight holds NaN or infinite values"),
+    ("v", np.inf, r"Adam's moment v of fc\.weight holds NaN or infinite values")])
+def test_adam_refuses_moments_it_cannot_step_from_and_keeps_its_own(host, moment, value, message):
+    """A negative v was loaded, and the resumed run stopped with 'the loss became nan ... try a lower learning rate'."""
+    network = network_with_gradients(host)
+    saved = Adam(network, lr=0.1)
+    saved.step()
+    state = saved.state_arrays(OPTIMIZER_PREFIX)
+    state[f"{OPTIMIZER_PREFIX}{moment}.fc.weight"].reshape(-1)[5] = value
+    resumed = Adam(network_with_gradients(host), lr=0.1)
+    with pytest.raises(CheckpointError, match=message):
+        resumed.load_state_arrays(state, OPTIMIZER_PREFIX)
+    assert all(not m.numpy().any() and not v.numpy().any() for m, v in resumed.moments.values())
+    assert resumed.step_count == 0
+
+
 @pytest.mark.parametrize("arguments, message", [({"lr": -1}, "learning rate"), ({"lr": 0.1, "betas": (0.9, 1.0)}, "betas"),
                                                 ({"lr": 0.1, "eps": 0}, "eps"),
                                                 ({"lr": 0.1, "weight_decay": -0.1}, "weight decay")])
