@@ -132,12 +132,17 @@ class SGD:
         return arrays
 
     def load_state_arrays(self, arrays: dict, prefix: str) -> None:
-        """Restore velocities and the step count (a checkpoint of the same network and momentum)."""
+        """Restore velocities and the step count (a checkpoint of the same network and momentum); the
+        state of an Adam is refused, as Adam refuses SGD's."""
         step = _step_count(arrays, prefix)
+        if any(name.startswith(f"{prefix}m.") for name in arrays):
+            raise CheckpointError("the checkpoint's optimiser state is Adam's moments (it was trained with adam or "
+                                  "adamw), which SGD cannot continue; resume with the optimiser it was trained with")
         for name, value in self.velocity.items():
             saved = arrays.get(f"{prefix}velocity.{name}")
             if saved is None or saved.size != value.size:
-                raise CheckpointError(f"the checkpoint's optimiser state has no velocity of shape {value.shape} for {name}")
+                raise CheckpointError(f"the checkpoint's optimiser state has no velocity of shape {value.shape} for "
+                                      f"{name} (was it trained without momentum?)")
         for name, value in self.velocity.items():
             value.copy_(Tensor.from_numpy(arrays[f"{prefix}velocity.{name}"].reshape(value.shape)))
         self.step_count = step

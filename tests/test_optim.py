@@ -228,6 +228,21 @@ def test_adam_refuses_an_sgd_checkpoints_state(host):
         Adam(network_with_gradients(host), lr=0.1).load_state_arrays(sgd_state, OPTIMIZER_PREFIX)
 
 
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sgd_refuses_an_adam_checkpoints_state(host, momentum):
+    """Without momentum the Adam moments were dropped silently and the run went on as SGD from step N."""
+    adam_state = Adam(network_with_gradients(host), lr=0.1).state_arrays(OPTIMIZER_PREFIX)
+    with pytest.raises(CheckpointError, match=r"optimiser state is Adam's moments \(it was trained with adam or adamw\)"):
+        SGD(network_with_gradients(host), lr=0.1, momentum=momentum).load_state_arrays(adam_state, OPTIMIZER_PREFIX)
+
+
+def test_sgd_with_momentum_names_a_checkpoint_without_velocities(host):
+    state = SGD(network_with_gradients(host), lr=0.1).state_arrays(OPTIMIZER_PREFIX)
+    with pytest.raises(CheckpointError, match=r"no velocity of shape \(4, 3, 1, 1\) for fc\.weight \(was it trained "
+                                              r"without momentum\?\)"):
+        SGD(network_with_gradients(host), lr=0.1, momentum=0.9).load_state_arrays(state, OPTIMIZER_PREFIX)
+
+
 @pytest.mark.parametrize("moment, value, message", [
     ("v", -1e-6, r"Adam's moment v of fc\.weight holds 1 negative values, and a mean of squares is >= 0"),
     ("m", np.nan, r"Adam's moment m of fc\.weight holds NaN or infinite values"),
