@@ -57,6 +57,7 @@ class Network:
             raise InvalidArgumentError(
                 f"cannot add layer {layer.name!r} after the loss layer {self.layers[-1].name!r}: the loss layer comes last"
             )
+        layer.training = self.training  # a layer added after eval() evaluates too
         self.layers.append(layer)
         return self
 
