@@ -97,9 +97,12 @@ class BatchNorm(Layer):
         """Whether this layer applies the ReLU after it (the fast engine's kernels)."""
         return self.activation is not None and self.backend.engine.batch_norm_kernel
 
+    forward_training = None  # whether the last forward normalised with batch statistics (None: no forward yet)
+
     def forward(self, input: Tensor) -> Tensor:
         self.prepare(input)
         b, mode, relu = self.backend, self.batch_norm_mode, self.applies_relu
+        self.forward_training = self.training
         if not self.training:
             # y = γ·(x - running_mean)/√(running_var + eps) + β
             b.batch_norm_forward_inference(mode, input, self.output, self.weight, self.bias, self.running_mean,
@@ -116,6 +119,10 @@ class BatchNorm(Layer):
         return self.output
 
     def backward(self, grad_output: Tensor) -> Tensor:
+        if not self.forward_training:
+            raise InvalidArgumentError(f"layer {self.name!r}: backward after a forward in evaluation mode; batch "
+                                       f"normalisation's gradient needs the batch statistics of a training forward: "
+                                       f"call network.train() before the forward of a training step")
         # dy' = dy·f'(y);  dβ = Σ dy';  dγ = Σ dy'·x̂;  dx = γ/(m·√(σ² + eps))·(m·dy' - dβ - x̂·dγ)
         relu = self.applies_relu
         self.backend.batch_norm_backward(self.batch_norm_mode, self.input, grad_output, self.grad_input, self.weight,

@@ -178,6 +178,26 @@ def test_running_statistics_are_saved_and_loaded_as_buffers_not_trained(backend,
         trained.save_original(tmp_path / "original")
 
 
+def test_a_training_step_after_an_evaluation_forward_is_refused(backend):
+    """train_step after eval() normalised with the running statistics and then differentiated with the
+    last training batch's statistics (zero gradients for a new network), silently."""
+    network = Network(backend=backend, layers=[Dense("fc", 3), BatchNorm("bn"), Softmax("softmax")]).build((1, 2, 2))
+    x, target = np.random.default_rng(0).standard_normal((4, 1, 2, 2)), np.eye(3)[[0, 1, 2, 0]]
+    before = network.state_dict()
+    network.eval()
+    with pytest.raises(InvalidArgumentError, match=r"layer 'bn': backward after a forward in evaluation mode; .*call "
+                                                   r"network\.train\(\) before the forward"):
+        network.train_step(x, target, 0.1)
+    assert all(np.array_equal(value, before[name]) for name, value in network.state_dict().items())
+    network.forward(x)
+    network.train()
+    with pytest.raises(InvalidArgumentError, match="backward after a forward in evaluation mode"):
+        network.backward(target)
+    network.forward(x)
+    network.backward(target)
+    assert np.abs(network.gradients()["fc.weight"].numpy()).sum() > 0
+
+
 def test_a_negative_running_variance_is_refused_before_anything_is_loaded(backend, tmp_path):
     """A checkpoint whose running variance is negative was loaded and predicted NaN (class 0, probability nan)."""
     network = Network(backend=backend, layers=[Dense("fc", 3), BatchNorm("bn"), Softmax("softmax")]).build((1, 2, 2))
