@@ -24,6 +24,9 @@ the all-reduce's).
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
 from .config import OptimizerConfig, ScheduleConfig
@@ -57,14 +60,10 @@ class SGD:
 
     def __init__(self, network, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  schedule: ScheduleConfig | None = None):
-        if not lr > 0:
-            raise InvalidArgumentError(f"learning rate must be > 0, got {lr!r}")
-        if not 0 <= momentum < 1:
-            raise InvalidArgumentError(f"momentum must be in [0, 1), got {momentum!r}")
-        if not weight_decay >= 0:
-            raise InvalidArgumentError(f"weight decay must be >= 0, got {weight_decay!r}")
+        lr, weight_decay = _learning_rate_and_decay(lr, weight_decay)
+        momentum = _real(momentum, "momentum", "in [0, 1)", lambda value: 0 <= value < 1)
         self.network = network
-        self.lr0, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
+        self.lr0, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.schedule = schedule or ScheduleConfig()
         self.step_count = 0
         self.total_steps = None  # the run's planned length, for schedules that anneal over it
@@ -158,21 +157,19 @@ class Adam:
 
     def __init__(self, network, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  decoupled: bool = False, schedule: ScheduleConfig | None = None):
-        if not lr > 0:
-            raise InvalidArgumentError(f"learning rate must be > 0, got {lr!r}")
-        if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+        lr, weight_decay = _learning_rate_and_decay(lr, weight_decay)
+        if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
             raise InvalidArgumentError(f"betas must be two numbers in [0, 1), got {betas!r}")
-        if not eps > 0:
-            raise InvalidArgumentError(f"eps must be > 0, got {eps!r}")
-        if not weight_decay >= 0:
-            raise InvalidArgumentError(f"weight decay must be >= 0, got {weight_decay!r}")
+        betas = tuple(_real(beta, f"betas[{index}]", "in [0, 1)", lambda value: 0 <= value < 1)
+                      for index, beta in enumerate(betas))
+        eps = _real(eps, "eps", "> 0", lambda value: value > 0)
         if network.input_shape is None:
             raise InvalidArgumentError("build the network (its parameters) before making its optimiser")
         if not network.parameter_list():
             raise InvalidArgumentError("the network has no parameters for Adam to update")
         self.network = network
-        self.lr0, self.eps, self.weight_decay = float(lr), float(eps), float(weight_decay)
-        self.beta1, self.beta2 = (float(beta) for beta in betas)
+        self.lr0, self.eps, self.weight_decay = lr, eps, weight_decay
+        self.beta1, self.beta2 = betas
         self.decoupled = bool(decoupled)
         self.schedule = schedule or ScheduleConfig()
         self.step_count = 0  # steps taken, as the host counts them (the schedule's position)
@@ -245,6 +242,26 @@ class Adam:
             v.copy_(Tensor.from_numpy(values[name, "v"].reshape(v.shape)))
         self.step_count = step
         self.counter.write_(np.array([taken, 0], dtype=np.float32))
+
+
+def _real(value, what: str, valid: str, accepts) -> float:
+    """``value`` as a float where it is a finite real number (not a boolean) that ``accepts`` takes,
+    else InvalidArgumentError naming ``what`` and the ``valid`` range."""
+    number = math.nan
+    if not isinstance(value, bool) and isinstance(value, numbers.Real):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond any float
+            number = math.inf
+    if not math.isfinite(number) or not accepts(number):
+        raise InvalidArgumentError(f"{what} must be a finite number {valid}, got {value!r}")
+    return number
+
+
+def _learning_rate_and_decay(lr, weight_decay) -> tuple[float, float]:
+    """Every optimiser's rate (> 0) and weight decay (>= 0), checked by ``_real``."""
+    return (_real(lr, "learning rate", "> 0", lambda value: value > 0),
+            _real(weight_decay, "weight decay", ">= 0", lambda value: value >= 0))
 
 
 def _moment_values(saved, what: str, squares: bool) -> np.ndarray:

@@ -78,7 +78,13 @@ def test_inverse_schedule_does_not_compound_like_the_original():
 
 
 @pytest.mark.parametrize("arguments, message", [({"lr": 0}, "learning rate"), ({"lr": 0.1, "momentum": 1.0}, "momentum"),
-                                                ({"lr": 0.1, "weight_decay": -1}, "weight decay")])
+                                                ({"lr": 0.1, "weight_decay": -1}, "weight decay"),
+                                                ({"lr": float("inf")}, r"learning rate must be a finite number > 0"),
+                                                ({"lr": "0.1"}, r"learning rate .*got '0\.1'"),
+                                                ({"lr": None}, "learning rate"), ({"lr": True}, "learning rate"),
+                                                ({"lr": 10**400}, "learning rate"),
+                                                ({"lr": 0.1, "momentum": "0.9"}, "momentum"),
+                                                ({"lr": 0.1, "weight_decay": float("inf")}, "weight decay")])
 def test_invalid_hyper_parameters_are_refused(host, arguments, message):
     with pytest.raises(InvalidArgumentError, match=message):
         SGD(network_with_gradients(host), **arguments)
@@ -263,7 +269,15 @@ def test_adam_refuses_moments_it_cannot_step_from_and_keeps_its_own(host, moment
 
 @pytest.mark.parametrize("arguments, message", [({"lr": -1}, "learning rate"), ({"lr": 0.1, "betas": (0.9, 1.0)}, "betas"),
                                                 ({"lr": 0.1, "eps": 0}, "eps"),
-                                                ({"lr": 0.1, "weight_decay": -0.1}, "weight decay")])
+                                                ({"lr": 0.1, "weight_decay": -0.1}, "weight decay"),
+                                                ({"lr": float("inf")}, "learning rate"),
+                                                ({"lr": 0.1, "eps": float("inf")}, r"eps must be a finite number > 0"),
+                                                ({"lr": 0.1, "eps": "1e-8"}, "eps"),
+                                                ({"lr": 0.1, "betas": 0.9}, r"betas must be two numbers"),
+                                                ({"lr": 0.1, "betas": "ab"}, r"betas must be two numbers"),
+                                                ({"lr": 0.1, "betas": (0.9, "a")}, r"betas\[1\] must be a finite number"),
+                                                ({"lr": 0.1, "betas": (True, 0.9)}, r"betas\[0\]"),
+                                                ({"lr": 0.1, "weight_decay": float("nan")}, "weight decay")])
 def test_invalid_adam_hyper_parameters_are_refused(host, arguments, message):
     with pytest.raises(InvalidArgumentError, match=message):
         Adam(network_with_gradients(host), **arguments)
