@@ -333,13 +333,21 @@ def _describe(value: Any) -> str:
 
 
 def _range_text(kind: str, low, high, low_open: bool, high_open: bool) -> str:
+    low, high = _bound_text(low), _bound_text(high)
     if low is not None and high is not None:
-        return f"{kind} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        return f"{kind} in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
     if low is not None:
-        return f"{kind} {'>' if low_open else '>='} {low:g}"
+        return f"{kind} {'>' if low_open else '>='} {low}"
     if high is not None:
-        return f"{kind} {'<' if high_open else '<='} {high:g}"
+        return f"{kind} {'<' if high_open else '<='} {high}"
     return kind
+
+
+def _bound_text(bound) -> str | None:
+    """An integer bound in full (2^24 is 16777216, not 1.67772e+07), a float one in short."""
+    if bound is None:
+        return None
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
 def _in_range(number, low, high, low_open: bool, high_open: bool) -> bool:

@@ -413,8 +413,10 @@ INVALID = [
     (("train", "loss_scale"), {"initial": 0}, r"train.loss_scale.initial: expected a number in (0, 1.84467e+19], got 0"),
     (("train", "loss_scale"), {"initial": -2.0}, "train.loss_scale.initial: expected a number in (0,"),
     (("train", "loss_scale"), {"initial": 2.0 ** 65}, "train.loss_scale.initial: expected a number in (0,"),
-    (("train", "loss_scale"), {"growth_interval": 0}, "train.loss_scale.growth_interval: expected an integer in [1, 1.67772e+07], got 0"),
-    (("train", "loss_scale"), {"growth_interval": 2.5}, "train.loss_scale.growth_interval: expected an integer in [1, 1.67772e+07]"),
+    (("train", "loss_scale"), {"growth_interval": 0}, "train.loss_scale.growth_interval: expected an integer in [1, 16777216], got 0"),
+    (("train", "loss_scale"), {"growth_interval": 2.5}, "train.loss_scale.growth_interval: expected an integer in [1, 16777216], got 2.5"),
+    (("train", "loss_scale"), {"growth_interval": 16777220},
+     "train.loss_scale.growth_interval: expected an integer in [1, 16777216], got 16777220"),
     (("train", "loss_scale"), {"growth": 10},
      "train.loss_scale.growth: unknown key 'growth' for loss_scale; valid keys: initial, growth_interval"),
 ]
