@@ -417,9 +417,14 @@ class Network:
         Every file is read and its size checked against the network's shapes before any weight
         changes, so a missing, truncated or mismatched file raises CheckpointError (naming it)
         and leaves the network as it was. The files carry no architecture: build the network
-        from its config first.
+        from its config first. A network with buffers (BatchNorm's running statistics), which the
+        files cannot hold, is refused naming them before any file is read.
         """
         self._require_built("load the original's files")
+        if self.buffers():
+            raise CheckpointError(f"{directory}: the original's .bin files hold weights and biases only, and this "
+                                  f"network also needs {', '.join(self.buffers())} (BatchNorm's running statistics); "
+                                  f"load it from a cudnnnet checkpoint (model.npz)")
         expected = {name: value.shape for name, value in self.parameters().items()}
         self.load_state_dict(checkpoint.read_original(directory, expected))
 
