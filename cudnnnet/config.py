@@ -216,6 +216,7 @@ class ScheduleConfig:
 LOSS_SCALE_INITIAL = 65536.0  # 2^16, the loss scale a math: fp16 run starts from
 LOSS_SCALE_GROWTH_INTERVAL = 2000  # clean steps after which the scale doubles
 MAX_LOSS_SCALE = 2.0 ** 64  # the scale never grows past this (loss_scaling.py), nor starts there
+MIN_LOSS_SCALE = 2.0 ** -24  # nor halves below this, nor starts there (below 2^-126 float32's 1/S is inf)
 MAX_GROWTH_INTERVAL = 1 << 24  # the device counts clean steps in a float32, exact up to 2^24
 
 
@@ -770,7 +771,7 @@ LOSS_SCALE_WORDS = ("dynamic",)
 
 
 def _parse_loss_scale(train: _Section) -> LossScaleConfig:
-    """train.loss_scale: ``dynamic`` (the default) or a mapping of initial (> 0, at most 2^64) and
+    """train.loss_scale: ``dynamic`` (the default) or a mapping of initial (2^-24 to 2^64) and
     growth_interval (steps, 1 to 2^24)."""
     value = train.value.get("loss_scale")
     if value is None or value in LOSS_SCALE_WORDS:
@@ -779,8 +780,12 @@ def _parse_loss_scale(train: _Section) -> LossScaleConfig:
         train.fail("loss_scale", f"expected dynamic or a mapping with initial and growth_interval, got {_describe(value)}")
     scale = train.section("loss_scale")
     scale.only(("initial", "growth_interval"), context="loss_scale")
+    initial = scale.number("initial", LOSS_SCALE_INITIAL)
+    if not MIN_LOSS_SCALE <= initial <= MAX_LOSS_SCALE:
+        scale.fail("initial", f"expected a number in [2^-24, 2^64] ({MIN_LOSS_SCALE:g} to {MAX_LOSS_SCALE:g}), "
+                              f"got {_SHORT_REPR.repr(scale.value['initial'])}")
     return LossScaleConfig(
-        initial=scale.number("initial", LOSS_SCALE_INITIAL, low=0.0, high=MAX_LOSS_SCALE, low_open=True),
+        initial=initial,
         growth_interval=scale.integer("growth_interval", LOSS_SCALE_GROWTH_INTERVAL, low=1, high=MAX_GROWTH_INTERVAL))
 
 

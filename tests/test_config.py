@@ -410,9 +410,13 @@ INVALID = [
     (("train", "loss_scale"), "static", "train.loss_scale: expected dynamic or a mapping with initial and "
                                         "growth_interval, got 'static' (string)"),
     (("train", "loss_scale"), 1024, "train.loss_scale: expected dynamic or a mapping"),
-    (("train", "loss_scale"), {"initial": 0}, r"train.loss_scale.initial: expected a number in (0, 1.84467e+19], got 0"),
-    (("train", "loss_scale"), {"initial": -2.0}, "train.loss_scale.initial: expected a number in (0,"),
-    (("train", "loss_scale"), {"initial": 2.0 ** 65}, "train.loss_scale.initial: expected a number in (0,"),
+    (("train", "loss_scale"), {"initial": 0}, r"train.loss_scale.initial: expected a number in [2^-24, 2^64] "
+                                              r"(5.96046e-08 to 1.84467e+19), got 0"),
+    (("train", "loss_scale"), {"initial": -2.0}, "train.loss_scale.initial: expected a number in [2^-24, 2^64]"),
+    (("train", "loss_scale"), {"initial": 1e-40}, "train.loss_scale.initial: expected a number in [2^-24, 2^64] "
+                                                  "(5.96046e-08 to 1.84467e+19), got 1e-40"),
+    (("train", "loss_scale"), {"initial": 2.0 ** 65}, "train.loss_scale.initial: expected a number in [2^-24, 2^64]"),
+    (("train", "loss_scale"), {"initial": float("inf")}, "train.loss_scale.initial: expected a number, got inf (not finite)"),
     (("train", "loss_scale"), {"growth_interval": 0}, "train.loss_scale.growth_interval: expected an integer in [1, 16777216], got 0"),
     (("train", "loss_scale"), {"growth_interval": 2.5}, "train.loss_scale.growth_interval: expected an integer in [1, 16777216], got 2.5"),
     (("train", "loss_scale"), {"growth_interval": 16777220},
