@@ -706,6 +706,21 @@ def _parse_data(data: _Section) -> DataConfig:
 
 
 ADAMW_WEIGHT_DECAY = 0.01  # AdamW's default decoupled weight decay (PyTorch's)
+# The optimisers compute in float32: a rate, eps or weight decay beyond its largest number is inf there, and
+# an eps below its smallest normal number (a denormal, or 0) lets v = 0 divide m = 0 into NaN weights.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 2.0 ** -126
+
+
+def _float32(section: _Section, key: str, value: float, smallest: float = 0.0) -> float:
+    """An optimiser's ``value`` at ``key`` where float32 holds it (at most FLOAT32_MAX; at least ``smallest``
+    where it is > 0), else ConfigError."""
+    if value > FLOAT32_MAX:
+        section.fail(key, f"expected at most {FLOAT32_MAX:g} (float32's largest number), got {value:g}")
+    if value < smallest:
+        section.fail(key, f"expected at least {smallest:g} (float32's smallest normal number; a smaller one is 0 or "
+                          f"a denormal on the device), got {value:g}")
+    return value
 
 
 def _parse_optimizer(optimizer: _Section) -> OptimizerConfig:
@@ -717,14 +732,14 @@ def _parse_optimizer(optimizer: _Section) -> OptimizerConfig:
         optimizer.fail("nesterov", "nesterov momentum is not supported; remove the key or set it to false")
     return OptimizerConfig(
         name=name,
-        lr=optimizer.number("lr", low=0.0, low_open=True),
+        lr=_float32(optimizer, "lr", optimizer.number("lr", low=0.0, low_open=True)),
         momentum=optimizer.number("momentum", 0.0, low=0.0, high=1.0, high_open=True),
-        weight_decay=optimizer.number("weight_decay", 0.0, low=0.0),
+        weight_decay=_float32(optimizer, "weight_decay", optimizer.number("weight_decay", 0.0, low=0.0)),
     )
 
 
 def _parse_adam(optimizer: _Section, name: str) -> OptimizerConfig:
-    """adam or adamw: lr, betas [β1, β2] each in [0, 1), eps > 0, weight_decay >= 0."""
+    """adam or adamw: lr, betas [β1, β2] each in [0, 1), eps > 0 (a normal float32), weight_decay >= 0."""
     optimizer.only(("name", "lr", "betas", "eps", "weight_decay"), context=f"optimizer {name}")
     betas = optimizer.get("betas", [0.9, 0.999], "a list [beta1, beta2]")
     if not isinstance(betas, (list, tuple)) or len(betas) != 2:
@@ -732,11 +747,12 @@ def _parse_adam(optimizer: _Section, name: str) -> OptimizerConfig:
     pair = _Section({"beta1": betas[0], "beta2": betas[1]}, optimizer.key_path("betas"), optimizer.source)
     return OptimizerConfig(
         name=name,
-        lr=optimizer.number("lr", low=0.0, low_open=True),
+        lr=_float32(optimizer, "lr", optimizer.number("lr", low=0.0, low_open=True)),
         betas=(pair.number("beta1", low=0.0, high=1.0, high_open=True),
                pair.number("beta2", low=0.0, high=1.0, high_open=True)),
-        eps=optimizer.number("eps", 1e-8, low=0.0, low_open=True),
-        weight_decay=optimizer.number("weight_decay", ADAMW_WEIGHT_DECAY if name == "adamw" else 0.0, low=0.0),
+        eps=_float32(optimizer, "eps", optimizer.number("eps", 1e-8, low=0.0, low_open=True), FLOAT32_TINY),
+        weight_decay=_float32(optimizer, "weight_decay", optimizer.number(
+            "weight_decay", ADAMW_WEIGHT_DECAY if name == "adamw" else 0.0, low=0.0)),
     )
 
 

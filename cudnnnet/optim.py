@@ -29,7 +29,7 @@ import numbers
 
 import numpy as np
 
-from .config import OptimizerConfig, ScheduleConfig
+from .config import FLOAT32_MAX, FLOAT32_TINY, OptimizerConfig, ScheduleConfig
 from .config_file import MAX_INTEGER
 from .errors import CheckpointError, InvalidArgumentError, ShapeError
 from .tensor import Tensor, float32_values
@@ -162,7 +162,8 @@ class Adam:
             raise InvalidArgumentError(f"betas must be two numbers in [0, 1), got {betas!r}")
         betas = tuple(_real(beta, f"betas[{index}]", "in [0, 1)", lambda value: 0 <= value < 1)
                       for index, beta in enumerate(betas))
-        eps = _real(eps, "eps", "> 0", lambda value: value > 0)
+        eps = _real(eps, "eps", f"in [{FLOAT32_TINY:g}, {FLOAT32_MAX:g}] (float32's normal numbers)",
+                    lambda value: FLOAT32_TINY <= value <= FLOAT32_MAX)
         if network.input_shape is None:
             raise InvalidArgumentError("build the network (its parameters) before making its optimiser")
         if not network.parameter_list():
@@ -260,8 +261,10 @@ def _real(value, what: str, valid: str, accepts) -> float:
 
 def _learning_rate_and_decay(lr, weight_decay) -> tuple[float, float]:
     """Every optimiser's rate (> 0) and weight decay (>= 0), checked by ``_real``."""
-    return (_real(lr, "learning rate", "> 0", lambda value: value > 0),
-            _real(weight_decay, "weight decay", ">= 0", lambda value: value >= 0))
+    return (_real(lr, "learning rate", f"in (0, {FLOAT32_MAX:g}] (float32's range)",
+                  lambda value: 0 < value <= FLOAT32_MAX),
+            _real(weight_decay, "weight decay", f"in [0, {FLOAT32_MAX:g}] (float32's range)",
+                  lambda value: 0 <= value <= FLOAT32_MAX))
 
 
 def _moment_values(saved, what: str, squares: bool) -> np.ndarray:

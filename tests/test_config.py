@@ -407,6 +407,14 @@ INVALID = [
     (("train", "lr"), 0.1, "train.lr: unknown key 'lr'; valid keys: batch_size"),
     (("device",), "gpu", "device: expected one of auto, cuda, host, got 'gpu'"),
     (("math",), "fp8", "math: expected one of fp32, tf32, bf16, fp16, got 'fp8'"),
+    (("train", "optimizer"), {"name": "adamw", "lr": 0.1, "eps": 1e-50},
+     "train.optimizer.eps: expected at least 1.17549e-38 (float32's smallest normal number; a smaller one is 0 or a "
+     "denormal on the device), got 1e-50"),
+    (("train", "optimizer"), {"name": "adam", "lr": 0.1, "eps": 1e39},
+     "train.optimizer.eps: expected at most 3.40282e+38 (float32's largest number), got 1e+39"),
+    (("train", "optimizer"), {"lr": 1e39}, "train.optimizer.lr: expected at most 3.40282e+38 (float32's largest number)"),
+    (("train", "optimizer"), {"name": "adamw", "lr": 0.1, "weight_decay": 1e39},
+     "train.optimizer.weight_decay: expected at most 3.40282e+38"),
     (("train", "loss_scale"), "static", "train.loss_scale: expected dynamic or a mapping with initial and "
                                         "growth_interval, got 'static' (string)"),
     (("train", "loss_scale"), 1024, "train.loss_scale: expected dynamic or a mapping"),

@@ -79,7 +79,8 @@ def test_inverse_schedule_does_not_compound_like_the_original():
 
 @pytest.mark.parametrize("arguments, message", [({"lr": 0}, "learning rate"), ({"lr": 0.1, "momentum": 1.0}, "momentum"),
                                                 ({"lr": 0.1, "weight_decay": -1}, "weight decay"),
-                                                ({"lr": float("inf")}, r"learning rate must be a finite number > 0"),
+                                                ({"lr": float("inf")}, r"learning rate must be a finite number in \(0, 3\.40282e\+38\]"),
+                                                ({"lr": 1e39}, "learning rate"), ({"lr": 0.1, "weight_decay": 1e39}, "weight decay"),
                                                 ({"lr": "0.1"}, r"learning rate .*got '0\.1'"),
                                                 ({"lr": None}, "learning rate"), ({"lr": True}, "learning rate"),
                                                 ({"lr": 10**400}, "learning rate"),
@@ -271,7 +272,10 @@ def test_adam_refuses_moments_it_cannot_step_from_and_keeps_its_own(host, moment
                                                 ({"lr": 0.1, "eps": 0}, "eps"),
                                                 ({"lr": 0.1, "weight_decay": -0.1}, "weight decay"),
                                                 ({"lr": float("inf")}, "learning rate"),
-                                                ({"lr": 0.1, "eps": float("inf")}, r"eps must be a finite number > 0"),
+                                                ({"lr": 0.1, "eps": float("inf")}, r"eps must be a finite number in \[1\.17549e-38, "
+                                                                                   r"3\.40282e\+38\] \(float32's normal numbers\)"),
+                                                ({"lr": 0.1, "eps": 1e-50}, r"eps must be a finite number in \[1\.17549e-38"),
+                                                ({"lr": 0.1, "eps": 1e39}, "eps"),
                                                 ({"lr": 0.1, "eps": "1e-8"}, "eps"),
                                                 ({"lr": 0.1, "betas": 0.9}, r"betas must be two numbers"),
                                                 ({"lr": 0.1, "betas": "ab"}, r"betas must be two numbers"),
