@@ -213,10 +213,15 @@ class ScheduleConfig:
                               "gamma": self.gamma, "warmup_steps": self.warmup_steps or None})
 
 
+# The optimisers and the loss scale compute in float32: a rate, eps or weight decay beyond its largest number
+# is inf there; an eps below its smallest normal number (a denormal, or 0) lets v = 0 divide m = 0 into NaN
+# weights, and a loss scale S there makes 1/S inf.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 2.0 ** -126
 LOSS_SCALE_INITIAL = 65536.0  # 2^16, the loss scale a math: fp16 run starts from
 LOSS_SCALE_GROWTH_INTERVAL = 2000  # clean steps after which the scale doubles
 MAX_LOSS_SCALE = 2.0 ** 64  # the scale never grows past this (loss_scaling.py), nor starts there
-MIN_LOSS_SCALE = 2.0 ** -24  # nor halves below this, nor starts there (below 2^-126 float32's 1/S is inf)
+MIN_LOSS_SCALE = 2.0 ** -24  # nor halves below this (a NaN loss halves it at every step)
 MAX_GROWTH_INTERVAL = 1 << 24  # the device counts clean steps in a float32, exact up to 2^24
 
 
@@ -706,10 +711,6 @@ def _parse_data(data: _Section) -> DataConfig:
 
 
 ADAMW_WEIGHT_DECAY = 0.01  # AdamW's default decoupled weight decay (PyTorch's)
-# The optimisers compute in float32: a rate, eps or weight decay beyond its largest number is inf there, and
-# an eps below its smallest normal number (a denormal, or 0) lets v = 0 divide m = 0 into NaN weights.
-FLOAT32_MAX = 3.4028234663852886e38
-FLOAT32_TINY = 2.0 ** -126
 
 
 def _float32(section: _Section, key: str, value: float, smallest: float = 0.0) -> float:
@@ -787,7 +788,7 @@ LOSS_SCALE_WORDS = ("dynamic",)
 
 
 def _parse_loss_scale(train: _Section) -> LossScaleConfig:
-    """train.loss_scale: ``dynamic`` (the default) or a mapping of initial (2^-24 to 2^64) and
+    """train.loss_scale: ``dynamic`` (the default) or a mapping of initial (2^-126 to 2^64) and
     growth_interval (steps, 1 to 2^24)."""
     value = train.value.get("loss_scale")
     if value is None or value in LOSS_SCALE_WORDS:
@@ -797,8 +798,8 @@ def _parse_loss_scale(train: _Section) -> LossScaleConfig:
     scale = train.section("loss_scale")
     scale.only(("initial", "growth_interval"), context="loss_scale")
     initial = scale.number("initial", LOSS_SCALE_INITIAL)
-    if not MIN_LOSS_SCALE <= initial <= MAX_LOSS_SCALE:
-        scale.fail("initial", f"expected a number in [2^-24, 2^64] ({MIN_LOSS_SCALE:g} to {MAX_LOSS_SCALE:g}), "
+    if not FLOAT32_TINY <= initial <= MAX_LOSS_SCALE:
+        scale.fail("initial", f"expected a number in [2^-126, 2^64] ({FLOAT32_TINY:g} to {MAX_LOSS_SCALE:g}), "
                               f"got {_SHORT_REPR.repr(scale.value['initial'])}")
     return LossScaleConfig(
         initial=initial,

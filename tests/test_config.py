@@ -418,12 +418,12 @@ INVALID = [
     (("train", "loss_scale"), "static", "train.loss_scale: expected dynamic or a mapping with initial and "
                                         "growth_interval, got 'static' (string)"),
     (("train", "loss_scale"), 1024, "train.loss_scale: expected dynamic or a mapping"),
-    (("train", "loss_scale"), {"initial": 0}, r"train.loss_scale.initial: expected a number in [2^-24, 2^64] "
-                                              r"(5.96046e-08 to 1.84467e+19), got 0"),
-    (("train", "loss_scale"), {"initial": -2.0}, "train.loss_scale.initial: expected a number in [2^-24, 2^64]"),
-    (("train", "loss_scale"), {"initial": 1e-40}, "train.loss_scale.initial: expected a number in [2^-24, 2^64] "
-                                                  "(5.96046e-08 to 1.84467e+19), got 1e-40"),
-    (("train", "loss_scale"), {"initial": 2.0 ** 65}, "train.loss_scale.initial: expected a number in [2^-24, 2^64]"),
+    (("train", "loss_scale"), {"initial": 0}, r"train.loss_scale.initial: expected a number in [2^-126, 2^64] "
+                                              r"(1.17549e-38 to 1.84467e+19), got 0"),
+    (("train", "loss_scale"), {"initial": -2.0}, "train.loss_scale.initial: expected a number in [2^-126, 2^64]"),
+    (("train", "loss_scale"), {"initial": 1e-40}, "train.loss_scale.initial: expected a number in [2^-126, 2^64] "
+                                                  "(1.17549e-38 to 1.84467e+19), got 1e-40"),
+    (("train", "loss_scale"), {"initial": 2.0 ** 65}, "train.loss_scale.initial: expected a number in [2^-126, 2^64]"),
     (("train", "loss_scale"), {"initial": float("inf")}, "train.loss_scale.initial: expected a number, got inf (not finite)"),
     (("train", "loss_scale"), {"growth_interval": 0}, "train.loss_scale.growth_interval: expected an integer in [1, 16777216], got 0"),
     (("train", "loss_scale"), {"growth_interval": 2.5}, "train.loss_scale.growth_interval: expected an integer in [1, 16777216], got 2.5"),
@@ -698,6 +698,7 @@ def test_own_data_keys_survive_the_round_trip_through_to_dict():
     (None, (65536.0, 2000)),
     ("dynamic", (65536.0, 2000)),
     ({"initial": 1024}, (1024.0, 2000)),
+    ({"initial": 1.0e-30}, (1e-30, 2000)),  # below the scale's floor, 2^-24, but float32's 1/S is finite
     ({"growth_interval": 50}, (65536.0, 50)),
     ({"initial": 0.5, "growth_interval": 1}, (0.5, 1)),
 ])
