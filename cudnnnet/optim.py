@@ -134,7 +134,7 @@ class SGD:
         """Restore velocities and the step count (a checkpoint of the same network and momentum); the
         state of an Adam is refused, as Adam refuses SGD's."""
         step = _step_count(arrays, prefix)
-        if any(name.startswith(f"{prefix}m.") for name in arrays):
+        if any(f"{prefix}m.{p.name}" in arrays for p in self.network.parameter_list()):
             raise CheckpointError("the checkpoint's optimiser state is Adam's moments (it was trained with adam or "
                                   "adamw), which SGD cannot continue; resume with the optimiser it was trained with")
         for name, value in self.velocity.items():
