@@ -28,7 +28,7 @@ from .data.mnist import MNIST_MEAN, MNIST_STD
 from .data.pixels import RESIZE_MODES
 from .config_file import MAX_INTEGER, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
-from .errors import ConfigError
+from .errors import ConfigError, InvalidArgumentError
 from .shipped_configs import resolve_config
 
 DEVICES = ("auto", "cuda", "host")
@@ -189,6 +189,20 @@ class ScheduleConfig:
     gamma: float | None = None
     warmup_steps: int = 0
 
+    def __post_init__(self):
+        """Refuse (InvalidArgumentError) what no schedule computes from: config files are checked by
+        ``parse_config`` first, this catches a ScheduleConfig made in Python."""
+        if self.name not in SCHEDULES:
+            raise InvalidArgumentError(f"unknown schedule {self.name!r}; valid are {', '.join(SCHEDULES)}")
+        if not _whole(self.warmup_steps, 0):
+            raise InvalidArgumentError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        if self.name == "inverse" and not _real_at_least(self.decay, 0.0):
+            raise InvalidArgumentError(f"the inverse schedule needs decay, a finite number >= 0, got {self.decay!r}")
+        if self.name == "step" and not (_whole(self.step_size, 1) and _real_at_least(self.gamma, 0.0)
+                                        and 0 < self.gamma <= 1):
+            raise InvalidArgumentError(f"the step schedule needs step_size, an integer >= 1, and gamma in (0, 1], got "
+                                       f"{self.step_size!r} and {self.gamma!r}")
+
     def learning_rate(self, base_lr: float, step: int, epoch: int, total_steps: int | None = None) -> float:
         """The learning rate at global ``step`` (from 0) during ``epoch`` (from 0) of a run of ``total_steps``."""
         rate = self._scheduled_rate(base_lr, step, epoch, total_steps)
@@ -211,6 +225,21 @@ class ScheduleConfig:
     def to_dict(self) -> dict:
         return _without_none({"name": self.name, "decay": self.decay, "step_size": self.step_size,
                               "gamma": self.gamma, "warmup_steps": self.warmup_steps or None})
+
+
+def _whole(value, least: int) -> bool:
+    """Whether ``value`` is an integer (not a boolean) >= ``least``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
+
+
+def _real_at_least(value, least: float) -> bool:
+    """Whether ``value`` is a finite real number (not a boolean) >= ``least``."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return isfinite(value) and value >= least
+    except OverflowError:  # an integer beyond any float
+        return False
 
 
 # The optimisers and the loss scale compute in float32: a rate, eps or weight decay beyond its largest number

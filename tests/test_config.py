@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from cudnnnet.config import (AugmentConfig, Config, ConfigError, LayerSpec, OptimizerConfig, ScheduleConfig, load_config,
                              load_model_description, parse_config, with_checkpoint_defaults)
-from cudnnnet.errors import UsageError
+from cudnnnet.errors import InvalidArgumentError, UsageError
 from hostile_files import pyyaml_copies_merged_keys
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -226,6 +226,24 @@ def test_schedule_learning_rates():
     step = parse_config(raw).train.schedule
     assert [step.learning_rate(1.0, 0, epoch) for epoch in range(5)] == pytest.approx([1, 1, 0.1, 0.1, 0.01])
     assert parse_config(minimal()).train.schedule.learning_rate(0.3, 1000, 9) == 0.3
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"name": "bogus"}, r"unknown schedule 'bogus'; valid are constant, inverse, step, cosine"),
+    ({"name": "inverse"}, r"the inverse schedule needs decay, a finite number >= 0, got None"),
+    ({"name": "inverse", "decay": float("nan")}, r"needs decay"),
+    ({"name": "step"}, r"the step schedule needs step_size, an integer >= 1, and gamma in \(0, 1\], got None and None"),
+    ({"name": "step", "step_size": 0, "gamma": 0.5}, r"step_size, an integer >= 1"),
+    ({"name": "step", "step_size": 2, "gamma": 2.0}, r"gamma in \(0, 1\]"),
+    ({"name": "cosine", "warmup_steps": -3}, r"warmup_steps must be an integer >= 0, got -3"),
+    ({"name": "constant", "warmup_steps": 2.5}, r"warmup_steps must be an integer >= 0, got 2\.5"),
+    ({"name": "constant", "warmup_steps": True}, r"warmup_steps must be an integer >= 0, got True")])
+def test_a_schedule_made_in_python_is_checked_as_a_config_file_is(arguments, message):
+    """A ScheduleConfig made in Python was taken as it was: a missing decay or step_size raised a TypeError
+    or ZeroDivisionError at the first step, an unknown name ran as constant, a warm-up of 2.5 steps
+    took the rate past lr."""
+    with pytest.raises(InvalidArgumentError, match=message):
+        ScheduleConfig(**arguments)
 
 
 # ---- overrides -----------------------------------------------------------------------------
