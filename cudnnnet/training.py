@@ -523,6 +523,7 @@ class Trainer:
     def _resume(self, path: Path) -> None:
         path = checkpoint_to_resume(path)
         arrays, metadata = checkpoint.load_npz(path, self.network.checkpoint_shape)
+        self._check_model(path, metadata)
         self._check_batch_size(path, metadata)
         self._check_geometry(path, metadata)
         self.network.load_weights(path)
@@ -573,6 +574,16 @@ class Trainer:
         return runs
 
 
+    def _check_model(self, path: Path, metadata: dict) -> None:
+        """The checkpoint was trained with this run's model, where its config says which (cudnnnet-train
+        refuses a checkpoint without one before this)."""
+        config = metadata.get("config")
+        saved = config.get("model") if isinstance(config, dict) else None
+        if isinstance(saved, list):
+            difference = model_difference(saved, self.config.to_dict()["model"])
+            if difference:
+                raise CheckpointError(f"{path}: trained with a different model than {self.config.source}: {difference}")
+
     def _check_batch_size(self, path: Path, metadata: dict) -> None:
         """A position counts batches of the size it was trained with: resuming needs that size."""
         config = metadata.get("config")
@@ -594,6 +605,24 @@ class Trainer:
         if ours.dataset == "image-folder" and ours.image_size and isinstance(saved, str) and saved != ours.resize:
             raise CheckpointError(f"{path} was trained on images fitted to data.image_size by data.resize: {saved}, "
                                   f"and this run asks for {ours.resize}: resume with data.resize: {saved}")
+
+
+def model_difference(saved: list, wanted: list) -> str | None:
+    """How the layers ``saved`` in a checkpoint's config differ from those ``wanted`` (each a
+    ``LayerSpec.to_dict()``): the first layer that differs, or the counts; None where they are the same."""
+    for index, (theirs, ours) in enumerate(zip(saved, wanted)):
+        if theirs != ours:
+            return f"model[{index}] is {_layer_text(theirs)} in the checkpoint, {_layer_text(ours)} in the config"
+    if len(saved) != len(wanted):
+        return f"{len(saved)} layers in the checkpoint, {len(wanted)} in the config"
+    return None
+
+
+def _layer_text(layer) -> str:
+    if not isinstance(layer, dict):
+        return repr(layer)
+    params = ", ".join(f"{key}={value!r}" for key, value in layer.items() if key not in ("type", "name"))
+    return f"{layer.get('type')} {layer.get('name')!r}" + (f" ({params})" if params else "")
 
 
 class NonFiniteWatch:

@@ -19,7 +19,7 @@ from cudnnnet.checkpoint import load_npz
 from cudnnnet.config import load_config
 from cudnnnet.data.mnist import one_hot
 from cudnnnet.engine import SLIDES_KERNELS
-from cudnnnet.errors import TrainingError
+from cudnnnet.errors import CheckpointError, TrainingError
 from cudnnnet import training
 from cudnnnet.layers import MSE, Activation, Dense, Softmax
 from cudnnnet.training import ResidentTestSet, Trainer, evaluate, evaluate_batches
@@ -504,6 +504,21 @@ def test_a_resumed_run_draws_the_dropout_masks_of_an_uninterrupted_one(backend, 
     resumed.run()
     for name, value in straight.network.state_dict().items():
         np.testing.assert_allclose(resumed.network.state_dict()[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_trainer_refuses_to_resume_a_checkpoint_of_another_model(host, small_npz, tmp_path):
+    """cudnnnet-train refused it; the Trainer itself resumed a changed dropout rate or activation silently."""
+    from cudnnnet.config import parse_config
+
+    settings = dropout_settings(small_npz, "host", 2)
+    Trainer(parse_config(settings), tmp_path / "first", progress=False).run()
+    settings["model"][2]["rate"] = 0.2
+    with pytest.raises(CheckpointError, match=r"first/model\.npz: trained with a different model than <dict>: model\[2\] "
+                                              r"is dropout 'dropout1' \(rate=0\.5\) in the checkpoint, dropout "
+                                              r"'dropout1' \(rate=0\.2\) in the config$"):
+        Trainer(parse_config({**settings, "train": {**settings["train"], "steps": 4}}), tmp_path / "second",
+                resume=tmp_path / "first", progress=False)
+    assert not (tmp_path / "second").exists()
 
 
 @pytest.mark.gpu
