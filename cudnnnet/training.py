@@ -45,6 +45,7 @@ from .errors import CheckpointError, ConfigError, DataError, TrainingError
 from .evaluation import Accumulator, Evaluation, evaluate, evaluate_batches  # noqa: F401 (re-exported)
 from .files import atomic_write
 from .loss_scaling import LossScaler
+from .layers import BatchNorm
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import make_optimizer
 from .outputs import OutputFolder, checkpoint_to_resume, refuse_replacing
@@ -182,6 +183,25 @@ def check_class_scores(network: Network, classes, config) -> None:
                           f"({len(classes)}, 1, 1) (a last dense layer with out_size {len(classes)})")
 
 
+def check_batch_statistics(network: Network, batch_size: int, samples: int, config) -> None:
+    """ConfigError where a BatchNorm layer would take a statistic over one value in training: a batch
+    of one image (the full batch, or the epoch's last one of ``samples`` images) through a BatchNorm
+    per activation, or over 1×1 planes."""
+    last = samples % batch_size or batch_size
+    for index, layer in enumerate(network.layers):
+        if not isinstance(layer, BatchNorm):
+            continue
+        for batch in sorted({min(batch_size, samples), last}):
+            if layer.values_per_statistic(batch) > 1:
+                continue
+            where = ("train.batch_size is 1" if batch == batch_size else
+                     f"the epoch's last batch holds 1 of its {samples} training images")
+            raise ConfigError(f"{config.source}: model[{index}] (batchnorm {layer.name!r}): {where}, and batch "
+                              f"normalisation over one value per statistic outputs β alone (no gradient reaches the "
+                              f"layers before it) and has no variance to estimate; choose a train.batch_size that "
+                              f"leaves at least 2 images in every batch")
+
+
 @dataclass
 class Position:
     """Where training stands: the next batch to run is ``batch`` of ``epoch``; ``step`` counts all steps."""
@@ -232,6 +252,7 @@ class Trainer:
                                   classes=len(self.classes))
         if group is not None:  # this rank's part of every epoch
             self.loader = Shard(self.loader, group.launch.rank, group.launch.world_size)
+        check_batch_statistics(self.network, train.batch_size, len(self.loader.permutation(0)), config)
         placement = choose_placement(config.data.placement, self.backend, self.train_pixels, self.train_labels,
                                      ResidentTestSet.nbytes(self.test_pixels, self.loader.classes))
         augment = config.data.augment

@@ -84,6 +84,13 @@ class BatchNorm(Layer):
     def buffers(self) -> dict[str, Tensor]:
         return {f"{self.name}.running_mean": self.running_mean, f"{self.name}.running_var": self.running_var}
 
+    def values_per_statistic(self, batch: int) -> int:
+        """m, the values each batch statistic is taken over in training on a batch of ``batch``: with m = 1
+        every x̂ is 0 (y = β, no gradient reaches the layers before) and the unbiased variance's m/(m - 1)
+        is undefined."""
+        _, h, w = self.input_sample_shape
+        return batch * (h * w if self.batch_norm_mode == BatchNormMode.SPATIAL else 1)
+
     def check_state(self, values: dict) -> None:
         """A running variance is >= 0: a negative one makes √(running_var + eps) NaN in evaluation."""
         name = f"{self.name}.running_var"
