@@ -108,6 +108,10 @@ class BatchNorm(Layer):
 
     def forward(self, input: Tensor) -> Tensor:
         self.prepare(input)
+        if self.training and self.values_per_statistic(input.n) < 2:
+            raise InvalidArgumentError(f"layer {self.name!r}: a training forward of {input.n} sample takes each batch "
+                                       f"statistic over one value (y would be β alone); train on batches of 2 or "
+                                       f"more, or call network.eval() to evaluate")
         b, mode, relu = self.backend, self.batch_norm_mode, self.applies_relu
         self.forward_training = self.training
         if not self.training:

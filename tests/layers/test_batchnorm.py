@@ -178,6 +178,22 @@ def test_running_statistics_are_saved_and_loaded_as_buffers_not_trained(backend,
         trained.save_original(tmp_path / "original")
 
 
+@pytest.mark.parametrize("mode, sample_shape", [("auto", (3, 1, 1)), ("spatial", (3, 1, 1))])
+def test_a_training_forward_over_one_value_per_statistic_is_refused(backend, mode, sample_shape):
+    """One sample through a BatchNorm per activation (or over 1×1 planes) output β alone in training and
+    passed no gradient back, silently; in evaluation it is an ordinary forward."""
+    layer = build(BatchNorm("bn", mode), sample_shape, backend)
+    x = Tensor.from_numpy(np.arange(3, dtype=np.float32).reshape(1, *sample_shape), backend)
+    with pytest.raises(InvalidArgumentError, match=r"layer 'bn': a training forward of 1 sample takes each batch "
+                                                   r"statistic over one value .*or call network\.eval\(\) to evaluate"):
+        layer.forward(x)
+    assert np.array_equal(layer.running_var.numpy(), np.ones(layer.running_var.shape))
+    layer.training = False
+    assert np.isfinite(layer.forward(x).numpy()).all()
+    spatial = build(BatchNorm("bn", "auto"), (2, 2, 2), backend)  # a plane of 4 values: one sample is enough
+    spatial.forward(Tensor.from_numpy(np.arange(8, dtype=np.float32).reshape(1, 2, 2, 2), backend))
+
+
 def test_a_training_step_after_an_evaluation_forward_is_refused(backend):
     """train_step after eval() normalised with the running statistics and then differentiated with the
     last training batch's statistics (zero gradients for a new network), silently."""
