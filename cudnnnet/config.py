@@ -28,7 +28,7 @@ from .data.mnist import MNIST_MEAN, MNIST_STD
 from .data.pixels import RESIZE_MODES
 from .config_file import MAX_INTEGER, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
-from .errors import ConfigError
+from .errors import ConfigError, InvalidArgumentError
 from .shipped_configs import resolve_config
 
 DEVICES = ("auto", "cuda", "host")
@@ -42,6 +42,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "inverse", "step", "cosine")
 LAYER_NAME_LENGTH = 128  # within a zip member name and a file name (NAME_MAX 255) with a suffix
 LAYER_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{LAYER_NAME_LENGTH}}}")
+TOP_LEVEL_KEYS = ("model", "data", "train", "device", "math", "engine")  # a config file's sections
 
 _REQUIRED = object()
 _SHORT_REPR = reprlib.Repr()
@@ -188,6 +189,20 @@ class ScheduleConfig:
     gamma: float | None = None
     warmup_steps: int = 0
 
+    def __post_init__(self):
+        """Refuse (InvalidArgumentError) what no schedule computes from: config files are checked by
+        ``parse_config`` first, this catches a ScheduleConfig made in Python."""
+        if self.name not in SCHEDULES:
+            raise InvalidArgumentError(f"unknown schedule {self.name!r}; valid are {', '.join(SCHEDULES)}")
+        if not _whole(self.warmup_steps, 0):
+            raise InvalidArgumentError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        if self.name == "inverse" and not _real_at_least(self.decay, 0.0):
+            raise InvalidArgumentError(f"the inverse schedule needs decay, a finite number >= 0, got {self.decay!r}")
+        if self.name == "step" and not (_whole(self.step_size, 1) and _real_at_least(self.gamma, 0.0)
+                                        and 0 < self.gamma <= 1):
+            raise InvalidArgumentError(f"the step schedule needs step_size, an integer >= 1, and gamma in (0, 1], got "
+                                       f"{self.step_size!r} and {self.gamma!r}")
+
     def learning_rate(self, base_lr: float, step: int, epoch: int, total_steps: int | None = None) -> float:
         """The learning rate at global ``step`` (from 0) during ``epoch`` (from 0) of a run of ``total_steps``."""
         rate = self._scheduled_rate(base_lr, step, epoch, total_steps)
@@ -212,9 +227,30 @@ class ScheduleConfig:
                               "gamma": self.gamma, "warmup_steps": self.warmup_steps or None})
 
 
+def _whole(value, least: int) -> bool:
+    """Whether ``value`` is an integer (not a boolean) >= ``least``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
+
+
+def _real_at_least(value, least: float) -> bool:
+    """Whether ``value`` is a finite real number (not a boolean) >= ``least``."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return isfinite(value) and value >= least
+    except OverflowError:  # an integer beyond any float
+        return False
+
+
+# The optimisers and the loss scale compute in float32: a rate, eps or weight decay beyond its largest number
+# is inf there; an eps below its smallest normal number (a denormal, or 0) lets v = 0 divide m = 0 into NaN
+# weights, and a loss scale S there makes 1/S inf.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 2.0 ** -126
 LOSS_SCALE_INITIAL = 65536.0  # 2^16, the loss scale a math: fp16 run starts from
 LOSS_SCALE_GROWTH_INTERVAL = 2000  # clean steps after which the scale doubles
 MAX_LOSS_SCALE = 2.0 ** 64  # the scale never grows past this (loss_scaling.py), nor starts there
+MIN_LOSS_SCALE = 2.0 ** -24  # nor halves below this (a NaN loss halves it at every step)
 MAX_GROWTH_INTERVAL = 1 << 24  # the device counts clean steps in a float32, exact up to 2^24
 
 
@@ -332,13 +368,21 @@ def _describe(value: Any) -> str:
 
 
 def _range_text(kind: str, low, high, low_open: bool, high_open: bool) -> str:
+    low, high = _bound_text(low), _bound_text(high)
     if low is not None and high is not None:
-        return f"{kind} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        return f"{kind} in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
     if low is not None:
-        return f"{kind} {'>' if low_open else '>='} {low:g}"
+        return f"{kind} {'>' if low_open else '>='} {low}"
     if high is not None:
-        return f"{kind} {'<' if high_open else '<='} {high:g}"
+        return f"{kind} {'<' if high_open else '<='} {high}"
     return kind
+
+
+def _bound_text(bound) -> str | None:
+    """An integer bound in full (2^24 is 16777216, not 1.67772e+07), a float one in short."""
+    if bound is None:
+        return None
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
 def _in_range(number, low, high, low_open: bool, high_open: bool) -> bool:
@@ -698,6 +742,17 @@ def _parse_data(data: _Section) -> DataConfig:
 ADAMW_WEIGHT_DECAY = 0.01  # AdamW's default decoupled weight decay (PyTorch's)
 
 
+def _float32(section: _Section, key: str, value: float, smallest: float = 0.0) -> float:
+    """An optimiser's ``value`` at ``key`` where float32 holds it (at most FLOAT32_MAX; at least ``smallest``
+    where it is > 0), else ConfigError."""
+    if value > FLOAT32_MAX:
+        section.fail(key, f"expected at most {FLOAT32_MAX:g} (float32's largest number), got {value:g}")
+    if value < smallest:
+        section.fail(key, f"expected at least {smallest:g} (float32's smallest normal number; a smaller one is 0 or "
+                          f"a denormal on the device), got {value:g}")
+    return value
+
+
 def _parse_optimizer(optimizer: _Section) -> OptimizerConfig:
     name = optimizer.choice("name", OPTIMIZERS, "sgd")
     if name != "sgd":
@@ -707,14 +762,14 @@ def _parse_optimizer(optimizer: _Section) -> OptimizerConfig:
         optimizer.fail("nesterov", "nesterov momentum is not supported; remove the key or set it to false")
     return OptimizerConfig(
         name=name,
-        lr=optimizer.number("lr", low=0.0, low_open=True),
+        lr=_float32(optimizer, "lr", optimizer.number("lr", low=0.0, low_open=True)),
         momentum=optimizer.number("momentum", 0.0, low=0.0, high=1.0, high_open=True),
-        weight_decay=optimizer.number("weight_decay", 0.0, low=0.0),
+        weight_decay=_float32(optimizer, "weight_decay", optimizer.number("weight_decay", 0.0, low=0.0)),
     )
 
 
 def _parse_adam(optimizer: _Section, name: str) -> OptimizerConfig:
-    """adam or adamw: lr, betas [β1, β2] each in [0, 1), eps > 0, weight_decay >= 0."""
+    """adam or adamw: lr, betas [β1, β2] each in [0, 1), eps > 0 (a normal float32), weight_decay >= 0."""
     optimizer.only(("name", "lr", "betas", "eps", "weight_decay"), context=f"optimizer {name}")
     betas = optimizer.get("betas", [0.9, 0.999], "a list [beta1, beta2]")
     if not isinstance(betas, (list, tuple)) or len(betas) != 2:
@@ -722,11 +777,12 @@ def _parse_adam(optimizer: _Section, name: str) -> OptimizerConfig:
     pair = _Section({"beta1": betas[0], "beta2": betas[1]}, optimizer.key_path("betas"), optimizer.source)
     return OptimizerConfig(
         name=name,
-        lr=optimizer.number("lr", low=0.0, low_open=True),
+        lr=_float32(optimizer, "lr", optimizer.number("lr", low=0.0, low_open=True)),
         betas=(pair.number("beta1", low=0.0, high=1.0, high_open=True),
                pair.number("beta2", low=0.0, high=1.0, high_open=True)),
-        eps=optimizer.number("eps", 1e-8, low=0.0, low_open=True),
-        weight_decay=optimizer.number("weight_decay", ADAMW_WEIGHT_DECAY if name == "adamw" else 0.0, low=0.0),
+        eps=_float32(optimizer, "eps", optimizer.number("eps", 1e-8, low=0.0, low_open=True), FLOAT32_TINY),
+        weight_decay=_float32(optimizer, "weight_decay", optimizer.number(
+            "weight_decay", ADAMW_WEIGHT_DECAY if name == "adamw" else 0.0, low=0.0)),
     )
 
 
@@ -761,7 +817,7 @@ LOSS_SCALE_WORDS = ("dynamic",)
 
 
 def _parse_loss_scale(train: _Section) -> LossScaleConfig:
-    """train.loss_scale: ``dynamic`` (the default) or a mapping of initial (> 0, at most 2^64) and
+    """train.loss_scale: ``dynamic`` (the default) or a mapping of initial (2^-126 to 2^64) and
     growth_interval (steps, 1 to 2^24)."""
     value = train.value.get("loss_scale")
     if value is None or value in LOSS_SCALE_WORDS:
@@ -770,8 +826,12 @@ def _parse_loss_scale(train: _Section) -> LossScaleConfig:
         train.fail("loss_scale", f"expected dynamic or a mapping with initial and growth_interval, got {_describe(value)}")
     scale = train.section("loss_scale")
     scale.only(("initial", "growth_interval"), context="loss_scale")
+    initial = scale.number("initial", LOSS_SCALE_INITIAL)
+    if not FLOAT32_TINY <= initial <= MAX_LOSS_SCALE:
+        scale.fail("initial", f"expected a number in [2^-126, 2^64] ({FLOAT32_TINY:g} to {MAX_LOSS_SCALE:g}), "
+                              f"got {_SHORT_REPR.repr(scale.value['initial'])}")
     return LossScaleConfig(
-        initial=scale.number("initial", LOSS_SCALE_INITIAL, low=0.0, high=MAX_LOSS_SCALE, low_open=True),
+        initial=initial,
         growth_interval=scale.integer("growth_interval", LOSS_SCALE_GROWTH_INTERVAL, low=1, high=MAX_GROWTH_INTERVAL))
 
 
@@ -816,7 +876,7 @@ def parse_config(mapping: Any, source: str = "<dict>") -> Config:
         raise ConfigError(f"{source}: the top level must be a mapping with keys model, data, train, "
                           f"device, math, engine; got {_describe(mapping)}")
     root = _Section(mapping, "", source)
-    root.only(("model", "data", "train", "device", "math", "engine"))
+    root.only(TOP_LEVEL_KEYS)
     return Config(
         model=_parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
         data=_parse_data(root.section("data")),
@@ -838,15 +898,16 @@ class ModelDescription:
 
 
 def load_model_description(path: str | os.PathLike) -> ModelDescription:
-    """The ``model`` and ``data`` of the YAML config at ``path``; its ``train`` section, if any, is not
-    needed and not read (predicting with the original's .bin files needs no optimiser)."""
+    """The ``model`` and ``data`` of the YAML config at ``path``; its other sections (a training
+    config's ``train``, ``device``, ``math``, ``engine``), if any, are not needed and not read
+    (predicting with the original's .bin files needs no optimiser)."""
     path = resolve_config(path)
     mapping = _read_mapping(path, None)
     source = str(path)
     if not isinstance(mapping, dict):
         raise ConfigError(f"{source}: the top level must be a mapping with keys model and data; got {_describe(mapping)}")
     root = _Section(mapping, "", source)
-    root.only(("model", "data", "train", "device", "math"))
+    root.only(TOP_LEVEL_KEYS)
     return ModelDescription(model=_parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
                             data=_parse_data(root.section("data")), source=source)
 

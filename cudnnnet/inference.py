@@ -135,8 +135,8 @@ def _prepare(name: str, load):
 def predict(network, images, normalize=None, batch_size: int = 256) -> list[Prediction]:
     """A Prediction per image: files, folders (every image inside) or arrays, in the order given.
 
-    An image that cannot be read gets a Prediction whose ``error`` says why; the others are still
-    predicted. ``normalize`` defaults to the network's training normalisation.
+    An image that cannot be read, or whose scores are not finite, gets a Prediction whose ``error``
+    says why; the others are still predicted. ``normalize`` defaults to the network's training normalisation.
     """
     if network.input_shape is None:
         raise InvalidArgumentError("predict needs a built network (Network.load a checkpoint, or train one)")
@@ -152,6 +152,10 @@ def predict(network, images, normalize=None, batch_size: int = 256) -> list[Pred
         batch = np.stack([array for _, array in chunk])  # (B, C, H, W)
         probabilities = network.predict(Tensor.from_numpy(batch, network.backend)).numpy().reshape(len(chunk), -1)
         for (index, _), row in zip(chunk, probabilities):
+            if not np.isfinite(row).all():  # weights or statistics that overflow float32 on this image
+                results[index].error = (f"{results[index].image}: the network's scores for it are not finite (NaN or "
+                                        f"infinite): its weights overflow float32")
+                continue
             results[index].digit = int(np.argmax(row))
             results[index].probabilities = [round(float(p), 6) for p in row]
     return results

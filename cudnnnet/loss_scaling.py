@@ -30,14 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backends.base import LOSS_SCALE_VALUES
-from .config import LOSS_SCALE_GROWTH_INTERVAL, LOSS_SCALE_INITIAL, MAX_LOSS_SCALE, LossScaleConfig
+from .config import (FLOAT32_TINY, LOSS_SCALE_GROWTH_INTERVAL, LOSS_SCALE_INITIAL, MAX_LOSS_SCALE, MIN_LOSS_SCALE,
+                     LossScaleConfig)
 from .errors import CheckpointError, InvalidArgumentError
 from .tensor import Tensor
 
 log = logging.getLogger(__name__)
 
 SCALE, FOUND, SKIP, UNSCALE, CLEAN, SKIPPED = range(LOSS_SCALE_VALUES)  # the state's slots (loss_scale.cu)
-MIN_LOSS_SCALE = 2.0 ** -24  # S never halves below this (a NaN loss halves it at every step)
 STATE_NAME = "loss_scale"  # checkpoint array, after the optimiser prefix: [S, clean steps, skipped steps]
 
 
@@ -54,8 +54,8 @@ class LossScaler:
 
     def __init__(self, backend, gradients: Tensor | None, initial: float = LOSS_SCALE_INITIAL,
                  growth_interval: int = LOSS_SCALE_GROWTH_INTERVAL):
-        if not 0 < initial <= MAX_LOSS_SCALE:
-            raise InvalidArgumentError(f"the initial loss scale must be in (0, 2^64], got {initial!r}")
+        if not FLOAT32_TINY <= initial <= MAX_LOSS_SCALE:  # float32's normal numbers: 1/S is finite
+            raise InvalidArgumentError(f"the initial loss scale must be in [2^-126, 2^64], got {initial!r}")
         if int(growth_interval) != growth_interval or growth_interval < 1:
             raise InvalidArgumentError(f"the loss scale's growth interval must be a whole number of steps >= 1, "
                                        f"got {growth_interval!r}")
@@ -104,8 +104,8 @@ class LossScaler:
         if saved is None:
             return False
         scale, clean, skipped = (float(value) for value in np.asarray(saved, np.float64).reshape(-1))
-        if not (0 < scale <= MAX_LOSS_SCALE and clean >= 0 and skipped >= 0):
+        if not (FLOAT32_TINY <= scale <= MAX_LOSS_SCALE and clean >= 0 and skipped >= 0):
             raise CheckpointError(f"the checkpoint's loss scale state {[scale, clean, skipped]} is invalid (the scale "
-                                  f"must be in (0, 2^64], the step counts >= 0)")
+                                  f"must be in [2^-126, 2^64], the step counts >= 0)")
         self.reset(scale, int(clean), int(skipped))
         return True

@@ -57,6 +57,7 @@ class Network:
             raise InvalidArgumentError(
                 f"cannot add layer {layer.name!r} after the loss layer {self.layers[-1].name!r}: the loss layer comes last"
             )
+        layer.training = self.training  # a layer added after eval() evaluates too
         self.layers.append(layer)
         return self
 
@@ -280,13 +281,16 @@ class Network:
         return {name: value.numpy() for name, value in {**self.parameters(), **self.buffers()}.items()}
 
     def load_state_dict(self, arrays: dict) -> None:
-        """Copy parameters and buffers in by name; checks every name and shape first, so a mismatch changes nothing."""
+        """Copy parameters and buffers in by name; checks every name, shape and value first (finite, and
+        what each layer can compute with: ``Layer.check_state``), so a mismatch changes nothing."""
         tensors = {**self.parameters(), **self.buffers()}
         checkpoint.check_compatible(arrays, {name: value.shape for name, value in tensors.items()})
         values = {name: float32_values(arrays[name], f"load_state_dict: {name}") for name in tensors}
         for name, array in values.items():
             if not np.isfinite(array).all():
                 raise CheckpointError(f"{name} holds NaN or infinite values")
+        for layer in self.layers:
+            layer.check_state(values)
         for name, value in tensors.items():
             value.copy_(Tensor.from_numpy(values[name].reshape(value.shape)))
 
@@ -413,9 +417,14 @@ class Network:
         Every file is read and its size checked against the network's shapes before any weight
         changes, so a missing, truncated or mismatched file raises CheckpointError (naming it)
         and leaves the network as it was. The files carry no architecture: build the network
-        from its config first.
+        from its config first. A network with buffers (BatchNorm's running statistics), which the
+        files cannot hold, is refused naming them before any file is read.
         """
         self._require_built("load the original's files")
+        if self.buffers():
+            raise CheckpointError(f"{directory}: the original's .bin files hold weights and biases only, and this "
+                                  f"network also needs {', '.join(self.buffers())} (BatchNorm's running statistics); "
+                                  f"load it from a cudnnnet checkpoint (model.npz)")
         expected = {name: value.shape for name, value in self.parameters().items()}
         self.load_state_dict(checkpoint.read_original(directory, expected))
 

@@ -24,12 +24,15 @@ the all-reduce's).
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
-from .config import OptimizerConfig, ScheduleConfig
+from .config import FLOAT32_MAX, FLOAT32_TINY, OptimizerConfig, ScheduleConfig
 from .config_file import MAX_INTEGER
-from .errors import CheckpointError, InvalidArgumentError
-from .tensor import Tensor
+from .errors import CheckpointError, InvalidArgumentError, ShapeError
+from .tensor import Tensor, float32_values
 
 ADAM_STEPS = "adam_steps"  # checkpoint array, after the prefix: the steps Adam took (its bias correction's t)
 PACK_ALIGNMENT = 64  # floats (256 bytes): each packed tensor starts as aligned as an allocation of its own
@@ -57,14 +60,10 @@ class SGD:
 
     def __init__(self, network, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  schedule: ScheduleConfig | None = None):
-        if not lr > 0:
-            raise InvalidArgumentError(f"learning rate must be > 0, got {lr!r}")
-        if not 0 <= momentum < 1:
-            raise InvalidArgumentError(f"momentum must be in [0, 1), got {momentum!r}")
-        if not weight_decay >= 0:
-            raise InvalidArgumentError(f"weight decay must be >= 0, got {weight_decay!r}")
+        lr, weight_decay = _learning_rate_and_decay(lr, weight_decay)
+        momentum = _real(momentum, "momentum", "in [0, 1)", lambda value: 0 <= value < 1)
         self.network = network
-        self.lr0, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
+        self.lr0, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.schedule = schedule or ScheduleConfig()
         self.step_count = 0
         self.total_steps = None  # the run's planned length, for schedules that anneal over it
@@ -132,12 +131,17 @@ class SGD:
         return arrays
 
     def load_state_arrays(self, arrays: dict, prefix: str) -> None:
-        """Restore velocities and the step count (a checkpoint of the same network and momentum)."""
+        """Restore velocities and the step count (a checkpoint of the same network and momentum); the
+        state of an Adam is refused, as Adam refuses SGD's."""
         step = _step_count(arrays, prefix)
+        if any(f"{prefix}m.{p.name}" in arrays for p in self.network.parameter_list()):
+            raise CheckpointError("the checkpoint's optimiser state is Adam's moments (it was trained with adam or "
+                                  "adamw), which SGD cannot continue; resume with the optimiser it was trained with")
         for name, value in self.velocity.items():
             saved = arrays.get(f"{prefix}velocity.{name}")
             if saved is None or saved.size != value.size:
-                raise CheckpointError(f"the checkpoint's optimiser state has no velocity of shape {value.shape} for {name}")
+                raise CheckpointError(f"the checkpoint's optimiser state has no velocity of shape {value.shape} for "
+                                      f"{name} (was it trained without momentum?)")
         for name, value in self.velocity.items():
             value.copy_(Tensor.from_numpy(arrays[f"{prefix}velocity.{name}"].reshape(value.shape)))
         self.step_count = step
@@ -153,21 +157,20 @@ class Adam:
 
     def __init__(self, network, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  decoupled: bool = False, schedule: ScheduleConfig | None = None):
-        if not lr > 0:
-            raise InvalidArgumentError(f"learning rate must be > 0, got {lr!r}")
-        if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+        lr, weight_decay = _learning_rate_and_decay(lr, weight_decay)
+        if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
             raise InvalidArgumentError(f"betas must be two numbers in [0, 1), got {betas!r}")
-        if not eps > 0:
-            raise InvalidArgumentError(f"eps must be > 0, got {eps!r}")
-        if not weight_decay >= 0:
-            raise InvalidArgumentError(f"weight decay must be >= 0, got {weight_decay!r}")
+        betas = tuple(_real(beta, f"betas[{index}]", "in [0, 1)", lambda value: 0 <= value < 1)
+                      for index, beta in enumerate(betas))
+        eps = _real(eps, "eps", f"in [{FLOAT32_TINY:g}, {FLOAT32_MAX:g}] (float32's normal numbers)",
+                    lambda value: FLOAT32_TINY <= value <= FLOAT32_MAX)
         if network.input_shape is None:
             raise InvalidArgumentError("build the network (its parameters) before making its optimiser")
         if not network.parameter_list():
             raise InvalidArgumentError("the network has no parameters for Adam to update")
         self.network = network
-        self.lr0, self.eps, self.weight_decay = float(lr), float(eps), float(weight_decay)
-        self.beta1, self.beta2 = (float(beta) for beta in betas)
+        self.lr0, self.eps, self.weight_decay = lr, eps, weight_decay
+        self.beta1, self.beta2 = betas
         self.decoupled = bool(decoupled)
         self.schedule = schedule or ScheduleConfig()
         self.step_count = 0  # steps taken, as the host counts them (the schedule's position)
@@ -227,17 +230,56 @@ class Adam:
         step = _step_count(arrays, prefix)
         taken = arrays.get(f"{prefix}{ADAM_STEPS}")  # fewer than step_count where loss scaling skipped steps
         taken = step if taken is None or taken.size != 1 else _saved_count(taken, "Adam's step count")
+        values = {}  # (name, moment) -> its saved values, every one checked before any is copied
         for name, (m, _) in self.moments.items():
             for moment in ("m", "v"):
                 saved = arrays.get(f"{prefix}{moment}.{name}")
                 if saved is None or saved.size != m.size:
                     raise CheckpointError(f"the checkpoint's optimiser state has no Adam moment {moment} of shape "
                                           f"{m.shape} for {name} (was it saved with another optimiser?)")
+                values[name, moment] = _moment_values(saved, f"Adam's moment {moment} of {name}", moment == "v")
         for name, (m, v) in self.moments.items():
-            m.copy_(Tensor.from_numpy(arrays[f"{prefix}m.{name}"].reshape(m.shape)))
-            v.copy_(Tensor.from_numpy(arrays[f"{prefix}v.{name}"].reshape(v.shape)))
+            m.copy_(Tensor.from_numpy(values[name, "m"].reshape(m.shape)))
+            v.copy_(Tensor.from_numpy(values[name, "v"].reshape(v.shape)))
         self.step_count = step
         self.counter.write_(np.array([taken, 0], dtype=np.float32))
+
+
+def _real(value, what: str, valid: str, accepts) -> float:
+    """``value`` as a float where it is a finite real number (not a boolean) that ``accepts`` takes,
+    else InvalidArgumentError naming ``what`` and the ``valid`` range."""
+    number = math.nan
+    if not isinstance(value, bool) and isinstance(value, numbers.Real):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond any float
+            number = math.inf
+    if not math.isfinite(number) or not accepts(number):
+        raise InvalidArgumentError(f"{what} must be a finite number {valid}, got {value!r}")
+    return number
+
+
+def _learning_rate_and_decay(lr, weight_decay) -> tuple[float, float]:
+    """Every optimiser's rate (> 0) and weight decay (>= 0), checked by ``_real``."""
+    return (_real(lr, "learning rate", f"in (0, {FLOAT32_MAX:g}] (float32's range)",
+                  lambda value: 0 < value <= FLOAT32_MAX),
+            _real(weight_decay, "weight decay", f"in [0, {FLOAT32_MAX:g}] (float32's range)",
+                  lambda value: 0 <= value <= FLOAT32_MAX))
+
+
+def _moment_values(saved, what: str, squares: bool) -> np.ndarray:
+    """A saved moment as float32, finite, and >= 0 where it is a mean of squares (Adam's v: the
+    update's √v̂ would be NaN), else CheckpointError naming ``what``."""
+    try:
+        values = float32_values(saved, what)
+    except ShapeError as error:
+        raise CheckpointError(str(error)) from None
+    if not np.isfinite(values).all():
+        raise CheckpointError(f"{what} holds NaN or infinite values (it cannot be resumed from)")
+    if squares and (values < 0).any():
+        raise CheckpointError(f"{what} holds {int((values < 0).sum())} negative values, and a mean of squares is >= 0 "
+                              "(it cannot be resumed from)")
+    return values
 
 
 def _step_count(arrays: dict, prefix: str) -> int:

@@ -45,6 +45,7 @@ from .errors import CheckpointError, ConfigError, DataError, TrainingError
 from .evaluation import Accumulator, Evaluation, evaluate, evaluate_batches  # noqa: F401 (re-exported)
 from .files import atomic_write
 from .loss_scaling import LossScaler
+from .layers import BatchNorm
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import make_optimizer
 from .outputs import OutputFolder, checkpoint_to_resume, refuse_replacing
@@ -182,6 +183,25 @@ def check_class_scores(network: Network, classes, config) -> None:
                           f"({len(classes)}, 1, 1) (a last dense layer with out_size {len(classes)})")
 
 
+def check_batch_statistics(network: Network, batch_size: int, samples: int, config) -> None:
+    """ConfigError where a BatchNorm layer would take a statistic over one value in training: a batch
+    of one image (the full batch, or the epoch's last one of ``samples`` images) through a BatchNorm
+    per activation, or over 1×1 planes."""
+    last = samples % batch_size or batch_size
+    for index, layer in enumerate(network.layers):
+        if not isinstance(layer, BatchNorm):
+            continue
+        for batch in sorted({min(batch_size, samples), last}):
+            if layer.values_per_statistic(batch) > 1:
+                continue
+            where = ("train.batch_size is 1" if batch == batch_size else
+                     f"the epoch's last batch holds 1 of its {samples} training images")
+            raise ConfigError(f"{config.source}: model[{index}] (batchnorm {layer.name!r}): {where}, and batch "
+                              f"normalisation over one value per statistic outputs β alone (no gradient reaches the "
+                              f"layers before it) and has no variance to estimate; choose a train.batch_size that "
+                              f"leaves at least 2 images in every batch")
+
+
 @dataclass
 class Position:
     """Where training stands: the next batch to run is ``batch`` of ``epoch``; ``step`` counts all steps."""
@@ -232,6 +252,7 @@ class Trainer:
                                   classes=len(self.classes))
         if group is not None:  # this rank's part of every epoch
             self.loader = Shard(self.loader, group.launch.rank, group.launch.world_size)
+        check_batch_statistics(self.network, train.batch_size, len(self.loader.permutation(0)), config)
         placement = choose_placement(config.data.placement, self.backend, self.train_pixels, self.train_labels,
                                      ResidentTestSet.nbytes(self.test_pixels, self.loader.classes))
         augment = config.data.augment
@@ -523,6 +544,7 @@ class Trainer:
     def _resume(self, path: Path) -> None:
         path = checkpoint_to_resume(path)
         arrays, metadata = checkpoint.load_npz(path, self.network.checkpoint_shape)
+        self._check_model(path, metadata)
         self._check_batch_size(path, metadata)
         self._check_geometry(path, metadata)
         self.network.load_weights(path)
@@ -573,6 +595,16 @@ class Trainer:
         return runs
 
 
+    def _check_model(self, path: Path, metadata: dict) -> None:
+        """The checkpoint was trained with this run's model, where its config says which (cudnnnet-train
+        refuses a checkpoint without one before this)."""
+        config = metadata.get("config")
+        saved = config.get("model") if isinstance(config, dict) else None
+        if isinstance(saved, list):
+            difference = model_difference(saved, self.config.to_dict()["model"])
+            if difference:
+                raise CheckpointError(f"{path}: trained with a different model than {self.config.source}: {difference}")
+
     def _check_batch_size(self, path: Path, metadata: dict) -> None:
         """A position counts batches of the size it was trained with: resuming needs that size."""
         config = metadata.get("config")
@@ -594,6 +626,24 @@ class Trainer:
         if ours.dataset == "image-folder" and ours.image_size and isinstance(saved, str) and saved != ours.resize:
             raise CheckpointError(f"{path} was trained on images fitted to data.image_size by data.resize: {saved}, "
                                   f"and this run asks for {ours.resize}: resume with data.resize: {saved}")
+
+
+def model_difference(saved: list, wanted: list) -> str | None:
+    """How the layers ``saved`` in a checkpoint's config differ from those ``wanted`` (each a
+    ``LayerSpec.to_dict()``): the first layer that differs, or the counts; None where they are the same."""
+    for index, (theirs, ours) in enumerate(zip(saved, wanted)):
+        if theirs != ours:
+            return f"model[{index}] is {_layer_text(theirs)} in the checkpoint, {_layer_text(ours)} in the config"
+    if len(saved) != len(wanted):
+        return f"{len(saved)} layers in the checkpoint, {len(wanted)} in the config"
+    return None
+
+
+def _layer_text(layer) -> str:
+    if not isinstance(layer, dict):
+        return repr(layer)
+    params = ", ".join(f"{key}={value!r}" for key, value in layer.items() if key not in ("type", "name"))
+    return f"{layer.get('type')} {layer.get('name')!r}" + (f" ({params})" if params else "")
 
 
 class NonFiniteWatch:

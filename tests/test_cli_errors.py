@@ -114,6 +114,9 @@ def write_bad_checkpoints(folder: Path, good: Path) -> None:
     arrays, metadata = load_npz(good)
     save_npz(folder / "narrow.npz", {**arrays, "fc1.weight": arrays["fc1.weight"][:, :700]}, metadata)
     save_npz(folder / "nan.npz", {**arrays, "fc2.bias": np.full(arrays["fc2.bias"].shape, np.nan, np.float32)}, metadata)
+    overflowing = {"fc1.bias": np.full(arrays["fc1.bias"].shape, 3e38, np.float32),
+                   "fc2.weight": np.full(arrays["fc2.weight"].shape, 3e38, np.float32)}  # finite, but the scores are not
+    save_npz(folder / "overflowing.npz", {**arrays, **overflowing}, metadata)
     save_npz(folder / "no_config.npz", arrays, {key: value for key, value in metadata.items() if key != "config"})
     save_npz(folder / "bad_history.npz", arrays, {**metadata, "history": [{"epoch": 1, "steps": "three"}]})
     eleven = [str(label) for label in range(11)]
@@ -549,7 +552,10 @@ EVALUATE_CASES = {**{name: case for name, case in CHECKPOINT_CASES.items() if na
                                                          r"checkpoint file"),
                   "wrong shapes": RESUME_CASES["wrong shapes"],
                   "class names that do not fit": ("eleven_classes.npz", r"eleven_classes\.npz: its metadata names 11 "
-                                                                        r"classes, but the network ends in 10 scores")}
+                                                                        r"classes, but the network ends in 10 scores"),
+                  "scores that overflow": ("overflowing.npz", r"overflowing\.npz: the network's scores are not finite "
+                                                              r"\(NaN or infinite\) for some test images, its test loss "
+                                                              r"is nan: its weights overflow float32$")}
 
 
 @pytest.mark.parametrize("name, pattern", cases(RESUME_CASES))
@@ -581,6 +587,26 @@ def test_bad_checkpoint_to_predict(tool, checkpoints, tmp_path, name, pattern):
     image = one_pixel(tmp_path / "digit.png")
     finished = tool("predict", "--weights", checkpoints / name, image, "--device", "host")
     assert_one_line_error(finished, "predict", 2, pattern)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_an_image_whose_scores_overflow_is_named_not_predicted(tool, checkpoints, tmp_path, as_json):
+    """The scores of finite weights that overflow float32 were NaN: evaluate printed test loss NaN (NaN in its JSON),
+    predict '0 (probability nan)'."""
+    digit = np.zeros((28, 28), np.uint8)
+    digit[5:23, 13:16] = 255
+    image = tmp_path / "one.png"
+    Image.fromarray(digit, "L").save(image)
+    finished = tool("predict", "--weights", checkpoints / "overflowing.npz", image, "--device", "host",
+                    *(["--json"] if as_json else []))
+    assert finished.returncode == 2 and "Traceback" not in finished.stderr
+    assert finished.stderr.splitlines() == [f"cudnnnet-predict: error: {image}: the network's scores for it are not "
+                                            f"finite (NaN or infinite): its weights overflow float32"]
+    if as_json:
+        [result] = json.loads(finished.stdout)
+        assert result["digit"] is None and result["probabilities"] == [] and "not finite" in result["error"]
+    else:
+        assert finished.stdout == ""
 
 
 def test_an_output_folder_whose_set_is_gone_is_named_so_to_predict(tool, tmp_path):

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cudnnnet.config import (AugmentConfig, Config, ConfigError, LayerSpec, OptimizerConfig, ScheduleConfig, load_config,
-                             parse_config, with_checkpoint_defaults)
-from cudnnnet.errors import UsageError
+                             load_model_description, parse_config, with_checkpoint_defaults)
+from cudnnnet.errors import InvalidArgumentError, UsageError
 from hostile_files import pyyaml_copies_merged_keys
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -228,6 +228,24 @@ def test_schedule_learning_rates():
     assert parse_config(minimal()).train.schedule.learning_rate(0.3, 1000, 9) == 0.3
 
 
+@pytest.mark.parametrize("arguments, message", [
+    ({"name": "bogus"}, r"unknown schedule 'bogus'; valid are constant, inverse, step, cosine"),
+    ({"name": "inverse"}, r"the inverse schedule needs decay, a finite number >= 0, got None"),
+    ({"name": "inverse", "decay": float("nan")}, r"needs decay"),
+    ({"name": "step"}, r"the step schedule needs step_size, an integer >= 1, and gamma in \(0, 1\], got None and None"),
+    ({"name": "step", "step_size": 0, "gamma": 0.5}, r"step_size, an integer >= 1"),
+    ({"name": "step", "step_size": 2, "gamma": 2.0}, r"gamma in \(0, 1\]"),
+    ({"name": "cosine", "warmup_steps": -3}, r"warmup_steps must be an integer >= 0, got -3"),
+    ({"name": "constant", "warmup_steps": 2.5}, r"warmup_steps must be an integer >= 0, got 2\.5"),
+    ({"name": "constant", "warmup_steps": True}, r"warmup_steps must be an integer >= 0, got True")])
+def test_a_schedule_made_in_python_is_checked_as_a_config_file_is(arguments, message):
+    """A ScheduleConfig made in Python was taken as it was: a missing decay or step_size raised a TypeError
+    or ZeroDivisionError at the first step, an unknown name ran as constant, a warm-up of 2.5 steps
+    took the rate past lr."""
+    with pytest.raises(InvalidArgumentError, match=message):
+        ScheduleConfig(**arguments)
+
+
 # ---- overrides -----------------------------------------------------------------------------
 
 
@@ -407,14 +425,28 @@ INVALID = [
     (("train", "lr"), 0.1, "train.lr: unknown key 'lr'; valid keys: batch_size"),
     (("device",), "gpu", "device: expected one of auto, cuda, host, got 'gpu'"),
     (("math",), "fp8", "math: expected one of fp32, tf32, bf16, fp16, got 'fp8'"),
+    (("train", "optimizer"), {"name": "adamw", "lr": 0.1, "eps": 1e-50},
+     "train.optimizer.eps: expected at least 1.17549e-38 (float32's smallest normal number; a smaller one is 0 or a "
+     "denormal on the device), got 1e-50"),
+    (("train", "optimizer"), {"name": "adam", "lr": 0.1, "eps": 1e39},
+     "train.optimizer.eps: expected at most 3.40282e+38 (float32's largest number), got 1e+39"),
+    (("train", "optimizer"), {"lr": 1e39}, "train.optimizer.lr: expected at most 3.40282e+38 (float32's largest number)"),
+    (("train", "optimizer"), {"name": "adamw", "lr": 0.1, "weight_decay": 1e39},
+     "train.optimizer.weight_decay: expected at most 3.40282e+38"),
     (("train", "loss_scale"), "static", "train.loss_scale: expected dynamic or a mapping with initial and "
                                         "growth_interval, got 'static' (string)"),
     (("train", "loss_scale"), 1024, "train.loss_scale: expected dynamic or a mapping"),
-    (("train", "loss_scale"), {"initial": 0}, r"train.loss_scale.initial: expected a number in (0, 1.84467e+19], got 0"),
-    (("train", "loss_scale"), {"initial": -2.0}, "train.loss_scale.initial: expected a number in (0,"),
-    (("train", "loss_scale"), {"initial": 2.0 ** 65}, "train.loss_scale.initial: expected a number in (0,"),
-    (("train", "loss_scale"), {"growth_interval": 0}, "train.loss_scale.growth_interval: expected an integer in [1, 1.67772e+07], got 0"),
-    (("train", "loss_scale"), {"growth_interval": 2.5}, "train.loss_scale.growth_interval: expected an integer in [1, 1.67772e+07]"),
+    (("train", "loss_scale"), {"initial": 0}, r"train.loss_scale.initial: expected a number in [2^-126, 2^64] "
+                                              r"(1.17549e-38 to 1.84467e+19), got 0"),
+    (("train", "loss_scale"), {"initial": -2.0}, "train.loss_scale.initial: expected a number in [2^-126, 2^64]"),
+    (("train", "loss_scale"), {"initial": 1e-40}, "train.loss_scale.initial: expected a number in [2^-126, 2^64] "
+                                                  "(1.17549e-38 to 1.84467e+19), got 1e-40"),
+    (("train", "loss_scale"), {"initial": 2.0 ** 65}, "train.loss_scale.initial: expected a number in [2^-126, 2^64]"),
+    (("train", "loss_scale"), {"initial": float("inf")}, "train.loss_scale.initial: expected a number, got inf (not finite)"),
+    (("train", "loss_scale"), {"growth_interval": 0}, "train.loss_scale.growth_interval: expected an integer in [1, 16777216], got 0"),
+    (("train", "loss_scale"), {"growth_interval": 2.5}, "train.loss_scale.growth_interval: expected an integer in [1, 16777216], got 2.5"),
+    (("train", "loss_scale"), {"growth_interval": 16777220},
+     "train.loss_scale.growth_interval: expected an integer in [1, 16777216], got 16777220"),
     (("train", "loss_scale"), {"growth": 10},
      "train.loss_scale.growth: unknown key 'growth' for loss_scale; valid keys: initial, growth_interval"),
 ]
@@ -515,6 +547,14 @@ def test_absurd_integers_are_refused_naming_the_key(path, value):
 def test_the_largest_integers_are_accepted():
     config = parse_config(_set(_set(minimal(), ("train", "seed"), 2**31 - 1), ("train", "epochs"), 2**31 - 1))
     assert config.train.seed == config.train.epochs == 2**31 - 1
+
+
+def test_a_training_config_describes_its_model_with_every_top_level_key(tmp_path):
+    """predict --config reads the model and data of any config training takes (engine: fast was refused)."""
+    path = write(tmp_path, LENET_YAML + "engine: fast\n")
+    assert load_config(path).engine == "fast"
+    description = load_model_description(path)
+    assert description.model == load_config(path).model and description.data.pad == 2
 
 
 def test_missing_file_is_named(tmp_path):
@@ -676,6 +716,7 @@ def test_own_data_keys_survive_the_round_trip_through_to_dict():
     (None, (65536.0, 2000)),
     ("dynamic", (65536.0, 2000)),
     ({"initial": 1024}, (1024.0, 2000)),
+    ({"initial": 1.0e-30}, (1e-30, 2000)),  # below the scale's floor, 2^-24, but float32's 1/S is finite
     ({"growth_interval": 50}, (65536.0, 50)),
     ({"initial": 0.5, "growth_interval": 1}, (0.5, 1)),
 ])

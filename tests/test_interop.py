@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from cudnnnet import Network, Tensor
-from cudnnnet.checkpoint import save_npz
+from cudnnnet.checkpoint import save_npz, write_original
 from cudnnnet.errors import CheckpointError, InvalidArgumentError
-from cudnnnet.layers import Activation, Conv2D, Dense, Pooling, Softmax
+from cudnnnet.layers import Activation, BatchNorm, Conv2D, Dense, Pooling, Softmax
 
 # ---- a network small enough to write its files by hand --------------------------------------
 
@@ -144,6 +144,20 @@ def test_an_unbuilt_network_cannot_save_or_load_the_original_files(tmp_path):
         network.save_original(tmp_path)
     with pytest.raises(InvalidArgumentError, match="not built"):
         network.load_original(tmp_path)
+
+
+def test_a_network_with_running_statistics_is_refused_by_the_original_files_naming_them(backend, tmp_path):
+    """predict --weights BIN_DIR --config of a BatchNorm network said only 'bn.running_mean: missing from the
+    checkpoint', naming neither the folder nor why the files cannot hold it."""
+    def network():
+        return Network(backend=backend, layers=[Dense("fc", 3), BatchNorm("bn"), Softmax("softmax")]).build((1, 2, 2))
+
+    weights = {name: value for name, value in network().state_dict().items() if "running" not in name}
+    write_original(tmp_path / "pretrained", weights)  # .bin files of its weights and biases
+    with pytest.raises(CheckpointError, match=r"pretrained: the original's \.bin files hold weights and biases only, "
+                                              r"and this network also needs bn\.running_mean, bn\.running_var "
+                                              r"\(BatchNorm's running statistics\); load it from a cudnnnet checkpoint"):
+        network().load_original(tmp_path / "pretrained")
 
 
 # ---- bad checkpoints change nothing ----------------------------------------------------------

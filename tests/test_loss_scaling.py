@@ -14,7 +14,7 @@ import pytest
 from cudnnnet import Network, Tensor
 from cudnnnet.checkpoint import load_npz
 from cudnnnet.config import load_config, parse_config
-from cudnnnet.errors import InvalidArgumentError, ShapeError
+from cudnnnet.errors import CheckpointError, InvalidArgumentError, ShapeError
 from cudnnnet.layers import Activation, Dense, Softmax
 from cudnnnet.loss_scaling import (CLEAN, FOUND, MIN_LOSS_SCALE, SCALE, SKIP, SKIPPED, UNSCALE, LossScaler,
                                    LossScaleStatus)
@@ -102,9 +102,20 @@ def test_a_loss_scale_state_of_another_size_is_refused(backend):
 
 
 def test_the_scaler_refuses_an_initial_scale_or_interval_out_of_range(host):
-    for initial, interval in ((0.0, 10), (2.0 ** 65, 10), (1024.0, 0), (1024.0, 2.5)):
+    for initial, interval in ((0.0, 10), (1e-40, 10), (2.0 ** -127, 10), (2.0 ** 65, 10), (1024.0, 0), (1024.0, 2.5)):
         with pytest.raises(InvalidArgumentError):
             LossScaler(host, None, initial, interval)
+    assert LossScaler(host, None, 2.0 ** -126, 1).read().scale == 2.0 ** -126
+
+
+@pytest.mark.parametrize("scale", [1e-40, 0.0, 2.0 ** 65])
+def test_a_checkpoint_s_scale_that_float32_cannot_invert_is_refused(host, scale):
+    """A scale below 2^-126 was loaded (1e-40, whose float32 1/S is inf): the first step's update made the weights
+    NaN and the run stopped with 'the loss became nan ... try a lower learning rate'."""
+    scaler = LossScaler(host, None, 1024.0, 10)
+    with pytest.raises(CheckpointError, match=r"the scale must be in \[2\^-126, 2\^64\]"):
+        scaler.load_state_arrays({"loss_scale": np.array([scale, 0, 0], np.float32)}, "")
+    assert scaler.read().scale == 1024.0
 
 
 # ---- steps ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from cudnnnet.data.mnist import MNIST_MEAN, MNIST_STD
 from cudnnnet.errors import CheckpointError, InvalidArgumentError, ShapeError
 from cudnnnet.inference import training_normalize
 from cudnnnet.network import ModelSizeError, check_model_size
-from cudnnnet.layers import MSE, Activation, Conv2D, Dense, Pooling, Softmax
+from cudnnnet.layers import MSE, Activation, BatchNorm, Conv2D, Dense, Dropout, Pooling, Softmax
 
 
 def small_cnn(backend, seed=0):
@@ -71,6 +71,20 @@ def test_structure_errors_are_clear():
     network.add_layer(Softmax("softmax"))
     with pytest.raises(InvalidArgumentError, match="after the loss layer"):
         network.add_layer(Dense("fc2", 3))
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_layers_added_after_eval_or_train_take_the_networks_mode(backend, mode):
+    """Layers added after eval() trained: the network said evaluation while its Dropout drew masks."""
+    network = Network(backend=backend, seed=3)
+    getattr(network, mode)()
+    for layer in (Dense("fc", 6), BatchNorm("bn"), Dropout("drop", 0.5), Softmax("softmax")):
+        network.add_layer(layer)
+    assert [layer.training for layer in network.layers] == [network.training] * 4 == [mode == "train"] * 4
+    x = np.random.default_rng(0).standard_normal((5, 1, 3, 3)).astype(np.float32)
+    if mode == "eval":
+        assert np.array_equal(network.forward(x).numpy(), network.forward(x).numpy())
+        assert not network.buffers()["bn.running_mean"].numpy().any()
 
 
 def test_a_shape_that_does_not_fit_is_found_before_anything_is_allocated():

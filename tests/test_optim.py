@@ -78,7 +78,14 @@ def test_inverse_schedule_does_not_compound_like_the_original():
 
 
 @pytest.mark.parametrize("arguments, message", [({"lr": 0}, "learning rate"), ({"lr": 0.1, "momentum": 1.0}, "momentum"),
-                                                ({"lr": 0.1, "weight_decay": -1}, "weight decay")])
+                                                ({"lr": 0.1, "weight_decay": -1}, "weight decay"),
+                                                ({"lr": float("inf")}, r"learning rate must be a finite number in \(0, 3\.40282e\+38\]"),
+                                                ({"lr": 1e39}, "learning rate"), ({"lr": 0.1, "weight_decay": 1e39}, "weight decay"),
+                                                ({"lr": "0.1"}, r"learning rate .*got '0\.1'"),
+                                                ({"lr": None}, "learning rate"), ({"lr": True}, "learning rate"),
+                                                ({"lr": 10**400}, "learning rate"),
+                                                ({"lr": 0.1, "momentum": "0.9"}, "momentum"),
+                                                ({"lr": 0.1, "weight_decay": float("inf")}, "weight decay")])
 def test_invalid_hyper_parameters_are_refused(host, arguments, message):
     with pytest.raises(InvalidArgumentError, match=message):
         SGD(network_with_gradients(host), **arguments)
@@ -228,9 +235,53 @@ def test_adam_refuses_an_sgd_checkpoints_state(host):
         Adam(network_with_gradients(host), lr=0.1).load_state_arrays(sgd_state, OPTIMIZER_PREFIX)
 
 
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sgd_refuses_an_adam_checkpoints_state(host, momentum):
+    """Without momentum the Adam moments were dropped silently and the run went on as SGD from step N."""
+    adam_state = Adam(network_with_gradients(host), lr=0.1).state_arrays(OPTIMIZER_PREFIX)
+    with pytest.raises(CheckpointError, match=r"optimiser state is Adam's moments \(it was trained with adam or adamw\)"):
+        SGD(network_with_gradients(host), lr=0.1, momentum=momentum).load_state_arrays(adam_state, OPTIMIZER_PREFIX)
+
+
+def test_sgd_with_momentum_names_a_checkpoint_without_velocities(host):
+    state = SGD(network_with_gradients(host), lr=0.1).state_arrays(OPTIMIZER_PREFIX)
+    with pytest.raises(CheckpointError, match=r"no velocity of shape \(4, 3, 1, 1\) for fc\.weight \(was it trained "
+                                              r"without momentum\?\)"):
+        SGD(network_with_gradients(host), lr=0.1, momentum=0.9).load_state_arrays(state, OPTIMIZER_PREFIX)
+
+
+@pytest.mark.parametrize("moment, value, message", [
+    ("v", -1e-6, r"Adam's moment v of fc\.weight holds 1 negative values, and a mean of squares is >= 0"),
+    ("m", np.nan, r"Adam's moment m of fc\.weight holds NaN or infinite values"),
+    ("v", np.inf, r"Adam's moment v of fc\.weight holds NaN or infinite values")])
+def test_adam_refuses_moments_it_cannot_step_from_and_keeps_its_own(host, moment, value, message):
+    """A negative v was loaded, and the resumed run stopped with 'the loss became nan ... try a lower learning rate'."""
+    network = network_with_gradients(host)
+    saved = Adam(network, lr=0.1)
+    saved.step()
+    state = saved.state_arrays(OPTIMIZER_PREFIX)
+    state[f"{OPTIMIZER_PREFIX}{moment}.fc.weight"].reshape(-1)[5] = value
+    resumed = Adam(network_with_gradients(host), lr=0.1)
+    with pytest.raises(CheckpointError, match=message):
+        resumed.load_state_arrays(state, OPTIMIZER_PREFIX)
+    assert all(not m.numpy().any() and not v.numpy().any() for m, v in resumed.moments.values())
+    assert resumed.step_count == 0
+
+
 @pytest.mark.parametrize("arguments, message", [({"lr": -1}, "learning rate"), ({"lr": 0.1, "betas": (0.9, 1.0)}, "betas"),
                                                 ({"lr": 0.1, "eps": 0}, "eps"),
-                                                ({"lr": 0.1, "weight_decay": -0.1}, "weight decay")])
+                                                ({"lr": 0.1, "weight_decay": -0.1}, "weight decay"),
+                                                ({"lr": float("inf")}, "learning rate"),
+                                                ({"lr": 0.1, "eps": float("inf")}, r"eps must be a finite number in \[1\.17549e-38, "
+                                                                                   r"3\.40282e\+38\] \(float32's normal numbers\)"),
+                                                ({"lr": 0.1, "eps": 1e-50}, r"eps must be a finite number in \[1\.17549e-38"),
+                                                ({"lr": 0.1, "eps": 1e39}, "eps"),
+                                                ({"lr": 0.1, "eps": "1e-8"}, "eps"),
+                                                ({"lr": 0.1, "betas": 0.9}, r"betas must be two numbers"),
+                                                ({"lr": 0.1, "betas": "ab"}, r"betas must be two numbers"),
+                                                ({"lr": 0.1, "betas": (0.9, "a")}, r"betas\[1\] must be a finite number"),
+                                                ({"lr": 0.1, "betas": (True, 0.9)}, r"betas\[0\]"),
+                                                ({"lr": 0.1, "weight_decay": float("nan")}, "weight decay")])
 def test_invalid_adam_hyper_parameters_are_refused(host, arguments, message):
     with pytest.raises(InvalidArgumentError, match=message):
         Adam(network_with_gradients(host), **arguments)

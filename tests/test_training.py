@@ -19,7 +19,7 @@ from cudnnnet.checkpoint import load_npz
 from cudnnnet.config import load_config
 from cudnnnet.data.mnist import one_hot
 from cudnnnet.engine import SLIDES_KERNELS
-from cudnnnet.errors import TrainingError
+from cudnnnet.errors import CheckpointError, ConfigError, TrainingError
 from cudnnnet import training
 from cudnnnet.layers import MSE, Activation, Dense, Softmax
 from cudnnnet.training import ResidentTestSet, Trainer, evaluate, evaluate_batches
@@ -504,6 +504,42 @@ def test_a_resumed_run_draws_the_dropout_masks_of_an_uninterrupted_one(backend, 
     resumed.run()
     for name, value in straight.network.state_dict().items():
         np.testing.assert_allclose(resumed.network.state_dict()[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("batch_size, mode, refused", [
+    (1, "auto", "train.batch_size is 1"), (33, "auto", "the epoch's last batch holds 1 of its 100 training images"),
+    (33, "spatial", "the epoch's last batch holds 1"), (32, "auto", None), (1, "spatial", "train.batch_size is 1")])
+def test_a_batch_norm_over_one_value_is_refused_before_training(host, small_npz, tmp_path, batch_size, mode, refused):
+    """batch_size 1 through a BatchNorm after a Dense trained nothing before it (x̂ = 0, so y = β and no
+    gradient), silently: 5.9 % on MNIST after 2000 steps; 100 images in batches of 33 left one such step an
+    epoch. A BatchNorm over 1×1 planes ('spatial') is the same."""
+    from cudnnnet.config import parse_config
+
+    settings = dropout_settings(small_npz, "host", 2)
+    settings["model"][1:1] = [{"type": "batchnorm", "name": "bn", "mode": mode}]
+    settings["train"]["batch_size"] = batch_size
+    if refused is None:
+        Trainer(parse_config(settings), tmp_path / "run", progress=False)
+        return
+    with pytest.raises(ConfigError, match=rf"^<dict>: model\[1\] \(batchnorm 'bn'\): {refused}.* choose a "
+                                          rf"train\.batch_size that leaves at least 2 images in every batch$"):
+        Trainer(parse_config(settings), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_trainer_refuses_to_resume_a_checkpoint_of_another_model(host, small_npz, tmp_path):
+    """cudnnnet-train refused it; the Trainer itself resumed a changed dropout rate or activation silently."""
+    from cudnnnet.config import parse_config
+
+    settings = dropout_settings(small_npz, "host", 2)
+    Trainer(parse_config(settings), tmp_path / "first", progress=False).run()
+    settings["model"][2]["rate"] = 0.2
+    with pytest.raises(CheckpointError, match=r"first/model\.npz: trained with a different model than <dict>: model\[2\] "
+                                              r"is dropout 'dropout1' \(rate=0\.5\) in the checkpoint, dropout "
+                                              r"'dropout1' \(rate=0\.2\) in the config$"):
+        Trainer(parse_config({**settings, "train": {**settings["train"], "steps": 4}}), tmp_path / "second",
+                resume=tmp_path / "first", progress=False)
+    assert not (tmp_path / "second").exists()
 
 
 @pytest.mark.gpu

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -103,6 +104,9 @@ def main_with_args(args) -> int:
         raise DataError(f"the test set has label {int(labels.max())}; {args.weights} knows {len(classes)} classes")
     network.check_batch(min(args.batch_size, len(labels)))
     result = evaluate(network, images, labels, args.batch_size, keep_predictions=True)
+    if not math.isfinite(result.loss):
+        raise CheckpointError(f"{args.weights}: the network's scores are not finite (NaN or infinite) for some test "
+                              f"images, its test loss is {result.loss}: its weights overflow float32")
     matrix = confusion_matrix(labels, result.predictions, len(classes))
     if args.json:
         print(json.dumps({"test_accuracy": result.accuracy, "test_loss": result.loss, "classes": list(classes),

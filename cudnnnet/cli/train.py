@@ -22,7 +22,7 @@ from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeEr
 from ..layers import LAYER_TYPES
 from ..network import ModelSizeError, check_model_size
 from ..outputs import checkpoint_to_resume, refuse_replacing
-from ..training import Interrupted, Trainer, class_names, input_shape
+from ..training import Interrupted, Trainer, class_names, input_shape, model_difference
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from .gpus import spawn_ranks
 
@@ -171,21 +171,9 @@ def check_resume(path: str, config: Config, config_path: str) -> None:
     saved = (metadata.get("config") or {}).get("model") if isinstance(metadata.get("config"), dict) else None
     if not isinstance(saved, list):
         raise CheckpointError(f"{path}: no training config in its metadata; it can be loaded but not resumed")
-    wanted = config.to_dict()["model"]
-    for index, (theirs, ours) in enumerate(zip(saved, wanted)):
-        if theirs != ours:
-            raise CheckpointError(f"{path}: trained with a different model than {config_path}: model[{index}] is "
-                                  f"{_layer_text(theirs)} in the checkpoint, {_layer_text(ours)} in the config")
-    if len(saved) != len(wanted):
-        raise CheckpointError(f"{path}: trained with a different model than {config_path}: "
-                              f"{len(saved)} layers in the checkpoint, {len(wanted)} in the config")
-
-
-def _layer_text(layer) -> str:
-    if not isinstance(layer, dict):
-        return repr(layer)
-    params = ", ".join(f"{key}={value!r}" for key, value in layer.items() if key not in ("type", "name"))
-    return f"{layer.get('type')} {layer.get('name')!r}" + (f" ({params})" if params else "")
+    difference = model_difference(saved, config.to_dict()["model"])
+    if difference:
+        raise CheckpointError(f"{path}: trained with a different model than {config_path}: {difference}")
 
 
 def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:

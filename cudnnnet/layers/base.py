@@ -89,6 +89,10 @@ class Layer:
         """Non-trainable state saved with the weights (BatchNorm's running statistics), by qualified name."""
         return {}
 
+    def check_state(self, values: dict) -> None:
+        """Refuse (CheckpointError) values about to be loaded into this layer's parameters and buffers
+        (``values``: qualified name -> finite float32 array) that it cannot compute with; any by default."""
+
     def to(self, backend) -> None:
         """Move parameters to ``backend``; activations are re-allocated on the next forward."""
         self.backend = backend

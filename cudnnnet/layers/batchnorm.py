@@ -22,7 +22,7 @@ from __future__ import annotations
 import numbers
 
 from ..backends.base import BATCH_NORM_MODES, BatchNormMode
-from ..errors import InvalidArgumentError
+from ..errors import CheckpointError, InvalidArgumentError
 from ..tensor import Tensor
 from .base import Layer, Parameter
 
@@ -84,14 +84,36 @@ class BatchNorm(Layer):
     def buffers(self) -> dict[str, Tensor]:
         return {f"{self.name}.running_mean": self.running_mean, f"{self.name}.running_var": self.running_var}
 
+    def values_per_statistic(self, batch: int) -> int:
+        """m, the values each batch statistic is taken over in training on a batch of ``batch``: with m = 1
+        every x̂ is 0 (y = β, no gradient reaches the layers before) and the unbiased variance's m/(m - 1)
+        is undefined."""
+        _, h, w = self.input_sample_shape
+        return batch * (h * w if self.batch_norm_mode == BatchNormMode.SPATIAL else 1)
+
+    def check_state(self, values: dict) -> None:
+        """A running variance is >= 0: a negative one makes √(running_var + eps) NaN in evaluation."""
+        name = f"{self.name}.running_var"
+        negative = int((values[name] < 0).sum())
+        if negative:
+            raise CheckpointError(f"{name} holds {negative} negative values (of {values[name].size}); a variance "
+                                  f"is >= 0")
+
     @property
     def applies_relu(self) -> bool:
         """Whether this layer applies the ReLU after it (the fast engine's kernels)."""
         return self.activation is not None and self.backend.engine.batch_norm_kernel
 
+    forward_training = None  # whether the last forward normalised with batch statistics (None: no forward yet)
+
     def forward(self, input: Tensor) -> Tensor:
         self.prepare(input)
+        if self.training and self.values_per_statistic(input.n) < 2:
+            raise InvalidArgumentError(f"layer {self.name!r}: a training forward of {input.n} sample takes each batch "
+                                       f"statistic over one value (y would be β alone); train on batches of 2 or "
+                                       f"more, or call network.eval() to evaluate")
         b, mode, relu = self.backend, self.batch_norm_mode, self.applies_relu
+        self.forward_training = self.training
         if not self.training:
             # y = γ·(x - running_mean)/√(running_var + eps) + β
             b.batch_norm_forward_inference(mode, input, self.output, self.weight, self.bias, self.running_mean,
@@ -108,6 +130,10 @@ class BatchNorm(Layer):
         return self.output
 
     def backward(self, grad_output: Tensor) -> Tensor:
+        if not self.forward_training:
+            raise InvalidArgumentError(f"layer {self.name!r}: backward after a forward in evaluation mode; batch "
+                                       f"normalisation's gradient needs the batch statistics of a training forward: "
+                                       f"call network.train() before the forward of a training step")
         # dy' = dy·f'(y);  dβ = Σ dy';  dγ = Σ dy'·x̂;  dx = γ/(m·√(σ² + eps))·(m·dy' - dβ - x̂·dγ)
         relu = self.applies_relu
         self.backend.batch_norm_backward(self.batch_norm_mode, self.input, grad_output, self.grad_input, self.weight,

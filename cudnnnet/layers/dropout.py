@@ -68,8 +68,11 @@ class Dropout(Layer):
     def _is_identity(self) -> bool:
         return not self.training or self.rate == 0
 
+    identity_forward = True  # whether the last forward was the identity (evaluation, or rate 0): so is its backward
+
     def forward(self, input: Tensor) -> Tensor:
-        if self._is_identity():
+        self.identity_forward = self._is_identity()
+        if self.identity_forward:
             # y = x
             self.check_input(input)
             return input
@@ -79,7 +82,7 @@ class Dropout(Layer):
         return self.output
 
     def backward(self, grad_output: Tensor) -> Tensor:
-        if self._is_identity():
+        if self.identity_forward:
             # dx = dy
             return grad_output
         if not self.gradient_stop:

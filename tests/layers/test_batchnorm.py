@@ -178,6 +178,58 @@ def test_running_statistics_are_saved_and_loaded_as_buffers_not_trained(backend,
         trained.save_original(tmp_path / "original")
 
 
+@pytest.mark.parametrize("mode, sample_shape", [("auto", (3, 1, 1)), ("spatial", (3, 1, 1))])
+def test_a_training_forward_over_one_value_per_statistic_is_refused(backend, mode, sample_shape):
+    """One sample through a BatchNorm per activation (or over 1×1 planes) output β alone in training and
+    passed no gradient back, silently; in evaluation it is an ordinary forward."""
+    layer = build(BatchNorm("bn", mode), sample_shape, backend)
+    x = Tensor.from_numpy(np.arange(3, dtype=np.float32).reshape(1, *sample_shape), backend)
+    with pytest.raises(InvalidArgumentError, match=r"layer 'bn': a training forward of 1 sample takes each batch "
+                                                   r"statistic over one value .*or call network\.eval\(\) to evaluate"):
+        layer.forward(x)
+    assert np.array_equal(layer.running_var.numpy(), np.ones(layer.running_var.shape))
+    layer.training = False
+    assert np.isfinite(layer.forward(x).numpy()).all()
+    spatial = build(BatchNorm("bn", "auto"), (2, 2, 2), backend)  # a plane of 4 values: one sample is enough
+    spatial.forward(Tensor.from_numpy(np.arange(8, dtype=np.float32).reshape(1, 2, 2, 2), backend))
+
+
+def test_a_training_step_after_an_evaluation_forward_is_refused(backend):
+    """train_step after eval() normalised with the running statistics and then differentiated with the
+    last training batch's statistics (zero gradients for a new network), silently."""
+    network = Network(backend=backend, layers=[Dense("fc", 3), BatchNorm("bn"), Softmax("softmax")]).build((1, 2, 2))
+    x, target = np.random.default_rng(0).standard_normal((4, 1, 2, 2)), np.eye(3)[[0, 1, 2, 0]]
+    before = network.state_dict()
+    network.eval()
+    with pytest.raises(InvalidArgumentError, match=r"layer 'bn': backward after a forward in evaluation mode; .*call "
+                                                   r"network\.train\(\) before the forward"):
+        network.train_step(x, target, 0.1)
+    assert all(np.array_equal(value, before[name]) for name, value in network.state_dict().items())
+    network.forward(x)
+    network.train()
+    with pytest.raises(InvalidArgumentError, match="backward after a forward in evaluation mode"):
+        network.backward(target)
+    network.forward(x)
+    network.backward(target)
+    assert np.abs(network.gradients()["fc.weight"].numpy()).sum() > 0
+
+
+def test_a_negative_running_variance_is_refused_before_anything_is_loaded(backend, tmp_path):
+    """A checkpoint whose running variance is negative was loaded and predicted NaN (class 0, probability nan)."""
+    network = Network(backend=backend, layers=[Dense("fc", 3), BatchNorm("bn"), Softmax("softmax")]).build((1, 2, 2))
+    before = network.state_dict()
+    state = {**before, "fc.weight": before["fc.weight"] + 1, "bn.running_var": np.array([[[[0.5]], [[-0.25]], [[0.0]]]])}
+    with pytest.raises(CheckpointError, match=r"^bn\.running_var holds 1 negative values \(of 3\); a variance is >= 0$"):
+        network.load_state_dict(state)
+    assert all(np.array_equal(value, before[name]) for name, value in network.state_dict().items())
+    network.save(tmp_path / "model.npz", extra_arrays={"bn.running_var": state["bn.running_var"].astype(np.float32)})
+    with pytest.raises(CheckpointError, match=r"model\.npz: bn\.running_var holds 1 negative values"):
+        Network.load(tmp_path / "model.npz", backend=backend)
+    state["bn.running_var"] = np.zeros((1, 3, 1, 1))  # a constant input's variance: eps keeps it finite
+    network.load_state_dict(state)
+    assert np.isfinite(network.predict(np.ones((2, 1, 2, 2))).numpy()).all()
+
+
 @pytest.mark.parametrize("arguments, message", [({"mode": "batch"}, "unknown batch normalisation mode"),
                                                 ({"momentum": 0}, "momentum must be a number in \\(0, 1\\]"),
                                                 ({"eps": 1e-6}, "eps must be a number >= 1e-05")])

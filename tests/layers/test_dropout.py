@@ -76,6 +76,21 @@ def test_evaluation_mode_is_the_identity(backend):
     assert np.array_equal(y, x) and np.array_equal(dx, dy)
 
 
+def test_backward_follows_the_mode_of_the_forward_it_differentiates(backend):
+    """The mode switched between forward and backward: the backward of a masked forward ignored the mask
+    (dx = dy), that of an identity forward failed on the missing gradient buffer."""
+    layer = build(Dropout("drop", 0.5), SHAPE[1:], backend)
+    x, dy = positive_input(0), positive_input(1)
+    y = layer.forward(Tensor.from_numpy(x, backend)).numpy()
+    layer.training = False
+    dx = layer.backward(Tensor.from_numpy(dy, backend)).numpy()
+    assert np.array_equal(dx != 0, y != 0)
+    y = layer.forward(Tensor.from_numpy(x, backend)).numpy()
+    layer.training = True
+    dx = layer.backward(Tensor.from_numpy(dy, backend)).numpy()
+    assert np.array_equal(y, x) and np.array_equal(dx, dy)
+
+
 def test_a_network_trains_with_dropout_and_evaluates_and_predicts_without_it(backend):
     network = Network(backend=backend, seed=3, layers=[Dense("fc", 16), Dropout("drop", 0.5), Dense("out", 10),
                                                        Softmax("softmax")]).build((5, 1, 1))
