@@ -237,9 +237,8 @@ class Trainer:
             self.test_pixels, self.test_labels = self.test_pixels.head(image_limit), self.test_labels[:image_limit]
         self.config = config  # with the data's classes, shape and normalisation, as the checkpoint keeps them
         self.classes = class_names(config)
-        if hasattr(self.backend, "set_math"):
-            self.backend.set_math(config.math)
-        self.backend.set_engine(config.engine)
+        self.settings_before = (getattr(self.backend, "math", None), self.backend.engine)  # restored by run
+        self._use_settings()
         self.network = build_network(config, self.backend)
         check_class_scores(self.network, self.classes, config)
         train = config.train
@@ -343,7 +342,27 @@ class Trainer:
     # ---- the loop --------------------------------------------------------------------------------
     def run(self) -> dict:
         """Train to the planned step; returns the final metrics. The output folder is locked meanwhile
-        (OutputInUseError where another training holds it)."""
+        (OutputInUseError where another training holds it). The backend computes in the config's math
+        and engine while it trains, and returns to those it had before the Trainer was made."""
+        self._use_settings()
+        try:
+            return self._run()
+        finally:
+            self._restore_settings()
+
+    def _use_settings(self) -> None:
+        """The config's math and engine on the backend (settings of the whole backend, as set_engine's)."""
+        if hasattr(self.backend, "set_math"):
+            self.backend.set_math(self.config.math)
+        self.backend.set_engine(self.config.engine)
+
+    def _restore_settings(self) -> None:
+        math_before, engine_before = self.settings_before
+        if math_before is not None:
+            self.backend.set_math(math_before)
+        self.backend.set_engine(engine_before)
+
+    def _run(self) -> dict:
         with self.outputs if self.writes else contextlib.nullcontext(), _signals_to(self):
             log.info("training %s on %s: %d steps of batch %d (%d epochs)%s", self.config.source,
                      self.backend.device_name, self.total_steps, self.config.train.batch_size, self.total_epochs,

@@ -506,6 +506,25 @@ def test_a_resumed_run_draws_the_dropout_masks_of_an_uninterrupted_one(backend, 
         np.testing.assert_allclose(resumed.network.state_dict()[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_a_trainer_trains_in_its_config_s_math_and_engine_and_leaves_the_backend_s_as_they_were(backend, small_npz,
+                                                                                                   tmp_path, monkeypatch):
+    """The math and engine are settings of the whole backend: a bf16 Trainer left them set after its run, so
+    a network loaded afterwards in the same process computed in bf16."""
+    from cudnnnet.config import parse_config
+
+    settings = {**dropout_settings(small_npz, backend.name, 6), "math": "bf16", "engine": "fast"}
+    backend.set_math("fp32")
+    with backend.using_engine("slides"):
+        trainer = Trainer(parse_config(settings), tmp_path / "run", progress=False)
+        seen = []
+        train_epoch = trainer.train_epoch
+        monkeypatch.setattr(trainer, "train_epoch", lambda: (seen.append((backend.math, backend.engine.name)),
+                                                             train_epoch())[1])
+        trainer.run()
+        assert seen == [("bf16", "fast")] * 2
+        assert (backend.math, backend.engine.name) == ("fp32", "slides")
+
+
 @pytest.mark.parametrize("batch_size, mode, refused", [
     (1, "auto", "train.batch_size is 1"), (33, "auto", "the epoch's last batch holds 1 of its 100 training images"),
     (33, "spatial", "the epoch's last batch holds 1"), (32, "auto", None), (1, "spatial", "train.batch_size is 1")])
