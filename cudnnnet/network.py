@@ -383,7 +383,8 @@ class Network:
 
     @classmethod
     def load(cls, path, backend="host") -> "Network":
-        """Rebuild the network a checkpoint describes and load its weights (ready for inference).
+        """Rebuild the network a checkpoint describes and load its weights. It is in training mode, as a
+        new network is: ``predict`` evaluates; call ``eval()`` before ``forward`` for inference.
 
         The metadata is read and the network built (its size checked) first; each array is then
         checked against the shape the network expects before it is read.
