@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
 CHUNK = 512  # images per task sent to a worker process
 MAX_FOLDER_BYTES = 1 << 33  # decoded pixels a folder may make
-CACHE_FORMAT = 5  # raised whenever decoding or the entry's files change, so that cached folders are decoded again
+CACHE_FORMAT = 6  # raised whenever decoding or the entry's files change, so that cached folders are decoded again
 ARRAYS = ("pixels", "labels")  # an entry's arrays, KEY.<name>.npy, written before its KEY.json
 
 

@@ -213,7 +213,9 @@ def _to_grey(image: Image.Image, source) -> np.ndarray:
     try:
         image = upright(image)
         if image.mode in _WIDE_MODES:
-            return _wide_samples(image, source)
+            clear = _transparent_samples(image)
+            grey = _wide_samples(image, source)
+            return grey if clear is None else np.where(clear, np.float32(1.0), grey)
         return np.asarray(on_white(image).convert("L"), dtype=np.float32) / 255.0
     except _DECODE_ERRORS as exc:
         raise ImageError(f"{source}: cannot convert the {image.mode} image to greyscale ({_one_line(exc)})") from exc
@@ -229,11 +231,25 @@ def _wide_samples(image: Image.Image, source) -> np.ndarray:
 def eight_bit(image: Image.Image, source) -> Image.Image:
     """An 8-bit grey ("L") copy of a 16-bit, 32-bit integer or float image, its samples scaled to
     [0, 1] as a digit's are (Pillow's convert() would clip them) and samples above 65535 saturated at
-    white; any other image as it is."""
+    white; grey with alpha ("LA") where the image has a transparent grey value (a 16-bit PNG's tRNS
+    chunk), its samples of that value transparent; any other image as it is."""
     if image.mode not in _WIDE_MODES:
         return image
     unit = np.clip(_wide_samples(image, source), 0.0, 1.0)
-    return Image.fromarray(np.round(unit * 255).astype(np.uint8), "L")
+    grey = np.round(unit * 255).astype(np.uint8)
+    clear = _transparent_samples(image)
+    if clear is None:
+        return Image.fromarray(grey, "L")
+    return Image.fromarray(np.dstack([grey, np.where(clear, 0, 255).astype(np.uint8)]), "LA")
+
+
+def _transparent_samples(image: Image.Image) -> np.ndarray | None:
+    """Where the one-channel image of a wide mode holds its transparent grey value (``info["transparency"]``,
+    a PNG's tRNS chunk, compared with the samples as stored); None where it names none."""
+    key = image.info.get("transparency")
+    if not isinstance(key, (int, np.integer)) or isinstance(key, bool):
+        return None
+    return np.asarray(image) == key
 
 
 def upright(image: Image.Image) -> Image.Image:

@@ -131,6 +131,15 @@ def sixteen_bit():
     return Image.fromarray(black_on_white().astype(np.uint16) * 257)
 
 
+def sixteen_bit_colour_key():
+    """Ink on a background of one nearly black 16-bit value that a tRNS chunk makes transparent."""
+    samples = black_on_white().astype(np.uint16) * 257
+    samples[samples == 65535] = 1
+    image = Image.fromarray(samples)
+    image.info["transparency"] = 1
+    return image
+
+
 def grey_alpha():
     return Image.fromarray(black_on_white(), "L").convert("LA")
 
@@ -143,6 +152,7 @@ FORMATS = {
     "png-palette": (lambda: Image.fromarray(black_on_white(), "L").convert("P"), "png", 0.01),
     "png-palette-transparent": (palette_with_transparency, "png", 0.02),
     "png-16-bit": (sixteen_bit, "png", 1e-4),
+    "png-16-bit-transparent": (sixteen_bit_colour_key, "png", 1e-4),
     "png-bilevel": (lambda: Image.fromarray(black_on_white(), "L").convert("1"), "png", 0.06),
     "jpeg": (lambda: Image.fromarray(black_on_white(), "L"), "jpg", 0.02),
     "jpeg-rgb": (rgb_blue_ink, "jpeg", 0.03),
@@ -279,6 +289,16 @@ def test_photos_of_16_bit_and_float_samples_read_as_their_8_bit_image(tmp_path, 
         pixels = load_photo(path, channels, 8, 8)
         assert pixels.shape == (channels, 8, 8) and pixels.dtype == np.uint8
         assert np.abs(pixels.astype(int) - GRADIENT.astype(int)).max() <= 1
+
+
+def test_a_16_bit_grey_png_s_transparent_value_is_white_in_a_photo(tmp_path):
+    """A tRNS chunk's grey value is transparent, composited on white as any other transparency (it was
+    dropped with the 16 bits: the transparent samples kept their stored grey)."""
+    Image.fromarray(np.array([[1000, 30000], [1000, 65535]], np.uint16)).save(tmp_path / "deep.png", transparency=1000)
+    with Image.open(tmp_path / "deep.png") as image:
+        assert image.mode == "I;16" and image.info["transparency"] == 1000, "the test proves nothing"
+    assert load_photo(tmp_path / "deep.png", 1, 2, 2)[0].tolist() == [[255, 117], [255, 255]]
+    assert load_photo(tmp_path / "deep.png", 3, 2, 2)[:, 0, 0].tolist() == [255, 255, 255]
 
 
 def test_32_bit_samples_above_16_bits_are_white_in_a_photo_not_wrapped_around(tmp_path):

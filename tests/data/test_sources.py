@@ -378,10 +378,14 @@ def test_transparency_is_composited_on_white_and_grey_alpha_images_stay_grey(tmp
     for split in ("train", "test"):
         save_image(tmp_path / split / "grey" / "a.png", np.dstack([value, alpha]))
         save_image(tmp_path / split / "opaque" / "a.png", np.dstack([value, np.full_like(alpha, 255)]))
+        keyed = np.where(alpha == 0, 7, value.astype(np.uint16) * 257).astype(np.uint16)  # 16 bits, 7 transparent
+        (tmp_path / split / "keyed").mkdir()
+        Image.fromarray(keyed).save(tmp_path / split / "keyed" / "a.png", transparency=7)
     trained = load_source(folder_config(tmp_path), "train")
-    assert trained.pixels.shape == (2, 1, 4, 6)
+    assert trained.pixels.shape == (3, 1, 4, 6)
     assert trained.pixels[0, 0, 0].tolist() == [255, 255, 157, 157, 60, 60]  # 60·128/255 + 255·127/255 = 157.1
-    assert (trained.pixels[1] == 60).all()
+    assert trained.pixels[1, 0, 0].tolist() == [255, 255, 60, 60, 60, 60]  # classes grey, keyed, opaque
+    assert (trained.pixels[2] == 60).all()
 
 
 def test_a_folder_decoded_before_transparency_was_composited_is_not_taken_from_the_cache(tmp_path, monkeypatch):
