@@ -15,7 +15,8 @@ keyed by the folder's file list with every file's size and mtime and by the reci
 run reads one ``.npy`` instead of decoding. An entry is three files, written in this order:
 ``KEY.pixels.npy``, ``KEY.labels.npy`` and ``KEY.json``, which records the SHA-256 of both arrays
 (``cache.array_digest``); an entry without it, or whose arrays no longer have those digests (damaged
-on disk: a warning), is decoded again and rewritten. A file Pillow cannot decode is named; with
+on disk: a warning), is decoded again and rewritten. A file Pillow cannot decode, or an image above
+predict's pixel limit (``images.DEFAULT_MAX_PIXELS``, read from its header), is named; with
 ``data.corrupt: skip`` it is left out (and logged), else the load is refused.
 """
 
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
 CHUNK = 512  # images per task sent to a worker process
 MAX_FOLDER_BYTES = 1 << 33  # decoded pixels a folder may make
-CACHE_FORMAT = 6  # raised whenever decoding or the entry's files change, so that cached folders are decoded again
+CACHE_FORMAT = 7  # raised whenever decoding or the entry's files change, so that cached folders are decoded again
 ARRAYS = ("pixels", "labels")  # an entry's arrays, KEY.<name>.npy, written before its KEY.json
 
 
@@ -244,19 +245,16 @@ def decode_files(paths: list[str], size: tuple[int, int] | None, resize: str = "
                  channels: int | str = "auto") -> list:
     """For each path: uint8 (H, W) grey or (H, W, 3) RGB pixels as ``channels`` (1, 3 or auto: each image
     as its mode is) says, fitted to ``size`` (height, width) when given as ``resize`` says, made by
-    ``images.photo_array`` as predict makes them; or the text of the error that stopped it being decoded."""
-    from PIL import Image
-
-    from .images import photo_array, warnings_logged
+    ``images.photo_file_array`` as predict makes them (an image above predict's pixel limit refused from
+    its header, never decoded); or the text of the error that stopped it being decoded."""
+    from .images import photo_file_array
 
     decoded = []
     for path in paths:
         try:
-            with warnings_logged(path), Image.open(path) as image:
-                image.load()
-                decoded.append(photo_array(image, channels, size, path, resize))
+            decoded.append(photo_file_array(path, channels, size, resize))
         except ImageError as error:
             decoded.append(str(error).removeprefix(f"{path}: "))
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+        except (OSError, ValueError, SyntaxError) as error:
             decoded.append(f"{type(error).__name__}: {error}")
     return decoded

@@ -471,14 +471,27 @@ def load_photo(path: str | os.PathLike, channels: int, height: int, width: int,
     """uint8 (channels, height, width) of the image file ``path`` as a network trained on an image folder
     or CIFAR-10 reads it (``photo_array``: grey or RGB as ``channels`` says, transparency composited onto
     white, fitted to the target as ``resize`` says)."""
+    return _channels_first(photo_file_array(path, channels, (height, width), resize, max_pixels))
+
+
+def photo_file_array(path: str | os.PathLike, channels: int | str, size: tuple[int, int] | None, resize: str = "crop",
+                     max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """``photo_array`` of the image file ``path``, opened as predict opens it: ImageError naming it for a
+    file that is missing, empty, not an image, or above ``max_pixels`` (refused from its header, before any
+    pixel is decoded)."""
     path = Path(path)
     _check_file(path)
     with warnings_logged(path):
         image = _open_image(path, max_pixels)
         try:
-            return photo_pixels(image, channels, height, width, path, resize=resize)
+            return photo_array(image, channels, size, path, resize)
         finally:
             image.close()
+
+
+def _channels_first(array: np.ndarray) -> np.ndarray:
+    """(H, W) grey -> (1, H, W); (H, W, 3) RGB -> (3, H, W)."""
+    return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
 
 
 def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, width: int, source="<image>",
@@ -488,8 +501,7 @@ def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, wi
     16-bit; finite)."""
     if isinstance(image, np.ndarray):
         image = Image.fromarray(_array_to_pixels(image))
-    array = photo_array(image, channels, (height, width), source, resize)
-    return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+    return _channels_first(photo_array(image, channels, (height, width), source, resize))
 
 
 def photo_array(image: Image.Image, channels: int | str, size: tuple[int, int] | None, source="<image>",

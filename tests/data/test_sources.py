@@ -300,6 +300,31 @@ def test_a_corrupt_image_is_named_and_refused_or_skipped(tmp_path):
     assert sum(len(split.labels) for split in skipped) == 3
 
 
+def test_an_image_above_predict_s_pixel_limit_is_refused_from_its_header_or_skipped(tmp_path, monkeypatch):
+    """Training decoded every image Pillow opens (up to 179 megapixels: a 320 KB PNG took 1.6 GiB in each
+    decoding process) where predict refuses one above 50 megapixels from its header."""
+    from PIL import ImageFile
+    from test_images import png_header_only
+
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
+    for index in range(4):
+        save_image(root / "ab"[index % 2] / f"{index}.png", np.full((4, 4), index, np.uint8))
+    huge = root / "b" / "huge.png"
+    huge.write_bytes(png_header_only(10_000, 6_000))  # 60 megapixels, below Pillow's own limit
+    decode = ImageFile.ImageFile.load
+
+    def decode_within_the_limit(image, *args, **kwargs):
+        assert image.size[0] * image.size[1] <= 50_000_000, f"decoded a {image.size} image"
+        return decode(image, *args, **kwargs)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", decode_within_the_limit)
+    with pytest.raises(DataError, match=rf"{huge}: cannot decode the image \(the image is 10000x6000 \(60.0 megapixels\), "
+                                        rf"larger than the limit of 50 megapixels\); remove it, or set data.corrupt: skip"):
+        load_source(folder_config(root, test_fraction=0.5), "train")
+    skipped = [load_source(folder_config(root, test_fraction=0.5, corrupt="skip"), split) for split in ("train", "test")]
+    assert sum(len(split.labels) for split in skipped) == 4
+
+
 def test_one_folder_is_split_by_a_seeded_fraction(tmp_path):
     root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
     for index in range(10):
