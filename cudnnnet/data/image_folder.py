@@ -90,10 +90,7 @@ def _test_indices(count: int, fraction: float, seed: int) -> np.ndarray:
 
 def class_names(folder: Path) -> tuple[str, ...]:
     """The sorted names of ``folder``'s sub-folders (hidden ones left out)."""
-    try:
-        names = sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
-    except OSError as error:
-        raise DataError(f"cannot read {folder}: {error.strerror or error}") from error
+    names = [entry.name for entry in _entries(folder) if _is_folder(entry) and not entry.name.startswith(".")]
     if not names:
         raise DataError(f"{folder}: no class folders; image-folder reads {folder}/<class>/<image> files")
     unprintable = [name for name in names if not name.isprintable()]
@@ -103,6 +100,32 @@ def class_names(folder: Path) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _entries(folder: Path) -> list[os.DirEntry]:
+    """The entries of ``folder``, sorted by name; DataError naming it where it cannot be read."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(entries, key=lambda entry: entry.name)
+    except OSError as error:
+        raise DataError(f"cannot read {folder}: {error.strerror or error}") from error
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    """Whether ``entry`` is a folder, symbolic links followed; a link that loops or leads nowhere is not."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _file_stat(entry: os.DirEntry) -> os.stat_result | None:
+    """The status of ``entry`` (symbolic links followed) where it is a regular file; None for anything
+    else, a link that loops or leads nowhere, or a file gone since the folder was listed."""
+    try:
+        return entry.stat() if entry.is_file() else None
+    except OSError:
+        return None
+
+
 def list_files(folder: Path, classes: tuple[str, ...]) -> list[tuple[str, int, int, int]]:
     """[(path relative to ``folder``, label, size, mtime_ns)] of every image file, sorted by path."""
     files = []
@@ -110,11 +133,11 @@ def list_files(folder: Path, classes: tuple[str, ...]) -> list[tuple[str, int, i
         directory = folder / name
         if not directory.is_dir():
             continue
-        for entry in sorted(os.scandir(directory), key=lambda entry: entry.name):
-            if entry.is_file() and entry.name.lower().endswith(IMAGE_SUFFIXES):
-                stat = entry.stat()
+        for entry in _entries(directory):
+            stat = _file_stat(entry) if entry.name.lower().endswith(IMAGE_SUFFIXES) else None
+            if stat is not None:
                 files.append((f"{name}/{entry.name}", label, stat.st_size, stat.st_mtime_ns))
-    unknown = [entry.name for entry in os.scandir(folder) if entry.is_dir() and entry.name not in classes
+    unknown = [entry.name for entry in _entries(folder) if _is_folder(entry) and entry.name not in classes
                and not entry.name.startswith(".")]
     if unknown:
         raise DataError(f"{folder}/{unknown[0]}: a class the training folder does not have "

@@ -325,6 +325,19 @@ def test_an_image_above_predict_s_pixel_limit_is_refused_from_its_header_or_skip
     assert sum(len(split.labels) for split in skipped) == 4
 
 
+def test_links_that_loop_or_lead_nowhere_are_no_images_or_classes(tmp_path):
+    """A link in a loop raised OSError from listing the folder (exit 1, 'Too many levels of symbolic links'),
+    where a link to nothing was passed over, as predict passes over both."""
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
+    for index in range(4):
+        save_image(root / "ab"[index % 2] / f"{index}.png", np.full((4, 4), index, np.uint8))
+    for link, target in ((root / "a" / "loop.png", "loop.png"), (root / "a" / "gone.png", "nothing.png"),
+                         (root / "loop", "loop"), (root / "gone", "nothing")):
+        os.symlink(target, link)
+    split = [load_source(folder_config(root, test_fraction=0.5), split) for split in ("train", "test")]
+    assert split[0].classes == ("a", "b") and sum(len(part.labels) for part in split) == 4
+
+
 def test_one_folder_is_split_by_a_seeded_fraction(tmp_path):
     root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
     for index in range(10):
