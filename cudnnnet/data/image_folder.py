@@ -127,14 +127,16 @@ def _file_stat(entry: os.DirEntry) -> os.stat_result | None:
 
 
 def list_files(folder: Path, classes: tuple[str, ...]) -> list[tuple[str, int, int, int]]:
-    """[(path relative to ``folder``, label, size, mtime_ns)] of every image file, sorted by path."""
+    """[(path relative to ``folder``, label, size, mtime_ns)] of every image file, sorted by path; hidden
+    files (a Mac's ``._NAME.jpg`` metadata beside each photo, say) left out as hidden folders are."""
     files = []
     for label, name in enumerate(classes):
         directory = folder / name
         if not directory.is_dir():
             continue
         for entry in _entries(directory):
-            stat = _file_stat(entry) if entry.name.lower().endswith(IMAGE_SUFFIXES) else None
+            image = entry.name.lower().endswith(IMAGE_SUFFIXES) and not entry.name.startswith(".")
+            stat = _file_stat(entry) if image else None
             if stat is not None:
                 files.append((f"{name}/{entry.name}", label, stat.st_size, stat.st_mtime_ns))
     unknown = [entry.name for entry in _entries(folder) if _is_folder(entry) and entry.name not in classes

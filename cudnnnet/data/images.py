@@ -80,8 +80,10 @@ def _images_in_folder(folder: Path) -> list[Path]:
 
 
 def folder_images(folder: Path) -> list[Path]:
-    """The image files (by suffix) in ``folder``, sorted by name, not recursive."""
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    """The image files (by suffix) in ``folder``, sorted by name, not recursive; hidden files (a Mac's
+    ``._NAME.jpg`` metadata beside each photo, say) left out, as image-folder training leaves them."""
+    return sorted(p for p in folder.iterdir()
+                  if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
 
 
 # ---- loading --------------------------------------------------------------------------------

@@ -342,13 +342,14 @@ def test_preprocess_refuses_other_types():
 def test_list_images_expands_folders_and_keeps_named_files(tmp_path):
     folder = tmp_path / "digits"
     folder.mkdir()
-    for name in ["b.png", "a.JPG", "c.bmp", "notes.txt", ".hidden"]:
+    for name in ["b.png", "a.JPG", "c.bmp", "notes.txt", ".hidden", "._b.png"]:  # ._b.png: a Mac's metadata
         (folder / name).write_bytes(b"x")
     (folder / "sub.png").mkdir()  # a folder named like an image is not an image
-    named = tmp_path / "scan.dat"
+    named, hidden = tmp_path / "scan.dat", tmp_path / ".named.png"
     named.write_bytes(b"x")
-    listed = list_images([folder, str(named), tmp_path / "missing.png"])
-    assert listed == [folder / "a.JPG", folder / "b.png", folder / "c.bmp", named, tmp_path / "missing.png"]
+    hidden.write_bytes(b"x")
+    listed = list_images([folder, str(named), hidden, tmp_path / "missing.png"])
+    assert listed == [folder / "a.JPG", folder / "b.png", folder / "c.bmp", named, hidden, tmp_path / "missing.png"]
     assert list_images(str(folder)) == listed[:3]
 
 

@@ -338,6 +338,18 @@ def test_links_that_loop_or_lead_nowhere_are_no_images_or_classes(tmp_path):
     assert split[0].classes == ("a", "b") and sum(len(part.labels) for part in split) == 4
 
 
+def test_hidden_files_are_no_images_as_hidden_folders_are_no_classes(tmp_path):
+    """A Mac writes ._NAME.jpg beside each photo on a foreign disk; as an image it stopped training
+    ('cannot decode the image (not an image file Pillow can read)'), though hidden folders are passed over."""
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
+    for index in range(4):
+        save_image(root / "ab"[index % 2] / f"{index}.png", np.full((4, 4), index, np.uint8))
+        (root / "ab"[index % 2] / f"._{index}.png").write_bytes(b"\x00\x05\x16\x07" + bytes(78))  # AppleDouble
+    save_image(root / ".thumbnails" / "0.png", np.zeros((4, 4), np.uint8))
+    split = [load_source(folder_config(root, test_fraction=0.5), split) for split in ("train", "test")]
+    assert split[0].classes == ("a", "b") and sum(len(part.labels) for part in split) == 4
+
+
 def test_one_folder_is_split_by_a_seeded_fraction(tmp_path):
     root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
     for index in range(10):
