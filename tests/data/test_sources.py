@@ -350,6 +350,16 @@ def test_hidden_files_are_no_images_as_hidden_folders_are_no_classes(tmp_path):
     assert split[0].classes == ("a", "b") and sum(len(part.labels) for part in split) == 4
 
 
+def test_splits_in_folders_of_other_names_are_named_with_the_layouts_read(tmp_path):
+    """train/ and val/ were read as two classes holding no images: 'no image files in its class folders'."""
+    for split in ("train", "val"):
+        save_image(tmp_path / "photos" / split / "cat" / "a.png", np.zeros((4, 4), np.uint8))
+    with pytest.raises(DataError, match=r"photos: no image files \(.*\) in its class folders \(train, val\); "
+                                        r"image-folder reads .*photos/<class>/<image>, or train/<class>/ and "
+                                        r"test/<class>/ folders there"):
+        load_source(folder_config(tmp_path / "photos"), "train")
+
+
 def test_one_folder_is_split_by_a_seeded_fraction(tmp_path):
     root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
     for index in range(10):
