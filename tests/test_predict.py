@@ -202,6 +202,30 @@ def test_a_folder_model_predicts_a_photo_of_any_mode_as_it_was_trained_on_it(fol
     assert np.allclose([result.probabilities for result in results], expected, atol=1e-6)
 
 
+def test_each_image_is_one_line_whatever_its_file_name_holds(folder_checkpoints, tmp_path):
+    """A line break in a file name split the image's line in two, and a name that is not UTF-8 stopped
+    predict with a UnicodeEncodeError traceback where the output is strict UTF-8 (a desktop's locale)."""
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    photo = Image.fromarray(np.zeros((12, 12, 3), np.uint8))
+    for name in ("plain.png", "line\nbreak.png"):
+        photo.save(folder / name)
+    photo.save(os.fsdecode(bytes(folder) + b"/latin-\xe9.png"))
+    Path(os.fsdecode(bytes(folder) + b"/bad\n\xff.png")).write_text("not an image")
+    finished = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "predict.py"), "--weights",
+                               str(folder_checkpoints / "crop.npz"), "--device", "host", "--quiet", str(folder)],
+                              capture_output=True, env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"}, timeout=600)
+    assert finished.returncode == 2, finished.stderr
+    assert finished.stderr.decode().splitlines() == [
+        f"cudnnnet-predict: error: {folder}/bad\\n\\xff.png: not an image file Pillow can read"]
+    assert [line.split(": ")[0] for line in finished.stdout.decode().splitlines()] == [
+        f"{folder}/latin-\\xe9.png", f"{folder}/line\\nbreak.png", f"{folder}/plain.png"]
+
+
 def test_a_network_of_neither_grey_nor_rgb_inputs_is_refused_by_predict(folder_checkpoints, tmp_path):
     raw = Network.load(folder_checkpoints / "crop.npz", backend="host").training_config.to_dict()
     raw["data"].update(shape=[4, 12, 12])
