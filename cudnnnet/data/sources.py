@@ -216,6 +216,8 @@ def read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     x, y = (read_npz_member(path, name, MAX_NPZ_BYTES) for name in ("x", "y"))
     if x.ndim not in (3, 4) or x.shape[0] == 0 or (x.ndim == 4 and x.shape[1] not in (1, 3)):
         raise DataError(f"{path}: x must hold images shaped (N, H, W) or (N, C, H, W) with C 1 or 3, got shape {x.shape}")
+    if 0 in x.shape[-2:]:
+        raise DataError(f"{path}: images of size {x.shape[-2]}×{x.shape[-1]} hold no pixels (x has shape {x.shape})")
     if y.shape != (x.shape[0],) or not np.issubdtype(y.dtype, np.integer):
         raise DataError(f"{path}: y must hold {x.shape[0]} integer labels, got dtype {y.dtype} shape {y.shape}")
     if y.min() < 0:

@@ -201,6 +201,9 @@ def test_npz_of_uint8_and_of_float_pixels(tmp_path):
     (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.zeros(2, np.int64)), "y must hold 3 integer labels"),
     (dict(x=np.full((3, 4, 4), 2.0, np.float32), y=np.zeros(3, np.int64)), r"float x must hold finite values in \[0, 1\]"),
     (dict(x=np.zeros((3, 4), np.uint8), y=np.zeros(3, np.int64)), "x must hold images shaped"),
+    (dict(x=np.zeros((3, 0, 28), np.uint8), y=np.zeros(3, np.int64)),
+     r"images of size 0×28 hold no pixels \(x has shape \(3, 0, 28\)\)"),  # was the model's 'tensor sizes must be positive'
+    (dict(x=np.zeros((3, 1, 4, 0), np.float32), y=np.zeros(3, np.int64)), r"images of size 4×0 hold no pixels"),
     (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, -1, 0])), "label -1 is negative"),
     (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, 100_000, 0])),
      r"label 100000 at index 1 would make 100001 classes; labels are 0\.\.K-1 for K classes, at most 100000"),
