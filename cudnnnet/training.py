@@ -135,6 +135,16 @@ def data_classes(config: Config, train_labels: np.ndarray) -> tuple[str, ...]:
     return tuple(str(index) for index in range(int(train_labels.max()) + 1))
 
 
+def _check_labels_name_classes(labels: np.ndarray, split: str, classes: tuple[str, ...], config: Config) -> None:
+    """DataError naming the first label of ``split`` that is no class's: at least len(classes)."""
+    outside = np.flatnonzero(labels >= len(classes))
+    if outside.size:
+        index = int(outside[0])
+        named = "data.classes names" if config.data.classes else "the training split's labels make"
+        raise DataError(f"the {split} split has label {int(labels[index])} at index {index}; {named} {len(classes)} "
+                        f"classes (labels 0..{len(classes) - 1})")
+
+
 def load_data(config: Config, download: bool = True):
     """(config with data.classes, data.shape and a computed normalisation filled in,
     (train PixelImages, labels), (test PixelImages, labels)); each split read by ``load_split_pixels``."""
@@ -144,9 +154,8 @@ def load_data(config: Config, download: bool = True):
     (train, train_labels), (test, test_labels) = (load_split_pixels(as_read, split, download)
                                                   for split in ("train", "test"))
     classes = data_classes(config, train_labels)
-    if int(test_labels.max()) >= len(classes):
-        raise DataError(f"the test split has label {int(test_labels.max())}, the training split's classes are "
-                        f"0..{len(classes) - 1}")
+    for split, labels in (("training", train_labels), ("test", test_labels)):
+        _check_labels_name_classes(labels, split, classes, config)
     if as_channels(test.pixels).shape[1:] != as_channels(train.pixels).shape[1:]:
         raise DataError(f"the test images are {as_channels(test.pixels).shape[1:]} (C, H, W), the training images "
                         f"{as_channels(train.pixels).shape[1:]}; set data.image_size (image folders) so both match")

@@ -3,6 +3,7 @@ path, as an .npz and as a folder of PNGs. The same images train the same MLP to 
 whichever way they were stored; then evaluate and predict name the folder's classes."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -158,4 +159,28 @@ def test_a_single_class_folder_is_refused_with_exit_2(tmp_path):
     assert finished.stderr.strip().splitlines() == [
         "cudnnnet-train: error: image_folder (with overrides): the data has 1 class (cats); a classifier needs at "
         "least 2 (for image-folder, one sub-folder per class)"]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("train_labels, test_labels, classes, message", [
+    ([0, 1, 2, 1], [0, 1, 0, 1], ["a", "b"],
+     "the training split has label 2 at index 2; data.classes names 2 classes (labels 0..1)"),
+    ([0, 1, 0, 1], [0, 1, 1, 3], ["a", "b"], "the test split has label 3 at index 3; data.classes names 2 classes"),
+    ([0, 1, 0, 1], [0, 2, 1, 0], None,
+     "the test split has label 2 at index 1; the training split's labels make 2 classes (labels 0..1)"),
+])
+def test_a_label_of_no_class_is_named_with_its_split_and_where_the_classes_come_from(
+        tmp_path, train_labels, test_labels, classes, message):
+    """A training label past data.classes was 'labels: label 2 at index 2 is outside 0..1', naming neither
+    the split nor data.classes, and the test split's message blamed the training split's classes."""
+    from cudnnnet.errors import DataError
+
+    for split, labels in (("train", train_labels), ("test", test_labels)):
+        np.savez(tmp_path / f"{split}.npz", x=np.zeros((4, 4, 4), np.uint8), y=np.array(labels))
+    config = load_config(REPO_ROOT / "configs" / "mnist_mlp.yaml").to_dict()
+    config["data"] = {"dataset": "npz", "train_file": str(tmp_path / "train.npz"),
+                      "test_file": str(tmp_path / "test.npz"), **({"classes": classes} if classes else {})}
+    config["device"] = "host"
+    with pytest.raises(DataError, match=re.escape(message)):
+        Trainer(parse_config(config, source="<npz>"), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
