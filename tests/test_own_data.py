@@ -131,8 +131,8 @@ def test_a_corrupt_image_stops_training_with_one_line_naming_it_and_exit_2(tmp_p
     finished = train_folder(root, tmp_path / "run")
     assert finished.returncode == 2
     assert finished.stderr.strip().splitlines() == [
-        f"cudnnnet-train: error: {root / 'b' / 'broken.jpg'}: cannot decode the image (UnidentifiedImageError: "
-        f"cannot identify image file '{root / 'b' / 'broken.jpg'}'); remove it, or set data.corrupt: skip"]
+        f"cudnnnet-train: error: {root / 'b' / 'broken.jpg'}: cannot decode the image (not an image file Pillow can "
+        f"read); remove it, or set data.corrupt: skip"]
     assert not (tmp_path / "run").exists()
 
 
