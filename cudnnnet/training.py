@@ -151,14 +151,16 @@ def load_data(config: Config, download: bool = True):
     data = config.data
     as_read = config if data.normalize != COMPUTED else dataclasses.replace(
         config, data=dataclasses.replace(data, normalize=None))
-    (train, train_labels), (test, test_labels) = (load_split_pixels(as_read, split, download)
-                                                  for split in ("train", "test"))
+    train, train_labels = load_split_pixels(as_read, "train", download)
+    as_trained = dataclasses.replace(as_read, data=dataclasses.replace(
+        as_read.data, shape=tuple(as_channels(train.pixels).shape[1:])))  # a test/ folder's channels: auto, as trained
+    test, test_labels = load_split_pixels(as_trained, "test", download)
     classes = data_classes(config, train_labels)
     for split, labels in (("training", train_labels), ("test", test_labels)):
         _check_labels_name_classes(labels, split, classes, config)
     if as_channels(test.pixels).shape[1:] != as_channels(train.pixels).shape[1:]:
         raise DataError(f"the test images are {as_channels(test.pixels).shape[1:]} (C, H, W), the training images "
-                        f"{as_channels(train.pixels).shape[1:]}; set data.image_size (image folders) so both match")
+                        f"{as_channels(train.pixels).shape[1:]}; both need one shape (image folders: set data.image_size)")
     normalize = data.normalize
     if normalize == COMPUTED:
         normalize = channel_statistics(train.pixels)

@@ -136,6 +136,28 @@ def test_a_corrupt_image_stops_training_with_one_line_naming_it_and_exit_2(tmp_p
     assert not (tmp_path / "run").exists()
 
 
+def test_a_colour_test_image_is_read_as_grey_by_a_model_trained_on_grey_images(tmp_path):
+    """channels auto: the training images choose, and test/ follows them as predict does. A colour image
+    in test/ made the test split RGB: training refused it ('the test images are (3, 8, 8) (C, H, W), the
+    training images (1, 8, 8); set data.image_size'), and evaluate refused a model trained without it."""
+    from cudnnnet.data.images import load_photo
+
+    for split in ("train", "test"):
+        small_folder(tmp_path / "photos" / split)
+    colour = tmp_path / "photos" / "test" / "a" / "colour.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8, 3), np.uint8)).save(colour)
+    finished = train_folder(tmp_path / "photos", tmp_path / "run")
+    assert finished.returncode == 0, finished.stderr
+    evaluated = run_script("evaluate", "--weights", str(tmp_path / "run"), "--device", "host", "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert np.array(json.loads(evaluated.stdout)["confusion_matrix"]).sum() == 9
+    from cudnnnet.config import DataConfig
+    from cudnnnet.data.sources import load_source
+
+    test = load_source(DataConfig(dataset="image-folder", dir=str(tmp_path / "photos"), shape=(1, 8, 8)), "test")
+    assert test.pixels.shape == (9, 1, 8, 8) and np.array_equal(test.pixels[4], load_photo(colour, 1, 8, 8))  # a/colour.png follows a/3.png
+
+
 def test_a_model_without_one_score_per_class_folder_is_named_with_exit_2(tmp_path):
     root = small_folder(tmp_path / "photos", classes=("a", "b", "c"))
     finished = train_folder(root, tmp_path / "run")

@@ -23,6 +23,7 @@ predict's pixel limit (``images.DEFAULT_MAX_PIXELS``, read from its header), is 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import logging
@@ -57,7 +58,7 @@ def load_image_folder(data, split: str):
         raise DataError(f"data.dir {root} is not a directory; image-folder reads root/<class>/<image> files")
     if (root / "train").is_dir() and (root / "test").is_dir():
         classes = class_names(root / "train")
-        pixels, labels = decoded_folder(root / split, classes, data)
+        pixels, labels = decoded_folder(root / split, classes, _channels_known(data))
         if split == "train":
             _check_every_class_has_images(root / "train", classes, labels)
         return Split(pixels, labels, classes)
@@ -72,6 +73,16 @@ def load_image_folder(data, split: str):
         raise DataError(f"{root}: the {split} split of {len(labels)} images by test_fraction {data.test_fraction} is "
                         f"empty; add images or change data.test_fraction")
     return Split(pixels[chosen], labels[chosen], classes)
+
+
+def _channels_known(data):
+    """``data`` with channels ``auto`` made the channels of ``data.shape`` (1 or 3) where it names them: the
+    training images' choice, which a test/ folder (in training, and a checkpoint's in evaluation) follows as
+    predict does, converting a colour test image to grey for a network trained on grey images. (One folder
+    split by test_fraction is decoded once, so both splits have the channels auto chose for all of it.)"""
+    if data.channels != "auto" or data.shape is None or data.shape[0] not in (1, 3):
+        return data
+    return dataclasses.replace(data, channels=data.shape[0])
 
 
 def _check_every_class_has_images(folder: Path, classes: tuple[str, ...], labels: np.ndarray) -> None:
