@@ -23,12 +23,14 @@ predict's pixel limit (``images.DEFAULT_MAX_PIXELS``, read from its header), is 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -229,29 +231,54 @@ def _store(entry: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
 
 
 def _decode_all(folder: Path, files, data) -> tuple[np.ndarray, np.ndarray]:
+    """(pixels, labels) of ``files``, each image checked as it arrives: a corrupt one (unless skipped) or
+    more decoded bytes than MAX_FOLDER_BYTES stop the decoding there, the work not yet started cancelled."""
     paths = [str(folder / relative) for relative, _, _, _ in files]
-    chunks = [paths[start:start + CHUNK] for start in range(0, len(paths), CHUNK)]
-    workers = min(len(chunks), os.cpu_count() or 1)
     size = tuple(data.image_size) if data.image_size else None
-    if workers > 1:
-        with concurrent.futures.ProcessPoolExecutor(workers) as pool:
-            decoded = [image for part in pool.map(decode_files, chunks, *([setting] * len(chunks) for setting in
-                                                                          (size, data.resize, data.channels)))
-                       for image in part]
-    else:
-        decoded = [image for chunk in chunks for image in decode_files(chunk, size, data.resize, data.channels)]
-    images, labels = [], []
-    for path, (_, label, _, _), image in zip(paths, files, decoded):
-        if isinstance(image, str):
-            if data.corrupt != "skip":
-                raise DataError(f"{path}: cannot decode the image ({image}); remove it, or set data.corrupt: skip")
-            logger.warning("skipping %s: cannot decode the image (%s)", path, image)
-            continue
-        images.append(image)
-        labels.append(label)
+    if size is not None:
+        _check_bytes(folder, len(paths), 3 if data.channels == 3 else 1, size)  # auto: at least one channel
+    images, labels, total = [], [], 0
+    with contextlib.closing(_decoded(paths, size, data)) as decoded:
+        for path, (_, label, _, _), image in zip(paths, files, decoded):
+            if isinstance(image, str):
+                if data.corrupt != "skip":
+                    raise DataError(f"{path}: cannot decode the image ({image}); remove it, or set data.corrupt: skip")
+                logger.warning("skipping %s: cannot decode the image (%s)", path, image)
+                continue
+            total += image.nbytes
+            if total > MAX_FOLDER_BYTES:
+                raise DataError(f"{folder}: its first {len(images) + 1} of {len(paths)} images already make more than "
+                                f"{MAX_FOLDER_BYTES} bytes decoded; set a smaller data.image_size")
+            images.append(image)
+            labels.append(label)
     if not images:
         raise DataError(f"{folder}: none of its {len(paths)} image files could be decoded")
     return _stack(folder, paths, images, data.channels), np.asarray(labels, dtype=np.int64)
+
+
+def _decoded(paths: list[str], size, data) -> Iterator[np.ndarray | str]:
+    """``decode_files``' result for each path in order, chunk by chunk as the worker processes finish them;
+    closed early, it cancels the chunks not yet started."""
+    chunks = [paths[start:start + CHUNK] for start in range(0, len(paths), CHUNK)]
+    workers = min(len(chunks), os.cpu_count() or 1)
+    settings = (size, data.resize, data.channels)
+    if workers <= 1:
+        for chunk in chunks:
+            yield from decode_files(chunk, *settings)
+        return
+    pool = concurrent.futures.ProcessPoolExecutor(workers)
+    try:
+        for part in pool.map(decode_files, chunks, *([setting] * len(chunks) for setting in settings)):
+            yield from part
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _check_bytes(folder: Path, count: int, channels: int, size: tuple[int, int]) -> None:
+    """DataError where ``count`` images of ``channels`` × ``size`` pixels make more than MAX_FOLDER_BYTES."""
+    if count * channels * size[0] * size[1] > MAX_FOLDER_BYTES:
+        raise DataError(f"{folder}: {count} images of {channels}×{size[0]}×{size[1]} make more than "
+                        f"{MAX_FOLDER_BYTES} bytes; set a smaller data.image_size")
 
 
 def _stack(folder: Path, paths, images: list[np.ndarray], channels: str | int) -> np.ndarray:
@@ -263,9 +290,7 @@ def _stack(folder: Path, paths, images: list[np.ndarray], channels: str | int) -
                         f"{first[1]}×{first[0]}; set data.image_size [height, width] to resize them all")
     colour = any(image.ndim == 3 for image in images)
     count = 3 if channels == 3 or (channels == "auto" and colour) else 1
-    if len(images) * count * first[0] * first[1] > MAX_FOLDER_BYTES:
-        raise DataError(f"{folder}: {len(images)} images of {count}×{first[0]}×{first[1]} make more than "
-                        f"{MAX_FOLDER_BYTES} bytes; set a smaller data.image_size")
+    _check_bytes(folder, len(images), count, first)
     out = np.empty((len(images), count) + first, dtype=np.uint8)
     for index, image in enumerate(images):
         out[index] = _channels_first(image, count)

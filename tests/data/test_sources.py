@@ -363,6 +363,32 @@ def test_splits_in_folders_of_other_names_are_named_with_the_layouts_read(tmp_pa
         load_source(folder_config(tmp_path / "photos"), "train")
 
 
+@pytest.mark.parametrize("keys, decoded_chunks, message", [
+    ({"image_size": (4, 4)}, 0, r"photos: 8 images of 1×4×4 make more than 40 bytes; set a smaller data.image_size"),
+    ({}, 3, r"photos: its first 3 of 8 images already make more than 40 bytes decoded; set a smaller data.image_size"),
+    ({"corrupt": "refuse"}, 2, r"photos/a/2.png: cannot decode the image"),
+])
+def test_a_folder_too_large_decoded_or_with_a_corrupt_image_stops_before_the_rest_is_decoded(
+        tmp_path, monkeypatch, keys, decoded_chunks, message):
+    """The bytes the decoded folder may take were checked, and a corrupt image refused, only once every
+    image had been decoded and held in memory (a folder of photos decoded for minutes, then was refused)."""
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
+    for index in range(8):
+        save_image(root / "ab"[index % 2] / f"{index}.png", np.full((4, 4), index, np.uint8))
+    if "corrupt" in keys:
+        (root / "a" / "2.png").write_bytes(b"not an image")
+    else:
+        monkeypatch.setattr(image_folder, "MAX_FOLDER_BYTES", 40)  # two images of 16 bytes, not three
+    chunks = []
+    real_decode = image_folder.decode_files
+    monkeypatch.setattr(image_folder, "decode_files", lambda paths, *args: chunks.append(paths) or real_decode(paths, *args))
+    monkeypatch.setattr(image_folder, "CHUNK", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # decoded in this process, where decode_files is counted
+    with pytest.raises(DataError, match=message):
+        load_source(folder_config(root, test_fraction=0.5, **keys), "train")
+    assert len(chunks) == decoded_chunks
+
+
 def test_one_folder_is_split_by_a_seeded_fraction(tmp_path):
     root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
     for index in range(10):
