@@ -75,6 +75,7 @@ CIFAR10_FILES = {"train": tuple(f"data_batch_{index}.bin" for index in range(1, 
 CIFAR10_RECORD = 1 + 3 * 32 * 32  # label byte, then 1 024 red, 1 024 green, 1 024 blue bytes
 CIFAR10_BATCH = 10_000  # records in each published file
 MAX_NPZ_BYTES = 1 << 32  # pixels an .npz member may declare
+NPZ_CONVERT_BYTES = 8 << 20  # bytes of an .npz member read, and of its float samples converted to 8 bits, at a time
 
 
 @dataclass(frozen=True)
@@ -248,24 +249,46 @@ def read_npz_member(path: Path, name: str, limit: int) -> np.ndarray:
                 if nbytes > limit or info.file_size != stream.tell() + nbytes:
                     raise DataError(f"{path}: array {name!r} declares shape {shape} of {dtype} ({nbytes} bytes); the "
                                     f"entry holds {info.file_size} bytes, the limit is {limit}")
-                data = stream.read(nbytes)
+                data, read = _read_into_one_buffer(stream, nbytes)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
         raise DataError(f"{path}: not a readable .npz file ({error})") from error
-    if len(data) != nbytes:
-        raise DataError(f"{path}: array {name!r} is truncated ({len(data)} of {nbytes} bytes)")
+    if read != nbytes:
+        raise DataError(f"{path}: array {name!r} is truncated ({read} of {nbytes} bytes)")
     return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran_order else "C")
 
 
+def _read_into_one_buffer(stream, nbytes: int) -> tuple[bytearray, int]:
+    """(a buffer of ``nbytes``, how many of them ``stream`` filled before it ended), read a chunk at a time:
+    a zip entry's ``read(nbytes)`` joins its pieces into a second copy of them all."""
+    buffer = bytearray(nbytes)
+    filled = 0
+    with memoryview(buffer) as view:
+        while filled < nbytes:
+            chunk = stream.read(min(nbytes - filled, NPZ_CONVERT_BYTES))
+            if not chunk:
+                break
+            view[filled:filled + len(chunk)] = chunk
+            filled += len(chunk)
+    return buffer, filled
+
+
 def _as_pixels(x: np.ndarray, path: Path) -> np.ndarray:
+    """uint8 pixels of uint8 or float x, converted a few images at a time: the float temporaries of a
+    whole x would take twice its size again."""
     if x.dtype == np.uint8:
         return x
     if not np.issubdtype(x.dtype, np.floating):
         raise DataError(f"{path}: x must be uint8 or float in [0, 1], got dtype {x.dtype}")
-    if not np.isfinite(x).all() or x.min() < 0 or x.max() > 1:
-        raise DataError(f"{path}: float x must hold finite values in [0, 1] (found {x.min()}..{x.max()})")
-    return np.rint(x * 255).astype(np.uint8)
+    pixels = np.empty(x.shape, np.uint8)
+    step = max(1, NPZ_CONVERT_BYTES // max(1, x[0].nbytes))
+    for start in range(0, len(x), step):
+        part = x[start:start + step]
+        if not np.isfinite(part).all() or part.min() < 0 or part.max() > 1:
+            raise DataError(f"{path}: float x must hold finite values in [0, 1] (found {x.min()}..{x.max()})")
+        pixels[start:start + step] = np.rint(part * 255).astype(np.uint8)
+    return pixels
 
 
 # ---- CIFAR-10 ------------------------------------------------------------------------------

@@ -231,6 +231,34 @@ def test_an_npz_of_pickled_objects_or_an_absurd_declared_size_is_refused_unread(
         sources.read_npz(huge)
 
 
+READ_NPZ_PEAK = """
+import resource, sys
+from cudnnnet.data import sources
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+x, y = sources.read_npz(sources.Path(sys.argv[1]))
+assert x.dtype == sources.np.uint8 and x.shape == (2048, 1, 128, 128)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+
+
+def test_an_npz_of_float_pixels_is_read_and_converted_in_little_more_than_its_size(tmp_path):
+    """128 MiB of float32 pixels: the zip entry read at once (a second copy while its pieces were joined)
+    and converted at once (x · 255 and its rounding, two more float copies) took over 500 MiB."""
+    import subprocess
+    import sys
+    from hostile_files import Entry, npy_header, write_zip
+
+    count = 2048  # 2048 × 128 × 128 float32: 128 MiB
+    path = tmp_path / "floats.npz"
+    write_zip(path, {"x.npy": Entry(npy_header((count, 1, 128, 128), "<f4"), zero_megabytes=128),
+                     "y.npy": Entry(npy_header((count,), "<i8") + bytes(8 * count))})
+    finished = subprocess.run([sys.executable, "-c", READ_NPZ_PEAK, str(path)], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert finished.returncode == 0, finished.stderr
+    grown_mib = float(finished.stdout)
+    assert grown_mib < 128 + 32 + 48, f"reading 128 MiB of floats into 32 MiB of pixels took {grown_mib:.0f} MiB more"
+
+
 # ---- image folders -------------------------------------------------------------------------
 
 
