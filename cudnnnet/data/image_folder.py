@@ -36,11 +36,10 @@ import numpy as np
 
 from .. import cache
 from ..errors import DataError, ImageError
-from .pixels import PHOTO_CHANNELS, RESIZE_MODES
+from .pixels import IMAGE_SUFFIXES, PHOTO_CHANNELS, RESIZE_MODES
 
 logger = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
 CHUNK = 512  # images per task sent to a worker process
 MAX_FOLDER_BYTES = 1 << 33  # decoded pixels a folder may make
 CACHE_FORMAT = 7  # raised whenever decoding or the entry's files change, so that cached folders are decoded again

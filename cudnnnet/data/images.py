@@ -33,13 +33,12 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import ImageError
+from .pixels import IMAGE_SUFFIXES as _SUFFIXES
 from .pixels import PHOTO_CHANNELS, RESIZE_MODES
 
 log = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = frozenset(
-    {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm", ".pbm", ".pnm", ".pfm"}
-)
+IMAGE_SUFFIXES = frozenset(_SUFFIXES)  # what a folder given to predict is read for, as image-folder training reads
 DEFAULT_MAX_PIXELS = 50_000_000
 DIGIT_BOX = 20  # MNIST's digits fit a 20x20 box
 BOX_THRESHOLD = 0.1  # a pixel belongs to the digit's bounding box above this fraction of the peak

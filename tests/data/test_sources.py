@@ -417,6 +417,22 @@ def test_a_folder_too_large_decoded_or_with_a_corrupt_image_stops_before_the_res
     assert len(chunks) == decoded_chunks
 
 
+def test_a_folder_s_images_are_the_files_predict_reads_from_a_folder(tmp_path):
+    """Training left .pnm and .pfm files out of a class folder without a word; predict read them."""
+    from cudnnnet.data.images import folder_images
+
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
+    save_image(root / "a" / "0.png", np.full((4, 4), 10, np.uint8))
+    Image.fromarray(np.full((4, 4), 20, np.uint8)).save(root / "a" / "1.pnm", format="PPM")
+    save_image(root / "b" / "3.png", np.full((4, 4), 40, np.uint8))
+    Image.fromarray(np.full((4, 4), 0.5, np.float32)).save(root / "b" / "2.pfm")
+    listed = [path.relative_to(root).as_posix() for name in ("a", "b") for path in folder_images(root / name)]
+    assert [relative for relative, _, _, _ in image_folder.list_files(root, ("a", "b"))] == listed == [
+        "a/0.png", "a/1.pnm", "b/2.pfm", "b/3.png"]
+    both = [load_source(folder_config(root, test_fraction=0.5), split) for split in ("train", "test")]
+    assert sorted(int(image[0, 0, 0]) for split in both for image in split.pixels) == [10, 20, 40, 128]
+
+
 def test_one_folder_is_split_by_a_seeded_fraction(tmp_path):
     root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
     for index in range(10):
