@@ -141,6 +141,9 @@ def _check_size(size: int) -> int:
 
 def _check_file(path: Path) -> None:
     if not path.exists():
+        if path.is_symlink():
+            raise ImageError(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist or is a link "
+                             f"in a loop")
         raise ImageError(f"{path}: no such file")
     if path.is_dir():
         raise ImageError(f"{path}: is a folder, not an image file")

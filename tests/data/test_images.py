@@ -370,6 +370,17 @@ def test_missing_file(tmp_path):
         load_image(tmp_path / "missing.png")
 
 
+def test_a_link_to_nothing_or_in_a_loop_is_named_as_such(tmp_path):
+    """Both were 'no such file', of a name the user sees listed."""
+    (tmp_path / "gone.png").symlink_to("nothing.png")
+    (tmp_path / "loop.png").symlink_to("loop.png")
+    with pytest.raises(ImageError, match=r"gone\.png: a symbolic link to nothing\.png, which does not exist or is a "
+                                         r"link in a loop"):
+        load_image(tmp_path / "gone.png")
+    with pytest.raises(ImageError, match=r"loop\.png: a symbolic link to loop\.png, which does not exist"):
+        load_photo(tmp_path / "loop.png", 3, 8, 8)
+
+
 def test_folder_instead_of_file(tmp_path):
     with pytest.raises(ImageError, match="is a folder"):
         load_image(tmp_path)
