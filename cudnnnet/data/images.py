@@ -34,12 +34,12 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import ImageError
 from .pixels import IMAGE_SUFFIXES as _SUFFIXES
-from .pixels import PHOTO_CHANNELS, RESIZE_MODES
+from .pixels import MAX_IMAGE_PIXELS, PHOTO_CHANNELS, RESIZE_MODES
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = frozenset(_SUFFIXES)  # what a folder given to predict is read for, as image-folder training reads
-DEFAULT_MAX_PIXELS = 50_000_000
+DEFAULT_MAX_PIXELS = MAX_IMAGE_PIXELS
 DIGIT_BOX = 20  # MNIST's digits fit a 20x20 box
 BOX_THRESHOLD = 0.1  # a pixel belongs to the digit's bounding box above this fraction of the peak
 MIN_CONTRAST = 0.1  # ink fainter than this above the background is no digit

@@ -25,6 +25,9 @@ RESIZE_MODES = ("crop", "stretch")
 # data.channels of an image folder, and what images.photo_array makes of an image: 1 grey, 3 RGB, or auto
 # (grey for an image of a grey mode, RGB for any other; a folder is RGB as soon as one image is)
 PHOTO_CHANNELS = (1, 3, "auto")
+# the most pixels an image file may declare (predict and image-folder training refuse one above it from its
+# header) and an image folder's data.image_size may ask for
+MAX_IMAGE_PIXELS = 50_000_000
 # the suffixes (lower case) of the files read as images from a folder, by image-folder training and by predict
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".pnm",
                   ".pfm")
