@@ -87,6 +87,15 @@ def input_shape(config) -> tuple[int, int, int] | None:
     return (shape[0], shape[1] + 2 * data.pad, shape[2] + 2 * data.pad)
 
 
+def smallest_input_shape(config) -> tuple[int, int, int] | None:
+    """``input_shape``, or where only the images' channels are unknown (an image folder with an image_size
+    and channels auto) its one-channel shape, which every tensor of the model is at least as large for."""
+    data = config.data
+    if data.dataset == "image-folder" and data.image_size and data.channels == "auto" and not data.shape:
+        return (1, data.image_size[0] + 2 * data.pad, data.image_size[1] + 2 * data.pad)
+    return input_shape(config)
+
+
 def class_names(config) -> tuple[str, ...] | None:
     """The class names of ``config``'s data: its own list, a named data set's, else None (read from the data)."""
     from .data.sources import CIFAR10_CLASSES, DIGIT_CLASSES, FASHION_CLASSES, KMNIST_CLASSES
