@@ -150,6 +150,8 @@ def _check_exists(path: Path) -> None:
         raise CheckpointError(f"{path}: no such checkpoint file")
     if path.is_dir():
         raise CheckpointError(f"{path}: is a folder, not a checkpoint file")
+    if not path.is_file():  # opening a FIFO waits for a writer for ever; a device is read without end
+        raise CheckpointError(f"{path}: not a regular file (a pipe or a device); give a checkpoint file")
 
 
 @contextlib.contextmanager

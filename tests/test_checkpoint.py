@@ -115,6 +115,19 @@ def test_load_missing_file(tmp_path):
         load_npz(tmp_path / "nope.npz")
 
 
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_pipe_or_device_given_as_a_checkpoint_is_refused_not_waited_on(tmp_path, kind):
+    """predict --weights FIFO waited for a writer for ever (evaluate and --resume too)."""
+    from hostile_files import plant, within
+
+    plant(tmp_path / "model.npz", kind)
+    with within(5):
+        for load in (load_npz, checkpoint.load_npz_metadata):
+            with pytest.raises(CheckpointError, match=r"model\.npz: not a regular file \(a pipe or a device\); give a "
+                                                      r"checkpoint file"):
+                load(tmp_path / "model.npz")
+
+
 @pytest.mark.parametrize("keep", [0.3, 0.6, 0.95])
 def test_load_truncated_npz(tmp_path, keep):
     good = tmp_path / "good.npz"

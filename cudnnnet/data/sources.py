@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import cache
 from ..config import MAX_CLASSES
 from ..errors import DataError
 from ..files import atomic_write
@@ -155,7 +156,7 @@ def _download(file_name: str, directory: Path, mirrors, md5: str) -> Path:
 def file_md5(path: Path) -> str:
     digest = hashlib.md5(usedforsecurity=False)
     try:
-        with open(path, "rb") as file:
+        with cache.open_regular(path) as file:  # a FIFO or a device is refused, never waited on or read without end
             while chunk := file.read(1 << 20):
                 digest.update(chunk)
     except OSError as error:
@@ -233,7 +234,7 @@ def read_npz_member(path: Path, name: str, limit: int) -> np.ndarray:
     """Array ``name`` of the .npz ``path``: its .npy header (shape, dtype, no objects) checked against
     ``limit`` bytes and the zip entry's size before its data is read."""
     try:
-        with zipfile.ZipFile(path) as archive:
+        with cache.open_regular(path) as handle, zipfile.ZipFile(handle) as archive:
             try:
                 info = archive.getinfo(f"{name}.npy")
             except KeyError:
@@ -252,6 +253,8 @@ def read_npz_member(path: Path, name: str, limit: int) -> np.ndarray:
                 data, read = _read_into_one_buffer(stream, nbytes)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
+    except cache.NotRegularFile as error:
+        raise DataError(f"{path}: {error.strerror}; give the .npz file itself") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
         raise DataError(f"{path}: not a readable .npz file ({error})") from error
     if read != nbytes:

@@ -179,6 +179,30 @@ def test_an_idx_pair_by_path_loads_with_its_md5_and_is_refused_with_another(tmp_
         load_source(DataConfig(dataset="idx", md5=wrong, **paths), "train")
 
 
+@pytest.mark.parametrize("kind, named", [("fifo", "a FIFO"), ("device", "a character device")])
+def test_a_pipe_or_device_given_as_a_data_file_is_refused_not_waited_on(tmp_path, idx_tools, kind, named):
+    """An npz, IDX or checksummed file that is a FIFO waited for a writer for ever; /dev/zero as an .npz
+    was read without end."""
+    images, labels = idx_tools.fake_split(4)
+    idx_tools.write_split(tmp_path, "train", images, labels)
+    idx_paths = {f"{split}_{part}": str(tmp_path / f"train-{part}-idx{3 if part == 'images' else 1}-ubyte.gz")
+                 for split in ("train", "test") for part in ("images", "labels")}
+    planted = tmp_path / "planted"
+    plant(planted, kind)
+    cases = [
+        (DataConfig(dataset="npz", train_file=str(planted), test_file=str(planted)),
+         rf"planted: not a regular file \({named}\); give the .npz file itself"),
+        (DataConfig(dataset="idx", **{**idx_paths, "train_images": str(planted)}),
+         rf"cannot read {planted}: not a regular file \({named}\)"),
+        (DataConfig(dataset="idx", md5={"planted": "0" * 32}, **{**idx_paths, "train_labels": str(planted)}),
+         rf"cannot read {planted}: not a regular file \({named}\)"),
+    ]
+    with within(5):
+        for data, message in cases:
+            with pytest.raises(DataError, match=message):
+                load_source(data, "train")
+
+
 def write_npz(path, **arrays):
     np.savez(path, **arrays)
     return path
