@@ -157,9 +157,10 @@ def list_files(folder: Path, classes: tuple[str, ...]) -> list[tuple[str, int, i
         raise DataError(f"{folder}/{unknown[0]}: a class the training folder does not have "
                         f"(classes: {', '.join(classes)})")
     if not files:
-        raise DataError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)}) in its class folders "
-                        f"({', '.join(classes[:5])}{', ...' if len(classes) > 5 else ''}); image-folder reads {folder}/<class>/<image>, or train/<class>/ and "
-                        f"test/<class>/ folders there")
+        named = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+        raise DataError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)}) in its class folders ({named}); "
+                        f"image-folder reads {folder}/<class>/<image>, or train/<class>/ and test/<class>/ folders "
+                        f"there")
     return files
 
 
