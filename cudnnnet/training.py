@@ -169,7 +169,8 @@ def load_data(config: Config, download: bool = True):
         _check_labels_name_classes(labels, split, classes, config)
     if as_channels(test.pixels).shape[1:] != as_channels(train.pixels).shape[1:]:
         raise DataError(f"the test images are {as_channels(test.pixels).shape[1:]} (C, H, W), the training images "
-                        f"{as_channels(train.pixels).shape[1:]}; both need one shape (image folders: set data.image_size)")
+                        f"{as_channels(train.pixels).shape[1:]}; both need one shape (image folders: set "
+                        f"data.image_size)")
     normalize = data.normalize
     if normalize == COMPUTED:
         normalize = channel_statistics(train.pixels)

@@ -155,7 +155,8 @@ def test_a_colour_test_image_is_read_as_grey_by_a_model_trained_on_grey_images(t
     from cudnnnet.data.sources import load_source
 
     test = load_source(DataConfig(dataset="image-folder", dir=str(tmp_path / "photos"), shape=(1, 8, 8)), "test")
-    assert test.pixels.shape == (9, 1, 8, 8) and np.array_equal(test.pixels[4], load_photo(colour, 1, 8, 8))  # a/colour.png follows a/3.png
+    assert test.pixels.shape == (9, 1, 8, 8)
+    assert np.array_equal(test.pixels[4], load_photo(colour, 1, 8, 8))  # a/colour.png follows a/3.png
 
 
 def test_a_model_without_one_score_per_class_folder_is_named_with_exit_2(tmp_path):

@@ -238,8 +238,10 @@ def test_a_folder_is_predicted_a_batch_at_a_time_never_held_whole(folder_checkpo
     expected = cudnnnet.predict(network, [tmp_path])
     events = []
     load_photo, predict_batch = images.load_photo, network.predict
-    monkeypatch.setattr(images, "load_photo", lambda *args, **kwargs: events.append("read") or load_photo(*args, **kwargs))
-    monkeypatch.setattr(network, "predict", lambda batch: events.append(f"batch of {batch.shape[0]}") or predict_batch(batch))
+    monkeypatch.setattr(images, "load_photo",
+                        lambda *args, **kwargs: events.append("read") or load_photo(*args, **kwargs))
+    monkeypatch.setattr(network, "predict",
+                        lambda batch: events.append(f"batch of {batch.shape[0]}") or predict_batch(batch))
     results = cudnnnet.predict(network, [tmp_path], batch_size=4)
     assert events == ["read"] * 4 + ["batch of 4"] + ["read"] * 5 + ["batch of 4"] + ["read"] + ["batch of 1"]
     assert [(result.image, result.error) for result in results] == [(result.image, result.error) for result in expected]

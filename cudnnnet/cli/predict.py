@@ -108,7 +108,8 @@ def print_results(results, as_json: bool, top_k: int = 1) -> None:
         if result.error is None and top_k == 1:
             print(f"{one_line(result.image)}: {result.label} (probability {result.probability:.4f})")
         elif result.error is None:
-            print(f"{one_line(result.image)}: " + ", ".join(f"{label} {probability:.4f}" for label, probability in result.top(top_k)))
+            print(f"{one_line(result.image)}: "
+                  + ", ".join(f"{label} {probability:.4f}" for label, probability in result.top(top_k)))
 
 
 def check_some_image(paths) -> None:

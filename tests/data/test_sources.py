@@ -226,7 +226,7 @@ def test_npz_of_uint8_and_of_float_pixels(tmp_path):
     (dict(x=np.full((3, 4, 4), 2.0, np.float32), y=np.zeros(3, np.int64)), r"float x must hold finite values in \[0, 1\]"),
     (dict(x=np.zeros((3, 4), np.uint8), y=np.zeros(3, np.int64)), "x must hold images shaped"),
     (dict(x=np.zeros((3, 0, 28), np.uint8), y=np.zeros(3, np.int64)),
-     r"images of size 0×28 hold no pixels \(x has shape \(3, 0, 28\)\)"),  # was the model's 'tensor sizes must be positive'
+     r"images of size 0×28 hold no pixels \(x has shape \(3, 0, 28\)\)"),  # was 'tensor sizes must be positive'
     (dict(x=np.zeros((3, 1, 4, 0), np.float32), y=np.zeros(3, np.int64)), r"images of size 4×0 hold no pixels"),
     (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, -1, 0])), "label -1 is negative"),
     (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, 100_000, 0])),
@@ -373,10 +373,11 @@ def test_an_image_above_predict_s_pixel_limit_is_refused_from_its_header_or_skip
         return decode(image, *args, **kwargs)
 
     monkeypatch.setattr(ImageFile.ImageFile, "load", decode_within_the_limit)
-    with pytest.raises(DataError, match=rf"{huge}: cannot decode the image \(the image is 10000x6000 \(60.0 megapixels\), "
-                                        rf"larger than the limit of 50 megapixels\); remove it, or set data.corrupt: skip"):
+    with pytest.raises(DataError, match=rf"{huge}: cannot decode the image \(the image is 10000x6000 \(60.0 "
+                                        rf"megapixels\), larger than the limit of 50 megapixels\); remove it, or "
+                                        rf"set data.corrupt: skip"):
         load_source(folder_config(root, test_fraction=0.5), "train")
-    skipped = [load_source(folder_config(root, test_fraction=0.5, corrupt="skip"), split) for split in ("train", "test")]
+    skipped = [load_source(folder_config(root, test_fraction=0.5, corrupt="skip"), part) for part in ("train", "test")]
     assert sum(len(split.labels) for split in skipped) == 4
 
 
@@ -433,7 +434,8 @@ def test_a_folder_too_large_decoded_or_with_a_corrupt_image_stops_before_the_res
         monkeypatch.setattr(image_folder, "MAX_FOLDER_BYTES", 40)  # two images of 16 bytes, not three
     chunks = []
     real_decode = image_folder.decode_files
-    monkeypatch.setattr(image_folder, "decode_files", lambda paths, *args: chunks.append(paths) or real_decode(paths, *args))
+    monkeypatch.setattr(image_folder, "decode_files",
+                        lambda paths, *args: chunks.append(paths) or real_decode(paths, *args))
     monkeypatch.setattr(image_folder, "CHUNK", 1)
     monkeypatch.setattr(os, "cpu_count", lambda: 1)  # decoded in this process, where decode_files is counted
     with pytest.raises(DataError, match=message):
