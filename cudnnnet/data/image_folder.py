@@ -35,7 +35,7 @@ from typing import Iterator
 import numpy as np
 
 from .. import cache
-from ..errors import DataError, ImageError
+from ..errors import CudnnnetError, DataError, ImageError
 from .pixels import IMAGE_SUFFIXES, PHOTO_CHANNELS, RESIZE_MODES
 
 logger = logging.getLogger(__name__)
@@ -270,6 +270,9 @@ def _decoded(paths: list[str], size, data) -> Iterator[np.ndarray | str]:
     try:
         for part in pool.map(decode_files, chunks, *([setting] * len(chunks) for setting in settings)):
             yield from part
+    except concurrent.futures.process.BrokenProcessPool as error:
+        raise CudnnnetError(f"a process decoding the images of {Path(paths[0]).parent.parent} died (killed by the "
+                            f"system: out of memory, perhaps)") from error
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 

@@ -5,6 +5,7 @@ mixed, mixed sizes, the cache)."""
 import gzip
 import io
 import os
+import signal
 import zipfile
 
 import numpy as np
@@ -457,6 +458,33 @@ def test_a_folder_s_images_are_the_files_predict_reads_from_a_folder(tmp_path):
         "a/0.png", "a/1.pnm", "b/2.pfm", "b/3.png"]
     both = [load_source(folder_config(root, test_fraction=0.5), split) for split in ("train", "test")]
     assert sorted(int(image[0, 0, 0]) for split in both for image in split.pixels) == [10, 20, 40, 128]
+
+
+_DECODE_FILES = image_folder.decode_files
+
+
+def _killed_at_1_png(paths, *args):
+    """image_folder.decode_files, but the process is killed at 1.png (a module's function: sent to the pool)."""
+    if paths[0].endswith("1.png"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _DECODE_FILES(paths, *args)
+
+
+def test_a_decoding_process_that_dies_is_one_error_not_a_traceback(tmp_path, monkeypatch):
+    """A decoding process killed by the system (out of memory) ended training with concurrent.futures'
+    BrokenProcessPool traceback."""
+    from cudnnnet.errors import CudnnnetError
+
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
+    for index in range(4):
+        save_image(root / "ab"[index % 2] / f"{index}.png", np.full((4, 4), index, np.uint8))
+    monkeypatch.setattr(image_folder, "decode_files", _killed_at_1_png)  # the forked processes inherit it
+    monkeypatch.setattr(image_folder, "CHUNK", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with pytest.raises(CudnnnetError, match=r"a process decoding the images of .*photos died \(killed by the system: "
+                                            r"out of memory, perhaps\)$") as raised:
+        load_source(folder_config(root, test_fraction=0.5), "train")
+    assert not isinstance(raised.value, DataError)  # not the data's fault: exit 1, not 2
 
 
 def test_one_folder_is_split_by_a_seeded_fraction(tmp_path):
