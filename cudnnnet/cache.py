@@ -12,7 +12,9 @@ parse is ignored (the caller computes the value again and stores it); a folder t
 written is left alone. Both are logged at debug level through the caller's logger, nothing more.
 Entries are read only from regular files (``read_bytes``, ``map_array``): a FIFO, a device or a
 folder planted where an entry belongs is ignored like a damaged entry, without blocking on it or
-reading it without end, and replaced by the rewritten entry (``atomic_write`` renames over it).
+reading it without end, and replaced by the rewritten entry (``atomic_write`` renames over it). The
+hidden temporary file a writer killed mid-entry left (``files.remove_abandoned``: one no process holds
+locked) is removed when that entry is written next.
 
 A keyed entry (``keyed_path``, ``read_keyed``, ``write_keyed``: the plans) is one JSON file named by
 the SHA-256 of its key, everything that decides the value; the file holds the key too, and an entry
@@ -34,7 +36,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO, Callable, Mapping, TypeVar
 
-from .files import atomic_write
+from .files import atomic_write, remove_abandoned
 
 NO_CACHE_ENV = "CUDNNNET_NO_CACHE"
 READ_ERRORS = (OSError, ValueError, EOFError, RecursionError)  # a damaged entry: unreadable, truncated, not parsing
@@ -139,9 +141,11 @@ def map_array(path: Path):
 
 
 def store_entry(files: Mapping[Path, Callable[[BinaryIO], None]], what: str, log: logging.Logger) -> None:
-    """Write each of ``files`` atomically, in order, through its writer; a failure is only logged."""
+    """Write each of ``files`` atomically, in order, through its writer; a failure is only logged. The
+    temporary files of an earlier writer that died while writing them are removed first."""
     try:
         for path, write in files.items():
+            remove_abandoned(path)
             with atomic_write(path) as file:
                 write(file)
     except OSError as error:

@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import struct
 import zipfile
 from math import prod
@@ -41,6 +42,8 @@ WEIGHT_SUFFIX, BIAS_SUFFIX = ".weight", ".bias"
 ORIGINAL_DTYPE = np.dtype("<f4")  # raw little-endian float32, as Blob::file_write writes it
 
 _ZIP_SIGNATURE = b"PK\x03\x04"
+# a file name's byte that is not UTF-8, as os.fsdecode holds it (a data.dir, say): written as its JSON escape
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 MAX_METADATA_BYTES = 16 << 20  # the model, the training config and a history of up to ~100 000 epochs
 MAX_CHECKPOINT_BYTES = 4 << 30  # all arrays of a checkpoint read without the network's shapes
 # What a damaged archive makes zipfile and NumPy raise; a flipped header bit can claim an unknown compression
@@ -95,6 +98,7 @@ def _encode_metadata(path: Path, metadata: Mapping) -> np.ndarray:
         text = json.dumps(dict(metadata), sort_keys=True, ensure_ascii=False, default=_json_value)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: metadata cannot be written as JSON ({_one_line(exc)})") from exc
+    text = _LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)  # read back as it was
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
 
 
@@ -150,6 +154,8 @@ def _check_exists(path: Path) -> None:
         raise CheckpointError(f"{path}: no such checkpoint file")
     if path.is_dir():
         raise CheckpointError(f"{path}: is a folder, not a checkpoint file")
+    if not path.is_file():  # opening a FIFO waits for a writer for ever; a device is read without end
+        raise CheckpointError(f"{path}: not a regular file (a pipe or a device); give a checkpoint file")
 
 
 @contextlib.contextmanager

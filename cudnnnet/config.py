@@ -25,7 +25,7 @@ from typing import Any, Callable, NoReturn
 
 from .augmentation import MAX_CROP_PADDING
 from .data.mnist import MNIST_MEAN, MNIST_STD
-from .data.pixels import RESIZE_MODES
+from .data.pixels import MAX_IMAGE_PIXELS, RESIZE_MODES
 from .config_file import MAX_INTEGER, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
 from .errors import ConfigError, InvalidArgumentError
@@ -679,6 +679,17 @@ def _parse_pair(data: _Section, key: str, low: int) -> tuple[int, int] | None:
     return (item.integer("height", low=low, high=65_536), item.integer("width", low=low, high=65_536))
 
 
+def _parse_image_size(data: _Section) -> tuple[int, int] | None:
+    """data.image_size: [height, width] of at most MAX_IMAGE_PIXELS, the most an image file may hold: every
+    image of a folder is decoded at that size, whatever its own (30000×30000 took 23 GB before the model
+    was found too large)."""
+    size = _parse_pair(data, "image_size", 1)
+    if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
+        data.fail("image_size", f"{size[0]}×{size[1]} is {size[0] * size[1] / 1e6:.0f} megapixels; an image is at most "
+                                f"{MAX_IMAGE_PIXELS / 1e6:g} megapixels")
+    return size
+
+
 def _parse_shape(data: _Section) -> tuple[int, int, int] | None:
     value = data.get("shape", None, "[channels, height, width]")
     if value is None:
@@ -731,7 +742,7 @@ def _parse_data(data: _Section) -> DataConfig:
     return DataConfig(dataset=dataset, dir=directory,
                       normalize=_parse_normalize(data, dataset), pad=data.integer("pad", 0, low=0),
                       placement=data.choice("placement", PLACEMENTS, "auto"), **paths, md5=_parse_md5(data),
-                      channels=_parse_channels(data), image_size=_parse_pair(data, "image_size", 1),
+                      channels=_parse_channels(data), image_size=_parse_image_size(data),
                       test_fraction=data.number("test_fraction", 0.2, low=0.0, high=1.0, low_open=True, high_open=True),
                       split_seed=data.integer("split_seed", 0, low=0), corrupt=data.choice("corrupt", CORRUPT_POLICIES,
                                                                                          "refuse"),

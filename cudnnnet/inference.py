@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
@@ -79,21 +80,23 @@ def network_classes(network) -> tuple[str, ...]:
     return tuple(named) if named and len(named) == count else tuple(str(index) for index in range(count))
 
 
-def _inputs(images, network, normalize) -> list[tuple[str, np.ndarray | None, str | None]]:
-    """(name, preprocessed (C, H, W) array or None, error or None) for every image given."""
+def _inputs(images, network, normalize) -> Iterator[tuple[str, np.ndarray | None, str | None]]:
+    """(name, preprocessed (C, H, W) array or None, error or None) for every image given, each read when
+    it is reached: a folder of many images is never held whole."""
     from .data.images import list_images  # Pillow: imported when predicting, not with cudnnnet
 
     load = _digit_loader(network, normalize) if reads_digits(network) else _photo_loader(network, normalize)
     if isinstance(images, (str, os.PathLike, np.ndarray)):
         images = [images]
-    prepared = []
+    count = 0
     for item in images:
         if isinstance(item, np.ndarray):
-            prepared.append(_prepare(f"<array {len(prepared)}>", lambda: load(item)))
+            yield _prepare(f"<array {count}>", lambda: load(item))
+            count += 1
             continue
         for path in list_images(item):
-            prepared.append(_prepare(str(path), lambda path=path: load(path)))
-    return prepared
+            yield _prepare(str(path), lambda path=path: load(path))
+            count += 1
 
 
 def _digit_loader(network, normalize):
@@ -142,23 +145,34 @@ def predict(network, images, normalize=None, batch_size: int = 256) -> list[Pred
         raise InvalidArgumentError("predict needs a built network (Network.load a checkpoint, or train one)")
     normalize = training_normalize(network) if normalize is None else normalize
     classes = network_classes(network)
-    prepared = _inputs(images, network, normalize)
-    results = [Prediction(name, error=error, classes=classes) for name, _, error in prepared]
-    ready = [(index, array) for index, (_, array, _) in enumerate(prepared) if array is not None]
-    if ready:
-        network.check_batch(min(batch_size, len(ready)))
-    for start in range(0, len(ready), batch_size):
-        chunk = ready[start:start + batch_size]
-        batch = np.stack([array for _, array in chunk])  # (B, C, H, W)
-        probabilities = network.predict(Tensor.from_numpy(batch, network.backend)).numpy().reshape(len(chunk), -1)
-        for (index, _), row in zip(chunk, probabilities):
-            if not np.isfinite(row).all():  # weights or statistics that overflow float32 on this image
-                results[index].error = (f"{results[index].image}: the network's scores for it are not finite (NaN or "
-                                        f"infinite): its weights overflow float32")
-                continue
-            results[index].digit = int(np.argmax(row))
-            results[index].probabilities = [round(float(p), 6) for p in row]
+    results, waiting, checked = [], [], False
+    for name, array, error in _inputs(images, network, normalize):
+        results.append(Prediction(name, error=error, classes=classes))
+        if array is not None:
+            waiting.append((results[-1], array))
+        if len(waiting) == batch_size:
+            checked = _predict_batch(network, waiting, checked)
+            waiting = []
+    if waiting:
+        _predict_batch(network, waiting, checked)
     return results
+
+
+def _predict_batch(network, waiting: list, checked: bool) -> bool:
+    """Fill in each waiting Prediction from one batch of its arrays (an error where its scores are not
+    finite); the first batch, the largest, is checked against the machine first. Returns that it was."""
+    if not checked:
+        network.check_batch(len(waiting))
+    batch = np.stack([array for _, array in waiting])  # (B, C, H, W)
+    probabilities = network.predict(Tensor.from_numpy(batch, network.backend)).numpy().reshape(len(waiting), -1)
+    for (result, _), row in zip(waiting, probabilities):
+        if not np.isfinite(row).all():  # weights or statistics that overflow float32 on this image
+            result.error = (f"{result.image}: the network's scores for it are not finite (NaN or infinite): its "
+                            f"weights overflow float32")
+            continue
+        result.digit = int(np.argmax(row))
+        result.probabilities = [round(float(p), 6) for p in row]
+    return True
 
 
 __all__ = ["Prediction", "network_classes", "predict", "training_normalize"]

@@ -88,6 +88,15 @@ def input_shape(config) -> tuple[int, int, int] | None:
     return (shape[0], shape[1] + 2 * data.pad, shape[2] + 2 * data.pad)
 
 
+def smallest_input_shape(config) -> tuple[int, int, int] | None:
+    """``input_shape``, or where only the images' channels are unknown (an image folder with an image_size
+    and channels auto) its one-channel shape, which every tensor of the model is at least as large for."""
+    data = config.data
+    if data.dataset == "image-folder" and data.image_size and data.channels == "auto" and not data.shape:
+        return (1, data.image_size[0] + 2 * data.pad, data.image_size[1] + 2 * data.pad)
+    return input_shape(config)
+
+
 def class_names(config) -> tuple[str, ...] | None:
     """The class names of ``config``'s data: its own list, a named data set's, else None (read from the data)."""
     from .data.sources import CIFAR10_CLASSES, DIGIT_CLASSES, FASHION_CLASSES, KMNIST_CLASSES
@@ -136,21 +145,33 @@ def data_classes(config: Config, train_labels: np.ndarray) -> tuple[str, ...]:
     return tuple(str(index) for index in range(int(train_labels.max()) + 1))
 
 
+def _check_labels_name_classes(labels: np.ndarray, split: str, classes: tuple[str, ...], config: Config) -> None:
+    """DataError naming the first label of ``split`` that is no class's: at least len(classes)."""
+    outside = np.flatnonzero(labels >= len(classes))
+    if outside.size:
+        index = int(outside[0])
+        named = "data.classes names" if config.data.classes else "the training split's labels make"
+        raise DataError(f"the {split} split has label {int(labels[index])} at index {index}; {named} {len(classes)} "
+                        f"classes (labels 0..{len(classes) - 1})")
+
+
 def load_data(config: Config, download: bool = True):
     """(config with data.classes, data.shape and a computed normalisation filled in,
     (train PixelImages, labels), (test PixelImages, labels)); each split read by ``load_split_pixels``."""
     data = config.data
     as_read = config if data.normalize != COMPUTED else dataclasses.replace(
         config, data=dataclasses.replace(data, normalize=None))
-    (train, train_labels), (test, test_labels) = (load_split_pixels(as_read, split, download)
-                                                  for split in ("train", "test"))
+    train, train_labels = load_split_pixels(as_read, "train", download)
+    as_trained = dataclasses.replace(as_read, data=dataclasses.replace(
+        as_read.data, shape=tuple(as_channels(train.pixels).shape[1:])))  # a test/ folder's channels: auto, as trained
+    test, test_labels = load_split_pixels(as_trained, "test", download)
     classes = data_classes(config, train_labels)
-    if int(test_labels.max()) >= len(classes):
-        raise DataError(f"the test split has label {int(test_labels.max())}, the training split's classes are "
-                        f"0..{len(classes) - 1}")
+    for split, labels in (("training", train_labels), ("test", test_labels)):
+        _check_labels_name_classes(labels, split, classes, config)
     if as_channels(test.pixels).shape[1:] != as_channels(train.pixels).shape[1:]:
         raise DataError(f"the test images are {as_channels(test.pixels).shape[1:]} (C, H, W), the training images "
-                        f"{as_channels(train.pixels).shape[1:]}; set data.image_size (image folders) so both match")
+                        f"{as_channels(train.pixels).shape[1:]}; both need one shape (image folders: set "
+                        f"data.image_size)")
     normalize = data.normalize
     if normalize == COMPUTED:
         normalize = channel_statistics(train.pixels)

@@ -1,6 +1,6 @@
 """Image files of every mode Pillow decodes them to (RGB, RGBA and LA with partial transparency, L, 1,
-P with transparent palette entries, CMYK, I;16, I, F), in the train/ and test/ folders of an image
-folder: what the tests of image-folder training and of prediction both read."""
+P with transparent palette entries, CMYK, I;16 with a transparent grey value, I, F), in the train/ and
+test/ folders of an image folder: what the tests of image-folder training and of prediction both read."""
 
 import numpy as np
 from PIL import Image
@@ -41,10 +41,13 @@ def mode_folder(root, modes) -> list:
             path.parent.mkdir(parents=True)
             if mode == "P":  # a palette image whose entries are partly transparent (a PNG tRNS chunk)
                 image.save(path, transparency=bytes(range(0, 256, 16)))
+            elif mode == "I;16":  # a 16-bit grey image whose first pixel's value is transparent (tRNS)
+                image.save(path, transparency=int(np.asarray(image)[0, 0]))
             else:
                 image.save(path)
             with Image.open(path) as written:
-                assert written.mode == mode and (mode != "P" or "transparency" in written.info), "the test proves nothing"
+                keyed = mode in ("P", "I;16")
+                assert written.mode == mode and (not keyed or "transparency" in written.info), "the test proves nothing"
             if split == "train":
                 paths.append(path)
     return paths

@@ -3,6 +3,7 @@ FIFO, a device or a folder planted where an entry belongs is ignored promptly, l
 and the rewritten entry replaces it."""
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -76,3 +77,33 @@ def test_a_mapped_array_of_objects_or_of_a_declared_size_the_file_lacks_is_refus
     (tmp_path / "short.npy").write_bytes((tmp_path / "short.npy").read_bytes()[:200])
     with pytest.raises(ValueError):
         cache.map_array(tmp_path / "short.npy")
+
+
+def test_a_temporary_file_of_a_writer_that_died_is_removed_when_the_entry_is_written(tmp_path):
+    """A process killed while it wrote an entry (out of memory, say, after decoding a folder) left its hidden
+    temporary file, as large as the entry, in the cache for ever. A writer still at work keeps its own; a
+    FIFO or a folder of such a name is neither waited on nor removed."""
+    import fcntl
+    import subprocess
+    import sys
+
+    entry = tmp_path / "entry.npy"
+    killed = subprocess.run([sys.executable, "-c", (
+        "import os, signal, sys\n"
+        "from cudnnnet import files\n"
+        "with files.atomic_write(sys.argv[1]) as file:\n"
+        "    file.write(bytes(1000))\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"), str(entry)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert killed.returncode == -9
+    (abandoned,) = tmp_path.glob(".entry.npy.*.tmp")
+    writing = tmp_path / ".entry.npy.writing.tmp"
+    with open(writing, "wb") as live:
+        fcntl.flock(live, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        plant(tmp_path / ".entry.npy.fifo.tmp", "fifo")
+        plant(tmp_path / ".entry.npy.folder.tmp", "folder")
+        with within(5):
+            cache.store_entry({entry: lambda file: file.write(b"entry")}, "an entry", log)
+    assert entry.read_bytes() == b"entry" and not abandoned.exists()
+    assert sorted(path.name for path in tmp_path.glob(".entry.npy.*.tmp")) == [
+        ".entry.npy.fifo.tmp", ".entry.npy.folder.tmp", ".entry.npy.writing.tmp"]

@@ -84,6 +84,21 @@ def test_npz_holds_no_pickle_and_metadata_as_utf8_json(tmp_path):
         assert archive["fc1.bias"].dtype == np.float32
 
 
+def test_metadata_naming_a_folder_whose_name_is_not_utf8_is_written_and_read_back_as_it_was(tmp_path):
+    """A data.dir whose name holds a byte that is not UTF-8 (a Latin-1 name: os.fsdecode keeps it as a lone
+    surrogate) made the checkpoint's JSON unencodable: training ended with a UnicodeEncodeError traceback
+    when it saved, and its weights were lost."""
+    folder = os.fsdecode(b"/data/caf\xe9")
+    path = tmp_path / "model.npz"
+    save_npz(path, {"fc1.bias": np.ones(3, np.float32)}, {"data": {"dir": folder}, "name": "réseau"})
+    _, metadata = load_npz(path)
+    assert metadata == {"data": {"dir": folder}, "name": "réseau"}
+    assert os.fsencode(metadata["data"]["dir"]) == b"/data/caf\xe9"
+    with np.load(path, allow_pickle=False) as archive:  # still UTF-8 JSON: the byte as its escape
+        assert archive["__metadata__"].tobytes().decode("utf-8") == (
+            '{"data": {"dir": "/data/caf\\udce9"}, "name": "réseau"}')
+
+
 def test_npz_float64_and_float16_are_read_as_float32(tmp_path):
     path = tmp_path / "model.npz"
     npz_with_members(path, {"a.weight": np.arange(4, dtype=np.float64), "a.bias": np.ones(2, np.float16),
@@ -113,6 +128,19 @@ def test_save_refuses_integer_arrays_and_non_json_metadata(tmp_path):
 def test_load_missing_file(tmp_path):
     with pytest.raises(CheckpointError, match="nope.npz: no such checkpoint file"):
         load_npz(tmp_path / "nope.npz")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_pipe_or_device_given_as_a_checkpoint_is_refused_not_waited_on(tmp_path, kind):
+    """predict --weights FIFO waited for a writer for ever (evaluate and --resume too)."""
+    from hostile_files import plant, within
+
+    plant(tmp_path / "model.npz", kind)
+    with within(5):
+        for load in (load_npz, checkpoint.load_npz_metadata):
+            with pytest.raises(CheckpointError, match=r"model\.npz: not a regular file \(a pipe or a device\); give a "
+                                                      r"checkpoint file"):
+                load(tmp_path / "model.npz")
 
 
 @pytest.mark.parametrize("keep", [0.3, 0.6, 0.95])

@@ -892,6 +892,21 @@ def test_any_layer_stack_passes_the_model_check_or_is_a_config_error(layers, cla
     assert network.output_shapes(network.input_shape)[-1] == (10, 1, 1)
 
 
+def test_an_image_folder_model_too_large_for_one_channel_is_refused_before_its_images_are_decoded():
+    """channels auto leaves the input's channels to the images, so the model's sizes were checked only once
+    every image had been decoded at data.image_size; one channel, the least the images make, says enough."""
+    from cudnnnet.cli.train import check_model
+    from cudnnnet.config import ConfigError, load_config, parse_config
+
+    raw = load_config(REPO_ROOT / "configs" / "image_folder.yaml").to_dict()
+    raw["data"].update(image_size=[7000, 7000], channels="auto")
+    with pytest.raises(ConfigError, match=r"data\.pad: the input for a batch of \d+ of shape \(\d+, 1, 7000, 7000\) "
+                                          r"would hold \d+ values"):
+        check_model(parse_config(raw, source="image_folder.yaml"))
+    raw["data"].update(image_size=[32, 32])
+    check_model(parse_config(raw, source="image_folder.yaml"))
+
+
 @pytest.mark.parametrize("failing, status, pattern", [
     ("free", "cudaErrorMemoryAllocation", r"the GPU \(device 0\) could not be initialised: cudaFree failed with "
                                           r"cudaErrorMemoryAllocation; its memory is taken, probably by another process"),

@@ -353,6 +353,8 @@ INVALID = [
     (("data", "channels"), 2, "data.channels: expected 1, 3 or auto, got 2"),
     (("data", "image_size"), [32], "data.image_size: expected [height, width] or one integer, got [32]"),
     (("data", "image_size"), [32, 0], "data.image_size.width: expected an integer in [1, 65536], got 0"),
+    (("data", "image_size"), [30000, 30000], "data.image_size: 30000×30000 is 900 megapixels; an image is at most 50 "
+                                             "megapixels"),  # every image was decoded at it: 23 GB for 8 images
     (("data", "test_fraction"), 1.0, "data.test_fraction: expected a number in (0, 1), got 1.0"),
     (("data", "corrupt"), "ignore", "data.corrupt: expected one of refuse, skip, got 'ignore'"),
     (("data", "resize"), "fit", "data.resize: expected one of crop, stretch, got 'fit'"),

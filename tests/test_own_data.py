@@ -3,6 +3,7 @@ path, as an .npz and as a folder of PNGs. The same images train the same MLP to 
 whichever way they were stored; then evaluate and predict name the folder's classes."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -130,9 +131,32 @@ def test_a_corrupt_image_stops_training_with_one_line_naming_it_and_exit_2(tmp_p
     finished = train_folder(root, tmp_path / "run")
     assert finished.returncode == 2
     assert finished.stderr.strip().splitlines() == [
-        f"cudnnnet-train: error: {root / 'b' / 'broken.jpg'}: cannot decode the image (UnidentifiedImageError: "
-        f"cannot identify image file '{root / 'b' / 'broken.jpg'}'); remove it, or set data.corrupt: skip"]
+        f"cudnnnet-train: error: {root / 'b' / 'broken.jpg'}: cannot decode the image (not an image file Pillow can "
+        f"read); remove it, or set data.corrupt: skip"]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_colour_test_image_is_read_as_grey_by_a_model_trained_on_grey_images(tmp_path):
+    """channels auto: the training images choose, and test/ follows them as predict does. A colour image
+    in test/ made the test split RGB: training refused it ('the test images are (3, 8, 8) (C, H, W), the
+    training images (1, 8, 8); set data.image_size'), and evaluate refused a model trained without it."""
+    from cudnnnet.data.images import load_photo
+
+    for split in ("train", "test"):
+        small_folder(tmp_path / "photos" / split)
+    colour = tmp_path / "photos" / "test" / "a" / "colour.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8, 3), np.uint8)).save(colour)
+    finished = train_folder(tmp_path / "photos", tmp_path / "run")
+    assert finished.returncode == 0, finished.stderr
+    evaluated = run_script("evaluate", "--weights", str(tmp_path / "run"), "--device", "host", "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert np.array(json.loads(evaluated.stdout)["confusion_matrix"]).sum() == 9
+    from cudnnnet.config import DataConfig
+    from cudnnnet.data.sources import load_source
+
+    test = load_source(DataConfig(dataset="image-folder", dir=str(tmp_path / "photos"), shape=(1, 8, 8)), "test")
+    assert test.pixels.shape == (9, 1, 8, 8)
+    assert np.array_equal(test.pixels[4], load_photo(colour, 1, 8, 8))  # a/colour.png follows a/3.png
 
 
 def test_a_model_without_one_score_per_class_folder_is_named_with_exit_2(tmp_path):
@@ -158,4 +182,28 @@ def test_a_single_class_folder_is_refused_with_exit_2(tmp_path):
     assert finished.stderr.strip().splitlines() == [
         "cudnnnet-train: error: image_folder (with overrides): the data has 1 class (cats); a classifier needs at "
         "least 2 (for image-folder, one sub-folder per class)"]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("train_labels, test_labels, classes, message", [
+    ([0, 1, 2, 1], [0, 1, 0, 1], ["a", "b"],
+     "the training split has label 2 at index 2; data.classes names 2 classes (labels 0..1)"),
+    ([0, 1, 0, 1], [0, 1, 1, 3], ["a", "b"], "the test split has label 3 at index 3; data.classes names 2 classes"),
+    ([0, 1, 0, 1], [0, 2, 1, 0], None,
+     "the test split has label 2 at index 1; the training split's labels make 2 classes (labels 0..1)"),
+])
+def test_a_label_of_no_class_is_named_with_its_split_and_where_the_classes_come_from(
+        tmp_path, train_labels, test_labels, classes, message):
+    """A training label past data.classes was 'labels: label 2 at index 2 is outside 0..1', naming neither
+    the split nor data.classes, and the test split's message blamed the training split's classes."""
+    from cudnnnet.errors import DataError
+
+    for split, labels in (("train", train_labels), ("test", test_labels)):
+        np.savez(tmp_path / f"{split}.npz", x=np.zeros((4, 4, 4), np.uint8), y=np.array(labels))
+    config = load_config(REPO_ROOT / "configs" / "mnist_mlp.yaml").to_dict()
+    config["data"] = {"dataset": "npz", "train_file": str(tmp_path / "train.npz"),
+                      "test_file": str(tmp_path / "test.npz"), **({"classes": classes} if classes else {})}
+    config["device"] = "host"
+    with pytest.raises(DataError, match=re.escape(message)):
+        Trainer(parse_config(config, source="<npz>"), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()

@@ -202,6 +202,54 @@ def test_a_folder_model_predicts_a_photo_of_any_mode_as_it_was_trained_on_it(fol
     assert np.allclose([result.probabilities for result in results], expected, atol=1e-6)
 
 
+def test_each_image_is_one_line_whatever_its_file_name_holds(folder_checkpoints, tmp_path):
+    """A line break in a file name split the image's line in two, and a name that is not UTF-8 stopped
+    predict with a UnicodeEncodeError traceback where the output is strict UTF-8 (a desktop's locale)."""
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    photo = Image.fromarray(np.zeros((12, 12, 3), np.uint8))
+    for name in ("plain.png", "line\nbreak.png"):
+        photo.save(folder / name)
+    photo.save(os.fsdecode(bytes(folder) + b"/latin-\xe9.png"))
+    Path(os.fsdecode(bytes(folder) + b"/bad\n\xff.png")).write_text("not an image")
+    finished = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "predict.py"), "--weights",
+                               str(folder_checkpoints / "crop.npz"), "--device", "host", "--quiet", str(folder)],
+                              capture_output=True, env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"}, timeout=600)
+    assert finished.returncode == 2, finished.stderr
+    assert finished.stderr.decode().splitlines() == [
+        f"cudnnnet-predict: error: {folder}/bad\\n\\xff.png: not an image file Pillow can read"]
+    assert [line.split(": ")[0] for line in finished.stdout.decode().splitlines()] == [
+        f"{folder}/latin-\\xe9.png", f"{folder}/line\\nbreak.png", f"{folder}/plain.png"]
+
+
+def test_a_folder_is_predicted_a_batch_at_a_time_never_held_whole(folder_checkpoints, tmp_path, monkeypatch):
+    """Every image of the folders given was read and kept as float32 before the first was predicted: a
+    folder of 100 000 photos for a 224×224 RGB model would have held 60 GB."""
+    from cudnnnet.data import images
+
+    for index in range(10):
+        Image.fromarray(np.full((12, 12, 3), index * 20, np.uint8)).save(tmp_path / f"{index}.png")
+    (tmp_path / "5.png").write_text("not an image")
+    network = Network.load(folder_checkpoints / "crop.npz", backend="host")
+    expected = cudnnnet.predict(network, [tmp_path])
+    events = []
+    load_photo, predict_batch = images.load_photo, network.predict
+    monkeypatch.setattr(images, "load_photo",
+                        lambda *args, **kwargs: events.append("read") or load_photo(*args, **kwargs))
+    monkeypatch.setattr(network, "predict",
+                        lambda batch: events.append(f"batch of {batch.shape[0]}") or predict_batch(batch))
+    results = cudnnnet.predict(network, [tmp_path], batch_size=4)
+    assert events == ["read"] * 4 + ["batch of 4"] + ["read"] * 5 + ["batch of 4"] + ["read"] + ["batch of 1"]
+    assert [(result.image, result.error) for result in results] == [(result.image, result.error) for result in expected]
+    assert results[5].error is not None and results[5].probabilities == [] == expected[5].probabilities
+    for result, alone in zip(results, expected):
+        assert np.allclose(result.probabilities, alone.probabilities, atol=1e-5)  # batches of 4, not one of 9
+
+
 def test_a_network_of_neither_grey_nor_rgb_inputs_is_refused_by_predict(folder_checkpoints, tmp_path):
     raw = Network.load(folder_checkpoints / "crop.npz", backend="host").training_config.to_dict()
     raw["data"].update(shape=[4, 12, 12])

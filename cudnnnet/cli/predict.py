@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import sys
+import unicodedata
 from pathlib import Path
 
 from ..backends import DEVICES, get_backend
@@ -76,10 +77,27 @@ def load_network(weights: str, config_path: str | None, device: str) -> tuple[Ne
     return network, description.data.normalize
 
 
+def one_line(text: str) -> str:
+    """``text`` as one printable line whatever the file names in it hold: a line break or another control
+    character escaped (``\\n``), and a byte of a name that is not UTF-8 written as ``\\xff`` (Python holds it
+    as a lone surrogate, which a strict UTF-8 output cannot encode)."""
+    return "".join(_escaped(char) for char in text)
+
+
+def _escaped(char: str) -> str:
+    if 0xDC80 <= ord(char) <= 0xDCFF:  # os.fsdecode's stand-in for an undecodable byte
+        return f"\\x{ord(char) - 0xDC00:02x}"
+    if unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp"):
+        return char.encode("unicode_escape").decode("ascii")
+    return char
+
+
 def print_results(results, as_json: bool, top_k: int = 1) -> None:
+    """Each error on its own line of stderr, then the predictions: one line per image, or a JSON list
+    (which escapes what a file name holds as JSON does)."""
     for result in results:
         if result.error is not None:
-            print(f"cudnnnet-predict: error: {result.error}", file=sys.stderr)
+            print(f"cudnnnet-predict: error: {one_line(result.error)}", file=sys.stderr)
     if as_json:
         print(json.dumps([dict(result.to_dict(), **({"top": [{"label": label, "probability": probability}
                                                             for label, probability in result.top(top_k)]}
@@ -88,9 +106,10 @@ def print_results(results, as_json: bool, top_k: int = 1) -> None:
         return
     for result in results:
         if result.error is None and top_k == 1:
-            print(f"{result.image}: {result.label} (probability {result.probability:.4f})")
+            print(f"{one_line(result.image)}: {result.label} (probability {result.probability:.4f})")
         elif result.error is None:
-            print(f"{result.image}: " + ", ".join(f"{label} {probability:.4f}" for label, probability in result.top(top_k)))
+            print(f"{one_line(result.image)}: "
+                  + ", ".join(f"{label} {probability:.4f}" for label, probability in result.top(top_k)))
 
 
 def check_some_image(paths) -> None:

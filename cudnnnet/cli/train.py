@@ -22,7 +22,7 @@ from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeEr
 from ..layers import LAYER_TYPES
 from ..network import ModelSizeError, check_model_size
 from ..outputs import checkpoint_to_resume, refuse_replacing
-from ..training import Interrupted, Trainer, class_names, input_shape, model_difference
+from ..training import Interrupted, Trainer, class_names, input_shape, model_difference, smallest_input_shape
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from .gpus import spawn_ranks
 
@@ -85,10 +85,11 @@ def check_model(config: Config) -> None:
 
     Raises ConfigError naming the config file and the layer, before anything is built or loaded.
     """
-    shape = input_shape(config)
+    if input_shape(config) is not None:
+        check_normalize(config, input_shape(config)[0])
+    shape = smallest_input_shape(config)  # where only the images' channels are unknown: one, the least they make
     if shape is None:  # the data says it: the Trainer checks the model once the data is read
         return
-    check_normalize(config, shape[0])
     for index, spec in enumerate(config.model):
         try:
             shape = LAYER_TYPES[spec.type](spec.name, **spec.params).output_sample_shape(shape)
@@ -118,14 +119,16 @@ def check_normalize(config: Config, channels: int) -> None:
 
 def check_size(config: Config) -> None:
     """The model's tensors, for the largest batch the run makes, fit the libraries and this machine
-    (see ``check_model_size``); checked before any array is made, on a model whose shapes fit."""
-    if input_shape(config) is None:  # the data says it: the Trainer's network checks its sizes once it is read
+    (see ``check_model_size``); checked before any array is made, on a model whose shapes fit (with one
+    channel where the images' channels are not known yet)."""
+    shape = smallest_input_shape(config)
+    if shape is None:  # the data says it: the Trainer's network checks its sizes once it is read
         return
     layers = [LAYER_TYPES[spec.type](spec.name, **spec.params) for spec in config.model]
     batch = max(min(config.train.batch_size, SPLIT_COUNTS["train"]),
                 min(config.train.eval_batch_size, SPLIT_COUNTS["test"]))
     try:
-        check_model_size(layers, input_shape(config), batch)
+        check_model_size(layers, shape, batch)
     except ModelSizeError as error:
         raise ConfigError(f"{config.source}: {_model_key(config, error.index)}: {error}; make the model or "
                           f"train.batch_size / train.eval_batch_size smaller") from None

@@ -15,31 +15,34 @@ keyed by the folder's file list with every file's size and mtime and by the reci
 run reads one ``.npy`` instead of decoding. An entry is three files, written in this order:
 ``KEY.pixels.npy``, ``KEY.labels.npy`` and ``KEY.json``, which records the SHA-256 of both arrays
 (``cache.array_digest``); an entry without it, or whose arrays no longer have those digests (damaged
-on disk: a warning), is decoded again and rewritten. A file Pillow cannot decode is named; with
+on disk: a warning), is decoded again and rewritten. A file Pillow cannot decode, or an image above
+predict's pixel limit (``images.DEFAULT_MAX_PIXELS``, read from its header), is named; with
 ``data.corrupt: skip`` it is left out (and logged), else the load is refused.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from .. import cache
-from ..errors import DataError, ImageError
-from .pixels import PHOTO_CHANNELS, RESIZE_MODES
+from ..errors import CudnnnetError, DataError, ImageError
+from .pixels import IMAGE_SUFFIXES, PHOTO_CHANNELS, RESIZE_MODES
 
 logger = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm")
 CHUNK = 512  # images per task sent to a worker process
 MAX_FOLDER_BYTES = 1 << 33  # decoded pixels a folder may make
-CACHE_FORMAT = 5  # raised whenever decoding or the entry's files change, so that cached folders are decoded again
+CACHE_FORMAT = 7  # raised whenever decoding or the entry's files change, so that cached folders are decoded again
 ARRAYS = ("pixels", "labels")  # an entry's arrays, KEY.<name>.npy, written before its KEY.json
 
 
@@ -56,7 +59,7 @@ def load_image_folder(data, split: str):
         raise DataError(f"data.dir {root} is not a directory; image-folder reads root/<class>/<image> files")
     if (root / "train").is_dir() and (root / "test").is_dir():
         classes = class_names(root / "train")
-        pixels, labels = decoded_folder(root / split, classes, data)
+        pixels, labels = decoded_folder(root / split, classes, _channels_known(data))
         if split == "train":
             _check_every_class_has_images(root / "train", classes, labels)
         return Split(pixels, labels, classes)
@@ -71,6 +74,16 @@ def load_image_folder(data, split: str):
         raise DataError(f"{root}: the {split} split of {len(labels)} images by test_fraction {data.test_fraction} is "
                         f"empty; add images or change data.test_fraction")
     return Split(pixels[chosen], labels[chosen], classes)
+
+
+def _channels_known(data):
+    """``data`` with channels ``auto`` made the channels of ``data.shape`` (1 or 3) where it names them: the
+    training images' choice, which a test/ folder (in training, and a checkpoint's in evaluation) follows as
+    predict does, converting a colour test image to grey for a network trained on grey images. (One folder
+    split by test_fraction is decoded once, so both splits have the channels auto chose for all of it.)"""
+    if data.channels != "auto" or data.shape is None or data.shape[0] not in (1, 3):
+        return data
+    return dataclasses.replace(data, channels=data.shape[0])
 
 
 def _check_every_class_has_images(folder: Path, classes: tuple[str, ...], labels: np.ndarray) -> None:
@@ -89,10 +102,7 @@ def _test_indices(count: int, fraction: float, seed: int) -> np.ndarray:
 
 def class_names(folder: Path) -> tuple[str, ...]:
     """The sorted names of ``folder``'s sub-folders (hidden ones left out)."""
-    try:
-        names = sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
-    except OSError as error:
-        raise DataError(f"cannot read {folder}: {error.strerror or error}") from error
+    names = [entry.name for entry in _entries(folder) if _is_folder(entry) and not entry.name.startswith(".")]
     if not names:
         raise DataError(f"{folder}: no class folders; image-folder reads {folder}/<class>/<image> files")
     unprintable = [name for name in names if not name.isprintable()]
@@ -102,24 +112,55 @@ def class_names(folder: Path) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _entries(folder: Path) -> list[os.DirEntry]:
+    """The entries of ``folder``, sorted by name; DataError naming it where it cannot be read."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(entries, key=lambda entry: entry.name)
+    except OSError as error:
+        raise DataError(f"cannot read {folder}: {error.strerror or error}") from error
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    """Whether ``entry`` is a folder, symbolic links followed; a link that loops or leads nowhere is not."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _file_stat(entry: os.DirEntry) -> os.stat_result | None:
+    """The status of ``entry`` (symbolic links followed) where it is a regular file; None for anything
+    else, a link that loops or leads nowhere, or a file gone since the folder was listed."""
+    try:
+        return entry.stat() if entry.is_file() else None
+    except OSError:
+        return None
+
+
 def list_files(folder: Path, classes: tuple[str, ...]) -> list[tuple[str, int, int, int]]:
-    """[(path relative to ``folder``, label, size, mtime_ns)] of every image file, sorted by path."""
+    """[(path relative to ``folder``, label, size, mtime_ns)] of every image file, sorted by path; hidden
+    files (a Mac's ``._NAME.jpg`` metadata beside each photo, say) left out as hidden folders are."""
     files = []
     for label, name in enumerate(classes):
         directory = folder / name
         if not directory.is_dir():
             continue
-        for entry in sorted(os.scandir(directory), key=lambda entry: entry.name):
-            if entry.is_file() and entry.name.lower().endswith(IMAGE_SUFFIXES):
-                stat = entry.stat()
+        for entry in _entries(directory):
+            image = entry.name.lower().endswith(IMAGE_SUFFIXES) and not entry.name.startswith(".")
+            stat = _file_stat(entry) if image else None
+            if stat is not None:
                 files.append((f"{name}/{entry.name}", label, stat.st_size, stat.st_mtime_ns))
-    unknown = [entry.name for entry in os.scandir(folder) if entry.is_dir() and entry.name not in classes
+    unknown = [entry.name for entry in _entries(folder) if _is_folder(entry) and entry.name not in classes
                and not entry.name.startswith(".")]
     if unknown:
         raise DataError(f"{folder}/{unknown[0]}: a class the training folder does not have "
                         f"(classes: {', '.join(classes)})")
     if not files:
-        raise DataError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)}) in its class folders")
+        named = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+        raise DataError(f"{folder}: no image files ({', '.join(IMAGE_SUFFIXES)}) in its class folders ({named}); "
+                        f"image-folder reads {folder}/<class>/<image>, or train/<class>/ and test/<class>/ folders "
+                        f"there")
     return files
 
 
@@ -190,29 +231,57 @@ def _store(entry: Path, pixels: np.ndarray, labels: np.ndarray) -> None:
 
 
 def _decode_all(folder: Path, files, data) -> tuple[np.ndarray, np.ndarray]:
+    """(pixels, labels) of ``files``, each image checked as it arrives: a corrupt one (unless skipped) or
+    more decoded bytes than MAX_FOLDER_BYTES stop the decoding there, the work not yet started cancelled."""
     paths = [str(folder / relative) for relative, _, _, _ in files]
-    chunks = [paths[start:start + CHUNK] for start in range(0, len(paths), CHUNK)]
-    workers = min(len(chunks), os.cpu_count() or 1)
     size = tuple(data.image_size) if data.image_size else None
-    if workers > 1:
-        with concurrent.futures.ProcessPoolExecutor(workers) as pool:
-            decoded = [image for part in pool.map(decode_files, chunks, *([setting] * len(chunks) for setting in
-                                                                          (size, data.resize, data.channels)))
-                       for image in part]
-    else:
-        decoded = [image for chunk in chunks for image in decode_files(chunk, size, data.resize, data.channels)]
-    images, labels = [], []
-    for path, (_, label, _, _), image in zip(paths, files, decoded):
-        if isinstance(image, str):
-            if data.corrupt != "skip":
-                raise DataError(f"{path}: cannot decode the image ({image}); remove it, or set data.corrupt: skip")
-            logger.warning("skipping %s: cannot decode the image (%s)", path, image)
-            continue
-        images.append(image)
-        labels.append(label)
+    if size is not None:
+        _check_bytes(folder, len(paths), 3 if data.channels == 3 else 1, size)  # auto: at least one channel
+    images, labels, total = [], [], 0
+    with contextlib.closing(_decoded(paths, size, data)) as decoded:
+        for path, (_, label, _, _), image in zip(paths, files, decoded):
+            if isinstance(image, str):
+                if data.corrupt != "skip":
+                    raise DataError(f"{path}: cannot decode the image ({image}); remove it, or set data.corrupt: skip")
+                logger.warning("skipping %s: cannot decode the image (%s)", path, image)
+                continue
+            total += image.nbytes
+            if total > MAX_FOLDER_BYTES:
+                raise DataError(f"{folder}: its first {len(images) + 1} of {len(paths)} images already make more than "
+                                f"{MAX_FOLDER_BYTES} bytes decoded; set a smaller data.image_size")
+            images.append(image)
+            labels.append(label)
     if not images:
         raise DataError(f"{folder}: none of its {len(paths)} image files could be decoded")
     return _stack(folder, paths, images, data.channels), np.asarray(labels, dtype=np.int64)
+
+
+def _decoded(paths: list[str], size, data) -> Iterator[np.ndarray | str]:
+    """``decode_files``' result for each path in order, chunk by chunk as the worker processes finish them;
+    closed early, it cancels the chunks not yet started."""
+    chunks = [paths[start:start + CHUNK] for start in range(0, len(paths), CHUNK)]
+    workers = min(len(chunks), os.cpu_count() or 1)
+    settings = (size, data.resize, data.channels)
+    if workers <= 1:
+        for chunk in chunks:
+            yield from decode_files(chunk, *settings)
+        return
+    pool = concurrent.futures.ProcessPoolExecutor(workers)
+    try:
+        for part in pool.map(decode_files, chunks, *([setting] * len(chunks) for setting in settings)):
+            yield from part
+    except concurrent.futures.process.BrokenProcessPool as error:
+        raise CudnnnetError(f"a process decoding the images of {Path(paths[0]).parent.parent} died (killed by the "
+                            f"system: out of memory, perhaps)") from error
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _check_bytes(folder: Path, count: int, channels: int, size: tuple[int, int]) -> None:
+    """DataError where ``count`` images of ``channels`` × ``size`` pixels make more than MAX_FOLDER_BYTES."""
+    if count * channels * size[0] * size[1] > MAX_FOLDER_BYTES:
+        raise DataError(f"{folder}: {count} images of {channels}×{size[0]}×{size[1]} make more than "
+                        f"{MAX_FOLDER_BYTES} bytes; set a smaller data.image_size")
 
 
 def _stack(folder: Path, paths, images: list[np.ndarray], channels: str | int) -> np.ndarray:
@@ -224,9 +293,7 @@ def _stack(folder: Path, paths, images: list[np.ndarray], channels: str | int) -
                         f"{first[1]}×{first[0]}; set data.image_size [height, width] to resize them all")
     colour = any(image.ndim == 3 for image in images)
     count = 3 if channels == 3 or (channels == "auto" and colour) else 1
-    if len(images) * count * first[0] * first[1] > MAX_FOLDER_BYTES:
-        raise DataError(f"{folder}: {len(images)} images of {count}×{first[0]}×{first[1]} make more than "
-                        f"{MAX_FOLDER_BYTES} bytes; set a smaller data.image_size")
+    _check_bytes(folder, len(images), count, first)
     out = np.empty((len(images), count) + first, dtype=np.uint8)
     for index, image in enumerate(images):
         out[index] = _channels_first(image, count)
@@ -244,19 +311,16 @@ def decode_files(paths: list[str], size: tuple[int, int] | None, resize: str = "
                  channels: int | str = "auto") -> list:
     """For each path: uint8 (H, W) grey or (H, W, 3) RGB pixels as ``channels`` (1, 3 or auto: each image
     as its mode is) says, fitted to ``size`` (height, width) when given as ``resize`` says, made by
-    ``images.photo_array`` as predict makes them; or the text of the error that stopped it being decoded."""
-    from PIL import Image
-
-    from .images import photo_array, warnings_logged
+    ``images.photo_file_array`` as predict makes them (an image above predict's pixel limit refused from
+    its header, never decoded); or the text of the error that stopped it being decoded."""
+    from .images import photo_file_array
 
     decoded = []
     for path in paths:
         try:
-            with warnings_logged(path), Image.open(path) as image:
-                image.load()
-                decoded.append(photo_array(image, channels, size, path, resize))
+            decoded.append(photo_file_array(path, channels, size, resize))
         except ImageError as error:
             decoded.append(str(error).removeprefix(f"{path}: "))
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+        except (OSError, ValueError, SyntaxError) as error:
             decoded.append(f"{type(error).__name__}: {error}")
     return decoded

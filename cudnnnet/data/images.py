@@ -33,14 +33,13 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import ImageError
-from .pixels import PHOTO_CHANNELS, RESIZE_MODES
+from .pixels import IMAGE_SUFFIXES as _SUFFIXES
+from .pixels import MAX_IMAGE_PIXELS, PHOTO_CHANNELS, RESIZE_MODES
 
 log = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = frozenset(
-    {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm", ".pbm", ".pnm", ".pfm"}
-)
-DEFAULT_MAX_PIXELS = 50_000_000
+IMAGE_SUFFIXES = frozenset(_SUFFIXES)  # what a folder given to predict is read for, as image-folder training reads
+DEFAULT_MAX_PIXELS = MAX_IMAGE_PIXELS
 DIGIT_BOX = 20  # MNIST's digits fit a 20x20 box
 BOX_THRESHOLD = 0.1  # a pixel belongs to the digit's bounding box above this fraction of the peak
 MIN_CONTRAST = 0.1  # ink fainter than this above the background is no digit
@@ -80,8 +79,10 @@ def _images_in_folder(folder: Path) -> list[Path]:
 
 
 def folder_images(folder: Path) -> list[Path]:
-    """The image files (by suffix) in ``folder``, sorted by name, not recursive."""
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    """The image files (by suffix) in ``folder``, sorted by name, not recursive; hidden files (a Mac's
+    ``._NAME.jpg`` metadata beside each photo, say) left out, as image-folder training leaves them."""
+    return sorted(p for p in folder.iterdir()
+                  if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
 
 
 # ---- loading --------------------------------------------------------------------------------
@@ -140,6 +141,9 @@ def _check_size(size: int) -> int:
 
 def _check_file(path: Path) -> None:
     if not path.exists():
+        if path.is_symlink():
+            raise ImageError(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist or is a link "
+                             f"in a loop")
         raise ImageError(f"{path}: no such file")
     if path.is_dir():
         raise ImageError(f"{path}: is a folder, not an image file")
@@ -213,7 +217,9 @@ def _to_grey(image: Image.Image, source) -> np.ndarray:
     try:
         image = upright(image)
         if image.mode in _WIDE_MODES:
-            return _wide_samples(image, source)
+            clear = _transparent_samples(image)
+            grey = _wide_samples(image, source)
+            return grey if clear is None else np.where(clear, np.float32(1.0), grey)
         return np.asarray(on_white(image).convert("L"), dtype=np.float32) / 255.0
     except _DECODE_ERRORS as exc:
         raise ImageError(f"{source}: cannot convert the {image.mode} image to greyscale ({_one_line(exc)})") from exc
@@ -229,11 +235,25 @@ def _wide_samples(image: Image.Image, source) -> np.ndarray:
 def eight_bit(image: Image.Image, source) -> Image.Image:
     """An 8-bit grey ("L") copy of a 16-bit, 32-bit integer or float image, its samples scaled to
     [0, 1] as a digit's are (Pillow's convert() would clip them) and samples above 65535 saturated at
-    white; any other image as it is."""
+    white; grey with alpha ("LA") where the image has a transparent grey value (a 16-bit PNG's tRNS
+    chunk), its samples of that value transparent; any other image as it is."""
     if image.mode not in _WIDE_MODES:
         return image
     unit = np.clip(_wide_samples(image, source), 0.0, 1.0)
-    return Image.fromarray(np.round(unit * 255).astype(np.uint8), "L")
+    grey = np.round(unit * 255).astype(np.uint8)
+    clear = _transparent_samples(image)
+    if clear is None:
+        return Image.fromarray(grey, "L")
+    return Image.fromarray(np.dstack([grey, np.where(clear, 0, 255).astype(np.uint8)]), "LA")
+
+
+def _transparent_samples(image: Image.Image) -> np.ndarray | None:
+    """Where the one-channel image of a wide mode holds its transparent grey value (``info["transparency"]``,
+    a PNG's tRNS chunk, compared with the samples as stored); None where it names none."""
+    key = image.info.get("transparency")
+    if not isinstance(key, (int, np.integer)) or isinstance(key, bool):
+        return None
+    return np.asarray(image) == key
 
 
 def upright(image: Image.Image) -> Image.Image:
@@ -455,14 +475,27 @@ def load_photo(path: str | os.PathLike, channels: int, height: int, width: int,
     """uint8 (channels, height, width) of the image file ``path`` as a network trained on an image folder
     or CIFAR-10 reads it (``photo_array``: grey or RGB as ``channels`` says, transparency composited onto
     white, fitted to the target as ``resize`` says)."""
+    return _channels_first(photo_file_array(path, channels, (height, width), resize, max_pixels))
+
+
+def photo_file_array(path: str | os.PathLike, channels: int | str, size: tuple[int, int] | None, resize: str = "crop",
+                     max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """``photo_array`` of the image file ``path``, opened as predict opens it: ImageError naming it for a
+    file that is missing, empty, not an image, or above ``max_pixels`` (refused from its header, before any
+    pixel is decoded)."""
     path = Path(path)
     _check_file(path)
     with warnings_logged(path):
         image = _open_image(path, max_pixels)
         try:
-            return photo_pixels(image, channels, height, width, path, resize=resize)
+            return photo_array(image, channels, size, path, resize)
         finally:
             image.close()
+
+
+def _channels_first(array: np.ndarray) -> np.ndarray:
+    """(H, W) grey -> (1, H, W); (H, W, 3) RGB -> (3, H, W)."""
+    return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
 
 
 def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, width: int, source="<image>",
@@ -472,8 +505,7 @@ def photo_pixels(image: Image.Image | np.ndarray, channels: int, height: int, wi
     16-bit; finite)."""
     if isinstance(image, np.ndarray):
         image = Image.fromarray(_array_to_pixels(image))
-    array = photo_array(image, channels, (height, width), source, resize)
-    return array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+    return _channels_first(photo_array(image, channels, (height, width), source, resize))
 
 
 def photo_array(image: Image.Image, channels: int | str, size: tuple[int, int] | None, source="<image>",

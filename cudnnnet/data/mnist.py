@@ -158,7 +158,7 @@ def read_idx_dims(path: Path) -> tuple[int, ...] | None:
 def _idx_stream(path: Path):
     """A binary stream of the uncompressed bytes of ``path`` (gunzipped when it starts with the gzip magic)."""
     try:
-        file = open(path, "rb")
+        file = cache.open_regular(path)  # a FIFO or a device given as a data file is refused, never waited on
         compressed = file.read(len(GZIP_MAGIC)) == GZIP_MAGIC
         file.seek(0)
     except OSError as error:

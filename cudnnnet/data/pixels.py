@@ -25,6 +25,12 @@ RESIZE_MODES = ("crop", "stretch")
 # data.channels of an image folder, and what images.photo_array makes of an image: 1 grey, 3 RGB, or auto
 # (grey for an image of a grey mode, RGB for any other; a folder is RGB as soon as one image is)
 PHOTO_CHANNELS = (1, 3, "auto")
+# the most pixels an image file may declare (predict and image-folder training refuse one above it from its
+# header) and an image folder's data.image_size may ask for
+MAX_IMAGE_PIXELS = 50_000_000
+# the suffixes (lower case) of the files read as images from a folder, by image-folder training and by predict
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".pnm",
+                  ".pfm")
 
 
 def check_recipe(normalize, pad) -> None:
@@ -44,20 +50,25 @@ def check_recipe(normalize, pad) -> None:
         raise DataError(f"normalize needs a finite mean and a std > 0, got {normalize!r}")
 
 
-def channel_statistics(pixels: np.ndarray, chunk: int = 2048) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def channel_statistics(pixels: np.ndarray, chunk_bytes: int = 1 << 24) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(mean per channel, std per channel) of pixels / 255 over a whole uint8 set, from exact integer
-    sums of the bytes and of their squares, taken a chunk of images at a time."""
+    sums of the bytes and of their squares, taken ``chunk_bytes`` of pixels at a time (whole images, or rows
+    of one image larger than that), so that their 32-bit copy stays small whatever the images' size."""
     images = as_channels(pixels)
-    channels = images.shape[1]
+    count, channels, height, width = images.shape
+    per_chunk = max(1, chunk_bytes // max(channels * height * width, 1))
+    rows = height if channels * height * width <= chunk_bytes else max(1, chunk_bytes // max(channels * width, 1))
     total, squares = np.zeros(channels, dtype=np.uint64), np.zeros(channels, dtype=np.uint64)
-    for start in range(0, images.shape[0], chunk):
-        block = images[start:start + chunk].astype(np.uint32)
-        total += block.sum(axis=(0, 2, 3), dtype=np.uint64)
-        block *= block
-        squares += block.sum(axis=(0, 2, 3), dtype=np.uint64)
-    count = max(images.shape[0] * images.shape[2] * images.shape[3], 1)
-    mean = total.astype(np.float64) / count
-    std = np.sqrt(np.maximum(squares.astype(np.float64) / count - mean ** 2, 0.0)) / 255.0
+    for start in range(0, count, per_chunk):
+        for top in range(0, height, rows):
+            block = images[start:start + per_chunk, :, top:top + rows].astype(np.uint32)
+            total += block.sum(axis=(0, 2, 3), dtype=np.uint64)
+            block *= block
+            squares += block.sum(axis=(0, 2, 3), dtype=np.uint64)
+            del block  # before the next block is made
+    samples = max(count * height * width, 1)
+    mean = total.astype(np.float64) / samples
+    std = np.sqrt(np.maximum(squares.astype(np.float64) / samples - mean ** 2, 0.0)) / 255.0
     mean /= 255.0
     return (tuple(round(float(value), 6) for value in mean),
             tuple(round(float(value), 6) if value > 0 else 1.0 for value in std))  # a constant channel: unscaled

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import cache
 from ..config import MAX_CLASSES
 from ..errors import DataError
 from ..files import atomic_write
@@ -75,6 +76,7 @@ CIFAR10_FILES = {"train": tuple(f"data_batch_{index}.bin" for index in range(1, 
 CIFAR10_RECORD = 1 + 3 * 32 * 32  # label byte, then 1 024 red, 1 024 green, 1 024 blue bytes
 CIFAR10_BATCH = 10_000  # records in each published file
 MAX_NPZ_BYTES = 1 << 32  # pixels an .npz member may declare
+NPZ_CONVERT_BYTES = 8 << 20  # bytes of an .npz member read, and of its float samples converted to 8 bits, at a time
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,7 @@ def _download(file_name: str, directory: Path, mirrors, md5: str) -> Path:
 def file_md5(path: Path) -> str:
     digest = hashlib.md5(usedforsecurity=False)
     try:
-        with open(path, "rb") as file:
+        with cache.open_regular(path) as file:  # a FIFO or a device is refused, never waited on or read without end
             while chunk := file.read(1 << 20):
                 digest.update(chunk)
     except OSError as error:
@@ -216,6 +218,8 @@ def read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     x, y = (read_npz_member(path, name, MAX_NPZ_BYTES) for name in ("x", "y"))
     if x.ndim not in (3, 4) or x.shape[0] == 0 or (x.ndim == 4 and x.shape[1] not in (1, 3)):
         raise DataError(f"{path}: x must hold images shaped (N, H, W) or (N, C, H, W) with C 1 or 3, got shape {x.shape}")
+    if 0 in x.shape[-2:]:
+        raise DataError(f"{path}: images of size {x.shape[-2]}×{x.shape[-1]} hold no pixels (x has shape {x.shape})")
     if y.shape != (x.shape[0],) or not np.issubdtype(y.dtype, np.integer):
         raise DataError(f"{path}: y must hold {x.shape[0]} integer labels, got dtype {y.dtype} shape {y.shape}")
     if y.min() < 0:
@@ -230,7 +234,7 @@ def read_npz_member(path: Path, name: str, limit: int) -> np.ndarray:
     """Array ``name`` of the .npz ``path``: its .npy header (shape, dtype, no objects) checked against
     ``limit`` bytes and the zip entry's size before its data is read."""
     try:
-        with zipfile.ZipFile(path) as archive:
+        with cache.open_regular(path) as handle, zipfile.ZipFile(handle) as archive:
             try:
                 info = archive.getinfo(f"{name}.npy")
             except KeyError:
@@ -246,24 +250,48 @@ def read_npz_member(path: Path, name: str, limit: int) -> np.ndarray:
                 if nbytes > limit or info.file_size != stream.tell() + nbytes:
                     raise DataError(f"{path}: array {name!r} declares shape {shape} of {dtype} ({nbytes} bytes); the "
                                     f"entry holds {info.file_size} bytes, the limit is {limit}")
-                data = stream.read(nbytes)
+                data, read = _read_into_one_buffer(stream, nbytes)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
+    except cache.NotRegularFile as error:
+        raise DataError(f"{path}: {error.strerror}; give the .npz file itself") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
         raise DataError(f"{path}: not a readable .npz file ({error})") from error
-    if len(data) != nbytes:
-        raise DataError(f"{path}: array {name!r} is truncated ({len(data)} of {nbytes} bytes)")
+    if read != nbytes:
+        raise DataError(f"{path}: array {name!r} is truncated ({read} of {nbytes} bytes)")
     return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran_order else "C")
 
 
+def _read_into_one_buffer(stream, nbytes: int) -> tuple[bytearray, int]:
+    """(a buffer of ``nbytes``, how many of them ``stream`` filled before it ended), read a chunk at a time:
+    a zip entry's ``read(nbytes)`` joins its pieces into a second copy of them all."""
+    buffer = bytearray(nbytes)
+    filled = 0
+    with memoryview(buffer) as view:
+        while filled < nbytes:
+            chunk = stream.read(min(nbytes - filled, NPZ_CONVERT_BYTES))
+            if not chunk:
+                break
+            view[filled:filled + len(chunk)] = chunk
+            filled += len(chunk)
+    return buffer, filled
+
+
 def _as_pixels(x: np.ndarray, path: Path) -> np.ndarray:
+    """uint8 pixels of uint8 or float x, converted a few images at a time: the float temporaries of a
+    whole x would take twice its size again."""
     if x.dtype == np.uint8:
         return x
     if not np.issubdtype(x.dtype, np.floating):
         raise DataError(f"{path}: x must be uint8 or float in [0, 1], got dtype {x.dtype}")
-    if not np.isfinite(x).all() or x.min() < 0 or x.max() > 1:
-        raise DataError(f"{path}: float x must hold finite values in [0, 1] (found {x.min()}..{x.max()})")
-    return np.rint(x * 255).astype(np.uint8)
+    pixels = np.empty(x.shape, np.uint8)
+    step = max(1, NPZ_CONVERT_BYTES // max(1, x[0].nbytes))
+    for start in range(0, len(x), step):
+        part = x[start:start + step]
+        if not np.isfinite(part).all() or part.min() < 0 or part.max() > 1:
+            raise DataError(f"{path}: float x must hold finite values in [0, 1] (found {x.min()}..{x.max()})")
+        pixels[start:start + step] = np.rint(part * 255).astype(np.uint8)
+    return pixels
 
 
 # ---- CIFAR-10 ------------------------------------------------------------------------------

@@ -131,6 +131,15 @@ def sixteen_bit():
     return Image.fromarray(black_on_white().astype(np.uint16) * 257)
 
 
+def sixteen_bit_colour_key():
+    """Ink on a background of one nearly black 16-bit value that a tRNS chunk makes transparent."""
+    samples = black_on_white().astype(np.uint16) * 257
+    samples[samples == 65535] = 1
+    image = Image.fromarray(samples)
+    image.info["transparency"] = 1
+    return image
+
+
 def grey_alpha():
     return Image.fromarray(black_on_white(), "L").convert("LA")
 
@@ -143,6 +152,7 @@ FORMATS = {
     "png-palette": (lambda: Image.fromarray(black_on_white(), "L").convert("P"), "png", 0.01),
     "png-palette-transparent": (palette_with_transparency, "png", 0.02),
     "png-16-bit": (sixteen_bit, "png", 1e-4),
+    "png-16-bit-transparent": (sixteen_bit_colour_key, "png", 1e-4),
     "png-bilevel": (lambda: Image.fromarray(black_on_white(), "L").convert("1"), "png", 0.06),
     "jpeg": (lambda: Image.fromarray(black_on_white(), "L"), "jpg", 0.02),
     "jpeg-rgb": (rgb_blue_ink, "jpeg", 0.03),
@@ -281,6 +291,16 @@ def test_photos_of_16_bit_and_float_samples_read_as_their_8_bit_image(tmp_path, 
         assert np.abs(pixels.astype(int) - GRADIENT.astype(int)).max() <= 1
 
 
+def test_a_16_bit_grey_png_s_transparent_value_is_white_in_a_photo(tmp_path):
+    """A tRNS chunk's grey value is transparent, composited on white as any other transparency (it was
+    dropped with the 16 bits: the transparent samples kept their stored grey)."""
+    Image.fromarray(np.array([[1000, 30000], [1000, 65535]], np.uint16)).save(tmp_path / "deep.png", transparency=1000)
+    with Image.open(tmp_path / "deep.png") as image:
+        assert image.mode == "I;16" and image.info["transparency"] == 1000, "the test proves nothing"
+    assert load_photo(tmp_path / "deep.png", 1, 2, 2)[0].tolist() == [[255, 117], [255, 255]]
+    assert load_photo(tmp_path / "deep.png", 3, 2, 2)[:, 0, 0].tolist() == [255, 255, 255]
+
+
 def test_32_bit_samples_above_16_bits_are_white_in_a_photo_not_wrapped_around(tmp_path):
     """70000 / 65535 · 255 is 272: cast to 8 bits it had become 16, nearly black."""
     Image.fromarray(np.array([[0, 32768, 65535, 70000, 2**31 - 1]], np.int32)).save(tmp_path / "deep.tif")
@@ -322,13 +342,14 @@ def test_preprocess_refuses_other_types():
 def test_list_images_expands_folders_and_keeps_named_files(tmp_path):
     folder = tmp_path / "digits"
     folder.mkdir()
-    for name in ["b.png", "a.JPG", "c.bmp", "notes.txt", ".hidden"]:
+    for name in ["b.png", "a.JPG", "c.bmp", "notes.txt", ".hidden", "._b.png"]:  # ._b.png: a Mac's metadata
         (folder / name).write_bytes(b"x")
     (folder / "sub.png").mkdir()  # a folder named like an image is not an image
-    named = tmp_path / "scan.dat"
+    named, hidden = tmp_path / "scan.dat", tmp_path / ".named.png"
     named.write_bytes(b"x")
-    listed = list_images([folder, str(named), tmp_path / "missing.png"])
-    assert listed == [folder / "a.JPG", folder / "b.png", folder / "c.bmp", named, tmp_path / "missing.png"]
+    hidden.write_bytes(b"x")
+    listed = list_images([folder, str(named), hidden, tmp_path / "missing.png"])
+    assert listed == [folder / "a.JPG", folder / "b.png", folder / "c.bmp", named, hidden, tmp_path / "missing.png"]
     assert list_images(str(folder)) == listed[:3]
 
 
@@ -347,6 +368,17 @@ def test_suffixes_cover_the_common_formats():
 def test_missing_file(tmp_path):
     with pytest.raises(ImageError, match=r"missing\.png: no such file"):
         load_image(tmp_path / "missing.png")
+
+
+def test_a_link_to_nothing_or_in_a_loop_is_named_as_such(tmp_path):
+    """Both were 'no such file', of a name the user sees listed."""
+    (tmp_path / "gone.png").symlink_to("nothing.png")
+    (tmp_path / "loop.png").symlink_to("loop.png")
+    with pytest.raises(ImageError, match=r"gone\.png: a symbolic link to nothing\.png, which does not exist or is a "
+                                         r"link in a loop"):
+        load_image(tmp_path / "gone.png")
+    with pytest.raises(ImageError, match=r"loop\.png: a symbolic link to loop\.png, which does not exist"):
+        load_photo(tmp_path / "loop.png", 3, 8, 8)
 
 
 def test_folder_instead_of_file(tmp_path):

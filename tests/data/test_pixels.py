@@ -93,14 +93,33 @@ def test_rgb_pixels_make_each_channel_with_its_own_mean_and_std_on_every_backend
     assert np.array_equal(images.to_tensor(backend).numpy(), images.floats)
 
 
-def test_channel_statistics_are_the_mean_and_std_of_each_channel():
+@pytest.mark.parametrize("chunk_bytes", [1, 40, 200, 1 << 24], ids=["a row", "two rows", "two images", "all"])
+def test_channel_statistics_are_the_mean_and_std_of_each_channel(chunk_bytes):
     from cudnnnet.data.pixels import channel_statistics
 
     pixels = np.random.default_rng(4).integers(0, 256, size=(9, 3, 5, 5), dtype=np.uint8)
-    mean, std = channel_statistics(pixels, chunk=4)
+    mean, std = channel_statistics(pixels, chunk_bytes=chunk_bytes)
     scaled = pixels / 255.0
     assert np.allclose(mean, scaled.mean(axis=(0, 2, 3)), atol=1e-6)
     assert np.allclose(std, scaled.std(axis=(0, 2, 3)), atol=1e-6)
+
+
+def test_channel_statistics_of_large_images_take_little_memory_beside_them():
+    """They were taken 2048 images at a time as 32-bit integers: four times the pixels of a whole folder of
+    large images (8 images of 30000×30000 asked for 26.8 GiB); now 16 MiB of pixels at a time."""
+    import tracemalloc
+
+    from cudnnnet.data.pixels import channel_statistics
+
+    pixels = np.full((4, 3, 2000, 2000), 7, np.uint8)  # 48 MB
+    tracemalloc.start()
+    try:
+        mean, std = channel_statistics(pixels)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert np.allclose(mean, 7 / 255, atol=1e-6) and std == (1.0,) * 3  # a constant channel: unscaled
+    assert peak < 80 << 20, f"{peak / 2**20:.0f} MiB beside 46 MiB of pixels"
 
 
 def test_a_normalisation_for_another_number_of_channels_is_refused():

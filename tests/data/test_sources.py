@@ -5,6 +5,7 @@ mixed, mixed sizes, the cache)."""
 import gzip
 import io
 import os
+import signal
 import zipfile
 
 import numpy as np
@@ -179,6 +180,30 @@ def test_an_idx_pair_by_path_loads_with_its_md5_and_is_refused_with_another(tmp_
         load_source(DataConfig(dataset="idx", md5=wrong, **paths), "train")
 
 
+@pytest.mark.parametrize("kind, named", [("fifo", "a FIFO"), ("device", "a character device")])
+def test_a_pipe_or_device_given_as_a_data_file_is_refused_not_waited_on(tmp_path, idx_tools, kind, named):
+    """An npz, IDX or checksummed file that is a FIFO waited for a writer for ever; /dev/zero as an .npz
+    was read without end."""
+    images, labels = idx_tools.fake_split(4)
+    idx_tools.write_split(tmp_path, "train", images, labels)
+    idx_paths = {f"{split}_{part}": str(tmp_path / f"train-{part}-idx{3 if part == 'images' else 1}-ubyte.gz")
+                 for split in ("train", "test") for part in ("images", "labels")}
+    planted = tmp_path / "planted"
+    plant(planted, kind)
+    cases = [
+        (DataConfig(dataset="npz", train_file=str(planted), test_file=str(planted)),
+         rf"planted: not a regular file \({named}\); give the .npz file itself"),
+        (DataConfig(dataset="idx", **{**idx_paths, "train_images": str(planted)}),
+         rf"cannot read {planted}: not a regular file \({named}\)"),
+        (DataConfig(dataset="idx", md5={"planted": "0" * 32}, **{**idx_paths, "train_labels": str(planted)}),
+         rf"cannot read {planted}: not a regular file \({named}\)"),
+    ]
+    with within(5):
+        for data, message in cases:
+            with pytest.raises(DataError, match=message):
+                load_source(data, "train")
+
+
 def write_npz(path, **arrays):
     np.savez(path, **arrays)
     return path
@@ -201,6 +226,9 @@ def test_npz_of_uint8_and_of_float_pixels(tmp_path):
     (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.zeros(2, np.int64)), "y must hold 3 integer labels"),
     (dict(x=np.full((3, 4, 4), 2.0, np.float32), y=np.zeros(3, np.int64)), r"float x must hold finite values in \[0, 1\]"),
     (dict(x=np.zeros((3, 4), np.uint8), y=np.zeros(3, np.int64)), "x must hold images shaped"),
+    (dict(x=np.zeros((3, 0, 28), np.uint8), y=np.zeros(3, np.int64)),
+     r"images of size 0×28 hold no pixels \(x has shape \(3, 0, 28\)\)"),  # was 'tensor sizes must be positive'
+    (dict(x=np.zeros((3, 1, 4, 0), np.float32), y=np.zeros(3, np.int64)), r"images of size 4×0 hold no pixels"),
     (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, -1, 0])), "label -1 is negative"),
     (dict(x=np.zeros((3, 4, 4), np.uint8), y=np.array([0, 100_000, 0])),
      r"label 100000 at index 1 would make 100001 classes; labels are 0\.\.K-1 for K classes, at most 100000"),
@@ -226,6 +254,34 @@ def test_an_npz_of_pickled_objects_or_an_absurd_declared_size_is_refused_unread(
         archive.writestr("y.npy", header.getvalue())
     with pytest.raises(DataError, match=r"declares shape \(1048576, 1048576\)"):
         sources.read_npz(huge)
+
+
+READ_NPZ_PEAK = """
+import resource, sys
+from cudnnnet.data import sources
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+x, y = sources.read_npz(sources.Path(sys.argv[1]))
+assert x.dtype == sources.np.uint8 and x.shape == (2048, 1, 128, 128)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+
+
+def test_an_npz_of_float_pixels_is_read_and_converted_in_little_more_than_its_size(tmp_path):
+    """128 MiB of float32 pixels: the zip entry read at once (a second copy while its pieces were joined)
+    and converted at once (x · 255 and its rounding, two more float copies) took over 500 MiB."""
+    import subprocess
+    import sys
+    from hostile_files import Entry, npy_header, write_zip
+
+    count = 2048  # 2048 × 128 × 128 float32: 128 MiB
+    path = tmp_path / "floats.npz"
+    write_zip(path, {"x.npy": Entry(npy_header((count, 1, 128, 128), "<f4"), zero_megabytes=128),
+                     "y.npy": Entry(npy_header((count,), "<i8") + bytes(8 * count))})
+    finished = subprocess.run([sys.executable, "-c", READ_NPZ_PEAK, str(path)], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert finished.returncode == 0, finished.stderr
+    grown_mib = float(finished.stdout)
+    assert grown_mib < 128 + 32 + 48, f"reading 128 MiB of floats into 32 MiB of pixels took {grown_mib:.0f} MiB more"
 
 
 # ---- image folders -------------------------------------------------------------------------
@@ -298,6 +354,137 @@ def test_a_corrupt_image_is_named_and_refused_or_skipped(tmp_path):
         load_source(folder_config(root, test_fraction=0.34), "train")
     skipped = [load_source(folder_config(root, test_fraction=0.34, corrupt="skip"), split) for split in ("train", "test")]
     assert sum(len(split.labels) for split in skipped) == 3
+
+
+def test_an_image_above_predict_s_pixel_limit_is_refused_from_its_header_or_skipped(tmp_path, monkeypatch):
+    """Training decoded every image Pillow opens (up to 179 megapixels: a 320 KB PNG took 1.6 GiB in each
+    decoding process) where predict refuses one above 50 megapixels from its header."""
+    from PIL import ImageFile
+    from test_images import png_header_only
+
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
+    for index in range(4):
+        save_image(root / "ab"[index % 2] / f"{index}.png", np.full((4, 4), index, np.uint8))
+    huge = root / "b" / "huge.png"
+    huge.write_bytes(png_header_only(10_000, 6_000))  # 60 megapixels, below Pillow's own limit
+    decode = ImageFile.ImageFile.load
+
+    def decode_within_the_limit(image, *args, **kwargs):
+        assert image.size[0] * image.size[1] <= 50_000_000, f"decoded a {image.size} image"
+        return decode(image, *args, **kwargs)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", decode_within_the_limit)
+    with pytest.raises(DataError, match=rf"{huge}: cannot decode the image \(the image is 10000x6000 \(60.0 "
+                                        rf"megapixels\), larger than the limit of 50 megapixels\); remove it, or "
+                                        rf"set data.corrupt: skip"):
+        load_source(folder_config(root, test_fraction=0.5), "train")
+    skipped = [load_source(folder_config(root, test_fraction=0.5, corrupt="skip"), part) for part in ("train", "test")]
+    assert sum(len(split.labels) for split in skipped) == 4
+
+
+def test_links_that_loop_or_lead_nowhere_are_no_images_or_classes(tmp_path):
+    """A link in a loop raised OSError from listing the folder (exit 1, 'Too many levels of symbolic links'),
+    where a link to nothing was passed over, as predict passes over both."""
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
+    for index in range(4):
+        save_image(root / "ab"[index % 2] / f"{index}.png", np.full((4, 4), index, np.uint8))
+    for link, target in ((root / "a" / "loop.png", "loop.png"), (root / "a" / "gone.png", "nothing.png"),
+                         (root / "loop", "loop"), (root / "gone", "nothing")):
+        os.symlink(target, link)
+    split = [load_source(folder_config(root, test_fraction=0.5), split) for split in ("train", "test")]
+    assert split[0].classes == ("a", "b") and sum(len(part.labels) for part in split) == 4
+
+
+def test_hidden_files_are_no_images_as_hidden_folders_are_no_classes(tmp_path):
+    """A Mac writes ._NAME.jpg beside each photo on a foreign disk; as an image it stopped training
+    ('cannot decode the image (not an image file Pillow can read)'), though hidden folders are passed over."""
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
+    for index in range(4):
+        save_image(root / "ab"[index % 2] / f"{index}.png", np.full((4, 4), index, np.uint8))
+        (root / "ab"[index % 2] / f"._{index}.png").write_bytes(b"\x00\x05\x16\x07" + bytes(78))  # AppleDouble
+    save_image(root / ".thumbnails" / "0.png", np.zeros((4, 4), np.uint8))
+    split = [load_source(folder_config(root, test_fraction=0.5), split) for split in ("train", "test")]
+    assert split[0].classes == ("a", "b") and sum(len(part.labels) for part in split) == 4
+
+
+def test_splits_in_folders_of_other_names_are_named_with_the_layouts_read(tmp_path):
+    """train/ and val/ were read as two classes holding no images: 'no image files in its class folders'."""
+    for split in ("train", "val"):
+        save_image(tmp_path / "photos" / split / "cat" / "a.png", np.zeros((4, 4), np.uint8))
+    with pytest.raises(DataError, match=r"photos: no image files \(.*\) in its class folders \(train, val\); "
+                                        r"image-folder reads .*photos/<class>/<image>, or train/<class>/ and "
+                                        r"test/<class>/ folders there"):
+        load_source(folder_config(tmp_path / "photos"), "train")
+
+
+@pytest.mark.parametrize("keys, decoded_chunks, message", [
+    ({"image_size": (4, 4)}, 0, r"photos: 8 images of 1×4×4 make more than 40 bytes; set a smaller data.image_size"),
+    ({}, 3, r"photos: its first 3 of 8 images already make more than 40 bytes decoded; set a smaller data.image_size"),
+    ({"corrupt": "refuse"}, 2, r"photos/a/2.png: cannot decode the image"),
+])
+def test_a_folder_too_large_decoded_or_with_a_corrupt_image_stops_before_the_rest_is_decoded(
+        tmp_path, monkeypatch, keys, decoded_chunks, message):
+    """The bytes the decoded folder may take were checked, and a corrupt image refused, only once every
+    image had been decoded and held in memory (a folder of photos decoded for minutes, then was refused)."""
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
+    for index in range(8):
+        save_image(root / "ab"[index % 2] / f"{index}.png", np.full((4, 4), index, np.uint8))
+    if "corrupt" in keys:
+        (root / "a" / "2.png").write_bytes(b"not an image")
+    else:
+        monkeypatch.setattr(image_folder, "MAX_FOLDER_BYTES", 40)  # two images of 16 bytes, not three
+    chunks = []
+    real_decode = image_folder.decode_files
+    monkeypatch.setattr(image_folder, "decode_files",
+                        lambda paths, *args: chunks.append(paths) or real_decode(paths, *args))
+    monkeypatch.setattr(image_folder, "CHUNK", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # decoded in this process, where decode_files is counted
+    with pytest.raises(DataError, match=message):
+        load_source(folder_config(root, test_fraction=0.5, **keys), "train")
+    assert len(chunks) == decoded_chunks
+
+
+def test_a_folder_s_images_are_the_files_predict_reads_from_a_folder(tmp_path):
+    """Training left .pnm and .pfm files out of a class folder without a word; predict read them."""
+    from cudnnnet.data.images import folder_images
+
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
+    save_image(root / "a" / "0.png", np.full((4, 4), 10, np.uint8))
+    Image.fromarray(np.full((4, 4), 20, np.uint8)).save(root / "a" / "1.pnm", format="PPM")
+    save_image(root / "b" / "3.png", np.full((4, 4), 40, np.uint8))
+    Image.fromarray(np.full((4, 4), 0.5, np.float32)).save(root / "b" / "2.pfm")
+    listed = [path.relative_to(root).as_posix() for name in ("a", "b") for path in folder_images(root / name)]
+    assert [relative for relative, _, _, _ in image_folder.list_files(root, ("a", "b"))] == listed == [
+        "a/0.png", "a/1.pnm", "b/2.pfm", "b/3.png"]
+    both = [load_source(folder_config(root, test_fraction=0.5), split) for split in ("train", "test")]
+    assert sorted(int(image[0, 0, 0]) for split in both for image in split.pixels) == [10, 20, 40, 128]
+
+
+_DECODE_FILES = image_folder.decode_files
+
+
+def _killed_at_1_png(paths, *args):
+    """image_folder.decode_files, but the process is killed at 1.png (a module's function: sent to the pool)."""
+    if paths[0].endswith("1.png"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _DECODE_FILES(paths, *args)
+
+
+def test_a_decoding_process_that_dies_is_one_error_not_a_traceback(tmp_path, monkeypatch):
+    """A decoding process killed by the system (out of memory) ended training with concurrent.futures'
+    BrokenProcessPool traceback."""
+    from cudnnnet.errors import CudnnnetError
+
+    root = tmp_path / "photos"  # not tmp_path: the cache's folder there would be one more class
+    for index in range(4):
+        save_image(root / "ab"[index % 2] / f"{index}.png", np.full((4, 4), index, np.uint8))
+    monkeypatch.setattr(image_folder, "decode_files", _killed_at_1_png)  # the forked processes inherit it
+    monkeypatch.setattr(image_folder, "CHUNK", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with pytest.raises(CudnnnetError, match=r"a process decoding the images of .*photos died \(killed by the system: "
+                                            r"out of memory, perhaps\)$") as raised:
+        load_source(folder_config(root, test_fraction=0.5), "train")
+    assert not isinstance(raised.value, DataError)  # not the data's fault: exit 1, not 2
 
 
 def test_one_folder_is_split_by_a_seeded_fraction(tmp_path):
@@ -378,10 +565,14 @@ def test_transparency_is_composited_on_white_and_grey_alpha_images_stay_grey(tmp
     for split in ("train", "test"):
         save_image(tmp_path / split / "grey" / "a.png", np.dstack([value, alpha]))
         save_image(tmp_path / split / "opaque" / "a.png", np.dstack([value, np.full_like(alpha, 255)]))
+        keyed = np.where(alpha == 0, 7, value.astype(np.uint16) * 257).astype(np.uint16)  # 16 bits, 7 transparent
+        (tmp_path / split / "keyed").mkdir()
+        Image.fromarray(keyed).save(tmp_path / split / "keyed" / "a.png", transparency=7)
     trained = load_source(folder_config(tmp_path), "train")
-    assert trained.pixels.shape == (2, 1, 4, 6)
+    assert trained.pixels.shape == (3, 1, 4, 6)
     assert trained.pixels[0, 0, 0].tolist() == [255, 255, 157, 157, 60, 60]  # 60·128/255 + 255·127/255 = 157.1
-    assert (trained.pixels[1] == 60).all()
+    assert trained.pixels[1, 0, 0].tolist() == [255, 255, 60, 60, 60, 60]  # classes grey, keyed, opaque
+    assert (trained.pixels[2] == 60).all()
 
 
 def test_a_folder_decoded_before_transparency_was_composited_is_not_taken_from_the_cache(tmp_path, monkeypatch):
