@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 RENDEZVOUS_TIMEOUT = 300.0  # s for every rank to reach rank 0 (CUDNNNET_RENDEZVOUS_TIMEOUT overrides)
 HEARTBEAT_SECONDS = 1.0
 HEARTBEAT_TIMEOUT = 60.0  # s of silence after which a peer is taken for lost (CUDNNNET_HEARTBEAT_TIMEOUT overrides)
+TEARDOWN_TIMEOUT = 30.0  # s for freeing the communicator after the last step (CUDNNNET_TEARDOWN_TIMEOUT overrides)
 MAGIC = b"CDNN\x01"
 HELLO = struct.Struct("!5sII32s")  # magic, rank, world size, config digest
 UNIQUE_ID_BYTES = 128
@@ -506,19 +507,44 @@ class Replicas:
         agreed = int(self.flag.numpy().reshape(-1)[0])
         return agreed or None
 
-    def finish(self) -> None:
-        """After the last step: the heartbeats end with a goodbye, the communicator is freed."""
+    def finish(self, graphs=(), exit_code: int = 0) -> None:
+        """After the last step, in NCCL's order: the CUDA ``graphs`` that captured collectives are
+        destroyed (NCCL waits for them), the heartbeats end with a goodbye, the communicator is
+        finalized and destroyed. A teardown that outlasts CUDNNNET_TEARDOWN_TIMEOUT ends the process
+        with ``exit_code`` (the outputs are written by then) instead of waiting for ever."""
         self.backend.synchronize()
+        for graph in graphs:
+            if graph is not None:
+                graph.release()
         self.group.link.close(finished=True)
-        self.communicator.close()
+        timeout = _seconds("CUDNNNET_TEARDOWN_TIMEOUT", TEARDOWN_TIMEOUT)
+        watchdog = threading.Timer(timeout, _exit_stuck, (self.rank, timeout, exit_code))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            self.communicator.close()
+        finally:
+            watchdog.cancel()
 
     def _fail(self, message: str) -> None:
-        """A peer is lost: abort NCCL (queued collectives return), say why, and exit at once."""
+        """A peer is lost: abort NCCL (queued collectives return; later ones raise with ``message``),
+        say why, and exit at once."""
+        reason = f"{message}; NCCL aborted"
         try:
-            self.communicator.abort()
+            self.communicator.abort(reason)
         except Exception as error:
             log.error("ncclCommAbort failed too: %s", error)
-        exit_now(f"{message}; NCCL aborted")
+        exit_now(reason)
+
+
+def _exit_stuck(rank: int, timeout: float, exit_code: int) -> None:
+    """The teardown watchdog: NCCL did not let go of the communicator in time; exit without it."""
+    message = (f"rank {rank}: freeing the NCCL communicator took over {timeout:g} s "
+               f"(CUDNNNET_TEARDOWN_TIMEOUT); exiting without waiting for it")
+    log.warning(message)
+    print(f"cudnnnet-train: warning: {message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(exit_code)
 
 
 def _scalar(backend):

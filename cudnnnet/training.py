@@ -392,9 +392,14 @@ class Trainer:
             while self.position.step < self.total_steps:
                 self._run_epoch()
             metrics = self._publish(finished=True)
-        if self.replicas is not None:
-            self.replicas.finish()
+        self._finish_replicas(exit_code=0)
         return metrics
+
+    def _finish_replicas(self, exit_code: int) -> None:
+        """Free the communicator of several ranks, the captured step (which holds its all-reduce) first."""
+        if self.replicas is not None:
+            graph, self.graph = self.graph, None
+            self.replicas.finish(graphs=[graph], exit_code=exit_code)
 
     @property
     def writes(self) -> bool:
@@ -577,8 +582,7 @@ class Trainer:
         self.backend.synchronize()
         self.train_seconds += time.perf_counter() - epoch_started
         self._publish(finished=False, interrupted=True)
-        if self.replicas is not None:
-            self.replicas.finish()
+        self._finish_replicas(exit_code=128 + self.stop_signal)
         raise Interrupted(self.stop_signal, self.position.step, self.output_dir)
 
     def _resume(self, path: Path) -> None:

@@ -101,8 +101,7 @@ def _wait(children: list[subprocess.Popen]) -> int:
             for rank, child in enumerate(children):
                 if child.returncode not in (None, 0) and failed_at is None:
                     failure, failed_at = _exit_code(child), time.monotonic()
-                    log.error("rank %d exited with code %d; waiting up to %g s for the others", rank, failure,
-                              GRACE_SECONDS)
+                    log.error("%s; waiting up to %g s for the others", how_it_ended(rank, child), GRACE_SECONDS)
             if failed_at is not None and time.monotonic() - failed_at > GRACE_SECONDS:
                 _terminate(children)
             time.sleep(0.1)
@@ -110,6 +109,17 @@ def _wait(children: list[subprocess.Popen]) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def how_it_ended(rank: int, child: subprocess.Popen) -> str:
+    """'rank 1 (pid 4242) was killed by SIGKILL' / 'rank 1 (pid 4242) exited with code 1'."""
+    if child.returncode < 0:
+        try:
+            name = signal.Signals(-child.returncode).name
+        except ValueError:
+            name = f"signal {-child.returncode}"
+        return f"rank {rank} (pid {child.pid}) was killed by {name}"
+    return f"rank {rank} (pid {child.pid}) exited with code {child.returncode}"
 
 
 def _exit_code(child: subprocess.Popen) -> int:

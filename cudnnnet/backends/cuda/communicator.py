@@ -11,7 +11,7 @@ import functools
 import logging
 import os
 
-from ...errors import NcclError
+from ...errors import DistributedError, NcclError
 from ...tensor import Tensor
 from .bindings import nccl
 from .bindings.loader import load_library
@@ -43,19 +43,26 @@ class Communicator:
         self.backend, self.world_size, self.rank = backend, world_size, rank
         self.stream = backend.context.stream.address  # the raw cudaStream_t
         self.comm: int | None = nccl.comm_init_rank(world_size, unique_id, rank)
+        self.aborted_because: str | None = None  # why abort() ended the communicator
 
     def all_reduce_average(self, tensor: Tensor) -> None:
         """tensor = (1/world_size)·Σ_ranks tensor, in place."""
         # x = Σ_r x_r / R
-        nccl.all_reduce(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, nccl.AVG, self.comm, self.stream)
+        nccl.all_reduce(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, nccl.AVG, self._live(), self.stream)
 
     def all_reduce_max(self, tensor: Tensor) -> None:
         """tensor = max over the ranks, element-wise, in place."""
-        nccl.all_reduce(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, nccl.MAX, self.comm, self.stream)
+        nccl.all_reduce(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, nccl.MAX, self._live(), self.stream)
 
     def broadcast(self, tensor: Tensor, root: int = 0) -> None:
         """Every rank's ``tensor`` takes rank ``root``'s values."""
-        nccl.broadcast(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, root, self.comm, self.stream)
+        nccl.broadcast(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, root, self._live(), self.stream)
+
+    def _live(self) -> int:
+        """The communicator's handle; DistributedError saying why where it was aborted or closed."""
+        if self.comm is None:
+            raise DistributedError(self.aborted_because or f"rank {self.rank}: the NCCL communicator is closed")
+        return self.comm
 
     def check(self) -> None:
         """NcclError where the communicator met an asynchronous error (a lost peer, a network failure)."""
@@ -65,14 +72,19 @@ class Communicator:
         if state not in (nccl.SUCCESS, nccl.IN_PROGRESS):
             raise NcclError("ncclCommGetAsyncError", state, nccl.result_name(state), "the communicator failed")
 
-    def abort(self) -> None:
-        """Stop every queued collective (they return instead of waiting for a lost peer); frees the communicator."""
+    def abort(self, reason: str) -> None:
+        """Stop every queued collective (they return instead of waiting for a lost peer) and free the
+        communicator; a collective asked for afterwards raises DistributedError with ``reason``."""
+        self.aborted_because = reason
         comm, self.comm = self.comm, None
         if comm is not None:
             nccl.comm_abort(comm)
 
     def close(self) -> None:
-        """Free the communicator once every rank is done with it (after the last collective completed)."""
+        """Free the communicator once every rank is done with it, in NCCL's order: ncclCommFinalize
+        (completes what is queued), then ncclCommDestroy. Destroy the CUDA graphs that captured its
+        collectives first: NCCL waits for them."""
         comm, self.comm = self.comm, None
         if comm is not None:
+            nccl.comm_finalize(comm)
             nccl.comm_destroy(comm)

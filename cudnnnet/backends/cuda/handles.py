@@ -144,6 +144,14 @@ class CudaGraph:
         except CudaError as error:  # an invalidated capture has no graph to destroy
             log.debug("abandoned capture: %s", error)
 
+    def release(self) -> None:
+        """Destroy the executable graph and the graph now rather than when collected: an NCCL
+        communicator whose collectives were captured here can be destroyed only after."""
+        for owned in (self._exec, self._graph):
+            if owned is not None:
+                owned.close()
+        self._exec = self._graph = None
+
     def launch(self) -> None:
         if self._exec is None:
             raise UsageError("this CUDA graph has not been captured (use it after its capture block ends)")

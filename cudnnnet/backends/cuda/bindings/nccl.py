@@ -44,6 +44,7 @@ SIGNATURES = {
     "ncclGetVersion": (POINTER(c_int),),
     "ncclGetUniqueId": (POINTER(UniqueId),),
     "ncclCommInitRank": (POINTER(c_void_p), c_int, UniqueId, c_int),
+    "ncclCommFinalize": (_P,),
     "ncclCommDestroy": (_P,),
     "ncclCommAbort": (_P,),
     "ncclCommGetAsyncError": (_P, POINTER(c_int)),
@@ -117,7 +118,15 @@ def comm_init_rank(world_size: int, unique_id: bytes, rank: int) -> int:
     return comm.value
 
 
+def comm_finalize(comm: int) -> None:
+    """Complete every operation queued on ``comm`` and free its network resources (blocking
+    communicators: returns when done); ``comm_destroy`` frees the rest."""
+    _call("ncclCommFinalize", comm, comm=comm)
+
+
 def comm_destroy(comm: int) -> None:
+    """Free ``comm``'s local resources. NCCL (2.26 and later) waits here until every CUDA graph that
+    captured one of its collectives is destroyed: release those graphs first."""
     _call("ncclCommDestroy", comm, comm=comm)
 
 

@@ -1,0 +1,184 @@
+"""``cudnnnet-train --gpus 2`` as a process tree on two real GPUs: every run ends, on every path, within
+seconds, and a fault names its cause. Each test marks its processes with a variable of its own and
+fails if any of them outlives the run by more than ``LINGER_SECONDS``."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cudnnnet.outputs import checkpoint_to_resume
+from run_helpers import REPO_ROOT
+from test_distributed_gpu import gpu_count
+
+pytestmark = pytest.mark.gpu
+
+LINGER_SECONDS = 5.0  # the longest any process of a run may live on after the launcher returned
+MARKER = "CUDNNNET_TEST_RUN"
+
+
+@pytest.fixture
+def two_gpus():
+    if gpu_count() < 2:
+        pytest.skip("needs 2 GPUs of one host")
+
+
+class Run:
+    """``python -m cudnnnet.cli.launch ARGS`` with a marker in its environment (its ranks inherit it)."""
+
+    def __init__(self, *arguments: str, environment: dict | None = None):
+        self.marker = uuid.uuid4().hex
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), MARKER: self.marker, "PYTHONUNBUFFERED": "1",
+               "CUDNNNET_HEARTBEAT_TIMEOUT": "10", **(environment or {})}
+        self.process = subprocess.Popen([sys.executable, "-m", "cudnnnet.cli.launch", *arguments], cwd=REPO_ROOT,
+                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.started = time.monotonic()
+
+    def pids(self, rank: int | None = None) -> list[int]:
+        """The live processes carrying this run's marker (of RANK ``rank`` where given)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                variables = dict(item.split("=", 1) for item in
+                                 (entry / "environ").read_bytes().decode(errors="replace").split("\0") if "=" in item)
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if variables.get(MARKER) == self.marker and state != "Z" and (rank is None or variables.get("RANK") == str(rank)):
+                found.append(int(entry.name))
+        return found
+
+    def wait_for_rank(self, rank: int, timeout: float = 120.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pids = self.pids(rank)
+            if pids:
+                return pids[0]
+            time.sleep(0.2)
+        raise AssertionError(f"rank {rank} never started")
+
+    def finish(self, timeout: float) -> tuple[int, str, str, float]:
+        """(exit code, stdout, stderr, seconds) of the launcher; asserts that nothing of the run lingers."""
+        try:
+            out, err = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_all()
+            out, err = self.process.communicate()
+            raise AssertionError(f"the run did not end within {timeout} s; its output:\n{err[-4000:]}")
+        ended = time.monotonic()
+        while self.pids() and time.monotonic() - ended < LINGER_SECONDS:
+            time.sleep(0.1)
+        lingering = self.pids()
+        self.kill_all()
+        assert not lingering, f"processes {lingering} outlived the launcher by over {LINGER_SECONDS} s\n{err[-4000:]}"
+        return self.process.returncode, out, err, ended - self.started
+
+    def kill_all(self) -> None:
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _train(mnist_dir, output, *extra):
+    return ("--config", "mnist_cnn", "--gpus", "2", "--device", "cuda", "--data-dir", str(mnist_dir),
+            "--output", str(output), "--quiet", *extra)
+
+
+def _metrics(output) -> dict:
+    return json.loads((checkpoint_to_resume(output).parent / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("engine", ["fast", "slides"])
+def test_a_finished_run_exits_within_seconds_of_publishing(two_gpus, mnist_dir, tmp_path, engine):
+    """The step replays a CUDA graph holding the all-reduce: the graph is destroyed before the
+    communicator (NCCL waits for it), and every process is gone within seconds of the outputs."""
+    output = tmp_path / "run"
+    run = Run(*_train(mnist_dir, output, "--steps", "120", "--batch-size", "128", "--engine", engine))
+    code, out, err, _ = run.finish(timeout=300)
+    assert code == 0, err[-4000:]
+    published = (checkpoint_to_resume(output).parent / "metrics.json").stat().st_mtime
+    assert time.time() - published < 15.0, "the launcher returned long after the outputs were written"
+    assert _metrics(output)["gpus"] == 2 and _metrics(output)["steps"] == 120
+
+
+def test_a_rank_killed_is_named_with_its_pid_and_signal_and_the_others_exit(two_gpus, mnist_dir, tmp_path):
+    run = Run(*_train(mnist_dir, tmp_path / "run", "--epochs", "50"))
+    pid = run.wait_for_rank(1)
+    time.sleep(12.0)  # into the training steps
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    code, _, err, _ = run.finish(timeout=60)
+    assert code != 0
+    assert f"rank 1 (pid {pid}) was killed by SIGKILL" in err, err[-4000:]
+    assert "comm argument is NULL" not in err
+    assert time.monotonic() - killed < 10 + 15, "the others outlived the heartbeat timeout"
+
+
+def test_sigterm_to_the_launcher_checkpoints_once_and_resume_reaches_the_same_step(two_gpus, mnist_dir, tmp_path):
+    steps = 900
+    whole = Run(*_train(mnist_dir, tmp_path / "whole", "--steps", str(steps), "--engine", "fast"))
+    assert whole.finish(timeout=300)[0] == 0
+    output = tmp_path / "stopped"
+    run = Run(*_train(mnist_dir, output, "--steps", str(steps), "--engine", "fast"))
+    run.wait_for_rank(1)
+    time.sleep(12.0)
+    run.process.send_signal(signal.SIGTERM)
+    code, _, err, _ = run.finish(timeout=120)
+    assert code == 128 + signal.SIGTERM, err[-4000:]
+    stopped_at = _metrics(output)["steps"]
+    assert 0 < stopped_at < steps, err[-4000:]
+    resumed = Run("--resume", str(output), "--gpus", "2", "--device", "cuda", "--data-dir", str(mnist_dir), "--quiet")
+    code, _, err, _ = resumed.finish(timeout=300)
+    assert code == 0, err[-4000:]
+    assert _metrics(output)["steps"] == steps
+    assert abs(_metrics(output)["test_accuracy"] - _metrics(tmp_path / "whole")["test_accuracy"]) < 0.005
+
+
+def test_out_of_memory_on_one_gpu_ends_the_run_naming_that_rank(two_gpus, mnist_dir, tmp_path):
+    """GPU 1 is filled by another process first; its rank fails, the other exits within the heartbeat timeout."""
+    filler = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "from cudnnnet.backends.cuda.bindings import runtime\n"
+         "runtime.load(); runtime.set_device(0)\n"
+         "free, _ = runtime.mem_get_info()\n"
+         "runtime.malloc(free - (64 << 20)); print('full', flush=True); time.sleep(600)"],
+        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": "1"},
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert filler.stdout.readline().strip() == "full"
+        output = tmp_path / "run"
+        run = Run(*_train(mnist_dir, output, "--steps", "200"))
+        code, _, err, _ = run.finish(timeout=120)
+    finally:
+        filler.kill()
+        filler.wait()
+    assert code != 0
+    assert "rank 1" in err and "memory" in err.lower(), err[-4000:]
+    assert not (output / "model.npz").exists()
+
+
+def test_a_rank_that_never_arrives_ends_at_the_rendezvous_deadline(mnist_dir, tmp_path):
+    """Rank 0 of 2 alone (one GPU suffices): one line naming the missing rank, within the deadline."""
+    from cudnnnet.backends import cuda_available
+    from cudnnnet.cli.gpus import free_port
+
+    if not cuda_available():
+        pytest.skip("no usable GPU or CUDA libraries")
+    environment = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(free_port()), "CUDNNNET_RENDEZVOUS_TIMEOUT": "5"}
+    run = Run("--config", "mnist_mlp", "--device", "cuda", "--data-dir", str(mnist_dir), "--output",
+              str(tmp_path / "run"), "--quiet", environment=environment)
+    code, _, err, seconds = run.finish(timeout=60)
+    assert code != 0 and seconds < 30
+    lines = [line for line in err.splitlines() if line.startswith("cudnnnet-train")]
+    assert len(lines) == 1 and "rank 1" in lines[0], err[-4000:]
