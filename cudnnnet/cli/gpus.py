@@ -88,8 +88,12 @@ def spawn_ranks(count: int, argv: list[str]) -> int:
 
 
 def _wait(children: list[subprocess.Popen]) -> int:
-    """Wait for every child, passing SIGINT/SIGTERM on; the first failing child's exit code, else 0."""
+    """Wait for every child, passing SIGINT/SIGTERM on; the failing child's exit code (one killed by a
+    signal before one that exited with an error, as the others react to it), else 0."""
+    forwarded = []
+
     def forward(signum, frame):
+        forwarded.append(signum)
         for child in children:
             if child.poll() is None:
                 child.send_signal(signum)
@@ -97,11 +101,18 @@ def _wait(children: list[subprocess.Popen]) -> int:
     previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         failure, failed_at = 0, None
-        while any(child.poll() is None for child in children):
-            for rank, child in enumerate(children):
-                if child.returncode not in (None, 0) and failed_at is None:
-                    failure, failed_at = _exit_code(child), time.monotonic()
-                    log.error("%s; waiting up to %g s for the others", how_it_ended(rank, child), GRACE_SECONDS)
+        while True:
+            running = _poll_all(children)
+            stopped = {128 + signum for signum in forwarded}  # the exit code of a rank that stopped as asked
+            failed = [rank for rank, child in enumerate(children)
+                      if child.returncode not in (None, 0) and _exit_code(child) not in stopped]
+            if failed and failed_at is None:
+                first = min(failed, key=lambda rank: (children[rank].returncode > 0, rank))
+                failure, failed_at = _exit_code(children[first]), time.monotonic()
+                log.error("%s%s", how_it_ended(first, children[first]),
+                          f"; waiting up to {GRACE_SECONDS:g} s for the others" if running else "")
+            if not running:
+                break
             if failed_at is not None and time.monotonic() - failed_at > GRACE_SECONDS:
                 _terminate(children)
             time.sleep(0.1)
@@ -109,6 +120,11 @@ def _wait(children: list[subprocess.Popen]) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _poll_all(children: list[subprocess.Popen]) -> bool:
+    """Poll every child (each returncode up to date); whether any still runs."""
+    return [child.poll() for child in children].count(None) > 0
 
 
 def how_it_ended(rank: int, child: subprocess.Popen) -> str:
