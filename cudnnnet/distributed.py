@@ -95,11 +95,25 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Launch | None:
         if rank >= world_size:
             raise DistributedError(f"{rank_name}={rank} is not below {size_name}={world_size}")
         local_rank = _integer(environ, local_name, 0) if local_name in environ else _unknown_local_rank(launcher, rank)
-        port = _integer(environ, "MASTER_PORT", 1) if environ.get("MASTER_PORT") else None
-        if port is not None and port > 65535:
-            raise DistributedError(f"MASTER_PORT={port} is not a TCP port (1..65535)")
-        return Launch(rank, world_size, local_rank, environ.get("MASTER_ADDR") or None, port, launcher)
+        return Launch(rank, world_size, local_rank, environ.get("MASTER_ADDR") or None, _rendezvous_port(environ),
+                      launcher)
     return None
+
+
+def _rendezvous_port(environ: Mapping[str, str]) -> int | None:
+    """The TCP port rank 0 listens at: CUDNNNET_RENDEZVOUS_PORT, else MASTER_PORT, except under a
+    torchrun agent whose own store listens at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True; every
+    multi-node torchrun): MASTER_PORT + 1 there."""
+    if environ.get("CUDNNNET_RENDEZVOUS_PORT"):
+        name, offset = "CUDNNNET_RENDEZVOUS_PORT", 0
+    elif environ.get("MASTER_PORT"):
+        name, offset = "MASTER_PORT", int(environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true")
+    else:
+        return None
+    port = _integer(environ, name, 1) + offset
+    if port > 65535:
+        raise DistributedError(f"{name}={environ[name]} is not a TCP port (1..{65535 - offset})")
+    return port
 
 
 def _integer(environ: Mapping[str, str], name: str, low: int) -> int:

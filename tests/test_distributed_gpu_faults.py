@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cudnnnet.outputs import checkpoint_to_resume
@@ -32,13 +33,15 @@ def two_gpus():
 
 
 class Run:
-    """``python -m cudnnnet.cli.launch ARGS`` with a marker in its environment (its ranks inherit it)."""
+    """``python -m cudnnnet.cli.launch ARGS`` (or ``program ARGS``) with a marker in its environment (its
+    ranks inherit it)."""
 
-    def __init__(self, *arguments: str, environment: dict | None = None):
+    def __init__(self, *arguments: str, environment: dict | None = None, program: list[str] | None = None):
         self.marker = uuid.uuid4().hex
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), MARKER: self.marker, "PYTHONUNBUFFERED": "1",
                "CUDNNNET_HEARTBEAT_TIMEOUT": "10", **(environment or {})}
-        self.process = subprocess.Popen([sys.executable, "-m", "cudnnnet.cli.launch", *arguments], cwd=REPO_ROOT,
+        program = program or [sys.executable, "-m", "cudnnnet.cli.launch"]
+        self.process = subprocess.Popen([*program, *arguments], cwd=REPO_ROOT,
                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.started = time.monotonic()
         self.out, self.err = [], []
@@ -160,7 +163,7 @@ def test_sigterm_to_the_launcher_checkpoints_once_and_resume_reaches_the_same_st
     assert err.count("interrupted by SIGTERM") == 1, err[-4000:]
     stopped_at = _metrics(output)["steps"]
     assert 0 < stopped_at < steps, err[-4000:]
-    resumed = Run("--resume", str(output), "--gpus", "2", "--device", "cuda", "--data-dir", str(mnist_dir), "--quiet")
+    resumed = Run("--resume", str(output), *_train(mnist_dir, output, "--epochs", epochs, "--engine", "fast"))
     code, _, err, _ = resumed.finish(timeout=300)
     assert code == 0, err[-4000:]
     assert _metrics(output)["steps"] == steps
@@ -205,3 +208,40 @@ def test_a_rank_that_never_arrives_ends_at_the_rendezvous_deadline(mnist_dir, tm
     assert code != 0 and seconds < 30
     lines = [line for line in err.splitlines() if line.startswith("cudnnnet-train")]
     assert len(lines) == 1 and re.search(r"\branks? 1\b", lines[0]), err[-4000:]
+
+
+# ---- the launchers of clusters, on one host -------------------------------------------------------------------
+def _weights_in(output) -> dict:
+    with np.load(checkpoint_to_resume(output)) as arrays:
+        return {name: arrays[name] for name in arrays.files if arrays[name].dtype == np.float32}
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "Slurm", "Open MPI"])
+def test_the_cluster_launchers_reach_the_weights_of_gpus_2(two_gpus, mnist_dir, tmp_path, launcher):
+    from cudnnnet.cli.gpus import free_port
+
+    arguments = ["--config", "mnist_cnn", "--device", "cuda", "--data-dir", str(mnist_dir), "--steps", "40",
+                 "--engine", "fast", "--quiet"]
+    reference = Run(*arguments, "--gpus", "2", "--output", str(tmp_path / "gpus"))
+    assert reference.finish(timeout=300)[0] == 0
+    port, output = free_port(), tmp_path / launcher.replace(" ", "_")
+    where = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    if launcher == "torchrun":
+        program = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                   "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+        runs = [Run(*arguments, "--output", str(output), environment={"CUDA_VISIBLE_DEVICES": str(rank)},
+                    program=[*program, "--node-rank", str(rank), "-m", "cudnnnet.cli.launch"]) for rank in (0, 1)]
+    else:
+        names = {"Slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+                 "Open MPI": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")}[launcher]
+        runs = [Run(*arguments, "--output", str(output),
+                    environment={"CUDA_VISIBLE_DEVICES": str(rank), **where, names[0]: str(rank), names[1]: "2",
+                                 names[2]: "0"}) for rank in (0, 1)]
+    for run in runs:
+        code, _, err, _ = run.finish(timeout=300)
+        assert code == 0, err[-4000:]
+    expected = _weights_in(tmp_path / "gpus")
+    reached = _weights_in(output)
+    assert expected.keys() == reached.keys()
+    for name, value in expected.items():
+        np.testing.assert_allclose(reached[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
