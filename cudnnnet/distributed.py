@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 RENDEZVOUS_TIMEOUT = 300.0  # s for every rank to reach rank 0 (CUDNNNET_RENDEZVOUS_TIMEOUT overrides)
 HEARTBEAT_SECONDS = 1.0
 HEARTBEAT_TIMEOUT = 60.0  # s of silence after which a peer is taken for lost (CUDNNNET_HEARTBEAT_TIMEOUT overrides)
+BUCKET_VALUES = 1 << 18  # floats (1 MiB) of gradients reduced together while the backward pass goes on
 TEARDOWN_TIMEOUT = 30.0  # s for freeing the communicator after the last step (CUDNNNET_TEARDOWN_TIMEOUT overrides)
 MAGIC = b"CDNN\x01"
 HELLO = struct.Struct("!5sII32s")  # magic, rank, world size, config digest
@@ -491,6 +492,8 @@ class Replicas:
         else:  # packed here, before any step: the optimiser's tensors keep their identity
             self.values = pack([p.value for p in parameters], backend)
         self.gradients = optimizer.flat_gradients()  # the optimiser's one buffer (the loss scaler checks it too)
+        self.buckets = _buckets_if_packed(network, self.gradients)
+        self._reducing = False  # whether reduce_async queued a bucket this step
         warmup_steps = train_config.lr_warmup_epochs * steps_per_epoch
         optimizer.lr_factor = lambda step: lr_factor(train_config.lr_scaling, self.world_size, warmup_steps, step)
         self.flag = _scalar(backend)  # the stop agreement: the largest signal number any rank received
@@ -506,9 +509,23 @@ class Replicas:
         self.communicator.broadcast(self.values, root=0)
         self.backend.synchronize()
 
+    def layer_done(self, layer) -> None:
+        """``layer``'s backward is queued: where it closes a bucket, that bucket's gradients are
+        averaged on the communicator's side stream while the backward pass goes on."""
+        bucket = self.buckets.get(id(layer))
+        if bucket is not None:
+            offset, count = bucket
+            self.communicator.reduce_async(self.gradients.data.ptr + 4 * offset, count)
+            self._reducing = True
+
     def average_gradients(self) -> None:
-        """dW = (1/R)·Σ_r dW_r over the one flat gradient buffer (queued; captured with the step)."""
-        self.communicator.all_reduce_average(self.gradients)
+        """dW = (1/R)·Σ_r dW_r over the one flat gradient buffer (queued; captured with the step): the
+        buckets reduced during the backward pass are joined, or the whole buffer is reduced now."""
+        if self._reducing:
+            self.communicator.join()
+            self._reducing = False
+        else:
+            self.communicator.all_reduce_average(self.gradients)
 
     def average(self, tensor) -> None:
         """tensor = its mean over the ranks (the epoch's loss and accuracy totals)."""
@@ -549,6 +566,43 @@ class Replicas:
         except Exception as error:
             log.error("ncclCommAbort failed too: %s", error)
         exit_now(reason)
+
+
+def gradient_buckets(layers, sizes: dict[int, list[int]], bucket_values: int = BUCKET_VALUES) -> dict[int, tuple[int, int]]:
+    """{id(layer): (offset, count)}: the slices of the packed gradient buffer to reduce once that
+    layer's backward has run. ``layers`` in forward order, ``sizes`` {id(layer): its parameters'
+    sizes}, packed in that order (``optim.packed_offsets``). Walking backward from the last layer, a
+    bucket closes at the first layer that makes it ``bucket_values`` long, and at the first layer
+    with parameters; each bucket is contiguous (the layers between two closings)."""
+    from .optim import packed_offsets
+
+    owners = [layer for layer in layers if sizes.get(id(layer))]
+    offsets, upper = packed_offsets(size for layer in owners for size in sizes[id(layer)])
+    starts, index = [], 0
+    for layer in owners:
+        starts.append(offsets[index])
+        index += len(sizes[id(layer)])
+    buckets = {}
+    for position in reversed(range(len(owners))):
+        if upper - starts[position] >= bucket_values or position == 0:
+            buckets[id(owners[position])] = (starts[position], upper - starts[position])
+            upper = starts[position]
+    return buckets
+
+
+def _buckets_if_packed(network, gradients) -> dict[int, tuple[int, int]]:
+    """``gradient_buckets`` for ``network``, where its gradients lie packed in ``gradients`` in the
+    order ``pack`` gives them; else {} (the whole buffer is reduced after the backward pass)."""
+    from .optim import packed_offsets
+
+    parameters = network.parameter_list()
+    offsets, total = packed_offsets(p.grad.size for p in parameters)
+    base = gradients.data.ptr
+    if total != gradients.size or any(p.grad.data.ptr != base + 4 * offset for p, offset in zip(parameters, offsets)):
+        log.info("the gradients are not packed in parameter order: reduced after the backward pass")
+        return {}
+    sizes = {id(layer): [p.grad.size for p in layer.parameters()] for layer in network.layers}
+    return gradient_buckets(network.layers, sizes)
 
 
 def _exit_stuck(rank: int, timeout: float, exit_code: int) -> None:

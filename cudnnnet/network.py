@@ -172,10 +172,13 @@ class Network:
             grad = layer.backward(grad)
         self.backend.end_pass()
 
-    def forward_backward(self, x, target: Tensor, loss: Tensor, count: Tensor, loss_scale: Tensor | None = None) -> None:
+    def forward_backward(self, x, target: Tensor, loss: Tensor, count: Tensor, loss_scale: Tensor | None = None,
+                         after_backward=None) -> None:
         """A training step's ``forward(x)`` then ``backward(target, loss, count)``, with the loss
         layer's forward and backward in one call (one fused kernel for Softmax on CUDA). With
-        ``loss_scale`` (a one-element tensor S, loss_scaling.py) every gradient carries S."""
+        ``loss_scale`` (a one-element tensor S, loss_scaling.py) every gradient carries S.
+        ``after_backward(layer)``, where given, is called once each layer's gradients are queued
+        (several GPUs reduce them meanwhile)."""
         output = self._as_input(x)
         self.backend.start_pass()
         for layer in self.layers[:-1]:
@@ -186,6 +189,8 @@ class Network:
             self.backend.sscal(grad.size, loss_scale, grad, 1)
         for layer in reversed(self.layers[:-1]):
             grad = layer.backward(grad)
+            if after_backward is not None:
+                after_backward(layer)
         self.backend.end_pass()
 
     def forward_metrics(self, x, target: Tensor, loss: Tensor, count: Tensor, loss_scale: float) -> None:

@@ -38,15 +38,21 @@ ADAM_STEPS = "adam_steps"  # checkpoint array, after the prefix: the steps Adam 
 PACK_ALIGNMENT = 64  # floats (256 bytes): each packed tensor starts as aligned as an allocation of its own
 
 
+def packed_offsets(sizes) -> tuple[list[int], int]:
+    """(each tensor's offset, the total) of tensors of ``sizes`` packed in turn by ``pack``."""
+    offsets, total = [], 0
+    for size in sizes:
+        offsets.append(total)
+        total += -(-size // PACK_ALIGNMENT) * PACK_ALIGNMENT
+    return offsets, total
+
+
 def pack(tensors, backend) -> Tensor:
     """One zero-filled buffer holding ``tensors`` in turn, each at a PACK_ALIGNMENT boundary: every
     tensor's values are copied in and its storage becomes its view of the buffer (the same Tensor
     objects, so whoever holds them sees it). The padding stays zero under SGD: the gradients, values
     and velocities of a padding cell are all 0."""
-    offsets, total = [], 0
-    for tensor in tensors:
-        offsets.append(total)
-        total += -(-tensor.size // PACK_ALIGNMENT) * PACK_ALIGNMENT
+    offsets, total = packed_offsets(tensor.size for tensor in tensors)
     packed = Tensor.zeros((total,), backend)
     for tensor, offset in zip(tensors, offsets):
         view = packed.view(tensor.shape, offset)

@@ -333,7 +333,8 @@ class Trainer:
         self.data.gather(x, target)
         scaler = self.loss_scaler
         self.network.forward_backward(x, target, self.totals.loss_sum, self.totals.correct,
-                                      loss_scale=None if scaler is None else scaler.scale)
+                                      loss_scale=None if scaler is None else scaler.scale,
+                                      after_backward=None if self.replicas is None else self.replicas.layer_done)
         if self.replicas is not None:
             self.replicas.average_gradients()
         self.watch.record(self.totals.loss_sum)
@@ -392,11 +393,13 @@ class Trainer:
             while self.position.step < self.total_steps:
                 self._run_epoch()
             metrics = self._publish(finished=True)
-        self._finish_replicas(exit_code=0)
+        self.finish_replicas(exit_code=0)
         return metrics
 
-    def _finish_replicas(self, exit_code: int) -> None:
-        """Free the communicator of several ranks, the captured step (which holds its all-reduce) first."""
+    def finish_replicas(self, exit_code: int) -> None:
+        """Free the communicator of several ranks, the captured step (which holds its all-reduce) first
+        (``run`` does it after publishing; a caller that trains epoch by epoch does it at its end).
+        ``exit_code``: the process's, should NCCL not let go within CUDNNNET_TEARDOWN_TIMEOUT."""
         if self.replicas is not None:
             graph, self.graph = self.graph, None
             self.replicas.finish(graphs=[graph], exit_code=exit_code)
@@ -582,7 +585,7 @@ class Trainer:
         self.backend.synchronize()
         self.train_seconds += time.perf_counter() - epoch_started
         self._publish(finished=False, interrupted=True)
-        self._finish_replicas(exit_code=128 + self.stop_signal)
+        self.finish_replicas(exit_code=128 + self.stop_signal)
         raise Interrupted(self.stop_signal, self.position.step, self.output_dir)
 
     def _resume(self, path: Path) -> None:

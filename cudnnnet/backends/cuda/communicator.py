@@ -13,8 +13,9 @@ import os
 
 from ...errors import DistributedError, NcclError
 from ...tensor import Tensor
-from .bindings import nccl
+from .bindings import nccl, runtime
 from .bindings.loader import load_library
+from .handles import Event, Stream
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ class Communicator:
         self.stream = backend.context.stream.address  # the raw cudaStream_t
         self.comm: int | None = nccl.comm_init_rank(world_size, unique_id, rank)
         self.aborted_because: str | None = None  # why abort() ended the communicator
+        self.side_stream = Stream()  # collectives overlapped with the backward pass (reduce_async)
+        self._forked, self._joined = Event(timing=False), Event(timing=False)
 
     def all_reduce_average(self, tensor: Tensor) -> None:
         """tensor = (1/world_size)·Σ_ranks tensor, in place."""
@@ -57,6 +60,20 @@ class Communicator:
     def broadcast(self, tensor: Tensor, root: int = 0) -> None:
         """Every rank's ``tensor`` takes rank ``root``'s values."""
         nccl.broadcast(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, root, self._live(), self.stream)
+
+    def reduce_async(self, pointer: int, count: int) -> None:
+        """x = (1/world_size)·Σ_ranks x over ``count`` floats at ``pointer``, in place, on the side
+        stream, once everything queued so far on the backend's stream is done; ``join`` waits for it."""
+        main = self.backend.context.stream
+        self._forked.record(main)
+        runtime.stream_wait_event(self.side_stream.handle, self._forked.handle)
+        # x = Σ_r x_r / R   (on the side stream, overlapping what the backend's stream does next)
+        nccl.all_reduce(pointer, pointer, count, nccl.FLOAT32, nccl.AVG, self._live(), self.side_stream.address)
+
+    def join(self) -> None:
+        """The backend's stream waits for every collective queued by ``reduce_async``."""
+        self._joined.record(self.side_stream)
+        runtime.stream_wait_event(self.backend.context.stream.handle, self._joined.handle)
 
     def _live(self) -> int:
         """The communicator's handle; DistributedError saying why where it was aborted or closed."""
