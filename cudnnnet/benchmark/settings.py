@@ -47,6 +47,10 @@ SLIDES_TARGETS = {
     "mlp_epoch_ms": 31.5,
     "cnn_epoch_ms": 133.0,
 }
+# --gpus N: the workloads timed on N GPUs beside one, and the scaling (one GPU's epoch over N GPUs') each
+# must reach in both engines, by N.
+SCALABLE = ("mlp", "cnn", "bn_cnn", "cifar10")
+SCALING_TARGETS = {"cnn": {2: 1.9, 4: 3.6, 8: 7.0}, "cifar10": {2: 1.9}}
 # Workloads whose graph epoch, in each engine, is judged against PyTorch's captured graph epoch of
 # the same run divided by this speed-up (no target where PyTorch was not run).
 TORCH_SPEED_UPS = {"cifar10": 1.3}

@@ -3,7 +3,7 @@
     python scripts/benchmark.py [--device auto|cuda|host] [--json FILE] [--compare torch] [--repeat N]
                                 [--epochs N] [--only mlp,cnn,bn_cnn,cifar10,micro,original] [--micro-size N]
                                 [--limit-images N] [--original-runs N] [--data-dir DIR]
-                                [--engines slides,fast] [--math fp32|tf32|bf16]
+                                [--engines slides,fast] [--math fp32|tf32|bf16] [--gpus N]
 
 Every workload runs once per engine (``--engines``, both by default: cudnnnet.engine), each in a
 column of its own.
@@ -72,6 +72,10 @@ with cuDNN's autotuner (``cudnn.benchmark``), as a captured graph only, and augm
 does: per sample a shift dy, dx uniform in [-p, p] with zeros outside and a horizontal flip with
 probability 1/2, drawn by the device's generator inside the graph.
 
+``--gpus N`` times mlp, cnn, bn_cnn and cifar10 (those ``--only`` names) on one GPU, then on N GPUs of
+this host (one process per GPU, as ``cudnnnet-train --gpus N``), each in both engines (``--engines``),
+and prints workload | engine | 1 GPU | N GPUs | scaling | target | status (benchmark/scaling.py).
+
 Output: log lines on stderr, then the table on stdout (workload | unit | slides | fast | torch
 eager | torch graph | torch/slides | torch/fast | slides target | fast target | status), the device
 at the top. A ratio is torch's time over ours in the same mode (> 1: cudnnnet is faster). Targets
@@ -103,8 +107,9 @@ from pathlib import Path
 
 from ..backends import no_gpu_reason
 from ..benchmark.report import build_report, format_table, table_header
+from ..benchmark.scaling import format_scaling, measure_scaling
 from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MATHS,
-                                  MICRO_SIZE, WORKLOADS)
+                                  MICRO_SIZE, SCALABLE, WORKLOADS)
 from ..engine import ENGINES
 from ..errors import DeviceUnavailableError, UsageError
 from ..files import atomic_write
@@ -160,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--math", choices=MATHS, default="fp32",
                         help="precision of the mlp and cnn workloads (and PyTorch's: autocast for bf16); the "
                              "micro-benchmark runs every one (default fp32)")
+    parser.add_argument("--gpus", type=positive_int, metavar="N",
+                        help=f"time {','.join(SCALABLE)} (those --only names) on N GPUs of this host, one "
+                             "process per GPU, beside one GPU, and report the scaling")
     parser.add_argument("--engines", "--engine", type=engine_list, default=tuple(ENGINES), metavar="LIST",
                         help=f"comma-separated engines among {','.join(ENGINES)}, one column each (default all)")
     add_common_arguments(parser)
@@ -217,12 +225,33 @@ def check_json_path(path: Path) -> None:
 def main_with_args(args) -> int:
     if args.json:
         check_json_path(Path(args.json))
+    if args.gpus is not None:
+        return _scaling(args)
     report = build_report(resolve_settings(args))
     if args.json:
         with atomic_write(args.json) as file:
             file.write((json.dumps(report, indent=2) + "\n").encode("utf-8"))
         log.info("wrote %s", args.json)
     print(format_table(report["table"], table_header(report)))
+    return 0
+
+
+def _scaling(args) -> int:
+    """--gpus N: the SCALABLE workloads on one GPU and on N, the scaling and its targets."""
+    if args.compare:
+        raise UsageError("--gpus N with --compare torch: PyTorch DDP is not measured beside the scaling; leave "
+                         "--compare out")
+    if args.device == "host":
+        raise UsageError("--gpus N measures GPUs; leave --device host out")
+    names = [name for name in args.only if name in SCALABLE]
+    if not names:
+        raise UsageError(f"--gpus N times {', '.join(SCALABLE)}; --only names none of them")
+    settings = {**resolve_settings(argparse.Namespace(**{**vars(args), "device": "cuda"})), "workloads": names}
+    report = measure_scaling(settings, args.gpus)
+    if args.json:
+        with atomic_write(args.json) as file:
+            file.write((json.dumps(report, indent=2) + "\n").encode("utf-8"))
+    print(format_scaling(report))
     return 0
 
 

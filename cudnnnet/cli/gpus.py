@@ -69,13 +69,14 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def spawn_ranks(count: int, argv: list[str]) -> int:
-    """Run one rank per GPU for ``count`` GPUs with ``argv`` (less --gpus); returns the exit code."""
+def spawn_ranks(count: int, argv: list[str], module: str = "cudnnnet.cli.launch") -> int:
+    """Run ``python -m module`` with ``argv`` (less --gpus) as one rank per GPU for ``count`` GPUs;
+    returns the exit code."""
     if distributed.from_environment() is not None:
         raise UsageError("--gpus starts its own processes; under torchrun, srun or mpirun leave --gpus out")
     gpus = visible_gpus(count)
     port = free_port()
-    arguments = [sys.executable, "-m", "cudnnnet.cli.launch", *without_gpus_option(argv)]
+    arguments = [sys.executable, "-m", module, *without_gpus_option(argv)]
     children = []
     for rank, gpu in enumerate(gpus):
         environment = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(count), "LOCAL_RANK": "0",

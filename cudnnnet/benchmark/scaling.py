@@ -1,0 +1,115 @@
+"""``cudnnnet-benchmark --gpus N``: the training workloads on N GPUs of this host beside one GPU.
+
+Each measurement runs in processes of its own, as ``cudnnnet-train`` would: one plain process for
+one GPU, then N ranks started as ``cudnnnet-train --gpus N`` starts them (``cli.gpus.spawn_ranks``).
+A rank trains its shard of every epoch at the workload's batch per GPU, the gradients averaged by
+NCCL inside the captured step; rank 0's epoch time (synchronised: the all-reduce holds the ranks
+together) is reported, after one warm-up epoch. Scaling is one GPU's median epoch over N GPUs'.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .. import distributed
+from ..errors import DistributedError
+from .measuring import epoch_summary
+from .settings import SCALABLE, SCALING_TARGETS
+from .workloads import data_dir, generated_data, train_epoch, training_images, workload_config
+
+log = logging.getLogger(__name__)
+MODULE = "cudnnnet.benchmark.scaling"
+
+
+def measure_scaling(settings: dict, gpus: int) -> dict:
+    """{gpus, epochs, workloads: {name: {engine: {one_gpu, several_gpus, scaling, target}}}} for the
+    SCALABLE workloads of ``settings`` in each of its engines."""
+    names = [name for name in settings["workloads"] if name in SCALABLE]
+    ranked = {**settings, "workloads": names}
+    one = _measure(1, ranked)
+    several = _measure(gpus, ranked)
+    workloads = {}
+    for name in names:
+        for engine in settings["engines"]:
+            single, many = one[name][engine], several[name][engine]
+            workloads.setdefault(name, {})[engine] = {
+                "one_gpu": single, "several_gpus": many, "scaling": single["epoch_ms"] / many["epoch_ms"],
+                "target": SCALING_TARGETS.get(name, {}).get(gpus)}
+    return {"gpus": gpus, "epochs": settings["epochs"], "workloads": workloads}
+
+
+def _measure(count: int, settings: dict) -> dict:
+    """{workload: {engine: epoch summary}} from ``count`` processes (rank 0's figures)."""
+    from ..cli.gpus import spawn_ranks
+
+    with tempfile.TemporaryDirectory(prefix="cudnnnet-scaling-") as folder:
+        result = Path(folder) / "result.json"
+        arguments = [json.dumps(settings), str(result)]
+        log.info("%s on %d GPU%s", ", ".join(settings["workloads"]), count, "s" if count > 1 else "")
+        if count == 1:
+            code = subprocess.run([sys.executable, "-m", MODULE, *arguments]).returncode
+        else:
+            code = spawn_ranks(count, arguments, module=MODULE)
+        if code != 0 or not result.exists():
+            raise DistributedError(f"the benchmark's {count}-GPU processes failed (exit {code}); see their output above")
+        return json.loads(result.read_text())
+
+
+def run_rank(settings: dict, result: Path) -> None:
+    """One process of a measurement: every workload and engine of ``settings``; rank 0 writes ``result``."""
+    launch = distributed.from_environment()
+    if launch is not None:
+        distributed.pin_device(launch)
+    figures = {}
+    with generated_data(settings) as settings:
+        for name in settings["workloads"]:
+            for engine in settings["engines"]:
+                figures.setdefault(name, {})[engine] = _epochs(name, engine, settings, launch)
+    if launch is None or launch.rank == 0:
+        result.write_text(json.dumps(figures))
+
+
+def _epochs(name: str, engine: str, settings: dict, launch) -> dict:
+    """A warm-up epoch, then the timed ones, of workload ``name`` in ``engine`` on this rank."""
+    from ..training import Trainer
+
+    epochs = settings["epochs"]
+    config = workload_config(name, "cuda", data_dir(name, settings), epochs + 1, True, engine, settings["math"])
+    group = None if launch is None else distributed.join(launch, config)
+    with tempfile.TemporaryDirectory(prefix="cudnnnet-scaling-run-") as output:
+        trainer = Trainer(config, Path(output) / "run", progress=False, image_limit=settings["limit_images"],
+                          group=group)
+        train_epoch(trainer)
+        seconds = [train_epoch(trainer) for _ in range(epochs)]
+        trainer.finish_replicas(exit_code=1)
+    summary = epoch_summary(seconds, training_images(config, settings["limit_images"]))
+    log.info("%s %s on %d GPU%s: %.2f ms an epoch", name, engine, 1 if launch is None else launch.world_size,
+             "" if launch is None else "s", summary["epoch_ms"])
+    return summary
+
+
+def format_scaling(report: dict) -> str:
+    """The table: workload, engine, one GPU's and N GPUs' median epoch, the scaling and its target."""
+    gpus = report["gpus"]
+    header = ("workload", "engine", "1 GPU (ms)", f"{gpus} GPUs (ms)", "scaling", "target", "status")
+    rows = [header]
+    for name, engines in report["workloads"].items():
+        for engine, row in engines.items():
+            target = row["target"]
+            status = "" if target is None else ("PASS" if row["scaling"] >= target else "MISS")
+            rows.append((name, engine, f"{row['one_gpu']['epoch_ms']:.2f}", f"{row['several_gpus']['epoch_ms']:.2f}",
+                         f"{row['scaling']:.2f}x", "" if target is None else f">= {target:g}x", status))
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) if column < 2 else cell.rjust(width)
+                       for column, (cell, width) in enumerate(zip(row, widths))) for row in rows]
+    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    run_rank(json.loads(sys.argv[1]), Path(sys.argv[2]))

@@ -1,0 +1,60 @@
+"""cudnnnet-benchmark --gpus N: its refusals and its table on any machine, the measurement on two GPUs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cudnnnet.benchmark.scaling import format_scaling
+from cudnnnet.cli import benchmark
+from run_helpers import REPO_ROOT
+from test_distributed_gpu import gpu_count
+
+
+def _row(one, several, target):
+    return {"one_gpu": {"epoch_ms": one}, "several_gpus": {"epoch_ms": several}, "scaling": one / several,
+            "target": target}
+
+
+def test_the_table_gives_each_workload_s_scaling_against_its_target():
+    report = {"gpus": 2, "epochs": 3, "workloads": {
+        "cnn": {"slides": _row(120.0, 62.0, 1.9), "fast": _row(82.0, 46.0, 1.9)},
+        "mlp": {"fast": _row(15.0, 9.0, None)}}}
+    lines = format_scaling(report).splitlines()
+    assert lines[0].split() == ["workload", "engine", "1", "GPU", "(ms)", "2", "GPUs", "(ms)", "scaling", "target",
+                                "status"]
+    assert lines[2].split() == ["cnn", "slides", "120.00", "62.00", "1.94x", ">=", "1.9x", "PASS"]
+    assert lines[3].split() == ["cnn", "fast", "82.00", "46.00", "1.78x", ">=", "1.9x", "MISS"]
+    assert lines[4].split() == ["mlp", "fast", "15.00", "9.00", "1.67x"]
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--gpus", "2", "--device", "host"], "leave --device host out"),
+    (["--gpus", "2", "--only", "micro,original"], "--only names none of them"),
+    (["--gpus", "2", "--compare", "torch"], "PyTorch DDP is not measured"),
+])
+def test_what_gpus_cannot_measure_is_one_line_and_exit_2(capsys, arguments, message):
+    assert benchmark.main(arguments) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+@pytest.mark.gpu
+def test_two_gpus_are_timed_beside_one(mnist_dir, tmp_path):
+    if gpu_count() < 2:
+        pytest.skip("needs 2 GPUs of one host")
+    report_file = tmp_path / "scaling.json"
+    finished = subprocess.run(
+        [sys.executable, "-m", "cudnnnet.cli.benchmark", "--gpus", "2", "--only", "cnn", "--epochs", "2",
+         "--data-dir", str(mnist_dir), "--json", str(report_file)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert finished.returncode == 0, finished.stderr[-4000:]
+    report = json.loads(report_file.read_text())
+    for engine in ("slides", "fast"):
+        row = report["workloads"]["cnn"][engine]
+        assert len(row["several_gpus"]["epoch_ms_all"]) == 2
+        assert row["scaling"] == pytest.approx(row["one_gpu"]["epoch_ms"] / row["several_gpus"]["epoch_ms"])
+        assert row["scaling"] > 1.2  # two GPUs train an epoch faster than one
+    assert "cnn" in finished.stdout and "scaling" in finished.stdout
