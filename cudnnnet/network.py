@@ -450,6 +450,12 @@ class Network:
         expected = {name: value.shape for name, value in self.parameters().items()}
         self.load_state_dict(checkpoint.read_original(directory, expected))
 
+    def export_onnx(self, path, preprocessing=None) -> Path:
+        """Write this network as an ONNX model (``interop.onnx_export``; needs the ``onnx`` extra)."""
+        from .interop.onnx_export import export_onnx
+
+        return export_onnx(self, path, preprocessing)
+
     @classmethod
     def from_spec(cls, model: list[dict], input_shape, backend="host", seed: int = 0) -> "Network":
         """A network from config mappings ({type, name, ...params}) built for ``input_shape`` (c, h, w)."""
