@@ -216,3 +216,39 @@ def test_predict_takes_a_safetensors_checkpoint_and_a_pytorch_one_with_its_confi
         assert predict_cli.main([*arguments, "--json", "--device", "host", str(tmp_path / "one.png")]) == 0
         outputs.append(json.loads(capsys.readouterr().out))
     assert outputs[0] == outputs[1] and len(outputs[0][0]["probabilities"]) == 10
+
+
+@pytest.mark.gpu
+def test_a_pytorch_model_saved_with_safetensors_predicts_as_pytorch_does(tmp_path):
+    """The same architecture in PyTorch, its state_dict saved by safetensors.torch, loaded by name and
+    layout (interop.torch_names): cudnnnet's probabilities on the GPU are PyTorch's."""
+    torch = pytest.importorskip("torch")
+    torch_safetensors = pytest.importorskip("safetensors.torch")
+    from cudnnnet.backends import cuda_available
+
+    if not cuda_available() or not torch.cuda.is_available():
+        pytest.skip("needs a usable GPU for cudnnnet and for PyTorch")
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.conv1, model.bn1, model.pool1 = nn.Conv2d(2, 3, 3, bias=False), nn.BatchNorm2d(3), nn.MaxPool2d(2)
+    model.fc1, model.bn2, model.fc2 = nn.Linear(27, 6), nn.BatchNorm1d(6), nn.Linear(6, 4)
+    with torch.no_grad():
+        for batch_norm in (model.bn1, model.bn2):
+            batch_norm.running_mean.uniform_(-0.5, 0.5)
+            batch_norm.running_var.uniform_(0.5, 1.5)
+            batch_norm.weight.uniform_(0.5, 1.5)
+            batch_norm.bias.uniform_(-0.5, 0.5)
+    model.eval()
+
+    def forward(x):
+        h = model.pool1(torch.relu(model.bn1(model.conv1(x))))
+        return torch.softmax(model.fc2(torch.tanh(model.bn2(model.fc1(torch.flatten(h, 1))))), dim=1)
+
+    torch_safetensors.save_file(model.state_dict(), str(tmp_path / "torch.safetensors"))
+    network = bn_cnn(seed=9, backend="cuda")
+    network.load_weights(tmp_path / "torch.safetensors")
+    with torch.no_grad():
+        expected = forward(torch.from_numpy(inputs())).numpy()
+    actual = network.predict(Tensor.from_numpy(inputs(), "cuda")).numpy().reshape(expected.shape)
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
