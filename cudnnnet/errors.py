@@ -46,6 +46,14 @@ class OutputExistsError(UsageError):
     run would replace without being told to (resume it or overwrite it)."""
 
 
+class ExportError(UsageError):
+    """A network cannot be written in the format asked for (a layer or setting it cannot express)."""
+
+
+class MissingExtraError(UsageError):
+    """A feature needs an optional dependency that is not installed; the message names the extra."""
+
+
 class WriteError(CudnnnetError):
     """A file could not be written (a full disk, a lost permission): a runtime failure, not bad input."""
 

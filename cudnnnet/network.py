@@ -18,6 +18,7 @@ import numpy as np
 
 from . import checkpoint
 from .backends import get_backend
+from .interop import safetensors_file, torch_names
 from .errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError
 from .layers import LAYER_TYPES, Activation, BatchNorm, Dense, Dropout, Layer, LossLayer, Parameter, WeightBiasLayer
 from .tensor import Tensor, as_shape, check_tensor_values, float32_values
@@ -343,21 +344,35 @@ class Network:
                 "input_shape": list(self.input_shape), "model": self.spec()}
 
     def save(self, path, extra_arrays: dict | None = None, **extra_metadata) -> Path:
-        """Write every weight and the model config to one ``.npz``, atomically."""
+        """Write every weight and the model config to one file, atomically: a ``.safetensors`` file
+        where ``path`` ends so (the metadata as JSON in its header), else an ``.npz``."""
         self._require_built("save")
         arrays = self.state_dict()
         arrays.update(extra_arrays or {})
         metadata = {**self.metadata(), **extra_metadata}
-        checkpoint.save_npz(path, arrays, metadata)
+        save = safetensors_file.save_safetensors if safetensors_file.is_safetensors(path) else checkpoint.save_npz
+        save(path, arrays, metadata)
         log.info("saved checkpoint %s", path)
         return Path(path)
 
     def load_weights(self, path) -> dict:
-        """Load weights from a checkpoint into this (built) network; returns the checkpoint's metadata."""
+        """Load weights from a checkpoint into this (built) network; returns the checkpoint's metadata.
+
+        A ``.safetensors`` file may also hold a PyTorch ``state_dict`` of the same architecture, its
+        modules named as the layers: its names and layouts are mapped (``interop.torch_names``)."""
         self._require_built("load weights")
-        arrays, metadata = checkpoint.load_npz(path, self.checkpoint_shape)
-        self._load_checkpoint_arrays(arrays, path)
+        if not safetensors_file.is_safetensors(path):
+            arrays, metadata = checkpoint.load_npz(path, self.checkpoint_shape)
+            self._load_checkpoint_arrays(arrays, path)
+            return metadata
+        arrays, metadata = safetensors_file.load_safetensors(path, skip=torch_names.is_ignored)
+        self._load_checkpoint_arrays(torch_names.to_network_layout(arrays, self._checkpoint_shapes(arrays)), path)
         return metadata
+
+    def _checkpoint_shapes(self, arrays) -> dict[str, tuple]:
+        """{name: shape this network stores under it} for the names of ``arrays`` it knows (torch's unwrapped)."""
+        names = {name.removeprefix(torch_names.WRAPPER_PREFIX) for name in arrays}
+        return {name: shape for name in names if (shape := self.checkpoint_shape(name)) is not None}
 
     def checkpoint_shape(self, name: str) -> tuple | None:
         """The shape this network's checkpoints store under ``name``: a parameter's or a buffer's
@@ -394,14 +409,20 @@ class Network:
         The metadata is read and the network built (its size checked) first; each array is then
         checked against the shape the network expects before it is read.
         """
-        metadata = checkpoint.load_npz_metadata(path)
+        safetensors = safetensors_file.is_safetensors(path)
+        metadata = (safetensors_file.load_safetensors_metadata if safetensors else checkpoint.load_npz_metadata)(path)
+        if safetensors and not metadata:
+            raise CheckpointError(f"{path}: a safetensors file without a cudnnnet model description (a PyTorch "
+                                  f"state_dict, say): build the network from its config and call load_weights "
+                                  f"(on the command line: --config CONFIG)")
         training_config = _training_config(metadata, path)
         try:
             network = cls.from_spec(_model_spec(metadata, path), _input_shape(metadata, path), backend)
         except (TypeError, InvalidArgumentError, ShapeError) as error:
             raise CheckpointError(f"{path}: its model description cannot be built: {error}") from None
         _check_classes(network, training_config, path)
-        arrays, _ = checkpoint.load_npz(path, network.checkpoint_shape)
+        load = safetensors_file.load_safetensors if safetensors else checkpoint.load_npz
+        arrays, _ = load(path, network.checkpoint_shape)
         network._load_checkpoint_arrays(arrays, path)
         network.checkpoint_metadata = metadata
         network.training_config = training_config
@@ -433,6 +454,12 @@ class Network:
                                   f"load it from a cudnnnet checkpoint (model.npz)")
         expected = {name: value.shape for name, value in self.parameters().items()}
         self.load_state_dict(checkpoint.read_original(directory, expected))
+
+    def export_onnx(self, path, preprocessing=None) -> Path:
+        """Write this network as an ONNX model (``interop.onnx_export``; needs the ``onnx`` extra)."""
+        from .interop.onnx_export import export_onnx
+
+        return export_onnx(self, path, preprocessing)
 
     @classmethod
     def from_spec(cls, model: list[dict], input_shape, backend="host", seed: int = 0) -> "Network":

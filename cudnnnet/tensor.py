@@ -170,12 +170,19 @@ class Tensor:
             raise ShapeError(f"cannot reshape a tensor of shape {self.shape} to {shape}")
         return Tensor(shape, self.backend, self.data)
 
-    # ---- DLPack (CUDA tensors hand their memory to PyTorch or CuPy without a copy) ---------
+    # ---- DLPack and the CUDA Array Interface (CUDA tensors hand their memory to PyTorch or CuPy
+    # without a copy) ----------------------------------------------------------------------------
     def __dlpack__(self, stream=None, **kwargs):
         return self.backend.dlpack(self, stream=stream, **kwargs)
 
     def __dlpack_device__(self):
         return self.backend.dlpack_device()
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """CUDA Array Interface version 3 of a CUDA tensor (``torch.as_tensor``, CuPy and Numba read its
+        memory without a copy); AttributeError on the host, as CuPy raises, so that consumers fall back."""
+        return self.backend.cuda_array_interface(self)
 
     @classmethod
     def from_dlpack(cls, external, backend=None) -> "Tensor":

@@ -20,7 +20,7 @@ from cudnnnet.data.mnist import load_mnist
 from run_helpers import REPO_ROOT
 
 TOOLS = {"cudnnnet-train": "train", "cudnnnet-predict": "predict", "cudnnnet-evaluate": "evaluate",
-         "cudnnnet-benchmark": "benchmark"}
+         "cudnnnet-benchmark": "benchmark", "cudnnnet-export": "export"}
 ENTRY_POINTS = {**{name: f"cudnnnet.cli.{module}:main" for name, module in TOOLS.items()},
                 "cudnnnet-train": "cudnnnet.cli.launch:train"}  # starts CUDA before importing cli.train
 OUTPUTS = {"model.npz", "metrics.json", "history.csv", "curves.png"}

@@ -131,7 +131,8 @@ def run_installed(venv: Path, command: str, *arguments: str, cwd: Path) -> subpr
                           cwd=cwd, env=env)
 
 
-@pytest.mark.parametrize("script", ["cudnnnet-train", "cudnnnet-predict", "cudnnnet-evaluate", "cudnnnet-benchmark"])
+@pytest.mark.parametrize("script", ["cudnnnet-train", "cudnnnet-predict", "cudnnnet-evaluate", "cudnnnet-benchmark",
+                                    "cudnnnet-export"])
 def test_the_installed_console_scripts_answer_help(installed, tmp_path, script):
     finished = run_installed(installed, script, "--help", cwd=tmp_path)
     assert finished.returncode == 0, finished.stderr

@@ -297,6 +297,12 @@ class Backend(ABC):
     def from_dlpack(self, tensor_class, external):
         """A ``tensor_class`` sharing a DLPack producer's memory (a copy where it cannot be shared)."""
 
+    def cuda_array_interface(self, tensor) -> dict:
+        """``tensor.__cuda_array_interface__`` (version 3) where its memory is on a GPU; AttributeError
+        elsewhere, as CuPy raises for a host array, so that a consumer asking ``hasattr`` falls back."""
+        raise AttributeError(f"a tensor on the {self.name} backend is in host memory and has no "
+                             f"__cuda_array_interface__; use numpy() or DLPack")
+
     # ---- our own kernels (NVRTC on CUDA) -------------------------------------------------------
     @abstractmethod
     def cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:

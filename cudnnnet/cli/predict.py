@@ -24,6 +24,7 @@ from ..config import load_model_description
 from ..data.images import IMAGE_SUFFIXES, folder_images
 from ..shipped_configs import shipped_config_names
 from ..errors import UsageError
+from ..interop import safetensors_file
 from ..network import Network
 from ..outputs import is_output_folder
 from ..inference import predict
@@ -37,10 +38,11 @@ log = logging.getLogger("cudnnnet.predict")
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="cudnnnet-predict", description="Classify image files (digits, for an MNIST network).")
     parser.add_argument("--weights", required=True, type=path_argument, metavar="CHECKPOINT",
-                        help="a model.npz written by cudnnnet-train, the output folder holding it, or a directory of "
+                        help="a model.npz written by cudnnnet-train, the output folder holding it, a .safetensors "
+                             "file (cudnnnet-export's; or a PyTorch state_dict's, with --config), or a directory of "
                              "the original's .bin files")
     parser.add_argument("--config", type=path_argument, metavar="CONFIG",
-                        help="with a .bin directory: a YAML config describing its network (model and data; a "
+                        help="with a .bin directory or a PyTorch .safetensors file: a YAML config describing its network (model and data; a "
                              f"file, or a shipped config by name: {', '.join(shipped_config_names())})")
     parser.add_argument("images", nargs="+", type=path_argument, metavar="IMAGE",
                         help="image files (PNG, JPEG, BMP, ...) or folders")
@@ -56,11 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
 def load_network(weights: str, config_path: str | None, device: str) -> tuple[Network, tuple[float, float] | None]:
     """The network of ``weights`` and the input normalisation (mean, std) to predict with.
 
-    The normalisation is None for a ``.npz``, whose own config says it (see ``predict``).
+    The normalisation is None for a checkpoint, whose own config says it (see ``predict``). A
+    ``.safetensors`` file without a cudnnnet model description (a PyTorch state_dict's) is read into
+    the network ``config_path`` describes, as a directory of the original's ``.bin`` files is.
     """
     weights = Path(weights)
     if is_output_folder(weights) or (weights / "model.npz").is_symlink():  # a link to a set that is gone: named
         weights = weights / "model.npz"
+    if safetensors_file.is_safetensors(weights) and config_path is not None and weights.is_file() \
+            and not safetensors_file.load_safetensors_metadata(weights):
+        network, description = network_of_config(config_path, device)
+        network.load_weights(weights)
+        return network, description.data.normalize
     if not weights.is_dir():
         if config_path is not None:
             log.warning("--config %s is not used: the checkpoint %s describes its own network", config_path, weights)
@@ -68,13 +77,18 @@ def load_network(weights: str, config_path: str | None, device: str) -> tuple[Ne
     if config_path is None:
         raise UsageError(f"{weights} is a directory, read as the original's .bin files, which do not say the "
                          f"network's architecture: add --config CONFIG (the YAML config they were trained with)")
+    network, description = network_of_config(config_path, device)
+    network.load_original(weights)
+    return network, description.data.normalize
+
+
+def network_of_config(config_path: str, device: str):
+    """(the network a config's model describes, built with its initial weights; the config's description)."""
     description = load_model_description(config_path)
     if input_shape(description) is None:
         raise UsageError(f"--config {config_path}: its data ({description.data.dataset}) does not say the input shape; "
                          f"add data.shape [channels, height, width] to it")
-    network = Network.from_spec(model_mapping(description), input_shape(description), get_backend(device))
-    network.load_original(weights)
-    return network, description.data.normalize
+    return Network.from_spec(model_mapping(description), input_shape(description), get_backend(device)), description
 
 
 def one_line(text: str) -> str:

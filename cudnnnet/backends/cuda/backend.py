@@ -41,7 +41,7 @@ from ..base import (OP_N, OP_T, ActivationDescriptor, Backend, ConvolutionDescri
                     check_nonfinite_operands)
 from ..base import BatchNormMode
 from .dropout import DropoutReserve, DropoutState
-from . import dlpack
+from .array_protocols import ArrayProtocols
 from .bindings import cublas, cudnn, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .backward_bias import backward_bias
@@ -111,7 +111,7 @@ class SgdTable:
     total: int  # Σ sizes: the kernel's index space
 
 
-class CudaBackend(Backend):
+class CudaBackend(ArrayProtocols, Backend):
     """The product: a layer's cuBLAS/cuDNN verbs run on one NVIDIA GPU."""
 
     name = "cuda"
@@ -939,35 +939,6 @@ class CudaBackend(Backend):
                              self._stream)
         log.debug("sgd_update_many: table of %d parameters, %d values", len(rows), offset)
         return SgdTable(buffer, host_rows, len(rows), offset)
-
-    # ---- DLPack -------------------------------------------------------------------------------
-    def dlpack(self, tensor: Tensor, stream=None, max_version=None, dl_device=None, copy=None, **kwargs):
-        """A "dltensor" capsule sharing the tensor's memory. ``stream`` is the consumer's stream
-        (None or 1: legacy default, 2: per-thread default, -1: no ordering): it is made to wait for
-        the work queued so far on ours."""
-        if copy:
-            raise BufferError("the CUDA backend exports without copying; copy=True is not supported")
-        if dl_device is not None and tuple(dl_device) != self.dlpack_device():
-            raise BufferError(f"cannot export to DLPack device {tuple(dl_device)}; this tensor is on {self.dlpack_device()}")
-        if stream != -1:
-            self.context.make_stream_wait(1 if stream is None else int(stream))
-        return dlpack.export(tensor.data, tensor.shape, self.context.device)
-
-    def dlpack_device(self) -> tuple[int, int]:
-        """(kDLCUDA, device id)."""
-        return (dlpack.KDL_CUDA, self.context.device)
-
-    def from_dlpack(self, cls, external) -> Tensor:
-        """A tensor sharing a CUDA DLPack producer's memory (no copy); the producer's deleter runs
-        when the tensor's buffer is freed."""
-        if not hasattr(external, "__dlpack__"):
-            raise UsageError(f"from_dlpack needs an object with __dlpack__, got {type(external).__name__}")
-        device = tuple(external.__dlpack_device__())
-        if device != self.dlpack_device():
-            raise UsageError(f"from_dlpack: the array is on DLPack device {device}, this backend on {self.dlpack_device()}")
-        capsule = external.__dlpack__(stream=self.context.stream.address)
-        shape, buffer = dlpack.consume(capsule, self.context.device)
-        return cls(shape, self, buffer)
 
     # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
     def adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
