@@ -288,8 +288,8 @@ class Trainer:
                                      self.loader.classes, augment, train.seed)
             self.test_set = ResidentTestSet(self.backend, self.test_pixels, self.test_labels, self.loader.classes)
         self.use_graph = train.graph and self.backend.supports_graphs
-        self.graph = None  # the captured training step of a full batch, once captured
-        self._full_batch_ran = False  # the first full step runs eagerly: it allocates and plans
+        self.graphs = {}  # batch size -> the captured training step of that size (the full batch, the epoch's last)
+        self._eager_sizes = set()  # batch sizes stepped once eagerly: allocated, planned, ready to capture
         self.totals = Accumulator(self.backend)
         self.watch = NonFiniteWatch(self.backend)
         self.position = Position()
@@ -343,23 +343,30 @@ class Trainer:
         self.optimizer.step()
 
     def train_batch(self, index: int) -> int:
-        """Train on batch ``index`` of the current epoch; returns its size. Full batches replay a CUDA
-        graph when enabled: captured at the second full step, after the first has allocated every buffer,
+        """Train on batch ``index`` of the current epoch; returns its size. With graphs enabled, the
+        second step of each batch size (the full batch, the epoch's shorter last one) is captured as a
+        CUDA graph and later steps of that size replay it: the first has allocated every buffer,
         planned every convolution and compiled every kernel."""
         x, target = self.data.select(index)
         self.optimizer.set_lr(self.position.epoch)
-        if not self.use_graph or x.n != self.data.batch_size or not self._full_batch_ran:
-            self._full_batch_ran |= x.n == self.data.batch_size
-            self._step(x, target)
-        elif self.graph is None:
+        graph = self.graphs.get(x.n)
+        if graph is not None:
+            graph.launch()
+            self.optimizer.step_count += 1  # what optimizer.step() counts; the replay ran its kernels
+        elif self.use_graph and x.n in self._eager_sizes:
             with self.backend.capture() as graph:
                 self._step(x, target)
-            self.graph = graph
-            self.graph.launch()
+            self.graphs[x.n] = graph
+            graph.launch()
         else:
-            self.graph.launch()
-            self.optimizer.step_count += 1  # what optimizer.step() counts; the replay ran its kernels
+            self._eager_sizes.add(x.n)
+            self._step(x, target)
         return x.n
+
+    @property
+    def graph(self):
+        """The captured step of a full batch, once captured (None before, or without graphs)."""
+        return self.graphs.get(self.data.batch_size)
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -401,8 +408,8 @@ class Trainer:
         (``run`` does it after publishing; a caller that trains epoch by epoch does it at its end).
         ``exit_code``: the process's, should NCCL not let go within CUDNNNET_TEARDOWN_TIMEOUT."""
         if self.replicas is not None:
-            graph, self.graph = self.graph, None
-            self.replicas.finish(graphs=[graph], exit_code=exit_code)
+            graphs, self.graphs = list(self.graphs.values()), {}
+            self.replicas.finish(graphs=graphs, exit_code=exit_code)
 
     @property
     def writes(self) -> bool:
