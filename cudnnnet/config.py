@@ -26,7 +26,7 @@ from typing import Any, Callable, NoReturn
 from .augmentation import MAX_CROP_PADDING
 from .data.mnist import MNIST_MEAN, MNIST_STD
 from .data.pixels import MAX_IMAGE_PIXELS, RESIZE_MODES
-from .config_file import MAX_INTEGER, read_yaml
+from .config_file import MAX_INTEGER, MAX_LAYERS, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
 from .errors import ConfigError, InvalidArgumentError
 from .shipped_configs import resolve_config
@@ -572,9 +572,9 @@ def _parse_layer(value: Any, path: str, source: str, type_counts: Counter) -> La
 
 
 def _parse_model(value: Any, source: str) -> tuple[LayerSpec, ...]:
-    if not isinstance(value, list) or not value:
-        raise ConfigError(f"{source}: model: expected a non-empty list of layers (mappings with a type), "
-                          f"got {_describe(value)}")
+    if not isinstance(value, list) or not value or len(value) > MAX_LAYERS:  # refused before any layer is read
+        raise ConfigError(f"{source}: model: expected a non-empty list of layers (mappings with a type), at most "
+                          f"{MAX_LAYERS}, got {f'{len(value)}' if isinstance(value, list) and value else _describe(value)}")
     type_counts: Counter = Counter()
     layers = tuple(_parse_layer(item, f"model[{index}]", source, type_counts) for index, item in enumerate(value))
     _check_names(layers, source)

@@ -583,7 +583,7 @@ class Trainer:
 
     def _resume(self, path: Path) -> None:
         path = checkpoint_to_resume(path)
-        arrays, metadata = checkpoint.load_npz(path, self.network.checkpoint_shape)
+        arrays, metadata = checkpoint.load_npz(path, self.network.checkpoint_shapes().get)
         self._check_model(path, metadata)
         self._check_batch_size(path, metadata)
         self._check_geometry(path, metadata)
