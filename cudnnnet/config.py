@@ -30,6 +30,7 @@ from .config_file import MAX_INTEGER, MAX_LAYERS, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
 from .errors import ConfigError, InvalidArgumentError
 from .shipped_configs import resolve_config
+from .tensor import FLOAT32_MAX, FLOAT32_TINY
 
 DEVICES = ("auto", "cuda", "host")
 MATH_MODES = ("fp32", "tf32", "bf16", "fp16")
@@ -242,11 +243,6 @@ def _real_at_least(value, least: float) -> bool:
         return False
 
 
-# The optimisers and the loss scale compute in float32: a rate, eps or weight decay beyond its largest number
-# is inf there; an eps below its smallest normal number (a denormal, or 0) lets v = 0 divide m = 0 into NaN
-# weights, and a loss scale S there makes 1/S inf.
-FLOAT32_MAX = 3.4028234663852886e38
-FLOAT32_TINY = 2.0 ** -126
 LOSS_SCALE_INITIAL = 65536.0  # 2^16, the loss scale a math: fp16 run starts from
 LOSS_SCALE_GROWTH_INTERVAL = 2000  # clean steps after which the scale doubles
 MAX_LOSS_SCALE = 2.0 ** 64  # the scale never grows past this (loss_scaling.py), nor starts there
