@@ -497,7 +497,7 @@ def _activation(layer: _Section) -> dict:
         coef = layer.number("coef", low=0.0, low_open=True)
     else:
         coef = layer.number("coef", 1.0 if mode == "elu" else 0.0)
-    return {"mode": mode, "coef": coef}
+    return {"mode": mode, "coef": _float32(layer, "coef", coef)}
 
 
 def _conv2d(layer: _Section) -> dict:
@@ -533,7 +533,7 @@ def _batchnorm(layer: _Section) -> dict:
     return {
         "mode": layer.choice("mode", BATCH_NORM_MODES, "auto"),
         "momentum": layer.number("momentum", 0.1, low=0.0, high=1.0, low_open=True),
-        "eps": layer.number("eps", 1e-5, low=1e-5),
+        "eps": _float32(layer, "eps", layer.number("eps", 1e-5, low=1e-5)),
     }
 
 
@@ -620,7 +620,8 @@ def _parse_normalize(data: _Section, dataset: str) -> tuple | str | None:
     normalize.only(("mean", "std"))
     if isinstance(normalize.value.get("mean"), list) or isinstance(normalize.value.get("std"), list):
         return (_channel_numbers(normalize, "mean", None), _channel_numbers(normalize, "std", 0.0))
-    return (normalize.number("mean"), normalize.number("std", low=0.0, low_open=True))
+    return (_float32(normalize, "mean", normalize.number("mean")),
+            _float32(normalize, "std", normalize.number("std", low=0.0, low_open=True), FLOAT32_TINY))
 
 
 def _channel_numbers(section: _Section, key: str, low: float | None) -> tuple[float, ...]:
@@ -629,7 +630,8 @@ def _channel_numbers(section: _Section, key: str, low: float | None) -> tuple[fl
     if not isinstance(values, list) or len(values) not in (1, 3):
         section.fail(key, f"expected a number or a list of 1 or 3 numbers (one per channel), got {_describe(values)}")
     item = _Section({str(index): value for index, value in enumerate(values)}, section.key_path(key), section.source)
-    return tuple(item.number(str(index), low=low, low_open=low is not None) for index in range(len(values)))
+    return tuple(_float32(item, str(index), item.number(str(index), low=low, low_open=low is not None),
+                          0.0 if low is None else FLOAT32_TINY) for index in range(len(values)))
 
 
 def _path(data: _Section, key: str, required: bool) -> str | None:
@@ -750,10 +752,11 @@ ADAMW_WEIGHT_DECAY = 0.01  # AdamW's default decoupled weight decay (PyTorch's)
 
 
 def _float32(section: _Section, key: str, value: float, smallest: float = 0.0) -> float:
-    """An optimiser's ``value`` at ``key`` where float32 holds it (at most FLOAT32_MAX; at least ``smallest``
-    where it is > 0), else ConfigError."""
-    if value > FLOAT32_MAX:
-        section.fail(key, f"expected at most {FLOAT32_MAX:g} (float32's largest number), got {value:g}")
+    """A setting's ``value`` at ``key`` where float32 holds it (at most FLOAT32_MAX in magnitude; at least
+    ``smallest`` where it is > 0), else ConfigError: an optimiser's, a layer's, the normalisation's."""
+    if abs(value) > FLOAT32_MAX:
+        bound = f"at most {FLOAT32_MAX:g}" if value > 0 else f"at least {-FLOAT32_MAX:g}"
+        section.fail(key, f"expected {bound} (float32's largest magnitude), got {value:g}")
     if value < smallest:
         section.fail(key, f"expected at least {smallest:g} (float32's smallest normal number; a smaller one is 0 or "
                           f"a denormal on the device), got {value:g}")
