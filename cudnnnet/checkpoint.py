@@ -46,6 +46,9 @@ _ZIP_SIGNATURE = b"PK\x03\x04"
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 MAX_METADATA_BYTES = 16 << 20  # the model, the training config and a history of up to ~100 000 epochs
 MAX_CHECKPOINT_BYTES = 4 << 30  # all arrays of a checkpoint read without the network's shapes
+# the entries of a checkpoint: those of config_file.MAX_LAYERS layers, at most 8 arrays a layer (BatchNorm's weight,
+# bias, running statistics, Adam's two moments of each parameter), and the metadata
+MAX_CHECKPOINT_ENTRIES = 100_000
 # What a damaged archive makes zipfile and NumPy raise; a flipped header bit can claim an unknown compression
 # method (NotImplementedError) or encryption (RuntimeError).
 _NPZ_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError,
@@ -125,28 +128,31 @@ def load_npz(path: str | os.PathLike, shapes: Callable[[str], tuple | None] | No
     file that is not an ``.npz``, a truncated or corrupt archive, a pickled object array, a
     missing or invalid ``__metadata__``, or an array that is not floating point or not finite.
 
-    Sizes are checked before anything is decompressed or allocated: each array's ``.npy`` header
-    (its shape) against ``shapes(name)`` — the shape the network expects, or None for a name it has
-    no use for — and, without ``shapes``, against MAX_TENSOR_VALUES per array and MAX_CHECKPOINT_BYTES
-    in all; the metadata against MAX_METADATA_BYTES. Only the bytes a header declares are read,
-    so a small archive whose members inflate to gigabytes is refused from its headers.
+    Sizes are checked before anything is decompressed or allocated. From the zip directory: every
+    name (a ``.npy`` entry, none twice, at most MAX_CHECKPOINT_ENTRIES, and with ``shapes`` one the
+    network has a use for: ``shapes(name)`` is the shape it expects, or None). From each ``.npy``
+    header: its dtype (floating point; the metadata's uint8) and its shape, against ``shapes(name)``
+    and, without ``shapes``, against MAX_TENSOR_VALUES per array and MAX_CHECKPOINT_BYTES in all;
+    the metadata against MAX_METADATA_BYTES. Only the bytes a header declares are read, so a small
+    archive whose members inflate to gigabytes is refused from its headers.
     """
     path = Path(path)
     _check_exists(path)
     with _open_archive(path) as archive:
-        entries = _entries(path, archive)
-        metadata = _decode_metadata(path, _read_metadata_entry(path, archive, entries))
-        arrays = _read_arrays(path, archive, entries, shapes)
+        directory = _directory(path, archive, shapes)
+        metadata = _decode_metadata(path, _read_metadata_entry(path, archive, directory))
+        arrays = _read_arrays(path, archive, _entries(path, archive, directory), shapes)
     log.info("loaded %d arrays from %s", len(arrays), path)
     return arrays, metadata
 
 
 def load_npz_metadata(path: str | os.PathLike) -> dict:
-    """Only the metadata of a checkpoint (of the arrays only the headers are read); the errors of ``load_npz``."""
+    """Only the metadata of a checkpoint (of the arrays only the names in the zip directory are read);
+    the errors of ``load_npz``."""
     path = Path(path)
     _check_exists(path)
     with _open_archive(path) as archive:
-        return _decode_metadata(path, _read_metadata_entry(path, archive, _entries(path, archive)))
+        return _decode_metadata(path, _read_metadata_entry(path, archive, _directory(path, archive, None)))
 
 
 def _check_exists(path: Path) -> None:
@@ -193,35 +199,58 @@ class _Entry(NamedTuple):
     dtype: np.dtype
 
 
-def _entries(path: Path, archive: zipfile.ZipFile) -> dict[str, _Entry]:
-    """{array name: entry} of every entry, from the headers alone (no data is decompressed)."""
-    entries = {}
-    for info in archive.infolist():
+def _directory(path: Path, archive: zipfile.ZipFile, shapes) -> dict[str, zipfile.ZipInfo]:
+    """{array name: zip entry} from the zip directory alone (no entry is opened): at most
+    MAX_CHECKPOINT_ENTRIES, each a ``NAME.npy`` held once and, with ``shapes``, a name the network has
+    a use for."""
+    infos = archive.infolist()
+    if len(infos) > MAX_CHECKPOINT_ENTRIES:
+        raise CheckpointError(f"{path}: {len(infos)} entries, more than the {MAX_CHECKPOINT_ENTRIES} a checkpoint "
+                              f"may hold")
+    directory = {}
+    for info in infos:
         if not info.filename.endswith(".npy") or info.is_dir():
             raise CheckpointError(f"{path}: entry {info.filename!r} is not a NumPy array (.npy)")
         name = info.filename[: -len(".npy")]
-        with archive.open(info) as stream:
-            shape, dtype, _, _ = _read_npy_header(path, stream, name)
-        entries[name] = _Entry(info, shape, dtype)
-    return entries
+        if name in directory:
+            raise CheckpointError(f"{path}: entry {info.filename!r} appears twice; a checkpoint holds each array once")
+        if shapes is not None and name != METADATA_KEY and shapes(name) is None:
+            raise CheckpointError(f"{path}: {name}: in the checkpoint, but the network has no such parameter")
+        directory[name] = info
+    return directory
 
 
-def _read_metadata_entry(path: Path, archive: zipfile.ZipFile, entries: Mapping[str, _Entry]) -> np.ndarray | None:
-    entry = entries.get(METADATA_KEY)
-    if entry is None:
+def _entries(path: Path, archive: zipfile.ZipFile, directory: Mapping[str, zipfile.ZipInfo]) -> dict[str, _Entry]:
+    """{array name: entry} of every array but the metadata, from their headers (no data is decompressed)."""
+    return {name: _entry(path, archive, info, name) for name, info in directory.items() if name != METADATA_KEY}
+
+
+def _entry(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> _Entry:
+    with archive.open(info) as stream:
+        shape, dtype, _, _ = _read_npy_header(path, stream, name)
+    return _Entry(info, shape, dtype)
+
+
+def _read_metadata_entry(path: Path, archive: zipfile.ZipFile, directory: Mapping[str, zipfile.ZipInfo]
+                         ) -> np.ndarray | None:
+    """The metadata's bytes, its size and its header (a 1-D uint8 array) checked before they are read."""
+    info = directory.get(METADATA_KEY)
+    if info is None:
         return None
-    if entry.info.file_size > MAX_METADATA_BYTES:
-        raise CheckpointError(f"{path}: {METADATA_KEY} declares {entry.info.file_size} bytes, more than the "
+    if info.file_size > MAX_METADATA_BYTES:
+        raise CheckpointError(f"{path}: {METADATA_KEY} declares {info.file_size} bytes, more than the "
                               f"{MAX_METADATA_BYTES} metadata may take")
-    return _read_member(path, archive, entry.info, METADATA_KEY)
+    entry = _entry(path, archive, info, METADATA_KEY)
+    if entry.dtype != np.uint8 or len(entry.shape) != 1:
+        raise CheckpointError(f"{path}: invalid {METADATA_KEY} (a {entry.dtype} array of shape {entry.shape})")
+    return _read_member(path, archive, entry, METADATA_KEY)
 
 
 def _read_arrays(path: Path, archive: zipfile.ZipFile, entries: Mapping[str, _Entry], shapes) -> dict[str, np.ndarray]:
     """Every array but the metadata, all checked from their headers before any data is read."""
-    arrays = {name: entry for name, entry in entries.items() if name != METADATA_KEY}
-    _check_declared(path, arrays, shapes)
-    return {name: _float32_for_loading(path, name, _read_member(path, archive, entry.info, name))
-            for name, entry in arrays.items()}
+    _check_declared(path, entries, shapes)
+    return {name: _float32_for_loading(path, name, _read_member(path, archive, entry, name))
+            for name, entry in entries.items()}
 
 
 def _read_npy_header(path: Path, stream, name: str) -> tuple[tuple, np.dtype, bool, int]:
@@ -243,9 +272,9 @@ def _check_declared(path: Path, entries: Mapping[str, _Entry], shapes) -> None:
     """Every array's declared shape is the one the network expects, or within the limits."""
     total = 0
     for name, (_, shape, dtype) in entries.items():
+        if dtype.kind != "f":
+            raise CheckpointError(f"{path}: array {name!r} has dtype {dtype.str}; expected floating point")
         expected = None if shapes is None else shapes(name)
-        if shapes is not None and expected is None:
-            raise CheckpointError(f"{path}: {name}: in the checkpoint, but the network has no such parameter")
         if expected is not None and shape != tuple(expected):
             raise CheckpointError(f"{path}: {name}: checkpoint has {shape}, network needs {tuple(expected)}")
         if prod(shape) > MAX_TENSOR_VALUES:
@@ -257,10 +286,14 @@ def _check_declared(path: Path, entries: Mapping[str, _Entry], shapes) -> None:
                               f"{MAX_CHECKPOINT_BYTES} a checkpoint may hold")
 
 
-def _read_member(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> np.ndarray:
-    """The array of one entry, reading (decompressing) only the bytes its header declares."""
+def _read_member(path: Path, archive: zipfile.ZipFile, entry: _Entry, name: str) -> np.ndarray:
+    """The array of one entry whose header was checked, reading (decompressing) only the bytes it declares."""
+    info = entry.info
     with archive.open(info) as stream:
         shape, dtype, fortran_order, header_size = _read_npy_header(path, stream, name)
+        if (shape, dtype) != (entry.shape, entry.dtype):  # the file was rewritten meanwhile
+            raise CheckpointError(f"{path}: truncated or corrupt .npz checkpoint (entry {name!r} changed while "
+                                  f"it was read)")
         nbytes = prod(shape) * dtype.itemsize
         if info.file_size != header_size + nbytes:
             raise CheckpointError(f"{path}: truncated or corrupt .npz checkpoint (entry {name!r} holds "

@@ -26,10 +26,11 @@ from typing import Any, Callable, NoReturn
 from .augmentation import MAX_CROP_PADDING
 from .data.mnist import MNIST_MEAN, MNIST_STD
 from .data.pixels import MAX_IMAGE_PIXELS, RESIZE_MODES
-from .config_file import MAX_INTEGER, read_yaml
+from .config_file import MAX_INTEGER, MAX_LAYERS, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
 from .errors import ConfigError, InvalidArgumentError
 from .shipped_configs import resolve_config
+from .tensor import FLOAT32_MAX, FLOAT32_TINY
 
 DEVICES = ("auto", "cuda", "host")
 MATH_MODES = ("fp32", "tf32", "bf16", "fp16")
@@ -242,11 +243,6 @@ def _real_at_least(value, least: float) -> bool:
         return False
 
 
-# The optimisers and the loss scale compute in float32: a rate, eps or weight decay beyond its largest number
-# is inf there; an eps below its smallest normal number (a denormal, or 0) lets v = 0 divide m = 0 into NaN
-# weights, and a loss scale S there makes 1/S inf.
-FLOAT32_MAX = 3.4028234663852886e38
-FLOAT32_TINY = 2.0 ** -126
 LOSS_SCALE_INITIAL = 65536.0  # 2^16, the loss scale a math: fp16 run starts from
 LOSS_SCALE_GROWTH_INTERVAL = 2000  # clean steps after which the scale doubles
 MAX_LOSS_SCALE = 2.0 ** 64  # the scale never grows past this (loss_scaling.py), nor starts there
@@ -501,7 +497,7 @@ def _activation(layer: _Section) -> dict:
         coef = layer.number("coef", low=0.0, low_open=True)
     else:
         coef = layer.number("coef", 1.0 if mode == "elu" else 0.0)
-    return {"mode": mode, "coef": coef}
+    return {"mode": mode, "coef": _float32(layer, "coef", coef)}
 
 
 def _conv2d(layer: _Section) -> dict:
@@ -537,7 +533,7 @@ def _batchnorm(layer: _Section) -> dict:
     return {
         "mode": layer.choice("mode", BATCH_NORM_MODES, "auto"),
         "momentum": layer.number("momentum", 0.1, low=0.0, high=1.0, low_open=True),
-        "eps": layer.number("eps", 1e-5, low=1e-5),
+        "eps": _float32(layer, "eps", layer.number("eps", 1e-5, low=1e-5)),
     }
 
 
@@ -572,9 +568,9 @@ def _parse_layer(value: Any, path: str, source: str, type_counts: Counter) -> La
 
 
 def _parse_model(value: Any, source: str) -> tuple[LayerSpec, ...]:
-    if not isinstance(value, list) or not value:
-        raise ConfigError(f"{source}: model: expected a non-empty list of layers (mappings with a type), "
-                          f"got {_describe(value)}")
+    if not isinstance(value, list) or not value or len(value) > MAX_LAYERS:  # refused before any layer is read
+        raise ConfigError(f"{source}: model: expected a non-empty list of layers (mappings with a type), at most "
+                          f"{MAX_LAYERS}, got {f'{len(value)}' if isinstance(value, list) and value else _describe(value)}")
     type_counts: Counter = Counter()
     layers = tuple(_parse_layer(item, f"model[{index}]", source, type_counts) for index, item in enumerate(value))
     _check_names(layers, source)
@@ -624,7 +620,8 @@ def _parse_normalize(data: _Section, dataset: str) -> tuple | str | None:
     normalize.only(("mean", "std"))
     if isinstance(normalize.value.get("mean"), list) or isinstance(normalize.value.get("std"), list):
         return (_channel_numbers(normalize, "mean", None), _channel_numbers(normalize, "std", 0.0))
-    return (normalize.number("mean"), normalize.number("std", low=0.0, low_open=True))
+    return (_float32(normalize, "mean", normalize.number("mean")),
+            _float32(normalize, "std", normalize.number("std", low=0.0, low_open=True), FLOAT32_TINY))
 
 
 def _channel_numbers(section: _Section, key: str, low: float | None) -> tuple[float, ...]:
@@ -633,7 +630,8 @@ def _channel_numbers(section: _Section, key: str, low: float | None) -> tuple[fl
     if not isinstance(values, list) or len(values) not in (1, 3):
         section.fail(key, f"expected a number or a list of 1 or 3 numbers (one per channel), got {_describe(values)}")
     item = _Section({str(index): value for index, value in enumerate(values)}, section.key_path(key), section.source)
-    return tuple(item.number(str(index), low=low, low_open=low is not None) for index in range(len(values)))
+    return tuple(_float32(item, str(index), item.number(str(index), low=low, low_open=low is not None),
+                          0.0 if low is None else FLOAT32_TINY) for index in range(len(values)))
 
 
 def _path(data: _Section, key: str, required: bool) -> str | None:
@@ -754,10 +752,11 @@ ADAMW_WEIGHT_DECAY = 0.01  # AdamW's default decoupled weight decay (PyTorch's)
 
 
 def _float32(section: _Section, key: str, value: float, smallest: float = 0.0) -> float:
-    """An optimiser's ``value`` at ``key`` where float32 holds it (at most FLOAT32_MAX; at least ``smallest``
-    where it is > 0), else ConfigError."""
-    if value > FLOAT32_MAX:
-        section.fail(key, f"expected at most {FLOAT32_MAX:g} (float32's largest number), got {value:g}")
+    """A setting's ``value`` at ``key`` where float32 holds it (at most FLOAT32_MAX in magnitude; at least
+    ``smallest`` where it is > 0), else ConfigError: an optimiser's, a layer's, the normalisation's."""
+    if abs(value) > FLOAT32_MAX:
+        bound = f"at most {FLOAT32_MAX:g}" if value > 0 else f"at least {-FLOAT32_MAX:g}"
+        section.fail(key, f"expected {bound} (float32's largest magnitude), got {value:g}")
     if value < smallest:
         section.fail(key, f"expected at least {smallest:g} (float32's smallest normal number; a smaller one is 0 or "
                           f"a denormal on the device), got {value:g}")

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import checkpoint
 from .backends import get_backend
+from .config_file import MAX_LAYERS
 from .interop import safetensors_file, torch_names
 from .errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError
 from .layers import LAYER_TYPES, Activation, BatchNorm, Dense, Dropout, Layer, LossLayer, Parameter, WeightBiasLayer
@@ -34,6 +35,7 @@ _TYPE_NAMES = {cls: name for name, cls in LAYER_TYPES.items()}
 class Network:
     def __init__(self, layers=(), backend="host", seed: int = 0, input_shape=None):
         self.layers: list[Layer] = []
+        self._layer_names: set[str] = set()  # of self.layers: add_layer's duplicate check in constant time
         self.backend = get_backend(backend)  # its ``engine`` says which calls the layers make
         self.seed = int(seed)
         self.input_shape: tuple[int, int, int] | None = None  # (c, h, w) of one sample
@@ -52,7 +54,9 @@ class Network:
             raise InvalidArgumentError(f"add_layer takes a Layer, got {type(layer).__name__}")
         if self.input_shape is not None:
             raise InvalidArgumentError(f"cannot add layer {layer.name!r}: the network is already built")
-        if any(existing.name == layer.name for existing in self.layers):
+        if len(self.layers) >= MAX_LAYERS:
+            raise InvalidArgumentError(f"cannot add layer {layer.name!r}: a network holds at most {MAX_LAYERS} layers")
+        if layer.name in self._layer_names:
             raise InvalidArgumentError(f"a layer named {layer.name!r} is already in the network")
         if self.layers and self.layers[-1].is_loss:
             raise InvalidArgumentError(
@@ -60,6 +64,7 @@ class Network:
             )
         layer.training = self.training  # a layer added after eval() evaluates too
         self.layers.append(layer)
+        self._layer_names.add(layer.name)
         return self
 
     @property
@@ -362,7 +367,7 @@ class Network:
         modules named as the layers: its names and layouts are mapped (``interop.torch_names``)."""
         self._require_built("load weights")
         if not safetensors_file.is_safetensors(path):
-            arrays, metadata = checkpoint.load_npz(path, self.checkpoint_shape)
+            arrays, metadata = checkpoint.load_npz(path, self.checkpoint_shapes().get)
             self._load_checkpoint_arrays(arrays, path)
             return metadata
         arrays, metadata = safetensors_file.load_safetensors(path, skip=torch_names.is_ignored)
@@ -372,26 +377,23 @@ class Network:
     def _checkpoint_shapes(self, arrays) -> dict[str, tuple]:
         """{name: shape this network stores under it} for the names of ``arrays`` it knows (torch's unwrapped)."""
         names = {name.removeprefix(torch_names.WRAPPER_PREFIX) for name in arrays}
-        return {name: shape for name in names if (shape := self.checkpoint_shape(name)) is not None}
+        shapes = self.checkpoint_shapes()
+        return {name: shapes[name] for name in names if name in shapes}
 
-    def checkpoint_shape(self, name: str) -> tuple | None:
-        """The shape this network's checkpoints store under ``name``: a parameter's or a buffer's
+    def checkpoint_shapes(self) -> dict[str, tuple]:
+        """{name: shape} of every array this network's checkpoints may store: a parameter's or a buffer's
         (``bn1.running_mean``), its optimiser state's (``optimizer.velocity.fc1.weight``, Adam's
         ``optimizer.m.fc1.weight`` and ``optimizer.v.fc1.weight``, ``optimizer.step``, Adam's
-        ``optimizer.adam_steps``, the fp16 loss scale's ``optimizer.loss_scale``), or None for any
-        other name."""
-        if name in (f"{OPTIMIZER_PREFIX}step", f"{OPTIMIZER_PREFIX}adam_steps"):
-            return (1,)
-        if name == f"{OPTIMIZER_PREFIX}loss_scale":
-            return (3,)  # [scale, clean steps, skipped steps] (loss_scaling.py)
-        buffers = self.buffers()
-        if name in buffers:
-            return buffers[name].shape
-        parameters = self.parameters()
-        for prefix in ("", *(f"{OPTIMIZER_PREFIX}{state}." for state in ("velocity", "m", "v"))):
-            if name.startswith(prefix) and name[len(prefix):] in parameters:
-                return parameters[name[len(prefix):]].shape
-        return None
+        ``optimizer.adam_steps``, the fp16 loss scale's ``optimizer.loss_scale``). Made once, in time
+        linear in the layers, for a reader to look every name up in."""
+        parameters = {name: value.shape for name, value in self.parameters().items()}
+        shapes = {f"{OPTIMIZER_PREFIX}step": (1,), f"{OPTIMIZER_PREFIX}adam_steps": (1,),
+                  f"{OPTIMIZER_PREFIX}loss_scale": (3,)}  # [scale, clean steps, skipped steps] (loss_scaling.py)
+        for state in ("velocity", "m", "v"):
+            shapes.update({f"{OPTIMIZER_PREFIX}{state}.{name}": shape for name, shape in parameters.items()})
+        shapes.update(parameters)
+        shapes.update({name: value.shape for name, value in self.buffers().items()})
+        return shapes
 
     def _load_checkpoint_arrays(self, arrays: dict, path) -> None:
         """The weights among a checkpoint's arrays (its optimiser state aside), all or nothing."""
@@ -422,7 +424,7 @@ class Network:
             raise CheckpointError(f"{path}: its model description cannot be built: {error}") from None
         _check_classes(network, training_config, path)
         load = safetensors_file.load_safetensors if safetensors else checkpoint.load_npz
-        arrays, _ = load(path, network.checkpoint_shape)
+        arrays, _ = load(path, network.checkpoint_shapes().get)
         network._load_checkpoint_arrays(arrays, path)
         network.checkpoint_metadata = metadata
         network.training_config = training_config

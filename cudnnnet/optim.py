@@ -24,15 +24,12 @@ the all-reduce's).
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import numpy as np
 
-from .config import FLOAT32_MAX, FLOAT32_TINY, OptimizerConfig, ScheduleConfig
+from .config import OptimizerConfig, ScheduleConfig
 from .config_file import MAX_INTEGER
 from .errors import CheckpointError, InvalidArgumentError, ShapeError
-from .tensor import Tensor, float32_values
+from .tensor import FLOAT32_MAX, FLOAT32_TINY, Tensor, finite_real, float32_values
 
 ADAM_STEPS = "adam_steps"  # checkpoint array, after the prefix: the steps Adam took (its bias correction's t)
 PACK_ALIGNMENT = 64  # floats (256 bytes): each packed tensor starts as aligned as an allocation of its own
@@ -67,7 +64,7 @@ class SGD:
     def __init__(self, network, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  schedule: ScheduleConfig | None = None):
         lr, weight_decay = _learning_rate_and_decay(lr, weight_decay)
-        momentum = _real(momentum, "momentum", "in [0, 1)", lambda value: 0 <= value < 1)
+        momentum = finite_real(momentum, "momentum", "in [0, 1)", lambda value: 0 <= value < 1)
         self.network = network
         self.lr0, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.schedule = schedule or ScheduleConfig()
@@ -166,9 +163,9 @@ class Adam:
         lr, weight_decay = _learning_rate_and_decay(lr, weight_decay)
         if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
             raise InvalidArgumentError(f"betas must be two numbers in [0, 1), got {betas!r}")
-        betas = tuple(_real(beta, f"betas[{index}]", "in [0, 1)", lambda value: 0 <= value < 1)
+        betas = tuple(finite_real(beta, f"betas[{index}]", "in [0, 1)", lambda value: 0 <= value < 1)
                       for index, beta in enumerate(betas))
-        eps = _real(eps, "eps", f"in [{FLOAT32_TINY:g}, {FLOAT32_MAX:g}] (float32's normal numbers)",
+        eps = finite_real(eps, "eps", f"in [{FLOAT32_TINY:g}, {FLOAT32_MAX:g}] (float32's normal numbers)",
                     lambda value: FLOAT32_TINY <= value <= FLOAT32_MAX)
         if network.input_shape is None:
             raise InvalidArgumentError("build the network (its parameters) before making its optimiser")
@@ -251,25 +248,11 @@ class Adam:
         self.counter.write_(np.array([taken, 0], dtype=np.float32))
 
 
-def _real(value, what: str, valid: str, accepts) -> float:
-    """``value`` as a float where it is a finite real number (not a boolean) that ``accepts`` takes,
-    else InvalidArgumentError naming ``what`` and the ``valid`` range."""
-    number = math.nan
-    if not isinstance(value, bool) and isinstance(value, numbers.Real):
-        try:
-            number = float(value)
-        except OverflowError:  # an integer beyond any float
-            number = math.inf
-    if not math.isfinite(number) or not accepts(number):
-        raise InvalidArgumentError(f"{what} must be a finite number {valid}, got {value!r}")
-    return number
-
-
 def _learning_rate_and_decay(lr, weight_decay) -> tuple[float, float]:
     """Every optimiser's rate (> 0) and weight decay (>= 0), checked by ``_real``."""
-    return (_real(lr, "learning rate", f"in (0, {FLOAT32_MAX:g}] (float32's range)",
+    return (finite_real(lr, "learning rate", f"in (0, {FLOAT32_MAX:g}] (float32's range)",
                   lambda value: 0 < value <= FLOAT32_MAX),
-            _real(weight_decay, "weight decay", f"in [0, {FLOAT32_MAX:g}] (float32's range)",
+            finite_real(weight_decay, "weight decay", f"in [0, {FLOAT32_MAX:g}] (float32's range)",
                   lambda value: 0 <= value <= FLOAT32_MAX))
 
 

@@ -19,7 +19,9 @@ into the same folder is refused; the lock goes with the process, however it ends
 
 A new training into a folder that already holds a published set is refused before it starts
 (``refuse_replacing``) unless it resumes that set or is told to overwrite it; an overwriting run
-leaves the old set published, and readable, until it publishes its own first set.
+leaves the old set published, and readable, until it publishes its own first set. The same question
+is asked again under the lock (``admit``): when the lock is taken and at every publish, a set that
+another training published after this one was admitted is refused rather than replaced.
 """
 
 from __future__ import annotations
@@ -54,6 +56,29 @@ class OutputFolder:
         self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
         self._sequence = itertools.count(1)
         self._lock_fd: int | None = None
+        self._admitted: tuple | None = None  # what was published when ``admit`` let this run in
+
+    # ---- what this run may replace -------------------------------------------------------------
+    def admit(self, resume=None, overwrite: bool = False) -> None:
+        """``refuse_replacing`` now, and remember what was published then: under the lock, a set
+        published since (by another training) is refused too, unless ``overwrite``."""
+        published = _published_identity(self.path)
+        refuse_replacing(self.path, resume, overwrite)
+        self._admitted = None if overwrite else published
+
+    def _refuse_replacing_another(self) -> None:
+        """OutputExistsError where the published outputs are neither what ``admit`` saw nor this run's own."""
+        if self._admitted is None:
+            return
+        published = _published_identity(self.path)
+        current = self.current_set()
+        if not published or published == self._admitted or (
+                current is not None and current.name.startswith(f"{SET_PREFIX}{self.run_id}-")):
+            return
+        listed = [name for name, *_ in published if name != CURRENT] or [CURRENT]
+        raise OutputExistsError(f"--output {self.path}: another training published its outputs there "
+                                f"({', '.join(listed)}) after this one started; they are left intact: pass "
+                                f"--overwrite to replace them, or another --output")
 
     # ---- the lock ------------------------------------------------------------------------------
     def lock(self) -> None:
@@ -67,6 +92,11 @@ class OutputFolder:
             os.close(fd)
             raise self._in_use_error() from None
         self._lock_fd = fd
+        try:
+            self._refuse_replacing_another()
+        except OutputExistsError:
+            self.unlock()
+            raise
         self.remove_leftovers()
 
     def check_not_in_use(self) -> None:
@@ -112,6 +142,7 @@ class OutputFolder:
             staging.mkdir()
             yield staging
             _fsync_directory(staging)
+            self._refuse_replacing_another()  # under the lock, at the moment of publishing
         except BaseException as error:
             shutil.rmtree(staging, ignore_errors=True)
             if isinstance(error, (OSError, WriteError)):
@@ -189,6 +220,17 @@ def refuse_replacing(path, resume=None, overwrite: bool = False) -> None:
     listed = [name for name in held if name != CURRENT] or held
     raise OutputExistsError(f"--output {path} already holds the outputs of a training ({', '.join(listed)}): pass "
                             f"--resume {path} to continue it, --overwrite to replace it, or another --output")
+
+
+def _published_identity(path: Path) -> tuple:
+    """What the folder ``path`` publishes now, as (name, device, inode) of each output and of ``current``'s
+    set: every publish changes it. Empty where nothing is published."""
+    identity = []
+    for name in published_outputs(path):
+        with contextlib.suppress(OSError):
+            status = (path / name).stat()
+            identity.append((name, status.st_dev, status.st_ino))
+    return tuple(identity)
 
 
 def _is_published_checkpoint(folder, resume) -> bool:

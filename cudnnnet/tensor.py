@@ -7,16 +7,23 @@ memory (freed when the last tensor using it goes). ``to()`` moves values between
 
 from __future__ import annotations
 
+import math
+import numbers
 from math import prod
 from typing import Iterable
 
 import numpy as np
 
-from .errors import ShapeError, TensorSizeError
+from .errors import InvalidArgumentError, ShapeError, TensorSizeError
 
 
 # cuBLAS and cuDNN take sizes, leading dimensions and strides as 32-bit ints: no tensor may hold more values.
 MAX_TENSOR_VALUES = 2**31 - 1
+# The layers, the optimisers and the loss scale compute in float32: a setting beyond its largest number is inf
+# there; an eps below its smallest normal number (a denormal, or 0) lets v = 0 divide m = 0 into NaN weights,
+# and a loss scale S there makes 1/S inf.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 2.0 ** -126
 
 
 def as_shape(shape: Iterable[int] | int) -> tuple[int, int, int, int]:
@@ -189,3 +196,17 @@ class Tensor:
         """A tensor sharing memory with a DLPack producer on this backend's device (copy on host)."""
         backend = _resolve(backend)
         return backend.from_dlpack(cls, external)
+
+
+def finite_real(value, what: str, valid: str, accepts) -> float:
+    """``value`` as a float where it is a finite real number (not a boolean) that ``accepts`` takes,
+    else InvalidArgumentError naming ``what`` and the ``valid`` range."""
+    number = math.nan
+    if not isinstance(value, bool) and isinstance(value, numbers.Real):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond any float
+            number = math.inf
+    if not math.isfinite(number) or not accepts(number):
+        raise InvalidArgumentError(f"{what} must be a finite number {valid}, got {value!r}")
+    return number

@@ -5,7 +5,7 @@ writes into ``output_dir``: ``model.npz`` (weights, optimiser state and position
 resumed), ``metrics.json``, ``history.csv`` and ``curves.png`` (drawn with Pillow), as one set
 published at once (``outputs.OutputFolder``): after every ``checkpoint_every`` epochs, at the end,
 and when a signal stops the run. Nothing outside ``output_dir`` is written. A folder that already
-holds a published training is refused (``outputs.refuse_replacing``, checked by the Trainer itself so
+holds a published training is refused (``OutputFolder.admit``, checked by the Trainer itself so
 that the command line and library users alike are protected) unless the run resumes it or is given
 ``overwrite=True``.
 
@@ -48,7 +48,7 @@ from .loss_scaling import LossScaler
 from .layers import BatchNorm
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import make_optimizer
-from .outputs import OutputFolder, checkpoint_to_resume, refuse_replacing
+from .outputs import OutputFolder, checkpoint_to_resume
 from .tensor import Tensor
 
 log = logging.getLogger(__name__)
@@ -242,11 +242,11 @@ class Trainer:
         writes. ``image_limit``: train and test on the first ``image_limit`` images of each split only
         (the benchmark's smoke tests); None takes every image. ``group``: this rank's
         ``distributed.Group`` where several processes train together (data-parallel over NCCL)."""
-        if group is None or group.launch.rank == 0:  # the rank that writes (see ``writes``)
-            refuse_replacing(output_dir, resume, overwrite)
-        self.config = config
         self.output_dir = Path(output_dir)
         self.outputs = OutputFolder(self.output_dir)
+        if group is None or group.launch.rank == 0:  # the rank that writes (see ``writes``)
+            self.outputs.admit(resume, overwrite)  # and again under the folder's lock, when it publishes
+        self.config = config
         self.progress = progress
         warm_up(config.device)  # the GPU starts while the data is read and the libraries load
         reading = Background("cudnnnet-local_splits", local_splits, config)  # what is on disk, while get_backend loads
@@ -597,7 +597,7 @@ class Trainer:
 
     def _resume(self, path: Path) -> None:
         path = checkpoint_to_resume(path)
-        arrays, metadata = checkpoint.load_npz(path, self.network.checkpoint_shape)
+        arrays, metadata = checkpoint.load_npz(path, self.network.checkpoint_shapes().get)
         self._check_model(path, metadata)
         self._check_batch_size(path, metadata)
         self._check_geometry(path, metadata)

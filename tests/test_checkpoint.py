@@ -347,6 +347,94 @@ def test_load_npz_metadata_reads_no_array(tmp_path, monkeypatch):
     assert checkpoint.load_npz_metadata(path) == {"epoch": 3}
 
 
+def peak_bytes_while(call) -> int:
+    """The peak of the memory Python allocated while ``call()`` ran (its exception, if any, swallowed)."""
+    tracemalloc.start()
+    try:
+        call()
+    except CheckpointError:
+        pass
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak
+
+
+@pytest.mark.parametrize("shapes", [None, {"fc.weight": (64, 64)}.get])
+def test_an_array_of_a_wide_dtype_is_refused_from_its_header_before_it_is_inflated(tmp_path, shapes):
+    """64 x 64 values of |V4096 (16 MiB), the shape the network needs, in 20 KB on disk."""
+    path = tmp_path / "wide.npz"
+    write_zip(path, {"fc.weight.npy": Entry(npy_header((64, 64), "|V4096"), 16), "__metadata__.npy": metadata_entry()})
+    assert path.stat().st_size < 64 << 10
+    with pytest.raises(CheckpointError, match=r"wide\.npz: array 'fc\.weight' has dtype \|V4096; expected floating point"):
+        load_npz(path, shapes)
+    assert peak_bytes_while(lambda: load_npz(path, shapes)) < 4 << 20
+
+
+def test_metadata_of_another_dtype_is_refused_from_its_header_before_it_is_inflated(tmp_path):
+    path = tmp_path / "wide.npz"
+    write_zip(path, {"__metadata__.npy": Entry(npy_header((1024,), "|V8192"), 8)})
+    with pytest.raises(CheckpointError, match=r"wide\.npz: invalid __metadata__ \(a \|V8192 array of shape \(1024,\)\)"):
+        checkpoint.load_npz_metadata(path)
+    assert peak_bytes_while(lambda: checkpoint.load_npz_metadata(path)) < 4 << 20
+
+
+def count_opened_entries(monkeypatch) -> list:
+    """The names of the zip entries opened from now on."""
+    opened = []
+    original_open = zipfile.ZipFile.open
+
+    def open_and_count(archive, name, *args, **kwargs):
+        opened.append(getattr(name, "filename", name))
+        return original_open(archive, name, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", open_and_count)
+    return opened
+
+
+def with_empty_extras(path, count: int):
+    """A valid checkpoint of one array, then ``count`` empty float32 arrays the network has no use for."""
+    save_npz(path, {"fc.weight": np.ones((2, 2), np.float32)}, {"epoch": 1})
+    empty = io.BytesIO()
+    np.lib.format.write_array(empty, np.zeros(0, np.float32))
+    with zipfile.ZipFile(path, "a") as archive:
+        for index in range(count):
+            archive.writestr(f"extra{index}.npy", empty.getvalue())
+    return path
+
+
+def test_names_the_network_has_no_use_for_are_refused_from_the_zip_directory_before_any_entry_is_opened(
+        tmp_path, monkeypatch):
+    path = with_empty_extras(tmp_path / "extras.npz", 2000)
+    opened = count_opened_entries(monkeypatch)
+    with pytest.raises(CheckpointError, match=r"extras\.npz: extra0: in the checkpoint, but the network has no such "
+                                              r"parameter"):
+        load_npz(path, {"fc.weight": (2, 2)}.get)
+    assert opened == []
+    assert checkpoint.load_npz_metadata(path) == {"epoch": 1}  # of the arrays, only their names are read
+    assert set(opened) == {"__metadata__.npy"}
+
+
+def test_more_entries_than_a_checkpoint_holds_are_refused_from_the_zip_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "MAX_CHECKPOINT_ENTRIES", 100)
+    path = with_empty_extras(tmp_path / "extras.npz", 99)
+    opened = count_opened_entries(monkeypatch)
+    for load in (load_npz, checkpoint.load_npz_metadata):
+        with pytest.raises(CheckpointError, match=r"extras\.npz: 101 entries, more than the 100 a checkpoint may hold"):
+            load(path)
+    assert opened == []
+
+
+def test_an_entry_held_twice_is_refused_from_the_zip_directory(tmp_path):
+    path = tmp_path / "twice.npz"
+    write_zip(path, {"w.npy": Entry(npy_header((1,)) + bytes(4)), "__metadata__.npy": metadata_entry()})
+    with zipfile.ZipFile(path, "a") as archive, pytest.warns(UserWarning, match="Duplicate name"):
+        archive.writestr("w.npy", b"")
+    with pytest.raises(CheckpointError, match=r"twice\.npz: entry 'w\.npy' appears twice; a checkpoint holds each "
+                                              r"array once"):
+        load_npz(path)
+
+
 def test_check_compatible_accepts_matching_shapes():
     arrays = lenet_like_arrays()
     check_compatible(arrays, shapes_of(arrays))

@@ -134,7 +134,9 @@ def write_bad_checkpoints(folder: Path, good: Path) -> None:
     (folder / "text.npz").write_text("model weights\n")
     (folder / "empty.npz").write_bytes(b"")
     (folder / "pickle.npz").write_bytes(pickle.dumps({"fc1.weight": [0.0]}))
-    np.savez(folder / "objects.npz", fc1=np.array([{"exploit": 1}], dtype=object))
+    with np.load(good) as stored:  # a checkpoint whole but for one pickled member
+        members = {name: stored[name] for name in stored.files}
+    np.savez(folder / "objects.npz", **{**members, "fc1.weight": np.array([{"exploit": 1}], dtype=object)})
     (folder / "truncated.npz").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     Network.load(good).save_original(folder / "truncated_bin")
     (folder / "truncated_bin" / "fc2.bin").write_bytes((folder / "truncated_bin" / "fc2.bin").read_bytes()[:1000])
@@ -512,7 +514,7 @@ CHECKPOINT_CASES = {
     "text": ("text.npz", r"text\.npz: not an \.npz checkpoint \(not a zip archive; starts with b'mode'\)"),
     "empty": ("empty.npz", r"empty\.npz: the checkpoint file is empty \(0 bytes\)"),
     "a raw pickle": ("pickle.npz", r"pickle\.npz: not an \.npz checkpoint \(not a zip archive"),
-    "pickled objects": ("objects.npz", r"objects\.npz: array 'fc1' holds pickled Python objects; refused"),
+    "pickled objects": ("objects.npz", r"objects\.npz: array 'fc1\.weight' holds pickled Python objects; refused"),
     "truncated": ("truncated.npz", r"truncated\.npz: truncated or corrupt \.npz checkpoint"),
     "NaN weights": ("nan.npz", r"nan\.npz: fc2\.bias holds NaN or infinite values"),
 }

@@ -73,6 +73,59 @@ def test_structure_errors_are_clear():
         network.add_layer(Dense("fc2", 3))
 
 
+class NameReadsCounted(Activation):
+    """An Activation that counts how often any such layer's name is read."""
+
+    reads = 0
+
+    @property
+    def name(self):
+        NameReadsCounted.reads += 1
+        return self.__dict__["_name"]
+
+    @name.setter
+    def name(self, value):
+        self.__dict__["_name"] = value
+
+
+def test_adding_a_layer_reads_no_name_of_the_layers_before_it():
+    """The duplicate-name check compared the new layer's name with every earlier one's: building a
+    model of n layers took n²/2 comparisons (8 000 layers, 6.6 s; 100 000, beyond 90 s)."""
+    network = Network()
+    for index in range(500):
+        network.add_layer(NameReadsCounted(f"a{index}", "relu"))
+    NameReadsCounted.reads = 0
+    network.add_layer(NameReadsCounted("last", "relu"))
+    assert NameReadsCounted.reads <= 2
+    with pytest.raises(InvalidArgumentError, match="a layer named 'a7' is already in the network"):
+        network.add_layer(Activation("a7", "relu"))
+
+
+def test_a_network_holds_at_most_max_layers_layers():
+    network = Network()
+    for index in range(network_module.MAX_LAYERS):
+        network.add_layer(Activation(f"a{index}", "relu"))
+    with pytest.raises(InvalidArgumentError, match=rf"cannot add layer 'one_more': a network holds at most "
+                                                   rf"{network_module.MAX_LAYERS} layers"):
+        network.add_layer(Activation("one_more", "relu"))
+    assert len(network.layers) == network_module.MAX_LAYERS == 10_000
+
+
+def test_loading_a_checkpoint_lists_the_networks_arrays_once_not_once_per_array(tmp_path, monkeypatch):
+    """Each name of a checkpoint was looked up in a list of every parameter made again for it: loading a
+    model of n layers took time in n² (900 layers, 16 s)."""
+    network = Network(input_shape=None)
+    for index in range(40):
+        network.add_layer(Dense(f"fc{index}", 4)).add_layer(BatchNorm(f"bn{index}"))
+    network.add_layer(Softmax("softmax")).build((1, 2, 2))
+    path = network.save(tmp_path / "model.npz")
+    listed = []
+    parameters = Network.parameters
+    monkeypatch.setattr(Network, "parameters", lambda self: listed.append(1) or parameters(self))
+    network.load_weights(path)
+    assert len(listed) <= 3
+
+
 @pytest.mark.parametrize("mode", ["eval", "train"])
 def test_layers_added_after_eval_or_train_take_the_networks_mode(backend, mode):
     """Layers added after eval() trained: the network said evaluation while its Dropout drew masks."""

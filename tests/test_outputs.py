@@ -153,3 +153,41 @@ def test_a_published_folder_another_training_writes_into_is_named_as_in_use(tmp_
     OutputFolder(output).check_not_in_use()  # the question took no lock
     with pytest.raises(OutputExistsError):
         refuse_replacing(output)
+
+
+def test_a_set_published_by_a_writer_the_lock_did_not_stop_is_refused_at_publish_time(tmp_path):
+    """A writer that did not share the lock (another host's view of the folder) publishes while this run
+    holds it: this run's publish is refused, its set removed, the other's left published."""
+    folder = OutputFolder(tmp_path)
+    folder.admit()
+    folder.lock()
+    try:
+        staging = tmp_path / ".set-elsewhere-0001"
+        staging.mkdir()
+        for name in NAMES:
+            (staging / name).write_text("other's")
+        OutputFolder(tmp_path).publish(staging)
+        with pytest.raises(OutputExistsError, match=rf"--output {tmp_path}: another training published its "
+                                                    rf"outputs there \(model.npz, .*\) after this one started"):
+            write_set(folder, "mine")
+    finally:
+        folder.unlock()
+    assert shown(tmp_path) == dict.fromkeys(NAMES, "other's")
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".set-")] == \
+        [os.readlink(tmp_path / "current")]
+
+
+def test_an_admitted_run_publishes_again_over_its_own_sets_and_over_what_it_was_allowed(tmp_path):
+    output = published(tmp_path / "run")
+    resuming = OutputFolder(output)
+    resuming.admit(resume=output)
+    with resuming:
+        write_set(resuming, "resumed")
+        write_set(resuming, "resumed again")
+    assert shown(output) == dict.fromkeys(NAMES, "resumed again")
+    overwriting = OutputFolder(output)
+    overwriting.admit(overwrite=True)
+    published(output)  # another training's set, published after the admission: --overwrite replaces it too
+    with overwriting:
+        write_set(overwriting, "overwritten")
+    assert shown(output) == dict.fromkeys(NAMES, "overwritten")

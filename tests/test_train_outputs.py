@@ -112,6 +112,35 @@ def test_an_overwriting_run_leaves_the_earlier_set_published_until_it_publishes_
         [os.readlink(earlier_run / "current")] != [earlier_set]
 
 
+def test_a_run_another_training_published_over_while_it_prepared_is_refused_under_the_lock(mnist_dir, tmp_path):
+    """The second trainer is made (its check passes: nothing published yet); the first then runs and
+    publishes; the second, taking the lock, refuses before training a step and leaves the first's set."""
+    output = tmp_path / "run"
+    second = Trainer(short_run(mnist_dir, 3), output, progress=False)
+    Trainer(short_run(mnist_dir, 2), output, progress=False).run()
+    before = folder_contents(output)
+    trained = []
+    second.train_batch = trained.append
+    with pytest.raises(OutputExistsError) as refused:
+        second.run()
+    assert str(refused.value) == (
+        f"--output {output}: another training published its outputs there (model.npz, metrics.json, "
+        f"history.csv, curves.png) after this one started; they are left intact: pass --overwrite to replace "
+        f"them, or another --output")
+    assert trained == []
+    assert folder_contents(output) == before
+    assert load_npz(output / "model.npz")[1]["position"]["step"] == 2
+
+
+def test_a_run_resuming_a_folder_refuses_a_set_published_there_since(earlier_run, mnist_dir):
+    resuming = Trainer(short_run(mnist_dir, 4), earlier_run, resume=earlier_run, progress=False)
+    Trainer(short_run(mnist_dir, 3), earlier_run, resume=earlier_run, progress=False).run()
+    before = folder_contents(earlier_run)
+    with pytest.raises(OutputExistsError, match="another training published its outputs there"):
+        resuming.run()
+    assert folder_contents(earlier_run) == before
+
+
 def write_digit_image(path):
     """A '1': a vertical bar, white on black."""
     digit = np.zeros((28, 28), np.uint8)

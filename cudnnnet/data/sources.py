@@ -213,15 +213,20 @@ def _npz(data, split: str, download: bool) -> Split:
 
 
 def read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(uint8 (N, H, W) or (N, C, H, W), int64 (N,)) from an .npz of ``x`` and ``y``; sizes checked
-    from the members' headers before they are read, never unpickled."""
-    x, y = (read_npz_member(path, name, MAX_NPZ_BYTES) for name in ("x", "y"))
-    if x.ndim not in (3, 4) or x.shape[0] == 0 or (x.ndim == 4 and x.shape[1] not in (1, 3)):
-        raise DataError(f"{path}: x must hold images shaped (N, H, W) or (N, C, H, W) with C 1 or 3, got shape {x.shape}")
-    if 0 in x.shape[-2:]:
-        raise DataError(f"{path}: images of size {x.shape[-2]}×{x.shape[-1]} hold no pixels (x has shape {x.shape})")
-    if y.shape != (x.shape[0],) or not np.issubdtype(y.dtype, np.integer):
-        raise DataError(f"{path}: y must hold {x.shape[0]} integer labels, got dtype {y.dtype} shape {y.shape}")
+    """(uint8 (N, H, W) or (N, C, H, W), int64 (N,)) from an .npz of ``x`` and ``y``, never unpickled.
+    Every check the members' headers allow (sizes, dtypes, shapes, the counts of images and labels) is
+    made on both before either member's data is read; the labels' values are checked once read."""
+    try:
+        with cache.open_regular(path) as handle, zipfile.ZipFile(handle) as archive:
+            x_member, y_member = (_npz_header(path, archive, name, MAX_NPZ_BYTES) for name in ("x", "y"))
+            _check_npz_headers(path, x_member, y_member)
+            x, y = (_npz_data(path, archive, member) for member in (x_member, y_member))
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except cache.NotRegularFile as error:
+        raise DataError(f"{path}: {error.strerror}; give the .npz file itself") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+        raise DataError(f"{path}: not a readable .npz file ({error})") from error
     if y.min() < 0:
         raise DataError(f"{path}: label {int(y.min())} is negative")
     if y.max() >= MAX_CLASSES:  # on y's own dtype: a uint64 label past int64 is not cast to a negative one
@@ -230,36 +235,62 @@ def read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return _as_pixels(x, path), y.astype(np.int64)
 
 
-def read_npz_member(path: Path, name: str, limit: int) -> np.ndarray:
-    """Array ``name`` of the .npz ``path``: its .npy header (shape, dtype, no objects) checked against
-    ``limit`` bytes and the zip entry's size before its data is read."""
+@dataclass(frozen=True)
+class _NpzMember:
+    """One ``NAME.npy`` member of an .npz, as its zip entry and .npy header declare it."""
+
+    name: str
+    info: zipfile.ZipInfo
+    shape: tuple
+    dtype: np.dtype
+    fortran_order: bool
+    header_size: int
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _npz_header(path: Path, archive: zipfile.ZipFile, name: str, limit: int) -> _NpzMember:
+    """Member ``name`` of the .npz ``path`` from its .npy header (shape, dtype, no objects), checked against
+    ``limit`` bytes and the zip entry's size; nothing past the header is decompressed."""
     try:
-        with cache.open_regular(path) as handle, zipfile.ZipFile(handle) as archive:
-            try:
-                info = archive.getinfo(f"{name}.npy")
-            except KeyError:
-                raise DataError(f"{path}: no array {name!r} (an .npz for training holds x and y)") from None
-            with archive.open(info) as stream:
-                version = np.lib.format.read_magic(stream)
-                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0)
-                shape, fortran_order, dtype = read_header(stream)
-                nbytes = math.prod(shape) * dtype.itemsize
-                if dtype.hasobject:
-                    raise DataError(f"{path}: array {name!r} holds Python objects; refused (allow_pickle=False)")
-                if nbytes > limit or info.file_size != stream.tell() + nbytes:
-                    raise DataError(f"{path}: array {name!r} declares shape {shape} of {dtype} ({nbytes} bytes); the "
-                                    f"entry holds {info.file_size} bytes, the limit is {limit}")
-                data, read = _read_into_one_buffer(stream, nbytes)
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except cache.NotRegularFile as error:
-        raise DataError(f"{path}: {error.strerror}; give the .npz file itself") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
-        raise DataError(f"{path}: not a readable .npz file ({error})") from error
-    if read != nbytes:
-        raise DataError(f"{path}: array {name!r} is truncated ({read} of {nbytes} bytes)")
-    return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran_order else "C")
+        info = archive.getinfo(f"{name}.npy")
+    except KeyError:
+        raise DataError(f"{path}: no array {name!r} (an .npz for training holds x and y)") from None
+    with archive.open(info) as stream:
+        version = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = read_header(stream)
+        member = _NpzMember(name, info, tuple(shape), dtype, fortran_order, stream.tell())
+    if dtype.hasobject:
+        raise DataError(f"{path}: array {name!r} holds Python objects; refused (allow_pickle=False)")
+    if member.nbytes > limit or info.file_size != member.header_size + member.nbytes:
+        raise DataError(f"{path}: array {name!r} declares shape {member.shape} of {dtype} ({member.nbytes} bytes); the "
+                        f"entry holds {info.file_size} bytes, the limit is {limit}")
+    return member
+
+
+def _check_npz_headers(path: Path, x: _NpzMember, y: _NpzMember) -> None:
+    """x declares images of a pixel type, y as many integer labels."""
+    if len(x.shape) not in (3, 4) or x.shape[0] == 0 or (len(x.shape) == 4 and x.shape[1] not in (1, 3)):
+        raise DataError(f"{path}: x must hold images shaped (N, H, W) or (N, C, H, W) with C 1 or 3, got shape {x.shape}")
+    if 0 in x.shape[-2:]:
+        raise DataError(f"{path}: images of size {x.shape[-2]}×{x.shape[-1]} hold no pixels (x has shape {x.shape})")
+    if x.dtype != np.uint8 and x.dtype.kind != "f":
+        raise DataError(f"{path}: x must be uint8 or float in [0, 1], got dtype {x.dtype}")
+    if y.shape != (x.shape[0],) or not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"{path}: y must hold {x.shape[0]} integer labels, got dtype {y.dtype} shape {y.shape}")
+
+
+def _npz_data(path: Path, archive: zipfile.ZipFile, member: _NpzMember) -> np.ndarray:
+    """The array of a member whose header was checked, reading only the bytes it declares."""
+    with archive.open(member.info) as stream:
+        stream.read(member.header_size)
+        data, read = _read_into_one_buffer(stream, member.nbytes)
+    if read != member.nbytes:
+        raise DataError(f"{path}: array {member.name!r} is truncated ({read} of {member.nbytes} bytes)")
+    return np.frombuffer(data, dtype=member.dtype).reshape(member.shape, order="F" if member.fortran_order else "C")
 
 
 def _read_into_one_buffer(stream, nbytes: int) -> tuple[bytearray, int]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ..backends.base import ACTIVATION_MODES, ActivationDescriptor, ActivationMode
 from ..errors import InvalidArgumentError
-from ..tensor import Tensor
+from ..tensor import FLOAT32_MAX, Tensor, finite_real
 from .base import Layer
 
 
@@ -34,9 +34,8 @@ class Activation(Layer):
             raise InvalidArgumentError(
                 f"layer {name!r}: unknown activation mode {mode!r}; valid modes are {', '.join(ACTIVATION_MODES)}"
             )
-        if isinstance(coef, bool) or not isinstance(coef, (int, float)):
-            raise InvalidArgumentError(f"layer {name!r}: coef must be a number, got {coef!r}")
-        coef = float(coef)
+        coef = finite_real(coef, f"layer {name!r}: coef", f"in [-{FLOAT32_MAX:g}, {FLOAT32_MAX:g}] (float32's range)",
+                           lambda value: abs(value) <= FLOAT32_MAX)
         if mode == "clipped_relu" and coef <= 0:
             raise InvalidArgumentError(f"layer {name!r}: clipped_relu needs a clipping threshold coef > 0, got {coef}")
         if mode == "elu" and coef == 0:

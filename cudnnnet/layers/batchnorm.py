@@ -23,7 +23,7 @@ import numbers
 
 from ..backends.base import BATCH_NORM_MODES, BatchNormMode
 from ..errors import CheckpointError, InvalidArgumentError
-from ..tensor import Tensor
+from ..tensor import FLOAT32_MAX, Tensor, finite_real
 from .base import Layer, Parameter
 
 MODES = ("auto", *BATCH_NORM_MODES)  # auto: spatial on planes (h·w > 1), per activation on vectors
@@ -38,9 +38,9 @@ class BatchNorm(Layer):
                                        f"valid modes are {', '.join(MODES)}")
         if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0 < momentum <= 1:
             raise InvalidArgumentError(f"layer {name!r}: momentum must be a number in (0, 1], got {momentum!r}")
-        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= MIN_EPS:
-            raise InvalidArgumentError(f"layer {name!r}: eps must be a number >= {MIN_EPS:g} (cuDNN's minimum), got {eps!r}")
-        self.mode, self.momentum, self.eps = mode, float(momentum), float(eps)
+        eps = finite_real(eps, f"layer {name!r}: eps", f"in [{MIN_EPS:g}, {FLOAT32_MAX:g}] (cuDNN's minimum, float32's "
+                          f"largest number)", lambda value: MIN_EPS <= value <= FLOAT32_MAX)
+        self.mode, self.momentum, self.eps = mode, float(momentum), eps
         self.batch_norm_mode = None  # BatchNormMode, resolved from ``mode`` and the input at build
         self.weight = self.bias = self.grad_weight = self.grad_bias = None  # γ, β and their gradients
         self.running_mean = self.running_var = None

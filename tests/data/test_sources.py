@@ -256,6 +256,42 @@ def test_an_npz_of_pickled_objects_or_an_absurd_declared_size_is_refused_unread(
         sources.read_npz(huge)
 
 
+def peak_bytes_reading_npz(path) -> int:
+    """The peak of the memory Python allocated while ``read_npz(path)`` ran (refused, as the caller checks)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError):
+            sources.read_npz(path)
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak
+
+
+@pytest.mark.parametrize("x_header, y_header, message", [
+    (((16384, 32, 32), "|u1"), ((5,), "<i8"), r"y must hold 16384 integer labels, got dtype int64 shape \(5,\)"),
+    (((16384, 32, 32), "|u1"), ((16384,), "|V8"), r"y must hold 16384 integer labels, got dtype \|V8"),
+    (((4, 32, 32), "|V4096"), ((4,), "<i8"), r"x must be uint8 or float in \[0, 1\], got dtype \|V4096"),
+    (((8192, 2, 32, 32), "|u1"), ((8192,), "<i8"), r"x must hold images shaped .* got shape \(8192, 2, 32, 32\)"),
+])
+def test_an_npz_whose_headers_disagree_is_refused_before_either_member_is_inflated(tmp_path, x_header, y_header,
+                                                                                    message):
+    """x declares 16 MiB (in 16 KB on disk); what its and y's headers say suffices to refuse it."""
+    from hostile_files import Entry, npy_header, write_zip
+
+    (x_shape, x_dtype), (y_shape, y_dtype) = x_header, y_header
+    y_bytes = bytes(np.prod(y_shape, dtype=np.int64) * np.dtype(y_dtype).itemsize)
+    path = tmp_path / "bomb.npz"
+    write_zip(path, {"x.npy": Entry(npy_header(x_shape, x_dtype), zero_megabytes=16),
+                     "y.npy": Entry(npy_header(y_shape, y_dtype) + y_bytes)})
+    assert path.stat().st_size < 256 << 10
+    with pytest.raises(DataError, match=f"{path}: {message}"):
+        sources.read_npz(path)
+    assert peak_bytes_reading_npz(path) < 4 << 20
+
+
 READ_NPZ_PEAK = """
 import resource, sys
 from cudnnnet.data import sources

@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -40,3 +42,12 @@ def test_unknown_mode_lists_the_valid_ones():
 def test_clipped_relu_needs_a_positive_threshold():
     with pytest.raises(InvalidArgumentError, match="coef > 0"):
         Activation("act", "clipped_relu", 0)
+
+
+@pytest.mark.parametrize("mode, coef", [("clipped_relu", 1.0e39), ("elu", -1.0e39), ("clipped_relu", float("nan")),
+                                        ("elu", float("inf")), ("elu", "1.0")])
+def test_a_coef_float32_cannot_hold_is_refused(mode, coef):
+    """float32 makes 1e39 inf: a clipped ReLU that clips nothing, an ELU of infinite outputs."""
+    with pytest.raises(InvalidArgumentError, match=rf"layer 'act': coef must be a finite number in \[-3\.40282e\+38, "
+                                                   rf"3\.40282e\+38\] \(float32's range\), got {re.escape(repr(coef))}"):
+        Activation("act", mode, coef)

@@ -232,7 +232,11 @@ def test_a_negative_running_variance_is_refused_before_anything_is_loaded(backen
 
 @pytest.mark.parametrize("arguments, message", [({"mode": "batch"}, "unknown batch normalisation mode"),
                                                 ({"momentum": 0}, "momentum must be a number in \\(0, 1\\]"),
-                                                ({"eps": 1e-6}, "eps must be a number >= 1e-05")])
+                                                ({"eps": 1e-6}, r"eps must be a finite number in \[1e-05, 3\.40282e\+38\] "
+                                                                r"\(cuDNN's minimum, float32's largest number\), got 1e-06"),
+                                                ({"eps": 1.0e39}, r"eps must be a finite number in \[1e-05, 3\.40282e\+38\]"),
+                                                ({"eps": float("nan")}, r"eps must be a finite number .* got nan"),
+                                                ({"eps": 10**400}, r"eps must be a finite number .* got 1000")])
 def test_invalid_arguments_are_refused(arguments, message):
     with pytest.raises(InvalidArgumentError, match=message):
         BatchNorm("bn", **arguments)
