@@ -20,20 +20,20 @@ def _row(one, several, target):
 
 def test_the_table_gives_each_workload_s_scaling_against_its_target():
     report = {"gpus": 2, "epochs": 3, "workloads": {
-        "cnn": {"slides": _row(120.0, 62.0, 1.9), "fast": _row(82.0, 46.0, 1.9)},
+        "cnn": {"slides": _row(120.0, 62.0, 1.9), "fast": _row(82.0, 46.0, 1.9), "torch_ddp": _row(550.0, 276.0, None)},
         "mlp": {"fast": _row(15.0, 9.0, None)}}}
     lines = format_scaling(report).splitlines()
     assert lines[0].split() == ["workload", "engine", "1", "GPU", "(ms)", "2", "GPUs", "(ms)", "scaling", "target",
-                                "status"]
-    assert lines[2].split() == ["cnn", "slides", "120.00", "62.00", "1.94x", ">=", "1.9x", "PASS"]
-    assert lines[3].split() == ["cnn", "fast", "82.00", "46.00", "1.78x", ">=", "1.9x", "MISS"]
-    assert lines[4].split() == ["mlp", "fast", "15.00", "9.00", "1.67x"]
+                                "status", "DDP/ours"]
+    assert lines[2].split() == ["cnn", "slides", "120.00", "62.00", "1.94x", ">=", "1.9x", "PASS", "4.45x"]
+    assert lines[3].split() == ["cnn", "fast", "82.00", "46.00", "1.78x", ">=", "1.9x", "MISS", "6.00x"]
+    assert lines[4].split() == ["cnn", "torch_ddp", "550.00", "276.00", "1.99x"]
+    assert lines[5].split() == ["mlp", "fast", "15.00", "9.00", "1.67x"]
 
 
 @pytest.mark.parametrize("arguments, message", [
     (["--gpus", "2", "--device", "host"], "leave --device host out"),
     (["--gpus", "2", "--only", "micro,original"], "--only names none of them"),
-    (["--gpus", "2", "--compare", "torch"], "PyTorch DDP is not measured"),
 ])
 def test_what_gpus_cannot_measure_is_one_line_and_exit_2(capsys, arguments, message):
     assert benchmark.main(arguments) == 2
@@ -42,17 +42,20 @@ def test_what_gpus_cannot_measure_is_one_line_and_exit_2(capsys, arguments, mess
 
 
 @pytest.mark.gpu
-def test_two_gpus_are_timed_beside_one(mnist_dir, tmp_path):
+@pytest.mark.parametrize("compare", [(), ("--compare", "torch")])
+def test_two_gpus_are_timed_beside_one(mnist_dir, tmp_path, compare):
     if gpu_count() < 2:
         pytest.skip("needs 2 GPUs of one host")
+    if compare:
+        pytest.importorskip("torch")
     report_file = tmp_path / "scaling.json"
     finished = subprocess.run(
         [sys.executable, "-m", "cudnnnet.cli.benchmark", "--gpus", "2", "--only", "cnn", "--epochs", "2",
-         "--data-dir", str(mnist_dir), "--json", str(report_file)],
+         "--data-dir", str(mnist_dir), "--json", str(report_file), *compare],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert finished.returncode == 0, finished.stderr[-4000:]
     report = json.loads(report_file.read_text())
-    for engine in ("slides", "fast"):
+    for engine in ("slides", "fast", *(("torch_ddp",) if compare else ())):
         row = report["workloads"]["cnn"][engine]
         assert len(row["several_gpus"]["epoch_ms_all"]) == 2
         assert row["scaling"] == pytest.approx(row["one_gpu"]["epoch_ms"] / row["several_gpus"]["epoch_ms"])

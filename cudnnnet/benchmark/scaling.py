@@ -5,6 +5,7 @@ one GPU, then N ranks started as ``cudnnnet-train --gpus N`` starts them (``cli.
 A rank trains its shard of every epoch at the workload's batch per GPU, the gradients averaged by
 NCCL inside the captured step; rank 0's epoch time (synchronised: the all-reduce holds the ranks
 together) is reported, after one warm-up epoch. Scaling is one GPU's median epoch over N GPUs'.
+With ``--compare torch``, PyTorch DDP trains the same workloads on the same GPUs (``torch_ddp``).
 """
 
 from __future__ import annotations
@@ -24,37 +25,43 @@ from .workloads import data_dir, generated_data, train_epoch, training_images, w
 
 log = logging.getLogger(__name__)
 MODULE = "cudnnnet.benchmark.scaling"
+TORCH_MODULE = "cudnnnet.benchmark.torch_ddp"
 
 
 def measure_scaling(settings: dict, gpus: int) -> dict:
     """{gpus, epochs, workloads: {name: {engine: {one_gpu, several_gpus, scaling, target}}}} for the
-    SCALABLE workloads of ``settings`` in each of its engines."""
+    SCALABLE workloads of ``settings`` in each of its engines, and with ``settings["compare"]``
+    PyTorch DDP's under the engine name ``torch_ddp`` (eager; its target: none)."""
     names = [name for name in settings["workloads"] if name in SCALABLE]
     ranked = {**settings, "workloads": names}
-    one = _measure(1, ranked)
-    several = _measure(gpus, ranked)
+    one, several = _measure(1, ranked), _measure(gpus, ranked)
+    if settings.get("compare") == "torch":
+        for figures, count in ((one, 1), (several, gpus)):
+            for name, summary in _measure(count, ranked, TORCH_MODULE, plain=False).items():
+                figures[name]["torch_ddp"] = summary
     workloads = {}
     for name in names:
-        for engine in settings["engines"]:
-            single, many = one[name][engine], several[name][engine]
+        for engine, single in one[name].items():
+            many = several[name][engine]
             workloads.setdefault(name, {})[engine] = {
                 "one_gpu": single, "several_gpus": many, "scaling": single["epoch_ms"] / many["epoch_ms"],
-                "target": SCALING_TARGETS.get(name, {}).get(gpus)}
+                "target": None if engine == "torch_ddp" else SCALING_TARGETS.get(name, {}).get(gpus)}
     return {"gpus": gpus, "epochs": settings["epochs"], "workloads": workloads}
 
 
-def _measure(count: int, settings: dict) -> dict:
-    """{workload: {engine: epoch summary}} from ``count`` processes (rank 0's figures)."""
+def _measure(count: int, settings: dict, module: str = MODULE, plain: bool = True) -> dict:
+    """{workload: {engine: epoch summary}} (``module``'s figures) from ``count`` processes, rank 0's;
+    ``plain``: one GPU as one process without a launcher's variables."""
     from ..cli.gpus import spawn_ranks
 
     with tempfile.TemporaryDirectory(prefix="cudnnnet-scaling-") as folder:
         result = Path(folder) / "result.json"
         arguments = [json.dumps(settings), str(result)]
-        log.info("%s on %d GPU%s", ", ".join(settings["workloads"]), count, "s" if count > 1 else "")
-        if count == 1:
-            code = subprocess.run([sys.executable, "-m", MODULE, *arguments]).returncode
+        log.info("%s on %d GPU%s (%s)", ", ".join(settings["workloads"]), count, "s" if count > 1 else "", module)
+        if count == 1 and plain:
+            code = subprocess.run([sys.executable, "-m", module, *arguments]).returncode
         else:
-            code = spawn_ranks(count, arguments, module=MODULE)
+            code = spawn_ranks(count, arguments, module=module)
         if code != 0 or not result.exists():
             raise DistributedError(f"the benchmark's {count}-GPU processes failed (exit {code}); see their output above")
         return json.loads(result.read_text())
@@ -94,16 +101,20 @@ def _epochs(name: str, engine: str, settings: dict, launch) -> dict:
 
 
 def format_scaling(report: dict) -> str:
-    """The table: workload, engine, one GPU's and N GPUs' median epoch, the scaling and its target."""
+    """The table: workload, engine, one GPU's and N GPUs' median epoch, the scaling and its target,
+    and where PyTorch DDP ran, its N-GPU epoch over each engine's (> 1: cudnnnet is faster)."""
     gpus = report["gpus"]
-    header = ("workload", "engine", "1 GPU (ms)", f"{gpus} GPUs (ms)", "scaling", "target", "status")
+    header = ("workload", "engine", "1 GPU (ms)", f"{gpus} GPUs (ms)", "scaling", "target", "status", "DDP/ours")
     rows = [header]
     for name, engines in report["workloads"].items():
+        ddp = engines.get("torch_ddp")
         for engine, row in engines.items():
             target = row["target"]
             status = "" if target is None else ("PASS" if row["scaling"] >= target else "MISS")
+            versus = "" if ddp is None or engine == "torch_ddp" else \
+                f"{ddp['several_gpus']['epoch_ms'] / row['several_gpus']['epoch_ms']:.2f}x"
             rows.append((name, engine, f"{row['one_gpu']['epoch_ms']:.2f}", f"{row['several_gpus']['epoch_ms']:.2f}",
-                         f"{row['scaling']:.2f}x", "" if target is None else f">= {target:g}x", status))
+                         f"{row['scaling']:.2f}x", "" if target is None else f">= {target:g}x", status, versus))
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     lines = ["  ".join(cell.ljust(width) if column < 2 else cell.rjust(width)
                        for column, (cell, width) in enumerate(zip(row, widths))) for row in rows]

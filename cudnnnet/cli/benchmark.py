@@ -74,7 +74,9 @@ probability 1/2, drawn by the device's generator inside the graph.
 
 ``--gpus N`` times mlp, cnn, bn_cnn and cifar10 (those ``--only`` names) on one GPU, then on N GPUs of
 this host (one process per GPU, as ``cudnnnet-train --gpus N``), each in both engines (``--engines``),
-and prints workload | engine | 1 GPU | N GPUs | scaling | target | status (benchmark/scaling.py).
+and prints workload | engine | 1 GPU | N GPUs | scaling | target | status (benchmark/scaling.py); with
+``--compare torch`` PyTorch DistributedDataParallel trains them eagerly on the same GPUs
+(benchmark/torch_ddp.py), and DDP/ours is its N-GPU epoch over each engine's.
 
 Output: log lines on stderr, then the table on stdout (workload | unit | slides | fast | torch
 eager | torch graph | torch/slides | torch/fast | slides target | fast target | status), the device
@@ -238,9 +240,6 @@ def main_with_args(args) -> int:
 
 def _scaling(args) -> int:
     """--gpus N: the SCALABLE workloads on one GPU and on N, the scaling and its targets."""
-    if args.compare:
-        raise UsageError("--gpus N with --compare torch: PyTorch DDP is not measured beside the scaling; leave "
-                         "--compare out")
     if args.device == "host":
         raise UsageError("--gpus N measures GPUs; leave --device host out")
     names = [name for name in args.only if name in SCALABLE]
