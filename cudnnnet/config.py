@@ -30,6 +30,7 @@ from .config_file import MAX_INTEGER, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
 from .errors import ConfigError, InvalidArgumentError
 from .shipped_configs import resolve_config
+from .suggest import did_you_mean
 
 DEVICES = ("auto", "cuda", "host")
 MATH_MODES = ("fp32", "tf32", "bf16", "fp16")
@@ -414,7 +415,7 @@ class _Section:
             if key not in allowed:
                 where = f" for {context}" if context else ""
                 valid = ", ".join(allowed) if allowed else "none"
-                self.fail(str(key), f"unknown key {key!r}{where}; valid keys: {valid}")
+                self.fail(str(key), f"unknown key {key!r}{where}; valid keys: {valid}{did_you_mean(key, allowed)}")
 
     def has(self, key: str) -> bool:
         """Whether ``key`` is given; a null value counts as absent."""
@@ -464,7 +465,7 @@ class _Section:
         expected = "one of " + ", ".join(choices)
         value = self.get(key, default, expected)
         if not isinstance(value, str) or value not in choices:
-            self.fail(key, f"expected {expected}, got {_describe(value)}")
+            self.fail(key, f"expected {expected}, got {_describe(value)}{did_you_mean(value, choices)}")
         return value
 
     def boolean(self, key: str, default: bool) -> bool:
