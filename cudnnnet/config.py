@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from math import isfinite
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, NoReturn, Sequence
 
 
 from .augmentation import MAX_CROP_PADDING
@@ -924,11 +924,16 @@ def load_model_description(path: str | os.PathLike) -> ModelDescription:
                             data=_parse_data(root.section("data")), source=source)
 
 
-def load_config(path: str | os.PathLike, data: bytes | None = None) -> Config:
+def load_config(path: str | os.PathLike, data: bytes | None = None, overrides: Sequence[str] = ()) -> Config:
     """Read and validate the YAML config at ``path``; ``data``: its bytes where they were read already
     (a pipe, ``--config <(...)`` or /dev/stdin, can be read once only). ``path`` may name a shipped
-    config ("mnist_mlp": ``shipped_configs``)."""
+    config ("mnist_mlp": ``shipped_configs``). ``overrides``: ``KEY.PATH=VALUE`` assignments made
+    before it is validated (``overrides.py``, the command line's ``--set``)."""
     path = resolve_config(path) if data is None else Path(path)
+    if overrides:
+        from .overrides import parse_overridden
+
+        return parse_overridden(_read_mapping(path, data), overrides, str(path))
     return parse_config(_read_mapping(path, data), source=str(path))
 
 

@@ -49,6 +49,7 @@ from .layers import BatchNorm
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import make_optimizer
 from .outputs import OutputFolder, checkpoint_to_resume, refuse_replacing
+from .overrides import config_yaml
 from .tensor import Tensor
 
 log = logging.getLogger(__name__)
@@ -519,6 +520,7 @@ class Trainer:
             write_atomic(folder / "metrics.json", json.dumps(metrics, indent=2) + "\n")
             write_atomic(folder / "history.csv", self._history_text())
             plot_curves(self.position.history, folder / "curves.png", self.loader.steps_per_epoch)
+            write_atomic(folder / "config.yaml", config_yaml(self._saved_config()))
         return metrics
 
     def _save(self, path: Path) -> Path:
@@ -526,9 +528,12 @@ class Trainer:
         if self.loss_scaler is not None:
             arrays.update(self.loss_scaler.state_arrays(OPTIMIZER_PREFIX))
         position = {"epoch": self.position.epoch, "batch": self.position.batch, "step": self.position.step}
-        config = dataclasses.replace(self.config, data=self.config.data.with_absolute_paths())
-        return self.network.save(path, extra_arrays=arrays, config=config.to_dict(),
+        return self.network.save(path, extra_arrays=arrays, config=self._saved_config().to_dict(),
                                  position=position, history=self.position.history)
+
+    def _saved_config(self) -> Config:
+        """The run's config as its outputs keep it: the data's paths absolute."""
+        return dataclasses.replace(self.config, data=self.config.data.with_absolute_paths())
 
     def metrics(self) -> dict:
         last = self.position.history[-1] if self.position.history else {}

@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=positive_int, help="stop after this many steps (overrides --epochs)")
     parser.add_argument("--batch-size", type=positive_int, help="override train.batch_size")
     parser.add_argument("--seed", type=non_negative_int, help="override train.seed")
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY.PATH=VALUE",
+                        help="replace one config value, e.g. --set train.optimizer.lr=0.01 --set model.fc1.out_size=800 "
+                             "(layers by name or index; the value read as YAML; may be repeated)")
     parser.add_argument("--output", type=path_argument, help="output directory (default runs/<config name>)")
     parser.add_argument("--resume", type=path_argument, metavar="CHECKPOINT",
                         help="continue from an output folder (its latest checkpoint) or a model.npz file; with the "
@@ -184,7 +187,7 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
 
     ``config_text`` maps a config path to its bytes where they were read already (a pipe such as
     ``--config <(...)`` can be read once only)."""
-    config = load_config(args.config, data=(config_text or {}).get(args.config))
+    config = load_config(args.config, data=(config_text or {}).get(args.config), overrides=args.overrides)
     check_model(config)
     config = config.with_overrides(
         epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device,
