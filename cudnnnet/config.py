@@ -28,9 +28,11 @@ from .data.mnist import MNIST_MEAN, MNIST_STD
 from .data.pixels import MAX_IMAGE_PIXELS, RESIZE_MODES
 from .config_file import MAX_INTEGER, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
+from .monitoring import AUTO as AUTO_MONITOR, EarlyStoppingConfig, check_monitor, parse_early_stopping, parse_monitor
 from .errors import ConfigError, InvalidArgumentError
 from .shipped_configs import resolve_config
 from .suggest import did_you_mean
+from .validation import parse_validation
 
 DEVICES = ("auto", "cuda", "host")
 MATH_MODES = ("fp32", "tf32", "bf16", "fp16")
@@ -125,6 +127,7 @@ class DataConfig:
     classes: tuple[str, ...] | None = None  # class names, index = label
     shape: tuple[int, int, int] | None = None  # (C, H, W) of the images before padding
     augment: AugmentConfig | None = None  # training batches only; None: off
+    validation: float | str | None = None  # each epoch's evaluation set (validation.py); None: the test set
 
     def to_dict(self) -> dict:
         if self.normalize is None or self.normalize == COMPUTED:
@@ -141,7 +144,7 @@ class DataConfig:
             "resize": self.resize if self.dataset == "image-folder" or self.resize != "crop" else None,
             "classes": None if self.classes is None else list(self.classes),
             "shape": None if self.shape is None else list(self.shape),
-            "augment": None if self.augment is None else self.augment.to_dict()})
+            "augment": None if self.augment is None else self.augment.to_dict(), "validation": self.validation})
 
     def with_absolute_paths(self) -> "DataConfig":
         """The same data with ``dir`` and the file keys made absolute from the working directory, so that
@@ -149,6 +152,8 @@ class DataConfig:
         read from the reader's working directory)."""
         paths = {key: os.path.abspath(getattr(self, key)) for key in ("dir",) + IDX_PATH_KEYS + NPZ_PATH_KEYS
                  if getattr(self, key) is not None}
+        if isinstance(self.validation, str):
+            paths["validation"] = os.path.abspath(self.validation)
         return dataclasses.replace(self, **paths)
 
 
@@ -288,6 +293,8 @@ class TrainConfig:
     lr_scaling: str = "linear"
     lr_warmup_epochs: float = 1.0
     loss_scale: LossScaleConfig = LossScaleConfig()  # math: fp16 only
+    monitor: str = AUTO_MONITOR  # the figure best.npz and early stopping watch (monitoring.py)
+    early_stopping: EarlyStoppingConfig | None = None
 
     def to_dict(self) -> dict:
         return _without_none({
@@ -296,6 +303,8 @@ class TrainConfig:
             "log_every": self.log_every, "checkpoint_every": self.checkpoint_every, "graph": self.graph,
             "eval_batch_size": self.eval_batch_size, "lr_scaling": self.lr_scaling,
             "lr_warmup_epochs": self.lr_warmup_epochs, "loss_scale": self.loss_scale.to_dict(),
+            "monitor": None if self.monitor == AUTO_MONITOR else self.monitor,
+            "early_stopping": None if self.early_stopping is None else self.early_stopping.to_dict(),
         })
 
 
@@ -725,7 +734,7 @@ def _parse_augment(data: _Section) -> AugmentConfig | None:
 
 DATA_KEYS = ("dataset", "dir", "normalize", "pad", "placement") + IDX_PATH_KEYS + NPZ_PATH_KEYS + (
     "md5", "channels", "image_size", "test_fraction", "split_seed", "corrupt", "resize", "classes", "shape",
-    "augment")
+    "augment", "validation")
 
 
 def _parse_data(data: _Section) -> DataConfig:
@@ -748,7 +757,7 @@ def _parse_data(data: _Section) -> DataConfig:
                       split_seed=data.integer("split_seed", 0, low=0), corrupt=data.choice("corrupt", CORRUPT_POLICIES,
                                                                                          "refuse"),
                       resize=data.choice("resize", RESIZE_MODES, "crop"), classes=_parse_classes(data),
-                      shape=_parse_shape(data), augment=_parse_augment(data))
+                      shape=_parse_shape(data), augment=_parse_augment(data), validation=parse_validation(data))
 
 
 ADAMW_WEIGHT_DECAY = 0.01  # AdamW's default decoupled weight decay (PyTorch's)
@@ -849,7 +858,8 @@ def _parse_loss_scale(train: _Section) -> LossScaleConfig:
 
 def _parse_train(train: _Section) -> TrainConfig:
     train.only(("batch_size", "epochs", "steps", "seed", "optimizer", "schedule", "log_every",
-                "checkpoint_every", "graph", "eval_batch_size", "lr_scaling", "lr_warmup_epochs", "loss_scale"))
+                "checkpoint_every", "graph", "eval_batch_size", "lr_scaling", "lr_warmup_epochs", "loss_scale",
+                "monitor", "early_stopping"))
     return TrainConfig(
         batch_size=train.integer("batch_size", 64, low=0, low_open=True),
         epochs=train.integer("epochs", 1, low=0, low_open=True),
@@ -864,6 +874,8 @@ def _parse_train(train: _Section) -> TrainConfig:
         lr_scaling=train.choice("lr_scaling", LR_SCALINGS, "linear"),
         lr_warmup_epochs=train.number("lr_warmup_epochs", 1.0, low=0),
         loss_scale=_parse_loss_scale(train),
+        monitor=parse_monitor(train),
+        early_stopping=parse_early_stopping(train),
     )
 
 
@@ -889,7 +901,7 @@ def parse_config(mapping: Any, source: str = "<dict>") -> Config:
                           f"device, math, engine; got {_describe(mapping)}")
     root = _Section(mapping, "", source)
     root.only(TOP_LEVEL_KEYS)
-    return Config(
+    config = Config(
         model=_parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
         data=_parse_data(root.section("data")),
         train=_parse_train(root.section("train", required=True)),
@@ -898,6 +910,8 @@ def parse_config(mapping: Any, source: str = "<dict>") -> Config:
         engine=root.choice("engine", tuple(ENGINES), DEFAULT_ENGINE),
         source=source,
     )
+    check_monitor(config)
+    return config
 
 
 @dataclass(frozen=True)
