@@ -51,14 +51,15 @@ from .optim import make_optimizer
 from .outputs import OutputFolder, checkpoint_to_resume, refuse_replacing
 from .overrides import config_yaml
 from .live_log import progress_line
+from .training_watch import NonFiniteWatch, progress_bar, signals_to
 from .tensor import Tensor
 from .monitoring import BEST_NAME, STATE_KEY, Monitor, monitored
-from .validation import check_labels as check_validation_labels, epoch_fields, hold_out, history_fields
+from .history import HISTORY_FIELDS, check_history, history_csv  # noqa: F401 (HISTORY_FIELDS re-exported)
+from .validation import check_labels as check_validation_labels, epoch_fields, hold_out
 
 log = logging.getLogger(__name__)
 
-HISTORY_FIELDS = ("epoch", "steps", "learning_rate", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
-                  "epoch_seconds")
+
 
 
 class Interrupted(Exception):
@@ -411,7 +412,7 @@ class Trainer:
         self.backend.set_engine(engine_before)
 
     def _run(self) -> dict:
-        with self.outputs if self.writes else contextlib.nullcontext(), _signals_to(self):
+        with self.outputs if self.writes else contextlib.nullcontext(), signals_to(self):
             log.info("training %s on %s: %d steps of batch %d (%d epochs)%s", self.config.source,
                      self.backend.device_name, self.total_steps, self.config.train.batch_size, self.total_epochs,
                      ", each step replayed as a CUDA graph" if self.use_graph else "")
@@ -452,7 +453,7 @@ class Trainer:
         first = position.batch
         self.totals.reset()
         self.data.start_epoch(self.loader.permutation(position.epoch), position.step - position.batch)
-        bar = _progress_bar(self.progress, last, first, f"epoch {position.epoch + 1}/{self.total_epochs}")
+        bar = progress_bar(self.progress, last, first, f"epoch {position.epoch + 1}/{self.total_epochs}")
         started = time.perf_counter()
         for index in range(first, last):
             self.images_trained += self.train_batch(index)
@@ -575,7 +576,7 @@ class Trainer:
             self.monitor.save_best(folder / BEST_NAME, {**self.network.metadata(),
                                                         "config": self._saved_config().to_dict()})
             write_atomic(folder / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-            write_atomic(folder / "history.csv", self._history_text())
+            write_atomic(folder / "history.csv", history_csv(self.position.history, self.validating))
             plot_curves(self.position.history, folder / "curves.png", self.loader.steps_per_epoch,
                         learning_rates=self._learning_rate_curve())
             write_atomic(folder / "config.yaml", config_yaml(self._saved_config()))
@@ -645,16 +646,6 @@ class Trainer:
     def world_size(self) -> int:
         return 1 if self.replicas is None else self.replicas.world_size
 
-    @property
-    def history_fields(self) -> tuple[str, ...]:
-        """history.csv's columns: the epochs' evaluation labelled validation or test (``validation.py``)."""
-        return history_fields(HISTORY_FIELDS, self.validating)
-
-    def _history_text(self) -> str:
-        lines = [",".join(self.history_fields)]
-        lines += [",".join(_csv_value(row[key]) for key in self.history_fields) for row in self.position.history]
-        return "\n".join(lines) + "\n"
-
     # ---- interruption and resumption ---------------------------------------------------------
     def _interrupt(self, epoch_started: float) -> None:
         """Publish the outputs of the steps trained so far (the epoch in progress counted in
@@ -687,24 +678,13 @@ class Trainer:
         except CheckpointError as error:
             raise CheckpointError(f"{path}: {error}") from None
         history = metadata.get("history") or []
-        self._check_history(path, history)
+        check_history(path, history, self.validating)
         self.monitor.restore(path, metadata, checkpoint.load_npz)
         self.position = Position(position["epoch"], position["batch"], position["step"], list(history))
         if self.position.step < self.total_steps:  # else nothing is left to train, and no mask to skip
             self.network.skip_dropout_masks(self._batches_before(self.position))
         log.info("resumed from %s at epoch %d, batch %d (step %d)", path, self.position.epoch + 1,
                  self.position.batch, self.position.step)
-
-    def _check_history(self, path: Path, history) -> None:
-        """Rows of this run's fields: one trained with(out) a validation set resumes with(out) one."""
-        if isinstance(history, list) and all(_is_history_row(row, self.history_fields) for row in history):
-            return
-        other = history_fields(HISTORY_FIELDS, not self.validating)
-        if isinstance(history, list) and all(_is_history_row(row, other) for row in history):
-            raise CheckpointError(f"{path} was trained {'without' if self.validating else 'with'} data.validation; "
-                                  f"resume it {'without' if self.validating else 'with'} the same data.validation")
-        raise CheckpointError(f"{path}: the training history in its metadata is malformed (each row needs "
-                              f"{', '.join(self.history_fields)} as numbers); it can be loaded but not resumed")
 
     def _check_reachable(self, path: Path, position: dict) -> None:
         """A position training can reach: no more epochs than steps, no more batches than an epoch has."""
@@ -781,87 +761,4 @@ def _layer_text(layer) -> str:
     return f"{layer.get('type')} {layer.get('name')!r}" + (f" ({params})" if params else "")
 
 
-class NonFiniteWatch:
-    """The first step whose training loss was NaN or infinite, found on the device at every step
-    (``record``, one tiny kernel, graph-safe) and read only where the host synchronises anyway.
 
-    ``watch`` holds two int32 counts in float32 storage: [steps run, first non-finite step or 0].
-    The step counter lives on the device so that a replayed CUDA graph counts too.
-    """
-
-    def __init__(self, backend):
-        self.backend = backend
-        self.watch = Tensor.zeros((2,), backend)  # int32 bits: [steps run, first non-finite step (0: none yet)]
-
-    def start(self, step: int) -> None:
-        """Count on from ``step`` (the steps already run), no non-finite step seen."""
-        self.watch.write_(np.array([step, 0], np.int32).view(np.float32))
-
-    def record(self, loss_sum: Tensor) -> None:
-        """After a step that added its loss into ``loss_sum`` (this epoch's sum: non-finite from the
-        first non-finite loss on): count the step and note it if ``loss_sum`` is not finite."""
-        self.backend.record_nonfinite(self.watch, loss_sum)
-
-    def first_step(self) -> int | None:
-        """The first step whose loss was not finite, or None (reads the device)."""
-        first = int(self.watch.numpy().reshape(-1).view(np.int32)[1])
-        return first or None
-
-
-class _signals_to:
-    """Within the block, SIGINT and SIGTERM ask the trainer to stop after the current step."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, trainer: Trainer):
-        self.trainer = trainer
-        self.previous = {}
-
-    def __enter__(self):
-        for signum in self.SIGNALS:
-            try:
-                self.previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread: signals stay as they are
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        log.warning("%s received: stopping after this step", signal.Signals(signum).name)
-        self.trainer.stop_signal = signum
-
-    def __exit__(self, *exc):
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-        return False
-
-
-class _NoProgressBar:
-    """What a quiet run shows: nothing (and tqdm is not imported)."""
-
-    def update(self, steps: int) -> None:
-        pass
-
-    def set_postfix(self, **values) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress_bar(enabled: bool, total: int, initial: int, description: str):
-    if not enabled:
-        return _NoProgressBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc=description, disable=not enabled, leave=False, unit="step",
-                dynamic_ncols=True)
-
-
-def _is_history_row(row, fields: tuple[str, ...] = HISTORY_FIELDS) -> bool:
-    """A row of ``Position.history`` as the trainer writes it: every key of ``fields``, a number each."""
-    return isinstance(row, dict) and all(
-        isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool) for key in fields)
-
-
-def _csv_value(value) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)

@@ -51,11 +51,6 @@ def epoch_fields(validating: bool) -> tuple[str, str]:
     return VALIDATION_FIELDS if validating else TEST_FIELDS
 
 
-def history_fields(base: tuple[str, ...], validating: bool) -> tuple[str, ...]:
-    """``base`` (the trainer's HISTORY_FIELDS, with test figures) with the validation figures where ``validating``."""
-    return tuple(dict(zip(TEST_FIELDS, VALIDATION_FIELDS)).get(key, key) if validating else key for key in base)
-
-
 def hold_out(data, pixels: np.ndarray, labels: np.ndarray):
     """(training pixels, training labels, validation pixels or None, validation labels or None) of the
     training split ``pixels``/``labels`` as ``data`` (a DataConfig) says: a seeded share held out, or
