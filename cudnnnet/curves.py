@@ -1,7 +1,8 @@
-"""``curves.png``: loss and accuracy per epoch, train and test (or validation), and the learning rate, drawn with Pillow.
+"""``curves.png``: loss and accuracy per epoch, train and test (or validation), and the learning rate,
+drawn with Pillow.
 
-Two panels side by side (three with the learning rate's), each with its title, axis labels, a light grid, epoch ticks, the train
-and test series as lines with round markers, and a legend. A point sits at its fractional epoch
+Two panels side by side (a third with the learning rate), each with its title, axis labels, a light
+grid, epoch ticks, the train and test series as lines with round markers, and a legend. A point sits at its fractional epoch
 (steps / steps per epoch), so a run stopped part-way through an epoch is drawn where it stopped.
 The y axis leaves a band above the data for the legend, which therefore hides no point or line. The figure is drawn at
 ``SCALE`` times its size and shrunk at the end by averaging each SCALE × SCALE block (Image.reduce),

@@ -102,7 +102,8 @@ class SGD:
         return self.rate_at(self.step_count, epoch)
 
     def rate_at(self, step: int, epoch: int) -> float:
-        """The learning rate of global ``step`` (from 0) during ``epoch``: the schedule's, times the rule of several GPUs."""
+        """The learning rate of global ``step`` (from 0) during ``epoch``: the schedule's, times the rule of
+        several GPUs."""
         rate = self.schedule.learning_rate(self.lr0, step, epoch, self.total_steps)
         return rate if self.lr_factor is None else rate * self.lr_factor(step)
 

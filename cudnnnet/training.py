@@ -49,17 +49,15 @@ from .layers import BatchNorm
 from .network import OPTIMIZER_PREFIX, Network
 from .optim import make_optimizer
 from .outputs import OutputFolder, checkpoint_to_resume, refuse_replacing
-from .overrides import config_yaml
-from .live_log import progress_line
-from .training_watch import NonFiniteWatch, progress_bar, signals_to
 from .tensor import Tensor
-from .monitoring import BEST_NAME, STATE_KEY, Monitor, monitored
 from .history import HISTORY_FIELDS, check_history, history_csv  # noqa: F401 (HISTORY_FIELDS re-exported)
+from .live_log import progress_line
+from .monitoring import BEST_NAME, STATE_KEY, Monitor, monitored
+from .overrides import config_yaml
+from .training_watch import NonFiniteWatch, progress_bar, signals_to
 from .validation import check_labels as check_validation_labels, epoch_fields, hold_out
 
 log = logging.getLogger(__name__)
-
-
 
 
 class Interrupted(Exception):
@@ -524,7 +522,8 @@ class Trainer:
             self.events.scalars(self.position.step, {f"epoch/{key}": value for key, value in row.items()
                                                      if key not in ("epoch", "steps")})
         if self.writes and self.monitor.update(row, self.network.state_dict):
-            log.info("epoch %d is the best so far by %s (%.4f)", row["epoch"], self.monitor.metric, row[self.monitor.metric])
+            log.info("epoch %d is the best so far by %s (%.4f)", row["epoch"], self.monitor.metric,
+                     row[self.monitor.metric])
         if completed:
             self.position.epoch += 1
             self.position.batch = 0

@@ -146,3 +146,13 @@ def test_curves_png_draws_the_learning_rate_of_every_step(small_npz, tmp_path, m
         third = np.asarray(image.convert("RGB"))[:, 2 * curves.PANEL_WIDTH:].astype(int)
     green = (np.abs(third - np.array(curves.LEARNING_RATE[1])).sum(axis=-1) < 30).mean()
     assert green > 1e-3  # the learning rate's line
+
+
+def test_the_cli_logs_progress_lines_where_stderr_is_not_a_terminal(small_npz, tmp_path, caplog):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(settings(small_npz)))
+    with offline_tools(tmp_path) as call, caplog.at_level(logging.INFO, logger="cudnnnet.training"):
+        finished = call("train", "--config", path, "--output", tmp_path / "run", "--set", "train.log_every=4")
+    assert finished.returncode == 0, finished.stderr
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("step ")]
+    assert [line.split(":")[0] for line in lines] == ["step 4/8 (epoch 1/2)", "step 8/8 (epoch 2/2)"]
