@@ -264,3 +264,28 @@ def test_a_run_without_validation_does_not_resume_with_one(small_npz, tmp_path):
     with pytest.raises(CheckpointError, match="was trained without data.validation; resume it without"):
         Trainer(parse_config(settings(small_npz, epochs=2)), tmp_path / "run", resume=tmp_path / "run",
                 progress=False)
+
+
+def write_folder(root, classes, count, seed):
+    """``count`` 8×8 RGB PNGs in root/<class>/ for each class."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for name in classes:
+        (root / name).mkdir(parents=True)
+        for index in range(count):
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), "RGB").save(root / name / f"{index}.png")
+    return root
+
+
+def test_an_image_folder_validates_on_a_folder_of_its_classes(tmp_path):
+    write_folder(tmp_path / "photos", ("cat", "dog"), 5, 0)
+    write_folder(tmp_path / "val", ("dog",), 3, 1)
+    raw = {"model": [{"type": "dense", "out_size": 2}, {"type": "softmax"}],
+           "data": {"dataset": "image-folder", "dir": str(tmp_path / "photos"), "validation": str(tmp_path / "val")},
+           "train": {"optimizer": {"lr": 0.1}}, "device": "host"}
+    config, (train, _), _, (held, held_labels) = load_data(parse_config(raw))
+    assert held.pixels.shape == (3,) + train.pixels.shape[1:] and held_labels.tolist() == [1, 1, 1]
+    write_folder(tmp_path / "val", ("bird",), 1, 2)
+    with pytest.raises(DataError, match=r"val: class folder 'bird' is no training class; the classes are cat, dog"):
+        load_data(parse_config(raw))
