@@ -289,3 +289,22 @@ def test_an_image_folder_validates_on_a_folder_of_its_classes(tmp_path):
     write_folder(tmp_path / "val", ("bird",), 1, 2)
     with pytest.raises(DataError, match=r"val: class folder 'bird' is no training class; the classes are cat, dog"):
         load_data(parse_config(raw))
+
+
+def test_the_validation_set_resident_on_the_device_gives_the_host_s_figures(backend, small_npz, tmp_path):
+    """On CUDA both evaluated sets are resident on the device; their figures are the host evaluation's of the
+    same weights."""
+    from cudnnnet.evaluation import evaluate
+
+    config = parse_config({**settings(small_npz, epochs=1), "device": backend.name})
+    trainer = Trainer(config, tmp_path / "run", progress=False)
+    metrics = trainer.run()
+    host_weights = trainer.network.state_dict()
+    reference = Trainer(parse_config(settings(small_npz, epochs=1)), tmp_path / "host", progress=False)
+    reference.network.load_state_dict(host_weights)
+    pixels, labels = reference.validation
+    expected = evaluate(reference.network, pixels.floats, labels, 1000)
+    assert metrics["validation_loss"] == pytest.approx(expected.loss, rel=1e-4)
+    assert metrics["validation_accuracy"] == pytest.approx(expected.accuracy)
+    test = evaluate(reference.network, reference.test_pixels.floats, reference.test_labels, 1000)
+    assert metrics["test_loss"] == pytest.approx(test.loss, rel=1e-4)
