@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from math import isfinite
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, NoReturn, Sequence
 
 
 from .augmentation import MAX_CROP_PADDING
@@ -28,9 +28,12 @@ from .data.mnist import MNIST_MEAN, MNIST_STD
 from .data.pixels import MAX_IMAGE_PIXELS, RESIZE_MODES
 from .config_file import MAX_INTEGER, MAX_LAYERS, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
+from .monitoring import AUTO as AUTO_MONITOR, EarlyStoppingConfig, check_monitor, parse_early_stopping, parse_monitor
 from .errors import ConfigError, InvalidArgumentError
 from .shipped_configs import resolve_config
+from .suggest import did_you_mean
 from .tensor import FLOAT32_MAX, FLOAT32_TINY
+from .validation import parse_validation
 
 DEVICES = ("auto", "cuda", "host")
 MATH_MODES = ("fp32", "tf32", "bf16", "fp16")
@@ -125,6 +128,7 @@ class DataConfig:
     classes: tuple[str, ...] | None = None  # class names, index = label
     shape: tuple[int, int, int] | None = None  # (C, H, W) of the images before padding
     augment: AugmentConfig | None = None  # training batches only; None: off
+    validation: float | str | None = None  # each epoch's evaluation set (validation.py); None: the test set
 
     def to_dict(self) -> dict:
         if self.normalize is None or self.normalize == COMPUTED:
@@ -141,7 +145,7 @@ class DataConfig:
             "resize": self.resize if self.dataset == "image-folder" or self.resize != "crop" else None,
             "classes": None if self.classes is None else list(self.classes),
             "shape": None if self.shape is None else list(self.shape),
-            "augment": None if self.augment is None else self.augment.to_dict()})
+            "augment": None if self.augment is None else self.augment.to_dict(), "validation": self.validation})
 
     def with_absolute_paths(self) -> "DataConfig":
         """The same data with ``dir`` and the file keys made absolute from the working directory, so that
@@ -149,6 +153,8 @@ class DataConfig:
         read from the reader's working directory)."""
         paths = {key: os.path.abspath(getattr(self, key)) for key in ("dir",) + IDX_PATH_KEYS + NPZ_PATH_KEYS
                  if getattr(self, key) is not None}
+        if isinstance(self.validation, str):
+            paths["validation"] = os.path.abspath(self.validation)
         return dataclasses.replace(self, **paths)
 
 
@@ -283,6 +289,8 @@ class TrainConfig:
     lr_scaling: str = "linear"
     lr_warmup_epochs: float = 1.0
     loss_scale: LossScaleConfig = LossScaleConfig()  # math: fp16 only
+    monitor: str = AUTO_MONITOR  # the figure best.npz and early stopping watch (monitoring.py)
+    early_stopping: EarlyStoppingConfig | None = None
 
     def to_dict(self) -> dict:
         return _without_none({
@@ -291,6 +299,8 @@ class TrainConfig:
             "log_every": self.log_every, "checkpoint_every": self.checkpoint_every, "graph": self.graph,
             "eval_batch_size": self.eval_batch_size, "lr_scaling": self.lr_scaling,
             "lr_warmup_epochs": self.lr_warmup_epochs, "loss_scale": self.loss_scale.to_dict(),
+            "monitor": None if self.monitor == AUTO_MONITOR else self.monitor,
+            "early_stopping": None if self.early_stopping is None else self.early_stopping.to_dict(),
         })
 
 
@@ -410,7 +420,7 @@ class _Section:
             if key not in allowed:
                 where = f" for {context}" if context else ""
                 valid = ", ".join(allowed) if allowed else "none"
-                self.fail(str(key), f"unknown key {key!r}{where}; valid keys: {valid}")
+                self.fail(str(key), f"unknown key {key!r}{where}; valid keys: {valid}{did_you_mean(key, allowed)}")
 
     def has(self, key: str) -> bool:
         """Whether ``key`` is given; a null value counts as absent."""
@@ -460,7 +470,7 @@ class _Section:
         expected = "one of " + ", ".join(choices)
         value = self.get(key, default, expected)
         if not isinstance(value, str) or value not in choices:
-            self.fail(key, f"expected {expected}, got {_describe(value)}")
+            self.fail(key, f"expected {expected}, got {_describe(value)}{did_you_mean(value, choices)}")
         return value
 
     def boolean(self, key: str, default: bool) -> bool:
@@ -722,7 +732,7 @@ def _parse_augment(data: _Section) -> AugmentConfig | None:
 
 DATA_KEYS = ("dataset", "dir", "normalize", "pad", "placement") + IDX_PATH_KEYS + NPZ_PATH_KEYS + (
     "md5", "channels", "image_size", "test_fraction", "split_seed", "corrupt", "resize", "classes", "shape",
-    "augment")
+    "augment", "validation")
 
 
 def _parse_data(data: _Section) -> DataConfig:
@@ -745,7 +755,7 @@ def _parse_data(data: _Section) -> DataConfig:
                       split_seed=data.integer("split_seed", 0, low=0), corrupt=data.choice("corrupt", CORRUPT_POLICIES,
                                                                                          "refuse"),
                       resize=data.choice("resize", RESIZE_MODES, "crop"), classes=_parse_classes(data),
-                      shape=_parse_shape(data), augment=_parse_augment(data))
+                      shape=_parse_shape(data), augment=_parse_augment(data), validation=parse_validation(data))
 
 
 ADAMW_WEIGHT_DECAY = 0.01  # AdamW's default decoupled weight decay (PyTorch's)
@@ -847,7 +857,8 @@ def _parse_loss_scale(train: _Section) -> LossScaleConfig:
 
 def _parse_train(train: _Section) -> TrainConfig:
     train.only(("batch_size", "epochs", "steps", "seed", "optimizer", "schedule", "log_every",
-                "checkpoint_every", "graph", "eval_batch_size", "lr_scaling", "lr_warmup_epochs", "loss_scale"))
+                "checkpoint_every", "graph", "eval_batch_size", "lr_scaling", "lr_warmup_epochs", "loss_scale",
+                "monitor", "early_stopping"))
     return TrainConfig(
         batch_size=train.integer("batch_size", 64, low=0, low_open=True),
         epochs=train.integer("epochs", 1, low=0, low_open=True),
@@ -862,6 +873,8 @@ def _parse_train(train: _Section) -> TrainConfig:
         lr_scaling=train.choice("lr_scaling", LR_SCALINGS, "linear"),
         lr_warmup_epochs=train.number("lr_warmup_epochs", 1.0, low=0),
         loss_scale=_parse_loss_scale(train),
+        monitor=parse_monitor(train),
+        early_stopping=parse_early_stopping(train),
     )
 
 
@@ -887,7 +900,7 @@ def parse_config(mapping: Any, source: str = "<dict>") -> Config:
                           f"device, math, engine; got {_describe(mapping)}")
     root = _Section(mapping, "", source)
     root.only(TOP_LEVEL_KEYS)
-    return Config(
+    config = Config(
         model=_parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
         data=_parse_data(root.section("data")),
         train=_parse_train(root.section("train", required=True)),
@@ -896,6 +909,8 @@ def parse_config(mapping: Any, source: str = "<dict>") -> Config:
         engine=root.choice("engine", tuple(ENGINES), DEFAULT_ENGINE),
         source=source,
     )
+    check_monitor(config)
+    return config
 
 
 @dataclass(frozen=True)
@@ -922,11 +937,16 @@ def load_model_description(path: str | os.PathLike) -> ModelDescription:
                             data=_parse_data(root.section("data")), source=source)
 
 
-def load_config(path: str | os.PathLike, data: bytes | None = None) -> Config:
+def load_config(path: str | os.PathLike, data: bytes | None = None, overrides: Sequence[str] = ()) -> Config:
     """Read and validate the YAML config at ``path``; ``data``: its bytes where they were read already
     (a pipe, ``--config <(...)`` or /dev/stdin, can be read once only). ``path`` may name a shipped
-    config ("mnist_mlp": ``shipped_configs``)."""
+    config ("mnist_mlp": ``shipped_configs``). ``overrides``: ``KEY.PATH=VALUE`` assignments made
+    before it is validated (``overrides.py``, the command line's ``--set``)."""
     path = resolve_config(path) if data is None else Path(path)
+    if overrides:
+        from .overrides import parse_overridden
+
+        return parse_overridden(_read_mapping(path, data), overrides, str(path))
     return parse_config(_read_mapping(path, data), source=str(path))
 
 

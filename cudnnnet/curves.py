@@ -1,7 +1,8 @@
-"""``curves.png``: loss and accuracy per epoch, train and test, drawn with Pillow.
+"""``curves.png``: loss and accuracy per epoch, train and test (or validation), and the learning rate,
+drawn with Pillow.
 
-Two panels side by side, each with its title, axis labels, a light grid, epoch ticks, the train
-and test series as lines with round markers, and a legend. A point sits at its fractional epoch
+Two panels side by side (a third with the learning rate), each with its title, axis labels, a light
+grid, epoch ticks, the train and test series as lines with round markers, and a legend. A point sits at its fractional epoch
 (steps / steps per epoch), so a run stopped part-way through an epoch is drawn where it stopped.
 The y axis leaves a band above the data for the legend, which therefore hides no point or line. The figure is drawn at
 ``SCALE`` times its size and shrunk at the end by averaging each SCALE × SCALE block (Image.reduce),
@@ -23,6 +24,7 @@ from .files import atomic_write
 log = logging.getLogger(__name__)
 
 WIDTH, HEIGHT = 1000, 400  # pixels of the PNG, as matplotlib's 10 × 4 inches at 100 dpi
+PANEL_WIDTH = WIDTH // 2  # a third panel, the learning rate's, widens the figure by one more
 SCALE = 2
 FONT_SIZE = 13 * SCALE
 # left, top, right, bottom margins of a panel's plot area, in drawing pixels
@@ -32,29 +34,37 @@ SERIES = (  # (history key suffix, legend label, colour): matplotlib's first two
     ("train", "train (mean over the epoch)", (31, 119, 180)),
     ("test", "test (end of the epoch)", (255, 127, 14)),
 )
+VALIDATION_SERIES = ("validation", "validation (end of the epoch)", SERIES[1][2])  # rows of a run with data.validation
+LEARNING_RATE = ("learning rate", (44, 160, 44))  # matplotlib's third default colour
 PANELS = ("loss", "accuracy")
 LINE_WIDTH, MARKER_RADIUS = 2 * SCALE, 4 * SCALE
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_COMPRESSION = 1  # zlib level: the figure is mostly flat colour, so the fastest level costs little size
 
 
-def plot_curves(history: list[dict], path: Path, steps_per_epoch: int | None = None) -> None:
+def plot_curves(history: list[dict], path: Path, steps_per_epoch: int | None = None,
+                learning_rates: list[tuple[float, float]] | None = None) -> None:
     """Write ``path`` (PNG, atomically) showing ``history``'s rows; an empty history writes nothing.
 
     With ``steps_per_epoch``, a row is drawn at its fractional epoch (its ``steps`` / steps_per_epoch),
-    else at its ``epoch`` number."""
+    else at its ``epoch`` number. ``learning_rates``: (fractional epoch, rate) points of the run's
+    learning rate, drawn as a line in a third panel."""
     if not history:
         return
     from PIL import Image, ImageDraw, ImageFont
 
     font = ImageFont.load_default(FONT_SIZE)
-    canvas = Image.new("RGB", (WIDTH * SCALE, HEIGHT * SCALE), WHITE)
-    panel_width = canvas.width // len(PANELS)
     epochs = [_epoch_of(row, steps_per_epoch) for row in history]
-    for index, metric in enumerate(PANELS):
+    panels = [(metric, _epoch_series(history, epochs, metric), True) for metric in PANELS]
+    if learning_rates:
+        label, colour = LEARNING_RATE
+        panels.append((label, [(label, colour, [x for x, _ in learning_rates], [y for _, y in learning_rates])], False))
+    canvas = Image.new("RGB", (PANEL_WIDTH * len(panels) * SCALE, HEIGHT * SCALE), WHITE)
+    panel_width = PANEL_WIDTH * SCALE
+    for index, (title, series, markers) in enumerate(panels):
         box = (index * panel_width + MARGINS[0], MARGINS[1],
                (index + 1) * panel_width - MARGINS[2], canvas.height - MARGINS[3])
-        _draw_panel(canvas, ImageDraw.Draw(canvas), font, box, epochs, history, metric)
+        _draw_panel(canvas, ImageDraw.Draw(canvas), font, box, series, title, markers)
     figure = canvas.reduce(SCALE)
     with atomic_write(path) as file:
         file.write(png_bytes(figure))
@@ -83,12 +93,21 @@ def _epoch_of(row: dict, steps_per_epoch: int | None) -> float:
     return float(row["epoch"])
 
 
-def _draw_panel(canvas, draw, font, box, epochs, history, metric) -> None:
-    series = [(label, colour, [float(row[f"{key}_{metric}"]) for row in history]) for key, label, colour in SERIES]
-    entries = [(label, colour) for label, colour, _ in series]
-    x_range = _padded_range(epochs)
-    y_range = _with_legend_band(_padded_range([value for _, _, values in series for value in values]),
-                                box, _legend_size(font, entries)[1] + 16 * SCALE)
+def _epoch_series(history: list[dict], epochs: list[float], metric: str) -> list:
+    """[(label, colour, x values, y values)] of the train and test (or validation) figures of ``metric``."""
+    second = VALIDATION_SERIES if f"validation_{metric}" in history[0] else SERIES[1]
+    return [(label, colour, epochs, [float(row[f"{key}_{metric}"]) for row in history])
+            for key, label, colour in (SERIES[0], second)]
+
+
+def _draw_panel(canvas, draw, font, box, series, metric, markers: bool = True) -> None:
+    """A panel titled ``metric`` of ``series`` [(label, colour, x values, y values)]: each point marked where
+    ``markers``, else a line over a y axis from 0 (the learning rate's)."""
+    entries = [(label, colour) for label, colour, _, _ in series]
+    x_range = _padded_range([x for _, _, xs, _ in series for x in xs])
+    values = [value for _, _, _, values in series for value in values]
+    y_range = _padded_range(values) if markers else _from_zero(values)
+    y_range = _with_legend_band(y_range, box, _legend_size(font, entries)[1] + 16 * SCALE)
     x_ticks = _ticks(*x_range, min_step=1 if x_range[1] - x_range[0] >= 2 else 0.0)
     y_ticks = _ticks(*y_range)
     to_pixel = _mapping(box, x_range, y_range)
@@ -101,11 +120,11 @@ def _draw_panel(canvas, draw, font, box, epochs, history, metric) -> None:
         _, y = to_pixel(x_range[0], tick)
         draw.line((left, y, right, y), fill=GRID, width=SCALE)
         draw.text((left - 5 * SCALE, y), _tick_label(tick, y_ticks), fill=BLACK, font=font, anchor="rm")
-    for _, colour, values in series:
-        points = [to_pixel(x, y) for x, y in zip(epochs, values) if math.isfinite(y)]
+    for _, colour, xs, values in series:
+        points = [to_pixel(x, y) for x, y in zip(xs, values) if math.isfinite(y)]
         if len(points) > 1:
             draw.line(points, fill=colour, width=LINE_WIDTH, joint="curve")
-        for x, y in points:
+        for x, y in points if markers or len(points) == 1 else ():
             draw.ellipse((x - MARKER_RADIUS, y - MARKER_RADIUS, x + MARKER_RADIUS, y + MARKER_RADIUS), fill=colour)
     draw.rectangle(box, outline=BLACK, width=SCALE)
     draw.text(((left + right) / 2, top - 8 * SCALE), metric, fill=BLACK, font=font, anchor="md")
@@ -120,6 +139,12 @@ def _padded_range(values: list[float]) -> tuple[float, float]:
     low, high = min(finite), max(finite)
     pad = (high - low) * 0.05 or max(abs(high) * 0.05, 0.5)
     return low - pad, high + pad
+
+
+def _from_zero(values: list[float]) -> tuple[float, float]:
+    """(0, a little above the largest finite value), or (0, 1) where none is above 0."""
+    high = max((value for value in values if math.isfinite(value)), default=0.0)
+    return 0.0, high * 1.05 if high > 0 else 1.0
 
 
 def _with_legend_band(y_range: tuple[float, float], box, band: float) -> tuple[float, float]:

@@ -86,17 +86,52 @@ def _inputs(images, network, normalize) -> Iterator[tuple[str, np.ndarray | None
     from .data.images import list_images  # Pillow: imported when predicting, not with cudnnnet
 
     load = _digit_loader(network, normalize) if reads_digits(network) else _photo_loader(network, normalize)
-    if isinstance(images, (str, os.PathLike, np.ndarray)):
-        images = [images]
     count = 0
-    for item in images:
-        if isinstance(item, np.ndarray):
-            yield _prepare(f"<array {count}>", lambda: load(item))
+    for item in _items(images):
+        if not isinstance(item, (str, os.PathLike)):  # an in-memory image: an array or a PIL image
+            kind = "array" if isinstance(item, np.ndarray) else "image"
+            yield _prepare(f"<{kind} {count}>", lambda item=item: load(item))
             count += 1
             continue
         for path in list_images(item):
             yield _prepare(str(path), lambda path=path: load(path))
             count += 1
+
+
+def _items(images) -> Iterator:
+    """Each image, file or folder of ``images``: one of them, or an iterable of them; an array holding
+    several images (``array_images``) gives each in turn."""
+    from PIL import Image
+
+    if isinstance(images, (str, os.PathLike, np.ndarray, Image.Image)):
+        images = [images]
+    for item in images:
+        if isinstance(item, np.ndarray):
+            yield from array_images(item)
+        elif isinstance(item, (str, os.PathLike, Image.Image)):
+            yield item
+        else:
+            raise InvalidArgumentError(f"predict takes image files, folders, NumPy arrays or PIL images (or a list of "
+                                       f"them), got {type(item).__name__}")
+
+
+IMAGE_CHANNELS = (1, 3, 4)  # grey, RGB, RGBA
+
+
+def array_images(array: np.ndarray) -> list[np.ndarray]:
+    """The images an array holds, each (H, W) or (H, W, C): itself where it is one image, (H, W) or
+    (H, W, C); else one per leading index of (N, H, W), (N, C, H, W) or (N, H, W, C) (C 1, 3 or 4;
+    channels first where both readings fit)."""
+    if array.ndim == 2 or (array.ndim == 3 and array.shape[-1] in IMAGE_CHANNELS):
+        return [array]
+    if array.ndim == 3:
+        return list(array)
+    if array.ndim == 4 and array.shape[1] in IMAGE_CHANNELS:
+        return list(array.transpose(0, 2, 3, 1))
+    if array.ndim == 4 and array.shape[-1] in IMAGE_CHANNELS:
+        return list(array)
+    raise InvalidArgumentError(f"predict reads an array of shape {array.shape} as no image: give (H, W) or (H, W, C) "
+                               f"for one image, (N, H, W), (N, C, H, W) or (N, H, W, C) for N (C is 1, 3 or 4)")
 
 
 def _digit_loader(network, normalize):
@@ -105,8 +140,8 @@ def _digit_loader(network, normalize):
     channels, height, width = network.input_shape
     if channels != 1 or height != width:
         raise InvalidArgumentError(f"predict reads grey square digits; this network takes {network.input_shape}")
-    return lambda item: preprocess(item, height, normalize) if isinstance(item, np.ndarray) else \
-        load_image(item, height, normalize)
+    return lambda item: load_image(item, height, normalize) if isinstance(item, (str, os.PathLike)) else \
+        preprocess(item, height, normalize)
 
 
 def _photo_loader(network, normalize):
@@ -121,8 +156,8 @@ def _photo_loader(network, normalize):
     size = (channels, height - 2 * pad, width - 2 * pad)
 
     def load(item):
-        pixels = (photo_pixels(item, *size, resize=resize) if isinstance(item, np.ndarray)
-                  else load_photo(item, *size, resize=resize))
+        pixels = (load_photo(item, *size, resize=resize) if isinstance(item, (str, os.PathLike))
+                  else photo_pixels(item, *size, resize=resize))
         return to_float_images(pixels[None], normalize, pad)[0]
     return load
 
@@ -136,7 +171,9 @@ def _prepare(name: str, load):
 
 
 def predict(network, images, normalize=None, batch_size: int = 256) -> list[Prediction]:
-    """A Prediction per image: files, folders (every image inside) or arrays, in the order given.
+    """A Prediction per image, in the order given: ``images`` is an image file, a folder (every image
+    inside), a PIL image, a NumPy array of one image ((H, W) or (H, W, C)) or of N ((N, H, W),
+    (N, C, H, W) or (N, H, W, C)), or a list of any of these.
 
     An image that cannot be read, or whose scores are not finite, gets a Prediction whose ``error``
     says why; the others are still predicted. ``normalize`` defaults to the network's training normalisation.

@@ -102,8 +102,13 @@ class SGD:
         return self.groups[0][1] if self.groups else None
 
     def current_lr(self, epoch: int) -> float:
-        rate = self.schedule.learning_rate(self.lr0, self.step_count, epoch, self.total_steps)
-        return rate if self.lr_factor is None else rate * self.lr_factor(self.step_count)
+        return self.rate_at(self.step_count, epoch)
+
+    def rate_at(self, step: int, epoch: int) -> float:
+        """The learning rate of global ``step`` (from 0) during ``epoch``: the schedule's, times the rule of
+        several GPUs."""
+        rate = self.schedule.learning_rate(self.lr0, step, epoch, self.total_steps)
+        return rate if self.lr_factor is None else rate * self.lr_factor(step)
 
     def set_lr(self, epoch: int) -> float:
         """Write the scheduled rate for the next step into the device scalar (only when it changed:
@@ -194,6 +199,7 @@ class Adam:
     lr_factor = None
     loss_scale = None
     current_lr = SGD.current_lr  # the schedule and the device rate behave as SGD's
+    rate_at = SGD.rate_at
     set_lr = SGD.set_lr
 
     def flat_gradients(self) -> Tensor:

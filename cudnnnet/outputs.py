@@ -5,6 +5,8 @@
       metrics.json  -> current/metrics.json
       history.csv   -> current/history.csv
       curves.png    -> current/curves.png
+      config.yaml   -> current/config.yaml
+      best.npz      -> current/best.npz       where an epoch was evaluated (best_checkpoint.py)
       current       -> .set-<run>-<n>          the set published last (a relative link)
       .set-<run>-<n>/                          a complete set: every file written and fsynced
 
@@ -42,7 +44,7 @@ from .errors import CheckpointError, OutputExistsError, OutputInUseError, WriteE
 
 log = logging.getLogger(__name__)
 
-NAMES = ("model.npz", "metrics.json", "history.csv", "curves.png")
+NAMES = ("model.npz", "metrics.json", "history.csv", "curves.png", "config.yaml", "best.npz")
 CURRENT = "current"
 SET_PREFIX = ".set-"
 LINK_TEMP_PREFIX = ".link-"

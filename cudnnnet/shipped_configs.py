@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from .errors import ConfigError
+from .suggest import did_you_mean
 
 CONFIG_DIR = Path(__file__).with_name("configs")
 SUFFIXES = (".yaml", ".yml")
@@ -42,4 +43,5 @@ def resolve_config(name: str | os.PathLike) -> Path:
         return shipped
     if path.exists():
         return path  # a folder: reading it names the problem
-    raise ConfigError(f"config {os.fspath(name)!r} is neither a file nor a shipped config; {valid_configs()}")
+    raise ConfigError(f"config {os.fspath(name)!r} is neither a file nor a shipped config; {valid_configs()}"
+                      f"{did_you_mean(stem, shipped_config_names())}")

@@ -50,11 +50,14 @@ from .network import OPTIMIZER_PREFIX, Network
 from .optim import make_optimizer
 from .outputs import OutputFolder, checkpoint_to_resume
 from .tensor import Tensor
+from .history import HISTORY_FIELDS, check_history, history_csv  # noqa: F401 (HISTORY_FIELDS re-exported)
+from .live_log import progress_line
+from .monitoring import BEST_NAME, STATE_KEY, Monitor, monitored
+from .overrides import config_yaml
+from .training_watch import NonFiniteWatch, progress_bar, signals_to
+from .validation import check_labels as check_validation_labels, epoch_fields, hold_out
 
 log = logging.getLogger(__name__)
-
-HISTORY_FIELDS = ("epoch", "steps", "learning_rate", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
-                  "epoch_seconds")
 
 
 class Interrupted(Exception):
@@ -157,17 +160,23 @@ def _check_labels_name_classes(labels: np.ndarray, split: str, classes: tuple[st
 
 def load_data(config: Config, download: bool = True):
     """(config with data.classes, data.shape and a computed normalisation filled in,
-    (train PixelImages, labels), (test PixelImages, labels)); each split read by ``load_split_pixels``."""
+    (train PixelImages, labels), (test PixelImages, labels), (validation PixelImages, labels) or None);
+    each split read by ``load_split_pixels``, the validation set held out of the training split or read
+    (``validation.hold_out``) before a normalisation is computed from it."""
     data = config.data
     as_read = config if data.normalize != COMPUTED else dataclasses.replace(
         config, data=dataclasses.replace(data, normalize=None))
     train, train_labels = load_split_pixels(as_read, "train", download)
+    train_pixels, train_labels, held_pixels, held_labels = hold_out(data, train.pixels, train_labels)
+    train = PixelImages(train_pixels, train.normalize, train.pad)
     as_trained = dataclasses.replace(as_read, data=dataclasses.replace(
         as_read.data, shape=tuple(as_channels(train.pixels).shape[1:])))  # a test/ folder's channels: auto, as trained
     test, test_labels = load_split_pixels(as_trained, "test", download)
     classes = data_classes(config, train_labels)
     for split, labels in (("training", train_labels), ("test", test_labels)):
         _check_labels_name_classes(labels, split, classes, config)
+    if held_labels is not None:
+        check_validation_labels(held_labels, classes)
     if as_channels(test.pixels).shape[1:] != as_channels(train.pixels).shape[1:]:
         raise DataError(f"the test images are {as_channels(test.pixels).shape[1:]} (C, H, W), the training images "
                         f"{as_channels(train.pixels).shape[1:]}; both need one shape (image folders: set "
@@ -179,7 +188,8 @@ def load_data(config: Config, download: bool = True):
         train, test = PixelImages(train.pixels, normalize, data.pad), PixelImages(test.pixels, normalize, data.pad)
     resolved = dataclasses.replace(data, classes=classes, shape=tuple(as_channels(train.pixels).shape[1:]),
                                    normalize=normalize)
-    return dataclasses.replace(config, data=resolved), (train, train_labels), (test, test_labels)
+    validation = None if held_labels is None else (PixelImages(held_pixels, normalize, data.pad), held_labels)
+    return dataclasses.replace(config, data=resolved), (train, train_labels), (test, test_labels), validation
 
 
 def local_splits(config: Config):
@@ -235,27 +245,33 @@ class Position:
 
 class Trainer:
     def __init__(self, config: Config, output_dir, resume=None, progress: bool = True, image_limit: int | None = None,
-                 group=None, overwrite: bool = False):
+                 group=None, overwrite: bool = False, log_lines: bool = False, events=None):
         """``resume``: an output folder or checkpoint to continue from. ``overwrite``: replace the outputs
         ``output_dir`` already holds; without it (and without ``resume`` naming them) a folder holding
         a published training is refused (OutputExistsError) before anything is read, on the rank that
         writes. ``image_limit``: train and test on the first ``image_limit`` images of each split only
         (the benchmark's smoke tests); None takes every image. ``group``: this rank's
-        ``distributed.Group`` where several processes train together (data-parallel over NCCL)."""
+        ``distributed.Group`` where several processes train together (data-parallel over NCCL). ``log_lines``:
+        log a progress line every log_every steps (where no progress bar is drawn); ``events``: a
+        ``live_log.TensorBoardLog`` (or anything with its ``scalars`` and ``close``), closed by ``run``."""
         self.output_dir = Path(output_dir)
         self.outputs = OutputFolder(self.output_dir)
         if group is None or group.launch.rank == 0:  # the rank that writes (see ``writes``)
             self.outputs.admit(resume, overwrite)  # and again under the folder's lock, when it publishes
         self.config = config
         self.progress = progress
+        self.log_lines, self.events = log_lines, events
         warm_up(config.device)  # the GPU starts while the data is read and the libraries load
         reading = Background("cudnnnet-local_splits", local_splits, config)  # what is on disk, while get_backend loads
         self.backend = get_backend(config.device)  # before any download: no GPU is reported first
         loaded = reading.result() or load_data(config)
-        config, (self.train_pixels, self.train_labels), (self.test_pixels, self.test_labels) = loaded
+        config, (self.train_pixels, self.train_labels), (self.test_pixels, self.test_labels), self.validation = loaded
         if image_limit is not None:
             self.train_pixels, self.train_labels = self.train_pixels.head(image_limit), self.train_labels[:image_limit]
             self.test_pixels, self.test_labels = self.test_pixels.head(image_limit), self.test_labels[:image_limit]
+            if self.validation is not None:
+                self.validation = (self.validation[0].head(image_limit), self.validation[1][:image_limit])
+        self.validating = self.validation is not None  # each epoch evaluated on it, the test set once at the end
         self.config = config  # with the data's classes, shape and normalisation, as the checkpoint keeps them
         self.classes = class_names(config)
         self.settings_before = (getattr(self.backend, "math", None), self.backend.engine)  # restored by run
@@ -273,8 +289,9 @@ class Trainer:
         if group is not None:  # this rank's part of every epoch
             self.loader = Shard(self.loader, group.launch.rank, group.launch.world_size)
         check_batch_statistics(self.network, train.batch_size, len(self.loader.permutation(0)), config)
+        evaluated = [self.test_pixels] + ([self.validation[0]] if self.validating else [])
         placement = choose_placement(config.data.placement, self.backend, self.train_pixels, self.train_labels,
-                                     ResidentTestSet.nbytes(self.test_pixels, self.loader.classes))
+                                     sum(ResidentTestSet.nbytes(pixels, self.loader.classes) for pixels in evaluated))
         augment = config.data.augment
         if augment is not None and augment.active:
             log.info("training batches augmented: random crop of the image padded by %d, %s", augment.crop_padding,
@@ -282,11 +299,13 @@ class Trainer:
         if placement == "host":  # augmented on the host before the upload
             self.data = StreamedData(self.backend, self.train_images, self.train_labels, train.batch_size,
                                      self.loader.classes, augment, train.seed)
-            self.test_set = None
+            self.test_set = self.validation_set = None
         else:  # both sets made on the device from their bytes; the training batches augmented there
             self.data = ResidentData(self.backend, self.train_pixels, self.train_labels, train.batch_size,
                                      self.loader.classes, augment, train.seed)
             self.test_set = ResidentTestSet(self.backend, self.test_pixels, self.test_labels, self.loader.classes)
+            self.validation_set = None if not self.validating else ResidentTestSet(
+                self.backend, *self.validation, self.loader.classes)
         self.use_graph = train.graph and self.backend.supports_graphs
         self.graphs = {}  # batch size -> the captured training step of that size (the full batch, the epoch's last)
         self._eager_sizes = set()  # batch sizes stepped once eagerly: allocated, planned, ready to capture
@@ -297,6 +316,11 @@ class Trainer:
         self.train_seconds = 0.0
         self.images_trained = 0
         self.replicas = None
+        self.monitor = Monitor(monitored(config), train.early_stopping)  # best.npz and early stopping
+        self.final_test: Evaluation | None = None  # with a validation set: the test set's, evaluated at the end
+        if group is not None and train.early_stopping is not None:
+            raise ConfigError(f"{config.source}: train.early_stopping: not available when training on several GPUs; "
+                              f"remove it (best.npz is still written)")
         if group is not None:
             self.replicas = Replicas(group, self.network, self.optimizer, train, self.loader.steps_per_epoch)
         if resume is not None:
@@ -378,6 +402,8 @@ class Trainer:
             return self._run()
         finally:
             self._restore_settings()
+            if self.events is not None:
+                self.events.close()
 
     def _use_settings(self) -> None:
         """The config's math and engine on the backend (settings of the whole backend, as set_engine's)."""
@@ -392,13 +418,19 @@ class Trainer:
         self.backend.set_engine(engine_before)
 
     def _run(self) -> dict:
-        with self.outputs if self.writes else contextlib.nullcontext(), _signals_to(self):
+        with self.outputs if self.writes else contextlib.nullcontext(), signals_to(self):
             log.info("training %s on %s: %d steps of batch %d (%d epochs)%s", self.config.source,
                      self.backend.device_name, self.total_steps, self.config.train.batch_size, self.total_epochs,
                      ", each step replayed as a CUDA graph" if self.use_graph else "")
             self.watch.start(self.position.step)
-            while self.position.step < self.total_steps:
+            while self.position.step < self.total_steps and not self.monitor.should_stop:
                 self._run_epoch()
+            if self.validating:
+                self.final_test = self._evaluate()
+                log.info("test loss %.4f accuracy %.4f", self.final_test.loss, self.final_test.accuracy)
+                if self.events is not None:
+                    self.events.scalars(self.position.step, {"test/loss": self.final_test.loss,
+                                                             "test/accuracy": self.final_test.accuracy})
             metrics = self._publish(finished=True)
         self.finish_replicas(exit_code=0)
         return metrics
@@ -434,7 +466,7 @@ class Trainer:
         first = position.batch
         self.totals.reset()
         self.data.start_epoch(self.loader.permutation(position.epoch), position.step - position.batch)
-        bar = _progress_bar(self.progress, last, first, f"epoch {position.epoch + 1}/{self.total_epochs}")
+        bar = progress_bar(self.progress, last, first, f"epoch {position.epoch + 1}/{self.total_epochs}")
         started = time.perf_counter()
         for index in range(first, last):
             self.images_trained += self.train_batch(index)
@@ -468,6 +500,19 @@ class Trainer:
         accuracy = correct / seen
         bar.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.4f}", img_s=f"{rate:,.0f}")
         log.debug("step %d: loss %.4f", self.position.step, loss)
+        if self.log_lines or self.events is not None:
+            self._log_live(loss, accuracy, rate * self.world_size)
+
+    def _log_live(self, loss: float, accuracy: float, rate: float) -> None:
+        """A progress line and the TensorBoard scalars of the step just trained (``live_log``)."""
+        values = {"train/loss": loss, "train/accuracy": accuracy,
+                  "train/learning_rate": self.optimizer.rate_at(self.position.step - 1, self.position.epoch),
+                  "train/images_per_second": rate, **self._loss_scale_metrics(prefix="train/")}
+        if self.log_lines:
+            log.info("%s", progress_line(self.position.step, self.total_steps, self.position.epoch + 1,
+                                         self.total_epochs, values))
+        if self.events is not None:
+            self.events.scalars(self.position.step, values)
 
     def _end_epoch(self, steps_done: int, seconds: float, completed: bool) -> None:
         """Evaluate on the test set and record the epoch; a run stopped mid-epoch by ``steps`` stays in it.
@@ -478,20 +523,28 @@ class Trainer:
         train_loss = loss_sum / max(steps_done, 1)
         self._stop_if_not_finite(train_loss)
         images_seen = min(steps_done * self.config.train.batch_size, self.loader.num_samples)
-        test = self._evaluate()
+        test = self._evaluate(validation=self.validating)
+        loss_key, accuracy_key = epoch_fields(self.validating)
         row = {"epoch": self.position.epoch + 1, "steps": self.position.step,
                "learning_rate": self.optimizer.current_lr(self.position.epoch), "train_loss": train_loss,
-               "train_accuracy": correct / images_seen, "test_loss": test.loss, "test_accuracy": test.accuracy,
+               "train_accuracy": correct / images_seen, loss_key: test.loss, accuracy_key: test.accuracy,
                "epoch_seconds": seconds}
         self.position.history.append(row)
-        log.info("epoch %d: train loss %.4f accuracy %.4f | test loss %.4f accuracy %.4f | %.1f s%s",
-                 row["epoch"], train_loss, row["train_accuracy"], test.loss, test.accuracy, seconds,
-                 self._loss_scale_text())
+        log.info("epoch %d: train loss %.4f accuracy %.4f | %s loss %.4f accuracy %.4f | %.1f s%s",
+                 row["epoch"], train_loss, row["train_accuracy"], "validation" if self.validating else "test",
+                 test.loss, test.accuracy, seconds, self._loss_scale_text())
+        if self.events is not None:
+            self.events.scalars(self.position.step, {f"epoch/{key}": value for key, value in row.items()
+                                                     if key not in ("epoch", "steps")})
+        if self.writes and self.monitor.update(row, self.network.state_dict):
+            log.info("epoch %d is the best so far by %s (%.4f)", row["epoch"], self.monitor.metric,
+                     row[self.monitor.metric])
         if completed:
             self.position.epoch += 1
             self.position.batch = 0
         every = self.config.train.checkpoint_every
-        if completed and every and self.position.epoch % every == 0 and self.position.step < self.total_steps:
+        if (completed and every and self.position.epoch % every == 0 and self.position.step < self.total_steps
+                and not self.monitor.should_stop):  # else the run ends here and publishes then
             self._publish(finished=False)
 
     def _loss_scale_text(self) -> str:
@@ -513,14 +566,17 @@ class Trainer:
         raise TrainingError(f"the loss became {'nan' if math.isnan(loss) else loss} at step {first} (epoch {epoch}"
                             f"{noticed}); try a lower learning rate. The outputs published before, if any, are intact")
 
-    def _evaluate(self) -> Evaluation:
-        """The test set's loss and accuracy, from device-resident batches where it is resident."""
+    def _evaluate(self, validation: bool = False) -> Evaluation:
+        """The test set's (or the validation set's) loss and accuracy, from device-resident batches where it
+        is resident."""
         batch_size = self.config.train.eval_batch_size
         if not self.writes:
             return Evaluation(math.nan, math.nan)
-        if self.test_set is None:
-            return evaluate(self.network, self.test_images, self.test_labels, batch_size)
-        return evaluate_batches(self.network, self.test_set.batches(batch_size), self.test_set.count)
+        resident = self.validation_set if validation else self.test_set
+        if resident is None:
+            pixels, labels = self.validation if validation else (self.test_pixels, self.test_labels)
+            return evaluate(self.network, pixels.floats, labels, batch_size)
+        return evaluate_batches(self.network, resident.batches(batch_size), resident.count)
 
     # ---- outputs ---------------------------------------------------------------------------------
     def _publish(self, **status) -> dict:
@@ -531,30 +587,54 @@ class Trainer:
             return metrics
         with self.outputs.new_set() as folder:
             self._save(folder / "model.npz")
+            self.monitor.save_best(folder / BEST_NAME, {**self.network.metadata(),
+                                                        "config": self._saved_config().to_dict()})
             write_atomic(folder / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-            write_atomic(folder / "history.csv", self._history_text())
-            plot_curves(self.position.history, folder / "curves.png", self.loader.steps_per_epoch)
+            write_atomic(folder / "history.csv", history_csv(self.position.history, self.validating))
+            plot_curves(self.position.history, folder / "curves.png", self.loader.steps_per_epoch,
+                        learning_rates=self._learning_rate_curve())
+            write_atomic(folder / "config.yaml", config_yaml(self._saved_config()))
         return metrics
+
+    def _learning_rate_curve(self, points: int = 200) -> list[tuple[float, float]]:
+        """(fractional epoch, rate) of the steps trained so far, at most ``points`` of them."""
+        per_epoch = self.loader.steps_per_epoch
+        steps = sorted({int(step) for step in np.linspace(0, max(self.position.step - 1, 0), points)})
+        return [(step / per_epoch, self.optimizer.rate_at(step, step // per_epoch)) for step in steps]
 
     def _save(self, path: Path) -> Path:
         arrays = self.optimizer.state_arrays(OPTIMIZER_PREFIX)
         if self.loss_scaler is not None:
             arrays.update(self.loss_scaler.state_arrays(OPTIMIZER_PREFIX))
         position = {"epoch": self.position.epoch, "batch": self.position.batch, "step": self.position.step}
-        config = dataclasses.replace(self.config, data=self.config.data.with_absolute_paths())
-        return self.network.save(path, extra_arrays=arrays, config=config.to_dict(),
-                                 position=position, history=self.position.history)
+        return self.network.save(path, extra_arrays=arrays, config=self._saved_config().to_dict(),
+                                 position=position, history=self.position.history,
+                                 **{STATE_KEY: self.monitor.state()})
+
+    def _saved_config(self) -> Config:
+        """The run's config as its outputs keep it: the data's paths absolute."""
+        return dataclasses.replace(self.config, data=self.config.data.with_absolute_paths())
 
     def metrics(self) -> dict:
         last = self.position.history[-1] if self.position.history else {}
-        return {**self._base_metrics(last), **self._loss_scale_metrics()}
+        return {**self._base_metrics(last), **self._validation_metrics(last), **self._loss_scale_metrics(),
+                **self.monitor.metrics()}
 
-    def _loss_scale_metrics(self) -> dict:
+    def _validation_metrics(self, last: dict) -> dict:
+        """With a validation set: its last figures, and the test set's from the end of the run (None before)."""
+        if not self.validating:
+            return {}
+        test = self.final_test
+        return {"validation_loss": last.get("validation_loss"), "validation_accuracy": last.get("validation_accuracy"),
+                "validation_images": len(self.validation[1]), "test_loss": None if test is None else test.loss,
+                "test_accuracy": None if test is None else test.accuracy}
+
+    def _loss_scale_metrics(self, prefix: str = "") -> dict:
         """loss_scale (the next step's) and skipped_steps under loss scaling (reads the device), else nothing."""
         if self.loss_scaler is None:
             return {}
         status = self.loss_scaler.read()
-        return {"loss_scale": status.scale, "skipped_steps": status.skipped_steps}
+        return {f"{prefix}loss_scale": status.scale, f"{prefix}skipped_steps": status.skipped_steps}
 
     def _base_metrics(self, last: dict) -> dict:
         return {
@@ -579,11 +659,6 @@ class Trainer:
     @property
     def world_size(self) -> int:
         return 1 if self.replicas is None else self.replicas.world_size
-
-    def _history_text(self) -> str:
-        lines = [",".join(HISTORY_FIELDS)]
-        lines += [",".join(_csv_value(row[key]) for key in HISTORY_FIELDS) for row in self.position.history]
-        return "\n".join(lines) + "\n"
 
     # ---- interruption and resumption ---------------------------------------------------------
     def _interrupt(self, epoch_started: float) -> None:
@@ -616,9 +691,8 @@ class Trainer:
         except CheckpointError as error:
             raise CheckpointError(f"{path}: {error}") from None
         history = metadata.get("history") or []
-        if not isinstance(history, list) or not all(_is_history_row(row) for row in history):
-            raise CheckpointError(f"{path}: the training history in its metadata is malformed (each row needs "
-                                  f"{', '.join(HISTORY_FIELDS)} as numbers); it can be loaded but not resumed")
+        check_history(path, history, self.validating)
+        self.monitor.restore(path, metadata, checkpoint.load_npz)
         self.position = Position(position["epoch"], position["batch"], position["step"], list(history))
         if self.position.step < self.total_steps:  # else nothing is left to train, and no mask to skip
             self.network.skip_dropout_masks(self._batches_before(self.position))
@@ -700,87 +774,4 @@ def _layer_text(layer) -> str:
     return f"{layer.get('type')} {layer.get('name')!r}" + (f" ({params})" if params else "")
 
 
-class NonFiniteWatch:
-    """The first step whose training loss was NaN or infinite, found on the device at every step
-    (``record``, one tiny kernel, graph-safe) and read only where the host synchronises anyway.
 
-    ``watch`` holds two int32 counts in float32 storage: [steps run, first non-finite step or 0].
-    The step counter lives on the device so that a replayed CUDA graph counts too.
-    """
-
-    def __init__(self, backend):
-        self.backend = backend
-        self.watch = Tensor.zeros((2,), backend)  # int32 bits: [steps run, first non-finite step (0: none yet)]
-
-    def start(self, step: int) -> None:
-        """Count on from ``step`` (the steps already run), no non-finite step seen."""
-        self.watch.write_(np.array([step, 0], np.int32).view(np.float32))
-
-    def record(self, loss_sum: Tensor) -> None:
-        """After a step that added its loss into ``loss_sum`` (this epoch's sum: non-finite from the
-        first non-finite loss on): count the step and note it if ``loss_sum`` is not finite."""
-        self.backend.record_nonfinite(self.watch, loss_sum)
-
-    def first_step(self) -> int | None:
-        """The first step whose loss was not finite, or None (reads the device)."""
-        first = int(self.watch.numpy().reshape(-1).view(np.int32)[1])
-        return first or None
-
-
-class _signals_to:
-    """Within the block, SIGINT and SIGTERM ask the trainer to stop after the current step."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, trainer: Trainer):
-        self.trainer = trainer
-        self.previous = {}
-
-    def __enter__(self):
-        for signum in self.SIGNALS:
-            try:
-                self.previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread: signals stay as they are
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        log.warning("%s received: stopping after this step", signal.Signals(signum).name)
-        self.trainer.stop_signal = signum
-
-    def __exit__(self, *exc):
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-        return False
-
-
-class _NoProgressBar:
-    """What a quiet run shows: nothing (and tqdm is not imported)."""
-
-    def update(self, steps: int) -> None:
-        pass
-
-    def set_postfix(self, **values) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress_bar(enabled: bool, total: int, initial: int, description: str):
-    if not enabled:
-        return _NoProgressBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc=description, disable=not enabled, leave=False, unit="step",
-                dynamic_ncols=True)
-
-
-def _is_history_row(row) -> bool:
-    """A row of ``Position.history`` as the trainer writes it: every HISTORY_FIELDS key, a number each."""
-    return isinstance(row, dict) and all(
-        isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool) for key in HISTORY_FIELDS)
-
-
-def _csv_value(value) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)

@@ -23,7 +23,7 @@ TOOLS = {"cudnnnet-train": "train", "cudnnnet-predict": "predict", "cudnnnet-eva
          "cudnnnet-benchmark": "benchmark", "cudnnnet-export": "export"}
 ENTRY_POINTS = {**{name: f"cudnnnet.cli.{module}:main" for name, module in TOOLS.items()},
                 "cudnnnet-train": "cudnnnet.cli.launch:train"}  # starts CUDA before importing cli.train
-OUTPUTS = {"model.npz", "metrics.json", "history.csv", "curves.png"}
+OUTPUTS = {"model.npz", "metrics.json", "history.csv", "curves.png", "config.yaml", "best.npz"}
 STEPS, BATCH = 45, 2000  # 30 steps an epoch: one whole epoch and half of the next
 
 
@@ -113,10 +113,10 @@ def test_metrics_history_and_summary_agree(short_run):
     assert metadata["position"] == {"epoch": 1, "batch": 15, "step": STEPS}
 
 
-def test_curves_png_shows_two_panels(short_run):
+def test_curves_png_shows_loss_accuracy_and_learning_rate_panels(short_run):
     _, output, _, _ = short_run
     with Image.open(output / "curves.png") as image:
-        assert image.format == "PNG" and image.size == (1000, 400)
+        assert image.format == "PNG" and image.size == (1500, 400)
         pixels = np.asarray(image.convert("RGB"))
     colours = {tuple(pixel) for pixel in pixels.reshape(-1, 3)[::7]}
     assert len(colours) > 20  # axes, text, grid and two coloured lines: not a blank canvas

@@ -281,7 +281,7 @@ def test_a_full_disk_is_exit_1_in_one_line_and_the_published_set_stays(mnist_dir
 
     def disk_fills_up(path, text):
         writes["count"] += 1
-        if writes["count"] > 2:  # metrics.json and history.csv of the first set go through
+        if writes["count"] > 3:  # metrics.json, history.csv and config.yaml of the first set go through
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         real_write(path, text)
 

@@ -109,7 +109,7 @@ def test_a_published_set_is_refused_naming_its_files_and_what_would_be_valid(tmp
         refuse_replacing(output)
     assert str(refused.value) == (
         f"--output {output} already holds the outputs of a training (model.npz, metrics.json, history.csv, "
-        f"curves.png): pass --resume {output} to continue it, --overwrite to replace it, or another --output")
+        f"curves.png, config.yaml, best.npz): pass --resume {output} to continue it, --overwrite to replace it, or another --output")
     assert shown(output) == dict.fromkeys(NAMES, "earlier")
 
 

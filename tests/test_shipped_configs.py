@@ -47,15 +47,16 @@ def test_a_folder_of_that_name_does_not_hide_the_shipped_config(tmp_path, monkey
         load_config("mine")
 
 
-@pytest.mark.parametrize(("name", "said"), [
-    ("mnist_gpt", "config 'mnist_gpt' is neither a file nor a shipped config"),
-    ("elsewhere/mnist_mlp.yaml", "config file elsewhere/mnist_mlp.yaml does not exist"),
+@pytest.mark.parametrize(("name", "said", "hint"), [
+    ("mnist_gpt", "config 'mnist_gpt' is neither a file nor a shipped config", "; did you mean 'mnist_mlp'?"),
+    ("elsewhere/mnist_mlp.yaml", "config file elsewhere/mnist_mlp.yaml does not exist", ""),
 ])
-def test_an_unknown_config_lists_the_shipped_names(name, said, tmp_path, monkeypatch):
+def test_an_unknown_config_lists_the_shipped_names(name, said, hint, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as raised:
         load_config(name)
-    assert str(raised.value) == f"{said}; give a YAML file or the name of a shipped config: {', '.join(SHIPPED)}"
+    assert str(raised.value) == \
+        f"{said}; give a YAML file or the name of a shipped config: {', '.join(SHIPPED)}{hint}"
 
 
 def test_cudnnnet_train_names_the_shipped_configs(capsys, tmp_path, monkeypatch):
@@ -67,7 +68,7 @@ def test_cudnnnet_train_names_the_shipped_configs(capsys, tmp_path, monkeypatch)
     assert train.main(["--config", "mnist_gpt", "--output", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err.strip() == (
         "cudnnnet-train: error: config 'mnist_gpt' is neither a file nor a shipped config; give a YAML file or the "
-        f"name of a shipped config: {', '.join(SHIPPED)}")
+        f"name of a shipped config: {', '.join(SHIPPED)}; did you mean 'mnist_mlp'?")
     assert not (tmp_path / "run").exists()
 
 

@@ -77,7 +77,7 @@ def test_training_into_a_published_folder_is_refused_before_anything_is_read(ear
     assert finished.returncode == 2, finished.stderr
     assert finished.stderr.splitlines() == [
         f"cudnnnet-train: error: --output {earlier_run} already holds the outputs of a training (model.npz, "
-        f"metrics.json, history.csv, curves.png): pass --resume {earlier_run} to continue it, --overwrite to "
+        f"metrics.json, history.csv, curves.png, config.yaml, best.npz): pass --resume {earlier_run} to continue it, --overwrite to "
         f"replace it, or another --output"]
     assert folder_contents(earlier_run) == before and not (tmp_path / "no_data").exists()
 

@@ -16,6 +16,7 @@ import traceback
 
 import numpy as np
 
+from .. import __version__
 from ..engine import DEFAULT_ENGINE, ENGINES
 from ..errors import CudnnnetError, DeviceUnavailableError, UsageError
 
@@ -29,12 +30,14 @@ DEVICE_HINT = "use --device host (or auto) to run on the CPU"
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, progress_bar: bool = True) -> None:
-    """--log-level, --quiet and --debug; ``progress_bar``: whether the tool shows one (--quiet's help says so)."""
+    """--log-level, --quiet, --debug and --version; ``progress_bar``: whether the tool shows one (--quiet's
+    help says so)."""
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="logging level (default INFO)")
     quiet = "no progress bar, only warnings and errors" if progress_bar else "log only warnings and errors"
     parser.add_argument("--quiet", action="store_true", help=quiet)
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
 
 def add_engine_argument(parser: argparse.ArgumentParser, default: str | None = DEFAULT_ENGINE,

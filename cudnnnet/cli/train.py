@@ -23,6 +23,7 @@ from ..layers import LAYER_TYPES
 from ..network import ModelSizeError, check_model_size
 from ..outputs import checkpoint_to_resume, refuse_replacing
 from ..training import Interrupted, Trainer, class_names, input_shape, model_difference, smallest_input_shape
+from ..live_log import TensorBoardLog, require_tensorboard
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from .gpus import spawn_ranks
 
@@ -61,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=positive_int, help="stop after this many steps (overrides --epochs)")
     parser.add_argument("--batch-size", type=positive_int, help="override train.batch_size")
     parser.add_argument("--seed", type=non_negative_int, help="override train.seed")
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY.PATH=VALUE",
+                        help="replace one config value, e.g. --set train.optimizer.lr=0.01 --set model.fc1.out_size=800 "
+                             "(layers by name or index; the value read as YAML; may be repeated)")
     parser.add_argument("--output", type=path_argument, help="output directory (default runs/<config name>)")
     parser.add_argument("--resume", type=path_argument, metavar="CHECKPOINT",
                         help="continue from an output folder (its latest checkpoint) or a model.npz file; with the "
@@ -73,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus", type=positive_int, metavar="N",
                         help="train on N GPUs of this host, one process each, data-parallel through NCCL "
                              "(batch_size per GPU; see train.lr_scaling)")
+    parser.add_argument("--tensorboard", type=path_argument, metavar="DIR",
+                        help="also write a TensorBoard event log into DIR: loss, accuracy, learning rate, loss scale, "
+                             "images/s (needs the extra: pip install 'cudnnnet[tensorboard]')")
     parser.add_argument("--no-graph", action="store_true", help="on the GPU, run each step eagerly, not as a CUDA graph")
     add_engine_argument(parser, default=None, default_text="default: the config's engine, else slides")
     add_common_arguments(parser)
@@ -184,7 +191,7 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
 
     ``config_text`` maps a config path to its bytes where they were read already (a pipe such as
     ``--config <(...)`` can be read once only)."""
-    config = load_config(args.config, data=(config_text or {}).get(args.config))
+    config = load_config(args.config, data=(config_text or {}).get(args.config), overrides=args.overrides)
     check_model(config)
     config = config.with_overrides(
         epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, seed=args.seed, device=args.device,
@@ -202,13 +209,23 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
     if launch is not None:
         distributed.pin_device(launch)
     group = None if launch is None else distributed.join(launch, config)
-    progress = not args.quiet and sys.stderr.isatty() and (launch is None or launch.rank == 0)
-    trainer = Trainer(config, output, resume=resume, progress=progress, group=group, overwrite=args.overwrite)
+    writes = launch is None or launch.rank == 0
+    if args.tensorboard:
+        require_tensorboard(args.tensorboard)
+    bar = not args.quiet and sys.stderr.isatty() and writes  # else a log line every log_every steps
+    trainer = Trainer(config, output, resume=resume, progress=bar, group=group, overwrite=args.overwrite,
+                      log_lines=not bar and writes)
     if args.export_original:
         check_exportable(trainer.network, args.export_original)
     if trainer.position.step >= trainer.total_steps:
         raise UsageError(f"{args.resume} is at step {trainer.position.step} and the run asks for "
                          f"{trainer.total_steps} steps: nothing left to train; raise --epochs or --steps")
+    if trainer.monitor.should_stop:
+        raise UsageError(f"{args.resume} stopped early: {trainer.monitor.metric} did not improve for "
+                         f"{trainer.monitor.wait} epochs; to train on, raise its patience (--set "
+                         f"train.early_stopping.patience={trainer.monitor.wait + 1}) or remove train.early_stopping")
+    if args.tensorboard and writes:
+        trainer.events = TensorBoardLog(args.tensorboard)
     return trainer, output
 
 
