@@ -125,7 +125,7 @@ def test_a_run_another_training_published_over_while_it_prepared_is_refused_unde
         second.run()
     assert str(refused.value) == (
         f"--output {output}: another training published its outputs there (model.npz, metrics.json, "
-        f"history.csv, curves.png) after this one started; they are left intact: pass --overwrite to replace "
+        f"history.csv, curves.png, config.yaml, best.npz) after this one started; they are left intact: pass --overwrite to replace "
         f"them, or another --output")
     assert trained == []
     assert folder_contents(output) == before
