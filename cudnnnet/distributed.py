@@ -51,7 +51,8 @@ def rendezvous(launch: Launch, digest: bytes, make_unique_id: Callable[[], bytes
                timeout: float | None = None) -> tuple[bytes, "Link"]:
     """(the NCCL unique id, the Link to the other ranks), once every rank has reached rank 0 with the
     same world size and config digest (``rendezvous.meet``); DistributedError otherwise, on every rank,
-    within ``timeout`` seconds."""
+    within ``timeout`` seconds. A CUDNNNET_HEARTBEAT_TIMEOUT out of range is refused before any waiting."""
+    _seconds("CUDNNNET_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT)
     unique_id, peers = meet(launch, digest, make_unique_id, timeout)
     return unique_id, Link(launch, peers)
 

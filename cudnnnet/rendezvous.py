@@ -30,6 +30,8 @@ from .errors import DistributedError, UsageError
 log = logging.getLogger(__name__)
 
 RENDEZVOUS_TIMEOUT = 300.0  # s for every rank to reach rank 0 (CUDNNNET_RENDEZVOUS_TIMEOUT overrides)
+MAX_SECONDS = 7 * 24 * 3600.0  # the longest timeout an environment variable may set: a week
+MAX_WORLD_SIZE = 1 << 20
 MAGIC = b"CDNN\x01"
 HELLO = struct.Struct("!5sII32s")  # magic, rank, world size, config digest
 UNIQUE_ID_BYTES = 128
@@ -71,13 +73,14 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> Launch | None:
     for launcher, (rank_name, size_name, local_name) in LAUNCHERS:
         if rank_name not in environ or size_name not in environ:
             continue
-        world_size = _integer(environ, size_name, 1)
+        world_size = _integer(environ, size_name, 1, MAX_WORLD_SIZE)
         if launcher != "torchrun" and world_size == 1:
             continue
-        rank = _integer(environ, rank_name, 0)
+        rank = _integer(environ, rank_name, 0, MAX_WORLD_SIZE - 1)
         if rank >= world_size:
             raise DistributedError(f"{rank_name}={rank} is not below {size_name}={world_size}")
-        local_rank = _integer(environ, local_name, 0) if local_name in environ else _unknown_local_rank(launcher, rank)
+        local_rank = (_integer(environ, local_name, 0, MAX_WORLD_SIZE - 1) if local_name in environ
+                      else _unknown_local_rank(launcher, rank))
         return Launch(rank, world_size, local_rank, environ.get("MASTER_ADDR") or None, _rendezvous_port(environ),
                       launcher)
     return None
@@ -93,17 +96,24 @@ def _rendezvous_port(environ: Mapping[str, str]) -> int | None:
         name, offset = "MASTER_PORT", int(environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true")
     else:
         return None
-    port = _integer(environ, name, 1) + offset
+    port = _integer(environ, name, 1, 65535) + offset
     if port > 65535:
         raise DistributedError(f"{name}={environ[name]} is not a TCP port (1..{65535 - offset})")
     return port
 
 
-def _integer(environ: Mapping[str, str], name: str, low: int) -> int:
+def _integer(environ: Mapping[str, str], name: str, low: int, high: int) -> int:
+    """``environ[name]`` as an integer from ``low`` to ``high``: ASCII digits only (``str.isdigit`` takes
+    "²", which ``int`` refuses), no more of them than ``high`` has (Python 3.11+ refuses 4300 to ``int``)."""
     text = environ[name].strip()
-    if not text.isdigit() or int(text) < low:
-        raise DistributedError(f"{name}={environ[name]!r} is not an integer >= {low}")
+    if not (0 < len(text) <= len(str(high)) and text.isascii() and text.isdigit() and low <= int(text) <= high):
+        raise DistributedError(f"{name}={_quoted(environ[name])} is not an integer from {low} to {high}")
     return int(text)
+
+
+def _quoted(text: str, limit: int = 24) -> str:
+    """``text`` as a quoted, escaped Python literal, cut to ``limit`` characters."""
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def _unknown_local_rank(launcher: str, rank: int) -> int:
@@ -282,7 +292,8 @@ def _seconds(name: str, default: float) -> float:
     try:
         value = float(text)
     except ValueError:
-        value = -1.0
-    if not value > 0 or not math.isfinite(value):
-        raise UsageError(f"{name}={text!r} is not a number of seconds > 0")
+        value = math.nan
+    if not 0 < value <= MAX_SECONDS:  # NaN and infinity fail too; a socket timeout must be finite
+        raise UsageError(f"{name}={_quoted(text)} is not a number of seconds above 0 and at most {MAX_SECONDS:g} "
+                         f"(a week)")
     return value

@@ -46,8 +46,8 @@ def test_a_single_process_is_not_distributed(environ):
 @pytest.mark.parametrize("environ, problem", [
     ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
     ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
-    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not an integer >= 1"),
-    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "not a TCP port"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not an integer from 1 to 1048576"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not an integer from 1 to 65535"),
 ])
 def test_a_malformed_environment_is_refused_naming_the_variable(environ, problem):
     with pytest.raises(DistributedError, match=problem):
