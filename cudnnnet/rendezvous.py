@@ -8,6 +8,10 @@
   ``_rendezvous_port``); every other rank connects and sends its rank, the world size and a digest of
   its config; rank 0 refuses a mismatch (every rank then stops with the reason) or sends back the NCCL
   unique id. The connections are returned open: ``distributed.Link`` keeps them for the heartbeats.
+  One deadline (CUDNNNET_RENDEZVOUS_TIMEOUT) bounds each rank's whole exchange however slowly a peer
+  sends; every message has a fixed size or a cap checked before it is read; rank 0 closes and logs a
+  connection that does not greet it as a rank does (a port scanner, a health check) and goes on
+  waiting for the ranks.
 
 Importing this module starts no CUDA and imports no NumPy.
 """
@@ -19,6 +23,7 @@ import json
 import logging
 import math
 import os
+import selectors
 import socket
 import struct
 import time
@@ -32,9 +37,15 @@ log = logging.getLogger(__name__)
 RENDEZVOUS_TIMEOUT = 300.0  # s for every rank to reach rank 0 (CUDNNNET_RENDEZVOUS_TIMEOUT overrides)
 MAX_SECONDS = 7 * 24 * 3600.0  # the longest timeout an environment variable may set: a week
 MAX_WORLD_SIZE = 1 << 20
-MAGIC = b"CDNN\x01"
+GREETING_SECONDS = 10.0  # for a connection to rank 0 to send its whole hello (a rank sends it at once)
+MAX_PENDING = 64  # connections rank 0 greets at once; beyond, the oldest is dropped
+SEND_SECONDS = 5.0  # for rank 0's answer to leave
+MAGIC = b"CDNN\x01"  # cudnnnet's greeting, then the protocol's version
+PROTOCOL = MAGIC[:4]  # what every version's greeting begins with
 HELLO = struct.Struct("!5sII32s")  # magic, rank, world size, config digest
 UNIQUE_ID_BYTES = 128
+ACCEPTED, REFUSED = b"\x00", b"\x01"  # rank 0's answer: then the NCCL unique id, or the reason's length and text
+MAX_REFUSAL_BYTES = 16384  # a longer reason is cut
 
 
 @dataclass(frozen=True)
@@ -149,7 +160,7 @@ def meet(launch: Launch, digest: bytes, make_unique_id: Callable[[], bytes],
          timeout: float | None = None) -> tuple[bytes, dict[int, socket.socket]]:
     """(the NCCL unique id, {rank: the open connection to it}), once every rank has reached rank 0 with
     the same world size and config digest; DistributedError (naming the rank and the reason) otherwise,
-    on every rank, within ``timeout`` seconds."""
+    on every rank, within ``timeout`` seconds: one deadline for the whole exchange, whatever a peer sends."""
     timeout = _seconds("CUDNNNET_RENDEZVOUS_TIMEOUT", RENDEZVOUS_TIMEOUT) if timeout is None else timeout
     deadline = time.monotonic() + timeout
     if launch.rank == 0:
@@ -160,81 +171,217 @@ def meet(launch: Launch, digest: bytes, make_unique_id: Callable[[], bytes],
 def _serve(launch: Launch, digest: bytes, make_unique_id, deadline: float, timeout: float):
     host, port = launch.address() if launch.world_size > 1 else ("127.0.0.1", launch.master_port or 0)
     unique_id = make_unique_id()
-    peers: dict[int, socket.socket] = {}
     if launch.world_size == 1:
-        return unique_id, peers
+        return unique_id, {}
     try:
         server = socket.create_server((_bind_host(host), port), reuse_port=False)
     except OSError as error:
         raise DistributedError(f"rank 0 cannot listen at {host}:{port} (MASTER_ADDR:MASTER_PORT): {error.strerror or error}") from None
-    problems: list[str] = []
-    with server:
-        while len(peers) + len(problems) < launch.world_size - 1:
-            server.settimeout(max(deadline - time.monotonic(), 0.001))
-            try:
-                connection, _ = server.accept()
-            except socket.timeout:
-                _close_all(peers.values())
-                missing = sorted(set(range(1, launch.world_size)) - set(peers))
-                raise DistributedError(f"rank 0: ranks {_ranks_text(missing)} did not reach {host}:{port} within "
-                                       f"{timeout:g} s (CUDNNNET_RENDEZVOUS_TIMEOUT)") from None
-            problem, rank = _greet(connection, launch, digest, peers, deadline)
-            if problem:
-                problems.append(problem)
-                _send_refusal(connection, problem)
-            else:
-                peers[rank] = connection
-    if problems:
-        reason = "; ".join(problems)
-        for connection in peers.values():
-            _send_refusal(connection, reason)
-        _close_all(peers.values())
-        raise DistributedError(f"rank 0 refused to start: {reason}")
-    for connection in peers.values():
-        connection.sendall(b"\x00" + unique_id)
-    log.info("rank 0: all %d ranks joined at %s:%d", launch.world_size, host, port)
-    return unique_id, peers
-
-
-def _greet(connection: socket.socket, launch: Launch, digest: bytes, peers: dict, deadline: float):
-    """(problem or None, the peer's rank) from the peer's hello."""
+    reception = _Reception(launch, digest, server)
     try:
-        connection.settimeout(max(deadline - time.monotonic(), 0.001))
-        magic, rank, world_size, theirs = HELLO.unpack(_receive(connection, HELLO.size))
-    except (DistributedError, OSError, struct.error) as error:
-        return f"a connection that is not a cudnnnet rank ({error})", -1
-    if magic != MAGIC:
-        return "a connection that is not a cudnnnet rank of this version", -1
-    if world_size != launch.world_size:
-        return f"rank {rank} says the world has {world_size} ranks, rank 0 says {launch.world_size}", rank
-    if not 0 < rank < launch.world_size or rank in peers:
-        return f"rank {rank} joined twice or is outside 1..{launch.world_size - 1}", rank
-    if theirs != digest:
-        return (f"rank {rank}'s config differs from rank 0's (every rank must train the same config, "
-                f"epochs, batch size and seed)"), rank
-    return None, rank
+        reception.gather(deadline)
+    except TimeoutError:
+        _close_all(reception.peers.values())
+        missing = sorted(set(range(1, launch.world_size)) - set(reception.peers))
+        raise DistributedError(f"rank 0: ranks {_ranks_text(missing)} did not reach {host}:{port} within "
+                               f"{timeout:g} s (CUDNNNET_RENDEZVOUS_TIMEOUT)") from None
+    finally:
+        reception.close()
+    if reception.problems:
+        reason = "; ".join(reception.problems)
+        for connection in reception.peers.values():
+            _send_refusal(connection, reason)
+        raise DistributedError(f"rank 0 refused to start: {reason}")
+    _send_unique_id(reception.peers, unique_id)
+    log.info("rank 0: all %d ranks joined at %s:%d", launch.world_size, host, port)
+    return unique_id, reception.peers
+
+
+class _Greeting:
+    """A connection to rank 0 that has not yet sent its whole hello: what it sent, and until when it may."""
+
+    def __init__(self, address, expires: float):
+        self.address, self.expires = address, expires
+        self.buffer = bytearray(HELLO.size)
+        self.received = 0
+
+    def beginning(self) -> bytes:
+        return bytes(self.buffer[:min(self.received, len(PROTOCOL))])
+
+
+class _Reception:
+    """Rank 0's side: every connection read at once (none can hold up another), each hello into its own
+    buffer of HELLO.size bytes. A connection that does not begin with cudnnnet's greeting, closes before
+    its hello is whole or takes longer than GREETING_SECONDS is a stray (a port scanner, a health check):
+    it is closed and logged, and rank 0 goes on waiting for the ranks."""
+
+    def __init__(self, launch: Launch, digest: bytes, server: socket.socket):
+        self.launch, self.digest, self.server = launch, digest, server
+        self.selector = selectors.DefaultSelector()
+        self.pending: dict[socket.socket, _Greeting] = {}  # oldest first
+        self.peers: dict[int, socket.socket] = {}
+        self.problems: list[str] = []
+        self.strays = 0
+        server.setblocking(False)
+        self.selector.register(server, selectors.EVENT_READ)
+
+    def gather(self, deadline: float) -> None:
+        """Until every other rank has sent its hello (accepted, or refused with a problem); TimeoutError
+        at ``deadline``."""
+        while len(self.peers) + len(self.problems) < self.launch.world_size - 1:
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError
+            for connection, greeting in list(self.pending.items()):
+                if greeting.expires <= now:
+                    self._ignore(connection, f"it sent no whole hello within {GREETING_SECONDS:g} s")
+            wake = min([deadline, *(greeting.expires for greeting in self.pending.values())])
+            for key, _ in self.selector.select(max(wake - now, 0.001)):
+                if key.fileobj is self.server:
+                    self._accept()
+                elif key.fileobj in self.pending:  # not dropped by an accept earlier in this batch
+                    self._read(key.fileobj)
+
+    def close(self) -> None:
+        """Stop listening; close the connections still being greeted."""
+        for connection in list(self.pending):
+            self._forget(connection)
+            connection.close()
+        self.selector.close()
+        self.server.close()
+
+    def _accept(self) -> None:
+        try:
+            connection, address = self.server.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as error:  # out of file descriptors, say: the next select tries again
+            log.debug("rank 0: accept failed: %s", error)
+            return
+        connection.setblocking(False)
+        self.pending[connection] = _Greeting(address, time.monotonic() + GREETING_SECONDS)
+        self.selector.register(connection, selectors.EVENT_READ)
+        if len(self.pending) > MAX_PENDING:
+            self._ignore(next(iter(self.pending)), f"more than {MAX_PENDING} connections were waiting to be greeted")
+
+    def _read(self, connection: socket.socket) -> None:
+        greeting = self.pending[connection]
+        try:
+            count = connection.recv_into(memoryview(greeting.buffer)[greeting.received:])
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as error:
+            self._ignore(connection, f"its connection failed: {error.strerror or error}")
+            return
+        if not count:
+            self._ignore(connection, f"it closed after {greeting.received} of the hello's {HELLO.size} bytes")
+            return
+        greeting.received += count
+        if not PROTOCOL.startswith(greeting.beginning()):
+            self._ignore(connection, f"it began with {greeting.beginning()!r}")
+        elif greeting.received == HELLO.size:
+            self._forget(connection)
+            self._settle(connection, HELLO.unpack(greeting.buffer))
+
+    def _settle(self, connection: socket.socket, hello: tuple) -> None:
+        problem, rank = self._judge(*hello)
+        if problem is None:
+            self.peers[rank] = connection
+        else:
+            self.problems.append(problem)
+            _send_refusal(connection, problem)
+
+    def _judge(self, magic: bytes, rank: int, world_size: int, theirs: bytes) -> tuple[str | None, int]:
+        """(the problem with a rank's hello or None, its rank)."""
+        if magic != MAGIC:
+            return (f"a rank of another version of cudnnnet connected (its hello begins {magic!r}, this version's "
+                    f"{MAGIC!r}); every rank must run the same version"), rank
+        if world_size != self.launch.world_size:
+            return f"rank {rank} says the world has {world_size} ranks, rank 0 says {self.launch.world_size}", rank
+        if not 0 < rank < self.launch.world_size or rank in self.peers:
+            return f"rank {rank} joined twice or is outside 1..{self.launch.world_size - 1}", rank
+        if theirs != self.digest:
+            return (f"rank {rank}'s config differs from rank 0's (every rank must train the same config, "
+                    f"epochs, batch size and seed)"), rank
+        return None, rank
+
+    def _ignore(self, connection: socket.socket, why: str) -> None:
+        address = self.pending[connection].address
+        self._forget(connection)
+        connection.close()
+        self.strays += 1
+        level, further = (logging.WARNING, "; any further ones are logged at debug level") if self.strays == 1 \
+            else (logging.DEBUG, "")
+        log.log(level, "rank 0: a connection from %s is not a cudnnnet rank; ignored (%s)%s",
+                _address_text(address), why, further)
+
+    def _forget(self, connection: socket.socket) -> None:
+        self.selector.unregister(connection)
+        del self.pending[connection]
+
+
+def _send_unique_id(peers: dict[int, socket.socket], unique_id: bytes) -> None:
+    for rank, connection in peers.items():
+        connection.settimeout(SEND_SECONDS)
+        try:
+            connection.sendall(ACCEPTED + unique_id)
+        except OSError as error:
+            _close_all(peers.values())
+            raise DistributedError(f"rank 0: rank {rank} left before it received the NCCL id "
+                                   f"({error.strerror or error})") from None
+
+
+def _send_refusal(connection: socket.socket, reason: str) -> None:
+    payload = reason.encode()[:MAX_REFUSAL_BYTES]  # a character cut in two is decoded as U+FFFD
+    try:
+        connection.settimeout(SEND_SECONDS)
+        connection.sendall(REFUSED + struct.pack("!I", len(payload)) + payload)
+    except OSError:
+        pass
+    connection.close()
 
 
 def _join(launch: Launch, digest: bytes, deadline: float, timeout: float):
     host, port = launch.address()
+    me = f"rank {launch.rank}"
     connection = _connect(host, port, launch.rank, deadline, timeout)
     try:
-        connection.settimeout(max(deadline - time.monotonic(), 0.001))
-        connection.sendall(HELLO.pack(MAGIC, launch.rank, launch.world_size, digest))
-        status = _receive(connection, 1)
-        if status != b"\x00":
-            length, = struct.unpack("!I", _receive(connection, 4))
-            reason = _receive(connection, length).decode(errors="replace")
-            raise DistributedError(f"rank {launch.rank}: rank 0 refused to start: {reason}")
-        unique_id = _receive(connection, UNIQUE_ID_BYTES)
-    except socket.timeout:
+        _send(connection, HELLO.pack(MAGIC, launch.rank, launch.world_size, digest), deadline)
+        unique_id = _answer(connection, me, f"{host}:{port}", deadline)
+    except TimeoutError:
         connection.close()
-        raise DistributedError(f"rank {launch.rank}: rank 0 at {host}:{port} did not answer within {timeout:g} s "
+        raise DistributedError(f"{me}: rank 0 at {host}:{port} did not answer within {timeout:g} s "
                                f"(CUDNNNET_RENDEZVOUS_TIMEOUT); are all {launch.world_size} ranks started?") from None
+    except EOFError:
+        connection.close()
+        raise DistributedError(f"{me}: rank 0 at {host}:{port} closed the connection before answering; see rank "
+                               f"0's output") from None
+    except OSError as error:
+        connection.close()
+        raise DistributedError(f"{me}: the connection to rank 0 at {host}:{port} failed during the rendezvous: "
+                               f"{error.strerror or error}") from None
     except BaseException:
         connection.close()
         raise
     return unique_id, {0: connection}
+
+
+def _answer(connection: socket.socket, me: str, address: str, deadline: float) -> bytes:
+    """Rank 0's answer to this rank's hello: the NCCL unique id, or DistributedError with its refusal.
+    A refusal longer than MAX_REFUSAL_BYTES is refused from its length, before it is read."""
+    status = _receive(connection, 1, deadline)
+    if status == ACCEPTED:
+        return _receive(connection, UNIQUE_ID_BYTES, deadline)
+    if status != REFUSED:
+        raise DistributedError(f"{me}: {address} (MASTER_ADDR:MASTER_PORT) answered {status!r}, which is not a "
+                               f"cudnnnet rank 0's answer")
+    length, = struct.unpack("!I", _receive(connection, 4, deadline))
+    if length > MAX_REFUSAL_BYTES:
+        raise DistributedError(f"{me}: {address} (MASTER_ADDR:MASTER_PORT) announced a refusal of {length} bytes, "
+                               f"and a cudnnnet rank 0 sends at most {MAX_REFUSAL_BYTES}: it is not a cudnnnet rank 0 "
+                               f"of this version")
+    reason = _receive(connection, length, deadline).decode(errors="replace")
+    raise DistributedError(f"{me}: rank 0 refused to start: {_printable(reason)}")
 
 
 def _connect(host: str, port: int, rank: int, deadline: float, timeout: float) -> socket.socket:
@@ -246,26 +393,44 @@ def _connect(host: str, port: int, rank: int, deadline: float, timeout: float) -
             if time.monotonic() >= deadline:
                 raise DistributedError(f"rank {rank}: cannot reach rank 0 at {host}:{port} (MASTER_ADDR:MASTER_PORT) "
                                        f"within {timeout:g} s: {error.strerror or error}") from None
-            time.sleep(0.2)
+            time.sleep(min(0.2, max(deadline - time.monotonic(), 0.0)))
 
 
-def _receive(connection: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = connection.recv(size - len(data))
-        if not chunk:
-            raise DistributedError("the connection closed during the rendezvous")
-        data += chunk
-    return data
+def _send(connection: socket.socket, data: bytes, deadline: float) -> None:
+    """All of ``data``, or TimeoutError at ``deadline``."""
+    connection.settimeout(_remaining(deadline))
+    connection.sendall(data)  # the timeout bounds the whole call (Python >= 3.5)
 
 
-def _send_refusal(connection: socket.socket, reason: str) -> None:
-    payload = reason.encode()
-    try:
-        connection.sendall(b"\x01" + struct.pack("!I", len(payload)) + payload)
-    except OSError:
-        pass
-    connection.close()
+def _receive(connection: socket.socket, size: int, deadline: float) -> bytes:
+    """Exactly ``size`` bytes, read into one buffer allocated up front; TimeoutError at ``deadline`` however
+    slowly the bytes come, EOFError where the peer closes first."""
+    buffer = bytearray(size)
+    view, received = memoryview(buffer), 0
+    while received < size:
+        connection.settimeout(_remaining(deadline))
+        count = connection.recv_into(view[received:])
+        if not count:
+            raise EOFError(f"the connection closed after {received} of {size} bytes")
+        received += count
+    return bytes(buffer)
+
+
+def _remaining(deadline: float) -> float:
+    """Seconds left until ``deadline``; TimeoutError where none are."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the rendezvous deadline passed")
+    return left
+
+
+def _printable(text: str) -> str:
+    """``text`` with its control characters escaped (``\\x1b``): what rank 0 sent reaches a terminal."""
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
+
+
+def _address_text(address) -> str:
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) and len(address) >= 2 else str(address)
 
 
 def _close_all(connections) -> None:
