@@ -21,289 +21,40 @@ Importing this module starts no CUDA: ``pin_device`` must run before the driver 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
 import os
 import selectors
 import socket
-import struct
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable
 
 from .errors import DistributedError, UsageError
+from .rendezvous import Launch, _seconds, meet
+from .rendezvous import RENDEZVOUS_TIMEOUT, config_digest, from_environment, pin_device  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     import numpy as np
 
 log = logging.getLogger(__name__)
 
-RENDEZVOUS_TIMEOUT = 300.0  # s for every rank to reach rank 0 (CUDNNNET_RENDEZVOUS_TIMEOUT overrides)
 HEARTBEAT_SECONDS = 1.0
 HEARTBEAT_TIMEOUT = 60.0  # s of silence after which a peer is taken for lost (CUDNNNET_HEARTBEAT_TIMEOUT overrides)
 BUCKET_VALUES = 1 << 18  # floats (1 MiB) of gradients reduced together while the backward pass goes on
 TEARDOWN_TIMEOUT = 30.0  # s for freeing the communicator after the last step (CUDNNNET_TEARDOWN_TIMEOUT overrides)
-MAGIC = b"CDNN\x01"
-HELLO = struct.Struct("!5sII32s")  # magic, rank, world size, config digest
-UNIQUE_ID_BYTES = 128
 HEARTBEAT, GOODBYE = b"h", b"b"
 
 
-@dataclass(frozen=True)
-class Launch:
-    """Where this process stands among the ranks, as its launcher said."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    master_addr: str | None
-    master_port: int | None
-    launcher: str
-
-    def address(self) -> tuple[str, int]:
-        """(MASTER_ADDR, MASTER_PORT), or DistributedError saying that they are needed."""
-        if not self.master_addr or self.master_port is None:
-            raise DistributedError(f"{self.launcher} started {self.world_size} ranks but MASTER_ADDR and MASTER_PORT are "
-                                   f"not both set; export them (rank 0's host name or address, and a free TCP port) "
-                                   f"for every rank")
-        return self.master_addr, self.master_port
-
-
-# launcher: (rank, world size, local rank) variables, first found wins
-LAUNCHERS = (
-    ("torchrun", ("RANK", "WORLD_SIZE", "LOCAL_RANK")),
-    ("Open MPI", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")),
-    ("MPICH", ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")),
-    ("Slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")),
-)
-
-
-def from_environment(environ: Mapping[str, str] = os.environ) -> Launch | None:
-    """This process's Launch, or None for a single process: torchrun's variables (WORLD_SIZE set, even
-    to 1), else the first MPI or Slurm contract whose world size is above 1 (a lone ``srun`` task or
-    ``mpirun -n 1`` trains as one process, without NCCL)."""
-    for launcher, (rank_name, size_name, local_name) in LAUNCHERS:
-        if rank_name not in environ or size_name not in environ:
-            continue
-        world_size = _integer(environ, size_name, 1)
-        if launcher != "torchrun" and world_size == 1:
-            continue
-        rank = _integer(environ, rank_name, 0)
-        if rank >= world_size:
-            raise DistributedError(f"{rank_name}={rank} is not below {size_name}={world_size}")
-        local_rank = _integer(environ, local_name, 0) if local_name in environ else _unknown_local_rank(launcher, rank)
-        return Launch(rank, world_size, local_rank, environ.get("MASTER_ADDR") or None, _rendezvous_port(environ),
-                      launcher)
-    return None
-
-
-def _rendezvous_port(environ: Mapping[str, str]) -> int | None:
-    """The TCP port rank 0 listens at: CUDNNNET_RENDEZVOUS_PORT, else MASTER_PORT, except under a
-    torchrun agent whose own store listens at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True; every
-    multi-node torchrun): MASTER_PORT + 1 there."""
-    if environ.get("CUDNNNET_RENDEZVOUS_PORT"):
-        name, offset = "CUDNNNET_RENDEZVOUS_PORT", 0
-    elif environ.get("MASTER_PORT"):
-        name, offset = "MASTER_PORT", int(environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true")
-    else:
-        return None
-    port = _integer(environ, name, 1) + offset
-    if port > 65535:
-        raise DistributedError(f"{name}={environ[name]} is not a TCP port (1..{65535 - offset})")
-    return port
-
-
-def _integer(environ: Mapping[str, str], name: str, low: int) -> int:
-    text = environ[name].strip()
-    if not text.isdigit() or int(text) < low:
-        raise DistributedError(f"{name}={environ[name]!r} is not an integer >= {low}")
-    return int(text)
-
-
-def _unknown_local_rank(launcher: str, rank: int) -> int:
-    log.warning("%s gave rank %d no local rank; using GPU 0 of the visible ones", launcher, rank)
-    return 0
-
-
-def pin_device(launch: Launch, environ=os.environ) -> str:
-    """Make this rank's GPU the only one it sees (CUDA_VISIBLE_DEVICES), before CUDA starts: entry
-    ``local_rank`` of the visible list, or the list itself where it names one GPU (Slurm's
-    --gpus-per-task does). Turns NVLink multicast off (NCCL_NVLS_ENABLE=0) unless set. Returns the device."""
-    environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    visible = [entry.strip() for entry in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
-    if len(visible) == 1:
-        return visible[0]
-    if visible and launch.local_rank >= len(visible):
-        raise DistributedError(f"local rank {launch.local_rank} has no GPU: CUDA_VISIBLE_DEVICES lists {len(visible)}")
-    device = visible[launch.local_rank] if visible else str(launch.local_rank)
-    environ["CUDA_VISIBLE_DEVICES"] = device
-    return device
-
-
-def config_digest(config_dict: dict) -> bytes:
-    """sha256 of the training config as every rank must share it (the data directory and the device
-    may differ between hosts and are left out)."""
-    shared = {key: value for key, value in config_dict.items() if key != "device"}
-    shared["data"] = {key: value for key, value in config_dict.get("data", {}).items() if key != "dir"}
-    return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).digest()
-
-
-# ---- rendezvous --------------------------------------------------------------------------------------
 def rendezvous(launch: Launch, digest: bytes, make_unique_id: Callable[[], bytes],
                timeout: float | None = None) -> tuple[bytes, "Link"]:
     """(the NCCL unique id, the Link to the other ranks), once every rank has reached rank 0 with the
-    same world size and config digest; DistributedError (naming the rank and the reason) otherwise,
-    on every rank, within ``timeout`` seconds."""
-    timeout = _seconds("CUDNNNET_RENDEZVOUS_TIMEOUT", RENDEZVOUS_TIMEOUT) if timeout is None else timeout
-    deadline = time.monotonic() + timeout
-    if launch.rank == 0:
-        return _serve(launch, digest, make_unique_id, deadline, timeout)
-    return _join(launch, digest, deadline, timeout)
-
-
-def _serve(launch: Launch, digest: bytes, make_unique_id, deadline: float, timeout: float):
-    host, port = launch.address() if launch.world_size > 1 else ("127.0.0.1", launch.master_port or 0)
-    unique_id = make_unique_id()
-    peers: dict[int, socket.socket] = {}
-    if launch.world_size == 1:
-        return unique_id, Link(launch, peers)
-    try:
-        server = socket.create_server((_bind_host(host), port), reuse_port=False)
-    except OSError as error:
-        raise DistributedError(f"rank 0 cannot listen at {host}:{port} (MASTER_ADDR:MASTER_PORT): {error.strerror or error}") from None
-    problems: list[str] = []
-    with server:
-        while len(peers) + len(problems) < launch.world_size - 1:
-            server.settimeout(max(deadline - time.monotonic(), 0.001))
-            try:
-                connection, _ = server.accept()
-            except socket.timeout:
-                _close_all(peers.values())
-                missing = sorted(set(range(1, launch.world_size)) - set(peers))
-                raise DistributedError(f"rank 0: ranks {_ranks_text(missing)} did not reach {host}:{port} within "
-                                       f"{timeout:g} s (CUDNNNET_RENDEZVOUS_TIMEOUT)") from None
-            problem, rank = _greet(connection, launch, digest, peers, deadline)
-            if problem:
-                problems.append(problem)
-                _send_refusal(connection, problem)
-            else:
-                peers[rank] = connection
-    if problems:
-        reason = "; ".join(problems)
-        for connection in peers.values():
-            _send_refusal(connection, reason)
-        _close_all(peers.values())
-        raise DistributedError(f"rank 0 refused to start: {reason}")
-    for connection in peers.values():
-        connection.sendall(b"\x00" + unique_id)
-    log.info("rank 0: all %d ranks joined at %s:%d", launch.world_size, host, port)
+    same world size and config digest (``rendezvous.meet``); DistributedError otherwise, on every rank,
+    within ``timeout`` seconds. A CUDNNNET_HEARTBEAT_TIMEOUT out of range is refused before any waiting."""
+    _seconds("CUDNNNET_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT)
+    unique_id, peers = meet(launch, digest, make_unique_id, timeout)
     return unique_id, Link(launch, peers)
-
-
-def _greet(connection: socket.socket, launch: Launch, digest: bytes, peers: dict, deadline: float):
-    """(problem or None, the peer's rank) from the peer's hello."""
-    try:
-        connection.settimeout(max(deadline - time.monotonic(), 0.001))
-        magic, rank, world_size, theirs = HELLO.unpack(_receive(connection, HELLO.size))
-    except (DistributedError, OSError, struct.error) as error:
-        return f"a connection that is not a cudnnnet rank ({error})", -1
-    if magic != MAGIC:
-        return "a connection that is not a cudnnnet rank of this version", -1
-    if world_size != launch.world_size:
-        return f"rank {rank} says the world has {world_size} ranks, rank 0 says {launch.world_size}", rank
-    if not 0 < rank < launch.world_size or rank in peers:
-        return f"rank {rank} joined twice or is outside 1..{launch.world_size - 1}", rank
-    if theirs != digest:
-        return (f"rank {rank}'s config differs from rank 0's (every rank must train the same config, "
-                f"epochs, batch size and seed)"), rank
-    return None, rank
-
-
-def _join(launch: Launch, digest: bytes, deadline: float, timeout: float):
-    host, port = launch.address()
-    connection = _connect(host, port, launch.rank, deadline, timeout)
-    try:
-        connection.settimeout(max(deadline - time.monotonic(), 0.001))
-        connection.sendall(HELLO.pack(MAGIC, launch.rank, launch.world_size, digest))
-        status = _receive(connection, 1)
-        if status != b"\x00":
-            length, = struct.unpack("!I", _receive(connection, 4))
-            reason = _receive(connection, length).decode(errors="replace")
-            raise DistributedError(f"rank {launch.rank}: rank 0 refused to start: {reason}")
-        unique_id = _receive(connection, UNIQUE_ID_BYTES)
-    except socket.timeout:
-        connection.close()
-        raise DistributedError(f"rank {launch.rank}: rank 0 at {host}:{port} did not answer within {timeout:g} s "
-                               f"(CUDNNNET_RENDEZVOUS_TIMEOUT); are all {launch.world_size} ranks started?") from None
-    except BaseException:
-        connection.close()
-        raise
-    return unique_id, Link(launch, {0: connection})
-
-
-def _connect(host: str, port: int, rank: int, deadline: float, timeout: float) -> socket.socket:
-    """A connection to rank 0, retried until ``deadline`` (rank 0 may not be listening yet)."""
-    while True:
-        try:
-            return socket.create_connection((host, port), timeout=max(min(deadline - time.monotonic(), 5.0), 0.001))
-        except OSError as error:
-            if time.monotonic() >= deadline:
-                raise DistributedError(f"rank {rank}: cannot reach rank 0 at {host}:{port} (MASTER_ADDR:MASTER_PORT) "
-                                       f"within {timeout:g} s: {error.strerror or error}") from None
-            time.sleep(0.2)
-
-
-def _receive(connection: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = connection.recv(size - len(data))
-        if not chunk:
-            raise DistributedError("the connection closed during the rendezvous")
-        data += chunk
-    return data
-
-
-def _send_refusal(connection: socket.socket, reason: str) -> None:
-    payload = reason.encode()
-    try:
-        connection.sendall(b"\x01" + struct.pack("!I", len(payload)) + payload)
-    except OSError:
-        pass
-    connection.close()
-
-
-def _close_all(connections) -> None:
-    for connection in connections:
-        connection.close()
-
-
-def _bind_host(host: str) -> str:
-    """Listen on the loopback only where MASTER_ADDR is a loopback address, else on every interface."""
-    try:
-        return host if socket.gethostbyname(host).startswith("127.") else ""
-    except OSError:
-        return ""
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks))
-
-
-def _seconds(name: str, default: float) -> float:
-    text = os.environ.get(name)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or not math.isfinite(value):
-        raise UsageError(f"{name}={text!r} is not a number of seconds > 0")
-    return value
 
 
 # ---- the link between the ranks while they train ------------------------------------------------------

@@ -46,8 +46,8 @@ def test_a_single_process_is_not_distributed(environ):
 @pytest.mark.parametrize("environ, problem", [
     ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
     ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
-    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not an integer >= 1"),
-    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "not a TCP port"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not an integer from 1 to 1048576"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not an integer from 1 to 65535"),
 ])
 def test_a_malformed_environment_is_refused_naming_the_variable(environ, problem):
     with pytest.raises(DistributedError, match=problem):
@@ -289,16 +289,74 @@ def test_only_the_rank_that_writes_refuses_a_published_folder(mnist_dir, tmp_pat
     assert not isinstance(refused.value, OutputExistsError)
 
 
-def test_a_failing_rank_ends_the_others_after_the_grace_time_with_its_exit_code(monkeypatch):
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_failing_rank_ends_the_others_within_seconds_with_its_exit_code(failing):
+    """A rank that fails at once (no usable GPU, say) while the others wait for it in the rendezvous:
+    the launcher ends them within seconds, not after a rendezvous or heartbeat timeout."""
     import subprocess
     import sys
 
     from cudnnnet.cli import gpus
 
-    monkeypatch.setattr(gpus, "GRACE_SECONDS", 1.0)
-    children = [subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"]),
-                subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])]
+    commands = ["import time; time.sleep(600)", "import time; time.sleep(600)"]
+    commands[failing] = "import sys; sys.exit(3)"
+    children = [subprocess.Popen([sys.executable, "-c", command]) for command in commands]
     started = time.monotonic()
     assert gpus._wait(children) == 3
-    assert time.monotonic() - started < 60
-    assert children[1].returncode == -signal.SIGTERM
+    assert time.monotonic() - started < 15
+    assert children[1 - failing].returncode == -signal.SIGTERM
+
+
+def _child(tmp_path, name, on_signal):
+    """A child that writes ``name`` once its SIGINT/SIGTERM handler is in place, then waits for a signal
+    and runs ``on_signal``; a second SIGTERM (the launcher's) ends it at once."""
+    import subprocess
+    import sys
+
+    ready = tmp_path / name
+    code = (f"import signal, sys, time\n"
+            f"def stop(signum, frame):\n    signal.signal(signal.SIGTERM, signal.SIG_DFL)\n    {on_signal}\n"
+            f"signal.signal(signal.SIGINT, stop)\nsignal.signal(signal.SIGTERM, stop)\n"
+            f"open({str(ready)!r}, 'w').close()\ntime.sleep(60)\nsys.exit(9)\n")
+    return subprocess.Popen([sys.executable, "-c", code]), ready
+
+
+def test_after_a_forwarded_signal_rank_0_may_finish_its_checkpoint(monkeypatch, tmp_path):
+    """Ctrl-C: every rank stops at an agreed step and rank 0 publishes a checkpoint; a rank that exits
+    first (interrupted, 130) does not make the launcher cut rank 0 short."""
+    import threading
+
+    from cudnnnet.cli import gpus
+
+    monkeypatch.setattr(gpus, "FAILURE_GRACE_SECONDS", 0.2)
+    rank_0, rank_0_ready = _child(tmp_path, "0", "time.sleep(1.5); sys.exit(0)")
+    rank_1, rank_1_ready = _child(tmp_path, "1", "sys.exit(130)")
+    original = signal.getsignal(signal.SIGINT)
+
+    def interrupt():  # once both children listen and the launcher forwards signals
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (rank_0_ready.exists() and rank_1_ready.exists()
+                                                   and signal.getsignal(signal.SIGINT) is not original):
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    assert gpus._wait([rank_0, rank_1]) == 130
+    assert rank_0.returncode == 0
+
+
+def test_ranks_that_agreed_to_stop_on_a_signal_are_not_cut_short(monkeypatch, tmp_path):
+    """A signal sent to the ranks, not through the launcher (a scheduler's SIGTERM): they agree to stop,
+    and rank 0 publishes after the others have exited with 143."""
+    from cudnnnet.cli import gpus
+
+    monkeypatch.setattr(gpus, "FAILURE_GRACE_SECONDS", 0.2)
+    rank_0, rank_0_ready = _child(tmp_path, "0", "time.sleep(1.5); sys.exit(0)")
+    rank_1, rank_1_ready = _child(tmp_path, "1", "sys.exit(143)")
+    deadline = time.monotonic() + 30
+    while not (rank_0_ready.exists() and rank_1_ready.exists()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    rank_0.send_signal(signal.SIGTERM)
+    rank_1.send_signal(signal.SIGTERM)
+    assert gpus._wait([rank_0, rank_1]) == 143
+    assert rank_0.returncode == 0

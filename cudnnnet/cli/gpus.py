@@ -4,8 +4,11 @@ Each child runs ``python -m cudnnnet.cli.launch`` with the same arguments less `
 torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT: a free port),
 its GPU as the only one visible (CUDA_VISIBLE_DEVICES) and NVLink multicast off (NCCL_NVLS_ENABLE=0).
 SIGINT and SIGTERM are passed on to every child (they agree on a step, rank 0 publishes one
-checkpoint). Where a child fails, the others notice (distributed.Link) and exit on their own; any
-still running ``GRACE_SECONDS`` later are terminated. The exit code is the first failing child's.
+checkpoint). Where a child fails, the others still running ``FAILURE_GRACE_SECONDS`` later are
+terminated: a rank that failed before the rendezvous would otherwise leave the others waiting for it
+until CUDNNNET_RENDEZVOUS_TIMEOUT. Where the ranks are stopping on a signal (passed on, or a failing
+child's exit code saying it stopped on one) they have ``GRACE_SECONDS``: rank 0 may be publishing its
+checkpoint. The exit code is the first failing child's.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from ..errors import UsageError
 
 log = logging.getLogger(__name__)
 
-GRACE_SECONDS = distributed.HEARTBEAT_TIMEOUT + 30.0
+GRACE_SECONDS = distributed.HEARTBEAT_TIMEOUT + 30.0  # on a signal, for the ranks to stop on their own
+FAILURE_GRACE_SECONDS = 3.0  # after a rank fails, for the others to report it (distributed.Link) and exit
+STOPPED_ON_A_SIGNAL = {128 + signal.SIGINT, 128 + signal.SIGTERM}  # a rank's exit code after an agreed stop
 GPUS_OPTION = "--gpus"
 
 
@@ -111,16 +116,21 @@ def _wait(children: list[subprocess.Popen]) -> int:
                 first = min(failed, key=lambda rank: (children[rank].returncode > 0, rank))
                 failure, failed_at = _exit_code(children[first]), time.monotonic()
                 log.error("%s%s", how_it_ended(first, children[first]),
-                          f"; waiting up to {GRACE_SECONDS:g} s for the others" if running else "")
+                          f"; waiting up to {_grace(forwarded, failure):g} s for the others" if running else "")
             if not running:
                 break
-            if failed_at is not None and time.monotonic() - failed_at > GRACE_SECONDS:
+            if failed_at is not None and time.monotonic() - failed_at > _grace(forwarded, failure):
                 _terminate(children)
             time.sleep(0.1)
         return failure or next((_exit_code(child) for child in children if child.returncode != 0), 0)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _grace(forwarded: list[int], failure: int) -> float:
+    """Seconds the other ranks have to exit after one failed: long where they are stopping on a signal."""
+    return GRACE_SECONDS if forwarded or failure in STOPPED_ON_A_SIGNAL else FAILURE_GRACE_SECONDS
 
 
 def _poll_all(children: list[subprocess.Popen]) -> bool:
