@@ -1,13 +1,12 @@
 """Shared pytest fixtures."""
 
-import contextlib
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from run_helpers import REPO_ROOT, train_cli
+from run_helpers import REPO_ROOT, every_backend_using, train_cli
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -68,18 +67,6 @@ def cuda():
     if not _cuda_available():
         pytest.skip("no usable GPU or CUDA libraries (on a machine with a GPU: pip install -e \".[cuda13,test]\")")
     return get_backend("cuda")
-
-
-@contextlib.contextmanager
-def every_backend_using(engine: str):
-    """Inside the block the host backend, and the CUDA backend where usable, run ``engine``."""
-    from cudnnnet.backends import get_backend
-
-    names = ["host"] + (["cuda"] if _cuda_available() else [])
-    with contextlib.ExitStack() as stack:
-        for name in names:
-            stack.enter_context(get_backend(name).using_engine(engine))
-        yield
 
 
 ENGINE_NAMES = ["slides", "fast"]
