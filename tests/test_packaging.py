@@ -10,6 +10,7 @@ PyYAML...) through a .pth file: no network is needed.
 
 import importlib.metadata
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -69,10 +70,19 @@ def test_the_sdist_holds_what_building_testing_and_running_need(distributions):
               *files_under("tests", "**/*.py"), *files_under("scripts", "*.py"), *files_under("configs", "*.yaml"),
               *files_under("cudnnnet", "**/*.py"), *files_under("cudnnnet", "**/*.cu"),
               *files_under("cudnnnet", "**/*.cuh"),
-              *files_under("cudnnnet/configs", "*.yaml")]
+              *files_under("cudnnnet/configs", "*.yaml"), *files_under("docs", "**/*.md")]
     assert len(files_under("tests", "**/*.py")) > 20 and len(files_under("configs", "*.yaml")) >= 5
+    assert files_under("docs", "**/*.md")
     assert [name for name in needed if name not in members] == []
     assert not [name for name in members if "__pycache__" in name or name.endswith(".pyc")]
+
+
+def test_every_docs_page_the_readme_names_is_in_the_sdist(distributions):
+    sdist, _ = distributions
+    with tarfile.open(sdist) as archive:
+        members = {name.removeprefix(f"cudnnnet-{cudnnnet.__version__}/") for name in archive.getnames()}
+    named = set(re.findall(r"docs/[\w./-]+\.md", (REPO_ROOT / "README.md").read_text(encoding="utf-8")))
+    assert sorted(named - members) == []
 
 
 def wheel_metadata(wheel: Path) -> tuple[set[str], str]:
