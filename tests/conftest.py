@@ -5,8 +5,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from run_helpers import REPO_ROOT, every_backend_using, train_cli
+
+# No example database: Hypothesis would keep one in .hypothesis/ of the folder pytest starts in, and
+# replay what it holds, so a test's examples would depend on where and after what it runs.
+settings.register_profile("isolated", database=None)
+settings.load_profile("isolated")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -15,6 +21,14 @@ def isolated_user_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
         yield
+
+
+@pytest.fixture(autouse=True)
+def in_its_own_folder(tmp_path, monkeypatch):
+    """Each test runs in its own empty temporary folder, never the checkout: a default output
+    (runs/<config name>) or anything else a tool writes or reads relative to the current folder is
+    the test's own."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(autouse=True)
