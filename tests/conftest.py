@@ -23,6 +23,17 @@ def isolated_user_cache(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def absolute_pythonpath():
+    """$PYTHONPATH's entries made absolute (``PYTHONPATH=.`` in the checkout), so that the processes
+    the tests start in other folders import the cudnnnet the tests import."""
+    with pytest.MonkeyPatch.context() as patch:
+        if os.environ.get("PYTHONPATH"):
+            entries = os.environ["PYTHONPATH"].split(os.pathsep)
+            patch.setenv("PYTHONPATH", os.pathsep.join(os.path.abspath(entry) for entry in entries))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def in_its_own_folder(tmp_path, monkeypatch):
     """Each test runs in its own empty temporary folder, never the checkout: a default output

@@ -1,5 +1,7 @@
 """The suite's own ground rules: what every test starts from, wherever pytest is run."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -12,3 +14,12 @@ def test_hypothesis_keeps_no_example_database():
     from hypothesis import settings
 
     assert settings().database is None
+
+
+def test_a_python_the_tests_start_elsewhere_imports_the_same_cudnnnet():
+    import cudnnnet
+
+    finished = subprocess.run([sys.executable, "-c", "import cudnnnet; print(cudnnnet.__file__)"],
+                              capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    assert Path(finished.stdout.strip()) == Path(cudnnnet.__file__)
