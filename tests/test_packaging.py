@@ -123,8 +123,12 @@ def installed(distributions, tmp_path_factory) -> Path:
     python = venv / "bin" / "python"
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
+    # Without $PYTHONPATH: a checkout on it (PYTHONPATH=.) holding cudnnnet.egg-info, which a
+    # non-editable `pip install .` leaves there, would make pip take cudnnnet as installed already.
+    without_path = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     finished = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                               "--disable-pip-version-check", str(wheel)], capture_output=True, text=True, timeout=300)
+                               "--disable-pip-version-check", str(wheel)], capture_output=True, text=True, timeout=300,
+                              env=without_path)
     assert finished.returncode == 0, finished.stderr
     # After the install: pip would otherwise find this environment's cudnnnet (CI installs it) and skip the wheel.
     # The .pth folders come after the venv's own site-packages on sys.path, so the wheel's cudnnnet is imported.
