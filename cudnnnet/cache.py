@@ -57,7 +57,16 @@ def cache_root() -> Path:
     A relative $XDG_CACHE_HOME is ignored, as the XDG base directory specification asks (it would name
     another folder in each working directory)."""
     xdg = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "cudnnnet"
+    return (Path(xdg) if os.path.isabs(xdg) else _home() / ".cache") / "cudnnnet"
+
+
+def _home() -> Path:
+    """The home directory as ``os.path.expanduser`` finds it ($HOME, else the password database);
+    RuntimeError where it finds none. (``Path.home()`` on Python 3.10 reads the database itself.)"""
+    home = os.path.expanduser("~")
+    if home.startswith("~"):
+        raise RuntimeError("no home directory: $HOME is not set and the user has no entry in the password database")
+    return Path(home)
 
 
 def plan_dir() -> Path:

@@ -1,13 +1,18 @@
 """Shared pytest fixtures."""
 
-import contextlib
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
-from run_helpers import REPO_ROOT, train_cli
+from run_helpers import REPO_ROOT, every_backend_using, train_cli
+
+# No example database: Hypothesis would keep one in .hypothesis/ of the folder pytest starts in, and
+# replay what it holds, so a test's examples would depend on where and after what it runs.
+settings.register_profile("isolated", database=None)
+settings.load_profile("isolated")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -16,6 +21,25 @@ def isolated_user_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def absolute_pythonpath():
+    """$PYTHONPATH's entries made absolute (``PYTHONPATH=.`` in the checkout), so that the processes
+    the tests start in other folders import the cudnnnet the tests import."""
+    with pytest.MonkeyPatch.context() as patch:
+        if os.environ.get("PYTHONPATH"):
+            entries = os.environ["PYTHONPATH"].split(os.pathsep)
+            patch.setenv("PYTHONPATH", os.pathsep.join(os.path.abspath(entry) for entry in entries))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def in_its_own_folder(tmp_path, monkeypatch):
+    """Each test runs in its own empty temporary folder, never the checkout: a default output
+    (runs/<config name>) or anything else a tool writes or reads relative to the current folder is
+    the test's own."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(autouse=True)
@@ -68,18 +92,6 @@ def cuda():
     if not _cuda_available():
         pytest.skip("no usable GPU or CUDA libraries (on a machine with a GPU: pip install -e \".[cuda13,test]\")")
     return get_backend("cuda")
-
-
-@contextlib.contextmanager
-def every_backend_using(engine: str):
-    """Inside the block the host backend, and the CUDA backend where usable, run ``engine``."""
-    from cudnnnet.backends import get_backend
-
-    names = ["host"] + (["cuda"] if _cuda_available() else [])
-    with contextlib.ExitStack() as stack:
-        for name in names:
-            stack.enter_context(get_backend(name).using_engine(engine))
-        yield
 
 
 ENGINE_NAMES = ["slides", "fast"]

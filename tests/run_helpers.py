@@ -26,6 +26,18 @@ def train_cli(config: str, output: Path, data_dir: Path, *extra: str, device: st
 
 
 @contextlib.contextmanager
+def every_backend_using(engine: str):
+    """Inside the block the host backend, and the CUDA backend where usable, run ``engine``."""
+    from cudnnnet.backends import cuda_available, get_backend
+
+    names = ["host"] + (["cuda"] if cuda_available() else [])
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            stack.enter_context(get_backend(name).using_engine(engine))
+        yield
+
+
+@contextlib.contextmanager
 def math_mode(backend, mode: str):
     """The backend in math ``mode`` within the block, as it was after."""
     before = backend.math

@@ -10,6 +10,7 @@ PyYAML...) through a .pth file: no network is needed.
 
 import importlib.metadata
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -69,10 +70,19 @@ def test_the_sdist_holds_what_building_testing_and_running_need(distributions):
               *files_under("tests", "**/*.py"), *files_under("scripts", "*.py"), *files_under("configs", "*.yaml"),
               *files_under("cudnnnet", "**/*.py"), *files_under("cudnnnet", "**/*.cu"),
               *files_under("cudnnnet", "**/*.cuh"),
-              *files_under("cudnnnet/configs", "*.yaml")]
+              *files_under("cudnnnet/configs", "*.yaml"), *files_under("docs", "**/*.md")]
     assert len(files_under("tests", "**/*.py")) > 20 and len(files_under("configs", "*.yaml")) >= 5
+    assert files_under("docs", "**/*.md")
     assert [name for name in needed if name not in members] == []
     assert not [name for name in members if "__pycache__" in name or name.endswith(".pyc")]
+
+
+def test_every_docs_page_the_readme_names_is_in_the_sdist(distributions):
+    sdist, _ = distributions
+    with tarfile.open(sdist) as archive:
+        members = {name.removeprefix(f"cudnnnet-{cudnnnet.__version__}/") for name in archive.getnames()}
+    named = set(re.findall(r"docs/[\w./-]+\.md", (REPO_ROOT / "README.md").read_text(encoding="utf-8")))
+    assert sorted(named - members) == []
 
 
 def wheel_metadata(wheel: Path) -> tuple[set[str], str]:
@@ -113,8 +123,12 @@ def installed(distributions, tmp_path_factory) -> Path:
     python = venv / "bin" / "python"
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
+    # Without $PYTHONPATH: a checkout on it (PYTHONPATH=.) holding cudnnnet.egg-info, which a
+    # non-editable `pip install .` leaves there, would make pip take cudnnnet as installed already.
+    without_path = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     finished = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                               "--disable-pip-version-check", str(wheel)], capture_output=True, text=True, timeout=300)
+                               "--disable-pip-version-check", str(wheel)], capture_output=True, text=True, timeout=300,
+                              env=without_path)
     assert finished.returncode == 0, finished.stderr
     # After the install: pip would otherwise find this environment's cudnnnet (CI installs it) and skip the wheel.
     # The .pth folders come after the venv's own site-packages on sys.path, so the wheel's cudnnnet is imported.

@@ -13,7 +13,7 @@ import pytest
 
 from cudnnnet.backends.cuda import backward_bias
 from cudnnnet.tensor import Tensor
-from conftest import every_backend_using
+from run_helpers import every_backend_using
 
 FP32_TOLERANCE = 1e-5
 # the CNN's dy at batch 256 and 32, LeNet-5's at 64, and a batch that splits unevenly (60 = 10·6)

@@ -17,7 +17,7 @@ import pytest
 from cudnnnet.backends.cuda import channel_sum
 from cudnnnet.errors import ShapeError, UsageError
 from cudnnnet.tensor import Tensor
-from conftest import every_backend_using
+from run_helpers import every_backend_using
 
 FP32_TOLERANCE = 1e-5
 CNN_SHAPES = [(256, 20, 24, 24), (256, 50, 8, 8)]  # conv1's and conv2's dy in configs/mnist_cnn.yaml

@@ -1,9 +1,11 @@
 """The CUDA extra's libraries on any machine, GPU or not: cuda-bindings, NVRTC, cuBLAS(Lt) and cuDNN
 are found and loaded as the backend loads them, their versions answer, cuDNN descriptors are made,
-and every kernel in kernels/*.cu compiles with NVRTC for the architectures the extras promise.
+and every kernel in kernels/*.cu compiles with NVRTC for the architectures the extras promise,
+compiled as the package compiles it (``kernel_cubin``: its headers inlined by ``kernel_source``).
 
 Runs where an extra (``.[cuda12]`` or ``.[cuda13]``) is installed, skips elsewhere; none of it needs
-a driver or a GPU. CUDA 13's NVRTC no longer compiles for GPUs older than sm_75 (V100 is sm_70):
+a driver or a GPU. The compile tests need only cuda-bindings and the NVRTC wheel (what CI installs
+to run them: .ci/run). CUDA 13's NVRTC no longer compiles for GPUs older than sm_75 (V100 is sm_70):
 those need the cuda12 extra, and the test checks both sides of that.
 """
 
@@ -22,20 +24,31 @@ VOLTA = "sm_70"
 
 
 @pytest.fixture(scope="module")
-def cuda_major() -> int:
-    """The CUDA major version of the installed extra, its libraries loaded as the backend loads them."""
+def nvrtc_major() -> int:
+    """The CUDA major version of the installed cuda-bindings, with NVRTC loaded as the backend loads it."""
     if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.bindings") is None:
         pytest.skip("cuda-bindings is not installed (the CUDA extras: pip install -e \".[cuda13]\" or \".[cuda12]\")")
-    from cudnnnet.backends.cuda import context
-    from cudnnnet.backends.cuda.bindings import runtime
+    from cudnnnet.backends.cuda.bindings import nvrtc, runtime
 
     runtime.load()
     major = runtime.runtime_get_version() // 1000  # cudaRuntimeGetVersion answers without a driver
     try:
-        context._load_libraries(major)
+        nvrtc.load(major)
     except DeviceUnavailableError as error:
-        pytest.skip(f"the CUDA {major} libraries are not all installed: {error}")
+        pytest.skip(f"NVRTC {major} is not installed: {error}")
     return major
+
+
+@pytest.fixture(scope="module")
+def cuda_major(nvrtc_major) -> int:
+    """The CUDA major version of the installed extra, its libraries loaded as the backend loads them."""
+    from cudnnnet.backends.cuda import context
+
+    try:
+        context._load_libraries(nvrtc_major)
+    except DeviceUnavailableError as error:
+        pytest.skip(f"the CUDA {nvrtc_major} libraries are not all installed: {error}")
+    return nvrtc_major
 
 
 def test_versions_answer_and_match_the_extra(cuda_major):
@@ -63,21 +76,21 @@ def test_cudnn_descriptors_are_made_without_a_gpu(cuda_major):
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("filename", KERNEL_FILES)
-def test_every_kernel_compiles(cuda_major, filename, arch, monkeypatch):
+def test_every_kernel_compiles(nvrtc_major, filename, arch, monkeypatch):
     from cudnnnet.backends.cuda import kernel
 
     monkeypatch.setenv(kernel.NO_CACHE_ENV, "1")  # compile, never read a cached cubin
-    cubin = kernel.compile_cubin((kernel.KERNEL_DIR / filename).read_bytes(), filename, arch)
-    assert cubin.startswith(kernel.ELF_MAGIC)
+    kernel.compile_cubin.cache_clear()
+    assert kernel.kernel_cubin(filename, arch).startswith(kernel.ELF_MAGIC)
 
 
-def test_volta_needs_the_cuda12_extra(cuda_major, monkeypatch):
+def test_volta_needs_the_cuda12_extra(nvrtc_major, monkeypatch):
     from cudnnnet.backends.cuda import kernel
 
     monkeypatch.setenv(kernel.NO_CACHE_ENV, "1")
-    source = (kernel.KERNEL_DIR / "sgd.cu").read_bytes()
-    if cuda_major == 12:
-        assert kernel.compile_cubin(source, "sgd.cu", VOLTA).startswith(kernel.ELF_MAGIC)
+    kernel.compile_cubin.cache_clear()
+    if nvrtc_major == 12:
+        assert kernel.kernel_cubin("sgd.cu", VOLTA).startswith(kernel.ELF_MAGIC)
     else:
         with pytest.raises(NvrtcError, match="nvrtcCompileProgram"):
-            kernel.compile_cubin(source, "sgd.cu", VOLTA)
+            kernel.kernel_cubin("sgd.cu", VOLTA)

@@ -26,7 +26,7 @@ from cudnnnet.engine import FAST
 from cudnnnet.layers import MSE, Activation, Conv2D, Dense, Pooling, Softmax
 from cudnnnet.optim import SGD
 from cudnnnet.tensor import Tensor
-from conftest import every_backend_using
+from run_helpers import every_backend_using
 
 FP32_TOLERANCE = 1e-5
 LOSS_BATCHES = (1, 7, 255, 256, 1000, 4097)

@@ -222,16 +222,22 @@ def kernel_source(filename: str) -> bytes:
     return INCLUDE.sub(lambda match: (KERNEL_DIR / match.group(1).decode()).read_bytes(), source)
 
 
+def kernel_cubin(filename: str, arch: str) -> bytes:
+    """The cubin of ``kernels/filename`` for ``arch``, compiled from ``kernel_source`` (once per
+    process, or taken from the disk cache): what ``load_module`` loads."""
+    return compile_cubin(kernel_source(filename), filename, arch)
+
+
 def load_module(filename: str, arch: str) -> KernelModule:
     """Compile (once per process, or take from the disk cache) and load ``kernels/filename``.
 
     A cached cubin that the driver refuses (a damaged file) is compiled again, rewritten and loaded
     (once: a fresh cubin that is refused too raises the CudaError).
     """
-    source = kernel_source(filename)
     try:
-        return KernelModule(compile_cubin(source, filename, arch))
+        return KernelModule(kernel_cubin(filename, arch))
     except CudaError as error:
+        source = kernel_source(filename)
         path = cached_cubin_path(source, filename, arch)
         if path is None or not path.is_file():
             raise
