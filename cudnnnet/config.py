@@ -26,6 +26,8 @@ from typing import Any, Callable, NoReturn, Sequence
 from .augmentation import MAX_CROP_PADDING
 from .data.mnist import MNIST_MEAN, MNIST_STD
 from .data.pixels import MAX_IMAGE_PIXELS, RESIZE_MODES
+from .data.sources import MAX_CLASSES
+from .data.streamed import PLACEMENTS
 from .config_file import MAX_INTEGER, MAX_LAYERS, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
 from .monitoring import AUTO as AUTO_MONITOR, EarlyStoppingConfig, check_monitor, parse_early_stopping, parse_monitor
@@ -41,7 +43,6 @@ ACTIVATION_MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
 POOLING_MODES = ("max", "average")
 LOSS_LAYERS = ("softmax", "mse")
 DATASETS = ("mnist", "fashion-mnist", "kmnist", "idx", "npz", "cifar10", "image-folder")  # data/sources.py
-PLACEMENTS = ("auto", "device", "host")  # where the training set lives: see data/streamed.py
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "inverse", "step", "cosine")
 LAYER_NAME_LENGTH = 128  # within a zip member name and a file name (NAME_MAX 255) with a suffix
@@ -611,8 +612,6 @@ def _check_loss_last(layers: tuple[LayerSpec, ...], source: str) -> None:
 # ---- data and train ------------------------------------------------------------------------
 
 
-MAX_CLASSES = 100_000
-
 
 def _parse_normalize(data: _Section, dataset: str) -> tuple | str | None:
     value = data.value.get("normalize")
@@ -946,7 +945,7 @@ def load_config(path: str | os.PathLike, data: bytes | None = None, overrides: S
     if overrides:
         from .overrides import parse_overridden
 
-        return parse_overridden(_read_mapping(path, data), overrides, str(path))
+        return parse_overridden(_read_mapping(path, data), overrides, str(path), parse_config)
     return parse_config(_read_mapping(path, data), source=str(path))
 
 

@@ -73,7 +73,7 @@ def network_classes(network) -> tuple[str, ...]:
     config = network.training_config
     if config is not None and config.data.classes:
         return tuple(config.data.classes)
-    from .training import class_names
+    from .data.sources import class_names
 
     named = class_names(config) if config is not None else None
     count = int(np.prod(network.output_shapes(network.input_shape)[-1]))

@@ -145,11 +145,9 @@ def layer_names(layers: list) -> list[str]:
     return names
 
 
-def parse_overridden(mapping: Any, assignments: Sequence[str], source: str):
-    """``parse_config`` of ``mapping`` with ``assignments`` made; an error at an overridden key
-    (or inside it) names the ``--set`` instead of the file."""
-    from .config import parse_config
-
+def parse_overridden(mapping: Any, assignments: Sequence[str], source: str, parse_config):
+    """``parse_config(mapping, source=source)`` (config.py's) with ``assignments`` made; an error at an
+    overridden key (or inside it) names the ``--set`` instead of the file."""
     overridden, paths = apply_overrides(mapping, assignments)
     try:
         return parse_config(overridden, source=source)

@@ -38,7 +38,7 @@ from .config import COMPUTED
 from .data.image_folder import class_names as folder_classes
 from .data.pixels import PixelImages, as_channels, channel_statistics
 from .data.resident import BatchFeed, ResidentData, ResidentTestSet, resident_images  # noqa: F401 (re-exported)
-from .data.sources import load_source
+from .data.sources import class_names, load_source  # noqa: F401 (class_names re-exported)
 from .data.streamed import StreamedData, choose_placement
 from .distributed import Replicas, Shard
 from .errors import CheckpointError, ConfigError, DataError, TrainingError
@@ -98,15 +98,6 @@ def smallest_input_shape(config) -> tuple[int, int, int] | None:
     if data.dataset == "image-folder" and data.image_size and data.channels == "auto" and not data.shape:
         return (1, data.image_size[0] + 2 * data.pad, data.image_size[1] + 2 * data.pad)
     return input_shape(config)
-
-
-def class_names(config) -> tuple[str, ...] | None:
-    """The class names of ``config``'s data: its own list, a named data set's, else None (read from the data)."""
-    from .data.sources import CIFAR10_CLASSES, DIGIT_CLASSES, FASHION_CLASSES, KMNIST_CLASSES
-
-    named = {"mnist": DIGIT_CLASSES, "fashion-mnist": FASHION_CLASSES, "kmnist": KMNIST_CLASSES,
-             "cifar10": CIFAR10_CLASSES}
-    return config.data.classes or named.get(config.data.dataset)
 
 
 def model_mapping(config) -> list[dict]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cudnnnet import distributed
-from cudnnnet.cli.gpus import spawn_ranks, without_gpus_option
+from cudnnnet.launcher import spawn_ranks, without_gpus_option
 from cudnnnet.config import parse_config
 from cudnnnet.data.loader import BatchLoader
 from cudnnnet.errors import ConfigError, DistributedError, OutputExistsError, UsageError
@@ -170,7 +170,7 @@ def _collect(processes, results, seconds=60):
 
 
 def _free_port():
-    from cudnnnet.cli.gpus import free_port
+    from cudnnnet.launcher import free_port
 
     return free_port()
 
@@ -296,13 +296,13 @@ def test_a_failing_rank_ends_the_others_within_seconds_with_its_exit_code(failin
     import subprocess
     import sys
 
-    from cudnnnet.cli import gpus
+    from cudnnnet import launcher
 
     commands = ["import time; time.sleep(600)", "import time; time.sleep(600)"]
     commands[failing] = "import sys; sys.exit(3)"
     children = [subprocess.Popen([sys.executable, "-c", command]) for command in commands]
     started = time.monotonic()
-    assert gpus._wait(children) == 3
+    assert launcher._wait(children) == 3
     assert time.monotonic() - started < 15
     assert children[1 - failing].returncode == -signal.SIGTERM
 
@@ -326,9 +326,9 @@ def test_after_a_forwarded_signal_rank_0_may_finish_its_checkpoint(monkeypatch, 
     first (interrupted, 130) does not make the launcher cut rank 0 short."""
     import threading
 
-    from cudnnnet.cli import gpus
+    from cudnnnet import launcher
 
-    monkeypatch.setattr(gpus, "FAILURE_GRACE_SECONDS", 0.2)
+    monkeypatch.setattr(launcher, "FAILURE_GRACE_SECONDS", 0.2)
     rank_0, rank_0_ready = _child(tmp_path, "0", "time.sleep(1.5); sys.exit(0)")
     rank_1, rank_1_ready = _child(tmp_path, "1", "sys.exit(130)")
     original = signal.getsignal(signal.SIGINT)
@@ -341,16 +341,16 @@ def test_after_a_forwarded_signal_rank_0_may_finish_its_checkpoint(monkeypatch, 
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=interrupt, daemon=True).start()
-    assert gpus._wait([rank_0, rank_1]) == 130
+    assert launcher._wait([rank_0, rank_1]) == 130
     assert rank_0.returncode == 0
 
 
 def test_ranks_that_agreed_to_stop_on_a_signal_are_not_cut_short(monkeypatch, tmp_path):
     """A signal sent to the ranks, not through the launcher (a scheduler's SIGTERM): they agree to stop,
     and rank 0 publishes after the others have exited with 143."""
-    from cudnnnet.cli import gpus
+    from cudnnnet import launcher
 
-    monkeypatch.setattr(gpus, "FAILURE_GRACE_SECONDS", 0.2)
+    monkeypatch.setattr(launcher, "FAILURE_GRACE_SECONDS", 0.2)
     rank_0, rank_0_ready = _child(tmp_path, "0", "time.sleep(1.5); sys.exit(0)")
     rank_1, rank_1_ready = _child(tmp_path, "1", "sys.exit(143)")
     deadline = time.monotonic() + 30
@@ -358,5 +358,5 @@ def test_ranks_that_agreed_to_stop_on_a_signal_are_not_cut_short(monkeypatch, tm
         time.sleep(0.02)
     rank_0.send_signal(signal.SIGTERM)
     rank_1.send_signal(signal.SIGTERM)
-    assert gpus._wait([rank_0, rank_1]) == 143
+    assert launcher._wait([rank_0, rank_1]) == 143
     assert rank_0.returncode == 0

@@ -110,7 +110,7 @@ def _rank_weights(rank, port, mnist_dir, output, results):
 
 def test_one_step_on_two_gpus_equals_one_step_of_the_double_batch_on_one(mnist_dir, tmp_path):
     two_gpus()
-    from cudnnnet.cli.gpus import free_port
+    from cudnnnet.launcher import free_port
 
     context = multiprocessing.get_context("spawn")
     results, port = context.Queue(), free_port()

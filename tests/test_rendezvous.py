@@ -12,7 +12,7 @@ import tracemalloc
 import pytest
 
 from cudnnnet import distributed, rendezvous
-from cudnnnet.cli.gpus import free_port
+from cudnnnet.launcher import free_port
 from cudnnnet.errors import DistributedError, UsageError
 
 DIGEST = b"d" * 32

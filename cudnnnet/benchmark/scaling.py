@@ -1,7 +1,7 @@
 """``cudnnnet-benchmark --gpus N``: the training workloads on N GPUs of this host beside one GPU.
 
 Each measurement runs in processes of its own, as ``cudnnnet-train`` would: one plain process for
-one GPU, then N ranks started as ``cudnnnet-train --gpus N`` starts them (``cli.gpus.spawn_ranks``).
+one GPU, then N ranks started as ``cudnnnet-train --gpus N`` starts them (``launcher.spawn_ranks``).
 A rank trains its shard of every epoch at the workload's batch per GPU, the gradients averaged by
 NCCL inside the captured step; rank 0's epoch time (synchronised: the all-reduce holds the ranks
 together) is reported, after one warm-up epoch. Scaling is one GPU's median epoch over N GPUs'.
@@ -52,7 +52,7 @@ def measure_scaling(settings: dict, gpus: int) -> dict:
 def _measure(count: int, settings: dict, module: str = MODULE, plain: bool = True) -> dict:
     """{workload: {engine: epoch summary}} (``module``'s figures) from ``count`` processes, rank 0's;
     ``plain``: one GPU as one process without a launcher's variables."""
-    from ..cli.gpus import spawn_ranks
+    from ..launcher import spawn_ranks
 
     with tempfile.TemporaryDirectory(prefix="cudnnnet-scaling-") as folder:
         result = Path(folder) / "result.json"

@@ -25,7 +25,7 @@ from ..outputs import checkpoint_to_resume, refuse_replacing
 from ..training import Interrupted, Trainer, class_names, input_shape, model_difference, smallest_input_shape
 from ..live_log import TensorBoardLog, require_tensorboard
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
-from .gpus import spawn_ranks
+from ..launcher import spawn_ranks
 
 log = logging.getLogger("cudnnnet.train")
 

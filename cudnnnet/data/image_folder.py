@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import cache
 from ..errors import CudnnnetError, DataError, ImageError
-from .pixels import IMAGE_SUFFIXES, PHOTO_CHANNELS, RESIZE_MODES
+from .pixels import IMAGE_SUFFIXES, PHOTO_CHANNELS, RESIZE_MODES, Split
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,6 @@ ARRAYS = ("pixels", "labels")  # an entry's arrays, KEY.<name>.npy, written befo
 
 def load_image_folder(data, split: str):
     """The Split ``split`` of the folder ``data.dir`` (a DataConfig with dataset image-folder)."""
-    from .sources import Split
 
     if data.resize not in RESIZE_MODES:
         raise DataError(f"invalid data.resize {data.resize!r}: expected one of {', '.join(RESIZE_MODES)}")

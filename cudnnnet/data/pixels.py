@@ -18,6 +18,15 @@ import numpy as np
 from ..errors import DataError
 from ..float_images import as_channels, to_float_images  # noqa: F401 (to_float_images re-exported)
 
+
+@dataclass(frozen=True)
+class Split:
+    """One split of a data set as its loaders return it: the stored pixels, the labels and the class names."""
+    pixels: np.ndarray  # uint8 (N, H, W) or (N, C, H, W)
+    labels: np.ndarray  # int64 (N,)
+    classes: tuple[str, ...]
+
+
 # data.resize: how an image of another shape is fitted to a network's input (images.fitted): crop
 # resizes it so its shorter side covers the input and takes the centre (the aspect ratio kept);
 # stretch resizes it to the input (the aspect ratio changed).

@@ -29,10 +29,12 @@ from pathlib import Path
 import numpy as np
 
 from .. import cache
-from ..config import MAX_CLASSES
 from ..errors import DataError
 from ..files import atomic_write
 from . import mnist
+from .pixels import Split  # noqa: F401 (re-exported: the loaders' result)
+
+MAX_CLASSES = 100_000  # labels 0..K-1 of K classes at most, in data files and in data.classes
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +81,13 @@ MAX_NPZ_BYTES = 1 << 32  # pixels an .npz member may declare
 NPZ_CONVERT_BYTES = 8 << 20  # bytes of an .npz member read, and of its float samples converted to 8 bits, at a time
 
 
-@dataclass(frozen=True)
-class Split:
-    pixels: np.ndarray  # uint8 (N, H, W) or (N, C, H, W)
-    labels: np.ndarray  # int64 (N,)
-    classes: tuple[str, ...]
+
+
+def class_names(config) -> tuple[str, ...] | None:
+    """The class names of ``config``'s data: its own list, a named data set's, else None (read from the data)."""
+    named = {"mnist": DIGIT_CLASSES, "fashion-mnist": FASHION_CLASSES, "kmnist": KMNIST_CLASSES,
+             "cifar10": CIFAR10_CLASSES}
+    return config.data.classes or named.get(config.data.dataset)
 
 
 def load_source(data, split: str, download: bool = True) -> Split:

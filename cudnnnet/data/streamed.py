@@ -20,10 +20,11 @@ import math
 import numpy as np
 
 from .. import augmentation
-from ..config import PLACEMENTS
 from ..errors import DataError, InvalidArgumentError, UsageError
 from ..tensor import Tensor
 from .mnist import check_labels
+
+PLACEMENTS = ("auto", "device", "host")  # data.placement: where the training set lives (auto: the device where it fits)
 
 log = logging.getLogger(__name__)
 

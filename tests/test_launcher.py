@@ -5,7 +5,7 @@ import logging
 import subprocess
 import sys
 
-from cudnnnet.cli import gpus
+from cudnnnet import launcher
 
 
 def _child(code: str) -> subprocess.Popen:
@@ -18,7 +18,7 @@ def test_a_rank_killed_by_a_signal_is_named_with_its_pid_and_signal_before_the_o
     reacting = _child("import time, sys; time.sleep(0.5); sys.exit(1)")
     killed = _child("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     with caplog.at_level(logging.ERROR, logger="cudnnnet"):
-        code = gpus._wait([reacting, killed])
+        code = launcher._wait([reacting, killed])
     assert code == 128 + 9
     assert f"rank 1 (pid {killed.pid}) was killed by SIGKILL" in caplog.text
     assert "rank 0" not in caplog.text
@@ -29,6 +29,6 @@ def test_every_rank_is_polled_while_an_earlier_one_still_runs(caplog):
     running = _child("import time; time.sleep(3)")
     failing = _child("import sys; sys.exit(3)")
     with caplog.at_level(logging.ERROR, logger="cudnnnet"):
-        code = gpus._wait([running, failing])
+        code = launcher._wait([running, failing])
     assert code == 3
     assert f"rank 1 (pid {failing.pid}) exited with code 3; waiting up to" in caplog.text
