@@ -16,7 +16,6 @@ import argparse
 import json
 import logging
 import sys
-import unicodedata
 from pathlib import Path
 
 from ..backends import DEVICES, get_backend
@@ -26,6 +25,7 @@ from ..shipped_configs import shipped_config_names
 from ..errors import UsageError
 from ..network import Network
 from ..outputs import is_output_folder
+from ..printable import one_line
 from ..inference import predict
 from ..training import input_shape, model_mapping
 from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
@@ -75,21 +75,6 @@ def load_network(weights: str, config_path: str | None, device: str) -> tuple[Ne
     network = Network.from_spec(model_mapping(description), input_shape(description), get_backend(device))
     network.load_original(weights)
     return network, description.data.normalize
-
-
-def one_line(text: str) -> str:
-    """``text`` as one printable line whatever the file names in it hold: a line break or another control
-    character escaped (``\\n``), and a byte of a name that is not UTF-8 written as ``\\xff`` (Python holds it
-    as a lone surrogate, which a strict UTF-8 output cannot encode)."""
-    return "".join(_escaped(char) for char in text)
-
-
-def _escaped(char: str) -> str:
-    if 0xDC80 <= ord(char) <= 0xDCFF:  # os.fsdecode's stand-in for an undecodable byte
-        return f"\\x{ord(char) - 0xDC00:02x}"
-    if unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp"):
-        return char.encode("unicode_escape").decode("ascii")
-    return char
 
 
 def print_results(results, as_json: bool, top_k: int = 1) -> None:
