@@ -18,6 +18,7 @@ import numpy as np
 
 from ..engine import DEFAULT_ENGINE, ENGINES
 from ..errors import CudnnnetError, DeviceUnavailableError, UsageError
+from ..printable import one_line
 
 log = logging.getLogger("cudnnnet")
 
@@ -66,10 +67,18 @@ class StderrHandler(logging.StreamHandler):
         """The stream is always the current sys.stderr."""
 
 
+class OneLineFormatter(logging.Formatter):
+    """A log record as one line, whatever the names in its message hold (``one_line``)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
+
+
 def configure_logging(args) -> None:
     level = logging.WARNING if args.quiet else getattr(logging, args.log_level)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", handlers=[StderrHandler()],
-                        force=True)
+    handler = StderrHandler()
+    handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -141,6 +150,6 @@ def _os_error_text(error: OSError) -> str:
 def _fail(args, prog: str, error: BaseException, code: int, message: str | None = None) -> int:
     if args.debug:
         traceback.print_exception(error, file=sys.stderr)
-    text = " ".join((message or str(error) or type(error).__name__).split())
+    text = one_line(" ".join((message or str(error) or type(error).__name__).split()))
     print(f"{prog}: error: {text}", file=sys.stderr)
     return code

@@ -22,6 +22,7 @@ from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeEr
 from ..layers import LAYER_TYPES
 from ..network import ModelSizeError, check_model_size
 from ..outputs import checkpoint_to_resume, refuse_replacing
+from ..printable import one_line
 from ..training import Interrupted, Trainer, class_names, input_shape, model_difference, smallest_input_shape
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from .gpus import spawn_ranks
@@ -226,7 +227,7 @@ def main_with_args(args, config_text: dict | None = None, argv: list[str] | None
         metrics = trainer.run()
     except Interrupted as interrupted:
         if trainer.writes:
-            print(f"cudnnnet-train: {interrupted}", file=sys.stderr)
+            print(f"cudnnnet-train: {one_line(str(interrupted))}", file=sys.stderr)
         return 128 + interrupted.signum
     if not trainer.writes:
         return 0
