@@ -8,6 +8,7 @@ them, in subprocesses, so their real logging and streams are what is checked.
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -195,3 +196,66 @@ def test_the_output_folder_is_escaped_in_the_interrupted_message(tmp_path, mnist
                         "--output", output, "--steps", "5")
     assert finished.returncode == 128 + signal.SIGINT
     assert_shown_escaped(finished)
+
+
+# ---- NUL bytes in paths: one line, no traceback ---------------------------------------------------
+
+IDX_FILES = {"train_images": "train-images", "train_labels": "train-labels", "test_images": "test-images",
+             "test_labels": "test-labels"}
+NUL_PATHS = {
+    "mnist": ({"dataset": "mnist", "dir": "data\0dir"}, "data.dir"),
+    "fashion-mnist": ({"dataset": "fashion-mnist", "dir": "data\0dir"}, "data.dir"),
+    "kmnist": ({"dataset": "kmnist", "dir": "data\0dir"}, "data.dir"),
+    "cifar10": ({"dataset": "cifar10", "dir": "data\0dir"}, "data.dir"),
+    "image-folder": ({"dataset": "image-folder", "dir": "photos\0"}, "data.dir"),
+    "idx": ({"dataset": "idx", **IDX_FILES, "test_images": "test\0images"}, "data.test_images"),
+    "npz": ({"dataset": "npz", "train_file": "train.npz", "test_file": "test\0.npz"}, "data.test_file"),
+}
+
+
+def assert_one_line(finished: subprocess.CompletedProcess, script: str, pattern: str) -> None:
+    assert finished.returncode == 2, finished.stderr
+    lines = finished.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"cudnnnet-{script}: error: "), finished.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+@pytest.mark.parametrize("data, key", NUL_PATHS.values(), ids=NUL_PATHS.keys())
+def test_a_nul_byte_in_a_config_path_is_one_line(tmp_path, data, key):
+    config = yaml.safe_load(MLP_CONFIG.read_text())
+    config["data"] = data
+    (tmp_path / "nul.yaml").write_text(yaml.safe_dump(config))
+    with offline_tools(tmp_path) as tool:
+        finished = tool("train", "--config", tmp_path / "nul.yaml", "--device", "host", "--output", tmp_path / "run")
+    assert_one_line(finished, "train", rf"nul\.yaml: {re.escape(key)}: expected .*without NUL bytes")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("data, key", NUL_PATHS.values(), ids=NUL_PATHS.keys())
+def test_a_nul_byte_in_a_checkpoint_s_stored_path_is_one_line(tmp_path, checkpoint, data, key):
+    arrays, metadata = load_npz(checkpoint)
+    stored = tmp_path / "model.npz"
+    save_npz(stored, arrays, {**metadata, "config": {**metadata["config"], "data": data}})
+    with offline_tools(tmp_path) as tool:
+        finished = tool("evaluate", "--weights", stored, "--device", "host")
+    assert_one_line(finished, "evaluate", rf"model\.npz: .*{re.escape(key)}: expected .*without NUL bytes")
+
+
+@pytest.mark.parametrize("script, arguments", [
+    ("train", ("--config", "mnist\0.yaml", "--output", "run")),
+    ("train", ("--config", MLP_CONFIG, "--output", "run\0")),
+    ("train", ("--config", MLP_CONFIG, "--output", "run", "--data-dir", "data\0")),
+    ("train", ("--config", MLP_CONFIG, "--output", "run", "--resume", "run\0")),
+    ("train", ("--config", MLP_CONFIG, "--output", "run", "--export-original", "bin\0")),
+    ("evaluate", ("--weights", "model\0.npz")),
+    ("evaluate", ("--weights", "model.npz", "--data-dir", "data\0")),
+    ("predict", ("--weights", "model\0.npz", "digit.png")),
+    ("predict", ("--weights", "model.npz", "--config", "mnist\0.yaml", "digit.png")),
+    ("predict", ("--weights", "model.npz", "digit\0.png")),
+    ("benchmark", ("--json", "figures\0.json")),
+], ids=lambda value: value if isinstance(value, str) else next(a for a in value if "\0" in str(a)).split("\0")[0])
+def test_a_nul_byte_in_a_path_argument_is_one_line(tmp_path, script, arguments):
+    with offline_tools(tmp_path) as tool:
+        finished = tool(script, *arguments)
+    assert_one_line(finished, script, r"argument .*: expected a path without NUL bytes, got '.*\\x00.*'")
+    assert sorted(path.name for path in tmp_path.iterdir()) in ([], ["cache"])

@@ -48,9 +48,12 @@ def add_engine_argument(parser: argparse.ArgumentParser, default: str | None = D
 
 def path_argument(text: str) -> str:
     """A file or folder named on the command line: not empty (an unset shell variable's ``""`` would
-    be read as the current folder)."""
+    be read as the current folder), and without a NUL byte (no file system holds one; a program calling
+    a tool's ``main`` could pass it)."""
     if not text:
         raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"expected a path without NUL bytes, got {text!r}")
     return text
 
 
