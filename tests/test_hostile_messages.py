@@ -259,3 +259,33 @@ def test_a_nul_byte_in_a_path_argument_is_one_line(tmp_path, script, arguments):
         finished = tool(script, *arguments)
     assert_one_line(finished, script, r"argument .*: expected a path without NUL bytes, got '.*\\x00.*'")
     assert sorted(path.name for path in tmp_path.iterdir()) in ([], ["cache"])
+
+
+# ---- a terminal that cannot show a name ------------------------------------------------------------
+
+
+def test_predict_on_an_ascii_terminal_writes_a_name_it_cannot_show_escaped(cli, tmp_path, checkpoint):
+    digit_png(tmp_path / "猫.png")
+    finished = cli("predict", "--weights", checkpoint, "--device", "host", tmp_path / "猫.png", encoding="ascii")
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.startswith(f"{tmp_path}/\\u732b.png: ") and finished.stderr == ""
+
+
+def two_class_folder(root: Path, classes: tuple[str, str]) -> Path:
+    for name in classes:
+        (root / name).mkdir(parents=True)
+        for index in range(4):
+            Image.fromarray(np.full((8, 8), 40 * index, np.uint8)).save(root / name / f"{index}.png")
+    return root
+
+
+def test_train_and_evaluate_on_an_ascii_terminal_write_names_they_cannot_show_escaped(cli, tmp_path):
+    root = two_class_folder(tmp_path / "photos", ("猫", "犬"))
+    output = tmp_path / "运行"
+    trained = cli("train", "--config", "image_folder", "--data-dir", root, "--device", "host", "--output", output,
+                  "--steps", "1", quiet=False, encoding="ascii")
+    assert trained.returncode == 0, trained.stderr
+    assert "\\u8fd0\\u884c" in trained.stderr and "Traceback" not in trained.stderr
+    evaluated = cli("evaluate", "--weights", output, "--device", "host", encoding="ascii")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert evaluated.stdout.splitlines()[1].split() == ["true\\pred", "\\u72ac", "\\u732b"]

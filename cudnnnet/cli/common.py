@@ -97,8 +97,25 @@ def run(main, parser: argparse.ArgumentParser, argv=None) -> int:
     With ``--debug`` the traceback is printed first; the exit code stays the same.
     """
     args = parser.parse_args(argv)
-    with _logging_configured(args):
+    with _logging_configured(args), _unencodable_escaped():
         return _run_main(main, parser, args)
+
+
+@contextlib.contextmanager
+def _unencodable_escaped():
+    """For the run, a character the terminal's encoding cannot show (a ``猫.png`` on an ASCII terminal) is
+    written as its backslash escape (``\\u732b``) rather than ending the tool with a UnicodeEncodeError;
+    the streams' own handling comes back afterwards."""
+    streams = [(stream, stream.errors) for stream in (sys.stdout, sys.stderr)
+               if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure")]
+    for stream, _ in streams:
+        stream.reconfigure(errors="backslashreplace")
+    try:
+        yield
+    finally:
+        for stream, errors in streams:
+            with contextlib.suppress(OSError, ValueError):  # a stream closed meanwhile keeps its handler
+                stream.reconfigure(errors=errors)
 
 
 @contextlib.contextmanager
