@@ -21,7 +21,7 @@ from ..data.mnist import SPLIT_COUNTS
 from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError, UsageError
 from ..layers import LAYER_TYPES
 from ..network import ModelSizeError, check_model_size
-from ..outputs import checkpoint_to_resume, refuse_replacing
+from ..outputs import checkpoint_to_resume, is_output_folder, refuse_replacing
 from ..printable import one_line
 from ..training import Interrupted, Trainer, class_names, input_shape, model_difference, smallest_input_shape
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=positive_int, help="stop after this many steps (overrides --epochs)")
     parser.add_argument("--batch-size", type=positive_int, help="override train.batch_size")
     parser.add_argument("--seed", type=non_negative_int, help="override train.seed")
-    parser.add_argument("--output", type=path_argument, help="output directory (default runs/<config name>)")
+    parser.add_argument("--output", type=path_argument,
+                        help="output directory (default: the output folder --resume names, else runs/<config name>)")
     parser.add_argument("--resume", type=path_argument, metavar="CHECKPOINT",
                         help="continue from an output folder (its latest checkpoint) or a model.npz file; with the "
                              "batch size it was trained with")
@@ -214,8 +215,17 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
 
 
 def output_folder(args) -> Path:
-    """The folder the run writes into: --output, else runs/<config name>."""
-    return Path(args.output or f"runs/{Path(args.config).stem}")
+    """The folder the run writes into: --output; else the output folder --resume names (by itself or by its
+    model.npz), so a resumed run goes on where it was; else runs/<config name>."""
+    if args.output:
+        return Path(args.output)
+    resumed = None if args.resume is None else Path(args.resume)
+    if resumed is not None and resumed.name == "model.npz" and is_output_folder(resumed.parent):
+        resumed = resumed.parent
+    if resumed is not None and resumed.is_dir():
+        log.info("--resume %s without --output: the run goes on in %s", args.resume, resumed)
+        return resumed
+    return Path(f"runs/{Path(args.config).stem}")
 
 
 def main_with_args(args, config_text: dict | None = None, argv: list[str] | None = None) -> int:

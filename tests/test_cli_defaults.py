@@ -1,0 +1,70 @@
+"""What the tools do when a flag is left out or does not fit, as a newcomer meets it: where a resumed run
+writes, what a CPU machine is told about its GPU, a data folder that holds no data set, a batch larger
+than the data set."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cudnnnet.checkpoint import load_npz
+from cudnnnet.config import load_config
+from cudnnnet.network import OPTIMIZER_PREFIX
+from cudnnnet.optim import SGD
+from cudnnnet.training import build_network
+from run_helpers import REPO_ROOT, offline_tools
+
+MLP_CONFIG = REPO_ROOT / "configs" / "mnist_mlp.yaml"
+
+
+@pytest.fixture
+def tool(tmp_path):
+    """tool(script, *arguments): cudnnnet.cli.<script>.main([..., "--quiet"]) in tmp_path, offline."""
+    with offline_tools(tmp_path) as call:
+        yield call
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """An MLP checkpoint as a run interrupted after 3 steps saves it."""
+    path = tmp_path_factory.mktemp("checkpoint") / "model.npz"
+    config = load_config(MLP_CONFIG)
+    network = build_network(config, "host")
+    optimizer = SGD(network, config.train.optimizer.lr, config.train.optimizer.momentum)
+    network.save(path, extra_arrays=optimizer.state_arrays(OPTIMIZER_PREFIX), config=config.to_dict(), history=[],
+                 position={"epoch": 0, "batch": 3, "step": 3})
+    return path
+
+
+def earlier_run(folder: Path, checkpoint: Path) -> Path:
+    """An output folder holding what a run stopped at step 3 published."""
+    folder.mkdir(parents=True)
+    shutil.copy(checkpoint, folder / "model.npz")
+    (folder / "metrics.json").write_text(json.dumps({"steps": 3}) + "\n")
+    return folder
+
+
+def step_of(folder: Path) -> int:
+    return load_npz(folder / "model.npz")[1]["position"]["step"]
+
+
+@pytest.mark.parametrize("named", ["folder", "model.npz"])
+def test_resuming_a_folder_without_output_writes_there(tool, tmp_path, checkpoint, mnist_dir, named):
+    run = earlier_run(tmp_path / "runs" / "mlp", checkpoint)
+    resume = run if named == "folder" else run / "model.npz"
+    finished = tool("train", "--config", MLP_CONFIG, "--device", "host", "--data-dir", mnist_dir, "--resume",
+                    resume, "--steps", "5")
+    assert finished.returncode == 0, finished.stderr
+    assert step_of(run) == 5
+    assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == ["mlp"]
+
+
+def test_resuming_a_checkpoint_file_outside_an_output_folder_writes_to_the_config_s_folder(tool, tmp_path, checkpoint,
+                                                                                           mnist_dir):
+    shutil.copy(checkpoint, tmp_path / "saved.npz")
+    finished = tool("train", "--config", MLP_CONFIG, "--device", "host", "--data-dir", mnist_dir, "--resume",
+                    tmp_path / "saved.npz", "--steps", "5")
+    assert finished.returncode == 0, finished.stderr
+    assert step_of(tmp_path / "runs" / "mnist_mlp") == 5
+    assert load_npz(tmp_path / "saved.npz")[1]["position"]["step"] == 3
