@@ -131,6 +131,18 @@ def test_device_auto_is_the_default_and_asks_the_driver(caplog, monkeypatch, rea
     assert f"running on {'cuda' if device == 'cuda' else 'the host, where ' + bench_settings.HOST_DURATION}" in caplog.text
 
 
+def test_device_auto_without_a_gpu_says_so_without_the_driver_s_complaint(caplog, monkeypatch):
+    """A machine meant to have no GPU is told where it runs, not asked whether its driver is installed."""
+    reason = "libcuda.so.1 cannot be loaded (no such file); is the NVIDIA driver installed?"
+    monkeypatch.setattr(benchmark, "no_gpu_reason", lambda: reason)
+    with caplog.at_level("DEBUG", logger="cudnnnet.benchmark"):
+        benchmark.resolve_settings(benchmark.build_parser().parse_args([]))
+    info = [record.getMessage() for record in caplog.records if record.levelname == "INFO"]
+    assert info[0] == f"--device auto: no GPU found; running on the host, where {bench_settings.HOST_DURATION}"
+    assert not any("driver" in message for message in info)
+    assert reason in caplog.text  # at DEBUG
+
+
 def test_device_cuda_without_a_gpu_is_one_line_before_any_workload_runs(capsys, monkeypatch):
     monkeypatch.setattr(benchmark, "no_gpu_reason", lambda: "libcuda.so.1 cannot be loaded")
     monkeypatch.setattr(bench_original.subprocess, "run", lambda *_, **__: pytest.fail("a workload process started"))

@@ -178,7 +178,9 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         device = "host" if reason is not None else "cuda"
         log.info("--device auto: %s", "the driver counts a GPU; running on cuda" if reason is None else
-                 f"no GPU ({reason}); running on the host, where {HOST_DURATION}")
+                 f"no GPU found; running on the host, where {HOST_DURATION}")
+        if reason is not None:
+            log.debug("--device auto: no GPU: %s", reason)
     return device
 
 
