@@ -68,3 +68,28 @@ def test_resuming_a_checkpoint_file_outside_an_output_folder_writes_to_the_confi
     assert finished.returncode == 0, finished.stderr
     assert step_of(tmp_path / "runs" / "mnist_mlp") == 5
     assert load_npz(tmp_path / "saved.npz")[1]["position"]["step"] == 3
+
+
+@pytest.mark.parametrize("device", ["cuda", "auto", "host"])
+def test_a_launcher_on_a_node_without_a_gpu_is_told_how_to_train_on_the_cpu(tool, monkeypatch, mnist_dir, tmp_path,
+                                                                              device):
+    """Not "use --device host" (the ranks refuse it) nor "needs --device cuda" (there is no GPU): one process."""
+    from cudnnnet.backends.cuda.bindings import driver_start
+    from cudnnnet.errors import DeviceUnavailableError
+
+    def no_libcuda():
+        raise DeviceUnavailableError("libcuda.so.1 cannot be loaded (no such file); is the NVIDIA driver installed?")
+
+    monkeypatch.setattr(driver_start, "load", no_libcuda)
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "0",
+                        "NCCL_NVLS_ENABLE": "0"}.items():
+        monkeypatch.setenv(name, value)
+    finished = tool("train", "--config", MLP_CONFIG, "--device", device, "--data-dir", mnist_dir, "--output",
+                    tmp_path / "run", "--steps", "2")
+    assert finished.returncode == 2
+    [line] = finished.stderr.splitlines()
+    problem = "the device is host" if device == "host" else "rank 0 has no GPU (libcuda.so.1 cannot be loaded"
+    assert line.startswith(f"cudnnnet-train: error: torchrun started 2 ranks, but {problem}")
+    assert line.endswith("to train on the CPU, run one process, without torchrun, with --device host or auto")
+    assert "needs --device cuda" not in line and "use --device host" not in line
+    assert not (tmp_path / "run").exists()

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from .. import checkpoint, distributed
-from ..backends import DEVICES
+from ..backends import DEVICES, no_gpu_reason
 from ..config import Config, load_config
 from ..shipped_configs import shipped_config_names
 from ..data.mnist import SPLIT_COUNTS
@@ -203,6 +203,7 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
     launch = distributed.from_environment()
     if launch is not None:
         distributed.pin_device(launch)
+        check_rank_device(launch, config.device)
     group = None if launch is None else distributed.join(launch, config)
     progress = not args.quiet and sys.stderr.isatty() and (launch is None or launch.rank == 0)
     trainer = Trainer(config, output, resume=resume, progress=progress, group=group, overwrite=args.overwrite)
@@ -212,6 +213,21 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
         raise UsageError(f"{args.resume} is at step {trainer.position.step} and the run asks for "
                          f"{trainer.total_steps} steps: nothing left to train; raise --epochs or --steps")
     return trainer, output
+
+
+def check_rank_device(launch, device: str) -> None:
+    """Ranks train on GPUs only: where the device is host, or this rank has no GPU, UsageError saying that
+    the CPU trains as one process (not "use --device host", which the ranks would refuse in turn)."""
+    if device == "host":
+        problem = "the device is host"
+    else:
+        reason = no_gpu_reason()
+        if reason is None:
+            return
+        problem = f"rank {launch.rank} has no GPU ({reason})"
+    raise UsageError(f"{launch.launcher} started {launch.world_size} ranks, but {problem}: training over several "
+                     f"processes needs one GPU per rank; to train on the CPU, run one process, without "
+                     f"{launch.launcher}, with --device host or auto")
 
 
 def output_folder(args) -> Path:
