@@ -93,3 +93,42 @@ def test_a_launcher_on_a_node_without_a_gpu_is_told_how_to_train_on_the_cpu(tool
     assert line.endswith("to train on the CPU, run one process, without torchrun, with --device host or auto")
     assert "needs --device cuda" not in line and "use --device host" not in line
     assert not (tmp_path / "run").exists()
+
+
+DATA_SETS = {"mnist": (MLP_CONFIG, "MNIST"),
+             "fashion-mnist": (REPO_ROOT / "configs" / "fashion_mnist_cnn.yaml", "Fashion-MNIST"),
+             "cifar10": (REPO_ROOT / "configs" / "cifar10_cnn.yaml", "CIFAR-10")}
+
+
+@pytest.mark.parametrize("config, name", DATA_SETS.values(), ids=DATA_SETS.keys())
+def test_a_data_dir_holding_other_files_is_no_data_set_not_a_download_target(tool, tmp_path, config, name):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "cat.png").write_bytes(b"a photo")
+    finished = tool("train", "--config", config, "--device", "host", "--data-dir", folder, "--output",
+                    tmp_path / "run", "--steps", "1")
+    assert finished.returncode == 2
+    assert finished.stderr.splitlines() == [
+        f"cudnnnet-train: error: no {name} in {folder}: it holds other files ('cat.png', ...) and none of "
+        + {"CIFAR-10": "data_batch_1.bin ... test_batch.bin, cifar-10-batches-bin/ or cifar-10-binary.tar.gz"}.get(
+            name, "train-images-idx3-ubyte(.gz), train-labels-idx1-ubyte(.gz), t10k-images-idx3-ubyte(.gz), "
+                  "t10k-labels-idx1-ubyte(.gz)")
+        + "; give --data-dir (data.dir) the folder that holds them, or an empty folder to download them into"]
+    assert [path.name for path in folder.iterdir()] == ["cat.png"]
+
+
+def test_evaluate_with_a_data_dir_holding_other_files_says_no_mnist_there(tool, tmp_path, checkpoint):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "cat.png").write_bytes(b"a photo")
+    finished = tool("evaluate", "--weights", checkpoint, "--device", "host", "--data-dir", folder)
+    assert finished.returncode == 2
+    assert finished.stderr.startswith(f"cudnnnet-evaluate: error: no MNIST in {folder}: it holds other files")
+
+
+def test_an_empty_data_dir_is_where_mnist_is_downloaded(tool, tmp_path):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    finished = tool("train", "--config", MLP_CONFIG, "--device", "host", "--data-dir", folder, "--output",
+                    tmp_path / "run", "--steps", "1")
+    assert finished.returncode == 2 and "could not download train-images-idx3-ubyte.gz" in finished.stderr  # offline
