@@ -73,7 +73,8 @@ IDX_FAMILIES = {
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
 CIFAR10_ARCHIVE_MD5 = "c32a1d4ab5d03f1284b67883e8d87530"  # the CIFAR-10 page's sum of the binary archive
 CIFAR10_FILES = {"train": tuple(f"data_batch_{index}.bin" for index in range(1, 6)), "test": ("test_batch.bin",)}
-CIFAR10_KNOWN_NAMES = (*CIFAR10_FILES["train"], *CIFAR10_FILES["test"], "cifar-10-batches-bin", "cifar-10-binary.tar.gz")
+CIFAR10_KNOWN_NAMES = (*CIFAR10_FILES["train"], *CIFAR10_FILES["test"], "cifar-10-batches-bin",
+                       "cifar-10-binary.tar.gz")  # what a folder holding CIFAR-10 (or part of it) holds
 CIFAR10_RECORD = 1 + 3 * 32 * 32  # label byte, then 1 024 red, 1 024 green, 1 024 blue bytes
 CIFAR10_BATCH = 10_000  # records in each published file
 MAX_NPZ_BYTES = 1 << 32  # pixels an .npz member may declare
