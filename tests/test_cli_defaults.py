@@ -132,3 +132,36 @@ def test_an_empty_data_dir_is_where_mnist_is_downloaded(tool, tmp_path):
     finished = tool("train", "--config", MLP_CONFIG, "--device", "host", "--data-dir", folder, "--output",
                     tmp_path / "run", "--steps", "1")
     assert finished.returncode == 2 and "could not download train-images-idx3-ubyte.gz" in finished.stderr  # offline
+
+
+def npz_config(folder: Path, batch_size: int) -> Path:
+    """A dense classifier of the ``small_npz`` data set (100 training images of 3×8×8)."""
+    path = folder / "npz.yaml"
+    path.write_text(f"""\
+model:
+  - {{type: dense, name: fc, out_size: 10}}
+  - {{type: softmax, name: softmax}}
+data: {{dataset: npz, train_file: {folder / 'train.npz'}, test_file: {folder / 'test.npz'}}}
+train: {{batch_size: {batch_size}, optimizer: {{lr: 0.1}}}}
+""")
+    return path
+
+
+def test_a_batch_larger_than_the_training_set_is_said(tool, small_npz, caplog):
+    with caplog.at_level("INFO", logger="cudnnnet"):
+        finished = tool("train", "--config", npz_config(small_npz, 64), "--device", "host", "--batch-size", "500",
+                        "--steps", "2", "--output", small_npz / "run")
+    assert finished.returncode == 0, finished.stderr
+    said = [(record.levelname, record.getMessage()) for record in caplog.records]
+    assert ("WARNING", "train.batch_size 500 is larger than the 100 training images: each step trains on all 100, "
+                       "one step per epoch (give --batch-size 50 or less for several steps per epoch)") in said
+    assert any(message.endswith("2 steps of batch 100 (epochs: 2)") for _, message in said), said
+
+
+def test_a_batch_within_the_training_set_is_not_warned_about(tool, small_npz, caplog):
+    with caplog.at_level("INFO", logger="cudnnnet"):
+        finished = tool("train", "--config", npz_config(small_npz, 100), "--device", "host", "--steps", "2",
+                        "--output", small_npz / "run")
+    assert finished.returncode == 0, finished.stderr
+    assert [record for record in caplog.records if record.levelname == "WARNING"] == []
+    assert any(record.getMessage().endswith("2 steps of batch 100 (epochs: 2)") for record in caplog.records)

@@ -209,10 +209,21 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
     trainer = Trainer(config, output, resume=resume, progress=progress, group=group, overwrite=args.overwrite)
     if args.export_original:
         check_exportable(trainer.network, args.export_original)
+    check_batch_size(trainer)
     if trainer.position.step >= trainer.total_steps:
         raise UsageError(f"{args.resume} is at step {trainer.position.step} and the run asks for "
                          f"{trainer.total_steps} steps: nothing left to train; raise --epochs or --steps")
     return trainer, output
+
+
+def check_batch_size(trainer: Trainer) -> None:
+    """A batch larger than the training set is taken (a small folder of one's own images with a shipped
+    config), and said: every step then trains on the whole set, one step an epoch."""
+    batch_size, images = trainer.config.train.batch_size, trainer.loader.num_samples
+    if batch_size > images:
+        log.warning("train.batch_size %d is larger than the %d training images: each step trains on all %d, one "
+                    "step per epoch (give --batch-size %d or less for several steps per epoch)", batch_size, images,
+                    images, max(1, images // 2))
 
 
 def check_rank_device(launch, device: str) -> None:
