@@ -197,6 +197,34 @@ def test_workload_config_is_batch_256_fp32_with_the_graph_setting():
     assert config.engine == "slides" and bench_workloads.workload_config("mlp", "host", None, 1, False, "fast").engine == "fast"
 
 
+def test_math_fp16_trains_the_workloads_in_fp16_with_loss_scaling(tmp_path, capsys, mnist_dir, monkeypatch):
+    maths = []
+    run_epoch = bench_workloads.train_epoch
+    monkeypatch.setattr(bench_workloads, "train_epoch", lambda trainer: maths.append(
+        (trainer.config.math, trainer.loss_scaler is not None)) or run_epoch(trainer))
+    report, out, _ = run_benchmark(tmp_path, capsys, "--only", "mlp", "--limit-images", 300, "--epochs", 1,
+                                   "--data-dir", mnist_dir, "--engines", "fast", "--math", "fp16")
+    assert report["settings"]["math"] == "fp16" and set(maths) == {("fp16", True)}
+    assert [row["workload"] for row in report["table"]] == ["mlp fp16 epoch, eager", "mlp fp16 throughput, eager"]
+    assert report["table"][0]["fast"] > 0 and "mlp fp16 epoch, eager" in out
+
+
+def test_math_fp16_is_judged_against_pytorch_s_autocast_graph_epoch_as_bf16_is():
+    sections = fake_engine_results(10.0, 100.0)
+    torch_results = {"mlp": {"graph": {"epoch_ms": 18.0}, "eager": {"epoch_ms": 40.0}}}
+    for math in ("bf16", "fp16"):
+        rows = {row["workload"]: row for row in bench_report.training_rows(
+            "mlp", {"fast": sections["mlp"], "slides": sections["mlp"]}, torch_results, math)}
+        graph = rows[f"mlp {math} epoch, graph"]
+        assert graph["target_fast"] == graph["target_slides"] == pytest.approx(18.0 / bench_report.BF16_SPEED_UP)
+
+
+def test_pytorch_autocasts_fp16_to_half_and_bf16_to_bfloat16():
+    torch = types.SimpleNamespace(bfloat16="bfloat16", float16="float16")
+    assert [bench_torch.autocast_type(torch, math) for math in ("fp32", "tf32", "bf16", "fp16")] == [
+        None, None, "bfloat16", "float16"]
+
+
 def test_engines_flag_picks_the_columns(capsys):
     parse = benchmark.build_parser().parse_args
     assert benchmark.resolve_settings(parse(["--device", "host"]))["engines"] == ["slides", "fast"]
