@@ -289,3 +289,11 @@ def test_train_and_evaluate_on_an_ascii_terminal_write_names_they_cannot_show_es
     evaluated = cli("evaluate", "--weights", output, "--device", "host", encoding="ascii")
     assert evaluated.returncode == 0, evaluated.stderr
     assert evaluated.stdout.splitlines()[1].split() == ["true\\pred", "\\u72ac", "\\u732b"]
+
+
+def test_file_names_a_shell_glob_passed_as_stray_arguments_are_escaped(cli, tmp_path):
+    """``cudnnnet-train --config c.yaml *``: argparse names the stray arguments, file names among them."""
+    finished = cli("train", "--config", MLP_CONFIG, f"{CLEAR_SCREEN}.png")
+    assert finished.returncode == 2, finished.stderr
+    assert "unrecognized arguments" in finished.stderr
+    assert_shown_escaped(finished)

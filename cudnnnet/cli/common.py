@@ -88,7 +88,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a bad flag is one stderr line (no usage block), as every other error."""
 
     def error(self, message: str):
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def run(main, parser: argparse.ArgumentParser, argv=None) -> int:
