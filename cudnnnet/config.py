@@ -636,7 +636,7 @@ def _channel_numbers(section: _Section, key: str, low: float | None) -> tuple[fl
     return tuple(item.number(str(index), low=low, low_open=low is not None) for index in range(len(values)))
 
 
-def _path(data: _Section, key: str, required: bool, what: str = "a path") -> str | None:
+def _path(data: _Section, key: str, required: bool, what: str = "a file path") -> str | None:
     """A file or folder path: a non-empty string without a NUL byte (which no file system holds), ``~`` expanded
     as a shell would."""
     value = data.get(key, _REQUIRED if required else None, what)
