@@ -643,10 +643,12 @@ def _channel_numbers(section: _Section, key: str, low: float | None) -> tuple[fl
                           0.0 if low is None else FLOAT32_TINY) for index in range(len(values)))
 
 
-def _path(data: _Section, key: str, required: bool) -> str | None:
-    value = data.get(key, _REQUIRED if required else None, "a file path")
-    if value is not None and (not isinstance(value, str) or not value):
-        data.fail(key, f"expected a path (a non-empty string), got {_describe(value)}")
+def _path(data: _Section, key: str, required: bool, what: str = "a file path") -> str | None:
+    """A file or folder path: a non-empty string without a NUL byte (which no file system holds), ``~`` expanded
+    as a shell would."""
+    value = data.get(key, _REQUIRED if required else None, what)
+    if value is not None and (not isinstance(value, str) or not value or "\0" in value):
+        data.fail(key, f"expected {what} (a non-empty string without NUL bytes), got {_describe(value)}")
     return None if value is None else os.path.expanduser(value)
 
 
@@ -737,13 +739,9 @@ DATA_KEYS = ("dataset", "dir", "normalize", "pad", "placement") + IDX_PATH_KEYS 
 def _parse_data(data: _Section) -> DataConfig:
     data.only(DATA_KEYS)
     dataset = data.choice("dataset", DATASETS, "mnist")
-    directory = data.get("dir", None, "a directory path")
-    if directory is not None and (not isinstance(directory, str) or not directory):
-        data.fail("dir", f"expected a directory path (a non-empty string), got {_describe(directory)}")
+    directory = _path(data, "dir", False, "a directory path")
     if dataset == "image-folder" and directory is None:
         data.fail("dir", "missing required key: image-folder reads dir/<class>/<image> (or dir/train/, dir/test/)")
-    if directory is not None:
-        directory = os.path.expanduser(directory)  # "~/data", as a shell would read it
     paths = {key: _path(data, key, dataset == "idx") for key in IDX_PATH_KEYS}
     paths.update({key: _path(data, key, dataset == "npz") for key in NPZ_PATH_KEYS})
     return DataConfig(dataset=dataset, dir=directory,

@@ -410,9 +410,9 @@ class Trainer:
 
     def _run(self) -> dict:
         with self.outputs if self.writes else contextlib.nullcontext(), signals_to(self):
-            log.info("training %s on %s: %d steps of batch %d (%d epochs)%s", self.config.source,
-                     self.backend.device_name, self.total_steps, self.config.train.batch_size, self.total_epochs,
-                     ", each step replayed as a CUDA graph" if self.use_graph else "")
+            log.info("training %s on %s: %d steps of batch %d (epochs: %d)%s", self.config.source,
+                     self.backend.device_name, self.total_steps, min(self.loader.batch_size, self.loader.num_samples),
+                     self.total_epochs, ", each step replayed as a CUDA graph" if self.use_graph else "")
             self.watch.start(self.position.step)
             while self.position.step < self.total_steps and not self.monitor.should_stop:
                 self._run_epoch()

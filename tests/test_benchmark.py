@@ -131,6 +131,18 @@ def test_device_auto_is_the_default_and_asks_the_driver(caplog, monkeypatch, rea
     assert f"running on {'cuda' if device == 'cuda' else 'the host, where ' + bench_settings.HOST_DURATION}" in caplog.text
 
 
+def test_device_auto_without_a_gpu_says_so_without_the_driver_s_complaint(caplog, monkeypatch):
+    """A machine meant to have no GPU is told where it runs, not asked whether its driver is installed."""
+    reason = "libcuda.so.1 cannot be loaded (no such file); is the NVIDIA driver installed?"
+    monkeypatch.setattr(benchmark, "no_gpu_reason", lambda: reason)
+    with caplog.at_level("DEBUG", logger="cudnnnet.benchmark"):
+        benchmark.resolve_settings(benchmark.build_parser().parse_args([]))
+    info = [record.getMessage() for record in caplog.records if record.levelname == "INFO"]
+    assert info[0] == f"--device auto: no GPU found; running on the host, where {bench_settings.HOST_DURATION}"
+    assert not any("driver" in message for message in info)
+    assert reason in caplog.text  # at DEBUG
+
+
 def test_device_cuda_without_a_gpu_is_one_line_before_any_workload_runs(capsys, monkeypatch):
     monkeypatch.setattr(benchmark, "no_gpu_reason", lambda: "libcuda.so.1 cannot be loaded")
     monkeypatch.setattr(bench_original.subprocess, "run", lambda *_, **__: pytest.fail("a workload process started"))
@@ -183,6 +195,34 @@ def test_workload_config_is_batch_256_fp32_with_the_graph_setting():
     assert config.math == "fp32" and config.train.optimizer.momentum == 0.9
     assert bench_workloads.workload_config("cnn", "host", None, 1, graph=True).train.graph is True
     assert config.engine == "slides" and bench_workloads.workload_config("mlp", "host", None, 1, False, "fast").engine == "fast"
+
+
+def test_math_fp16_trains_the_workloads_in_fp16_with_loss_scaling(tmp_path, capsys, mnist_dir, monkeypatch):
+    maths = []
+    run_epoch = bench_workloads.train_epoch
+    monkeypatch.setattr(bench_workloads, "train_epoch", lambda trainer: maths.append(
+        (trainer.config.math, trainer.loss_scaler is not None)) or run_epoch(trainer))
+    report, out, _ = run_benchmark(tmp_path, capsys, "--only", "mlp", "--limit-images", 300, "--epochs", 1,
+                                   "--data-dir", mnist_dir, "--engines", "fast", "--math", "fp16")
+    assert report["settings"]["math"] == "fp16" and set(maths) == {("fp16", True)}
+    assert [row["workload"] for row in report["table"]] == ["mlp fp16 epoch, eager", "mlp fp16 throughput, eager"]
+    assert report["table"][0]["fast"] > 0 and "mlp fp16 epoch, eager" in out
+
+
+def test_math_fp16_is_judged_against_pytorch_s_autocast_graph_epoch_as_bf16_is():
+    sections = fake_engine_results(10.0, 100.0)
+    torch_results = {"mlp": {"graph": {"epoch_ms": 18.0}, "eager": {"epoch_ms": 40.0}}}
+    for math in ("bf16", "fp16"):
+        rows = {row["workload"]: row for row in bench_report.training_rows(
+            "mlp", {"fast": sections["mlp"], "slides": sections["mlp"]}, torch_results, math)}
+        graph = rows[f"mlp {math} epoch, graph"]
+        assert graph["target_fast"] == graph["target_slides"] == pytest.approx(18.0 / bench_report.BF16_SPEED_UP)
+
+
+def test_pytorch_autocasts_fp16_to_half_and_bf16_to_bfloat16():
+    torch = types.SimpleNamespace(bfloat16="bfloat16", float16="float16")
+    assert [bench_torch.autocast_type(torch, math) for math in ("fp32", "tf32", "bf16", "fp16")] == [
+        None, None, "bfloat16", "float16"]
 
 
 def test_engines_flag_picks_the_columns(capsys):

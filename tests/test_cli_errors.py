@@ -747,7 +747,7 @@ def test_device_cuda_without_a_gpu_is_refused_without_fallback(cli, tmp_path, mn
         pytest.skip("a GPU is usable here")
     output = tmp_path / "never"
     finished = cli("train", *train_args(MLP_CONFIG, mnist_dir, output, "--device", "cuda"))
-    assert_one_line_error(finished, "train", 2, r"(no usable NVIDIA GPU|no NVIDIA GPU is visible|pip install)")
+    assert_one_line_error(finished, "train", 2, r"(no GPU \(libcuda\.so\.1 cannot be loaded|no usable NVIDIA GPU|no NVIDIA GPU is visible|pip install)")
     assert "use --device host (or auto) to run on the CPU" in finished.stderr
     assert not output.exists()
 

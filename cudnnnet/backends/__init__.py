@@ -61,6 +61,9 @@ def _create(name: str) -> Backend:
         from .host import HostBackend
 
         return HostBackend()
+    reason = no_gpu_reason(count_devices=False)  # no driver: said before any CUDA library loads (and logs)
+    if reason is not None:
+        raise DeviceUnavailableError(f"no GPU ({reason})")
     try:
         from .cuda import CudaBackend
 
@@ -114,8 +117,9 @@ def gpu_visible() -> bool:
 def _auto() -> Backend:
     if "cuda" not in _instances:
         reason = no_gpu_reason(count_devices=not _driver_starting())
-        if reason is not None:
-            log.info("device auto: no GPU (%s); running on the host", reason)
+        if reason is not None:  # a machine without a GPU is no fault: why, only for those who ask (DEBUG)
+            log.info("device auto: no GPU found; running on the host")
+            log.debug("device auto: no GPU: %s", reason)
             return get_backend("host")
     try:
         backend = get_backend("cuda")

@@ -13,7 +13,7 @@ from ..backends import get_backend
 from ..engine import ENGINES
 from ..errors import CudnnnetError
 from .original import measure_original, uncompiled_packages
-from .settings import (MATHS, MICRO_FASTER_THAN_TORCH, MICRO_SIZE, SLIDES_TARGETS, TARGET_DEVICE, TARGETS,
+from .settings import (HALF_MATHS, MATHS, MICRO_FASTER_THAN_TORCH, MICRO_SIZE, SLIDES_TARGETS, TARGET_DEVICE, TARGETS,
                        TORCH_SPEED_UPS, TRAINING_CONFIGS)
 from .torch_reference import compare_torch
 from .workloads import generated_data, measure
@@ -70,7 +70,7 @@ def _by_engine(sections: dict, *keys) -> dict:
     return {engine: value for engine, value in found.items() if value is not None}
 
 
-BF16_SPEED_UP = 1.5  # math bf16: each engine's epoch target is PyTorch's captured autocast epoch over this
+BF16_SPEED_UP = 1.5  # math bf16 or fp16: each engine's epoch target is PyTorch's captured autocast epoch over this
 
 
 def training_rows(name: str, sections: dict, torch_results, math: str = "fp32") -> list[dict]:
@@ -92,7 +92,7 @@ def training_rows(name: str, sections: dict, torch_results, math: str = "fp32") 
         elif mode == target_mode and math == "fp32":
             targets = {"fast": TARGETS.get(f"{name}_epoch_ms"),
                        "slides": torch_graph or SLIDES_TARGETS.get(f"{name}_epoch_ms")}
-        elif mode == target_mode and math == "bf16" and torch_graph:
+        elif mode == target_mode and math in HALF_MATHS and torch_graph:
             targets = {engine: torch_graph / BF16_SPEED_UP for engine in ENGINES}
         rows.append(_row(f"{label} epoch, {mode}", "ms", epochs, *_in_column(mode, theirs), theirs, targets))
         rate = _get(torch_results, name, mode, "images_per_second")

@@ -191,14 +191,15 @@ class TorchTraining:
         self.augment = augment and TorchAugment(torch, augment["crop_padding"], augment["flip"], images.shape[1:],
                                                 device)
         self.graphs: dict[int, tuple] = {}
-        self.bf16 = config.math == "bf16"  # autocast: bfloat16 matmuls and convolutions, FP32 weights and loss
+        self.autocast = autocast_type(torch, config.math)  # 16-bit matmuls and convolutions, FP32 weights and loss
 
     def step(self, index) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         x = self.images.index_select(0, index)
         if self.augment:
             x = self.augment(x)
-        with self.torch.autocast(self.device, dtype=self.torch.bfloat16, enabled=self.bf16):
+        with self.torch.autocast(self.device, dtype=self.autocast or self.torch.bfloat16,
+                                 enabled=self.autocast is not None):
             outputs = self.model(x)
         self.loss(outputs.float(), self.labels.index_select(0, index)).backward()
         self.optimizer.step()
@@ -222,6 +223,12 @@ class TorchTraining:
             graph, static_index = self.graphs[len(index)]
             static_index.copy_(index)
             graph.replay()
+
+
+def autocast_type(torch, math: str):
+    """The type PyTorch's autocast computes ``math`` in (bf16, fp16), or None for FP32 and TF32. fp16 runs without
+    a GradScaler: its overflow check reads the device back, which no CUDA graph can hold."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(math)
 
 
 def torch_training(torch, name: str, config: Config, epochs: int, limit: int | None, device: str) -> dict:

@@ -3,7 +3,7 @@
     python scripts/benchmark.py [--device auto|cuda|host] [--json FILE] [--compare torch] [--repeat N]
                                 [--epochs N] [--only mlp,cnn,bn_cnn,cifar10,micro,original] [--micro-size N]
                                 [--limit-images N] [--original-runs N] [--data-dir DIR]
-                                [--engines slides,fast] [--math fp32|tf32|bf16] [--gpus N]
+                                [--engines slides,fast] [--math fp32|tf32|bf16|fp16] [--gpus N]
 
 Every workload runs once per engine (``--engines``, both by default: cudnnnet.engine), each in a
 column of its own.
@@ -13,8 +13,9 @@ Workloads (``--only`` picks some; all but bn_cnn and cifar10 by default):
 mlp, cnn, bn_cnn
     configs/mnist_mlp.yaml's and configs/mnist_cnn.yaml's model and optimiser (SGD, momentum 0.9),
     and configs/mnist_bn_cnn.yaml's (BatchNorm, dropout, AdamW; PyTorch's AdamW without the schedule),
-    in ``--math`` (FP32 by default; PyTorch under autocast for bf16, whose epoch targets are
-    PyTorch's captured epoch over 1.5), batch 256, on the full MNIST training set (``--limit-images N``: its first N images, for
+    in ``--math`` (FP32 by default; PyTorch under autocast for bf16 and fp16, whose epoch targets
+    are PyTorch's captured epoch over 1.5; fp16 with our dynamic loss scaling, PyTorch's without),
+    batch 256, on the full MNIST training set (``--limit-images N``: its first N images, for
     smoke tests). One ``Trainer`` per mode, ``train.graph`` true ("graph": each step replays a CUDA
     graph) and false ("eager"); on the host, eager only. ``Trainer.train_epoch`` runs one warm-up
     epoch, then ``--epochs`` timed ones (it synchronises and returns the seconds); reported: the
@@ -110,8 +111,8 @@ from pathlib import Path
 from ..backends import no_gpu_reason
 from ..benchmark.report import build_report, format_table, table_header
 from ..benchmark.scaling import format_scaling, measure_scaling
-from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MATHS,
-                                  MICRO_SIZE, SCALABLE, WORKLOADS)
+from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MICRO_SIZE,
+                                  SCALABLE, WORKLOAD_MATHS, WORKLOADS)
 from ..engine import ENGINES
 from ..errors import DeviceUnavailableError, UsageError
 from ..files import atomic_write
@@ -164,9 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="runs of each original workload (default 3; the median is reported)")
     parser.add_argument("--data-dir", type=path_argument,
                         help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
-    parser.add_argument("--math", choices=MATHS, default="fp32",
-                        help="precision of the mlp and cnn workloads (and PyTorch's: autocast for bf16); the "
-                             "micro-benchmark runs every one (default fp32)")
+    parser.add_argument("--math", choices=WORKLOAD_MATHS, default="fp32",
+                        help="precision of the mlp and cnn workloads (fp16 with dynamic loss scaling; PyTorch's: "
+                             "autocast to bf16 or fp16); the micro-benchmark runs fp32, tf32 and bf16 (default fp32)")
     parser.add_argument("--gpus", type=positive_int, metavar="N",
                         help=f"time {','.join(SCALABLE)} (those --only names) on N GPUs of this host, one "
                              "process per GPU, beside one GPU, and report the scaling")
@@ -188,7 +189,9 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         device = "host" if reason is not None else "cuda"
         log.info("--device auto: %s", "the driver counts a GPU; running on cuda" if reason is None else
-                 f"no GPU ({reason}); running on the host, where {HOST_DURATION}")
+                 f"no GPU found; running on the host, where {HOST_DURATION}")
+        if reason is not None:
+            log.debug("--device auto: no GPU: %s", reason)
     return device
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from .. import __version__
 from ..engine import DEFAULT_ENGINE, ENGINES
 from ..errors import CudnnnetError, DeviceUnavailableError, UsageError
+from ..printable import one_line
 
 log = logging.getLogger("cudnnnet")
 
@@ -50,9 +51,12 @@ def add_engine_argument(parser: argparse.ArgumentParser, default: str | None = D
 
 def path_argument(text: str) -> str:
     """A file or folder named on the command line: not empty (an unset shell variable's ``""`` would
-    be read as the current folder)."""
+    be read as the current folder), and without a NUL byte (no file system holds one; a program calling
+    a tool's ``main`` could pass it)."""
     if not text:
         raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"expected a path without NUL bytes, got {text!r}")
     return text
 
 
@@ -69,17 +73,25 @@ class StderrHandler(logging.StreamHandler):
         """The stream is always the current sys.stderr."""
 
 
+class OneLineFormatter(logging.Formatter):
+    """A log record as one line, whatever the names in its message hold (``one_line``)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
+
+
 def configure_logging(args) -> None:
     level = logging.WARNING if args.quiet else getattr(logging, args.log_level)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", handlers=[StderrHandler()],
-                        force=True)
+    handler = StderrHandler()
+    handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a bad flag is one stderr line (no usage block), as every other error."""
 
     def error(self, message: str):
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def run(main, parser: argparse.ArgumentParser, argv=None) -> int:
@@ -88,8 +100,25 @@ def run(main, parser: argparse.ArgumentParser, argv=None) -> int:
     With ``--debug`` the traceback is printed first; the exit code stays the same.
     """
     args = parser.parse_args(argv)
-    with _logging_configured(args):
+    with _logging_configured(args), _unencodable_escaped():
         return _run_main(main, parser, args)
+
+
+@contextlib.contextmanager
+def _unencodable_escaped():
+    """For the run, a character the terminal's encoding cannot show (a ``猫.png`` on an ASCII terminal) is
+    written as its backslash escape (``\\u732b``) rather than ending the tool with a UnicodeEncodeError;
+    the streams' own handling comes back afterwards."""
+    streams = [(stream, stream.errors) for stream in (sys.stdout, sys.stderr)
+               if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure")]
+    for stream, _ in streams:
+        stream.reconfigure(errors="backslashreplace")
+    try:
+        yield
+    finally:
+        for stream, errors in streams:
+            with contextlib.suppress(OSError, ValueError):  # a stream closed meanwhile keeps its handler
+                stream.reconfigure(errors=errors)
 
 
 @contextlib.contextmanager
@@ -144,6 +173,6 @@ def _os_error_text(error: OSError) -> str:
 def _fail(args, prog: str, error: BaseException, code: int, message: str | None = None) -> int:
     if args.debug:
         traceback.print_exception(error, file=sys.stderr)
-    text = " ".join((message or str(error) or type(error).__name__).split())
+    text = one_line(" ".join((message or str(error) or type(error).__name__).split()))
     print(f"{prog}: error: {text}", file=sys.stderr)
     return code

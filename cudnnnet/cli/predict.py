@@ -16,7 +16,6 @@ import argparse
 import json
 import logging
 import sys
-import unicodedata
 from pathlib import Path
 
 from ..backends import DEVICES, get_backend
@@ -27,6 +26,7 @@ from ..errors import UsageError
 from ..interop import safetensors_file
 from ..network import Network
 from ..outputs import is_output_folder
+from ..printable import one_line
 from ..inference import predict
 from ..training import input_shape, model_mapping
 from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
@@ -89,21 +89,6 @@ def network_of_config(config_path: str, device: str):
         raise UsageError(f"--config {config_path}: its data ({description.data.dataset}) does not say the input shape; "
                          f"add data.shape [channels, height, width] to it")
     return Network.from_spec(model_mapping(description), input_shape(description), get_backend(device)), description
-
-
-def one_line(text: str) -> str:
-    """``text`` as one printable line whatever the file names in it hold: a line break or another control
-    character escaped (``\\n``), and a byte of a name that is not UTF-8 written as ``\\xff`` (Python holds it
-    as a lone surrogate, which a strict UTF-8 output cannot encode)."""
-    return "".join(_escaped(char) for char in text)
-
-
-def _escaped(char: str) -> str:
-    if 0xDC80 <= ord(char) <= 0xDCFF:  # os.fsdecode's stand-in for an undecodable byte
-        return f"\\x{ord(char) - 0xDC00:02x}"
-    if unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp"):
-        return char.encode("unicode_escape").decode("ascii")
-    return char
 
 
 def print_results(results, as_json: bool, top_k: int = 1) -> None:

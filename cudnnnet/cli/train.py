@@ -14,14 +14,15 @@ import sys
 from pathlib import Path
 
 from .. import checkpoint, distributed
-from ..backends import DEVICES
+from ..backends import DEVICES, no_gpu_reason
 from ..config import Config, load_config
 from ..shipped_configs import shipped_config_names
 from ..data.mnist import SPLIT_COUNTS
 from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError, UsageError
 from ..layers import LAYER_TYPES
 from ..network import ModelSizeError, check_model_size
-from ..outputs import checkpoint_to_resume, refuse_replacing
+from ..outputs import checkpoint_to_resume, is_output_folder, refuse_replacing
+from ..printable import one_line
 from ..training import Interrupted, Trainer, class_names, input_shape, model_difference, smallest_input_shape
 from ..live_log import TensorBoardLog, require_tensorboard
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
@@ -65,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY.PATH=VALUE",
                         help="replace one config value, e.g. --set train.optimizer.lr=0.01 --set model.fc1.out_size=800 "
                              "(layers by name or index; the value read as YAML; may be repeated)")
-    parser.add_argument("--output", type=path_argument, help="output directory (default runs/<config name>)")
+    parser.add_argument("--output", type=path_argument,
+                        help="output directory (default: the output folder --resume names, else runs/<config name>)")
     parser.add_argument("--resume", type=path_argument, metavar="CHECKPOINT",
                         help="continue from an output folder (its latest checkpoint) or a model.npz file; with the "
                              "batch size it was trained with")
@@ -208,6 +210,7 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
     launch = distributed.from_environment()
     if launch is not None:
         distributed.pin_device(launch)
+        check_rank_device(launch, config.device)
     group = None if launch is None else distributed.join(launch, config)
     writes = launch is None or launch.rank == 0
     if args.tensorboard:
@@ -217,6 +220,7 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
                       log_lines=not bar and writes)
     if args.export_original:
         check_exportable(trainer.network, args.export_original)
+    check_batch_size(trainer)
     if trainer.position.step >= trainer.total_steps:
         raise UsageError(f"{args.resume} is at step {trainer.position.step} and the run asks for "
                          f"{trainer.total_steps} steps: nothing left to train; raise --epochs or --steps")
@@ -229,9 +233,43 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
     return trainer, output
 
 
+def check_batch_size(trainer: Trainer) -> None:
+    """A batch larger than the training set is taken (a small folder of one's own images with a shipped
+    config), and said: every step then trains on the whole set, one step an epoch."""
+    batch_size, images = trainer.config.train.batch_size, trainer.loader.num_samples
+    if batch_size > images:
+        log.warning("train.batch_size %d is larger than the %d training images: each step trains on all %d, one "
+                    "step per epoch (give --batch-size %d or less for several steps per epoch)", batch_size, images,
+                    images, max(1, images // 2))
+
+
+def check_rank_device(launch, device: str) -> None:
+    """Ranks train on GPUs only: where the device is host, or this rank has no GPU, UsageError saying that
+    the CPU trains as one process (not "use --device host", which the ranks would refuse in turn)."""
+    if device == "host":
+        problem = "the device is host"
+    else:
+        reason = no_gpu_reason()
+        if reason is None:
+            return
+        problem = f"rank {launch.rank} has no GPU ({reason})"
+    raise UsageError(f"{launch.launcher} started {launch.world_size} ranks, but {problem}: training over several "
+                     f"processes needs one GPU per rank; to train on the CPU, run one process, without "
+                     f"{launch.launcher}, with --device host or auto")
+
+
 def output_folder(args) -> Path:
-    """The folder the run writes into: --output, else runs/<config name>."""
-    return Path(args.output or f"runs/{Path(args.config).stem}")
+    """The folder the run writes into: --output; else the output folder --resume names (by itself or by its
+    model.npz), so a resumed run goes on where it was; else runs/<config name>."""
+    if args.output:
+        return Path(args.output)
+    resumed = None if args.resume is None else Path(args.resume)
+    if resumed is not None and resumed.name == "model.npz" and is_output_folder(resumed.parent):
+        resumed = resumed.parent
+    if resumed is not None and resumed.is_dir():
+        log.info("--resume %s without --output: the run goes on in %s", args.resume, resumed)
+        return resumed
+    return Path(f"runs/{Path(args.config).stem}")
 
 
 def main_with_args(args, config_text: dict | None = None, argv: list[str] | None = None) -> int:
@@ -243,7 +281,7 @@ def main_with_args(args, config_text: dict | None = None, argv: list[str] | None
         metrics = trainer.run()
     except Interrupted as interrupted:
         if trainer.writes:
-            print(f"cudnnnet-train: {interrupted}", file=sys.stderr)
+            print(f"cudnnnet-train: {one_line(str(interrupted))}", file=sys.stderr)
         return 128 + interrupted.signum
     if not trainer.writes:
         return 0

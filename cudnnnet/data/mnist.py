@@ -395,6 +395,27 @@ def _find_file(directory: Path, idx_name: str) -> Path | None:
     return None
 
 
+IDX_FILE_NAMES = tuple(name + suffix for names in SPLIT_FILES.values() for name in names for suffix in ("", ".gz"))
+IDX_FILES_SHOWN = ", ".join(f"{name}(.gz)" for names in SPLIT_FILES.values() for name in names)
+
+
+def check_download_target(directory: Path, known_names: Iterable[str], dataset: str, shown: str) -> None:
+    """A folder named for a data set (--data-dir, data.dir, $CUDNNNET_DATA) that holds other files but none of
+    ``known_names`` is not the data set's folder: DataError saying so, rather than downloading the data set into
+    it. An empty folder, or one holding some of the files, is where a download goes. ``shown``: the files,
+    as the message lists them."""
+    if any((directory / name).exists() for name in known_names):
+        return
+    try:
+        other = next((entry.name for entry in directory.iterdir() if not entry.name.startswith(".")), None)
+    except OSError:
+        return  # the download names whatever is wrong with the folder
+    if other is not None:
+        raise DataError(f"no {dataset} in {directory}: it holds other files ({other!r}, ...) and none of {shown}; "
+                        f"give --data-dir (data.dir) the folder that holds them, or an empty folder to download "
+                        f"them into")
+
+
 def _check_split(split: str) -> tuple[str, str]:
     if split not in SPLIT_FILES:
         raise DataError(f"unknown MNIST split {split!r}; valid splits: 'train', 'test'")
@@ -474,7 +495,7 @@ def download_mnist(data_dir: str | os.PathLike | None = None, splits: Iterable[s
 
 def _split_paths(split: str, data_dir, download: bool, mirrors: Iterable[str] | None) -> tuple[Path, Path]:
     idx_names = _check_split(split)
-    directory, _ = resolve_data_dir(data_dir)
+    directory, explicit = resolve_data_dir(data_dir)
     paths = [_find_file(directory, idx_name) if directory.is_dir() else None for idx_name in idx_names]
     missing = [idx_name for idx_name, path in zip(idx_names, paths) if path is None]
     if missing and not download:
@@ -482,6 +503,8 @@ def _split_paths(split: str, data_dir, download: bool, mirrors: Iterable[str] | 
                         + ", ".join(f"{name}(.gz)" for name in missing)
                         + f"; allow download or set {DATA_ENV} to a directory that holds them")
     if missing:
+        if explicit and directory.is_dir():
+            check_download_target(directory, IDX_FILE_NAMES, "MNIST", IDX_FILES_SHOWN)
         try:
             download_mnist(data_dir, splits=(split,), mirrors=mirrors)
         except DataError as error:

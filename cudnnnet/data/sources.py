@@ -75,6 +75,8 @@ IDX_FAMILIES = {
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
 CIFAR10_ARCHIVE_MD5 = "c32a1d4ab5d03f1284b67883e8d87530"  # the CIFAR-10 page's sum of the binary archive
 CIFAR10_FILES = {"train": tuple(f"data_batch_{index}.bin" for index in range(1, 6)), "test": ("test_batch.bin",)}
+CIFAR10_KNOWN_NAMES = (*CIFAR10_FILES["train"], *CIFAR10_FILES["test"], "cifar-10-batches-bin",
+                       "cifar-10-binary.tar.gz")  # what a folder holding CIFAR-10 (or part of it) holds
 CIFAR10_RECORD = 1 + 3 * 32 * 32  # label byte, then 1 024 red, 1 024 green, 1 024 blue bytes
 CIFAR10_BATCH = 10_000  # records in each published file
 MAX_NPZ_BYTES = 1 << 32  # pixels an .npz member may declare
@@ -116,6 +118,8 @@ def _idx_family(data, split: str, download: bool) -> Split:
     for idx_name in (images_name, labels_name):
         path = mnist._find_file(directory, idx_name) if directory.is_dir() else None
         if path is None and download:
+            if data.dir and directory.is_dir():
+                mnist.check_download_target(directory, mnist.IDX_FILE_NAMES, family.name, mnist.IDX_FILES_SHOWN)
             path = _download(f"{idx_name}.gz", directory, family.mirrors, family.gzip_md5[f"{idx_name}.gz"])
         if path is None:
             raise DataError(f"{family.name} {split} file {idx_name}(.gz) missing from {directory}; allow the download "
@@ -336,6 +340,9 @@ def _cifar10(data, split: str, download: bool) -> Split:
     directory = family_dir(data)
     paths = [_cifar_file(directory, name) for name in CIFAR10_FILES[split]]
     if any(path is None for path in paths) and download:
+        if data.dir and directory.is_dir():
+            mnist.check_download_target(directory, CIFAR10_KNOWN_NAMES, "CIFAR-10", "data_batch_1.bin ... "
+                                        "test_batch.bin, cifar-10-batches-bin/ or cifar-10-binary.tar.gz")
         _download_cifar(directory)
         paths = [_cifar_file(directory, name) for name in CIFAR10_FILES[split]]
     missing = [name for name, path in zip(CIFAR10_FILES[split], paths) if path is None]

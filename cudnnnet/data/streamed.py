@@ -176,20 +176,25 @@ def choose_placement(placement: str, backend, images, labels: np.ndarray, alongs
     """
     if placement not in PLACEMENTS:
         raise InvalidArgumentError(f"invalid data placement {placement!r}; valid are {', '.join(PLACEMENTS)}")
-    if placement != "auto":
-        log.info("training data %s: data.placement is %s", _WHERE[placement], placement)
-        return placement
     memory_info = getattr(backend, "memory_info", None)
+    if placement != "auto":
+        log.info("training data %s: data.placement is %s", _where(placement, memory_info), placement)
+        return placement
     if memory_info is None:
-        log.info("training data %s: data.placement auto on the %s backend", _WHERE["device"], backend.name)
+        log.info("training data %s: data.placement auto on the %s backend", _where("device", memory_info),
+                 backend.name)
         return "device"
     needed = FLOAT32_BYTES * (images.size + 2 * labels.size) + alongside_bytes
     free, _ = memory_info()
     chosen = "device" if needed <= DEVICE_SHARE * free else "host"
-    log.info("training data %s: data.placement auto, %.1f MiB %s in half of the %.1f MiB free", _WHERE[chosen],
-             needed / 2**20, "fit" if chosen == "device" else "do not fit", free / 2**20)
+    log.info("training data %s: data.placement auto, %.1f MiB %s in half of the %.1f MiB free",
+             _where(chosen, memory_info), needed / 2**20, "fit" if chosen == "device" else "do not fit", free / 2**20)
     return chosen
 
 
-_WHERE = {"device": "resident in device memory (ResidentData)",
-          "host": "streamed from host memory (StreamedData)"}
+def _where(placement: str, memory_info) -> str:
+    """Where ``placement`` puts the training set, in words; a backend without device memory (``memory_info``
+    None: the host's NumPy) holds a resident set in host memory."""
+    if placement == "host":
+        return "streamed from host memory (StreamedData)"
+    return f"resident in {'device' if memory_info is not None else 'host'} memory (ResidentData)"

@@ -48,9 +48,21 @@ def test_without_a_gpu_auto_is_the_host_before_any_cuda_library_loads(monkeypatc
     monkeypatch.setattr(context, "open_libraries", lambda *_: pytest.fail("auto loaded the CUDA libraries"))
     assert reason in backends.no_gpu_reason()
     assert backends.cuda_available() is False
-    with caplog.at_level("INFO", logger="cudnnnet.backends"):
+    with caplog.at_level("DEBUG", logger="cudnnnet.backends"):
         assert backends.get_backend("auto").name == "host"
-    assert f"device auto: no GPU ({backends.no_gpu_reason()}); running on the host" in caplog.text
+    said = {level: [record.getMessage() for record in caplog.records if record.levelname == level]
+            for level in ("INFO", "DEBUG")}
+    assert said["INFO"] == ["device auto: no GPU found; running on the host"]  # no fault on a machine meant to have none
+    assert said["DEBUG"] == [f"device auto: no GPU: {backends.no_gpu_reason()}"]  # why, for who asks
+
+
+def test_without_a_driver_cuda_is_refused_before_any_cuda_library_loads_or_logs(monkeypatch, caplog):
+    simulated_driver(monkeypatch, load=NO_LIBCUDA)
+    monkeypatch.setattr(context, "open_libraries", lambda *_: pytest.fail("cuda loaded the CUDA libraries"))
+    with caplog.at_level("DEBUG", logger="cudnnnet"), pytest.raises(DeviceUnavailableError) as raised:
+        backends.get_backend("cuda")
+    assert str(raised.value) == f"no GPU ({NO_LIBCUDA})"
+    assert caplog.records == []
 
 
 def test_with_the_driver_starting_on_a_thread_auto_keeps_the_overlap(monkeypatch, caplog):

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from cudnnnet.backends import get_backend
 from cudnnnet.config import load_config, parse_config
 from cudnnnet.data.streamed import StreamedData, choose_placement
 from cudnnnet.errors import DataError, InvalidArgumentError, UsageError
@@ -161,6 +162,16 @@ def test_auto_placement_keeps_the_set_on_the_device_when_it_takes_half_the_free_
     assert "resident in device memory (ResidentData): data.placement auto" in caplog.records[0].getMessage()
     assert "streamed from host memory (StreamedData): data.placement auto" in caplog.records[1].getMessage()
     assert "do not fit in half of the" in caplog.records[1].getMessage()
+
+
+@pytest.mark.parametrize("placement, why", [("auto", "data.placement auto on the host backend"),
+                                             ("device", "data.placement is device")])
+def test_a_set_resident_on_the_host_backend_is_said_to_be_in_host_memory(caplog, placement, why):
+    images, labels = np.zeros((100, 1, 10, 10), np.float32), np.zeros(100, int)
+    with caplog.at_level(logging.INFO, logger="cudnnnet.data.streamed"):
+        assert choose_placement(placement, get_backend("host"), images, labels) == "device"
+    assert [record.getMessage() for record in caplog.records] == [
+        f"training data resident in host memory (ResidentData): {why}"]
 
 
 def test_auto_placement_counts_what_goes_to_the_device_alongside_the_set():
