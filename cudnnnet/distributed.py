@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from .errors import DistributedError, UsageError
+from .printable import one_line
 from .rendezvous import Launch, _seconds, meet
 from .rendezvous import RENDEZVOUS_TIMEOUT, config_digest, from_environment, pin_device  # noqa: F401 (re-exported)
 
@@ -146,7 +147,7 @@ def exit_now(message: str) -> None:
     """What a rank does when another is lost before its communicator exists: say why and exit at once
     (the main thread may be waiting for the lost rank)."""
     log.error("%s; exiting", message)
-    print(f"cudnnnet-train: {message}", file=sys.stderr, flush=True)
+    print(f"cudnnnet-train: {one_line(message)}", file=sys.stderr, flush=True)
     os._exit(1)
 
 
@@ -361,7 +362,7 @@ def _exit_stuck(rank: int, timeout: float, exit_code: int) -> None:
     message = (f"rank {rank}: freeing the NCCL communicator took over {timeout:g} s "
                f"(CUDNNNET_TEARDOWN_TIMEOUT); exiting without waiting for it")
     log.warning(message)
-    print(f"cudnnnet-train: warning: {message}", file=sys.stderr, flush=True)
+    print(f"cudnnnet-train: warning: {one_line(message)}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(exit_code)
 

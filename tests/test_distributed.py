@@ -360,3 +360,12 @@ def test_ranks_that_agreed_to_stop_on_a_signal_are_not_cut_short(monkeypatch, tm
     rank_1.send_signal(signal.SIGTERM)
     assert launcher._wait([rank_0, rank_1]) == 143
     assert rank_0.returncode == 0
+
+
+def test_a_rank_s_last_words_are_one_escaped_line(monkeypatch, capsys):
+    """exit_now prints what ended the rank; a peer's name or reason never reaches the terminal raw."""
+    monkeypatch.setattr(distributed.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    with pytest.raises(SystemExit) as exited:
+        distributed.exit_now("rank 1 said \x1b[2J\nbye")
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == "cudnnnet-train: rank 1 said \\x1b[2J\\nbye\n"
