@@ -319,7 +319,7 @@ def test_device_memory_does_not_grow_over_2000_training_steps(cuda, mnist_dir, t
     run = Trainer(parse_config(settings), tmp_path, progress=False)
     run.data.start_epoch(run.loader.permutation(0))
     last = run.loader.steps_per_epoch - 1  # the epoch's short last batch: buffers and plans of its own
-    for index in list(range(200)) + [last, last]:  # warm up: every buffer, plan and both graphs exist afterwards
+    for index in list(range(200)) + [last]:  # warm up: every buffer, plan and the graph exist afterwards
         run.train_batch(index)
     cuda.synchronize()
     free_before, _ = cuda.memory_info()
@@ -623,26 +623,3 @@ def test_resuming_an_image_folder_run_with_another_resize_is_refused_and_an_old_
     Trainer(_folder_config(tmp_path / "photos", "stretch"), tmp_path / "old-stretched", resume=checkpoint,
             progress=False)
 
-
-@pytest.mark.gpu
-def test_the_epoch_s_short_last_batch_is_replayed_from_a_graph_of_its_own(cuda, mnist_dir, tmp_path):
-    """Three epochs of 2 000 images at batch 300 (six full batches and one of 200 each): the short batch
-    runs eagerly in the first epoch, is captured in the second and replayed in the third, and the
-    weights equal those of the same steps run eagerly."""
-    from cudnnnet.backends.cuda.bindings import calls
-    from cudnnnet.config import parse_config
-
-    weights = {}
-    for graph in (True, False):
-        settings = load_config(REPO_ROOT / "configs" / "mnist_mlp.yaml").to_dict()
-        settings["train"].update(graph=graph, batch_size=300, epochs=3)
-        settings["device"], settings["data"]["dir"], settings["engine"] = "cuda", str(mnist_dir), "fast"
-        run = Trainer(parse_config(settings), tmp_path / str(graph), progress=False, image_limit=2000)
-        calls.clear()
-        run.run()
-        assert sorted(run.graphs) == ([200, 300] if graph else [])
-        if graph:
-            assert calls["cudaGraphLaunch"] == (6 - 1) + (6 + 1) + (6 + 1)  # every step but each size's first
-        weights[graph] = {p.name: p.value.numpy() for p in run.network.parameter_list()}
-    for name, value in weights[False].items():
-        np.testing.assert_allclose(weights[True][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
