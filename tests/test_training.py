@@ -622,4 +622,3 @@ def test_resuming_an_image_folder_run_with_another_resize_is_refused_and_an_old_
         Trainer(_folder_config(tmp_path / "photos", "crop"), tmp_path / "old", resume=checkpoint, progress=False)
     Trainer(_folder_config(tmp_path / "photos", "stretch"), tmp_path / "old-stretched", resume=checkpoint,
             progress=False)
-
