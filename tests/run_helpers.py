@@ -97,3 +97,19 @@ def offline_tools(folder: Path):
             return subprocess.CompletedProcess([script, *arguments], code, stdout.getvalue(), stderr.getvalue())
 
         yield call
+
+
+def interrupted_mlp_checkpoint(path: Path) -> Path:
+    """An untrained configs/mnist_mlp.yaml checkpoint at ``path`` as a run interrupted after 3 steps
+    saves it (weights, SGD's state, the config and the position)."""
+    from cudnnnet.config import load_config
+    from cudnnnet.network import OPTIMIZER_PREFIX
+    from cudnnnet.optim import SGD
+    from cudnnnet.training import build_network
+
+    config = load_config(REPO_ROOT / "configs" / "mnist_mlp.yaml")
+    network = build_network(config, "host")
+    optimizer = SGD(network, config.train.optimizer.lr, config.train.optimizer.momentum)
+    network.save(path, extra_arrays=optimizer.state_arrays(OPTIMIZER_PREFIX), config=config.to_dict(), history=[],
+                 position={"epoch": 0, "batch": 3, "step": 3})
+    return path

@@ -9,11 +9,7 @@ from pathlib import Path
 import pytest
 
 from cudnnnet.checkpoint import load_npz
-from cudnnnet.config import load_config
-from cudnnnet.network import OPTIMIZER_PREFIX
-from cudnnnet.optim import SGD
-from cudnnnet.training import build_network
-from run_helpers import REPO_ROOT, offline_tools
+from run_helpers import REPO_ROOT, interrupted_mlp_checkpoint, offline_tools
 
 MLP_CONFIG = REPO_ROOT / "configs" / "mnist_mlp.yaml"
 
@@ -28,13 +24,7 @@ def tool(tmp_path):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """An MLP checkpoint as a run interrupted after 3 steps saves it."""
-    path = tmp_path_factory.mktemp("checkpoint") / "model.npz"
-    config = load_config(MLP_CONFIG)
-    network = build_network(config, "host")
-    optimizer = SGD(network, config.train.optimizer.lr, config.train.optimizer.momentum)
-    network.save(path, extra_arrays=optimizer.state_arrays(OPTIMIZER_PREFIX), config=config.to_dict(), history=[],
-                 position={"epoch": 0, "batch": 3, "step": 3})
-    return path
+    return interrupted_mlp_checkpoint(tmp_path_factory.mktemp("checkpoint") / "model.npz")
 
 
 def earlier_run(folder: Path, checkpoint: Path) -> Path:

@@ -21,11 +21,8 @@ import yaml
 from PIL import Image
 
 from cudnnnet.checkpoint import load_npz, save_npz
-from cudnnnet.config import load_config
-from cudnnnet.network import OPTIMIZER_PREFIX
-from cudnnnet.optim import SGD
-from cudnnnet.training import Interrupted, Trainer, build_network
-from run_helpers import NO_NETWORK, REPO_ROOT, offline_tools
+from cudnnnet.training import Interrupted, Trainer
+from run_helpers import NO_NETWORK, REPO_ROOT, interrupted_mlp_checkpoint, offline_tools
 
 MLP_CONFIG = REPO_ROOT / "configs" / "mnist_mlp.yaml"
 CLEAR_SCREEN = "\x1b[2J"
@@ -64,13 +61,7 @@ def assert_shown_escaped(finished: subprocess.CompletedProcess) -> None:
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """An untrained MLP checkpoint as an interrupted run saves it (weights, optimiser state, config)."""
-    path = tmp_path_factory.mktemp("checkpoint") / "model.npz"
-    config = load_config(MLP_CONFIG)
-    network = build_network(config, "host")
-    optimizer = SGD(network, config.train.optimizer.lr, config.train.optimizer.momentum)
-    network.save(path, extra_arrays=optimizer.state_arrays(OPTIMIZER_PREFIX), config=config.to_dict(), history=[],
-                 position={"epoch": 0, "batch": 3, "step": 3})
-    return path
+    return interrupted_mlp_checkpoint(tmp_path_factory.mktemp("checkpoint") / "model.npz")
 
 
 def npy_bytes(array: np.ndarray) -> bytes:
