@@ -34,7 +34,7 @@ from .monitoring import AUTO as AUTO_MONITOR, EarlyStoppingConfig, check_monitor
 from .errors import ConfigError, InvalidArgumentError
 from .shipped_configs import resolve_config
 from .suggest import did_you_mean
-from .tensor import FLOAT32_MAX, FLOAT32_TINY
+from .tensor import FLOAT32_MAX, FLOAT32_TINY, float32_rounded
 from .validation import parse_validation
 
 DEVICES = ("auto", "cuda", "host")
@@ -450,7 +450,9 @@ class _Section:
         return int(value)
 
     def number(self, key: str, default: Any = _REQUIRED, low: float | None = None, high: float | None = None,
-               low_open: bool = False, high_open: bool = False) -> float:
+               low_open: bool = False, high_open: bool = False, float32: bool = False) -> float:
+        """A number in the range given; ``float32``: the device keeps it in float32, and float32's
+        rounding of it must be in the range too (1 − 1e-12 is 1 there, 1e-50 is 0)."""
         expected = _range_text("a number", low, high, low_open, high_open)
         if not self.has(key):
             return self.get(key, default, expected)
@@ -465,6 +467,9 @@ class _Section:
             self.fail(key, f"expected {expected}, got {_SHORT_REPR.repr(value)} (not finite)")
         if not _in_range(number, low, high, low_open, high_open):
             self.fail(key, f"expected {expected}, got {_SHORT_REPR.repr(value)}")
+        if float32 and not _in_range(float32_rounded(number), low, high, low_open, high_open):
+            self.fail(key, f"expected {expected}, got {_SHORT_REPR.repr(value)}, which float32 (the device's "
+                           f"arithmetic) rounds to {float32_rounded(number)!r}")
         return number
 
     def choice(self, key: str, choices: tuple[str, ...], default: Any = _REQUIRED) -> str:
@@ -534,7 +539,7 @@ def _pooling(layer: _Section) -> dict:
 
 
 def _dropout(layer: _Section) -> dict:
-    return {"rate": layer.number("rate", 0.5, low=0.0, high=1.0, high_open=True)}
+    return {"rate": layer.number("rate", 0.5, low=0.0, high=1.0, high_open=True, float32=True)}
 
 
 BATCH_NORM_MODES = ("auto", "spatial", "per_activation")
@@ -543,7 +548,7 @@ BATCH_NORM_MODES = ("auto", "spatial", "per_activation")
 def _batchnorm(layer: _Section) -> dict:
     return {
         "mode": layer.choice("mode", BATCH_NORM_MODES, "auto"),
-        "momentum": layer.number("momentum", 0.1, low=0.0, high=1.0, low_open=True),
+        "momentum": layer.number("momentum", 0.1, low=0.0, high=1.0, low_open=True, float32=True),
         "eps": _float32(layer, "eps", layer.number("eps", 1e-5, low=1e-5)),
     }
 
@@ -779,8 +784,8 @@ def _parse_optimizer(optimizer: _Section) -> OptimizerConfig:
         optimizer.fail("nesterov", "nesterov momentum is not supported; remove the key or set it to false")
     return OptimizerConfig(
         name=name,
-        lr=_float32(optimizer, "lr", optimizer.number("lr", low=0.0, low_open=True)),
-        momentum=optimizer.number("momentum", 0.0, low=0.0, high=1.0, high_open=True),
+        lr=_float32(optimizer, "lr", optimizer.number("lr", low=0.0, low_open=True, float32=True)),
+        momentum=optimizer.number("momentum", 0.0, low=0.0, high=1.0, high_open=True, float32=True),
         weight_decay=_float32(optimizer, "weight_decay", optimizer.number("weight_decay", 0.0, low=0.0)),
     )
 
@@ -794,9 +799,9 @@ def _parse_adam(optimizer: _Section, name: str) -> OptimizerConfig:
     pair = _Section({"beta1": betas[0], "beta2": betas[1]}, optimizer.key_path("betas"), optimizer.source)
     return OptimizerConfig(
         name=name,
-        lr=_float32(optimizer, "lr", optimizer.number("lr", low=0.0, low_open=True)),
-        betas=(pair.number("beta1", low=0.0, high=1.0, high_open=True),
-               pair.number("beta2", low=0.0, high=1.0, high_open=True)),
+        lr=_float32(optimizer, "lr", optimizer.number("lr", low=0.0, low_open=True, float32=True)),
+        betas=(pair.number("beta1", low=0.0, high=1.0, high_open=True, float32=True),
+               pair.number("beta2", low=0.0, high=1.0, high_open=True, float32=True)),
         eps=_float32(optimizer, "eps", optimizer.number("eps", 1e-8, low=0.0, low_open=True), FLOAT32_TINY),
         weight_decay=_float32(optimizer, "weight_decay", optimizer.number(
             "weight_decay", ADAMW_WEIGHT_DECAY if name == "adamw" else 0.0, low=0.0)),

@@ -64,7 +64,7 @@ class SGD:
     def __init__(self, network, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  schedule: ScheduleConfig | None = None):
         lr, weight_decay = _learning_rate_and_decay(lr, weight_decay)
-        momentum = finite_real(momentum, "momentum", "in [0, 1)", lambda value: 0 <= value < 1)
+        momentum = finite_real(momentum, "momentum", "in [0, 1)", lambda value: 0 <= value < 1, float32=True)
         self.network = network
         self.lr0, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.schedule = schedule or ScheduleConfig()
@@ -168,7 +168,7 @@ class Adam:
         lr, weight_decay = _learning_rate_and_decay(lr, weight_decay)
         if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
             raise InvalidArgumentError(f"betas must be two numbers in [0, 1), got {betas!r}")
-        betas = tuple(finite_real(beta, f"betas[{index}]", "in [0, 1)", lambda value: 0 <= value < 1)
+        betas = tuple(finite_real(beta, f"betas[{index}]", "in [0, 1)", lambda value: 0 <= value < 1, float32=True)
                       for index, beta in enumerate(betas))
         eps = finite_real(eps, "eps", f"in [{FLOAT32_TINY:g}, {FLOAT32_MAX:g}] (float32's normal numbers)",
                     lambda value: FLOAT32_TINY <= value <= FLOAT32_MAX)
@@ -257,7 +257,7 @@ class Adam:
 def _learning_rate_and_decay(lr, weight_decay) -> tuple[float, float]:
     """Every optimiser's rate (> 0) and weight decay (>= 0), checked by ``_real``."""
     return (finite_real(lr, "learning rate", f"in (0, {FLOAT32_MAX:g}] (float32's range)",
-                  lambda value: 0 < value <= FLOAT32_MAX),
+                  lambda value: 0 < value <= FLOAT32_MAX, float32=True),
             finite_real(weight_decay, "weight decay", f"in [0, {FLOAT32_MAX:g}] (float32's range)",
                   lambda value: 0 <= value <= FLOAT32_MAX))
 

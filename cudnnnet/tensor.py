@@ -198,9 +198,16 @@ class Tensor:
         return backend.from_dlpack(cls, external)
 
 
-def finite_real(value, what: str, valid: str, accepts) -> float:
+def float32_rounded(number: float) -> float:
+    """``number`` as float32 holds it: what the device computes with (±inf past float32's range)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(number))
+
+
+def finite_real(value, what: str, valid: str, accepts, float32: bool = False) -> float:
     """``value`` as a float where it is a finite real number (not a boolean) that ``accepts`` takes,
-    else InvalidArgumentError naming ``what`` and the ``valid`` range."""
+    else InvalidArgumentError naming ``what`` and the ``valid`` range. ``float32``: the device keeps
+    it in float32, whose rounding of it ``accepts`` must take too (1 − 1e-12 is 1 there, 1e-50 is 0)."""
     number = math.nan
     if not isinstance(value, bool) and isinstance(value, numbers.Real):
         try:
@@ -209,4 +216,8 @@ def finite_real(value, what: str, valid: str, accepts) -> float:
             number = math.inf
     if not math.isfinite(number) or not accepts(number):
         raise InvalidArgumentError(f"{what} must be a finite number {valid}, got {value!r}")
+    rounded = float32_rounded(number)
+    if float32 and not accepts(rounded):
+        raise InvalidArgumentError(f"{what} must be a finite number {valid}, got {value!r}, which float32 (the "
+                                   f"device's arithmetic) rounds to {rounded!r}")
     return number

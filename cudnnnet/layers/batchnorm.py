@@ -23,7 +23,7 @@ import numbers
 
 from ..backends.base import BATCH_NORM_MODES, BatchNormMode
 from ..errors import CheckpointError, InvalidArgumentError
-from ..tensor import FLOAT32_MAX, Tensor, finite_real
+from ..tensor import FLOAT32_MAX, Tensor, finite_real, float32_rounded
 from .base import Layer, Parameter
 
 MODES = ("auto", *BATCH_NORM_MODES)  # auto: spatial on planes (h·w > 1), per activation on vectors
@@ -38,6 +38,9 @@ class BatchNorm(Layer):
                                        f"valid modes are {', '.join(MODES)}")
         if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0 < momentum <= 1:
             raise InvalidArgumentError(f"layer {name!r}: momentum must be a number in (0, 1], got {momentum!r}")
+        if float32_rounded(momentum) == 0:
+            raise InvalidArgumentError(f"layer {name!r}: momentum must be a number in (0, 1], got {momentum!r}, which "
+                                       f"float32 (the device's arithmetic) rounds to 0")
         eps = finite_real(eps, f"layer {name!r}: eps", f"in [{MIN_EPS:g}, {FLOAT32_MAX:g}] (cuDNN's minimum, float32's "
                           f"largest number)", lambda value: MIN_EPS <= value <= FLOAT32_MAX)
         self.mode, self.momentum, self.eps = mode, float(momentum), eps

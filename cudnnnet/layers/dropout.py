@@ -21,7 +21,7 @@ import numbers
 from collections.abc import Iterable
 
 from ..errors import InvalidArgumentError
-from ..tensor import Tensor
+from ..tensor import Tensor, float32_rounded
 from .base import Layer
 
 SEED_LIMIT = 2**63  # the layer's seed is drawn below this (cuDNN takes an unsigned 64-bit seed)
@@ -32,6 +32,9 @@ class Dropout(Layer):
         super().__init__(name)
         if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0 <= rate < 1:
             raise InvalidArgumentError(f"layer {name!r}: rate must be a number in [0, 1), got {rate!r}")
+        if float32_rounded(rate) >= 1:
+            raise InvalidArgumentError(f"layer {name!r}: rate must be a number in [0, 1), got {rate!r}, which float32 "
+                                       f"(the device's arithmetic) rounds to 1")
         self.rate = float(rate)
         self.seed = None
         self.state = None  # the backend's dropout state: rate and random-number generator
