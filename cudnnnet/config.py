@@ -11,7 +11,6 @@ the file, the key path (``model[2].out_size``, ``train.optimizer.lr``) and what 
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 import os
 import re
@@ -31,7 +30,8 @@ from .data.streamed import PLACEMENTS
 from .config_file import MAX_INTEGER, MAX_LAYERS, read_yaml
 from .engine import DEFAULT_ENGINE, ENGINES
 from .monitoring import AUTO as AUTO_MONITOR, EarlyStoppingConfig, check_monitor, parse_early_stopping, parse_monitor
-from .errors import ConfigError, InvalidArgumentError
+from .errors import ConfigError
+from .schedules import SCHEDULES, ScheduleConfig
 from .shipped_configs import resolve_config
 from .suggest import did_you_mean
 from .tensor import FLOAT32_MAX, FLOAT32_TINY, float32_rounded
@@ -44,7 +44,6 @@ POOLING_MODES = ("max", "average")
 LOSS_LAYERS = ("softmax", "mse")
 DATASETS = ("mnist", "fashion-mnist", "kmnist", "idx", "npz", "cifar10", "image-folder")  # data/sources.py
 OPTIMIZERS = ("sgd", "adam", "adamw")
-SCHEDULES = ("constant", "inverse", "step", "cosine")
 LAYER_NAME_LENGTH = 128  # within a zip member name and a file name (NAME_MAX 255) with a suffix
 LAYER_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{LAYER_NAME_LENGTH}}}")
 TOP_LEVEL_KEYS = ("model", "data", "train", "device", "math", "engine")  # a config file's sections
@@ -181,73 +180,6 @@ class OptimizerConfig:
             return {"name": self.name, "lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
         return {"name": self.name, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
                 "weight_decay": self.weight_decay}
-
-
-@dataclass(frozen=True)
-class ScheduleConfig:
-    """constant; inverse: lr0 / (1 + decay·step); step: lr0 · gamma^(epoch // step_size);
-    cosine: lr0 · ½(1 + cos(π·step / total_steps)), annealing to 0 over the run's planned steps.
-
-    Any of them with ``warmup_steps`` = W > 0 is multiplied by (step + 1) / W for step < W: a
-    linear warm-up from lr/W at the first step to the schedule's own rate at step W."""
-
-    name: str = "constant"
-    decay: float | None = None
-    step_size: int | None = None
-    gamma: float | None = None
-    warmup_steps: int = 0
-
-    def __post_init__(self):
-        """Refuse (InvalidArgumentError) what no schedule computes from: config files are checked by
-        ``parse_config`` first, this catches a ScheduleConfig made in Python."""
-        if self.name not in SCHEDULES:
-            raise InvalidArgumentError(f"unknown schedule {self.name!r}; valid are {', '.join(SCHEDULES)}")
-        if not _whole(self.warmup_steps, 0):
-            raise InvalidArgumentError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
-        if self.name == "inverse" and not _real_at_least(self.decay, 0.0):
-            raise InvalidArgumentError(f"the inverse schedule needs decay, a finite number >= 0, got {self.decay!r}")
-        if self.name == "step" and not (_whole(self.step_size, 1) and _real_at_least(self.gamma, 0.0)
-                                        and 0 < self.gamma <= 1):
-            raise InvalidArgumentError(f"the step schedule needs step_size, an integer >= 1, and gamma in (0, 1], got "
-                                       f"{self.step_size!r} and {self.gamma!r}")
-
-    def learning_rate(self, base_lr: float, step: int, epoch: int, total_steps: int | None = None) -> float:
-        """The learning rate at global ``step`` (from 0) during ``epoch`` (from 0) of a run of ``total_steps``."""
-        rate = self._scheduled_rate(base_lr, step, epoch, total_steps)
-        if step < self.warmup_steps:
-            rate *= (step + 1) / self.warmup_steps
-        return rate
-
-    def _scheduled_rate(self, base_lr: float, step: int, epoch: int, total_steps: int | None) -> float:
-        """The schedule's rate before any warm-up."""
-        if self.name == "cosine":
-            if not total_steps:
-                raise ValueError("the cosine schedule needs the run's total_steps")
-            return base_lr * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
-        if self.name == "inverse":
-            return base_lr / (1.0 + self.decay * step)
-        if self.name == "step":
-            return base_lr * self.gamma ** (epoch // self.step_size)
-        return base_lr
-
-    def to_dict(self) -> dict:
-        return _without_none({"name": self.name, "decay": self.decay, "step_size": self.step_size,
-                              "gamma": self.gamma, "warmup_steps": self.warmup_steps or None})
-
-
-def _whole(value, least: int) -> bool:
-    """Whether ``value`` is an integer (not a boolean) >= ``least``."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
-
-
-def _real_at_least(value, least: float) -> bool:
-    """Whether ``value`` is a finite real number (not a boolean) >= ``least``."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        return False
-    try:
-        return isfinite(value) and value >= least
-    except OverflowError:  # an integer beyond any float
-        return False
 
 
 LOSS_SCALE_INITIAL = 65536.0  # 2^16, the loss scale a math: fp16 run starts from

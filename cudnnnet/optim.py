@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import OptimizerConfig, ScheduleConfig
+from .config import OptimizerConfig
+from .schedules import ScheduleConfig
 from .config_file import MAX_INTEGER
 from .errors import CheckpointError, InvalidArgumentError, ShapeError
 from .tensor import FLOAT32_MAX, FLOAT32_TINY, Tensor, finite_real, float32_values
