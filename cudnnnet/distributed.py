@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from .errors import DistributedError, UsageError
+from .errors import UsageError
 from .printable import one_line
 from .rendezvous import Launch, _seconds, meet
 from .rendezvous import RENDEZVOUS_TIMEOUT, config_digest, from_environment, pin_device  # noqa: F401 (re-exported)
