@@ -198,11 +198,18 @@ def check_class_scores(network: Network, classes, config) -> None:
     if len(classes) < 2:
         raise ConfigError(f"{config.source}: the data has {len(classes)} class ({', '.join(classes)}); a classifier "
                           f"needs at least 2 (for image-folder, one sub-folder per class)")
-    scores = network.output_shapes(network.input_shape)[-1]
-    if tuple(scores) != (len(classes), 1, 1):
+    check_ends_in_class_scores(config, network.output_shapes(network.input_shape)[-1], classes,
+                               f"the data has {len(classes)} classes, so it needs")
+
+
+def check_ends_in_class_scores(config, shape, classes, whose: str) -> None:
+    """ConfigError unless a model whose last layer gives ``shape`` per image gives one score per class,
+    shape (classes, 1, 1): the rule the command line checks from the config and the Trainer from the data.
+    ``whose``: who needs them, as the message says it ("mnist needs", "the data has 3 classes, so it needs")."""
+    if tuple(shape) != (len(classes), 1, 1):
         raise ConfigError(f"{config.source}: model[{len(config.model) - 1}]: the model ends in outputs of shape "
-                          f"{tuple(scores)} per image; the data has {len(classes)} classes, so it needs shape "
-                          f"({len(classes)}, 1, 1) (a last dense layer with out_size {len(classes)})")
+                          f"{tuple(shape)} per image; {whose} {len(classes)} class scores, shape ({len(classes)}, 1, 1) "
+                          f"(a last dense layer with out_size {len(classes)})")
 
 
 def check_batch_statistics(network: Network, batch_size: int, samples: int, config) -> None:

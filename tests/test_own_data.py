@@ -163,7 +163,7 @@ def test_a_model_without_one_score_per_class_folder_is_named_with_exit_2(tmp_pat
     root = small_folder(tmp_path / "photos", classes=("a", "b", "c"))
     finished = train_folder(root, tmp_path / "run")
     assert finished.returncode == 2
-    assert "the data has 3 classes, so it needs shape (3, 1, 1) (a last dense layer with out_size 3)" in finished.stderr
+    assert "the data has 3 classes, so it needs 3 class scores, shape (3, 1, 1) (a last dense layer with out_size 3)" in finished.stderr
 
 
 def test_evaluate_takes_a_model_of_other_than_ten_classes(tmp_path):

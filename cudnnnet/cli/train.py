@@ -23,7 +23,8 @@ from ..layers import LAYER_TYPES
 from ..network import ModelSizeError, check_model_size
 from ..outputs import checkpoint_to_resume, is_output_folder, refuse_replacing
 from ..printable import one_line
-from ..training import Interrupted, Trainer, class_names, input_shape, model_difference, smallest_input_shape
+from ..training import (Interrupted, Trainer, check_ends_in_class_scores, class_names, input_shape, model_difference,
+                        smallest_input_shape)
 from ..live_log import TensorBoardLog, require_tensorboard
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from ..launcher import spawn_ranks
@@ -105,11 +106,8 @@ def check_model(config: Config) -> None:
         except (ShapeError, InvalidArgumentError) as error:
             raise ConfigError(f"{config.source}: {_model_key(config, index)}: {error}") from None
     classes = class_names(config)
-    if classes is not None and shape != (len(classes), 1, 1):
-        last = len(config.model) - 1
-        raise ConfigError(f"{config.source}: model[{last}]: the model ends in outputs of shape {shape} per image; "
-                          f"{config.data.dataset} needs {len(classes)} class scores, shape ({len(classes)}, 1, 1) "
-                          f"(a last dense layer with out_size {len(classes)})")
+    if classes is not None:
+        check_ends_in_class_scores(config, shape, classes, f"{config.data.dataset} needs")
     check_size(config)
 
 
