@@ -1,0 +1,204 @@
+"""What a training needs before its first step, for the Trainer and the command line alike: the
+input shape, the network built from a config, the data (its splits, classes and validation share)
+and the checks of model against data; and what tells two models apart on resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from .config import COMPUTED, Config
+from .data.image_folder import class_names as folder_classes
+from .data.pixels import PixelImages, as_channels, channel_statistics
+from .data.sources import class_names, load_source
+from .errors import ConfigError, DataError
+from .files import atomic_write
+from .layers import BatchNorm
+from .network import Network
+from .validation import check_labels as check_validation_labels, hold_out
+
+log = logging.getLogger(__name__)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    with atomic_write(path) as file:
+        file.write(text.encode("utf-8"))
+
+
+KNOWN_SHAPES = {"mnist": (1, 28, 28), "fashion-mnist": (1, 28, 28), "kmnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+
+
+def input_shape(config) -> tuple[int, int, int] | None:
+    """The (C, H, W) of one input sample of ``config`` (a Config or a ModelDescription); None where
+    only the data can say (an npz, idx or image-folder set whose shape was not yet read)."""
+    data = config.data
+    shape = data.shape or KNOWN_SHAPES.get(data.dataset)
+    if shape is None and data.dataset == "image-folder" and data.image_size and data.channels != "auto":
+        shape = (data.channels, *data.image_size)
+    if shape is None:
+        return None
+    return (shape[0], shape[1] + 2 * data.pad, shape[2] + 2 * data.pad)
+
+
+def smallest_input_shape(config) -> tuple[int, int, int] | None:
+    """``input_shape``, or where only the images' channels are unknown (an image folder with an image_size
+    and channels auto) its one-channel shape, which every tensor of the model is at least as large for."""
+    data = config.data
+    if data.dataset == "image-folder" and data.image_size and data.channels == "auto" and not data.shape:
+        return (1, data.image_size[0] + 2 * data.pad, data.image_size[1] + 2 * data.pad)
+    return input_shape(config)
+
+
+def model_mapping(config) -> list[dict]:
+    """``config``'s layers (a Config or a ModelDescription) as Network.from_spec takes them."""
+    return [{"type": spec.type, "name": spec.name, **spec.params} for spec in config.model]
+
+
+def build_network(config: Config, backend) -> Network:
+    return Network.from_spec(model_mapping(config), input_shape(config), backend, seed=config.train.seed)
+
+
+def load_split(config: Config, split: str, download: bool = True):
+    """(images float32 (N, C, H, W), labels int64 (N,)) of ``split`` as ``config`` prepares them."""
+    images, labels = load_split_pixels(config, split, download)
+    return images.floats, labels
+
+
+def load_split_pixels(config: Config, split: str, download: bool = True):
+    """(PixelImages, labels int64 (N,)): ``load_split`` with the float conversion left to whoever
+    needs the floats (a resident set is converted on the device). A ``computed`` normalisation is
+    the training split's per-channel mean and std."""
+    loaded = load_source(config.data, split, download)
+    normalize = config.data.normalize
+    if normalize == COMPUTED:
+        train = loaded if split == "train" else load_source(config.data, "train", download)
+        normalize = channel_statistics(train.pixels)
+    return PixelImages(loaded.pixels, normalize, config.data.pad), loaded.labels
+
+
+def data_classes(config: Config, train_labels: np.ndarray) -> tuple[str, ...]:
+    """The class names: the config's or the named data set's, an image folder's sub-folders, else
+    "0" .. "K-1" for the training labels 0..K-1."""
+    named = class_names(config)
+    if named:
+        return tuple(named)
+    if config.data.dataset == "image-folder":
+        root = Path(config.data.dir)
+        return folder_classes(root / "train" if (root / "train").is_dir() and (root / "test").is_dir() else root)
+    return tuple(str(index) for index in range(int(train_labels.max()) + 1))
+
+
+def _check_labels_name_classes(labels: np.ndarray, split: str, classes: tuple[str, ...], config: Config) -> None:
+    """DataError naming the first label of ``split`` that is no class's: at least len(classes)."""
+    outside = np.flatnonzero(labels >= len(classes))
+    if outside.size:
+        index = int(outside[0])
+        named = "data.classes names" if config.data.classes else "the training split's labels make"
+        raise DataError(f"the {split} split has label {int(labels[index])} at index {index}; {named} {len(classes)} "
+                        f"classes (labels 0..{len(classes) - 1})")
+
+
+def load_data(config: Config, download: bool = True):
+    """(config with data.classes, data.shape and a computed normalisation filled in,
+    (train PixelImages, labels), (test PixelImages, labels), (validation PixelImages, labels) or None);
+    each split read by ``load_split_pixels``, the validation set held out of the training split or read
+    (``validation.hold_out``) before a normalisation is computed from it."""
+    data = config.data
+    as_read = config if data.normalize != COMPUTED else dataclasses.replace(
+        config, data=dataclasses.replace(data, normalize=None))
+    train, train_labels = load_split_pixels(as_read, "train", download)
+    train_pixels, train_labels, held_pixels, held_labels = hold_out(data, train.pixels, train_labels)
+    train = PixelImages(train_pixels, train.normalize, train.pad)
+    as_trained = dataclasses.replace(as_read, data=dataclasses.replace(
+        as_read.data, shape=tuple(as_channels(train.pixels).shape[1:])))  # a test/ folder's channels: auto, as trained
+    test, test_labels = load_split_pixels(as_trained, "test", download)
+    classes = data_classes(config, train_labels)
+    for split, labels in (("training", train_labels), ("test", test_labels)):
+        _check_labels_name_classes(labels, split, classes, config)
+    if held_labels is not None:
+        check_validation_labels(held_labels, classes)
+    if as_channels(test.pixels).shape[1:] != as_channels(train.pixels).shape[1:]:
+        raise DataError(f"the test images are {as_channels(test.pixels).shape[1:]} (C, H, W), the training images "
+                        f"{as_channels(train.pixels).shape[1:]}; both need one shape (image folders: set "
+                        f"data.image_size)")
+    normalize = data.normalize
+    if normalize == COMPUTED:
+        normalize = channel_statistics(train.pixels)
+        log.info("per-channel mean %s, std %s from the training set", normalize[0], normalize[1])
+        train, test = PixelImages(train.pixels, normalize, data.pad), PixelImages(test.pixels, normalize, data.pad)
+    resolved = dataclasses.replace(data, classes=classes, shape=tuple(as_channels(train.pixels).shape[1:]),
+                                   normalize=normalize)
+    validation = None if held_labels is None else (PixelImages(held_pixels, normalize, data.pad), held_labels)
+    return dataclasses.replace(config, data=resolved), (train, train_labels), (test, test_labels), validation
+
+
+def local_splits(config: Config):
+    """``load_data`` where both splits are on disk and read without error, else None (the caller
+    then loads them, downloading or raising as load_data does)."""
+    try:
+        return load_data(config, download=False)
+    except DataError:
+        return None
+
+
+def check_class_scores(network: Network, classes, config) -> None:
+    """ConfigError unless there are two classes or more and the network gives one score per class,
+    shape (classes, 1, 1)."""
+    if len(classes) < 2:
+        raise ConfigError(f"{config.source}: the data has {len(classes)} class ({', '.join(classes)}); a classifier "
+                          f"needs at least 2 (for image-folder, one sub-folder per class)")
+    check_ends_in_class_scores(config, network.output_shapes(network.input_shape)[-1], classes,
+                               f"the data has {len(classes)} classes, so it needs")
+
+
+def check_ends_in_class_scores(config, shape, classes, whose: str) -> None:
+    """ConfigError unless a model whose last layer gives ``shape`` per image gives one score per class,
+    shape (classes, 1, 1): the rule the command line checks from the config and the Trainer from the data.
+    ``whose``: who needs them, as the message says it ("mnist needs", "the data has 3 classes, so it needs")."""
+    if tuple(shape) != (len(classes), 1, 1):
+        raise ConfigError(f"{config.source}: model[{len(config.model) - 1}]: the model ends in outputs of shape "
+                          f"{tuple(shape)} per image; {whose} {len(classes)} class scores, shape ({len(classes)}, 1, 1) "
+                          f"(a last dense layer with out_size {len(classes)})")
+
+
+def check_batch_statistics(network: Network, batch_size: int, samples: int, config) -> None:
+    """ConfigError where a BatchNorm layer would take a statistic over one value in training: a batch
+    of one image (the full batch, or the epoch's last one of ``samples`` images) through a BatchNorm
+    per activation, or over 1×1 planes."""
+    last = samples % batch_size or batch_size
+    for index, layer in enumerate(network.layers):
+        if not isinstance(layer, BatchNorm):
+            continue
+        for batch in sorted({min(batch_size, samples), last}):
+            if layer.values_per_statistic(batch) > 1:
+                continue
+            where = ("train.batch_size is 1" if batch == batch_size else
+                     f"the epoch's last batch holds 1 of its {samples} training images")
+            raise ConfigError(f"{config.source}: model[{index}] (batchnorm {layer.name!r}): {where}, and batch "
+                              f"normalisation over one value per statistic outputs β alone (no gradient reaches the "
+                              f"layers before it) and has no variance to estimate; choose a train.batch_size that "
+                              f"leaves at least 2 images in every batch")
+
+
+
+
+def model_difference(saved: list, wanted: list) -> str | None:
+    """How the layers ``saved`` in a checkpoint's config differ from those ``wanted`` (each a
+    ``LayerSpec.to_dict()``): the first layer that differs, or the counts; None where they are the same."""
+    for index, (theirs, ours) in enumerate(zip(saved, wanted)):
+        if theirs != ours:
+            return f"model[{index}] is {_layer_text(theirs)} in the checkpoint, {_layer_text(ours)} in the config"
+    if len(saved) != len(wanted):
+        return f"{len(saved)} layers in the checkpoint, {len(wanted)} in the config"
+    return None
+
+
+def _layer_text(layer) -> str:
+    if not isinstance(layer, dict):
+        return repr(layer)
+    params = ", ".join(f"{key}={value!r}" for key, value in layer.items() if key not in ("type", "name"))
+    return f"{layer.get('type')} {layer.get('name')!r}" + (f" ({params})" if params else "")
