@@ -14,6 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
+from .backend_lookup import backend_named
 from .errors import InvalidArgumentError, ShapeError, TensorSizeError
 
 
@@ -65,9 +66,7 @@ def float32_values(values, what: str = "Tensor.from_numpy") -> np.ndarray:
 
 
 def _resolve(backend):
-    from .backends import get_backend
-
-    return get_backend(backend) if backend is None or isinstance(backend, str) else backend
+    return backend_named(backend) if backend is None or isinstance(backend, str) else backend
 
 
 class Tensor:

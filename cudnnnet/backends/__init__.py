@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+from .. import backend_lookup
 from ..errors import DeviceError, DeviceUnavailableError, UsageError
 from .base import Backend
 
@@ -39,6 +40,9 @@ def get_backend(name: "str | Backend | None" = "host") -> Backend:
     if name not in _instances:
         _instances[name] = _create(name)
     return _instances[name]
+
+
+backend_lookup.register(get_backend)
 
 
 def warm_up(name: "str | Backend | None") -> None:
