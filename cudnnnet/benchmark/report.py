@@ -44,24 +44,32 @@ def _get(mapping, *keys):
     return mapping
 
 
-def _row(workload: str, unit: str, ours: dict, torch_eager=None, torch_graph=None, ratio_of=None,
-         targets: dict | None = None) -> dict:
-    """One table row: ``ours`` and ``targets`` by engine name."""
+TIME_UNITS = ("ms", "s")  # rows whose ratios compare PyTorch's time with ours
+
+
+def _row(workload: str, unit: str, ours: dict, theirs: dict | None = None, targets: dict | None = None) -> dict:
+    """One table row: ``ours`` and ``targets`` by engine name, ``theirs`` PyTorch's cells by column
+    (torch_eager or torch_graph). A row of times has ratios: PyTorch's time over each engine's."""
     row = {"workload": workload, "unit": unit}
     row.update({engine: ours.get(engine) for engine in ENGINES})
-    row.update(torch_eager=torch_eager, torch_graph=torch_graph)
+    row.update(torch_eager=None, torch_graph=None)
+    row.update(theirs or {})
+    reference = row["torch_graph"] if row["torch_graph"] is not None else row["torch_eager"]
     for engine in ENGINES:
-        value = ours.get(engine)
-        row[f"ratio_{engine}"] = ratio_of / value if ratio_of is not None and value else None
+        row[f"ratio_{engine}"] = _ratio(reference, ours.get(engine)) if unit in TIME_UNITS else None
     for engine in ENGINES:
         row[f"target_{engine}"] = (targets or {}).get(engine)
         row[f"status_{engine}"] = None
     return row
 
 
-def _in_column(mode: str, value) -> tuple:
-    """(torch eager, torch graph) cells holding ``value`` in ``mode``'s column."""
-    return (None, value) if mode == "graph" else (value, None)
+def _ratio(theirs, ours):
+    return theirs / ours if theirs is not None and ours else None
+
+
+def _in_column(mode: str, value) -> dict:
+    """PyTorch's cells holding ``value`` in ``mode``'s column."""
+    return {f"torch_{mode}": value}
 
 
 def _by_engine(sections: dict, *keys) -> dict:
@@ -94,10 +102,10 @@ def training_rows(name: str, sections: dict, torch_results, math: str = "fp32") 
                        "slides": torch_graph or SLIDES_TARGETS.get(f"{name}_epoch_ms")}
         elif mode == target_mode and math in HALF_MATHS and torch_graph:
             targets = {engine: torch_graph / BF16_SPEED_UP for engine in ENGINES}
-        rows.append(_row(f"{label} epoch, {mode}", "ms", epochs, *_in_column(mode, theirs), theirs, targets))
+        rows.append(_row(f"{label} epoch, {mode}", "ms", epochs, _in_column(mode, theirs), targets))
         rate = _get(torch_results, name, mode, "images_per_second")
         rows.append(_row(f"{label} throughput, {mode}", "img/s", _by_engine(sections, mode, "images_per_second"),
-                         *_in_column(mode, rate)))
+                         _in_column(mode, rate)))
         memory = _by_engine(sections, mode, "peak_memory_mib")
         if memory:
             rows.append(_row(f"{label} peak memory, {mode}", "MiB", memory))
@@ -122,8 +130,7 @@ def micro_rows(sections: dict, torch_results) -> list[dict]:
             if mode == target_mode:
                 target = TARGETS[f"micro_{math}_ms"]
                 targets = {"fast": min(target, theirs) if theirs and math in MICRO_FASTER_THAN_TORCH else target}
-            rows.append(_row(f"micro {math} step ({size}), {mode}", "ms", steps, *_in_column(mode, theirs), theirs,
-                             targets))
+            rows.append(_row(f"micro {math} step ({size}), {mode}", "ms", steps, _in_column(mode, theirs), targets))
     return rows
 
 
@@ -183,10 +190,6 @@ def _cell(value, unit: str | None = None) -> str:
     return f"{value:,.2f}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
-COLUMNS = ("workload", "unit", *ENGINES, "torch eager", "torch graph", *(f"torch/{engine}" for engine in ENGINES),
-           *(f"{engine} target" for engine in ENGINES), f"status ({'/'.join(ENGINES)})")
-
-
 def _target_cell(target) -> str:
     return "-" if target is None else f"<= {target:g}"
 
@@ -196,16 +199,26 @@ def _status_cell(row: dict) -> str:
     return "-" if not any(statuses) else "/".join(status or "-" for status in statuses)
 
 
+def _value_column(heading: str, key: str, unit: str | None = None) -> tuple:
+    """(heading, the cell of a row): the row's ``key`` in the row's unit, or in ``unit``."""
+    return heading, lambda row: _cell(row[key], unit or row["unit"])
+
+
+COLUMNS = (
+    ("workload", lambda row: row["workload"]), ("unit", lambda row: row["unit"]),
+    *(_value_column(engine, engine) for engine in ENGINES),
+    _value_column("torch eager", "torch_eager"), _value_column("torch graph", "torch_graph"),
+    *(_value_column(f"torch/{engine}", f"ratio_{engine}", "ratio") for engine in ENGINES),
+    *((f"{engine} target", lambda row, engine=engine: _target_cell(row[f"target_{engine}"])) for engine in ENGINES),
+    (f"status ({'/'.join(ENGINES)})", _status_cell),
+)
+LEFT_ALIGNED = 2  # the workload and unit columns; the others are right-aligned
+
+
 def format_table(rows: list[dict], header: str) -> str:
-    cells = [COLUMNS] + [
-        (row["workload"], row["unit"], *(_cell(row[engine], row["unit"]) for engine in ENGINES),
-         _cell(row["torch_eager"], row["unit"]), _cell(row["torch_graph"], row["unit"]),
-         *(_cell(row[f"ratio_{engine}"], "ratio") for engine in ENGINES),
-         *(_target_cell(row[f"target_{engine}"]) for engine in ENGINES), _status_cell(row))
-        for row in rows
-    ]
+    cells = [tuple(heading for heading, _ in COLUMNS)] + [tuple(cell(row) for _, cell in COLUMNS) for row in rows]
     widths = [max(len(line[column]) for line in cells) for column in range(len(COLUMNS))]
-    lines = ["  ".join(text.ljust(width) if column < 2 else text.rjust(width)
+    lines = ["  ".join(text.ljust(width) if column < LEFT_ALIGNED else text.rjust(width)
                        for column, (text, width) in enumerate(zip(line, widths))) for line in cells]
     return "\n".join([header, lines[0], "-" * len(lines[0])] + lines[1:])
 
