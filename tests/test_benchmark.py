@@ -58,7 +58,7 @@ def test_micro_on_the_host_reports_each_step(tmp_path, capsys):
         assert micro["size"] == 64 and micro["layers"] == [64, 32, 6, 10] and micro["repeat"] == 3
         for math in ("fp32", "bf16"):
             eager = micro[math]["eager"]
-            assert micro[math]["graph"] is None  # the host has no CUDA graphs
+            assert micro[math]["graph"] is None and micro[math]["graph_steady"] is None  # no CUDA graphs here
             assert set(eager) == {"step_ms", "step_ms_all"} and len(eager["step_ms_all"]) == 3
             assert positive_numbers(eager["step_ms_all"]) and eager["step_ms"] > 0
         assert micro["tf32"] is None
@@ -72,12 +72,13 @@ def test_micro_on_the_host_reports_each_step(tmp_path, capsys):
     assert lines[-1].startswith("micro bf16 step (64), eager")
 
 
-def fake_micro_section(graph_ms: float, eager_ms: float) -> dict:
+def fake_micro_section(graph_ms: float, eager_ms: float, steady_ms: float | None = None) -> dict:
     def mode(ms):
-        return {"step_ms": ms, "step_ms_all": [ms]}
+        return None if ms is None else {"step_ms": ms, "step_ms_all": [ms]}
 
     return {"micro": {"size": bench_settings.MICRO_SIZE, "layers": [10_000, 5_000, 1_000, 10], "repeat": 1,
-                      **{math: {"graph": mode(graph_ms), "eager": mode(eager_ms)} for math in bench_settings.MATHS}}}
+                      **{math: {"graph": mode(graph_ms), "graph_steady": mode(steady_ms), "eager": mode(eager_ms)}
+                         for math in bench_settings.MATHS}}}
 
 
 def test_micro_is_judged_on_its_graph_row_and_in_bf16_against_pytorch_too():
@@ -99,6 +100,71 @@ def test_micro_is_judged_on_its_graph_row_and_in_bf16_against_pytorch_too():
     alone = {row["workload"]: row for row in bench_report.table_rows(results, None, settings)}
     assert alone["micro bf16 step (10000), graph"]["target_fast"] == bench_settings.TARGETS["micro_bf16_ms"]
     assert alone["micro bf16 step (10000), graph"]["status_fast"] == "PASS"
+
+
+def test_micro_steady_state_is_a_row_beside_the_graph_row_and_judges_nothing():
+    settings = {"device": "cuda", "limit_images": None, "micro_size": bench_settings.MICRO_SIZE}
+    results = {"fast": fake_micro_section(3.9, 4.2, 4.1), "slides": fake_micro_section(5.0, 5.5, 5.2)}
+    torch_micro = {math: {"graph": {"step_ms": 3.8}, "graph_steady": {"step_ms": 4.4}, "eager": {"step_ms": 4.5}}
+                   for math in bench_settings.MATHS}
+    rows = bench_report.table_rows(results, {"micro": torch_micro}, settings)
+    assert [row["workload"] for row in rows] == [f"micro {math} step (10000), {mode}" for math in bench_settings.MATHS
+                                                 for mode in ("graph", "graph, steady state", "eager")]
+    steady = {row["workload"]: row for row in rows}["micro bf16 step (10000), graph, steady state"]
+    assert (steady["fast"], steady["slides"], steady["torch_graph"], steady["torch_eager"]) == (4.1, 5.2, 4.4, None)
+    assert steady["ratio_fast"] == pytest.approx(4.4 / 4.1) and steady["ratio_slides"] == pytest.approx(4.4 / 5.2)
+    assert steady["target_fast"] is None and steady["status_fast"] is None  # the graph row holds the target
+    report = {"device": "NVIDIA H100", "backend": "cuda", "versions": {}, "table": rows,
+              "settings": {"workloads": ["micro"], "steady_seconds": 2.5, "steady_replays": 41}}
+    text = bench_report.format_table(rows, bench_report.table_header(report))
+    assert ("graph, steady state: right after the graph row's steps, the graph replayed untimed for 2.5 s, then 41 "
+            "timed replays; the median of the last 20") in text
+    assert "micro bf16 step (10000), graph, steady state" in text
+    no_steady = bench_report.table_rows({"fast": fake_micro_section(3.9, 4.2)}, None, settings)
+    assert not any("steady" in row["workload"] for row in no_steady)
+    assert "steady" not in bench_report.table_header({**report, "table": no_steady})
+
+
+def test_steady_state_warms_up_for_the_seconds_asked_then_takes_the_median_of_the_last_half():
+    from cudnnnet.benchmark.measuring import steady_state
+
+    durations = iter([0.002] * 1000)
+    calls, synchronised = [], []
+    found = steady_state(lambda: (calls.append(1), time.sleep(next(durations))), lambda: synchronised.append(1),
+                         0.05, 9)
+    assert found["warmup_seconds"] == 0.05 and found["median_of_last"] == 4
+    assert found["warmup_replays"] >= 5 and len(calls) == found["warmup_replays"] + 9 == len(synchronised) - 1
+    assert len(found["step_ms_all"]) == 9 and positive_numbers(found["step_ms_all"])
+    slow_first = iter([0.03] * 5 + [0.001] * 4)
+    steady = steady_state(lambda: time.sleep(next(slow_first)), lambda: None, 0.0, 9)
+    assert steady["warmup_replays"] == 0 and steady["step_ms"] < 15  # the median of the 4 fast ones, not of all 9
+    assert steady_state(lambda: None, lambda: None, 0.0, 1)["median_of_last"] == 1
+
+
+def test_steady_state_flags_set_the_settings_and_refuse_bad_values(capsys):
+    parse = benchmark.build_parser().parse_args
+    defaults = benchmark.resolve_settings(parse(["--device", "host"]))
+    assert (defaults["steady_seconds"], defaults["steady_replays"]) == (bench_settings.STEADY_SECONDS,
+                                                                        bench_settings.STEADY_REPLAYS)
+    chosen = benchmark.resolve_settings(parse(["--device", "host", "--steady-seconds", "0.5", "--steady-replays", "8"]))
+    assert (chosen["steady_seconds"], chosen["steady_replays"]) == (0.5, 8)
+    assert benchmark.resolve_settings(parse(["--device", "host", "--steady-seconds", "0"]))["steady_seconds"] == 0.0
+    for flag, value, problem in [("--steady-seconds", "-1", "expected a finite number of seconds >= 0, got '-1'"),
+                                 ("--steady-seconds", "inf", "expected a finite number of seconds >= 0, got 'inf'"),
+                                 ("--steady-seconds", "soon", "expected a number of seconds >= 0, got 'soon'"),
+                                 ("--steady-replays", "0", "expected a positive integer, got 0")]:
+        with pytest.raises(SystemExit) as exit:
+            benchmark.main(["--device", "host", flag, value])
+        assert exit.value.code == 2 and problem in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_micro_on_the_gpu_reports_the_graph_at_steady_state(cuda):
+    section = bench_workloads.benchmark_micro(cuda, 64, 2, "fast", steady=(0.05, 6))
+    for math in bench_workloads.micro_maths(cuda):
+        steady = section[math]["graph_steady"]
+        assert steady["median_of_last"] == 3 and len(steady["step_ms_all"]) == 6 and steady["warmup_replays"] >= 1
+        assert positive_numbers(steady["step_ms_all"]) and steady["step_ms"] > 0
 
 
 def test_micro_network_is_the_series_network_at_full_size():
@@ -472,6 +538,7 @@ def test_torch_training_and_micro_report_epochs_and_steps(mnist_dir):
     assert positive_numbers(result["eager"]["epoch_ms_all"]) and result["eager"]["images_per_second"] > 0
     micro = bench_torch.torch_micro(torch, 32, 2, bench_settings.MATHS, "cpu")
     assert set(micro) == set(bench_settings.MATHS) and positive_numbers(micro["tf32"]["eager"]["step_ms_all"])
+    assert set(micro["bf16"]) == {"eager"}  # graphs, their steady state too, only on CUDA
 
 
 def test_torch_augment_shifts_and_flips_each_sample_within_the_padding():

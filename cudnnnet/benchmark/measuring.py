@@ -33,6 +33,22 @@ def warm_up(call, synchronize, count: int, seconds: float = 0.0) -> int:
     return count
 
 
+def steady_state(call, synchronize, seconds: float, replays: int) -> dict:
+    """The step at steady state: ``call`` made untimed for ``seconds``, then ``replays`` timed calls, each
+    synchronised; step_ms is the median of the last half of them (``steady_last``), where the GPU's
+    clock has settled under the load."""
+    warmup_replays = warm_up(call, synchronize, 0, seconds)
+    times = [_timed_call(call, synchronize) for _ in range(replays)]
+    last = steady_last(replays)
+    return {"step_ms": median_ms(times[-last:]), "step_ms_all": [1000.0 * s for s in times],
+            "warmup_seconds": seconds, "warmup_replays": warmup_replays, "median_of_last": last}
+
+
+def steady_last(replays: int) -> int:
+    """How many of ``replays`` timed replays the steady-state median is taken over: the last half."""
+    return max(1, replays // 2)
+
+
 def _timed_call(call, synchronize) -> float:
     started = time.perf_counter()
     call()

@@ -13,8 +13,9 @@ from ..backends import get_backend
 from ..engine import ENGINES
 from ..errors import CudnnnetError
 from .original import measure_original, uncompiled_packages
-from .settings import (HALF_MATHS, MATHS, MICRO_FASTER_THAN_TORCH, MICRO_SIZE, SLIDES_TARGETS, TARGET_DEVICE, TARGETS,
-                       TORCH_SPEED_UPS, TRAINING_CONFIGS)
+from .measuring import steady_last
+from .settings import (HALF_MATHS, MATHS, MICRO_FASTER_THAN_TORCH, MICRO_SIZE, SLIDES_TARGETS, STEADY_REPLAYS,
+                       STEADY_SECONDS, TARGET_DEVICE, TARGETS, TORCH_SPEED_UPS, TRAINING_CONFIGS)
 from .torch_reference import compare_torch
 from .workloads import generated_data, measure
 
@@ -68,8 +69,8 @@ def _ratio(theirs, ours):
 
 
 def _in_column(mode: str, value) -> dict:
-    """PyTorch's cells holding ``value`` in ``mode``'s column."""
-    return {f"torch_{mode}": value}
+    """PyTorch's cells holding ``value`` in ``mode``'s column (eager, or a graph's)."""
+    return {"torch_eager" if mode == "eager" else "torch_graph": value}
 
 
 def _by_engine(sections: dict, *keys) -> dict:
@@ -78,6 +79,7 @@ def _by_engine(sections: dict, *keys) -> dict:
     return {engine: value for engine, value in found.items() if value is not None}
 
 
+STEADY_LABEL = "graph, steady state"  # the micro graph rows' steady state (measuring.steady_state)
 BF16_SPEED_UP = 1.5  # math bf16 or fp16: each engine's epoch target is PyTorch's captured autocast epoch over this
 
 
@@ -112,16 +114,19 @@ def training_rows(name: str, sections: dict, torch_results, math: str = "fp32") 
     return rows
 
 
+MICRO_MODES = {"graph": "graph", "graph_steady": STEADY_LABEL, "eager": "eager"}  # in the table's order
+
+
 def micro_rows(sections: dict, torch_results) -> list[dict]:
-    """Each math mode's step as a captured graph and eager; the fast engine's target on the graph row
-    where the backend has graphs (else on the eager row): TARGETS, and under MICRO_FASTER_THAN_TORCH
-    no slower than PyTorch's step in that mode where it ran."""
+    """Each math mode's step as a captured graph, that graph at steady state, and eager; the fast
+    engine's target on the graph row where the backend has graphs (else on the eager row): TARGETS,
+    and under MICRO_FASTER_THAN_TORCH no slower than PyTorch's step in that mode where it ran."""
     rows = []
     size = next(iter(sections.values()))["size"]
     has_graph = any(_by_engine(sections, math, "graph") for math in MATHS)
     target_mode = "graph" if has_graph else "eager"
     for math in MATHS:
-        for mode in ("graph", "eager"):
+        for mode, label in MICRO_MODES.items():
             steps = _by_engine(sections, math, mode, "step_ms")
             if not steps:
                 continue
@@ -130,7 +135,7 @@ def micro_rows(sections: dict, torch_results) -> list[dict]:
             if mode == target_mode:
                 target = TARGETS[f"micro_{math}_ms"]
                 targets = {"fast": min(target, theirs) if theirs and math in MICRO_FASTER_THAN_TORCH else target}
-            rows.append(_row(f"micro {math} step ({size}), {mode}", "ms", steps, _in_column(mode, theirs), targets))
+            rows.append(_row(f"micro {math} step ({size}), {label}", "ms", steps, _in_column(mode, theirs), targets))
     return rows
 
 
@@ -235,6 +240,8 @@ def table_header(report: dict) -> str:
                        for name, factor in TORCH_SPEED_UPS.items() if name in workloads)
              + (f"; micro {', '.join(MICRO_FASTER_THAN_TORCH)}: the fast engine's limit or PyTorch's step, "
                 "the lower" if "micro" in workloads else "")]
+    if any(row["workload"].endswith(STEADY_LABEL) for row in report.get("table", ())):
+        lines.append(steady_note(report.get("settings", {})))
     if report["backend"] == "cuda" and TARGET_DEVICE not in report["device"]:
         lines.append(f"note: this GPU is not an {TARGET_DEVICE}, so PASS/MISS compares it with another GPU's targets")
     uncompiled = report.get("uncompiled_packages")
@@ -243,6 +250,14 @@ def table_header(report: dict) -> str:
                      "so each whole-process run compiled their source; python -m compileall on them (as pip "
                      "install does) removes that time")
     return "\n".join(lines)
+
+
+def steady_note(settings: dict) -> str:
+    seconds = settings.get("steady_seconds", STEADY_SECONDS)
+    replays = settings.get("steady_replays", STEADY_REPLAYS)
+    return (f"{STEADY_LABEL}: right after the graph row's steps, the graph replayed untimed for {seconds:g} s, then "
+            f"{replays} timed replays; the median of the last {steady_last(replays)} (the untimed replays' count: "
+            "warmup_replays in --json)")
 
 
 def build_report(settings: dict) -> dict:

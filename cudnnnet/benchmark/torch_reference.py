@@ -16,9 +16,9 @@ import numpy as np
 from .. import training
 from ..config import Config
 from ..layers import LAYER_TYPES
-from .measuring import epoch_summary, step_summary, timed_calls
-from .settings import (GRAPH_ONLY, MATHS, MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS, TORCH_SPEED_UPS,
-                       TRAINING_CONFIGS, BenchmarkError)
+from .measuring import epoch_summary, steady_state, step_summary, timed_calls
+from .settings import (GRAPH_ONLY, MATHS, MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS, STEADY_REPLAYS,
+                       STEADY_SECONDS, TORCH_SPEED_UPS, TRAINING_CONFIGS, BenchmarkError)
 from .workloads import augmentation, data_dir, micro_data, micro_layer_sizes, workload_config
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,8 @@ def compare_torch(settings: dict) -> dict | None:
 def _torch_workload(torch, name: str, settings: dict) -> dict | None:
     try:
         if name == "micro":
-            return torch_micro(torch, settings["micro_size"], settings["repeat"], MATHS, "cuda")
+            return torch_micro(torch, settings["micro_size"], settings["repeat"], MATHS, "cuda",
+                               (settings["steady_seconds"], settings["steady_replays"]))
         config = workload_config(name, settings["device"], data_dir(name, settings), 1, False,
                                  math=settings.get("math", "fp32"))
         return torch_training(torch, name, config, settings["epochs"], settings["limit_images"], "cuda")
@@ -256,8 +257,10 @@ def torch_training(torch, name: str, config: Config, epochs: int, limit: int | N
     return results
 
 
-def torch_micro(torch, size: int, repeat: int, maths, device: str) -> dict:
-    """Median ms of the micro-benchmark step with PyTorch, eager and (on CUDA) as a CUDA graph."""
+def torch_micro(torch, size: int, repeat: int, maths, device: str,
+                steady: tuple[float, int] = (STEADY_SECONDS, STEADY_REPLAYS)) -> dict:
+    """Median ms of the micro-benchmark step with PyTorch, eager and (on CUDA) as a CUDA graph, the
+    graph also at steady state (``steady``: seconds of untimed replays, timed replays)."""
     features, hidden1, hidden2, outputs = micro_layer_sizes(size)
     nn = torch.nn
     model = nn.Sequential(nn.Linear(features, hidden1), nn.Tanh(), nn.Linear(hidden1, hidden2), nn.Sigmoid(),
@@ -273,15 +276,16 @@ def torch_micro(torch, size: int, repeat: int, maths, device: str) -> dict:
         optimizer.step()
 
     synchronize = torch_synchronizer(torch, device)
+    warmup_seconds = MICRO_WARMUP_SECONDS if device == "cuda" else 0.0
     results = {}
     for math in maths:
         set_torch_math(torch, math)
         math_step = functools.partial(step, math == "bf16")  # bf16: autocast, FP32 weights and loss
-        calls = {"eager": math_step}
+        found = results[math] = {
+            "eager": step_summary(timed_calls(math_step, repeat, synchronize, MICRO_WARMUP, warmup_seconds))}
         if device == "cuda":
-            calls["graph"] = torch_capture(torch, math_step).replay
-        warmup_seconds = MICRO_WARMUP_SECONDS if device == "cuda" else 0.0
-        results[math] = {mode: step_summary(timed_calls(call, repeat, synchronize, MICRO_WARMUP, warmup_seconds))
-                         for mode, call in calls.items()}
+            replay = torch_capture(torch, math_step).replay
+            found["graph"] = step_summary(timed_calls(replay, repeat, synchronize, MICRO_WARMUP, warmup_seconds))
+            found["graph_steady"] = steady_state(replay, synchronize, *steady)
     set_torch_math(torch, "fp32")
     return results
