@@ -25,8 +25,9 @@ from run_helpers import REPO_ROOT, run_script
 
 TOP_KEYS = {"device", "backend", "date", "versions", "settings", "targets", "results", "torch", "table",
             "uncompiled_packages"}
-ROW_KEYS = {"workload", "unit", "slides", "fast", "torch_eager", "torch_graph", "ratio_slides", "ratio_fast",
-            "target_slides", "target_fast", "status_slides", "status_fast"}
+ROW_KEYS = {"workload", "unit", "slides", "fast", "torch_eager", "torch_graph", "torch_bf16_graph", "ratio_slides",
+            "ratio_fast", "ratio_bf16_slides", "ratio_bf16_fast", "target_slides", "target_fast", "status_slides",
+            "status_fast"}
 
 
 def run_benchmark(tmp_path, capsys, *arguments) -> tuple[dict, str, str]:
@@ -285,6 +286,57 @@ def test_math_fp16_is_judged_against_pytorch_s_autocast_graph_epoch_as_bf16_is()
         assert graph["target_fast"] == graph["target_slides"] == pytest.approx(18.0 / bench_report.BF16_SPEED_UP)
 
 
+def test_math_bf16_rows_show_pytorch_s_pure_bf16_graph_beside_autocast():
+    settings = {"device": "cuda", "limit_images": None, "micro_size": bench_settings.MICRO_SIZE, "math": "bf16"}
+    results = fake_results(10.0, 100.0)
+    torch_results = {name: {"graph": {"epoch_ms": 18.0, "images_per_second": 3e6}, "eager": {"epoch_ms": 40.0},
+                            "pure_bf16_graph": {"epoch_ms": 15.0, "images_per_second": 4e6}} for name in ("mlp", "cnn")}
+    rows = {row["workload"]: row for row in bench_report.table_rows(results, torch_results, settings)}
+    assert all(set(row) == ROW_KEYS for row in rows.values())
+    graph, eager = rows["mlp bf16 epoch, graph"], rows["mlp bf16 epoch, eager"]
+    assert (graph["torch_graph"], graph["torch_bf16_graph"]) == (18.0, 15.0)
+    assert graph["ratio_bf16_fast"] == pytest.approx(15.0 / 10.0) and graph["ratio_bf16_slides"] == pytest.approx(0.5)
+    assert graph["ratio_fast"] == pytest.approx(18.0 / 10.0)  # autocast's ratio as before
+    assert graph["target_fast"] == pytest.approx(18.0 / bench_report.BF16_SPEED_UP)  # still autocast's graph
+    assert eager["torch_bf16_graph"] is None and eager["ratio_bf16_fast"] is None  # a graph only
+    throughput = rows["mlp bf16 throughput, graph"]
+    assert throughput["torch_bf16_graph"] == 4e6 and throughput["ratio_bf16_fast"] is None  # no ratio but of times
+    report = {"device": "NVIDIA H100", "backend": "cuda", "versions": {}, "table": list(rows.values()),
+              "settings": {"workloads": ["mlp", "cnn"]}}
+    text = bench_report.format_table(report["table"], bench_report.table_header(report))
+    heading = next(line for line in text.splitlines() if line.startswith("workload"))
+    assert heading.index("torch graph") < heading.index("torch bf16 graph") < heading.index("torch/slides")
+    assert heading.index("torch/fast") < heading.index("torch bf16/slides") < heading.index("torch bf16/fast")
+    assert "torch bf16 graph: PyTorch's pure bfloat16 (model, input and SGD in bfloat16" in text
+    assert [line for line in text.splitlines() if line.startswith("mlp bf16 epoch, graph")][0].split()[-10:-5] == [
+        "15.00", "0.60x", "1.80x", "0.50x", "1.50x"]
+
+
+def test_the_pure_bf16_columns_are_left_out_where_no_row_has_pytorch_s_pure_bf16_graph():
+    settings = {"device": "cuda", "limit_images": None, "micro_size": bench_settings.MICRO_SIZE}
+    torch_results = {"mlp": {"graph": {"epoch_ms": 20.0, "images_per_second": 3e6}, "eager": {"epoch_ms": 10.0}}}
+    rows = bench_report.table_rows(fake_results(10.0, 100.0), torch_results, settings)
+    report = {"device": "NVIDIA H100", "backend": "cuda", "versions": {}, "table": rows}
+    text = bench_report.format_table(rows, bench_report.table_header(report))
+    assert "torch graph" in text and "bf16" not in text
+    assert all(row["torch_bf16_graph"] is None and row["ratio_bf16_fast"] is None for row in rows)
+
+
+def test_micro_bf16_graph_rows_show_pytorch_s_pure_bf16_step():
+    settings = {"device": "cuda", "limit_images": None, "micro_size": bench_settings.MICRO_SIZE}
+    results = {"fast": fake_micro_section(3.9, 4.2, 4.1), "slides": fake_micro_section(5.0, 5.5, 5.2)}
+    torch_micro = {math: {"graph": {"step_ms": 4.3}, "graph_steady": {"step_ms": 4.4}, "eager": {"step_ms": 4.5}}
+                   for math in bench_settings.MATHS}
+    torch_micro["bf16"].update(pure_bf16_graph={"step_ms": 3.6}, pure_bf16_graph_steady={"step_ms": 3.55})
+    rows = {row["workload"]: row for row in bench_report.table_rows(results, {"micro": torch_micro}, settings)}
+    graph, steady = rows["micro bf16 step (10000), graph"], rows["micro bf16 step (10000), graph, steady state"]
+    assert (graph["torch_graph"], graph["torch_bf16_graph"], steady["torch_bf16_graph"]) == (4.3, 3.6, 3.55)
+    assert graph["ratio_bf16_fast"] == pytest.approx(3.6 / 3.9) and steady["ratio_bf16_fast"] == pytest.approx(3.55 / 4.1)
+    assert graph["target_fast"] == bench_settings.TARGETS["micro_bf16_ms"]  # autocast's 4.3 ms is above the 4 ms limit
+    assert rows["micro bf16 step (10000), eager"]["torch_bf16_graph"] is None
+    assert {row["torch_bf16_graph"] for name, row in rows.items() if "bf16" not in name} == {None}
+
+
 def test_pytorch_autocasts_fp16_to_half_and_bf16_to_bfloat16():
     torch = types.SimpleNamespace(bfloat16="bfloat16", float16="float16")
     assert [bench_torch.autocast_type(torch, math) for math in ("fp32", "tf32", "bf16", "fp16")] == [
@@ -539,6 +591,37 @@ def test_torch_training_and_micro_report_epochs_and_steps(mnist_dir):
     micro = bench_torch.torch_micro(torch, 32, 2, bench_settings.MATHS, "cpu")
     assert set(micro) == set(bench_settings.MATHS) and positive_numbers(micro["tf32"]["eager"]["step_ms_all"])
     assert set(micro["bf16"]) == {"eager"}  # graphs, their steady state too, only on CUDA
+
+
+def test_torch_pure_bf16_keeps_the_model_and_data_in_bfloat16_and_the_loss_in_float32(mnist_dir):
+    torch = pytest.importorskip("torch")
+    config = bench_workloads.workload_config("mlp", "host", mnist_dir, 1, False, math="bf16")
+    images, labels = bench_torch.training.load_split(config, "train")
+    run = bench_torch.TorchTraining(torch, config, images[:300], labels[:300], "cpu", pure_bf16=True)
+    assert run.autocast is None and run.images.dtype == torch.bfloat16
+    assert {parameter.dtype for parameter in run.model.parameters()} == {torch.bfloat16}
+    before = [parameter.detach().clone() for parameter in run.model.parameters()]
+    losses = []
+    run.loss = lambda outputs, labels, loss=run.loss: losses.append(outputs.dtype) or loss(outputs, labels)
+    run.eager_epoch()
+    assert set(losses) == {torch.float32} and len(losses) == 2  # 300 images: two batches of at most 256
+    assert any(not torch.equal(old, new) for old, new in zip(before, run.model.parameters()))
+    assert {parameter.dtype for parameter in run.model.parameters()} == {torch.bfloat16}
+    autocast = bench_torch.TorchTraining(torch, config, images[:300], labels[:300], "cpu")
+    assert autocast.autocast == torch.bfloat16 and {p.dtype for p in autocast.model.parameters()} == {torch.float32}
+    result = bench_torch.torch_training(torch, "mlp", config, 1, 300, "cpu")
+    assert set(result) == {"eager"}  # the pure bfloat16 run is a captured graph: CUDA only
+
+
+def test_torch_pure_bf16_micro_step_updates_bfloat16_weights():
+    torch = pytest.importorskip("torch")
+    model, step = bench_torch.pure_bf16_micro_step(torch, 40, "cpu")
+    parameters = list(model.parameters())
+    assert {parameter.dtype for parameter in parameters} == {torch.bfloat16}
+    before = [parameter.detach().clone() for parameter in parameters]
+    step()
+    assert all(parameter.grad is not None and parameter.grad.dtype == torch.bfloat16 for parameter in parameters)
+    assert any(not torch.equal(old, new) for old, new in zip(before, parameters))
 
 
 def test_torch_augment_shifts_and_flips_each_sample_within_the_padding():

@@ -50,14 +50,17 @@ TIME_UNITS = ("ms", "s")  # rows whose ratios compare PyTorch's time with ours
 
 def _row(workload: str, unit: str, ours: dict, theirs: dict | None = None, targets: dict | None = None) -> dict:
     """One table row: ``ours`` and ``targets`` by engine name, ``theirs`` PyTorch's cells by column
-    (torch_eager or torch_graph). A row of times has ratios: PyTorch's time over each engine's."""
+    (torch_eager or torch_graph, and torch_bf16_graph). A row of times has ratios: PyTorch's time over
+    each engine's (ratio_ENGINE; ratio_bf16_ENGINE for the pure bfloat16 graph's)."""
     row = {"workload": workload, "unit": unit}
     row.update({engine: ours.get(engine) for engine in ENGINES})
-    row.update(torch_eager=None, torch_graph=None)
+    row.update(torch_eager=None, torch_graph=None, torch_bf16_graph=None)
     row.update(theirs or {})
     reference = row["torch_graph"] if row["torch_graph"] is not None else row["torch_eager"]
+    timed = unit in TIME_UNITS
     for engine in ENGINES:
-        row[f"ratio_{engine}"] = _ratio(reference, ours.get(engine)) if unit in TIME_UNITS else None
+        row[f"ratio_{engine}"] = _ratio(reference, ours.get(engine)) if timed else None
+        row[f"ratio_bf16_{engine}"] = _ratio(row["torch_bf16_graph"], ours.get(engine)) if timed else None
     for engine in ENGINES:
         row[f"target_{engine}"] = (targets or {}).get(engine)
         row[f"status_{engine}"] = None
@@ -68,9 +71,10 @@ def _ratio(theirs, ours):
     return theirs / ours if theirs is not None and ours else None
 
 
-def _in_column(mode: str, value) -> dict:
-    """PyTorch's cells holding ``value`` in ``mode``'s column (eager, or a graph's)."""
-    return {"torch_eager" if mode == "eager" else "torch_graph": value}
+def _in_column(mode: str, value, pure_bf16=None) -> dict:
+    """PyTorch's cells holding ``value`` in ``mode``'s column (eager, or a graph's), and PyTorch's pure
+    bfloat16 graph's ``pure_bf16`` where it ran."""
+    return {"torch_eager" if mode == "eager" else "torch_graph": value, "torch_bf16_graph": pure_bf16}
 
 
 def _by_engine(sections: dict, *keys) -> dict:
@@ -94,6 +98,7 @@ def training_rows(name: str, sections: dict, torch_results, math: str = "fp32") 
         if not epochs:
             continue
         theirs = _get(torch_results, name, mode, "epoch_ms")
+        pure = _get(torch_results, name, f"pure_bf16_{mode}")  # a graph's only
         targets = {}
         torch_graph = _get(torch_results, name, "graph", "epoch_ms")
         if mode == target_mode and name in TORCH_SPEED_UPS:
@@ -104,10 +109,11 @@ def training_rows(name: str, sections: dict, torch_results, math: str = "fp32") 
                        "slides": torch_graph or SLIDES_TARGETS.get(f"{name}_epoch_ms")}
         elif mode == target_mode and math in HALF_MATHS and torch_graph:
             targets = {engine: torch_graph / BF16_SPEED_UP for engine in ENGINES}
-        rows.append(_row(f"{label} epoch, {mode}", "ms", epochs, _in_column(mode, theirs), targets))
+        rows.append(_row(f"{label} epoch, {mode}", "ms", epochs, _in_column(mode, theirs, _get(pure, "epoch_ms")),
+                         targets))
         rate = _get(torch_results, name, mode, "images_per_second")
         rows.append(_row(f"{label} throughput, {mode}", "img/s", _by_engine(sections, mode, "images_per_second"),
-                         _in_column(mode, rate)))
+                         _in_column(mode, rate, _get(pure, "images_per_second"))))
         memory = _by_engine(sections, mode, "peak_memory_mib")
         if memory:
             rows.append(_row(f"{label} peak memory, {mode}", "MiB", memory))
@@ -131,11 +137,13 @@ def micro_rows(sections: dict, torch_results) -> list[dict]:
             if not steps:
                 continue
             theirs = _get(torch_results, "micro", math, mode, "step_ms")
+            pure = _get(torch_results, "micro", math, f"pure_bf16_{mode}", "step_ms")  # bf16's graphs only
             targets = {}
             if mode == target_mode:
                 target = TARGETS[f"micro_{math}_ms"]
                 targets = {"fast": min(target, theirs) if theirs and math in MICRO_FASTER_THAN_TORCH else target}
-            rows.append(_row(f"micro {math} step ({size}), {label}", "ms", steps, _in_column(mode, theirs), targets))
+            rows.append(_row(f"micro {math} step ({size}), {label}", "ms", steps, _in_column(mode, theirs, pure),
+                             targets))
     return rows
 
 
@@ -213,16 +221,27 @@ COLUMNS = (
     ("workload", lambda row: row["workload"]), ("unit", lambda row: row["unit"]),
     *(_value_column(engine, engine) for engine in ENGINES),
     _value_column("torch eager", "torch_eager"), _value_column("torch graph", "torch_graph"),
+    _value_column("torch bf16 graph", "torch_bf16_graph"),
     *(_value_column(f"torch/{engine}", f"ratio_{engine}", "ratio") for engine in ENGINES),
+    *(_value_column(f"torch bf16/{engine}", f"ratio_bf16_{engine}", "ratio") for engine in ENGINES),
     *((f"{engine} target", lambda row, engine=engine: _target_cell(row[f"target_{engine}"])) for engine in ENGINES),
     (f"status ({'/'.join(ENGINES)})", _status_cell),
 )
 LEFT_ALIGNED = 2  # the workload and unit columns; the others are right-aligned
 
 
+# PyTorch's pure bfloat16 graph and its ratios: printed only where a row has that graph (--math bf16, the micro's bf16)
+PURE_BF16_COLUMNS = ("torch bf16 graph", *(f"torch bf16/{engine}" for engine in ENGINES))
+
+
+def has_pure_bf16(rows: list[dict]) -> bool:
+    return any(row.get("torch_bf16_graph") is not None for row in rows)
+
+
 def format_table(rows: list[dict], header: str) -> str:
-    cells = [tuple(heading for heading, _ in COLUMNS)] + [tuple(cell(row) for _, cell in COLUMNS) for row in rows]
-    widths = [max(len(line[column]) for line in cells) for column in range(len(COLUMNS))]
+    columns = [column for column in COLUMNS if has_pure_bf16(rows) or column[0] not in PURE_BF16_COLUMNS]
+    cells = [tuple(heading for heading, _ in columns)] + [tuple(cell(row) for _, cell in columns) for row in rows]
+    widths = [max(len(line[column]) for line in cells) for column in range(len(columns))]
     lines = ["  ".join(text.ljust(width) if column < LEFT_ALIGNED else text.rjust(width)
                        for column, (text, width) in enumerate(zip(line, widths))) for line in cells]
     return "\n".join([header, lines[0], "-" * len(lines[0])] + lines[1:])
@@ -240,6 +259,10 @@ def table_header(report: dict) -> str:
                        for name, factor in TORCH_SPEED_UPS.items() if name in workloads)
              + (f"; micro {', '.join(MICRO_FASTER_THAN_TORCH)}: the fast engine's limit or PyTorch's step, "
                 "the lower" if "micro" in workloads else "")]
+    if has_pure_bf16(report.get("table", ())):
+        lines.append("torch eager, torch graph: PyTorch in the row's math (bf16 and fp16 under autocast); torch bf16 "
+                     "graph: PyTorch's pure bfloat16 (model, input and SGD in bfloat16, the loss in float32 from the "
+                     "bfloat16 outputs) as a captured graph; torch bf16/ENGINE: its time over that engine's")
     if any(row["workload"].endswith(STEADY_LABEL) for row in report.get("table", ())):
         lines.append(steady_note(report.get("settings", {})))
     if report["backend"] == "cuda" and TARGET_DEVICE not in report["device"]:

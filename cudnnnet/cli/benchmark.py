@@ -75,7 +75,11 @@ last, shorter batch; the optimiser at the config's rate without its schedule); F
 matmuls and cuDNN) and, for the micro, TF32. cifar10 runs
 with cuDNN's autotuner (``cudnn.benchmark``), as a captured graph only, and augments as the config
 does: per sample a shift dy, dx uniform in [-p, p] with zeros outside and a horizontal flip with
-probability 1/2, drawn by the device's generator inside the graph.
+probability 1/2, drawn by the device's generator inside the graph. Under ``--math bf16`` (and for
+the micro's bf16 rows) PyTorch also runs in pure bfloat16 as a captured graph, a column of its own
+("torch bf16 graph", beside autocast's "torch graph"): the model, so its weights and SGD's state,
+and the input in bfloat16 (``model.to(torch.bfloat16)``), the loss in FP32 from the bfloat16
+outputs.
 
 ``--gpus N`` times mlp, cnn, bn_cnn and cifar10 (those ``--only`` names) on one GPU, then on N GPUs of
 this host (one process per GPU, as ``cudnnnet-train --gpus N``), each in both engines (``--engines``),
@@ -84,8 +88,10 @@ and prints workload | engine | 1 GPU | N GPUs | scaling | target | status (bench
 (benchmark/torch_ddp.py), and DDP/ours is its N-GPU epoch over each engine's.
 
 Output: log lines on stderr, then the table on stdout (workload | unit | slides | fast | torch
-eager | torch graph | torch/slides | torch/fast | slides target | fast target | status), the device
-at the top. A ratio is torch's time over ours in the same mode (> 1: cudnnnet is faster). Targets
+eager | torch graph | torch/slides | torch/fast | slides target | fast target | status; with
+PyTorch's pure bfloat16 graph, also torch bf16 graph after torch graph and torch bf16/slides,
+torch bf16/fast after torch/fast), the device at the top. A ratio is torch's time over ours in the
+same mode (> 1: cudnnnet is faster). Targets
 are an H100's, judged PASS/MISS (slides / fast) only on the GPU for the full-size workloads: the
 fast engine against ``TARGETS``, the slides engine's graph epochs against PyTorch's captured graph
 measured in the same run (``SLIDES_TARGETS`` where PyTorch was not run). ``--json FILE`` writes
@@ -95,13 +101,14 @@ every figure::
     cublas], [torch, torch_cudnn]}, settings {...}, targets {name: limit},
     results {slides|fast: {mlp|cnn|bn_cnn|cifar10: {config, images, batch_size, augment, graph|eager: {epoch_ms,
     epoch_ms_all, images_per_second, peak_memory_mib} or null}, micro: {size, layers, repeat,
-    fp32|tf32|bf16: {eager|graph: {step_ms, step_ms_all} or null, graph_steady:
-    {step_ms, step_ms_all, warmup_seconds, warmup_replays, median_of_last} or null} or null}, original: {mlp|cnn: {config, seconds,
-    seconds_all, test_accuracy}}}}, uncompiled_packages [name], torch (null unless compared)
-    {version, mlp|cnn|bn_cnn|cifar10: {eager|graph: {epoch_ms, epoch_ms_all, images_per_second}},
-    micro: {fp32|tf32|bf16: {eager|graph: {step_ms, step_ms_all}, graph_steady: {...}}}}, table [{workload, unit, slides,
-    fast, torch_eager, torch_graph, ratio_slides, ratio_fast, target_slides, target_fast,
-    status_slides, status_fast}]
+    fp32|tf32|bf16: {eager|graph: {step_ms, step_ms_all} or null, graph_steady: {step_ms, step_ms_all,
+    warmup_seconds, warmup_replays, median_of_last} or null} or null}, original: {mlp|cnn: {config,
+    seconds, seconds_all, test_accuracy}}}}, uncompiled_packages [name], torch (null unless compared)
+    {version, mlp|cnn|bn_cnn|cifar10: {eager|graph|[pure_bf16_graph]: {epoch_ms, epoch_ms_all,
+    images_per_second}}, micro: {fp32|tf32|bf16: {eager|graph: {step_ms, step_ms_all}, graph_steady,
+    [pure_bf16_graph, pure_bf16_graph_steady]: {...}}}}, table [{workload, unit, slides, fast,
+    torch_eager, torch_graph, torch_bf16_graph, ratio_slides, ratio_fast, ratio_bf16_slides,
+    ratio_bf16_fast, target_slides, target_fast, status_slides, status_fast}]
 """
 
 from __future__ import annotations
@@ -189,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
     parser.add_argument("--math", choices=WORKLOAD_MATHS, default="fp32",
                         help="precision of the mlp and cnn workloads (fp16 with dynamic loss scaling; PyTorch's: "
-                             "autocast to bf16 or fp16); the micro-benchmark runs fp32, tf32 and bf16 (default fp32)")
+                             "autocast to bf16 or fp16, and in bf16 pure bfloat16 as well); the micro-benchmark runs "
+                             "fp32, tf32 and bf16 (default fp32)")
     parser.add_argument("--gpus", type=positive_int, metavar="N",
                         help=f"time {','.join(SCALABLE)} (those --only names) on N GPUs of this host, one "
                              "process per GPU, beside one GPU, and report the scaling")
