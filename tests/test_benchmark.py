@@ -160,6 +160,19 @@ def test_steady_state_flags_set_the_settings_and_refuse_bad_values(capsys):
 
 
 @pytest.mark.gpu
+def test_torch_memory_is_pytorch_s_peak_above_its_start():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA GPU")
+    memory = bench_torch.TorchMemory(torch, "cuda")
+    kept = torch.empty(4 << 20, dtype=torch.uint8, device="cuda")  # 4 MiB
+    memory.reset_peak()
+    torch.empty(16 << 20, dtype=torch.uint8, device="cuda")  # 16 MiB, let go at once
+    assert 20.0 <= memory.peak_mib() < 21.0 and kept.numel() == 4 << 20
+    assert bench_torch.TorchMemory(torch, "cpu").peak_mib() is None
+
+
+@pytest.mark.gpu
 def test_micro_on_the_gpu_reports_the_graph_at_steady_state(cuda):
     section = bench_workloads.benchmark_micro(cuda, 64, 2, "fast", steady=(0.05, 6))
     for math in bench_workloads.micro_maths(cuda):
@@ -310,6 +323,28 @@ def test_math_bf16_rows_show_pytorch_s_pure_bf16_graph_beside_autocast():
     assert "torch bf16 graph: PyTorch's pure bfloat16 (model, input and SGD in bfloat16" in text
     assert [line for line in text.splitlines() if line.startswith("mlp bf16 epoch, graph")][0].split()[-10:-5] == [
         "15.00", "0.60x", "1.80x", "0.50x", "1.50x"]
+
+
+def test_peak_memory_rows_hold_pytorch_s_peak_beside_ours_in_each_mode():
+    settings = {"device": "cuda", "limit_images": None, "micro_size": bench_settings.MICRO_SIZE, "math": "bf16"}
+    torch_results = {"mlp": {"graph": {"epoch_ms": 18.0, "peak_memory_mib": 300.0},
+                             "eager": {"epoch_ms": 40.0, "peak_memory_mib": 250.0},
+                             "pure_bf16_graph": {"epoch_ms": 15.0, "peak_memory_mib": 160.0}}}
+    rows = {row["workload"]: row for row in bench_report.table_rows(fake_results(10.0, 100.0), torch_results, settings)}
+    graph, eager = rows["mlp bf16 peak memory, graph"], rows["mlp bf16 peak memory, eager"]
+    assert (graph["fast"], graph["torch_graph"], graph["torch_bf16_graph"], graph["torch_eager"]) == (
+        100.0, 300.0, 160.0, None)
+    assert (eager["torch_eager"], eager["torch_graph"], eager["torch_bf16_graph"]) == (250.0, None, None)
+    assert graph["ratio_fast"] is None and graph["ratio_bf16_fast"] is None  # ratios of times only
+    assert rows["cnn bf16 peak memory, graph"]["torch_graph"] is None  # PyTorch did not run the cnn here
+    report = {"device": "NVIDIA H100", "backend": "cuda", "versions": {}, "table": list(rows.values())}
+    assert "PyTorch's torch.cuda.max_memory_allocated above the run's start" in bench_report.table_header(report)
+    ours_only = bench_report.table_rows(fake_results(10.0, 100.0), None, settings)
+    assert "max_memory_allocated" not in bench_report.table_header({**report, "table": ours_only})
+    no_memory = {"mlp": {"graph": {"epoch_ms": 10.0, "images_per_second": 6e6, "peak_memory_mib": None},
+                         "eager": None}}
+    assert not any("memory" in row["workload"]
+                   for row in bench_report.training_rows("mlp", {"fast": no_memory["mlp"]}, None, "fp32"))
 
 
 def test_the_pure_bf16_columns_are_left_out_where_no_row_has_pytorch_s_pure_bf16_graph():
@@ -587,6 +622,7 @@ def test_torch_training_and_micro_report_epochs_and_steps(mnist_dir):
     config = bench_workloads.workload_config("mlp", "host", mnist_dir, 1, False)
     result = bench_torch.torch_training(torch, "mlp", config, 2, 300, "cpu")
     assert set(result) == {"eager"} and len(result["eager"]["epoch_ms_all"]) == 2
+    assert result["eager"]["peak_memory_mib"] is None  # torch.cuda's peak: none on the CPU
     assert positive_numbers(result["eager"]["epoch_ms_all"]) and result["eager"]["images_per_second"] > 0
     micro = bench_torch.torch_micro(torch, 32, 2, bench_settings.MATHS, "cpu")
     assert set(micro) == set(bench_settings.MATHS) and positive_numbers(micro["tf32"]["eager"]["step_ms_all"])

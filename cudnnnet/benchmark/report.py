@@ -115,8 +115,10 @@ def training_rows(name: str, sections: dict, torch_results, math: str = "fp32") 
         rows.append(_row(f"{label} throughput, {mode}", "img/s", _by_engine(sections, mode, "images_per_second"),
                          _in_column(mode, rate, _get(pure, "images_per_second"))))
         memory = _by_engine(sections, mode, "peak_memory_mib")
-        if memory:
-            rows.append(_row(f"{label} peak memory, {mode}", "MiB", memory))
+        their_memory = _get(torch_results, name, mode, "peak_memory_mib")
+        if memory or their_memory is not None:
+            rows.append(_row(f"{label} peak memory, {mode}", "MiB", memory,
+                             _in_column(mode, their_memory, _get(pure, "peak_memory_mib"))))
     return rows
 
 
@@ -263,6 +265,9 @@ def table_header(report: dict) -> str:
         lines.append("torch eager, torch graph: PyTorch in the row's math (bf16 and fp16 under autocast); torch bf16 "
                      "graph: PyTorch's pure bfloat16 (model, input and SGD in bfloat16, the loss in float32 from the "
                      "bfloat16 outputs) as a captured graph; torch bf16/ENGINE: its time over that engine's")
+    if any(row["torch_eager"] is not None or row["torch_graph"] is not None for row in _memory_rows(report)):
+        lines.append("peak memory: ours the device memory in use (cudaMemGetInfo) above the run's start; PyTorch's "
+                     "torch.cuda.max_memory_allocated above the run's start (its allocator's cache not counted)")
     if any(row["workload"].endswith(STEADY_LABEL) for row in report.get("table", ())):
         lines.append(steady_note(report.get("settings", {})))
     if report["backend"] == "cuda" and TARGET_DEVICE not in report["device"]:
@@ -273,6 +278,10 @@ def table_header(report: dict) -> str:
                      "so each whole-process run compiled their source; python -m compileall on them (as pip "
                      "install does) removes that time")
     return "\n".join(lines)
+
+
+def _memory_rows(report: dict) -> list[dict]:
+    return [row for row in report.get("table", ()) if row["unit"] == "MiB"]
 
 
 def steady_note(settings: dict) -> str:

@@ -8,6 +8,7 @@ with cuDNN's autotuner on (``cudnn.benchmark``) and are timed as captured graphs
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 from math import prod
 
@@ -17,7 +18,7 @@ from .. import training
 from ..config import Config
 from ..layers import LAYER_TYPES
 from .measuring import epoch_summary, steady_state, step_summary, timed_calls
-from .settings import (GRAPH_ONLY, MATHS, MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS, STEADY_REPLAYS,
+from .settings import (GRAPH_ONLY, MATHS, MIB, MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS, STEADY_REPLAYS,
                        STEADY_SECONDS, TORCH_SPEED_UPS, TRAINING_CONFIGS, BenchmarkError)
 from .workloads import augmentation, data_dir, micro_data, micro_layer_sizes, workload_config
 
@@ -250,10 +251,12 @@ def torch_training(torch, name: str, config: Config, epochs: int, limit: int | N
         images, labels = training.load_split(config, "train")
         images, labels = np.ascontiguousarray(images[:limit]), np.ascontiguousarray(labels[:limit])
         modes = ("eager",) if device != "cuda" else ("graph",) if name in GRAPH_ONLY else ("eager", "graph")
-        results = timed_epochs(TorchTraining(torch, config, images, labels, device), modes, epochs)
+        memory = TorchMemory(torch, device)
+        results = timed_epochs(TorchTraining(torch, config, images, labels, device), modes, epochs, memory)
         if device == "cuda" and config.math == "bf16":
+            memory = TorchMemory(torch, device)
             pure = TorchTraining(torch, config, images, labels, device, pure_bf16=True)
-            results["pure_bf16_graph"] = timed_epochs(pure, ("graph",), epochs)["graph"]
+            results["pure_bf16_graph"] = timed_epochs(pure, ("graph",), epochs, memory)["graph"]
     finally:
         torch.backends.cudnn.benchmark = autotuned
         set_torch_math(torch, "fp32")
@@ -262,17 +265,39 @@ def torch_training(torch, name: str, config: Config, epochs: int, limit: int | N
     return results
 
 
-def timed_epochs(run: TorchTraining, modes, epochs: int) -> dict:
-    """{mode: the median of ``epochs`` epochs of ``run`` after a warm-up one} for each of ``modes``:
-    eager, or graph (captured first)."""
+def timed_epochs(run: TorchTraining, modes, epochs: int, memory: TorchMemory) -> dict:
+    """{mode: the median of ``epochs`` epochs of ``run`` after a warm-up one, with the peak memory of that
+    mode (``memory``, started before ``run`` was made)} for each of ``modes``: eager, or graph (captured
+    first)."""
     synchronize = torch_synchronizer(run.torch, run.device)
     results = {}
     for mode in modes:
+        memory.reset_peak()
         if mode == "graph":
             run.capture()
         epoch = run.graph_epoch if mode == "graph" else run.eager_epoch
-        results[mode] = epoch_summary(timed_calls(epoch, epochs, synchronize, 1), run.count)
+        results[mode] = {**epoch_summary(timed_calls(epoch, epochs, synchronize, 1), run.count),
+                         "peak_memory_mib": memory.peak_mib()}
     return results
+
+
+class TorchMemory:
+    """PyTorch's peak device memory above what it had allocated when this was made:
+    torch.cuda.max_memory_allocated (the tensors its allocator hands out, a captured graph's pool
+    included; not its allocator's cache, the CUDA context or the libraries' handles). None off CUDA."""
+
+    def __init__(self, torch, device: str):
+        self.cuda = torch.cuda if device == "cuda" else None
+        if self.cuda is not None:
+            gc.collect()  # the runs before this one let go of their tensors
+            self.baseline = self.cuda.memory_allocated()
+
+    def reset_peak(self) -> None:
+        if self.cuda is not None:
+            self.cuda.reset_peak_memory_stats()
+
+    def peak_mib(self) -> float | None:
+        return None if self.cuda is None else (self.cuda.max_memory_allocated() - self.baseline) / MIB
 
 
 def micro_model(torch, size: int, device: str):
