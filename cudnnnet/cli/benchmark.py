@@ -105,7 +105,7 @@ every figure::
     warmup_seconds, warmup_replays, median_of_last} or null} or null}, original: {mlp|cnn: {config,
     seconds, seconds_all, test_accuracy}}}}, uncompiled_packages [name], torch (null unless compared)
     {version, mlp|cnn|bn_cnn|cifar10: {eager|graph|[pure_bf16_graph]: {epoch_ms, epoch_ms_all,
-    images_per_second}}, micro: {fp32|tf32|bf16: {eager|graph: {step_ms, step_ms_all}, graph_steady,
+    images_per_second, peak_memory_mib}}, micro: {fp32|tf32|bf16: {eager|graph: {step_ms, step_ms_all}, graph_steady,
     [pure_bf16_graph, pure_bf16_graph_steady]: {...}}}}, table [{workload, unit, slides, fast,
     torch_eager, torch_graph, torch_bf16_graph, ratio_slides, ratio_fast, ratio_bf16_slides,
     ratio_bf16_fast, target_slides, target_fast, status_slides, status_fast}]
