@@ -134,11 +134,12 @@ def test_steady_state_warms_up_for_the_seconds_asked_then_takes_the_median_of_th
     found = steady_state(lambda: (calls.append(1), time.sleep(next(durations))), lambda: synchronised.append(1),
                          0.05, 9)
     assert found["warmup_seconds"] == 0.05 and found["median_of_last"] == 4
-    assert found["warmup_replays"] >= 5 and len(calls) == found["warmup_replays"] + 9 == len(synchronised) - 1
+    assert found["warmup_replays"] >= 1 and len(calls) == found["warmup_replays"] + 9 == len(synchronised) - 1
     assert len(found["step_ms_all"]) == 9 and positive_numbers(found["step_ms_all"])
     slow_first = iter([0.03] * 5 + [0.001] * 4)
     steady = steady_state(lambda: time.sleep(next(slow_first)), lambda: None, 0.0, 9)
-    assert steady["warmup_replays"] == 0 and steady["step_ms"] < 15  # the median of the 4 fast ones, not of all 9
+    # the median of all 9 is at least 30 ms (5 of them sleep that long); of the last 4, about 1 ms
+    assert steady["warmup_replays"] == 0 and steady["step_ms"] < 30 <= min(steady["step_ms_all"][:5])
     assert steady_state(lambda: None, lambda: None, 0.0, 1)["median_of_last"] == 1
 
 
