@@ -22,6 +22,10 @@ MICRO_WARMUP = 2
 # On a GPU every micro row (ours and PyTorch's, eager and graph) is timed after this long of untimed steps:
 # its clock is then in the steady state of that row's load, whatever ran before it.
 MICRO_WARMUP_SECONDS = 1.0
+# Each micro graph row (ours and PyTorch's) is also reported at steady state: replayed untimed for this long
+# right after its timed steps, then STEADY_REPLAYS timed replays, of which the median of the last half.
+STEADY_SECONDS = 3.0
+STEADY_REPLAYS = 60
 MICRO_SEED = 0
 MATHS = ("fp32", "tf32", "bf16")  # the micro-benchmark's modes
 WORKLOAD_MATHS = (*MATHS, "fp16")  # --math: the mlp, cnn, bn_cnn and cifar10 workloads (fp16 with loss scaling)

@@ -8,6 +8,7 @@ with cuDNN's autotuner on (``cudnn.benchmark``) and are timed as captured graphs
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 from math import prod
 
@@ -16,9 +17,9 @@ import numpy as np
 from .. import training
 from ..config import Config
 from ..layers import LAYER_TYPES
-from .measuring import epoch_summary, step_summary, timed_calls
-from .settings import (GRAPH_ONLY, MATHS, MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS, TORCH_SPEED_UPS,
-                       TRAINING_CONFIGS, BenchmarkError)
+from .measuring import epoch_summary, steady_state, step_summary, timed_calls
+from .settings import (GRAPH_ONLY, MATHS, MIB, MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS, STEADY_REPLAYS,
+                       STEADY_SECONDS, TORCH_SPEED_UPS, TRAINING_CONFIGS, BenchmarkError)
 from .workloads import augmentation, data_dir, micro_data, micro_layer_sizes, workload_config
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ def compare_torch(settings: dict) -> dict | None:
 def _torch_workload(torch, name: str, settings: dict) -> dict | None:
     try:
         if name == "micro":
-            return torch_micro(torch, settings["micro_size"], settings["repeat"], MATHS, "cuda")
+            return torch_micro(torch, settings["micro_size"], settings["repeat"], MATHS, "cuda",
+                               (settings["steady_seconds"], settings["steady_replays"]))
         config = workload_config(name, settings["device"], data_dir(name, settings), 1, False,
                                  math=settings.get("math", "fp32"))
         return torch_training(torch, name, config, settings["epochs"], settings["limit_images"], "cuda")
@@ -177,21 +179,28 @@ class TorchAugment:
 
 class TorchTraining:
     """SGD steps on a data set held on the device, batches picked by a device permutation, augmented
-    on the device where the config augments (``augmentation``)."""
+    on the device where the config augments (``augmentation``). In the config's math (bf16 and fp16
+    under autocast: 16-bit matmuls and convolutions, FP32 weights), or with ``pure_bf16`` PyTorch's
+    pure bfloat16: the model (its weights, and so its optimiser's state) and the data set in
+    bfloat16, the loss in FP32 from the bfloat16 outputs."""
 
-    def __init__(self, torch, config: Config, images: np.ndarray, labels: np.ndarray, device: str):
+    def __init__(self, torch, config: Config, images: np.ndarray, labels: np.ndarray, device: str,
+                 pure_bf16: bool = False):
         self.torch, self.device, self.count = torch, device, len(labels)
         self.batch_size = config.train.batch_size
         self.model, self.loss = torch_model(torch, config)
         self.model.to(device)
-        self.optimizer = torch_optimizer(torch, self.model, config)
         self.images = torch.from_numpy(images).to(device)  # (N, C, H, W)
+        if pure_bf16:
+            self.model.to(torch.bfloat16)
+            self.images = self.images.to(torch.bfloat16)
+        self.optimizer = torch_optimizer(torch, self.model, config)
         self.labels = torch.from_numpy(labels).to(device)  # (N,)
         augment = augmentation(config)
         self.augment = augment and TorchAugment(torch, augment["crop_padding"], augment["flip"], images.shape[1:],
                                                 device)
         self.graphs: dict[int, tuple] = {}
-        self.autocast = autocast_type(torch, config.math)  # 16-bit matmuls and convolutions, FP32 weights and loss
+        self.autocast = None if pure_bf16 else autocast_type(torch, config.math)
 
     def step(self, index) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -233,21 +242,21 @@ def autocast_type(torch, math: str):
 
 def torch_training(torch, name: str, config: Config, epochs: int, limit: int | None, device: str) -> dict:
     """Median epoch ms of ``config``'s workload with PyTorch in its math, eager and (on CUDA) CUDA
-    graphs; GRAPH_ONLY workloads on CUDA as graphs only."""
+    graphs; GRAPH_ONLY workloads on CUDA as graphs only. On CUDA in math bf16, PyTorch's pure bfloat16
+    too ("pure_bf16_graph", ``TorchTraining``), as a captured graph."""
     set_torch_math(torch, config.math)
     autotuned = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = autotuned or name in TORCH_SPEED_UPS
     try:
         images, labels = training.load_split(config, "train")
-        images, labels = images[:limit], labels[:limit]
-        run = TorchTraining(torch, config, np.ascontiguousarray(images), np.ascontiguousarray(labels), device)
-        synchronize = torch_synchronizer(torch, device)
-        results = {}
-        if device != "cuda" or name not in GRAPH_ONLY:
-            results["eager"] = epoch_summary(timed_calls(run.eager_epoch, epochs, synchronize, 1), run.count)
-        if device == "cuda":
-            run.capture()
-            results["graph"] = epoch_summary(timed_calls(run.graph_epoch, epochs, synchronize, 1), run.count)
+        images, labels = np.ascontiguousarray(images[:limit]), np.ascontiguousarray(labels[:limit])
+        modes = ("eager",) if device != "cuda" else ("graph",) if name in GRAPH_ONLY else ("eager", "graph")
+        memory = TorchMemory(torch, device)
+        results = timed_epochs(TorchTraining(torch, config, images, labels, device), modes, epochs, memory)
+        if device == "cuda" and config.math == "bf16":
+            memory = TorchMemory(torch, device)
+            pure = TorchTraining(torch, config, images, labels, device, pure_bf16=True)
+            results["pure_bf16_graph"] = timed_epochs(pure, ("graph",), epochs, memory)["graph"]
     finally:
         torch.backends.cudnn.benchmark = autotuned
         set_torch_math(torch, "fp32")
@@ -256,12 +265,71 @@ def torch_training(torch, name: str, config: Config, epochs: int, limit: int | N
     return results
 
 
-def torch_micro(torch, size: int, repeat: int, maths, device: str) -> dict:
-    """Median ms of the micro-benchmark step with PyTorch, eager and (on CUDA) as a CUDA graph."""
+def timed_epochs(run: TorchTraining, modes, epochs: int, memory: TorchMemory) -> dict:
+    """{mode: the median of ``epochs`` epochs of ``run`` after a warm-up one, with the peak memory of that
+    mode (``memory``, started before ``run`` was made)} for each of ``modes``: eager, or graph (captured
+    first)."""
+    synchronize = torch_synchronizer(run.torch, run.device)
+    results = {}
+    for mode in modes:
+        memory.reset_peak()
+        if mode == "graph":
+            run.capture()
+        epoch = run.graph_epoch if mode == "graph" else run.eager_epoch
+        results[mode] = {**epoch_summary(timed_calls(epoch, epochs, synchronize, 1), run.count),
+                         "peak_memory_mib": memory.peak_mib()}
+    return results
+
+
+class TorchMemory:
+    """PyTorch's peak device memory above what it had allocated when this was made:
+    torch.cuda.max_memory_allocated (the tensors its allocator hands out, a captured graph's pool
+    included; not its allocator's cache, the CUDA context or the libraries' handles). None off CUDA."""
+
+    def __init__(self, torch, device: str):
+        self.cuda = torch.cuda if device == "cuda" else None
+        if self.cuda is not None:
+            gc.collect()  # the runs before this one let go of their tensors
+            self.baseline = self.cuda.memory_allocated()
+
+    def reset_peak(self) -> None:
+        if self.cuda is not None:
+            self.cuda.reset_peak_memory_stats()
+
+    def peak_mib(self) -> float | None:
+        return None if self.cuda is None else (self.cuda.max_memory_allocated() - self.baseline) / MIB
+
+
+def micro_model(torch, size: int, device: str):
     features, hidden1, hidden2, outputs = micro_layer_sizes(size)
     nn = torch.nn
-    model = nn.Sequential(nn.Linear(features, hidden1), nn.Tanh(), nn.Linear(hidden1, hidden2), nn.Sigmoid(),
-                          nn.Linear(hidden2, outputs), nn.Sigmoid()).to(device)
+    return nn.Sequential(nn.Linear(features, hidden1), nn.Tanh(), nn.Linear(hidden1, hidden2), nn.Sigmoid(),
+                         nn.Linear(hidden2, outputs), nn.Sigmoid()).to(device)
+
+
+def pure_bf16_micro_step(torch, size: int, device: str):
+    """(model, step): the micro step in PyTorch's pure bfloat16, a model of its own with bfloat16 weights
+    (SGD updates them in bfloat16) on bfloat16 inputs, the loss in FP32 from the bfloat16 outputs."""
+    model = micro_model(torch, size, device).to(torch.bfloat16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=MICRO_LEARNING_RATE)
+    inputs, targets = (torch.from_numpy(array).to(device) for array in micro_data(size))
+    inputs = inputs.to(torch.bfloat16)  # (N, features)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        outputs = model(inputs)  # (N, 10) bfloat16
+        (0.5 * (outputs.float() - targets).pow(2).sum() / size).backward()
+        optimizer.step()
+
+    return model, step
+
+
+def torch_micro(torch, size: int, repeat: int, maths, device: str,
+                steady: tuple[float, int] = (STEADY_SECONDS, STEADY_REPLAYS)) -> dict:
+    """Median ms of the micro-benchmark step with PyTorch, eager and (on CUDA) as a CUDA graph, the
+    graph also at steady state (``steady``: seconds of untimed replays, timed replays); in bf16 on
+    CUDA, PyTorch's pure bfloat16 step too (``pure_bf16_micro_step``), as a graph and at steady state."""
+    model = micro_model(torch, size, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=MICRO_LEARNING_RATE)
     inputs, targets = (torch.from_numpy(array).to(device) for array in micro_data(size))
 
@@ -273,15 +341,21 @@ def torch_micro(torch, size: int, repeat: int, maths, device: str) -> dict:
         optimizer.step()
 
     synchronize = torch_synchronizer(torch, device)
+    warmup_seconds = MICRO_WARMUP_SECONDS if device == "cuda" else 0.0
     results = {}
     for math in maths:
         set_torch_math(torch, math)
         math_step = functools.partial(step, math == "bf16")  # bf16: autocast, FP32 weights and loss
-        calls = {"eager": math_step}
-        if device == "cuda":
-            calls["graph"] = torch_capture(torch, math_step).replay
-        warmup_seconds = MICRO_WARMUP_SECONDS if device == "cuda" else 0.0
-        results[math] = {mode: step_summary(timed_calls(call, repeat, synchronize, MICRO_WARMUP, warmup_seconds))
-                         for mode, call in calls.items()}
+        found = results[math] = {
+            "eager": step_summary(timed_calls(math_step, repeat, synchronize, MICRO_WARMUP, warmup_seconds))}
+        if device != "cuda":
+            continue
+        graphs = {"graph": math_step}
+        if math == "bf16":
+            graphs["pure_bf16_graph"] = pure_bf16_micro_step(torch, size, device)[1]
+        for mode, graph_step in graphs.items():
+            replay = torch_capture(torch, graph_step).replay
+            found[mode] = step_summary(timed_calls(replay, repeat, synchronize, MICRO_WARMUP, warmup_seconds))
+            found[f"{mode}_steady"] = steady_state(replay, synchronize, *steady)
     set_torch_math(torch, "fp32")
     return results

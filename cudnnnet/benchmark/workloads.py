@@ -22,9 +22,10 @@ from ..network import Network
 from ..shipped_configs import CONFIG_DIR
 from ..tensor import Tensor
 from ..training import Trainer
-from .measuring import DeviceMemory, epoch_summary, step_summary, timed_calls
+from .measuring import DeviceMemory, epoch_summary, steady_state, step_summary, timed_calls
 from .settings import (BATCH_SIZE, CONFIG_BATCH, GENERATED_DATA, GENERATED_SEED, GRAPH_ONLY, MATHS, MICRO_LEARNING_RATE,
-                       MICRO_SEED, MICRO_SIZE, MICRO_WARMUP, MICRO_WARMUP_SECONDS, TRAINING_CONFIGS)
+                       MICRO_SEED, MICRO_SIZE, MICRO_WARMUP, MICRO_WARMUP_SECONDS, STEADY_REPLAYS, STEADY_SECONDS,
+                       TRAINING_CONFIGS)
 
 log = logging.getLogger(__name__)
 
@@ -181,10 +182,12 @@ def micro_maths(backend) -> tuple[str, ...]:
     return maths
 
 
-def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides") -> dict:
+def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides",
+                    steady: tuple[float, int] = (STEADY_SECONDS, STEADY_REPLAYS)) -> dict:
     """Median ms of one forward + backward + update step in each math mode the backend has: eager
     (each call made from Python) and, where the backend has CUDA graphs, replayed as one captured
-    graph (as PyTorch's step is timed too)."""
+    graph (as PyTorch's step is timed too), that graph also at steady state (``steady``: seconds of
+    untimed replays, timed replays; ``steady_state``)."""
     backend.set_engine(engine)
     network = build_micro_network(size, backend)
     inputs, targets = micro_data(size)
@@ -200,20 +203,25 @@ def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides") -> 
         with math_mode(backend, math):
             found = {"eager": step_summary(timed_calls(step, repeat, backend.synchronize, MICRO_WARMUP,
                                                        _warmup_seconds(backend))),
-                     "graph": captured_steps(backend, step, repeat) if backend.supports_graphs else None}
+                     "graph": None, "graph_steady": None}
+            if backend.supports_graphs:
+                found["graph"], found["graph_steady"] = captured_steps(backend, step, repeat, steady)
         section[math] = found
         log.info("micro %s %s: %.2f ms a step eager%s (%d × %d)", engine, math, found["eager"]["step_ms"],
-                 "" if found["graph"] is None else f", {found['graph']['step_ms']:.2f} ms as a graph", size, size)
+                 "" if found["graph"] is None else f", {found['graph']['step_ms']:.2f} ms as a graph, "
+                 f"{found['graph_steady']['step_ms']:.2f} ms at steady state", size, size)
     return section
 
 
-def captured_steps(backend, step, repeat: int) -> dict:
-    """``step`` captured as a CUDA graph, then timed replaying it. The eager steps before have
-    allocated every buffer, timed every GEMM plan and made every bfloat16 copy, which a capture
-    cannot do."""
+def captured_steps(backend, step, repeat: int, steady: tuple[float, int]) -> tuple[dict, dict]:
+    """``step`` captured as a CUDA graph, then timed replaying it: (its step summary, its steady state).
+    The eager steps before have allocated every buffer, timed every GEMM plan and made every bfloat16
+    copy, which a capture cannot do."""
     with backend.capture() as graph:
         step()
-    return step_summary(timed_calls(graph.launch, repeat, backend.synchronize, MICRO_WARMUP, _warmup_seconds(backend)))
+    summary = step_summary(timed_calls(graph.launch, repeat, backend.synchronize, MICRO_WARMUP,
+                                       _warmup_seconds(backend)))
+    return summary, steady_state(graph.launch, backend.synchronize, *steady)
 
 
 def _warmup_seconds(backend) -> float:
@@ -242,5 +250,6 @@ def measure(settings: dict, backend) -> dict:
             if name in settings["workloads"]:
                 found[name] = training_section(name, settings, backend, engine)
         if "micro" in settings["workloads"]:
-            found["micro"] = benchmark_micro(backend, settings["micro_size"], settings["repeat"], engine)
+            found["micro"] = benchmark_micro(backend, settings["micro_size"], settings["repeat"], engine,
+                                             (settings["steady_seconds"], settings["steady_replays"]))
     return results

@@ -4,6 +4,7 @@
                                 [--epochs N] [--only mlp,cnn,bn_cnn,cifar10,micro,original] [--micro-size N]
                                 [--limit-images N] [--original-runs N] [--data-dir DIR]
                                 [--engines slides,fast] [--math fp32|tf32|bf16|fp16] [--gpus N]
+                                [--steady-seconds SECONDS] [--steady-replays N]
 
 Every workload runs once per engine (``--engines``, both by default: cudnnnet.engine), each in a
 column of its own.
@@ -45,7 +46,10 @@ micro
     GPU's clock settles to the row's load), in ms, in FP32, TF32 (CUDA only) and bf16
     (``backend.set_math``; PyTorch's column runs bf16 under autocast), eager and (CUDA only) captured
     once as a CUDA graph and replayed, as PyTorch's graph row is; the fast engine's target is judged on
-    the graph row, and in bf16 it is also PyTorch's graph step. ``--micro-size N`` shrinks it to N
+    the graph row, and in bf16 it is also PyTorch's graph step. Each graph (ours and PyTorch's) is also
+    reported at steady state, in a row "graph, steady state" below its graph row: right after the
+    graph row's steps it is replayed untimed for ``--steady-seconds`` (3 s), then ``--steady-replays``
+    (60) times timed; the median of the last half of those is reported (no target is judged there). ``--micro-size N`` shrinks it to N
     samples of N features with hidden layers of N/2 and N/10 (the host default is 1 000, as 10 000
     takes many seconds a step there).
 original
@@ -71,7 +75,11 @@ last, shorter batch; the optimiser at the config's rate without its schedule); F
 matmuls and cuDNN) and, for the micro, TF32. cifar10 runs
 with cuDNN's autotuner (``cudnn.benchmark``), as a captured graph only, and augments as the config
 does: per sample a shift dy, dx uniform in [-p, p] with zeros outside and a horizontal flip with
-probability 1/2, drawn by the device's generator inside the graph.
+probability 1/2, drawn by the device's generator inside the graph. Under ``--math bf16`` (and for
+the micro's bf16 rows) PyTorch also runs in pure bfloat16 as a captured graph, a column of its own
+("torch bf16 graph", beside autocast's "torch graph"): the model, so its weights and SGD's state,
+and the input in bfloat16 (``model.to(torch.bfloat16)``), the loss in FP32 from the bfloat16
+outputs.
 
 ``--gpus N`` times mlp, cnn, bn_cnn and cifar10 (those ``--only`` names) on one GPU, then on N GPUs of
 this host (one process per GPU, as ``cudnnnet-train --gpus N``), each in both engines (``--engines``),
@@ -80,8 +88,10 @@ and prints workload | engine | 1 GPU | N GPUs | scaling | target | status (bench
 (benchmark/torch_ddp.py), and DDP/ours is its N-GPU epoch over each engine's.
 
 Output: log lines on stderr, then the table on stdout (workload | unit | slides | fast | torch
-eager | torch graph | torch/slides | torch/fast | slides target | fast target | status), the device
-at the top. A ratio is torch's time over ours in the same mode (> 1: cudnnnet is faster). Targets
+eager | torch graph | torch/slides | torch/fast | slides target | fast target | status; with
+PyTorch's pure bfloat16 graph, also torch bf16 graph after torch graph and torch bf16/slides,
+torch bf16/fast after torch/fast), the device at the top. A ratio is torch's time over ours in the
+same mode (> 1: cudnnnet is faster). Targets
 are an H100's, judged PASS/MISS (slides / fast) only on the GPU for the full-size workloads: the
 fast engine against ``TARGETS``, the slides engine's graph epochs against PyTorch's captured graph
 measured in the same run (``SLIDES_TARGETS`` where PyTorch was not run). ``--json FILE`` writes
@@ -91,12 +101,14 @@ every figure::
     cublas], [torch, torch_cudnn]}, settings {...}, targets {name: limit},
     results {slides|fast: {mlp|cnn|bn_cnn|cifar10: {config, images, batch_size, augment, graph|eager: {epoch_ms,
     epoch_ms_all, images_per_second, peak_memory_mib} or null}, micro: {size, layers, repeat,
-    fp32|tf32|bf16: {eager|graph: {step_ms, step_ms_all} or null} or null}, original: {mlp|cnn: {config, seconds,
-    seconds_all, test_accuracy}}}}, uncompiled_packages [name], torch (null unless compared)
-    {version, mlp|cnn|bn_cnn|cifar10: {eager|graph: {epoch_ms, epoch_ms_all, images_per_second}},
-    micro: {fp32|tf32|bf16: {eager|graph: {step_ms, step_ms_all}}}}, table [{workload, unit, slides,
-    fast, torch_eager, torch_graph, ratio_slides, ratio_fast, target_slides, target_fast,
-    status_slides, status_fast}]
+    fp32|tf32|bf16: {eager|graph: {step_ms, step_ms_all} or null, graph_steady: {step_ms, step_ms_all,
+    warmup_seconds, warmup_replays, median_of_last} or null} or null}, original: {mlp|cnn: {config,
+    seconds, seconds_all, test_accuracy}}}}, uncompiled_packages [name], torch (null unless compared)
+    {version, mlp|cnn|bn_cnn|cifar10: {eager|graph|[pure_bf16_graph]: {epoch_ms, epoch_ms_all,
+    images_per_second, peak_memory_mib}}, micro: {fp32|tf32|bf16: {eager|graph: {step_ms, step_ms_all}, graph_steady,
+    [pure_bf16_graph, pure_bf16_graph_steady]: {...}}}}, table [{workload, unit, slides, fast,
+    torch_eager, torch_graph, torch_bf16_graph, ratio_slides, ratio_fast, ratio_bf16_slides,
+    ratio_bf16_fast, target_slides, target_fast, status_slides, status_fast}]
 """
 
 from __future__ import annotations
@@ -104,6 +116,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -112,7 +125,7 @@ from ..backends import no_gpu_reason
 from ..benchmark.report import build_report, format_table, table_header
 from ..benchmark.scaling import format_scaling, measure_scaling
 from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MICRO_SIZE,
-                                  SCALABLE, WORKLOAD_MATHS, WORKLOADS)
+                                  SCALABLE, STEADY_REPLAYS, STEADY_SECONDS, WORKLOAD_MATHS, WORKLOADS)
 from ..engine import ENGINES
 from ..errors import DeviceUnavailableError, UsageError
 from ..files import atomic_write
@@ -140,6 +153,16 @@ def engine_list(text: str) -> tuple[str, ...]:
     return tuple(name for name in ENGINES if name in names)
 
 
+def seconds_argument(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="cudnnnet-benchmark", description="Time cudnnnet's training workloads.",
                             epilog=f"On the host (no GPU), {HOST_DURATION}. A line is logged as each workload "
@@ -158,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--micro-size", type=positive_int,
                         help=f"micro-benchmark samples and features (default {MICRO_SIZE}, {HOST_MICRO_SIZE} "
                              f"on the host); hidden layers scale with it")
+    parser.add_argument("--steady-seconds", type=seconds_argument, default=STEADY_SECONDS, metavar="SECONDS",
+                        help="each micro graph row is also reported at steady state: replayed untimed this long "
+                             f"after its timed steps (default {STEADY_SECONDS:g}), then --steady-replays timed")
+    parser.add_argument("--steady-replays", type=positive_int, default=STEADY_REPLAYS, metavar="N",
+                        help=f"timed replays of the micro steady state, the median of the last half reported "
+                             f"(default {STEADY_REPLAYS})")
     parser.add_argument("--limit-images", type=positive_int, metavar="N",
                         help="train the training workloads on their first N images only, cifar10 on N "
                              "generated ones (smoke tests)")
@@ -167,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
     parser.add_argument("--math", choices=WORKLOAD_MATHS, default="fp32",
                         help="precision of the mlp and cnn workloads (fp16 with dynamic loss scaling; PyTorch's: "
-                             "autocast to bf16 or fp16); the micro-benchmark runs fp32, tf32 and bf16 (default fp32)")
+                             "autocast to bf16 or fp16, and in bf16 pure bfloat16 as well); the micro-benchmark runs "
+                             "fp32, tf32 and bf16 (default fp32)")
     parser.add_argument("--gpus", type=positive_int, metavar="N",
                         help=f"time {','.join(SCALABLE)} (those --only names) on N GPUs of this host, one "
                              "process per GPU, beside one GPU, and report the scaling")
@@ -211,7 +241,8 @@ def resolve_settings(args) -> dict:
     return {"device": device, "workloads": list(args.only), "batch_size": BATCH_SIZE,
             "epochs": args.epochs or epochs, "repeat": repeat, "micro_size": micro_size,
             "limit_images": args.limit_images, "original_runs": args.original_runs, "data_dir": args.data_dir,
-            "compare": args.compare, "engines": list(args.engines), "math": args.math}
+            "compare": args.compare, "engines": list(args.engines), "math": args.math,
+            "steady_seconds": args.steady_seconds, "steady_replays": args.steady_replays}
 
 
 def check_json_path(path: Path) -> None:
