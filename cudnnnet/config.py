@@ -482,6 +482,7 @@ def _batchnorm(layer: _Section) -> dict:
         "mode": layer.choice("mode", BATCH_NORM_MODES, "auto"),
         "momentum": layer.number("momentum", 0.1, low=0.0, high=1.0, low_open=True, float32=True),
         "eps": _float32(layer, "eps", layer.number("eps", 1e-5, low=1e-5)),
+        **({"sync": True} if layer.boolean("sync", False) else {}),
     }
 
 
@@ -497,7 +498,7 @@ LAYER_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[_Section], dict]]] = {
     "conv2d": (("out_channels", "kernel_size", "stride", "padding", "dilation", "bias"), _conv2d),
     "pooling": (("kernel_size", "stride", "padding", "mode"), _pooling),
     "dropout": (("rate",), _dropout),
-    "batchnorm": (("mode", "momentum", "eps"), _batchnorm),
+    "batchnorm": (("mode", "momentum", "eps", "sync"), _batchnorm),
     "global_average_pooling": ((), _no_params),
 }
 

@@ -14,7 +14,8 @@
   every rank runs the same number of steps (the collectives stay matched) and each epoch covers the
   set once (with ``world_size - 1`` repeats at most).
 - ``Replicas``: the trainer's side: the communicator, one all-reduce (ncclAvg) over the flat gradient
-  buffer per step, the broadcast of rank 0's weights, the learning-rate rule, stop agreement.
+  buffer per step, the broadcast of rank 0's weights, the learning-rate rule, stop agreement; the
+  communicator is handed to the ``sync: true`` BatchNorm layers too (their statistics summed over the ranks).
 
 Importing this module starts no CUDA: ``pin_device`` must run before the driver starts.
 """
@@ -31,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from .errors import UsageError
+from .errors import ConfigError, UsageError
 from .printable import one_line
 from .rendezvous import Launch, _seconds, meet
 from .rendezvous import RENDEZVOUS_TIMEOUT, config_digest, from_environment, pin_device  # noqa: F401 (re-exported)
@@ -237,7 +238,10 @@ class Replicas:
             raise UsageError("training over several processes needs the CUDA backend (--device cuda)")
         self.group, self.rank, self.world_size = group, group.launch.rank, group.launch.world_size
         self.backend = backend
+        synchronised = synchronised_batch_norms(network) if self.world_size > 1 else []
         self.communicator = Communicator(backend, self.world_size, self.rank, group.unique_id)
+        for layer in synchronised:
+            layer.communicator = self.communicator
         parameters = network.parameter_list()
         if isinstance(optimizer, SGD) and optimizer.groups:
             self.values = optimizer.groups[0][0]  # packed by SGD already
@@ -318,6 +322,18 @@ class Replicas:
         except Exception as error:
             log.error("ncclCommAbort failed too: %s", error)
         exit_now(reason)
+
+
+def synchronised_batch_norms(network) -> list:
+    """``network``'s BatchNorm layers with ``sync`` (their statistics to be summed over the ranks); a
+    ConfigError naming the first where the engine runs cuDNN's calls, which see one rank's batch."""
+    from .layers import BatchNorm
+
+    layers = [layer for layer in network.layers if isinstance(layer, BatchNorm) and layer.sync]
+    if layers and not network.backend.engine.batch_norm_kernel:
+        raise ConfigError(f"layer {layers[0].name!r}: sync: true on several GPUs needs engine: fast (the slides "
+                          f"engine's cuDNN calls normalise each GPU's batch alone); set engine: fast or sync: false")
+    return layers
 
 
 def gradient_buckets(layers, sizes: dict[int, list[int]], bucket_values: int = BUCKET_VALUES) -> dict[int, tuple[int, int]]:

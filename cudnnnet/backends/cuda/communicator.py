@@ -53,6 +53,11 @@ class Communicator:
         # x = Σ_r x_r / R
         nccl.all_reduce(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, nccl.AVG, self._live(), self.stream)
 
+    def all_reduce_sum_float64(self, pointer: int, count: int) -> None:
+        """``count`` doubles at ``pointer`` = Σ_ranks of them, in place (synchronised BatchNorm's totals)."""
+        # x = Σ_r x_r
+        nccl.all_reduce(pointer, pointer, count, nccl.FLOAT64, nccl.SUM, self._live(), self.stream)
+
     def all_reduce_max(self, tensor: Tensor) -> None:
         """tensor = max over the ranks, element-wise, in place."""
         nccl.all_reduce(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, nccl.MAX, self._live(), self.stream)

@@ -692,23 +692,23 @@ class HostBackend(Backend):
         np.multiply(_nd(dy), reserve.reshape(dy.shape), out=_nd(dx))
 
     def batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
-                                    eps: float, save_mean, save_inv_std, relu: bool = False) -> None:
-        """Batch statistics in float64 (batch_norm.py); y = max(y, 0) where ``relu``."""
+                                    eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
+        """Batch statistics in float64 (batch_norm.py), over a ``communicator``'s ranks where given."""
         batch_norm.forward_training(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
-                                    save_inv_std, relu)
+                                    save_inv_std, relu, communicator)
 
     def batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
         """y = scale·(x - mean)/√(var + eps) + bias."""
         batch_norm.forward_inference(mode, x, y, scale, bias, mean, var, eps)
 
     def batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
-                            save_inv_std, bias=None, relu: bool = False) -> None:
+                            save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
         """dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale·inv_std/m·(m·dy - dbias - x̂·dscale) (batch_norm.py)."""
         _same_shape("batch_norm_backward", x, dy)
         _same_shape("batch_norm_backward", x, dx)
         if relu and bias is None:
             raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")
-        batch_norm.backward(mode, x, dy, dx, scale, dscale, dbias, save_mean, save_inv_std, bias, relu)
+        batch_norm.backward(mode, x, dy, dx, scale, dscale, dbias, save_mean, save_inv_std, bias, relu, communicator)
 
 
 class HostDropoutState:
