@@ -210,6 +210,7 @@ class TrainConfig:
     # GPUs, reached linearly over lr_warmup_epochs (Goyal et al. 2017); "none" keeps it. One GPU: no change.
     lr_scaling: str = "linear"
     lr_warmup_epochs: float = 1.0
+    grad_reduce: str = "fp32"  # over several GPUs: "bf16" averages the gradients in bfloat16 (half the traffic)
     loss_scale: LossScaleConfig = LossScaleConfig()  # math: fp16 only
     monitor: str = AUTO_MONITOR  # the figure best.npz and early stopping watch (monitoring.py)
     early_stopping: EarlyStoppingConfig | None = None
@@ -221,12 +222,14 @@ class TrainConfig:
             "log_every": self.log_every, "checkpoint_every": self.checkpoint_every, "graph": self.graph,
             "eval_batch_size": self.eval_batch_size, "lr_scaling": self.lr_scaling,
             "lr_warmup_epochs": self.lr_warmup_epochs, "loss_scale": self.loss_scale.to_dict(),
+            "grad_reduce": None if self.grad_reduce == "fp32" else self.grad_reduce,
             "monitor": None if self.monitor == AUTO_MONITOR else self.monitor,
             "early_stopping": None if self.early_stopping is None else self.early_stopping.to_dict(),
         })
 
 
 LR_SCALINGS = ("linear", "none")  # train.lr_scaling: the learning-rate rule for the global batch of several GPUs
+GRAD_REDUCES = ("fp32", "bf16")  # train.grad_reduce: the type the gradients are averaged over several GPUs in
 
 
 @dataclass(frozen=True)
@@ -630,7 +633,7 @@ def _parse_loss_scale(train: _Section) -> LossScaleConfig:
 def _parse_train(train: _Section) -> TrainConfig:
     train.only(("batch_size", "epochs", "steps", "seed", "optimizer", "schedule", "log_every",
                 "checkpoint_every", "graph", "eval_batch_size", "lr_scaling", "lr_warmup_epochs", "loss_scale",
-                "monitor", "early_stopping"))
+                "monitor", "early_stopping", "grad_reduce"))
     return TrainConfig(
         batch_size=train.integer("batch_size", 64, low=0, low_open=True),
         epochs=train.integer("epochs", 1, low=0, low_open=True),
@@ -644,6 +647,7 @@ def _parse_train(train: _Section) -> TrainConfig:
         eval_batch_size=train.integer("eval_batch_size", 1000, low=0, low_open=True),
         lr_scaling=train.choice("lr_scaling", LR_SCALINGS, "linear"),
         lr_warmup_epochs=train.number("lr_warmup_epochs", 1.0, low=0),
+        grad_reduce=train.choice("grad_reduce", GRAD_REDUCES, "fp32"),
         loss_scale=_parse_loss_scale(train),
         monitor=parse_monitor(train),
         early_stopping=parse_early_stopping(train),

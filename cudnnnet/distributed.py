@@ -14,7 +14,7 @@
   every rank runs the same number of steps (the collectives stay matched) and each epoch covers the
   set once (with ``world_size - 1`` repeats at most).
 - ``Replicas``: the trainer's side: the communicator, one all-reduce (ncclAvg) over the flat gradient
-  buffer per step, the broadcast of rank 0's weights, the learning-rate rule, stop agreement; the
+  buffer per step (in buckets; in bfloat16 with train.grad_reduce: bf16), the broadcast of rank 0's weights, the learning-rate rule, stop agreement; the
   communicator is handed to the ``sync: true`` BatchNorm layers too (their statistics summed over the ranks).
 
 Importing this module starts no CUDA: ``pin_device`` must run before the driver starts.
@@ -47,6 +47,7 @@ HEARTBEAT_TIMEOUT = 60.0  # s of silence after which a peer is taken for lost (C
 BUCKET_VALUES = 1 << 18  # floats (1 MiB) of gradients reduced together while the backward pass goes on
 TEARDOWN_TIMEOUT = 30.0  # s for freeing the communicator after the last step (CUDNNNET_TEARDOWN_TIMEOUT overrides)
 HEARTBEAT, GOODBYE = b"h", b"b"
+BF16_BYTES = 2
 
 
 def rendezvous(launch: Launch, digest: bytes, make_unique_id: Callable[[], bytes],
@@ -248,6 +249,8 @@ class Replicas:
         else:  # packed here, before any step: the optimiser's tensors keep their identity
             self.values = pack([p.value for p in parameters], backend)
         self.gradients = optimizer.flat_gradients()  # the optimiser's one buffer (the loss scaler checks it too)
+        self.staging = _bf16_staging(self.gradients.size) if train_config.grad_reduce == "bf16" and \
+            self.world_size > 1 else None  # the gradients rounded to bfloat16 for the all-reduce
         self.buckets = _buckets_if_packed(network, self.gradients)
         self._reducing = False  # whether reduce_async queued a bucket this step
         warmup_steps = train_config.lr_warmup_epochs * steps_per_epoch
@@ -271,7 +274,7 @@ class Replicas:
         bucket = self.buckets.get(id(layer))
         if bucket is not None:
             offset, count = bucket
-            self.communicator.reduce_async(self.gradients.data.ptr + 4 * offset, count)
+            self.communicator.reduce_async(self.gradients.data.ptr + 4 * offset, count, self._staged(offset))
             self._reducing = True
 
     def average_gradients(self) -> None:
@@ -281,7 +284,11 @@ class Replicas:
             self.communicator.join()
             self._reducing = False
         else:
-            self.communicator.all_reduce_average(self.gradients)
+            self.communicator.average(self.gradients.data.ptr, self.gradients.size, self._staged(0))
+
+    def _staged(self, offset: int) -> int | None:
+        """Where the gradients from ``offset`` on are rounded to bfloat16 (train.grad_reduce: bf16), or None."""
+        return None if self.staging is None else self.staging.ptr + BF16_BYTES * offset
 
     def average(self, tensor) -> None:
         """tensor = its mean over the ranks (the epoch's loss and accuracy totals)."""
@@ -312,6 +319,8 @@ class Replicas:
             self.communicator.close()
         finally:
             watchdog.cancel()
+        if self.staging is not None:
+            self.staging.free()
 
     def _fail(self, message: str) -> None:
         """A peer is lost: abort NCCL (queued collectives return; later ones raise with ``message``),
@@ -381,6 +390,12 @@ def _exit_stuck(rank: int, timeout: float, exit_code: int) -> None:
     print(f"cudnnnet-train: warning: {one_line(message)}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(exit_code)
+
+
+def _bf16_staging(values: int):
+    from .backends.cuda.buffer import DeviceBuffer
+
+    return DeviceBuffer.allocate(BF16_BYTES * values)
 
 
 def _scalar(backend):
