@@ -256,12 +256,17 @@ def torch_training(torch, name: str, config: Config, epochs: int, limit: int | N
     return results
 
 
-def torch_micro(torch, size: int, repeat: int, maths, device: str) -> dict:
-    """Median ms of the micro-benchmark step with PyTorch, eager and (on CUDA) as a CUDA graph."""
+def torch_micro_model(torch, size: int, device: str):
+    """The micro-benchmark's network in PyTorch: Linear → Tanh → Linear → Sigmoid → Linear → Sigmoid."""
     features, hidden1, hidden2, outputs = micro_layer_sizes(size)
     nn = torch.nn
-    model = nn.Sequential(nn.Linear(features, hidden1), nn.Tanh(), nn.Linear(hidden1, hidden2), nn.Sigmoid(),
-                          nn.Linear(hidden2, outputs), nn.Sigmoid()).to(device)
+    return nn.Sequential(nn.Linear(features, hidden1), nn.Tanh(), nn.Linear(hidden1, hidden2), nn.Sigmoid(),
+                         nn.Linear(hidden2, outputs), nn.Sigmoid()).to(device)
+
+
+def torch_micro(torch, size: int, repeat: int, maths, device: str) -> dict:
+    """Median ms of the micro-benchmark step with PyTorch, eager and (on CUDA) as a CUDA graph."""
+    model = torch_micro_model(torch, size, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=MICRO_LEARNING_RATE)
     inputs, targets = (torch.from_numpy(array).to(device) for array in micro_data(size))
 
