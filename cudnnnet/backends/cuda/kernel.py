@@ -78,7 +78,7 @@ KERNELS = {
     "to_bf16_x4": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),
     "bf16_to_float": ("bf16.cu", (c_void_p, c_void_p, c_float, c_float, c_longlong)),
     "batch_norm_sums": ("batch_norm.cu", (c_void_p, c_void_p) + (c_int,) * 5),
-    "batch_norm_forward_apply": ("batch_norm.cu", (c_void_p, c_void_p, c_void_p, c_int) + (c_void_p,) * 8
+    "batch_norm_forward_apply": ("batch_norm.cu", (c_void_p, c_void_p, c_void_p, c_int) + (c_void_p,) * 7
                                  + (c_float, c_float) + (c_int,) * 6),
     "batch_norm_gradient_sums": ("batch_norm.cu", (c_void_p,) * 7 + (c_int,) * 6),
     "batch_norm_backward_apply": ("batch_norm.cu", (c_void_p,) * 4 + (c_int,) + (c_void_p,) * 7 + (c_int,) * 6),
