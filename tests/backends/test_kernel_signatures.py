@@ -2,6 +2,7 @@
 kernels/*.cu, parameter for parameter (a pointer, an int, a long long, a float): a wrong count or
 kind would pass garbage to the GPU, which no host test would otherwise notice."""
 
+import functools
 import re
 from ctypes import c_float, c_int, c_longlong, c_ulonglong, c_void_p
 
@@ -22,6 +23,7 @@ def parameter_kind(parameter: str):
     return kinds.get(tuple(words), text)
 
 
+@functools.cache
 def declarations() -> dict[str, list]:
     found = {}
     for path in KERNEL_DIR.glob("*.cu"):
