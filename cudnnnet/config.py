@@ -11,15 +11,12 @@ the file, the key path (``model[2].out_size``, ``train.optimizer.lr``) and what 
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import os
 import re
-import reprlib
 from collections import Counter
 from dataclasses import dataclass, field
-from math import isfinite
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Sequence
 
 
 from .augmentation import MAX_CROP_PADDING
@@ -27,14 +24,14 @@ from .data.mnist import MNIST_MEAN, MNIST_STD
 from .data.pixels import MAX_IMAGE_PIXELS, RESIZE_MODES
 from .data.sources import MAX_CLASSES
 from .data.streamed import PLACEMENTS
-from .config_file import MAX_INTEGER, MAX_LAYERS, read_yaml
+from .config_file import MAX_LAYERS, read_yaml
+from .config_section import _REQUIRED, _SHORT_REPR, _describe, _Section, _without_none
 from .engine import DEFAULT_ENGINE, ENGINES
 from .monitoring import AUTO as AUTO_MONITOR, EarlyStoppingConfig, check_monitor, parse_early_stopping, parse_monitor
 from .errors import ConfigError
 from .schedules import SCHEDULES, ScheduleConfig
 from .shipped_configs import resolve_config
-from .suggest import did_you_mean
-from .tensor import FLOAT32_MAX, FLOAT32_TINY, float32_rounded
+from .tensor import FLOAT32_MAX, FLOAT32_TINY
 from .validation import parse_validation
 
 DEVICES = ("auto", "cuda", "host")
@@ -47,14 +44,6 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 LAYER_NAME_LENGTH = 128  # within a zip member name and a file name (NAME_MAX 255) with a suffix
 LAYER_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{LAYER_NAME_LENGTH}}}")
 TOP_LEVEL_KEYS = ("model", "data", "train", "device", "math", "engine")  # a config file's sections
-
-_REQUIRED = object()
-_SHORT_REPR = reprlib.Repr()
-_SHORT_REPR.maxstring = 40
-_SHORT_REPR.maxother = 40
-_SHORT_REPR.maxlevel = 2
-_SHORT_REPR.maxlist = _SHORT_REPR.maxdict = _SHORT_REPR.maxtuple = _SHORT_REPR.maxset = 4
-
 
 # ---- the typed config ----------------------------------------------------------------------
 
@@ -221,6 +210,7 @@ class TrainConfig:
     # GPUs, reached linearly over lr_warmup_epochs (Goyal et al. 2017); "none" keeps it. One GPU: no change.
     lr_scaling: str = "linear"
     lr_warmup_epochs: float = 1.0
+    grad_reduce: str = "fp32"  # over several GPUs: "bf16" averages the gradients in bfloat16 (half the traffic)
     loss_scale: LossScaleConfig = LossScaleConfig()  # math: fp16 only
     monitor: str = AUTO_MONITOR  # the figure best.npz and early stopping watch (monitoring.py)
     early_stopping: EarlyStoppingConfig | None = None
@@ -232,12 +222,14 @@ class TrainConfig:
             "log_every": self.log_every, "checkpoint_every": self.checkpoint_every, "graph": self.graph,
             "eval_batch_size": self.eval_batch_size, "lr_scaling": self.lr_scaling,
             "lr_warmup_epochs": self.lr_warmup_epochs, "loss_scale": self.loss_scale.to_dict(),
+            "grad_reduce": None if self.grad_reduce == "fp32" else self.grad_reduce,
             "monitor": None if self.monitor == AUTO_MONITOR else self.monitor,
             "early_stopping": None if self.early_stopping is None else self.early_stopping.to_dict(),
         })
 
 
 LR_SCALINGS = ("linear", "none")  # train.lr_scaling: the learning-rate rule for the global batch of several GPUs
+GRAD_REDUCES = ("fp32", "bf16")  # train.grad_reduce: the type the gradients are averaged over several GPUs in
 
 
 @dataclass(frozen=True)
@@ -277,159 +269,7 @@ class Config:
         return parse_config(raw, source=f"{self.source} (with overrides)")
 
 
-def _without_none(mapping: dict) -> dict:
-    return {key: value for key, value in mapping.items() if value is not None}
 
-
-# ---- reading one mapping with key paths for messages ---------------------------------------
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, numbers.Integral):
-        return "integer"
-    if isinstance(value, numbers.Real):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, dict):
-        return "mapping"
-    if isinstance(value, (list, tuple)):
-        return "list"
-    return type(value).__name__
-
-
-def _describe(value: Any) -> str:
-    return f"{_SHORT_REPR.repr(value)} ({_type_name(value)})"
-
-
-def _range_text(kind: str, low, high, low_open: bool, high_open: bool) -> str:
-    low, high = _bound_text(low), _bound_text(high)
-    if low is not None and high is not None:
-        return f"{kind} in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-    if low is not None:
-        return f"{kind} {'>' if low_open else '>='} {low}"
-    if high is not None:
-        return f"{kind} {'<' if high_open else '<='} {high}"
-    return kind
-
-
-def _bound_text(bound) -> str | None:
-    """An integer bound in full (2^24 is 16777216, not 1.67772e+07), a float one in short."""
-    if bound is None:
-        return None
-    return str(bound) if isinstance(bound, int) else f"{bound:g}"
-
-
-def _in_range(number, low, high, low_open: bool, high_open: bool) -> bool:
-    above = low is None or (number > low if low_open else number >= low)
-    below = high is None or (number < high if high_open else number <= high)
-    return above and below
-
-
-class _Section:
-    """One mapping of the config being read: its key path and the source, for error messages."""
-
-    def __init__(self, value: Any, path: str, source: str):
-        self.path, self.source = path, source
-        if not isinstance(value, dict):
-            raise ConfigError(f"{source}: {path}: expected a mapping, got {_describe(value)}")
-        self.value = value
-
-    def key_path(self, key: str) -> str:
-        """``path.key``; a key that is not a plain word is quoted (so a message stays one line)."""
-        shown = key if isinstance(key, str) and re.fullmatch(r"[\w-]+", key) else repr(key)
-        return f"{self.path}.{shown}" if self.path else shown
-
-    def fail(self, key: str, problem: str) -> NoReturn:
-        raise ConfigError(f"{self.source}: {self.key_path(key)}: {problem}")
-
-    def only(self, allowed: tuple[str, ...], context: str = "") -> None:
-        """Refuse keys outside ``allowed``."""
-        for key in self.value:
-            if key not in allowed:
-                where = f" for {context}" if context else ""
-                valid = ", ".join(allowed) if allowed else "none"
-                self.fail(str(key), f"unknown key {key!r}{where}; valid keys: {valid}{did_you_mean(key, allowed)}")
-
-    def has(self, key: str) -> bool:
-        """Whether ``key`` is given; a null value counts as absent."""
-        return self.value.get(key) is not None
-
-    def get(self, key: str, default: Any, expected: str) -> Any:
-        """The value at ``key``; ``default`` when absent or null, an error when that is _REQUIRED."""
-        if self.has(key):
-            return self.value[key]
-        if default is _REQUIRED:
-            self.fail(key, f"missing required key; expected {expected}")
-        return default
-
-    def integer(self, key: str, default: Any = _REQUIRED, low: int | None = None, high: int | None = None,
-                low_open: bool = False) -> int:
-        expected = _range_text("an integer", low, high, low_open, False)
-        if not self.has(key):
-            return self.get(key, default, expected)
-        value = self.value[key]
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            self.fail(key, f"expected {expected}, got {_describe(value)}")
-        if not _in_range(value, low, high, low_open, False):
-            self.fail(key, f"expected {expected}, got {value}")
-        if value > MAX_INTEGER:
-            self.fail(key, f"expected {expected} and at most {MAX_INTEGER} (2^31 - 1), got {_SHORT_REPR.repr(value)}")
-        return int(value)
-
-    def number(self, key: str, default: Any = _REQUIRED, low: float | None = None, high: float | None = None,
-               low_open: bool = False, high_open: bool = False, float32: bool = False) -> float:
-        """A number in the range given; ``float32``: the device keeps it in float32, and float32's
-        rounding of it must be in the range too (1 − 1e-12 is 1 there, 1e-50 is 0)."""
-        expected = _range_text("a number", low, high, low_open, high_open)
-        if not self.has(key):
-            return self.get(key, default, expected)
-        value = self.value[key]
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            self.fail(key, f"expected {expected}, got {_describe(value)}{_float_text_hint(value)}")
-        try:
-            number = float(value)
-        except OverflowError:
-            number = float("inf")
-        if not isfinite(number):
-            self.fail(key, f"expected {expected}, got {_SHORT_REPR.repr(value)} (not finite)")
-        if not _in_range(number, low, high, low_open, high_open):
-            self.fail(key, f"expected {expected}, got {_SHORT_REPR.repr(value)}")
-        if float32 and not _in_range(float32_rounded(number), low, high, low_open, high_open):
-            self.fail(key, f"expected {expected}, got {_SHORT_REPR.repr(value)}, which float32 (the device's "
-                           f"arithmetic) rounds to {float32_rounded(number)!r}")
-        return number
-
-    def choice(self, key: str, choices: tuple[str, ...], default: Any = _REQUIRED) -> str:
-        expected = "one of " + ", ".join(choices)
-        value = self.get(key, default, expected)
-        if not isinstance(value, str) or value not in choices:
-            self.fail(key, f"expected {expected}, got {_describe(value)}{did_you_mean(value, choices)}")
-        return value
-
-    def boolean(self, key: str, default: bool) -> bool:
-        value = self.get(key, default, "true or false")
-        if not isinstance(value, bool):
-            self.fail(key, f"expected true or false, got {_describe(value)}")
-        return value
-
-    def section(self, key: str, required: bool = False) -> "_Section":
-        value = self.get(key, _REQUIRED if required else {}, "a mapping")
-        return _Section(value, self.key_path(key), self.source)
-
-
-def _float_text_hint(value: Any) -> str:
-    if not isinstance(value, str):
-        return ""
-    try:
-        float(value)
-    except ValueError:
-        return ""
-    return "; YAML 1.1 reads a number like 1e-3 as text, write 1.0e-3 or 0.001"
 
 
 # ---- layers --------------------------------------------------------------------------------
@@ -482,6 +322,7 @@ def _batchnorm(layer: _Section) -> dict:
         "mode": layer.choice("mode", BATCH_NORM_MODES, "auto"),
         "momentum": layer.number("momentum", 0.1, low=0.0, high=1.0, low_open=True, float32=True),
         "eps": _float32(layer, "eps", layer.number("eps", 1e-5, low=1e-5)),
+        **({"sync": True} if layer.boolean("sync", False) else {}),
     }
 
 
@@ -497,7 +338,7 @@ LAYER_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[_Section], dict]]] = {
     "conv2d": (("out_channels", "kernel_size", "stride", "padding", "dilation", "bias"), _conv2d),
     "pooling": (("kernel_size", "stride", "padding", "mode"), _pooling),
     "dropout": (("rate",), _dropout),
-    "batchnorm": (("mode", "momentum", "eps"), _batchnorm),
+    "batchnorm": (("mode", "momentum", "eps", "sync"), _batchnorm),
     "global_average_pooling": ((), _no_params),
 }
 
@@ -792,7 +633,7 @@ def _parse_loss_scale(train: _Section) -> LossScaleConfig:
 def _parse_train(train: _Section) -> TrainConfig:
     train.only(("batch_size", "epochs", "steps", "seed", "optimizer", "schedule", "log_every",
                 "checkpoint_every", "graph", "eval_batch_size", "lr_scaling", "lr_warmup_epochs", "loss_scale",
-                "monitor", "early_stopping"))
+                "monitor", "early_stopping", "grad_reduce"))
     return TrainConfig(
         batch_size=train.integer("batch_size", 64, low=0, low_open=True),
         epochs=train.integer("epochs", 1, low=0, low_open=True),
@@ -806,6 +647,7 @@ def _parse_train(train: _Section) -> TrainConfig:
         eval_batch_size=train.integer("eval_batch_size", 1000, low=0, low_open=True),
         lr_scaling=train.choice("lr_scaling", LR_SCALINGS, "linear"),
         lr_warmup_epochs=train.number("lr_warmup_epochs", 1.0, low=0),
+        grad_reduce=train.choice("grad_reduce", GRAD_REDUCES, "fp32"),
         loss_scale=_parse_loss_scale(train),
         monitor=parse_monitor(train),
         early_stopping=parse_early_stopping(train),

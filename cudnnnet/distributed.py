@@ -14,7 +14,8 @@
   every rank runs the same number of steps (the collectives stay matched) and each epoch covers the
   set once (with ``world_size - 1`` repeats at most).
 - ``Replicas``: the trainer's side: the communicator, one all-reduce (ncclAvg) over the flat gradient
-  buffer per step, the broadcast of rank 0's weights, the learning-rate rule, stop agreement.
+  buffer per step (in buckets; in bfloat16 with train.grad_reduce: bf16), the broadcast of rank 0's weights, the learning-rate rule, stop agreement; the
+  communicator is handed to the ``sync: true`` BatchNorm layers too (their statistics summed over the ranks).
 
 Importing this module starts no CUDA: ``pin_device`` must run before the driver starts.
 """
@@ -31,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from .errors import UsageError
+from .errors import ConfigError, UsageError
 from .printable import one_line
 from .rendezvous import Launch, _seconds, meet
 from .rendezvous import RENDEZVOUS_TIMEOUT, config_digest, from_environment, pin_device  # noqa: F401 (re-exported)
@@ -46,6 +47,7 @@ HEARTBEAT_TIMEOUT = 60.0  # s of silence after which a peer is taken for lost (C
 BUCKET_VALUES = 1 << 18  # floats (1 MiB) of gradients reduced together while the backward pass goes on
 TEARDOWN_TIMEOUT = 30.0  # s for freeing the communicator after the last step (CUDNNNET_TEARDOWN_TIMEOUT overrides)
 HEARTBEAT, GOODBYE = b"h", b"b"
+BF16_BYTES = 2
 
 
 def rendezvous(launch: Launch, digest: bytes, make_unique_id: Callable[[], bytes],
@@ -237,13 +239,18 @@ class Replicas:
             raise UsageError("training over several processes needs the CUDA backend (--device cuda)")
         self.group, self.rank, self.world_size = group, group.launch.rank, group.launch.world_size
         self.backend = backend
+        synchronised = synchronised_batch_norms(network) if self.world_size > 1 else []
         self.communicator = Communicator(backend, self.world_size, self.rank, group.unique_id)
+        for layer in synchronised:
+            layer.communicator = self.communicator
         parameters = network.parameter_list()
         if isinstance(optimizer, SGD) and optimizer.groups:
             self.values = optimizer.groups[0][0]  # packed by SGD already
         else:  # packed here, before any step: the optimiser's tensors keep their identity
             self.values = pack([p.value for p in parameters], backend)
         self.gradients = optimizer.flat_gradients()  # the optimiser's one buffer (the loss scaler checks it too)
+        self.staging = _bf16_staging(self.gradients.size) if train_config.grad_reduce == "bf16" and \
+            self.world_size > 1 else None  # the gradients rounded to bfloat16 for the all-reduce
         self.buckets = _buckets_if_packed(network, self.gradients)
         self._reducing = False  # whether reduce_async queued a bucket this step
         warmup_steps = train_config.lr_warmup_epochs * steps_per_epoch
@@ -267,7 +274,7 @@ class Replicas:
         bucket = self.buckets.get(id(layer))
         if bucket is not None:
             offset, count = bucket
-            self.communicator.reduce_async(self.gradients.data.ptr + 4 * offset, count)
+            self.communicator.reduce_async(self.gradients.data.ptr + 4 * offset, count, self._staged(offset))
             self._reducing = True
 
     def average_gradients(self) -> None:
@@ -277,7 +284,11 @@ class Replicas:
             self.communicator.join()
             self._reducing = False
         else:
-            self.communicator.all_reduce_average(self.gradients)
+            self.communicator.average(self.gradients.data.ptr, self.gradients.size, self._staged(0))
+
+    def _staged(self, offset: int) -> int | None:
+        """Where the gradients from ``offset`` on are rounded to bfloat16 (train.grad_reduce: bf16), or None."""
+        return None if self.staging is None else self.staging.ptr + BF16_BYTES * offset
 
     def average(self, tensor) -> None:
         """tensor = its mean over the ranks (the epoch's loss and accuracy totals)."""
@@ -308,6 +319,8 @@ class Replicas:
             self.communicator.close()
         finally:
             watchdog.cancel()
+        if self.staging is not None:
+            self.staging.free()
 
     def _fail(self, message: str) -> None:
         """A peer is lost: abort NCCL (queued collectives return; later ones raise with ``message``),
@@ -318,6 +331,18 @@ class Replicas:
         except Exception as error:
             log.error("ncclCommAbort failed too: %s", error)
         exit_now(reason)
+
+
+def synchronised_batch_norms(network) -> list:
+    """``network``'s BatchNorm layers with ``sync`` (their statistics to be summed over the ranks); a
+    ConfigError naming the first where the engine runs cuDNN's calls, which see one rank's batch."""
+    from .layers import BatchNorm
+
+    layers = [layer for layer in network.layers if isinstance(layer, BatchNorm) and layer.sync]
+    if layers and not network.backend.engine.batch_norm_kernel:
+        raise ConfigError(f"layer {layers[0].name!r}: sync: true on several GPUs needs engine: fast (the slides "
+                          f"engine's cuDNN calls normalise each GPU's batch alone); set engine: fast or sync: false")
+    return layers
 
 
 def gradient_buckets(layers, sizes: dict[int, list[int]], bucket_values: int = BUCKET_VALUES) -> dict[int, tuple[int, int]]:
@@ -365,6 +390,12 @@ def _exit_stuck(rank: int, timeout: float, exit_code: int) -> None:
     print(f"cudnnnet-train: warning: {one_line(message)}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(exit_code)
+
+
+def _bf16_staging(values: int):
+    from .backends.cuda.buffer import DeviceBuffer
+
+    return DeviceBuffer.allocate(BF16_BYTES * values)
 
 
 def _scalar(backend):

@@ -369,3 +369,27 @@ def test_a_rank_s_last_words_are_one_escaped_line(monkeypatch, capsys):
         distributed.exit_now("rank 1 said \x1b[2J\nbye")
     assert exited.value.code == 1
     assert capsys.readouterr().err == "cudnnnet-train: rank 1 said \\x1b[2J\\nbye\n"
+
+
+def test_the_gradient_reduction_is_fp32_by_default_or_bf16():
+    assert _config().train.grad_reduce == "fp32" and "grad_reduce" not in _config().to_dict()["train"]
+    bf16 = _config(grad_reduce="bf16")
+    assert bf16.train.grad_reduce == "bf16" and parse_config(bf16.to_dict()).train.grad_reduce == "bf16"
+    with pytest.raises(ConfigError, match="train.grad_reduce: expected one of fp32, bf16, got 'fp16'") as refused:
+        _config(grad_reduce="fp16")
+    assert "\n" not in str(refused.value)
+
+
+def test_bf16_reduction_is_a_no_op_in_one_process(mnist_dir, tmp_path):
+    """Nothing to reduce: the same weights as fp32, on the host (no NCCL) and alike on one GPU."""
+    from cudnnnet.training import Trainer
+
+    weights = []
+    for reduce in ("fp32", "bf16"):
+        raw = _config(steps=2, batch_size=16, grad_reduce=reduce).to_dict()
+        config = parse_config({**raw, "data": {"dir": str(mnist_dir)}, "device": "host"})
+        trainer = Trainer(config, tmp_path / reduce, progress=False, image_limit=64)
+        trainer.run()
+        weights.append({p.name: p.value.numpy() for p in trainer.network.parameter_list()})
+    for name, value in weights[0].items():
+        np.testing.assert_array_equal(weights[1][name], value, err_msg=name)

@@ -478,7 +478,8 @@ class Backend(ABC):
 
     @abstractmethod
     def batch_norm_forward_training(self, mode: "BatchNormMode", x, y, scale, bias, factor: float, running_mean,
-                                    running_var, eps: float, save_mean, save_inv_std, relu: bool = False) -> None:
+                                    running_var, eps: float, save_mean, save_inv_std, relu: bool = False,
+                                    communicator=None) -> None:
         """cudnnBatchNormalizationForwardTraining (alpha 1, beta 0), statistics over N (PER_ACTIVATION,
         parameters (1, C, H, W)) or over N, H, W (SPATIAL, parameters (1, C, 1, 1)), m values each:
 
@@ -488,6 +489,12 @@ class Backend(ABC):
             save_mean = μ;  save_inv_std = 1/√(σ² + eps)
 
         ``relu`` (the fast engine only): y = max(y, 0) in the same pass.
+
+        ``communicator`` (synchronised batch normalisation; the fast engine only on CUDA): the
+        per-channel totals (Σ x, Σ x²) and m, laid out as 2C + 1 float64 [(Σ x, Σ x²) per channel,
+        then m], are summed over the ranks by ``communicator.all_reduce_sum_float64(totals, 2C + 1)``
+        (the backend's storage of them: a device address on CUDA, a NumPy array on the host) before
+        normalising: μ, σ² and m are those of every rank's batch together.
         """
 
     @abstractmethod
@@ -496,7 +503,7 @@ class Backend(ABC):
 
     @abstractmethod
     def batch_norm_backward(self, mode: "BatchNormMode", x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
-                            save_inv_std, bias=None, relu: bool = False) -> None:
+                            save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
         """cudnnBatchNormalizationBackward (all alphas 1, betas 0), from the saved μ and 1/√(σ² + eps):
 
             x̂ = (x - μ)/√(σ² + eps);  dbias = Σ dy;  dscale = Σ dy·x̂
@@ -504,6 +511,10 @@ class Backend(ABC):
 
         ``relu`` (the fast engine only, with ``bias``): dy is the gradient after the ReLU the forward
         pass applied; dy·[scale·x̂ + bias > 0] takes its place above.
+
+        ``communicator``: as in the forward, the totals (Σ dy, Σ dy·(x - μ)) and m are summed over the
+        ranks before dx is computed from them; dscale and dbias are this rank's sums (averaged over
+        the ranks afterwards with every other gradient, they become the gradient of the mean loss).
         """
 
 

@@ -5,11 +5,13 @@ one GPU, then N ranks started as ``cudnnnet-train --gpus N`` starts them (``laun
 A rank trains its shard of every epoch at the workload's batch per GPU, the gradients averaged by
 NCCL inside the captured step; rank 0's epoch time (synchronised: the all-reduce holds the ranks
 together) is reported, after one warm-up epoch. Scaling is one GPU's median epoch over N GPUs'.
+The micro workload is timed by the step instead (``scaling_micro``): its one batch split among the ranks.
 With ``--compare torch``, PyTorch DDP trains the same workloads on the same GPUs (``torch_ddp``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import subprocess
@@ -20,6 +22,7 @@ from pathlib import Path
 from .. import distributed
 from ..errors import DistributedError
 from .measuring import epoch_summary
+from .scaling_micro import micro_steps
 from .settings import SCALABLE, SCALING_TARGETS
 from .workloads import data_dir, generated_data, train_epoch, training_images, workload_config
 
@@ -44,9 +47,14 @@ def measure_scaling(settings: dict, gpus: int) -> dict:
         for engine, single in one[name].items():
             many = several[name][engine]
             workloads.setdefault(name, {})[engine] = {
-                "one_gpu": single, "several_gpus": many, "scaling": single["epoch_ms"] / many["epoch_ms"],
+                "one_gpu": single, "several_gpus": many, "scaling": milliseconds(single) / milliseconds(many),
                 "target": None if engine == "torch_ddp" else SCALING_TARGETS.get(name, {}).get(gpus)}
     return {"gpus": gpus, "epochs": settings["epochs"], "workloads": workloads}
+
+
+def milliseconds(summary: dict) -> float:
+    """A measurement's median: an epoch's, or the micro workload's step."""
+    return summary["epoch_ms"] if "epoch_ms" in summary else summary["step_ms"]
 
 
 def _measure(count: int, settings: dict, module: str = MODULE, plain: bool = True) -> dict:
@@ -76,7 +84,8 @@ def run_rank(settings: dict, result: Path) -> None:
     with generated_data(settings) as settings:
         for name in settings["workloads"]:
             for engine in settings["engines"]:
-                figures.setdefault(name, {})[engine] = _epochs(name, engine, settings, launch)
+                measure = micro_steps if name == "micro" else functools.partial(_epochs, name)
+                figures.setdefault(name, {})[engine] = measure(engine, settings, launch)
     if launch is None or launch.rank == 0:
         result.write_text(json.dumps(figures))
 
@@ -101,7 +110,7 @@ def _epochs(name: str, engine: str, settings: dict, launch) -> dict:
 
 
 def format_scaling(report: dict) -> str:
-    """The table: workload, engine, one GPU's and N GPUs' median epoch, the scaling and its target,
+    """The table: workload, engine, one GPU's and N GPUs' median epoch (micro: step), the scaling and its target,
     and where PyTorch DDP ran, its N-GPU epoch over each engine's (> 1: cudnnnet is faster)."""
     gpus = report["gpus"]
     header = ("workload", "engine", "1 GPU (ms)", f"{gpus} GPUs (ms)", "scaling", "target", "status", "DDP/ours")
@@ -112,8 +121,8 @@ def format_scaling(report: dict) -> str:
             target = row["target"]
             status = "" if target is None else ("PASS" if row["scaling"] >= target else "MISS")
             versus = "" if ddp is None or engine == "torch_ddp" else \
-                f"{ddp['several_gpus']['epoch_ms'] / row['several_gpus']['epoch_ms']:.2f}x"
-            rows.append((name, engine, f"{row['one_gpu']['epoch_ms']:.2f}", f"{row['several_gpus']['epoch_ms']:.2f}",
+                f"{milliseconds(ddp['several_gpus']) / milliseconds(row['several_gpus']):.2f}x"
+            rows.append((name, engine, f"{milliseconds(row['one_gpu']):.2f}", f"{milliseconds(row['several_gpus']):.2f}",
                          f"{row['scaling']:.2f}x", "" if target is None else f">= {target:g}x", status, versus))
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     lines = ["  ".join(cell.ljust(width) if column < 2 else cell.rjust(width)

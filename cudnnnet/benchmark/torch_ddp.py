@@ -4,7 +4,8 @@ One process per GPU (started as cudnnnet's ranks are), ``torch.distributed`` ove
 launcher's MASTER_ADDR:MASTER_PORT; each rank trains its own contiguous part of a seeded permutation
 of the training set at the workload's batch per GPU, eagerly (DDP's usual mode: its gradient buckets
 are all-reduced during the backward pass), the model and optimiser of ``torch_reference``. Rank 0's
-median epoch is reported.
+median epoch is reported; for the micro workload, its median step (the one batch split among the
+ranks, as ``scaling_micro`` splits it).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import training
-from .measuring import epoch_summary, timed_calls
-from .torch_reference import TorchTraining, set_torch_math
-from .workloads import data_dir, generated_data, workload_config
+from .measuring import epoch_summary, step_summary, timed_calls
+from .scaling_micro import micro_part
+from .settings import MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS
+from .torch_reference import TorchTraining, set_torch_math, torch_micro_model
+from .workloads import data_dir, generated_data, micro_data, workload_config
 
 log = logging.getLogger(__name__)
 MODULE = "cudnnnet.benchmark.torch_ddp"
@@ -38,7 +41,8 @@ def run_rank(settings: dict, result: Path) -> None:
         figures = {}
         with generated_data(settings) as settings:
             for name in settings["workloads"]:
-                figures[name] = _epochs(torch, name, settings, rank, world_size)
+                measure = _micro_steps if name == "micro" else _epochs
+                figures[name] = measure(torch, name, settings, rank, world_size)
         if rank == 0:
             result.write_text(json.dumps(figures))
     finally:
@@ -61,6 +65,34 @@ def _epochs(torch, name: str, settings: dict, rank: int, world_size: int) -> dic
     summary = epoch_summary(seconds, len(labels))
     log.info("torch DDP %s on %d GPU%s: %.2f ms an epoch", name, world_size, "s" if world_size > 1 else "",
              summary["epoch_ms"])
+    return summary
+
+
+def _micro_steps(torch, name: str, settings: dict, rank: int, world_size: int) -> dict:
+    """The micro step with DDP: this rank's part of the one batch (``scaling_micro.micro_part``), eager."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    size = settings["micro_size"]
+    set_torch_math(torch, settings["math"])
+    model = DistributedDataParallel(torch_micro_model(torch, size, "cuda"), device_ids=[0])
+    optimizer = torch.optim.SGD(model.parameters(), lr=MICRO_LEARNING_RATE)
+    part = micro_part(size, rank, world_size)
+    inputs, targets = (torch.from_numpy(np.ascontiguousarray(array[part])).to("cuda") for array in micro_data(size))
+    bf16 = settings["math"] == "bf16"
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            outputs = model(inputs)
+        # J = ½·Σ (ŷ - y)² / (this rank's samples): DDP's average over the ranks is the whole batch's
+        (0.5 * (outputs.float() - targets).pow(2).sum() / len(part)).backward()
+        optimizer.step()
+
+    seconds = timed_calls(step, settings["repeat"], torch.cuda.synchronize, MICRO_WARMUP, MICRO_WARMUP_SECONDS)
+    set_torch_math(torch, "fp32")
+    summary = step_summary(seconds)
+    log.info("torch DDP micro on %d GPU%s: %.2f ms a step", world_size, "s" if world_size > 1 else "",
+             summary["step_ms"])
     return summary
 
 

@@ -300,7 +300,8 @@ class TorchMemory:
         return None if self.cuda is None else (self.cuda.max_memory_allocated() - self.baseline) / MIB
 
 
-def micro_model(torch, size: int, device: str):
+def torch_micro_model(torch, size: int, device: str):
+    """The micro-benchmark's network in PyTorch: Linear → Tanh → Linear → Sigmoid → Linear → Sigmoid."""
     features, hidden1, hidden2, outputs = micro_layer_sizes(size)
     nn = torch.nn
     return nn.Sequential(nn.Linear(features, hidden1), nn.Tanh(), nn.Linear(hidden1, hidden2), nn.Sigmoid(),
@@ -310,7 +311,7 @@ def micro_model(torch, size: int, device: str):
 def pure_bf16_micro_step(torch, size: int, device: str):
     """(model, step): the micro step in PyTorch's pure bfloat16, a model of its own with bfloat16 weights
     (SGD updates them in bfloat16) on bfloat16 inputs, the loss in FP32 from the bfloat16 outputs."""
-    model = micro_model(torch, size, device).to(torch.bfloat16)
+    model = torch_micro_model(torch, size, device).to(torch.bfloat16)
     optimizer = torch.optim.SGD(model.parameters(), lr=MICRO_LEARNING_RATE)
     inputs, targets = (torch.from_numpy(array).to(device) for array in micro_data(size))
     inputs = inputs.to(torch.bfloat16)  # (N, features)
@@ -329,7 +330,7 @@ def torch_micro(torch, size: int, repeat: int, maths, device: str,
     """Median ms of the micro-benchmark step with PyTorch, eager and (on CUDA) as a CUDA graph, the
     graph also at steady state (``steady``: seconds of untimed replays, timed replays); in bf16 on
     CUDA, PyTorch's pure bfloat16 step too (``pure_bf16_micro_step``), as a graph and at steady state."""
-    model = micro_model(torch, size, device)
+    model = torch_micro_model(torch, size, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=MICRO_LEARNING_RATE)
     inputs, targets = (torch.from_numpy(array).to(device) for array in micro_data(size))
 

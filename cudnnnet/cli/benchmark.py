@@ -81,11 +81,13 @@ the micro's bf16 rows) PyTorch also runs in pure bfloat16 as a captured graph, a
 and the input in bfloat16 (``model.to(torch.bfloat16)``), the loss in FP32 from the bfloat16
 outputs.
 
-``--gpus N`` times mlp, cnn, bn_cnn and cifar10 (those ``--only`` names) on one GPU, then on N GPUs of
-this host (one process per GPU, as ``cudnnnet-train --gpus N``), each in both engines (``--engines``),
-and prints workload | engine | 1 GPU | N GPUs | scaling | target | status (benchmark/scaling.py); with
-``--compare torch`` PyTorch DistributedDataParallel trains them eagerly on the same GPUs
-(benchmark/torch_ddp.py), and DDP/ours is its N-GPU epoch over each engine's.
+``--gpus N`` times mlp, cnn, bn_cnn, cifar10 and micro (those ``--only`` names) on one GPU, then on N
+GPUs of this host (one process per GPU, as ``cudnnnet-train --gpus N``), each in both engines
+(``--engines``), and prints workload | engine | 1 GPU | N GPUs | scaling | target | status
+(benchmark/scaling.py): median epochs, and for micro the median step, its one batch of
+``--micro-size`` samples split among the GPUs (benchmark/scaling_micro.py); with ``--compare torch``
+PyTorch DistributedDataParallel trains them eagerly on the same GPUs (benchmark/torch_ddp.py), and
+DDP/ours is its N-GPU epoch (step) over each engine's.
 
 Output: log lines on stderr, then the table on stdout (workload | unit | slides | fast | torch
 eager | torch graph | torch/slides | torch/fast | slides target | fast target | status; with
@@ -124,8 +126,8 @@ from pathlib import Path
 from ..backends import no_gpu_reason
 from ..benchmark.report import build_report, format_table, table_header
 from ..benchmark.scaling import format_scaling, measure_scaling
-from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MICRO_SIZE,
-                                  SCALABLE, STEADY_REPLAYS, STEADY_SECONDS, WORKLOAD_MATHS, WORKLOADS)
+from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MATHS,
+                                  MICRO_SIZE, SCALABLE, STEADY_REPLAYS, STEADY_SECONDS, WORKLOAD_MATHS, WORKLOADS)
 from ..engine import ENGINES
 from ..errors import DeviceUnavailableError, UsageError
 from ..files import atomic_write
@@ -279,6 +281,9 @@ def _scaling(args) -> int:
     names = [name for name in args.only if name in SCALABLE]
     if not names:
         raise UsageError(f"--gpus N times {', '.join(SCALABLE)}; --only names none of them")
+    if "micro" in names and args.math not in MATHS:
+        raise UsageError(f"--gpus N times micro in {', '.join(MATHS[:-1])} or {MATHS[-1]}; --math {args.math} "
+                         f"applies to the other workloads only (leave micro out of --only)")
     settings = {**resolve_settings(argparse.Namespace(**{**vars(args), "device": "cuda"})), "workloads": names}
     report = measure_scaling(settings, args.gpus)
     if args.json:

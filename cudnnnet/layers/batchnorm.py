@@ -9,7 +9,10 @@
     backward   x̂ = (x - μ)/√(σ² + eps);  dβ = Σ dy;  dγ = Σ dy·x̂
                dx = γ/(m·√(σ² + eps))·(m·dy - dβ - x̂·dγ)         cudnnBatchNormalizationBackward
 
-m is the number of values each statistic is taken over. The running mean and variance are
+m is the number of values each statistic is taken over. Synchronised (``sync=True``, in the fast
+engine) and given a communicator by data-parallel training, μ, σ² and m are those of every rank's
+batch together, and dx takes every rank's Σ dy and Σ dy·x̂ (the backend sums them over the ranks
+inside the step); without several ranks it is plain batch normalisation. The running mean and variance are
 buffers, not parameters: saved in checkpoints beside the weights, never touched by the optimiser.
 
 In the fast engine training runs our kernels (backends/cuda/batch_norm.py) in place of cuDNN's
@@ -31,8 +34,10 @@ MIN_EPS = 1e-5  # CUDNN_BN_MIN_EPSILON
 
 
 class BatchNorm(Layer):
-    def __init__(self, name: str, mode: str = "auto", momentum: float = 0.1, eps: float = 1e-5):
+    def __init__(self, name: str, mode: str = "auto", momentum: float = 0.1, eps: float = 1e-5, sync: bool = False):
         super().__init__(name)
+        if not isinstance(sync, bool):
+            raise InvalidArgumentError(f"layer {name!r}: sync must be true or false, got {sync!r}")
         if mode not in MODES:
             raise InvalidArgumentError(f"layer {name!r}: unknown batch normalisation mode {mode!r}; "
                                        f"valid modes are {', '.join(MODES)}")
@@ -43,7 +48,8 @@ class BatchNorm(Layer):
                                        f"float32 (the device's arithmetic) rounds to 0")
         eps = finite_real(eps, f"layer {name!r}: eps", f"in [{MIN_EPS:g}, {FLOAT32_MAX:g}] (cuDNN's minimum, float32's "
                           f"largest number)", lambda value: MIN_EPS <= value <= FLOAT32_MAX)
-        self.mode, self.momentum, self.eps = mode, float(momentum), eps
+        self.mode, self.momentum, self.eps, self.sync = mode, float(momentum), eps, sync
+        self.communicator = None  # the ranks' communicator, set by data-parallel training where ``sync``
         self.batch_norm_mode = None  # BatchNormMode, resolved from ``mode`` and the input at build
         self.weight = self.bias = self.grad_weight = self.grad_bias = None  # γ, β and their gradients
         self.running_mean = self.running_var = None
@@ -51,7 +57,7 @@ class BatchNorm(Layer):
         self.activation = None  # the ActivationDescriptor of a following ReLU (applied here in the fast engine)
 
     def config(self):
-        return {"mode": self.mode, "momentum": self.momentum, "eps": self.eps}
+        return {"mode": self.mode, "momentum": self.momentum, "eps": self.eps, **({"sync": True} if self.sync else {})}
 
     def _mode_for(self, input_shape) -> BatchNormMode:
         """spatial on planes (after Conv2D), per activation on vectors (after Dense), unless set."""
@@ -129,7 +135,7 @@ class BatchNorm(Layer):
         # running statistics ← (1 - momentum)·running + momentum·batch
         b.batch_norm_forward_training(mode, input, self.output, self.weight, self.bias, self.momentum,
                                       self.running_mean, self.running_var, self.eps, self.save_mean,
-                                      self.save_inv_std, relu=relu)
+                                      self.save_inv_std, relu=relu, **self._synchronised())
         return self.output
 
     def backward(self, grad_output: Tensor) -> Tensor:
@@ -141,6 +147,11 @@ class BatchNorm(Layer):
         relu = self.applies_relu
         self.backend.batch_norm_backward(self.batch_norm_mode, self.input, grad_output, self.grad_input, self.weight,
                                          self.grad_weight, self.grad_bias, self.eps, self.save_mean,
-                                         self.save_inv_std, **({"bias": self.bias, "relu": True} if relu else {}))
+                                         self.save_inv_std, **({"bias": self.bias, "relu": True} if relu else {}),
+                                         **self._synchronised())
         return self.grad_input
+
+    def _synchronised(self) -> dict:
+        """The verbs' ``communicator`` argument where the statistics are summed over several ranks."""
+        return {} if self.communicator is None else {"communicator": self.communicator}
 

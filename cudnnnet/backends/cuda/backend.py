@@ -1026,17 +1026,17 @@ class CudaBackend(ArrayProtocols, Backend):
                                reserve.buffer.ptr, reserve.nbytes)
 
     def batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
-                                    eps: float, save_mean, save_inv_std, relu: bool = False) -> None:
+                                    eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
         """cudnnBatchNormalizationForwardTraining; in the fast engine our kernels (batch_norm.py), which
-        also apply a ReLU to y where ``relu``."""
+        also apply a ReLU to y where ``relu`` and sum the statistics over a ``communicator``'s ranks."""
         _same_shape("batch_norm_forward_training", x, y)
         p = self._batch_norm_parameters("batch_norm_forward_training", mode, x, scale, bias, running_mean,
                                         running_var, save_mean, save_inv_std)
         if self.engine.batch_norm_kernel:
             self._batch_norm.forward(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
-                                     save_inv_std, relu)
+                                     save_inv_std, relu, communicator)
             return
-        _no_relu("batch_norm_forward_training", relu)
+        _no_relu("batch_norm_forward_training", relu, communicator)
         t = self._descriptors.tensor(x.shape).handle
         cudnn.batch_normalization_forward_training(
             self._cudnn, int(mode), self._scalar(1.0), self._scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
@@ -1053,7 +1053,7 @@ class CudaBackend(ArrayProtocols, Backend):
             scale.data.ptr, bias.data.ptr, mean.data.ptr, var.data.ptr, float(eps))
 
     def batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
-                            save_inv_std, bias=None, relu: bool = False) -> None:
+                            save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
         """cudnnBatchNormalizationBackward; in the fast engine our kernels (batch_norm.py), which with
         ``relu`` take dy as the gradient after a ReLU applied by the forward pass (``bias`` given)."""
         _same_shape("batch_norm_backward", x, dy)
@@ -1064,9 +1064,9 @@ class CudaBackend(ArrayProtocols, Backend):
             if relu and bias is None:
                 raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")
             self._batch_norm.backward(mode, x, dy, dx, scale, scale if bias is None else bias, dscale, dbias,
-                                      save_mean, save_inv_std, relu)
+                                      save_mean, save_inv_std, relu, communicator)
             return
-        _no_relu("batch_norm_backward", relu)
+        _no_relu("batch_norm_backward", relu, communicator)
         t = self._descriptors.tensor(x.shape).handle
         one, zero = self._scalar(1.0), self._scalar(0.0)
         cudnn.batch_normalization_backward(
@@ -1131,10 +1131,10 @@ class ConvolutionTimer:
 
 
 # ---- argument checks (cheap, host-side: a bad size must not become an out-of-bounds access) -----
-def _no_relu(call: str, relu: bool) -> None:
-    if relu:
-        raise UsageError(f"{call}: relu is applied by the fast engine's kernels only; the slides engine runs "
-                         "cuDNN's calls and the Activation layer its own")
+def _no_relu(call: str, relu: bool, communicator) -> None:
+    if relu or communicator is not None:
+        raise UsageError(f"{call}: {'relu' if relu else 'a communicator (synchronised statistics)'} is the fast "
+                         "engine's kernels' only; the slides engine runs cuDNN's calls on this rank's batch")
 
 
 def _check_fits(call: str, storage: DeviceBuffer, offset: int, size: int) -> None:

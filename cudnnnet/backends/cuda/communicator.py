@@ -16,6 +16,7 @@ from ...tensor import Tensor
 from .bindings import nccl, runtime
 from .bindings.loader import load_library
 from .handles import Event, Stream
+from .kernel import BLOCK_SIZE, MAX_BLOCKS
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,11 @@ class Communicator:
         # x = Σ_r x_r / R
         nccl.all_reduce(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, nccl.AVG, self._live(), self.stream)
 
+    def all_reduce_sum_float64(self, pointer: int, count: int) -> None:
+        """``count`` doubles at ``pointer`` = Σ_ranks of them, in place (synchronised BatchNorm's totals)."""
+        # x = Σ_r x_r
+        nccl.all_reduce(pointer, pointer, count, nccl.FLOAT64, nccl.SUM, self._live(), self.stream)
+
     def all_reduce_max(self, tensor: Tensor) -> None:
         """tensor = max over the ranks, element-wise, in place."""
         nccl.all_reduce(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, nccl.MAX, self._live(), self.stream)
@@ -61,14 +67,31 @@ class Communicator:
         """Every rank's ``tensor`` takes rank ``root``'s values."""
         nccl.broadcast(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, root, self._live(), self.stream)
 
-    def reduce_async(self, pointer: int, count: int) -> None:
+    def reduce_async(self, pointer: int, count: int, staging: int | None = None) -> None:
         """x = (1/world_size)·Σ_ranks x over ``count`` floats at ``pointer``, in place, on the side
-        stream, once everything queued so far on the backend's stream is done; ``join`` waits for it."""
+        stream, once everything queued so far on the backend's stream is done; ``join`` waits for it.
+        With ``staging`` (room for ``count`` bfloat16) the average is taken in bfloat16 (``average``)."""
         main = self.backend.context.stream
         self._forked.record(main)
         runtime.stream_wait_event(self.side_stream.handle, self._forked.handle)
         # x = Σ_r x_r / R   (on the side stream, overlapping what the backend's stream does next)
-        nccl.all_reduce(pointer, pointer, count, nccl.FLOAT32, nccl.AVG, self._live(), self.side_stream.address)
+        self.average(pointer, count, staging, self.side_stream)
+
+    def average(self, pointer: int, count: int, staging: int | None = None, stream: Stream | None = None) -> None:
+        """x = (1/world_size)·Σ_ranks x over ``count`` floats at ``pointer``, in place, queued on ``stream``
+        (the backend's by default): in float32, or with ``staging`` rounded to bfloat16 there, averaged
+        in bfloat16 (ncclBfloat16, half the bytes) and widened back into x."""
+        stream = stream or self.backend.context.stream
+        if staging is None:
+            nccl.all_reduce(pointer, pointer, count, nccl.FLOAT32, nccl.AVG, self._live(), stream.address)
+            return
+        blocks, kernel = min(MAX_BLOCKS, -(-count // BLOCK_SIZE)), self.backend.context.kernel
+        # s = bf16(x)
+        kernel("to_bf16").launch(blocks, stream.handle, staging, pointer, count)
+        # s = Σ_r s_r / R   in bfloat16
+        nccl.all_reduce(staging, staging, count, nccl.BFLOAT16, nccl.AVG, self._live(), stream.address)
+        # x = float(s)
+        kernel("bf16_to_float").launch(blocks, stream.handle, pointer, staging, 1.0, 0.0, count)
 
     def join(self) -> None:
         """The backend's stream waits for every collective queued by ``reduce_async``."""

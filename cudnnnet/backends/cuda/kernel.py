@@ -78,9 +78,12 @@ KERNELS = {
     "to_bf16_x4": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),
     "bf16_to_float": ("bf16.cu", (c_void_p, c_void_p, c_float, c_float, c_longlong)),
     "batch_norm_sums": ("batch_norm.cu", (c_void_p, c_void_p) + (c_int,) * 5),
-    "batch_norm_forward_apply": ("batch_norm.cu", (c_void_p,) * 9 + (c_float, c_float) + (c_int,) * 6),
+    "batch_norm_forward_apply": ("batch_norm.cu", (c_void_p, c_void_p, c_void_p, c_int) + (c_void_p,) * 7
+                                 + (c_float, c_float) + (c_int,) * 6),
     "batch_norm_gradient_sums": ("batch_norm.cu", (c_void_p,) * 7 + (c_int,) * 6),
-    "batch_norm_backward_apply": ("batch_norm.cu", (c_void_p,) * 10 + (c_int,) * 6),
+    "batch_norm_backward_apply": ("batch_norm.cu", (c_void_p,) * 4 + (c_int,) + (c_void_p,) * 7 + (c_int,) * 6),
+    "batch_norm_totals": ("batch_norm.cu", (c_void_p, c_void_p, c_int, c_int, c_longlong, c_void_p, c_void_p,
+                                            c_void_p)),
     "adam_update_many": ("adam_update_many.cu", (c_void_p, c_int, c_longlong, c_void_p, c_float, c_void_p, c_float,
                                                  c_float, c_float, c_float, c_int, c_void_p)),
     # math fp16 and its dynamic loss scaling

@@ -34,7 +34,6 @@ from ..base import (
     ActivationDescriptor,
     ActivationMode,
     Backend,
-    BatchNormMode,
     ConvolutionDescriptor,
     PoolingDescriptor,
     PoolingMode,
@@ -44,6 +43,7 @@ from ..base import (
     check_loss_scale,
     check_nonfinite_operands,
 )
+from . import batch_norm
 
 log = logging.getLogger(__name__)
 
@@ -692,49 +692,23 @@ class HostBackend(Backend):
         np.multiply(_nd(dy), reserve.reshape(dy.shape), out=_nd(dx))
 
     def batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
-                                    eps: float, save_mean, save_inv_std, relu: bool = False) -> None:
-        """Batch statistics in float64, cuDNN's running averages (unbiased variance); y = max(y, 0) where ``relu``."""
-        axes, shape = _batch_norm_axes(mode, x, scale)
-        values = _nd(x).astype(np.float64)
-        count = values.size // int(np.prod(shape))
-        mean = values.mean(axis=axes, keepdims=True)
-        variance = ((values - mean) ** 2).mean(axis=axes, keepdims=True)
-        inv_std = 1.0 / np.sqrt(variance + eps)
-        _nd(y)[...] = _nd(scale).reshape(shape) * (values - mean) * inv_std + _nd(bias).reshape(shape)
-        if relu:
-            np.maximum(_nd(y), 0, out=_nd(y))
-        unbiased = variance * count / max(count - 1, 1)
-        _nd(running_mean)[...] = ((1 - factor) * _nd(running_mean).reshape(shape) + factor * mean).reshape(running_mean.shape)
-        _nd(running_var)[...] = ((1 - factor) * _nd(running_var).reshape(shape) + factor * unbiased).reshape(running_var.shape)
-        _nd(save_mean)[...] = mean.reshape(save_mean.shape)
-        _nd(save_inv_std)[...] = inv_std.reshape(save_inv_std.shape)
+                                    eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
+        """Batch statistics in float64 (batch_norm.py), over a ``communicator``'s ranks where given."""
+        batch_norm.forward_training(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
+                                    save_inv_std, relu, communicator)
 
     def batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
         """y = scale·(x - mean)/√(var + eps) + bias."""
-        _, shape = _batch_norm_axes(mode, x, scale)
-        inv_std = 1.0 / np.sqrt(_nd(var).reshape(shape).astype(np.float64) + eps)
-        _nd(y)[...] = _nd(scale).reshape(shape) * (_nd(x) - _nd(mean).reshape(shape)) * inv_std + _nd(bias).reshape(shape)
+        batch_norm.forward_inference(mode, x, y, scale, bias, mean, var, eps)
 
     def batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
-                            save_inv_std, bias=None, relu: bool = False) -> None:
-        """dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale·inv_std/m·(m·dy - dbias - x̂·dscale); with ``relu``
-        dy·[scale·x̂ + bias > 0] in place of dy (the gradient through the forward's ReLU)."""
-        axes, shape = _batch_norm_axes(mode, x, scale)
+                            save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
+        """dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale·inv_std/m·(m·dy - dbias - x̂·dscale) (batch_norm.py)."""
         _same_shape("batch_norm_backward", x, dy)
         _same_shape("batch_norm_backward", x, dx)
         if relu and bias is None:
             raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")
-        inv_std = _nd(save_inv_std).reshape(shape).astype(np.float64)
-        normalized = (_nd(x) - _nd(save_mean).reshape(shape)) * inv_std  # x̂
-        grad = _nd(dy).astype(np.float64)
-        if relu:
-            grad = np.where(_nd(scale).reshape(shape) * normalized + _nd(bias).reshape(shape) > 0, grad, 0.0)
-        count = grad.size // int(np.prod(shape))
-        bias_grad = grad.sum(axis=axes, keepdims=True)
-        scale_grad = (grad * normalized).sum(axis=axes, keepdims=True)
-        _nd(dx)[...] = _nd(scale).reshape(shape) * inv_std / count * (count * grad - bias_grad - normalized * scale_grad)
-        _nd(dscale)[...] = scale_grad.reshape(dscale.shape)
-        _nd(dbias)[...] = bias_grad.reshape(dbias.shape)
+        batch_norm.backward(mode, x, dy, dx, scale, dscale, dbias, save_mean, save_inv_std, bias, relu, communicator)
 
 
 class HostDropoutState:
@@ -743,16 +717,3 @@ class HostDropoutState:
     def __init__(self, rate: float, generator: np.random.Generator):
         self.rate, self.generator = rate, generator
 
-
-def _batch_norm_axes(mode, x: Tensor, scale: Tensor) -> tuple[tuple[int, ...], tuple[int, int, int, int]]:
-    """(the axes statistics run over, the parameters' shape) for ``mode``; a ShapeError if ``scale`` does not fit."""
-    if mode == BatchNormMode.SPATIAL:
-        axes, shape = (0, 2, 3), (1, x.c, 1, 1)
-    elif mode == BatchNormMode.PER_ACTIVATION:
-        axes, shape = (0,), (1,) + x.shape[1:]
-    else:
-        raise UsageError(f"unknown batch normalisation mode {mode!r}; valid are PER_ACTIVATION (0) and SPATIAL (1)")
-    if scale.size != int(np.prod(shape)):
-        raise ShapeError(f"batch normalisation: parameters of shape {scale.shape} do not fit x {x.shape} in mode {mode!r}; "
-                         f"expected {shape}")
-    return axes, shape

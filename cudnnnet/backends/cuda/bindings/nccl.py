@@ -16,7 +16,7 @@ from ....errors import DeviceUnavailableError, NcclError
 from . import calls
 
 UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
-FLOAT32 = 7  # ncclFloat32
+FLOAT32, FLOAT64, BFLOAT16 = 7, 8, 9  # ncclFloat32, ncclFloat64, ncclBfloat16 (NCCL >= 2.10)
 SUM, AVG, MAX = 0, 4, 2  # ncclSum, ncclAvg (NCCL >= 2.10), ncclMax
 SUCCESS, IN_PROGRESS = 0, 7  # ncclSuccess, ncclInProgress
 

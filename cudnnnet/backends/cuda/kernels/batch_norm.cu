@@ -18,6 +18,11 @@
 //             batch_norm_backward_apply:  dbias = Σ dy', dscale = Σ dy'·x̂ (block g = 0 writes them)
 //                                         dx = scale/(m·√(σ² + eps))·(m·dy' - dbias - x̂·dscale)
 //
+// Synchronised batch normalisation (several ranks) puts an all-reduce between the two launches:
+// batch_norm_totals adds each channel's partials into totals[c] = (Σ a, Σ b) and totals[2C] = m (the
+// backward also writes dbias, dscale from this rank's totals), the totals are summed over the ranks
+// (batch_norm.py), and the apply kernel reads them (sum_groups 1, m from count) in place of the partials.
+//
 // Deterministic: every sum is taken in a fixed order (each thread its values in increasing order,
 // a fixed shuffle tree, the partials in increasing g), so the result has the same bits on every
 // launch. Offsets are 32-bit: batch_norm.py checks that N·C·P < 2^31.
@@ -88,6 +93,12 @@ __device__ float2 affine(float scale, float bias, float mean, float inv_std) {
     return make_float2(a, __fsub_rn(bias, __fmul_rn(mean, a)));
 }
 
+// m, the values each statistic is taken over: every rank's (count, after the all-reduce of the totals)
+// or this launch's.
+__device__ double values_per_statistic(const double* count, int samples, int positions) {
+    return count != nullptr ? *count : (double)samples * positions;
+}
+
 __device__ float pre_activation(float x, float2 ab) { return __fmaf_rn(x, ab.x, ab.y); }
 
 extern "C" __global__ void batch_norm_sums(double* partials, const float* __restrict__ x, int channels,
@@ -107,16 +118,17 @@ extern "C" __global__ void batch_norm_sums(double* partials, const float* __rest
 }
 
 extern "C" __global__ void batch_norm_forward_apply(float* y, const float* __restrict__ x, const double* partials,
-                                                    const float* scale, const float* bias, float* running_mean,
-                                                    float* running_var, float* save_mean, float* save_inv_std,
-                                                    float factor, float eps, int relu, int channels, int positions,
-                                                    int samples, int group_samples, int groups) {
+                                                    int sum_groups, const double* count, const float* scale,
+                                                    const float* bias, float* running_mean, float* running_var,
+                                                    float* save_mean, float* save_inv_std, float factor, float eps,
+                                                    int relu, int channels, int positions, int samples,
+                                                    int group_samples, int groups) {
     const Group at(channels, positions, samples, group_samples, groups);
     __shared__ float2 shared_ab;
     if (threadIdx.x == 0) {
         double sum, squares;
-        channel_sums(partials, at.channel, groups, sum, squares);
-        const double m = (double)samples * positions;
+        channel_sums(partials, at.channel, sum_groups, sum, squares);
+        const double m = values_per_statistic(count, samples, positions);
         const double mean = sum / m;
         const double variance = fmax(squares / m - mean * mean, 0.0);
         const float inv_std = (float)(1.0 / sqrt(variance + (double)eps));
@@ -164,6 +176,7 @@ extern "C" __global__ void batch_norm_gradient_sums(double* partials, const floa
 
 extern "C" __global__ void batch_norm_backward_apply(float* dx, const float* __restrict__ x,
                                                      const float* __restrict__ dy, const double* partials,
+                                                     int sum_groups, const double* count,
                                                      const float* scale, const float* bias, float* dscale,
                                                      float* dbias, const float* save_mean, const float* save_inv_std,
                                                      int relu, int channels, int positions, int samples,
@@ -175,13 +188,13 @@ extern "C" __global__ void batch_norm_backward_apply(float* dx, const float* __r
     __shared__ float3 shared_k;
     if (threadIdx.x == 0) {
         double bias_grad, products;
-        channel_sums(partials, c, groups, bias_grad, products);
-        const double m = (double)samples * positions;
+        channel_sums(partials, c, sum_groups, bias_grad, products);
+        const double m = values_per_statistic(count, samples, positions);
         const double scale_grad = products * inv_std;  // Σ dy'·x̂
         const double k = (double)scale[c] * inv_std;
         // dx = k·dy' - k·dbias/m - k·inv_std·dscale/m·(x - μ)
         shared_k = make_float3((float)k, (float)(k * bias_grad / m), (float)(k * inv_std * scale_grad / m));
-        if (at.group == 0) {
+        if (at.group == 0 && dscale != nullptr) {  // null: batch_norm_totals wrote this rank's
             dscale[c] = (float)scale_grad;
             dbias[c] = (float)bias_grad;
         }
@@ -193,5 +206,21 @@ extern "C" __global__ void batch_norm_backward_apply(float* dx, const float* __r
         const float value = x[o];
         const float grad = relu && !(pre_activation(value, ab) > 0.f) ? 0.f : dy[o];
         dx[o] = k.x * grad - k.y - k.z * (value - mean);
+    }
+}
+
+extern "C" __global__ void batch_norm_totals(double* totals, const double* partials, int channels, int groups,
+                                             long long count, float* dscale, float* dbias,
+                                             const float* save_inv_std) {
+    const int c = blockIdx.x * BLOCK_SIZE + threadIdx.x;
+    if (c == 0) totals[2 * channels] = (double)count;
+    if (c >= channels) return;
+    double a, b;
+    channel_sums(partials, c, groups, a, b);
+    totals[2 * c] = a;
+    totals[2 * c + 1] = b;
+    if (dscale != nullptr) {  // the backward's: this rank's dbias = Σ dy', dscale = Σ dy'·x̂
+        dscale[c] = (float)(b * save_inv_std[c]);
+        dbias[c] = (float)a;
     }
 }
