@@ -74,6 +74,10 @@ def micro_steps(engine: str, settings: dict, launch) -> dict:
                 step()
             seconds = timed_calls(graph.launch, settings["repeat"], backend.synchronize, MICRO_WARMUP,
                                   MICRO_WARMUP_SECONDS)
+    except BaseException as error:
+        # said before the teardown, whose watchdog may end the process before the error reaches its caller
+        log.error("micro %s on this rank failed: %s: %s", engine, type(error).__name__, error)
+        raise
     finally:
         if replicas is not None:
             replicas.finish(graphs=[graph], exit_code=1)
