@@ -24,7 +24,6 @@ their math type.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import logging
 import struct
@@ -55,7 +54,7 @@ from .convolution import BACKWARD_DATA, BACKWARD_FILTER, DIRECTION_NAMES, FORWAR
     backward_data_by_forward, make_plan, plan_with
 from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
 from .kernel import BLOCK_SIZE, MAX_BLOCKS, blocks_for
-from .low_precision import BF16_BYTES, HALF_FORMATS, Bf16Copies, Bf16Scratch
+from .low_precision import BF16_BYTES, HALF_FORMATS
 from . import pooling
 from .matmul import GemmEngine, GemmProblem, alignment
 
@@ -128,13 +127,9 @@ class CudaBackend(ArrayProtocols, Backend):
         self._stream = self.context.stream.handle
         self._cublas = self.context.cublas.handle
         self._descriptors = self.context.descriptors
-        self._constants = {1.0: ctypes.byref(self.context.one), 0.0: ctypes.byref(self.context.zero),
-                           -1.0: ctypes.byref(self.context.minus_one)}
-        self._gemm = GemmEngine(self.context, self._scalar)  # sgemm's plans
+        self._gemm = GemmEngine(self.context, self.context.scalar)  # sgemm's plans
         self._channel_sum = ChannelSum(self.context)  # convolution_backward_bias, with its scratch
         self._batch_norm = BatchNormKernels(self.context)  # the fast engine's batch normalisation in training
-        self._bf16 = Bf16Scratch(self.context)  # math "bf16"/"fp16": one call's operands outside a pass, convolution results
-        self._bf16_copies = Bf16Copies(self.context)  # math "bf16"/"fp16": each operand of a pass, converted once
         self._scaled_sgd_scalars: Tensor | None = None  # (6,): the loss-scaled cuBLAS SGD's coefficients
         self._activation_partial_sums: DeviceBuffer | None = None  # activation_bias_backward's slab sums
         self.math = "fp32"
@@ -182,18 +177,9 @@ class CudaBackend(ArrayProtocols, Backend):
         self.context.close()
         self._channel_sum.close()
         self._batch_norm.close()
-        self._bf16.close()
-        self._bf16_copies.close()
         if self._activation_partial_sums is not None:
             self._activation_partial_sums.free()
             self._activation_partial_sums = None
-
-    def _scalar(self, value):
-        """A host pointer to ``value`` as float32 (0, 1 and -1 are the context's constants)."""
-        if isinstance(value, Tensor):
-            raise UsageError("only saxpy, sscal, sgd_update and sgd_update_many take a one-element tensor as a scalar")
-        constant = self._constants.get(value)
-        return constant if constant is not None else ctypes.byref(ctypes.c_float(value))
 
     # ---- memory -------------------------------------------------------------------------------
     def empty(self, size: int) -> DeviceBuffer:
@@ -283,7 +269,7 @@ class CudaBackend(ArrayProtocols, Backend):
         if not self.engine.gemm_plans:
             self.context.finish_warm_up()  # the first GEMM waits for the cuBLAS warm-up thread, as a plan does
             # C = alpha·op(A)·op(B) + beta·C
-            cublas.sgemm(self._cublas, transa, transb, m, n, k, self._scalar(alpha), a, lda, b, ldb, self._scalar(beta),
+            cublas.sgemm(self._cublas, transa, transb, m, n, k, self.context.scalar(alpha), a, lda, b, ldb, self.context.scalar(beta),
                          c, ldc)
             return
         self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math=self.math, alignment=alignment(a, b, c)),
@@ -296,38 +282,28 @@ class CudaBackend(ArrayProtocols, Backend):
         cublasLtMatmul, matmul.py)."""
         self.context.finish_warm_up()
         fmt = HALF_FORMATS[self.math]
-        a16, b16 = self._bf16_operands((A, _extent(*_stored(transa, m, k, "A"), lda)),
-                                       (B, _extent(*_stored(transb, k, n, "B"), ldb)))
+        a16, b16 = self.context.half.operands((A, _extent(*_stored(transa, m, k, "A"), lda)),
+                                              (B, _extent(*_stored(transb, k, n, "B"), ldb)), fmt=fmt)
         if self.engine.gemm_plans:
             self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math=self.math, alignment=alignment(a16, b16, c)),
                       alpha, a16, b16, beta, c)
             return
         # C = alpha·op(bf16(A))·op(bf16(B)) + beta·C      (fp16(A), fp16(B) under math "fp16")
-        cublas.gemm_ex(self._cublas, transa, transb, m, n, k, self._scalar(alpha), a16, fmt.cublas_type, lda, b16,
-                       fmt.cublas_type, ldb, self._scalar(beta), c, cublas.R_32F, ldc, cublas.COMPUTE_32F,
+        cublas.gemm_ex(self._cublas, transa, transb, m, n, k, self.context.scalar(alpha), a16, fmt.cublas_type, lda, b16,
+                       fmt.cublas_type, ldb, self.context.scalar(beta), c, cublas.R_32F, ldc, cublas.COMPUTE_32F,
                        cublas.GEMM_DEFAULT)
-
-    def _bf16_operands(self, *operands: tuple[Tensor, int], output: int = 0) -> list[int]:
-        """The bfloat16 addresses of each (tensor, values read) of ``operands``: the pass's copies
-        (low_precision.Bf16Copies) inside a pass, else scratch slots converted now; then, where
-        ``output`` is non-zero, a scratch slot for that many bfloat16 results."""
-        pointers = [self._bf16_copies.pointer(tensor.data) for tensor, _ in operands]
-        missing = [(tensor.data.ptr, count) for (tensor, count), pointer in zip(operands, pointers) if pointer is None]
-        slots = iter(self._bf16.operands(*missing, output=output, fmt=HALF_FORMATS[self.math]))
-        pointers = [next(slots) if pointer is None else pointer for pointer in pointers]
-        return pointers + ([next(slots)] if output else [])
 
     def start_pass(self) -> None:
         """A network's forward and backward begin (Network.forward): under math "bf16" or "fp16", each
         GEMM and convolution operand is converted once, where first read, until ``end_pass``."""
         if self.math in HALF_FORMATS:
-            self._bf16_copies.start(HALF_FORMATS[self.math])
+            self.context.half.copies.start(HALF_FORMATS[self.math])
         else:
-            self._bf16_copies.stop()
+            self.context.half.copies.stop()
 
     def end_pass(self) -> None:
         """The pass's operands may change from here on: every bfloat16 copy is made again when next read."""
-        self._bf16_copies.stop()
+        self.context.half.copies.stop()
 
     def gemm(self, problem: GemmProblem, alpha: float, a: int, b: int, beta: float, c: int) -> None:
         """``problem`` on raw device pointers (sizes checked by the caller), with its timed plan:
@@ -340,8 +316,8 @@ class CudaBackend(ArrayProtocols, Backend):
         _check_matrix("sgemv", "A", A, m, n, lda)
         _check_vector("sgemv", "x", x, cols, incx)
         _check_vector("sgemv", "y", y, rows, incy)
-        cublas.sgemv(self._cublas, trans, m, n, self._scalar(alpha), A.data.ptr, lda, x.data.ptr, incx,
-                     self._scalar(beta), y.data.ptr, incy)
+        cublas.sgemv(self._cublas, trans, m, n, self.context.scalar(alpha), A.data.ptr, lda, x.data.ptr, incx,
+                     self.context.scalar(beta), y.data.ptr, incy)
 
     def saxpy(self, n, alpha, x, incx, y, incy) -> None:
         _check_vector("saxpy", "x", x, n, incx)
@@ -363,7 +339,7 @@ class CudaBackend(ArrayProtocols, Backend):
         """function(handle, n, &alpha, *operands): a float in host pointer mode, a one-element
         tensor in CUBLAS_POINTER_MODE_DEVICE (host mode restored afterwards)."""
         if not isinstance(alpha, Tensor):
-            function(self._cublas, n, self._scalar(alpha), *operands)
+            function(self._cublas, n, self.context.scalar(alpha), *operands)
             return
         self._check_device_scalar(function.__name__, alpha)
         with self._pointer_mode(device=True):
@@ -377,8 +353,8 @@ class CudaBackend(ArrayProtocols, Backend):
     def activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
         _same_shape("activation_forward", x, y)
         t = self._descriptors.tensor(x.shape).handle
-        cudnn.activation_forward(self._cudnn, self._descriptors.activation(desc).handle, self._scalar(alpha),
-                                 t, x.data.ptr, self._scalar(beta), t, y.data.ptr)
+        cudnn.activation_forward(self._cudnn, self._descriptors.activation(desc).handle, self.context.scalar(alpha),
+                                 t, x.data.ptr, self.context.scalar(beta), t, y.data.ptr)
 
     def activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnActivationBackward; in the fast engine kernels/activation.cu, which under math "bf16"
@@ -390,14 +366,14 @@ class CudaBackend(ArrayProtocols, Backend):
             return
         # dx = alpha·f'(x)·dy + beta·dx
         t = self._descriptors.tensor(x.shape).handle
-        cudnn.activation_backward(self._cudnn, self._descriptors.activation(desc).handle, self._scalar(alpha),
-                                  t, y.data.ptr, t, dy.data.ptr, t, x.data.ptr, self._scalar(beta), t, dx.data.ptr)
+        cudnn.activation_backward(self._cudnn, self._descriptors.activation(desc).handle, self.context.scalar(alpha),
+                                  t, y.data.ptr, t, dy.data.ptr, t, x.data.ptr, self.context.scalar(beta), t, dx.data.ptr)
 
     def _activation_backward_kernel(self, desc: ActivationDescriptor, alpha: float, y, dy, x, beta: float, dx) -> None:
         """dx = alpha·f'·dy + beta·dx (and dx₁₆ = bf16(dx)): four values a thread where every float32
         operand is 16-byte aligned, the rest one a thread."""
         count, mode, coef = x.size, int(desc.mode), float(desc.coef)
-        dx16 = self._bf16_copies.target(dx.data) if self.math == "bf16" and dx.size == dx.data.size else None
+        dx16 = self.context.half.copies.target(dx.data) if self.math == "bf16" and dx.size == dx.data.size else None
         pointers = (dx.data.ptr, x.data.ptr, y.data.ptr, dy.data.ptr)
         vectors = count // 4 if all(pointer % 16 == 0 for pointer in pointers) else 0
         if vectors:
@@ -417,15 +393,15 @@ class CudaBackend(ArrayProtocols, Backend):
         """Over each sample's c·h·w values: MODE_CHANNEL on an (n, c·h·w, 1, 1) descriptor."""
         _same_shape("softmax_forward", x, y)
         t = self._descriptors.tensor((x.n, x.sample_size, 1, 1)).handle
-        cudnn.softmax_forward(self._cudnn, cudnn.SOFTMAX_ACCURATE, cudnn.SOFTMAX_MODE_CHANNEL, self._scalar(alpha),
-                              t, x.data.ptr, self._scalar(beta), t, y.data.ptr)
+        cudnn.softmax_forward(self._cudnn, cudnn.SOFTMAX_ACCURATE, cudnn.SOFTMAX_MODE_CHANNEL, self.context.scalar(alpha),
+                              t, x.data.ptr, self.context.scalar(beta), t, y.data.ptr)
 
     def add_tensor(self, alpha, bias, beta, y) -> None:
         """cudnnAddTensor."""
         if any(b not in (1, s) for b, s in zip(bias.shape, y.shape)):
             raise ShapeError(f"add_tensor: bias of shape {bias.shape} does not broadcast to {y.shape}")
-        cudnn.add_tensor(self._cudnn, self._scalar(alpha), self._descriptors.tensor(bias.shape).handle, bias.data.ptr,
-                         self._scalar(beta), self._descriptors.tensor(y.shape).handle, y.data.ptr)
+        cudnn.add_tensor(self._cudnn, self.context.scalar(alpha), self._descriptors.tensor(bias.shape).handle, bias.data.ptr,
+                         self.context.scalar(beta), self._descriptors.tensor(y.shape).handle, y.data.ptr)
 
     # ---- cuDNN: convolution -------------------------------------------------------------------
     def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
@@ -557,13 +533,14 @@ class CudaBackend(ArrayProtocols, Backend):
         if plan.math in HALF_FORMATS:
             # out₁₆ = bf16(a) ⋆ bf16(b), then out = alpha·float(out₁₆) + beta·out   (fp16 under math "fp16")
             fmt = HALF_FORMATS[plan.math]
-            a16, b16, out16 = self._bf16_operands((a, a.size), (b, b.size), output=out.size)
-            direction.run(self._cudnn, self._scalar(1.0), a_desc, a16, b_desc, b16, conv, algorithm.algo, workspace,
-                          algorithm.workspace_bytes, self._scalar(0.0), out_desc, out16)
-            self._bf16.to_float(out.data.ptr, out16, alpha, beta, out.size, fmt=fmt)
+            a16, b16, out16 = self.context.half.operands((a, a.size), (b, b.size), output=out.size,
+                                                         fmt=HALF_FORMATS[self.math])
+            direction.run(self._cudnn, self.context.scalar(1.0), a_desc, a16, b_desc, b16, conv, algorithm.algo, workspace,
+                          algorithm.workspace_bytes, self.context.scalar(0.0), out_desc, out16)
+            self.context.half.to_float(out.data.ptr, out16, alpha, beta, out.size, fmt=fmt)
             return
-        direction.run(self._cudnn, self._scalar(alpha), a_desc, a.data.ptr, b_desc, b.data.ptr, conv, algorithm.algo,
-                      workspace, algorithm.workspace_bytes, self._scalar(beta), out_desc, out.data.ptr)
+        direction.run(self._cudnn, self.context.scalar(alpha), a_desc, a.data.ptr, b_desc, b.data.ptr, conv, algorithm.algo,
+                      workspace, algorithm.workspace_bytes, self.context.scalar(beta), out_desc, out.data.ptr)
 
     def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
         """cudnnConvolutionBackwardBias, in two passes over reshaped views of dy from 32 samples on
@@ -579,8 +556,8 @@ class CudaBackend(ArrayProtocols, Backend):
     # ---- cuDNN: pooling -----------------------------------------------------------------------
     def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
         _expect_shape("pooling_forward", "y", y, desc.output_shape(x.shape))
-        cudnn.pooling_forward(self._cudnn, self._descriptors.pooling(desc).handle, self._scalar(alpha),
-                              self._descriptors.tensor(x.shape).handle, x.data.ptr, self._scalar(beta),
+        cudnn.pooling_forward(self._cudnn, self._descriptors.pooling(desc).handle, self.context.scalar(alpha),
+                              self._descriptors.tensor(x.shape).handle, x.data.ptr, self.context.scalar(beta),
                               self._descriptors.tensor(y.shape).handle, y.data.ptr)
 
     def pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
@@ -594,8 +571,8 @@ class CudaBackend(ArrayProtocols, Backend):
             return
         # dx = alpha·pool'(x, y)·dy + beta·dx
         ty, tx = self._descriptors.tensor(y.shape).handle, self._descriptors.tensor(x.shape).handle
-        cudnn.pooling_backward(self._cudnn, self._descriptors.pooling(desc).handle, self._scalar(alpha),
-                               ty, y.data.ptr, ty, dy.data.ptr, tx, x.data.ptr, self._scalar(beta), tx, dx.data.ptr)
+        cudnn.pooling_backward(self._cudnn, self._descriptors.pooling(desc).handle, self.context.scalar(alpha),
+                               ty, y.data.ptr, ty, dy.data.ptr, tx, x.data.ptr, self.context.scalar(beta), tx, dx.data.ptr)
 
     # ---- our kernels --------------------------------------------------------------------------
     def cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
@@ -689,10 +666,10 @@ class CudaBackend(ArrayProtocols, Backend):
         if momentum:
             for param, grad, velocity in groups:
                 n, p, g, v = param.size, param.data.ptr, grad.data.ptr, velocity.data.ptr
-                cublas.sscal(h, n, self._scalar(momentum), v, 1)  # v = momentum·v
-                cublas.saxpy(h, n, self._scalar(1.0), g, 1, v, 1)  # v += grad
+                cublas.sscal(h, n, self.context.scalar(momentum), v, 1)  # v = momentum·v
+                cublas.saxpy(h, n, self.context.scalar(1.0), g, 1, v, 1)  # v += grad
                 if weight_decay:
-                    cublas.saxpy(h, n, self._scalar(weight_decay), p, 1, v, 1)  # v += wd·param
+                    cublas.saxpy(h, n, self.context.scalar(weight_decay), p, 1, v, 1)  # v += wd·param
         with self._pointer_mode(device):
             for param, grad, velocity in groups:
                 n, p = param.size, param.data.ptr
@@ -758,16 +735,16 @@ class CudaBackend(ArrayProtocols, Backend):
         ``_update_scalars`` computed from lr[0] on the device, read in device pointer mode."""
         if not isinstance(lr, Tensor):
             lr = float(lr)
-            return self._scalar(-lr), self._scalar(1.0 - lr * weight_decay), False
+            return self.context.scalar(-lr), self.context.scalar(1.0 - lr * weight_decay), False
         h, scalars = self._cublas, self._sgd_scalar_buffer().data.ptr
         neg_lr, decay, one = scalars, scalars + FLOAT32_BYTES, scalars + 2 * FLOAT32_BYTES
         # −lr = −1·lr
         cublas.scopy(h, 1, lr.data.ptr, 1, neg_lr, 1)
-        cublas.sscal(h, 1, self._scalar(-1.0), neg_lr, 1)
+        cublas.sscal(h, 1, self.context.scalar(-1.0), neg_lr, 1)
         if weight_decay and not momentum:
             # 1 − lr·wd = 1 + (−wd)·lr
             cublas.scopy(h, 1, one, 1, decay, 1)
-            cublas.saxpy(h, 1, self._scalar(-weight_decay), lr.data.ptr, 1, decay, 1)
+            cublas.saxpy(h, 1, self.context.scalar(-weight_decay), lr.data.ptr, 1, decay, 1)
         return neg_lr, decay, True
 
     def _sgd_scalar_buffer(self) -> Tensor:
@@ -801,7 +778,7 @@ class CudaBackend(ArrayProtocols, Backend):
         if y.size >= INDEX_LIMIT:
             raise ShapeError(f"bias_activation_forward: y {y.shape} holds {y.size} values; the kernel indexes fewer than 2^31")
         mode, coef = (-1, 0.0) if desc is None else (int(desc.mode), float(desc.coef))
-        y16 = self._bf16_copies.target(y.data) if self.math == "bf16" and y.size == y.data.size else None
+        y16 = self.context.half.copies.target(y.data) if self.math == "bf16" and y.size == y.data.size else None
         if y.h * y.w == 1 and y.c % 4 == 0 and (y.data.ptr | bias.data.ptr) % 16 == 0:
             # Dense layers' y as float4s: y (N, C) with C a multiple of 4, 16-byte aligned
             count4 = y.size // 4
@@ -819,7 +796,7 @@ class CudaBackend(ArrayProtocols, Backend):
         of 4 and every float32 operand is 16-byte aligned, else one."""
         check_activation_bias("activation_bias_backward", y, dy, dx, db)
         samples, channels = y.n, y.c
-        dx16 = self._bf16_copies.target(dx.data) if self.math == "bf16" and dx.size == dx.data.size else None
+        dx16 = self.context.half.copies.target(dx.data) if self.math == "bf16" and dx.size == dx.data.size else None
         width = 4 if channels % 4 == 0 and all(t.data.ptr % 16 == 0 for t in (y, dy, dx, db)) else 1
         cut = activation_slabs(samples, channels, width)
         partial = db.data.ptr if cut.slabs == 1 else self._activation_partials().ptr
@@ -1039,7 +1016,7 @@ class CudaBackend(ArrayProtocols, Backend):
         _no_relu("batch_norm_forward_training", relu)
         t = self._descriptors.tensor(x.shape).handle
         cudnn.batch_normalization_forward_training(
-            self._cudnn, int(mode), self._scalar(1.0), self._scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
+            self._cudnn, int(mode), self.context.scalar(1.0), self.context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
             scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
             save_mean.data.ptr, save_inv_std.data.ptr)
 
@@ -1049,7 +1026,7 @@ class CudaBackend(ArrayProtocols, Backend):
         p = self._batch_norm_parameters("batch_norm_forward_inference", mode, x, scale, bias, mean, var)
         t = self._descriptors.tensor(x.shape).handle
         cudnn.batch_normalization_forward_inference(
-            self._cudnn, int(mode), self._scalar(1.0), self._scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
+            self._cudnn, int(mode), self.context.scalar(1.0), self.context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
             scale.data.ptr, bias.data.ptr, mean.data.ptr, var.data.ptr, float(eps))
 
     def batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
@@ -1068,7 +1045,7 @@ class CudaBackend(ArrayProtocols, Backend):
             return
         _no_relu("batch_norm_backward", relu)
         t = self._descriptors.tensor(x.shape).handle
-        one, zero = self._scalar(1.0), self._scalar(0.0)
+        one, zero = self.context.scalar(1.0), self.context.scalar(0.0)
         cudnn.batch_normalization_backward(
             self._cudnn, int(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
             scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)

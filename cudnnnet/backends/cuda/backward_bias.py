@@ -49,7 +49,7 @@ def scratch_bytes(dy_shape) -> int:
 def backward_bias(backend, alpha, dy, beta, db) -> None:
     """db = alpha·Σ_{n,h,w} dy + beta·db by cudnnConvolutionBackwardBias, in ``passes(dy.shape)``
     calls; the caller has checked db's shape."""
-    descriptors, handle, scalar = backend._descriptors, backend._cudnn, backend._scalar
+    descriptors, handle, scalar = backend.context.descriptors, backend.context.cudnn.handle, backend.context.scalar
     n, k, h, w = dy.shape
     db_desc = descriptors.tensor(db.shape).handle
     if passes(dy.shape) == 1:
