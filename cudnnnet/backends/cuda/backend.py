@@ -44,15 +44,12 @@ from .array_protocols import ArrayProtocols
 from .bindings import cublas, cudnn, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .backward_bias import backward_bias
-from .backward_bias import scratch_bytes as bias_scratch_bytes
 from .batch_norm import BatchNormKernels
 from .channel_sum import ChannelSum
 from .context import CudaContext
-from .handles import Event
-from . import plan_cache
-from .convolution import BACKWARD_DATA, BACKWARD_FILTER, DIRECTION_NAMES, FORWARD, ConvolutionPlan, Direction, \
-    backward_data_by_forward, make_plan, plan_with
-from .gemm_convolution import GEMM_ALGORITHM, INDEX_LIMIT
+from .convolution import BACKWARD_DATA, BACKWARD_FILTER, FORWARD, ConvolutionPlan
+from .convolution_planner import ConvolutionPlanner, search_label
+from .gemm_convolution import INDEX_LIMIT
 from .kernel import BLOCK_SIZE, MAX_BLOCKS, blocks_for
 from .low_precision import BF16_BYTES, HALF_FORMATS
 from . import pooling
@@ -67,7 +64,6 @@ MATH_MODES = {
     "bf16": (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
     "fp16": (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
 }
-PLAN_CACHE_SIZE = 64
 MAX_ELEMENTWISE_BLOCKS = 65535  # one float4 per thread up to 16.7 M float4s, then grid-stride
 SOFTMAX_GROUP = 16  # lanes per sample in softmax_cross_entropy_backward (GROUP there)
 SGD_TABLE_CACHE_SIZE = 64  # parameter lists whose device table is kept (one per network in practice)
@@ -119,9 +115,8 @@ class CudaBackend(ArrayProtocols, Backend):
     def __init__(self, device: int = 0, workspace_limit: int = 256 << 20, engine: "str | Engine" = "slides"):
         self.context = CudaContext(device)
         self.device_name = self.context.device_name
-        self.workspace_limit = workspace_limit  # bytes a convolution algorithm may use
         self.set_engine(engine)
-        self._plans: OrderedDict = OrderedDict()  # (desc, x_shape, math, search) -> ConvolutionPlan
+        self._convolutions = ConvolutionPlanner(self, workspace_limit)  # convolution plans, their search and timing
         self._update_scalars: Tensor | None = None  # (3,): −lr, 1 − lr·wd, 1.0 for the cuBLAS SGD with a device rate
         self._sgd_tables: OrderedDict = OrderedDict()  # ((param, grad, velocity, size) pointers...) -> SgdTable
         self._stream = self.context.stream.handle
@@ -141,12 +136,13 @@ class CudaBackend(ArrayProtocols, Backend):
 
     @property
     def algorithm_search(self) -> str:
-        """How convolution algorithms are chosen, as plan keys name it: the engine's search, and
-        whether our explicit-GEMM convolution is among the candidates."""
-        engine = self.engine
-        search = engine.convolution_search
-        label = search if engine.gemm_convolution or search == "find" else f"{search}-cudnn"
-        return label if engine.deterministic_convolution else f"{label}-any"
+        """How convolution algorithms are chosen, as plan keys name it (convolution_planner.search_label)."""
+        return search_label(self.engine)
+
+    @property
+    def workspace_limit(self) -> int:
+        """Bytes a convolution algorithm may use."""
+        return self._convolutions.workspace_limit
 
     @property
     def _cudnn(self) -> int:
@@ -169,7 +165,7 @@ class CudaBackend(ArrayProtocols, Backend):
 
     def close(self) -> None:
         """Release the context (handles, workspace, stream). The backend is unusable afterwards."""
-        self._plans.clear()
+        self._convolutions.close()
         self._sgd_tables.clear()
         self._update_scalars = None
         self._scaled_sgd_scalars = None
@@ -405,142 +401,24 @@ class CudaBackend(ArrayProtocols, Backend):
 
     # ---- cuDNN: convolution -------------------------------------------------------------------
     def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
-        """Algorithms for this (descriptor, input shape, math mode), chosen once and cached; the
-        shared workspace grows to fit them and the two-pass bias gradient of ``y_shape`` now, so
-        that no later call allocates."""
-        x_shape, y_shape = as_shape(x_shape), as_shape(y_shape)
-        key = (desc, x_shape, self.math, self.algorithm_search)  # the search names the engine's choice
-        plan = self._plans.get(key)
-        if plan is None:
-            _check_convolution_shapes(desc, x_shape, y_shape)
-            if self.context.is_capturing():
-                raise DeviceError(
-                    f"convolution_plan for input {x_shape} was asked for during a CUDA graph capture; "
-                    "run one forward pass at this batch size before capturing"
-                )
-            plan = self._new_plan(desc, x_shape, y_shape)
-            self.context.workspace(max(plan.workspace_bytes, bias_scratch_bytes(y_shape)))
-            self.context.ones(x_shape[0])
-            self._plans[key] = plan
-            if len(self._plans) > PLAN_CACHE_SIZE:
-                self._plans.popitem(last=False)
-        elif plan.y_shape != y_shape:
-            _check_convolution_shapes(desc, x_shape, y_shape)
-        self._plans.move_to_end(key)
-        return plan
-
-    def _new_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
-        """The plan from the disk cache where it holds a valid one, else the algorithms of a larger
-        batch's plan where they run at this one, else searched by ``make_plan`` and written to the
-        disk cache."""
-        disk_key = self._plan_key(desc, x_shape, y_shape)
-        plan = self._plan_from_disk(disk_key) or self._plan_from_larger_batch(desc, x_shape, y_shape)
-        if plan is None:
-            engine = self.engine
-            self.context.finish_warm_up()  # nothing else on the GPU while cuDNN (or our timer) measures
-            plan = make_plan(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math,
-                             MATH_MODES[self.math][1], self.workspace_limit, engine.convolution_search,
-                             gemm_candidate=engine.gemm_convolution,
-                             measure=self._convolution_timer(desc, x_shape, y_shape),
-                             deterministic=engine.deterministic_convolution)
-            plan_cache.write_plan(disk_key, {name: getattr(plan, name) for name in DIRECTION_NAMES})
-        return plan
-
-    def _plan_key(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> plan_cache.PlanKey:
-        context = self.context
-        return plan_cache.PlanKey(context.device_name, context.compute_capability, context.cudnn_version,
-                                  context.cublas_version, desc, x_shape, y_shape, self.math, self.algorithm_search,
-                                  self.workspace_limit)
-
-    def _plan_from_disk(self, key: plan_cache.PlanKey) -> ConvolutionPlan | None:
-        """The stored plan of ``key`` when cuDNN still runs its algorithms with the stored workspaces."""
-        stored = plan_cache.read_plan(key)
-        if stored is None:
-            return None
-        plan = plan_with(self._cudnn, self._descriptors, key.desc, key.x_shape, key.y_shape, self.math,
-                         MATH_MODES[self.math][1], self.workspace_limit, stored)
-        if plan is None or any(getattr(plan, name) != algorithm for name, algorithm in stored.items()):
-            log.debug("the cached convolution plan for %s %s is no longer valid here: searching again", key.desc,
-                      key.x_shape)
-            return None
-        log.debug("convolution plan from the disk cache: %r", plan)
-        return plan
-
-    def _plan_from_larger_batch(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan | None:
-        """A plan with the algorithms of this convolution's plan at the nearest larger batch (same
-        sample shape, math and search), where cuDNN runs them at this batch within the workspace
-        limit; workspaces are asked again. Where the engine asks for deterministic algorithms, a larger
-        plan holding a non-deterministic one is not reused: this batch may have a deterministic one
-        within the limit."""
-        larger = [plan for (other, shape, math, search), plan in self._plans.items()
-                  if other == desc and math == self.math and search == self.algorithm_search
-                  and shape[1:] == x_shape[1:] and shape[0] > x_shape[0]]
-        if not larger:
-            return None
-        source = min(larger, key=lambda plan: plan.x_shape[0])
-        algorithms = {name: getattr(source, name) for name in DIRECTION_NAMES}
-        if self.engine.deterministic_convolution and not all(algorithm.deterministic for algorithm in algorithms.values()):
-            return None
-        plan = plan_with(self._cudnn, self._descriptors, desc, x_shape, y_shape, self.math, MATH_MODES[self.math][1],
-                         self.workspace_limit, algorithms)
-        if plan is not None:
-            log.debug("convolution plan from the plan at batch %d: %r", source.x_shape[0], plan)
-        return plan
-
-    def _convolution_timer(self, desc: ConvolutionDescriptor, x_shape, y_shape):
-        """What times the candidates of an exhaustive search (None for a heuristic one); its scratch
-        tensors are allocated at the first measurement (none where every direction has one candidate)."""
-        if self.engine.convolution_search != "exhaustive":
-            return None
-        timers: list[ConvolutionTimer] = []
-
-        def measure(plan: ConvolutionPlan, direction: str) -> float:
-            if not timers:
-                timers.append(ConvolutionTimer(self, x_shape, desc.filter_shape, y_shape))
-            return timers[0].measure(plan, direction)
-
-        return measure
+        """The planner's plan (convolution_planner.py) for this (descriptor, input shape, math mode),
+        chosen once and cached; the shared workspace grows to fit it."""
+        return self._convolutions.plan(desc, x_shape, y_shape, self.math, MATH_MODES[self.math][1], self.engine)
 
     def convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
         _check_plan("convolution_forward", plan, x=x, w=w, y=y)
         # y = alpha·(x ⋆ w) + beta·y
-        self._convolve(FORWARD, plan, alpha, x, w, beta, y)
+        self._convolutions.run(FORWARD, plan, alpha, x, w, beta, y)
 
     def convolution_backward_data(self, plan: ConvolutionPlan, alpha, w, dy, beta, dx) -> None:
         _check_plan("convolution_backward_data", plan, x=dx, w=w, y=dy)
         # dx = alpha·(dy ⋆ᵀ w) + beta·dx
-        self._convolve(BACKWARD_DATA, plan, alpha, w, dy, beta, dx)
+        self._convolutions.run(BACKWARD_DATA, plan, alpha, w, dy, beta, dx)
 
     def convolution_backward_filter(self, plan: ConvolutionPlan, alpha, x, dy, beta, dw) -> None:
         _check_plan("convolution_backward_filter", plan, x=x, w=dw, y=dy)
         # dw = alpha·Σₙ xₙ ⋆ dyₙ + beta·dw
-        self._convolve(BACKWARD_FILTER, plan, alpha, x, dy, beta, dw)
-
-    def _convolve(self, direction: Direction, plan: ConvolutionPlan, alpha, a, b, beta, out) -> None:
-        """One direction with the plan's algorithm: cudnnConvolution{Forward,BackwardData,BackwardFilter}
-        (``direction.run``), or our explicit-GEMM engine (``direction.gemm``) where the plan chose it."""
-        algorithm = getattr(plan, direction.name)
-        workspace = self.context.workspace(algorithm.workspace_bytes)
-        if algorithm.algo == GEMM_ALGORITHM:  # in 16 bits under a 16-bit math (gemm_convolution.py)
-            direction.gemm(self, plan.gemm_shape, alpha, a, b, beta, out, workspace, algorithm,
-                           HALF_FORMATS.get(plan.math))
-            return
-        if algorithm.by_forward:  # backward data as a forward convolution with the flipped filter
-            backward_data_by_forward(self, plan, algorithm, alpha, a, b, beta, out, workspace)
-            return
-        a_desc, b_desc, conv, out_desc = direction.operands(plan.x.handle, plan.w.handle, plan.conv.handle,
-                                                            plan.y.handle)
-        if plan.math in HALF_FORMATS:
-            # out₁₆ = bf16(a) ⋆ bf16(b), then out = alpha·float(out₁₆) + beta·out   (fp16 under math "fp16")
-            fmt = HALF_FORMATS[plan.math]
-            a16, b16, out16 = self.context.half.operands((a, a.size), (b, b.size), output=out.size,
-                                                         fmt=HALF_FORMATS[self.math])
-            direction.run(self._cudnn, self.context.scalar(1.0), a_desc, a16, b_desc, b16, conv, algorithm.algo, workspace,
-                          algorithm.workspace_bytes, self.context.scalar(0.0), out_desc, out16)
-            self.context.half.to_float(out.data.ptr, out16, alpha, beta, out.size, fmt=fmt)
-            return
-        direction.run(self._cudnn, self.context.scalar(alpha), a_desc, a.data.ptr, b_desc, b.data.ptr, conv, algorithm.algo,
-                      workspace, algorithm.workspace_bytes, self.context.scalar(beta), out_desc, out.data.ptr)
+        self._convolutions.run(BACKWARD_FILTER, plan, alpha, x, dy, beta, dw)
 
     def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
         """cudnnConvolutionBackwardBias, in two passes over reshaped views of dy from 32 samples on
@@ -1066,47 +944,6 @@ class CudaBackend(ArrayProtocols, Backend):
         return self._descriptors.tensor(shape).handle
 
 
-class ConvolutionTimer:
-    """Times one run of a convolution direction with a candidate plan, on scratch tensors of the
-    plan's shapes (zeros), with CUDA events: one warm-up run, then the fastest of three, each queued
-    behind the ``spin`` kernel (kernels/timing.cu) so that host launch overhead is not timed."""
-
-    RUNS = 3
-    SPIN_NS = 300_000  # more than the host needs to queue one run of a direction
-
-    def __init__(self, backend: CudaBackend, x_shape, w_shape, y_shape):
-        self.backend = backend
-        self.x, self.dx = Tensor.zeros(x_shape, backend), Tensor.zeros(x_shape, backend)  # (N, C, H, W)
-        self.w, self.dw = Tensor.zeros(w_shape, backend), Tensor.zeros(w_shape, backend)  # (K, C, R, S)
-        self.dy = Tensor.zeros(y_shape, backend)  # (N, K, OH, OW)
-        self.start, self.end = Event(), Event()
-
-    def run(self, plan: ConvolutionPlan, direction: str) -> None:
-        b = self.backend
-        if direction == "forward":
-            b.convolution_forward(plan, 1.0, self.x, self.w, 0.0, self.dy)
-        elif direction == "backward_data":
-            b.convolution_backward_data(plan, 1.0, self.w, self.dy, 0.0, self.dx)
-        else:
-            b.convolution_backward_filter(plan, 1.0, self.x, self.dy, 0.0, self.dw)
-
-    def measure(self, plan: ConvolutionPlan, direction: str) -> float:
-        """Milliseconds of the fastest of RUNS runs, after one warm-up run."""
-        stream = self.backend.context.stream
-        self.backend.context.ones(plan.gemm_shape.batch)
-        self.run(plan, direction)
-        times = []
-        for _ in range(self.RUNS):
-            # the GPU spins while the host queues the run, so the events time the GPU, not the launches
-            self.backend.context.kernel("spin").launch(1, stream.handle, self.SPIN_NS)
-            self.start.record(stream)
-            self.run(plan, direction)
-            self.end.record(stream)
-            self.end.synchronize()
-            times.append(self.start.elapsed_ms(self.end))
-        return min(times)
-
-
 # ---- argument checks (cheap, host-side: a bad size must not become an out-of-bounds access) -----
 def _no_relu(call: str, relu: bool) -> None:
     if relu:
@@ -1173,14 +1010,6 @@ def _same_shape(call: str, a, b) -> None:
 def _expect_shape(call: str, what: str, tensor, shape) -> None:
     if tensor.shape != tuple(shape):
         raise ShapeError(f"{call}: {what} must have shape {tuple(shape)}, got {tensor.shape}")
-
-
-def _check_convolution_shapes(desc: ConvolutionDescriptor, x_shape, y_shape) -> None:
-    if x_shape[1] != desc.in_channels:
-        raise ShapeError(f"convolution: input {x_shape} has {x_shape[1]} channels, the filter {desc.in_channels}")
-    expected = desc.output_shape(x_shape)
-    if y_shape != expected or min(expected) < 1:
-        raise ShapeError(f"convolution: input {x_shape} gives output {expected} with {desc}, got {y_shape}")
 
 
 def _check_plan(call: str, plan, x, w, y) -> None:

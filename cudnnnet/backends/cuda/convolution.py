@@ -296,7 +296,7 @@ def backward_data_by_forward(backend, plan: ConvolutionPlan, algorithm: Algorith
 
 def _backward_data_by_forward_half(backend, plan: ConvolutionPlan, algorithm: Algorithm, alpha, w, dy, beta, dx,
                                    workspace: int) -> None:
-    """The same in 16 bits (as ``CudaBackend._convolve`` runs cuDNN there): W′₁₆ flipped from W's 16-bit
+    """The same in 16 bits (as ``ConvolutionPlanner.run`` runs cuDNN there): W′₁₆ flipped from W's 16-bit
     copy, dx₁₆ = dy₁₆ ⋆ W′₁₆ (rounded by cuDNN), then dx = alpha·float(dx₁₆) + beta·dx."""
     flipped, fmt = plan.flipped, HALF_FORMATS[plan.math]
     k, c, r, s = plan.desc.filter_shape
