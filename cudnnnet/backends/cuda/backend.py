@@ -23,11 +23,8 @@ their math type.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 import struct
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,10 +47,11 @@ from .context import CudaContext
 from .convolution import BACKWARD_DATA, BACKWARD_FILTER, FORWARD, ConvolutionPlan
 from .convolution_planner import ConvolutionPlanner, search_label
 from .gemm_convolution import INDEX_LIMIT
-from .kernel import BLOCK_SIZE, MAX_BLOCKS, blocks_for
+from .kernel import BLOCK_SIZE, MAX_BLOCKS, MAX_ELEMENTWISE_BLOCKS, blocks_for
 from .low_precision import BF16_BYTES, HALF_FORMATS
 from . import pooling
 from .matmul import GemmEngine, GemmProblem, alignment
+from .optimisers import CudaOptimisers, check_device_scalar, sgd_entry
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +62,7 @@ MATH_MODES = {
     "bf16": (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
     "fp16": (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
 }
-MAX_ELEMENTWISE_BLOCKS = 65535  # one float4 per thread up to 16.7 M float4s, then grid-stride
 SOFTMAX_GROUP = 16  # lanes per sample in softmax_cross_entropy_backward (GROUP there)
-SGD_TABLE_CACHE_SIZE = 64  # parameter lists whose device table is kept (one per network in practice)
 ACTIVATION_PARTIALS = 1 << 20  # floats of activation_bias_backward's slab sums (4 MiB)
 MIN_SLAB_ROWS = 4  # samples a block of activation_bias_backward sums at least (ROWS_AHEAD in activation.cu)
 SUM_CHANNELS = 32  # channels a block of activation_bias_sums adds (a warp's run of a row)
@@ -96,16 +92,6 @@ def activation_slabs(samples: int, channels: int, width: int = 1) -> Slabs:
     return Slabs(-(-samples // slab_rows), slab_rows, column_blocks)
 
 
-@dataclass(frozen=True)
-class SgdTable:
-    """The device table of one parameter list for kernels/sgd_update_many.cu."""
-
-    buffer: DeviceBuffer  # struct SgdTensor[tensors]: (param, grad, velocity, offset, size) as 64-bit words
-    rows: np.ndarray  # the host copy it was uploaded from, (tensors, 5) uint64
-    tensors: int
-    total: int  # Σ sizes: the kernel's index space
-
-
 class CudaBackend(ArrayProtocols, Backend):
     """The product: a layer's cuBLAS/cuDNN verbs run on one NVIDIA GPU."""
 
@@ -117,15 +103,13 @@ class CudaBackend(ArrayProtocols, Backend):
         self.device_name = self.context.device_name
         self.set_engine(engine)
         self._convolutions = ConvolutionPlanner(self, workspace_limit)  # convolution plans, their search and timing
-        self._update_scalars: Tensor | None = None  # (3,): −lr, 1 − lr·wd, 1.0 for the cuBLAS SGD with a device rate
-        self._sgd_tables: OrderedDict = OrderedDict()  # ((param, grad, velocity, size) pointers...) -> SgdTable
         self._stream = self.context.stream.handle
         self._cublas = self.context.cublas.handle
         self._descriptors = self.context.descriptors
         self._gemm = GemmEngine(self.context, self.context.scalar)  # sgemm's plans
         self._channel_sum = ChannelSum(self.context)  # convolution_backward_bias, with its scratch
         self._batch_norm = BatchNormKernels(self.context)  # the fast engine's batch normalisation in training
-        self._scaled_sgd_scalars: Tensor | None = None  # (6,): the loss-scaled cuBLAS SGD's coefficients
+        self._optimisers = CudaOptimisers(self)  # SGD and Adam: cuBLAS paths, kernels, parameter tables
         self._activation_partial_sums: DeviceBuffer | None = None  # activation_bias_backward's slab sums
         self.math = "fp32"
         self.set_math("fp32")
@@ -166,9 +150,7 @@ class CudaBackend(ArrayProtocols, Backend):
     def close(self) -> None:
         """Release the context (handles, workspace, stream). The backend is unusable afterwards."""
         self._convolutions.close()
-        self._sgd_tables.clear()
-        self._update_scalars = None
-        self._scaled_sgd_scalars = None
+        self._optimisers.close()
         self._gemm.close()
         self.context.close()
         self._channel_sum.close()
@@ -337,13 +319,9 @@ class CudaBackend(ArrayProtocols, Backend):
         if not isinstance(alpha, Tensor):
             function(self._cublas, n, self.context.scalar(alpha), *operands)
             return
-        self._check_device_scalar(function.__name__, alpha)
-        with self._pointer_mode(device=True):
+        check_device_scalar(self, function.__name__, alpha)
+        with self.context.pointer_mode(device=True):
             function(self._cublas, n, alpha.data.ptr, *operands)
-
-    def _check_device_scalar(self, call: str, value: Tensor) -> None:
-        if value.backend is not self:
-            raise UsageError(f"{call}: a tensor scalar must be on the {self.name} backend, got one on {value.backend.name}")
 
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
     def activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
@@ -502,101 +480,25 @@ class CudaBackend(ArrayProtocols, Backend):
             runtime.memset_async(out.data.ptr, 0, FLOAT32_BYTES, self._stream)
 
     def sgd_update(self, param, grad, velocity, lr, momentum: float, weight_decay: float) -> None:
-        """cuBLAS level-1 calls (``_sgd_cublas``); in fast mode kernels/sgd.cu, reading the rate on the
-        device where ``lr`` is a one-element tensor. ``grad`` is never modified."""
+        """cuBLAS level-1 calls (optimisers.py: ``sgd_cublas``); in fast mode kernels/sgd.cu, reading the
+        rate on the device where ``lr`` is a one-element tensor. ``grad`` is never modified."""
         _same_shape("sgd_update", param, grad)
         if momentum:
             if velocity is None:
                 raise UsageError("sgd_update: momentum is non-zero but no velocity tensor was given")
             _same_shape("sgd_update", param, velocity)
         if isinstance(lr, Tensor):
-            self._check_device_scalar("sgd_update", lr)
+            check_device_scalar(self, "sgd_update", lr)
         if self.engine.sgd_kernel:
-            self._sgd_kernel(param, grad, velocity if momentum else None, lr, momentum, weight_decay)
+            self._optimisers.sgd_kernel(param, grad, velocity if momentum else None, lr, momentum, weight_decay)
             return
-        self._sgd_cublas(((param, grad, velocity),), lr, momentum, weight_decay)
-
-    def _sgd_kernel(self, param, grad, velocity, lr, momentum: float, weight_decay: float) -> None:
-        """kernels/sgd.cu: four values a thread where every operand is 16-byte aligned, the rest one."""
-        rate, value = (lr.data.ptr, 0.0) if isinstance(lr, Tensor) else (None, float(lr))
-        operands = [param.data.ptr, grad.data.ptr, None if velocity is None else velocity.data.ptr]
-        count = param.size
-        vectors = count // 4 if all(pointer % 16 == 0 for pointer in operands if pointer is not None) else 0
-        if vectors:
-            # param = param - lr·(momentum·v + grad + wd·param)      float4s
-            blocks = min(-(-vectors // BLOCK_SIZE), MAX_ELEMENTWISE_BLOCKS)
-            self.context.kernel("sgd_update_x4").launch(blocks, self._stream, *operands, rate, value, momentum,
-                                                        weight_decay, vectors)
-        rest = count - 4 * vectors
-        if rest:
-            # the same for the values after the float4s
-            offset = 4 * FLOAT32_BYTES * vectors
-            self.context.kernel("sgd_update").launch(
-                blocks_for(rest), self._stream, *(None if pointer is None else pointer + offset for pointer in operands),
-                rate, value, momentum, weight_decay, rest)
-
-    def _sgd_cublas(self, groups, lr, momentum: float, weight_decay: float) -> None:
-        """SGD on every (param, grad, velocity) of ``groups`` with cuBLAS level-1 calls only, as the
-        slides' cublasSaxpy update. A one-element tensor ``lr`` is read in device pointer mode through
-        scalars made from it by cublasScopy/cublasSscal/cublasSaxpy, so a replayed graph follows it."""
-        h = self._cublas
-        neg_lr, decay, device = self._sgd_scalars(lr, momentum, weight_decay)
-        if momentum:
-            for param, grad, velocity in groups:
-                n, p, g, v = param.size, param.data.ptr, grad.data.ptr, velocity.data.ptr
-                cublas.sscal(h, n, self.context.scalar(momentum), v, 1)  # v = momentum·v
-                cublas.saxpy(h, n, self.context.scalar(1.0), g, 1, v, 1)  # v += grad
-                if weight_decay:
-                    cublas.saxpy(h, n, self.context.scalar(weight_decay), p, 1, v, 1)  # v += wd·param
-        with self._pointer_mode(device):
-            for param, grad, velocity in groups:
-                n, p = param.size, param.data.ptr
-                if momentum:
-                    cublas.saxpy(h, n, neg_lr, velocity.data.ptr, 1, p, 1)  # param -= lr·v
-                    continue
-                if weight_decay:
-                    cublas.sscal(h, n, decay, p, 1)  # param = (1 - lr·wd)·param
-                cublas.saxpy(h, n, neg_lr, grad.data.ptr, 1, p, 1)  # param -= lr·grad
-
-    def _sgd_cublas_scaled(self, groups, lr, momentum: float, weight_decay: float, loss_scale) -> None:
-        """``_sgd_cublas`` on gradients that carry a loss scale: the same cuBLAS calls, every
-        coefficient a device scalar that kernels/loss_scale.cu's sgd_scaled_coefficients makes from the
-        rate, 1/S and the skip flag, so that a skipped step scales by 1 and adds 0 (its non-finite
-        gradients were set to 0 by find_nonfinite_gradients) and leaves weights and velocities as they were."""
-        h, scalars = self._cublas, self._scaled_sgd_scalar_buffer().data.ptr
-        keep, unscale, decay, neg_lr, shrink, neg_lr_unscaled = (scalars + FLOAT32_BYTES * i for i in range(6))
-        rate, value = (lr.data.ptr, 0.0) if isinstance(lr, Tensor) else (None, float(lr))
-        self.context.kernel("sgd_scaled_coefficients").launch(1, self._stream, scalars, rate, value,
-                                                              loss_scale.data.ptr, momentum, weight_decay)
-        with self._pointer_mode(device=True):
-            for param, grad, velocity in groups:
-                n, p, g = param.size, param.data.ptr, grad.data.ptr
-                if momentum:
-                    v = velocity.data.ptr
-                    cublas.sscal(h, n, keep, v, 1)  # v = momentum·v
-                    cublas.saxpy(h, n, unscale, g, 1, v, 1)  # v += grad/S
-                    if weight_decay:
-                        cublas.saxpy(h, n, decay, p, 1, v, 1)  # v += wd·param
-                    cublas.saxpy(h, n, neg_lr, v, 1, p, 1)  # param -= lr·v
-                    continue
-                if weight_decay:
-                    cublas.sscal(h, n, shrink, p, 1)  # param = (1 - lr·wd)·param
-                cublas.saxpy(h, n, neg_lr_unscaled, g, 1, p, 1)  # param -= (lr/S)·grad
-
-    def _scaled_sgd_scalar_buffer(self) -> Tensor:
-        """(6,) device floats of sgd_scaled_coefficients, allocated on first use (never in a capture)."""
-        if self._scaled_sgd_scalars is None:
-            if self.context.is_capturing():
-                raise DeviceError("the loss-scaled cuBLAS SGD update was first called during a CUDA graph capture; "
-                                  "its device scalars are allocated on that call: run one step before capturing")
-            self._scaled_sgd_scalars = Tensor.zeros((6,), self)
-        return self._scaled_sgd_scalars
+        self._optimisers.sgd_cublas(((param, grad, velocity),), lr, momentum, weight_decay)
 
     def find_nonfinite_gradients(self, grads, loss_scale) -> None:
         """kernels/loss_scale.cu: one launch over the flat ``grads``; any inf or NaN sets the found flag
         of ``loss_scale`` and is set to 0."""
         check_loss_scale("find_nonfinite_gradients", loss_scale)
-        self._check_device_scalar("find_nonfinite_gradients", loss_scale)
+        check_device_scalar(self, "find_nonfinite_gradients", loss_scale)
         if grads.size:
             self.context.kernel("find_nonfinite_gradients").launch(blocks_for(grads.size), self._stream,
                                                                    grads.data.ptr, grads.size, loss_scale.data.ptr)
@@ -604,48 +506,9 @@ class CudaBackend(ArrayProtocols, Backend):
     def update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
         """kernels/loss_scale.cu: one thread decides this step's skip and the next step's scale."""
         check_loss_scale("update_loss_scale", loss_scale)
-        self._check_device_scalar("update_loss_scale", loss_scale)
+        check_device_scalar(self, "update_loss_scale", loss_scale)
         self.context.kernel("update_loss_scale").launch(1, self._stream, loss_scale.data.ptr, float(growth_interval),
                                                         float(min_scale), float(max_scale))
-
-    def _sgd_scalars(self, lr, momentum: float, weight_decay: float):
-        """(−lr, 1 − lr·wd, device): host pointers for a float ``lr``; for a tensor, pointers into
-        ``_update_scalars`` computed from lr[0] on the device, read in device pointer mode."""
-        if not isinstance(lr, Tensor):
-            lr = float(lr)
-            return self.context.scalar(-lr), self.context.scalar(1.0 - lr * weight_decay), False
-        h, scalars = self._cublas, self._sgd_scalar_buffer().data.ptr
-        neg_lr, decay, one = scalars, scalars + FLOAT32_BYTES, scalars + 2 * FLOAT32_BYTES
-        # −lr = −1·lr
-        cublas.scopy(h, 1, lr.data.ptr, 1, neg_lr, 1)
-        cublas.sscal(h, 1, self.context.scalar(-1.0), neg_lr, 1)
-        if weight_decay and not momentum:
-            # 1 − lr·wd = 1 + (−wd)·lr
-            cublas.scopy(h, 1, one, 1, decay, 1)
-            cublas.saxpy(h, 1, self.context.scalar(-weight_decay), lr.data.ptr, 1, decay, 1)
-        return neg_lr, decay, True
-
-    def _sgd_scalar_buffer(self) -> Tensor:
-        """(3,) device floats: −lr, 1 − lr·wd and the constant 1.0, allocated on first use (never in a capture)."""
-        if self._update_scalars is None:
-            if self.context.is_capturing():
-                raise DeviceError("the cuBLAS SGD update was first called during a CUDA graph capture; its device "
-                                  "scalars are allocated on that call: run one step before capturing")
-            self._update_scalars = Tensor.zeros((3,), self)
-            self.fill(self._update_scalars.view((1,), 2).data, 1.0, 1)
-        return self._update_scalars
-
-    @contextlib.contextmanager
-    def _pointer_mode(self, device: bool):
-        """CUBLAS_POINTER_MODE_DEVICE inside the block where ``device``; host mode afterwards."""
-        if not device:
-            yield
-            return
-        cublas.set_pointer_mode(self._cublas, cublas.POINTER_MODE_DEVICE)
-        try:
-            yield
-        finally:
-            cublas.set_pointer_mode(self._cublas, cublas.POINTER_MODE_HOST)
 
     # ---- fused calls: one launch each ---------------------------------------------------------
     def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
@@ -735,65 +598,24 @@ class CudaBackend(ArrayProtocols, Backend):
             logits.data.ptr, target.data.ptr, logits.n, logits.sample_size, grad_scale, loss_scale)
 
     def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float, loss_scale=None) -> None:
-        """The slides' cuBLAS calls on every parameter (``_sgd_cublas``, or ``_sgd_cublas_scaled`` with
-        ``loss_scale``); in fast mode kernels/sgd_update_many.cu: one launch over every parameter of
+        """The slides' cuBLAS calls on every parameter (optimisers.py: ``sgd_cublas``, or
+        ``sgd_cublas_scaled`` with ``loss_scale``); in fast mode kernels/sgd_update_many.cu: one launch over every parameter of
         ``groups``, through a device table of their pointers uploaded on the first call with this list
         (never inside a capture). ``grad`` is never modified."""
         if loss_scale is not None:
             check_loss_scale("sgd_update_many", loss_scale)
-            self._check_device_scalar("sgd_update_many", loss_scale)
+            check_device_scalar(self, "sgd_update_many", loss_scale)
         if not self.engine.sgd_kernel:
             for param, grad, velocity in groups:
-                _sgd_entry(param, grad, velocity, momentum)
+                sgd_entry(param, grad, velocity, momentum)
             if isinstance(lr, Tensor):
-                self._check_device_scalar("sgd_update_many", lr)
+                check_device_scalar(self, "sgd_update_many", lr)
             if groups and loss_scale is not None:
-                self._sgd_cublas_scaled(groups, lr, momentum, weight_decay, loss_scale)
+                self._optimisers.sgd_cublas_scaled(groups, lr, momentum, weight_decay, loss_scale)
             elif groups:
-                self._sgd_cublas(groups, lr, momentum, weight_decay)
+                self._optimisers.sgd_cublas(groups, lr, momentum, weight_decay)
             return
-        table = self._sgd_table(groups, momentum)
-        if table is None:
-            return
-        if isinstance(lr, Tensor):
-            self._check_device_scalar("sgd_update_many", lr)
-            rate, value = lr.data.ptr, 0.0
-        else:
-            rate, value = None, float(lr)
-        self.context.kernel("sgd_update_many").launch(blocks_for(table.total), self._stream, table.buffer.ptr,
-                                                      table.tensors, table.total, rate, value, momentum, weight_decay,
-                                                      None if loss_scale is None else loss_scale.data.ptr)
-
-    def _sgd_table(self, groups, momentum: float) -> SgdTable | None:
-        """The cached table of this list of pointers (None for an empty list)."""
-        key = tuple(_sgd_entry(param, grad, velocity, momentum) for param, grad, velocity in groups)
-        if not key:
-            return None
-        table = self._sgd_tables.get(key)
-        if table is None:
-            table = self._sgd_tables[key] = self._upload_sgd_table(key)
-            if len(self._sgd_tables) > SGD_TABLE_CACHE_SIZE:
-                self._sgd_tables.popitem(last=False)
-        self._sgd_tables.move_to_end(key)
-        return table
-
-    def _upload_sgd_table(self, key) -> SgdTable:
-        """struct SgdTensor[] of (param, grad, velocity, offset, size), copied to a new device buffer."""
-        if self.context.is_capturing():
-            raise DeviceError(
-                f"sgd_update_many was first called with this list of {len(key)} parameters during a CUDA graph "
-                "capture; its device table is uploaded on that call: run one step before capturing"
-            )
-        rows, offset = [], 0
-        for param, grad, velocity, size in key:
-            rows.append((param, grad, velocity, offset, size))
-            offset += size
-        host_rows = np.array(rows, dtype=np.uint64)
-        buffer = DeviceBuffer.allocate(host_rows.nbytes)
-        runtime.memcpy_async(buffer.ptr, host_rows.ctypes.data, host_rows.nbytes, runtime.MEMCPY_HOST_TO_DEVICE,
-                             self._stream)
-        log.debug("sgd_update_many: table of %d parameters, %d values", len(rows), offset)
-        return SgdTable(buffer, host_rows, len(rows), offset)
+        self._optimisers.sgd_many_kernel(groups, lr, momentum, weight_decay, loss_scale)
 
     # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
     def adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
@@ -805,54 +627,8 @@ class CudaBackend(ArrayProtocols, Backend):
         _check_fits("adam_update_many", counter.data, 0, 2)
         if loss_scale is not None:
             check_loss_scale("adam_update_many", loss_scale)
-            self._check_device_scalar("adam_update_many", loss_scale)
-        table = self._adam_table(groups)
-        if table is None:
-            return
-        if isinstance(lr, Tensor):
-            self._check_device_scalar("adam_update_many", lr)
-            rate, value = lr.data.ptr, 0.0
-        else:
-            rate, value = None, float(lr)
-        self.context.kernel("adam_update_many").launch(
-            blocks_for(table.total), self._stream, table.buffer.ptr, table.tensors, table.total, rate, value,
-            counter.data.ptr, beta1, beta2, eps, weight_decay, int(bool(decoupled)),
-            None if loss_scale is None else loss_scale.data.ptr)
-
-    @functools.cached_property
-    def _adam_tables(self) -> OrderedDict:
-        """((param, grad, m, v, size) pointers...) -> SgdTable of kernels/adam_update_many.cu's rows."""
-        return OrderedDict()
-
-    def _adam_table(self, groups) -> SgdTable | None:
-        """The cached table of this list of pointers (None for an empty list)."""
-        key = tuple(_adam_entry(*group) for group in groups)
-        if not key:
-            return None
-        table = self._adam_tables.get(key)
-        if table is None:
-            if self.context.is_capturing():
-                raise DeviceError(
-                    f"adam_update_many was first called with this list of {len(key)} parameters during a CUDA graph "
-                    "capture; its device table is uploaded on that call: run one step before capturing")
-            table = self._adam_tables[key] = self._upload_adam_table(key)
-            if len(self._adam_tables) > SGD_TABLE_CACHE_SIZE:
-                self._adam_tables.popitem(last=False)
-        self._adam_tables.move_to_end(key)
-        return table
-
-    def _upload_adam_table(self, key) -> SgdTable:
-        """struct AdamTensor[] of (param, grad, m, v, offset, size), copied to a new device buffer."""
-        rows, offset = [], 0
-        for param, grad, m, v, size in key:
-            rows.append((param, grad, m, v, offset, size))
-            offset += size
-        host_rows = np.array(rows, dtype=np.uint64)
-        buffer = DeviceBuffer.allocate(host_rows.nbytes)
-        runtime.memcpy_async(buffer.ptr, host_rows.ctypes.data, host_rows.nbytes, runtime.MEMCPY_HOST_TO_DEVICE,
-                             self._stream)
-        log.debug("adam_update_many: table of %d parameters, %d values", len(rows), offset)
-        return SgdTable(buffer, host_rows, len(rows), offset)
+            check_device_scalar(self, "adam_update_many", loss_scale)
+        self._optimisers.adam_many_kernel(groups, lr, counter, beta1, beta2, eps, weight_decay, decoupled, loss_scale)
 
     def dropout_state(self, rate: float, seed: int) -> DropoutState:
         """cudnnDropoutGetStatesSize, then cudnnSetDropoutDescriptor on a new states buffer."""
@@ -982,24 +758,6 @@ def _check_vector(call: str, name: str, tensor, n: int, inc: int) -> None:
     need = (n - 1) * abs(inc) + 1 if n > 0 else 0
     if need > tensor.data.size:
         raise ShapeError(f"{call}: {name} (n={n}, inc={inc}) needs {need} values, its storage holds {tensor.data.size}")
-
-
-def _sgd_entry(param, grad, velocity, momentum: float) -> tuple[int, int, int, int]:
-    """(param, grad, velocity or 0, size) of one parameter for sgd_update_many, its shapes checked."""
-    _same_shape("sgd_update_many", param, grad)
-    if not momentum:
-        return (param.data.ptr, grad.data.ptr, 0, param.size)
-    if velocity is None:
-        raise UsageError("sgd_update_many: momentum is non-zero but a parameter has no velocity tensor")
-    _same_shape("sgd_update_many", param, velocity)
-    return (param.data.ptr, grad.data.ptr, velocity.data.ptr, param.size)
-
-
-def _adam_entry(param, grad, m, v) -> tuple[int, int, int, int, int]:
-    """(param, grad, m, v, size) pointers of one parameter for adam_update_many, its shapes checked."""
-    for other in (grad, m, v):
-        _same_shape("adam_update_many", param, other)
-    return (param.data.ptr, grad.data.ptr, m.data.ptr, v.data.ptr, param.size)
 
 
 def _same_shape(call: str, a, b) -> None:

@@ -206,6 +206,19 @@ class CudaContext:
         constant = self._constants.get(value)
         return constant if constant is not None else byref(c_float(value))
 
+    @contextlib.contextmanager
+    def pointer_mode(self, device: bool):
+        """cuBLAS's CUBLAS_POINTER_MODE_DEVICE inside the block where ``device`` (scalars read from device
+        memory); host mode afterwards."""
+        if not device:
+            yield
+            return
+        cublas.set_pointer_mode(self.cublas.handle, cublas.POINTER_MODE_DEVICE)
+        try:
+            yield
+        finally:
+            cublas.set_pointer_mode(self.cublas.handle, cublas.POINTER_MODE_HOST)
+
     # ---- cuDNN -------------------------------------------------------------------------------
     @property
     def cudnn(self) -> CudnnHandle:
