@@ -29,13 +29,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from ..engine import SLIDES, Engine, get_engine
-from ..errors import InvalidArgumentError, ShapeError, UsageError
+from ..errors import UsageError
+from . import arguments
 
 if TYPE_CHECKING:
     from ..tensor import Tensor
 
-OP_N = 0  # CUBLAS_OP_N
-OP_T = 1  # CUBLAS_OP_T
+OP_N, OP_T = arguments.OP_N, arguments.OP_T  # the cuBLAS transpose flags, part of the call surface
+
 
 
 class ActivationMode(enum.IntEnum):
@@ -505,51 +506,3 @@ class Backend(ABC):
         ``relu`` (the fast engine only, with ``bias``): dy is the gradient after the ReLU the forward
         pass applied; dy·[scale·x̂ + bias > 0] takes its place above.
         """
-
-
-def check_bias(call: str, bias, y) -> None:
-    """A ShapeError unless ``bias`` holds one value per channel of ``y`` (N, C, H, W)."""
-    if bias.size != y.c:
-        raise ShapeError(f"{call}: the bias must hold one value per channel of y {y.shape} ({y.c}), got shape {bias.shape}")
-
-
-def check_activation_bias(call: str, y, dy, dx, db) -> None:
-    """A ShapeError unless y, dy and dx share one (N, C, 1, 1) shape and db holds C values."""
-    for other in (dy, dx):
-        if other.shape != y.shape:
-            raise ShapeError(f"{call}: tensors must have the same shape, got {y.shape} and {other.shape}")
-    if y.h * y.w != 1:
-        raise ShapeError(f"{call}: y must be a Dense layer's output (N, C, 1, 1), got {y.shape}")
-    check_bias(call, db, y)
-
-
-LOSS_SCALE_VALUES = 6  # [S, found, skip, unscale, clean steps, skipped steps]: kernels/loss_scale.cu
-
-
-def check_loss_scale(call: str, loss_scale) -> None:
-    """A loss-scaling state holds LOSS_SCALE_VALUES values: [S, found, skip, 1/S, clean, skipped], else a ShapeError."""
-    if loss_scale.size != LOSS_SCALE_VALUES:
-        raise ShapeError(f"{call}: the loss-scaling state must hold {LOSS_SCALE_VALUES} values "
-                         f"(S, found, skip, unscale, clean, skipped), got shape {loss_scale.shape}")
-
-
-def check_nonfinite_operands(watch, loss) -> None:
-    """record_nonfinite's operands: a two-count ``watch`` and a one-value ``loss``, else a ShapeError."""
-    if watch.size != 2 or loss.size != 1:
-        raise ShapeError(f"record_nonfinite: watch must hold 2 values and loss 1, got shapes {watch.shape} and {loss.shape}")
-
-
-def check_augmented_gather(images, counter, x, padding: int, seed: int) -> None:
-    """gather_augmented_batch's own operands (gather_batch checks the rest), else a ShapeError or
-    InvalidArgumentError naming the problem."""
-    from ..augmentation import MAX_CROP_PADDING  # augmentation.py imports NumPy, which the backends' import defers
-
-    if counter.size != 2:
-        raise ShapeError(f"gather_augmented_batch: counter must hold 2 values [step, 0], got shape {counter.shape}")
-    if x.shape[1:] != images.shape[1:]:
-        raise ShapeError(f"gather_augmented_batch: x {x.shape} does not hold samples of images {images.shape}")
-    if isinstance(padding, bool) or not isinstance(padding, int) or not 0 <= padding <= MAX_CROP_PADDING:
-        raise InvalidArgumentError(f"gather_augmented_batch: padding must be an integer in [0, {MAX_CROP_PADDING}], "
-                                   f"got {padding!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-        raise InvalidArgumentError(f"gather_augmented_batch: seed must be an integer in [0, 2^64), got {seed!r}")

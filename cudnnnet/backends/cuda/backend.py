@@ -32,9 +32,10 @@ import numpy as np
 from ...engine import Engine
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
-from ..base import (OP_N, OP_T, ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor,
-                    check_activation_bias, check_augmented_gather, check_bias, check_loss_scale,
-                    check_nonfinite_operands)
+from ..arguments import (OP_N, check_activation_bias, check_augmented_gather, check_bias, check_fits, check_gather,
+                         check_loss_scale, check_matrix, check_nonfinite_operands, check_plan, check_vector,
+                         expect_shape, extent, same_shape, stored_shape)
+from ..base import ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor
 from ..base import BatchNormMode
 from .dropout import DropoutReserve, DropoutState
 from .array_protocols import ArrayProtocols
@@ -96,6 +97,7 @@ class CudaBackend(ArrayProtocols, Backend):
     """The product: a layer's cuBLAS/cuDNN verbs run on one NVIDIA GPU."""
 
     name = "cuda"
+    plan_type = ConvolutionPlan  # what convolution_plan gives
     maths = tuple(MATH_MODES)
 
     def __init__(self, device: int = 0, workspace_limit: int = 256 << 20, engine: "str | Engine" = "slides"):
@@ -193,13 +195,13 @@ class CudaBackend(ArrayProtocols, Backend):
     def write(self, storage: DeviceBuffer, array) -> None:
         """cudaMemcpyAsync H2D into existing memory (its address stays, as a captured graph needs)."""
         flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
-        _check_fits("write", storage, 0, flat.size)
+        check_fits("write", storage, 0, flat.size)
         if flat.nbytes:
             runtime.memcpy_async(storage.ptr, flat.ctypes.data, flat.nbytes, runtime.MEMCPY_HOST_TO_DEVICE, self._stream)
 
     def download(self, storage: DeviceBuffer, size: int) -> np.ndarray:
         """cudaMemcpyAsync D2H, then cudaStreamSynchronize."""
-        _check_fits("download", storage, 0, size)
+        check_fits("download", storage, 0, size)
         array = np.empty(int(size), np.float32)
         if array.nbytes:
             runtime.memcpy_async(array.ctypes.data, storage.ptr, array.nbytes, runtime.MEMCPY_DEVICE_TO_HOST, self._stream)
@@ -208,14 +210,14 @@ class CudaBackend(ArrayProtocols, Backend):
 
     def copy(self, src: DeviceBuffer, dst: DeviceBuffer, size: int) -> None:
         """cudaMemcpyAsync D2D."""
-        _check_fits("copy", src, 0, size)
-        _check_fits("copy", dst, 0, size)
+        check_fits("copy", src, 0, size)
+        check_fits("copy", dst, 0, size)
         if size:
             runtime.memcpy_async(dst.ptr, src.ptr, FLOAT32_BYTES * size, runtime.MEMCPY_DEVICE_TO_DEVICE, self._stream)
 
     def fill(self, storage: DeviceBuffer, value: float, size: int) -> None:
         """cudaMemsetAsync for +0.0, cuMemsetD32Async with the float's bit pattern otherwise."""
-        _check_fits("fill", storage, 0, size)
+        check_fits("fill", storage, 0, size)
         bits = struct.unpack("<I", struct.pack("<f", value))[0]
         if bits == 0:
             runtime.memset_async(storage.ptr, 0, FLOAT32_BYTES * size, self._stream)
@@ -223,7 +225,7 @@ class CudaBackend(ArrayProtocols, Backend):
             runtime.memset_d32_async(storage.ptr, bits, size, self._stream)
 
     def view(self, storage: DeviceBuffer, offset: int, size: int) -> DeviceBuffer:
-        _check_fits("view", storage, offset, size)
+        check_fits("view", storage, offset, size)
         return storage.view(FLOAT32_BYTES * offset, FLOAT32_BYTES * size)
 
     def synchronize(self) -> None:
@@ -237,9 +239,9 @@ class CudaBackend(ArrayProtocols, Backend):
 
     # ---- cuBLAS -------------------------------------------------------------------------------
     def sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
-        _check_matrix("sgemm", "A", A, *_stored(transa, m, k, "A"), lda)
-        _check_matrix("sgemm", "B", B, *_stored(transb, k, n, "B"), ldb)
-        _check_matrix("sgemm", "C", C, m, n, ldc)
+        check_matrix("sgemm", "A", A, *stored_shape(transa, m, k, "A"), lda)
+        check_matrix("sgemm", "B", B, *stored_shape(transb, k, n, "B"), ldb)
+        check_matrix("sgemm", "C", C, m, n, ldc)
         a, b, c = A.data.ptr, B.data.ptr, C.data.ptr
         if self.math in HALF_FORMATS:
             self._gemm_bf16(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, c, ldc)
@@ -260,8 +262,8 @@ class CudaBackend(ArrayProtocols, Backend):
         cublasLtMatmul, matmul.py)."""
         self.context.finish_warm_up()
         fmt = HALF_FORMATS[self.math]
-        a16, b16 = self.context.half.operands((A, _extent(*_stored(transa, m, k, "A"), lda)),
-                                              (B, _extent(*_stored(transb, k, n, "B"), ldb)), fmt=fmt)
+        a16, b16 = self.context.half.operands((A, extent(*stored_shape(transa, m, k, "A"), lda)),
+                                              (B, extent(*stored_shape(transb, k, n, "B"), ldb)), fmt=fmt)
         if self.engine.gemm_plans:
             self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math=self.math, alignment=alignment(a16, b16, c)),
                       alpha, a16, b16, beta, c)
@@ -289,28 +291,28 @@ class CudaBackend(ArrayProtocols, Backend):
         self._gemm.run(problem, "exhaustive", alpha, a, b, beta, c)
 
     def sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
-        _stored(trans, m, n, "A")
+        stored_shape(trans, m, n, "A")
         rows, cols = (m, n) if trans == OP_N else (n, m)  # op(A) is rows×cols; A is stored m×n
-        _check_matrix("sgemv", "A", A, m, n, lda)
-        _check_vector("sgemv", "x", x, cols, incx)
-        _check_vector("sgemv", "y", y, rows, incy)
+        check_matrix("sgemv", "A", A, m, n, lda)
+        check_vector("sgemv", "x", x, cols, incx)
+        check_vector("sgemv", "y", y, rows, incy)
         cublas.sgemv(self._cublas, trans, m, n, self.context.scalar(alpha), A.data.ptr, lda, x.data.ptr, incx,
                      self.context.scalar(beta), y.data.ptr, incy)
 
     def saxpy(self, n, alpha, x, incx, y, incy) -> None:
-        _check_vector("saxpy", "x", x, n, incx)
-        _check_vector("saxpy", "y", y, n, incy)
+        check_vector("saxpy", "x", x, n, incx)
+        check_vector("saxpy", "y", y, n, incy)
         self._with_scalar(cublas.saxpy, n, alpha, x.data.ptr, incx, y.data.ptr, incy)
 
     def sscal(self, n, alpha, x, incx) -> None:
         """A negative ``incx`` scales the same n elements as ``|incx|`` (as the host does; reference
         BLAS and cuBLAS would quietly do nothing)."""
-        _check_vector("sscal", "x", x, n, incx)
+        check_vector("sscal", "x", x, n, incx)
         self._with_scalar(cublas.sscal, n, alpha, x.data.ptr, abs(incx))
 
     def scopy(self, n, x, incx, y, incy) -> None:
-        _check_vector("scopy", "x", x, n, incx)
-        _check_vector("scopy", "y", y, n, incy)
+        check_vector("scopy", "x", x, n, incx)
+        check_vector("scopy", "y", y, n, incy)
         cublas.scopy(self._cublas, n, x.data.ptr, incx, y.data.ptr, incy)
 
     def _with_scalar(self, function, n, alpha, *operands) -> None:
@@ -325,7 +327,7 @@ class CudaBackend(ArrayProtocols, Backend):
 
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
     def activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
-        _same_shape("activation_forward", x, y)
+        same_shape("activation_forward", x, y)
         t = self._descriptors.tensor(x.shape).handle
         cudnn.activation_forward(self._cudnn, self._descriptors.activation(desc).handle, self.context.scalar(alpha),
                                  t, x.data.ptr, self.context.scalar(beta), t, y.data.ptr)
@@ -334,7 +336,7 @@ class CudaBackend(ArrayProtocols, Backend):
         """cudnnActivationBackward; in the fast engine kernels/activation.cu, which under math "bf16"
         also writes dx's bfloat16 copy where dx is a GEMM or convolution operand of the pass."""
         for other in (y, dy, dx):
-            _same_shape("activation_backward", x, other)
+            same_shape("activation_backward", x, other)
         if self.engine.activation_kernel and not isinstance(alpha, Tensor) and not isinstance(beta, Tensor):
             self._activation_backward_kernel(desc, float(alpha), y, dy, x, float(beta), dx)
             return
@@ -365,7 +367,7 @@ class CudaBackend(ArrayProtocols, Backend):
 
     def softmax_forward(self, alpha, x, beta, y) -> None:
         """Over each sample's c·h·w values: MODE_CHANNEL on an (n, c·h·w, 1, 1) descriptor."""
-        _same_shape("softmax_forward", x, y)
+        same_shape("softmax_forward", x, y)
         t = self._descriptors.tensor((x.n, x.sample_size, 1, 1)).handle
         cudnn.softmax_forward(self._cudnn, cudnn.SOFTMAX_ACCURATE, cudnn.SOFTMAX_MODE_CHANNEL, self.context.scalar(alpha),
                               t, x.data.ptr, self.context.scalar(beta), t, y.data.ptr)
@@ -384,17 +386,17 @@ class CudaBackend(ArrayProtocols, Backend):
         return self._convolutions.plan(desc, x_shape, y_shape, self.math, MATH_MODES[self.math][1], self.engine)
 
     def convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
-        _check_plan("convolution_forward", plan, x=x, w=w, y=y)
+        check_plan("convolution_forward", self, plan, x=x, w=w, y=y)
         # y = alpha·(x ⋆ w) + beta·y
         self._convolutions.run(FORWARD, plan, alpha, x, w, beta, y)
 
     def convolution_backward_data(self, plan: ConvolutionPlan, alpha, w, dy, beta, dx) -> None:
-        _check_plan("convolution_backward_data", plan, x=dx, w=w, y=dy)
+        check_plan("convolution_backward_data", self, plan, x=dx, w=w, y=dy)
         # dx = alpha·(dy ⋆ᵀ w) + beta·dx
         self._convolutions.run(BACKWARD_DATA, plan, alpha, w, dy, beta, dx)
 
     def convolution_backward_filter(self, plan: ConvolutionPlan, alpha, x, dy, beta, dw) -> None:
-        _check_plan("convolution_backward_filter", plan, x=x, w=dw, y=dy)
+        check_plan("convolution_backward_filter", self, plan, x=x, w=dw, y=dy)
         # dw = alpha·Σₙ xₙ ⋆ dyₙ + beta·dw
         self._convolutions.run(BACKWARD_FILTER, plan, alpha, x, dy, beta, dw)
 
@@ -402,7 +404,7 @@ class CudaBackend(ArrayProtocols, Backend):
         """cudnnConvolutionBackwardBias, in two passes over reshaped views of dy from 32 samples on
         (see backward_bias.py); in fast mode kernels/channel_sum.cu (see channel_sum.py): one launch,
         deterministic, no library call."""
-        _expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
+        expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
         if self.engine.channel_sum:
             self._channel_sum(alpha, dy, beta, db)
             return
@@ -411,7 +413,7 @@ class CudaBackend(ArrayProtocols, Backend):
 
     # ---- cuDNN: pooling -----------------------------------------------------------------------
     def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
-        _expect_shape("pooling_forward", "y", y, desc.output_shape(x.shape))
+        expect_shape("pooling_forward", "y", y, desc.output_shape(x.shape))
         cudnn.pooling_forward(self._cudnn, self._descriptors.pooling(desc).handle, self.context.scalar(alpha),
                               self._descriptors.tensor(x.shape).handle, x.data.ptr, self.context.scalar(beta),
                               self._descriptors.tensor(y.shape).handle, y.data.ptr)
@@ -419,9 +421,9 @@ class CudaBackend(ArrayProtocols, Backend):
     def pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnPoolingBackward; in fast mode, max pooling without padding whose windows do not overlap
         (stride ≥ window) runs kernels/pooling.cu (see pooling.py), y not read."""
-        _expect_shape("pooling_backward", "dy", dy, desc.output_shape(x.shape))
-        _expect_shape("pooling_backward", "y", y, dy.shape)
-        _expect_shape("pooling_backward", "dx", dx, x.shape)
+        expect_shape("pooling_backward", "dy", dy, desc.output_shape(x.shape))
+        expect_shape("pooling_backward", "y", y, dy.shape)
+        expect_shape("pooling_backward", "dx", dx, x.shape)
         if self.engine.max_pooling_kernel and pooling.supports(desc, x.shape):
             pooling.max_backward(self, desc, alpha, dy, x, beta, dx)
             return
@@ -439,14 +441,14 @@ class CudaBackend(ArrayProtocols, Backend):
         self._elementwise_loss("squared_error_loss", predict, target, loss, accumulate)
 
     def _elementwise_loss(self, name: str, predict, target, loss, accumulate: bool) -> None:
-        _same_shape(name, predict, target)
+        same_shape(name, predict, target)
         self._zero_unless(accumulate, loss)
         total = predict.size  # N·classes
         self.context.kernel(name).launch(blocks_for(total), self._stream, loss.data.ptr, predict.data.ptr,
                                          target.data.ptr, total, 1.0 / predict.n)
 
     def accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
-        _same_shape("accuracy_count", predict, target)
+        same_shape("accuracy_count", predict, target)
         self._zero_unless(accumulate, count)
         self.context.kernel("accuracy_count").launch(blocks_for(predict.n), self._stream, count.data.ptr,
                                                      predict.data.ptr, target.data.ptr, predict.n, predict.sample_size)
@@ -458,7 +460,8 @@ class CudaBackend(ArrayProtocols, Backend):
 
     def gather_batch(self, images, labels, order, cursor, x, target) -> None:
         """kernels/data.cu: x[b] = images[order[cursor + b]], target[b] = one_hot(labels[order[cursor + b]])."""
-        _check_gather(images, labels, order, cursor, x, target)
+        check_gather(images, labels, order, cursor, x, target)
+        _check_batch_indexable(x)
         total = x.size
         self.context.kernel("gather_batch").launch(
             blocks_for(total), self._stream, x.data.ptr, target.data.ptr, images.data.ptr, labels.data.ptr,
@@ -468,7 +471,8 @@ class CudaBackend(ArrayProtocols, Backend):
                                seed: int) -> None:
         """kernels/data.cu: gather_batch with the crop and flip drawn by (seed, counter[0], b), in one
         launch that then advances counter[0] (graph-safe)."""
-        _check_gather(images, labels, order, cursor, x, target)
+        check_gather(images, labels, order, cursor, x, target)
+        _check_batch_indexable(x)
         check_augmented_gather(images, counter, x, padding, seed)
         self.context.kernel("gather_augmented_batch").launch(
             blocks_for(x.size), self._stream, x.data.ptr, target.data.ptr, images.data.ptr, labels.data.ptr,
@@ -482,11 +486,11 @@ class CudaBackend(ArrayProtocols, Backend):
     def sgd_update(self, param, grad, velocity, lr, momentum: float, weight_decay: float) -> None:
         """cuBLAS level-1 calls (optimisers.py: ``sgd_cublas``); in fast mode kernels/sgd.cu, reading the
         rate on the device where ``lr`` is a one-element tensor. ``grad`` is never modified."""
-        _same_shape("sgd_update", param, grad)
+        same_shape("sgd_update", param, grad)
         if momentum:
             if velocity is None:
                 raise UsageError("sgd_update: momentum is non-zero but no velocity tensor was given")
-            _same_shape("sgd_update", param, velocity)
+            same_shape("sgd_update", param, velocity)
         if isinstance(lr, Tensor):
             check_device_scalar(self, "sgd_update", lr)
         if self.engine.sgd_kernel:
@@ -564,10 +568,10 @@ class CudaBackend(ArrayProtocols, Backend):
     def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """kernels/cross_entropy_backward.cu: grad = (predict - target)/N, loss[0] += the mean cross
         entropy, count[0] += the hits; block partials in shared memory, one atomicAdd per block and output."""
-        _same_shape("cross_entropy_backward", predict, target)
-        _same_shape("cross_entropy_backward", predict, grad)
-        _check_fits("cross_entropy_backward", loss.data, 0, 1)
-        _check_fits("cross_entropy_backward", count.data, 0, 1)
+        same_shape("cross_entropy_backward", predict, target)
+        same_shape("cross_entropy_backward", predict, grad)
+        check_fits("cross_entropy_backward", loss.data, 0, 1)
+        check_fits("cross_entropy_backward", count.data, 0, 1)
         self.context.kernel("cross_entropy_backward").launch(
             blocks_for(predict.size), self._stream, grad.data.ptr, loss.data.ptr, count.data.ptr, predict.data.ptr,
             target.data.ptr, predict.n, predict.sample_size, 1.0 / predict.n)
@@ -576,7 +580,7 @@ class CudaBackend(ArrayProtocols, Backend):
         """kernels/cross_entropy_backward.cu: cudnnSoftmaxForward and ``cross_entropy_backward`` in
         one launch, SOFTMAX_GROUP lanes per sample."""
         for other in (predict, grad):
-            _same_shape("softmax_cross_entropy_backward", logits, other)
+            same_shape("softmax_cross_entropy_backward", logits, other)
         self._softmax_cross_entropy("softmax_cross_entropy_backward", logits, target, predict.data.ptr, grad.data.ptr,
                                     loss, count, 1.0 / logits.n, 1.0 / logits.n)
 
@@ -590,9 +594,9 @@ class CudaBackend(ArrayProtocols, Backend):
                                grad_scale: float, loss_scale: float) -> None:
         """One launch of softmax_cross_entropy_backward after the checks; a null (0) predict or grad
         pointer is not written."""
-        _same_shape(call, logits, target)
-        _check_fits(call, loss.data, 0, 1)
-        _check_fits(call, count.data, 0, 1)
+        same_shape(call, logits, target)
+        check_fits(call, loss.data, 0, 1)
+        check_fits(call, count.data, 0, 1)
         self.context.kernel("softmax_cross_entropy_backward").launch(
             blocks_for(logits.n * SOFTMAX_GROUP), self._stream, predict_ptr, grad_ptr, loss.data.ptr, count.data.ptr,
             logits.data.ptr, target.data.ptr, logits.n, logits.sample_size, grad_scale, loss_scale)
@@ -624,7 +628,7 @@ class CudaBackend(ArrayProtocols, Backend):
         table of their pointers uploaded on the first call with this list (never inside a capture).
         The kernel reads the step from counter[0] and its last block advances it (not on a step that
         ``loss_scale`` skips)."""
-        _check_fits("adam_update_many", counter.data, 0, 2)
+        check_fits("adam_update_many", counter.data, 0, 2)
         if loss_scale is not None:
             check_loss_scale("adam_update_many", loss_scale)
             check_device_scalar(self, "adam_update_many", loss_scale)
@@ -642,16 +646,16 @@ class CudaBackend(ArrayProtocols, Backend):
 
     def dropout_forward(self, state, reserve, x, y) -> None:
         """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask from the state's generator."""
-        _same_shape("dropout_forward", x, y)
-        _expect_shape("dropout_forward", "the input (the reserve's shape)", x, reserve.shape)
+        same_shape("dropout_forward", x, y)
+        expect_shape("dropout_forward", "the input (the reserve's shape)", x, reserve.shape)
         t = self._descriptors.tensor(x.shape).handle
         cudnn.dropout_forward(self._cudnn, state.descriptor.handle, t, x.data.ptr, t, y.data.ptr, reserve.buffer.ptr,
                               reserve.nbytes)
 
     def dropout_backward(self, state, reserve, dy, dx) -> None:
         """cudnnDropoutBackward: dx = dy·mask/(1 - rate), the last forward's mask."""
-        _same_shape("dropout_backward", dy, dx)
-        _expect_shape("dropout_backward", "dy (the reserve's shape)", dy, reserve.shape)
+        same_shape("dropout_backward", dy, dx)
+        expect_shape("dropout_backward", "dy (the reserve's shape)", dy, reserve.shape)
         t = self._descriptors.tensor(dy.shape).handle
         cudnn.dropout_backward(self._cudnn, state.descriptor.handle, t, dy.data.ptr, t, dx.data.ptr,
                                reserve.buffer.ptr, reserve.nbytes)
@@ -660,7 +664,7 @@ class CudaBackend(ArrayProtocols, Backend):
                                     eps: float, save_mean, save_inv_std, relu: bool = False) -> None:
         """cudnnBatchNormalizationForwardTraining; in the fast engine our kernels (batch_norm.py), which
         also apply a ReLU to y where ``relu``."""
-        _same_shape("batch_norm_forward_training", x, y)
+        same_shape("batch_norm_forward_training", x, y)
         p = self._batch_norm_parameters("batch_norm_forward_training", mode, x, scale, bias, running_mean,
                                         running_var, save_mean, save_inv_std)
         if self.engine.batch_norm_kernel:
@@ -676,7 +680,7 @@ class CudaBackend(ArrayProtocols, Backend):
 
     def batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
         """cudnnBatchNormalizationForwardInference."""
-        _same_shape("batch_norm_forward_inference", x, y)
+        same_shape("batch_norm_forward_inference", x, y)
         p = self._batch_norm_parameters("batch_norm_forward_inference", mode, x, scale, bias, mean, var)
         t = self._descriptors.tensor(x.shape).handle
         cudnn.batch_normalization_forward_inference(
@@ -687,8 +691,8 @@ class CudaBackend(ArrayProtocols, Backend):
                             save_inv_std, bias=None, relu: bool = False) -> None:
         """cudnnBatchNormalizationBackward; in the fast engine our kernels (batch_norm.py), which with
         ``relu`` take dy as the gradient after a ReLU applied by the forward pass (``bias`` given)."""
-        _same_shape("batch_norm_backward", x, dy)
-        _same_shape("batch_norm_backward", x, dx)
+        same_shape("batch_norm_backward", x, dy)
+        same_shape("batch_norm_backward", x, dx)
         p = self._batch_norm_parameters("batch_norm_backward", mode, x, scale, dscale, dbias, save_mean,
                                         save_inv_std, *(() if bias is None else (bias,)))
         if self.engine.batch_norm_kernel:
@@ -720,70 +724,12 @@ class CudaBackend(ArrayProtocols, Backend):
         return self._descriptors.tensor(shape).handle
 
 
-# ---- argument checks (cheap, host-side: a bad size must not become an out-of-bounds access) -----
 def _no_relu(call: str, relu: bool) -> None:
     if relu:
         raise UsageError(f"{call}: relu is applied by the fast engine's kernels only; the slides engine runs "
                          "cuDNN's calls and the Activation layer its own")
 
 
-def _check_fits(call: str, storage: DeviceBuffer, offset: int, size: int) -> None:
-    if offset < 0 or size < 0 or offset + size > storage.size:
-        raise ShapeError(f"{call}: [{offset}:{offset + size}] does not fit in storage of {storage.size} values")
-
-
-def _stored(trans, rows: int, cols: int, name: str) -> tuple[int, int]:
-    """The stored shape of a matrix whose op() is rows×cols."""
-    if trans not in (OP_N, OP_T):
-        raise UsageError(f"invalid transpose flag for {name}: {trans!r}; valid are OP_N (0) and OP_T (1)")
-    return (rows, cols) if trans == OP_N else (cols, rows)
-
-
-def _extent(rows: int, cols: int, ld: int) -> int:
-    """The values from a column-major matrix's first to its last (0 for an empty one)."""
-    return ld * (cols - 1) + rows if rows and cols else 0
-
-
-def _check_matrix(call: str, name: str, tensor, rows: int, cols: int, ld: int) -> None:
-    if ld < max(1, rows):
-        raise ShapeError(f"{call}: leading dimension of {name} must be >= max(1, {rows}), got {ld}")
-    need = ld * (cols - 1) + rows if rows and cols else 0
-    if need > tensor.data.size:
-        raise ShapeError(f"{call}: {name} ({rows}x{cols}, ld={ld}) needs {need} values, its storage holds {tensor.data.size}")
-
-
-def _check_vector(call: str, name: str, tensor, n: int, inc: int) -> None:
-    if inc == 0:
-        raise UsageError(f"{call}: increment of {name} must be non-zero, got {inc}")
-    need = (n - 1) * abs(inc) + 1 if n > 0 else 0
-    if need > tensor.data.size:
-        raise ShapeError(f"{call}: {name} (n={n}, inc={inc}) needs {need} values, its storage holds {tensor.data.size}")
-
-
-def _same_shape(call: str, a, b) -> None:
-    if a.shape != b.shape:
-        raise ShapeError(f"{call}: tensors must have the same shape, got {a.shape} and {b.shape}")
-
-
-def _expect_shape(call: str, what: str, tensor, shape) -> None:
-    if tensor.shape != tuple(shape):
-        raise ShapeError(f"{call}: {what} must have shape {tuple(shape)}, got {tensor.shape}")
-
-
-def _check_plan(call: str, plan, x, w, y) -> None:
-    if not isinstance(plan, ConvolutionPlan):
-        raise UsageError(f"{call}: expected a plan from CudaBackend.convolution_plan, got {type(plan).__name__}")
-    _expect_shape(call, "the input", x, plan.x_shape)
-    _expect_shape(call, "the filter", w, plan.desc.filter_shape)
-    _expect_shape(call, "the output", y, plan.y_shape)
-
-
-def _check_gather(images, labels, order, cursor, x, target) -> None:
-    """The shapes gather_batch needs, else a ShapeError naming the argument."""
-    if x.shape[1:] != images.shape[1:] or target.n != x.n or labels.size != images.n or order.size != images.n:
-        raise ShapeError(f"gather_batch: images {images.shape}, labels {labels.shape}, order {order.shape}, "
-                         f"x {x.shape}, target {target.shape} do not fit together")
-    if cursor.size != 1:
-        raise ShapeError(f"gather_batch: cursor must hold one value, got shape {cursor.shape}")
+def _check_batch_indexable(x) -> None:
     if x.size >= INDEX_LIMIT:
         raise ShapeError(f"gather_batch: a batch of shape {x.shape} holds {x.size} values; the kernel indexes fewer than 2^31")

@@ -28,22 +28,10 @@ from ...augmentation import augment
 from ...errors import ShapeError, UsageError
 from ...float_images import to_float_images
 from ...tensor import Tensor
-from ..base import (
-    OP_N,
-    OP_T,
-    ActivationDescriptor,
-    ActivationMode,
-    Backend,
-    BatchNormMode,
-    ConvolutionDescriptor,
-    PoolingDescriptor,
-    PoolingMode,
-    check_activation_bias,
-    check_augmented_gather,
-    check_bias,
-    check_loss_scale,
-    check_nonfinite_operands,
-)
+from ..arguments import (OP_N, OP_T, check_activation_bias, check_augmented_gather, check_bias, check_loss_scale,
+                         check_nonfinite_operands)
+from ..base import (ActivationDescriptor, ActivationMode, Backend, BatchNormMode, ConvolutionDescriptor,
+                    PoolingDescriptor, PoolingMode)
 
 log = logging.getLogger(__name__)
 
