@@ -124,3 +124,19 @@ def check_gather(images, labels, order, cursor, x, target) -> None:
                          f"x {x.shape}, target {target.shape} do not fit together")
     if cursor.size != 1:
         raise ShapeError(f"gather_batch: cursor must hold one value, got shape {cursor.shape}")
+
+
+def check_sgemm(transa, transb, m: int, n: int, k: int, A, lda: int, B, ldb: int, C, ldc: int) -> None:
+    """sgemm's flags and matrices: op(A) m×k, op(B) k×n, C m×n inside their storage."""
+    check_matrix("sgemm", "A", A, *stored_shape(transa, m, k, "A"), lda)
+    check_matrix("sgemm", "B", B, *stored_shape(transb, k, n, "B"), ldb)
+    check_matrix("sgemm", "C", C, m, n, ldc)
+
+
+def check_sgemv(trans, m: int, n: int, A, lda: int, x, incx: int, y, incy: int) -> None:
+    """sgemv's flag, its m×n matrix A and its vectors: x of op(A)'s columns, y of its rows."""
+    stored_shape(trans, m, n, "A")
+    rows, cols = (m, n) if trans == OP_N else (n, m)  # op(A) is rows×cols; A is stored m×n
+    check_matrix("sgemv", "A", A, m, n, lda)
+    check_vector("sgemv", "x", x, cols, incx)
+    check_vector("sgemv", "y", y, rows, incy)

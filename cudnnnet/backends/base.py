@@ -205,25 +205,52 @@ class Backend(ABC):
         raise UsageError(f"the {self.name} backend cannot capture graphs")
 
     # ---- cuBLAS -----------------------------------------------------------------------------
-    @abstractmethod
     def sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
         """cublasSgemm: C(m×n) = alpha·op(A)(m×k)·op(B)(k×n) + beta·C, column-major."""
+        arguments.check_sgemm(transa, transb, m, n, k, A, lda, B, ldb, C, ldc)
+        self._sgemm(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
 
     @abstractmethod
+    def _sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
+        """``sgemm`` on the arguments it has checked."""
+
     def sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
         """cublasSgemv: y = alpha·op(A)·x + beta·y with A m×n column-major."""
+        arguments.check_sgemv(trans, m, n, A, lda, x, incx, y, incy)
+        self._sgemv(trans, m, n, alpha, A, lda, x, incx, beta, y, incy)
 
     @abstractmethod
+    def _sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
+        """``sgemv`` on the arguments it has checked."""
+
     def saxpy(self, n, alpha: Scalar, x, incx, y, incy) -> None:
         """cublasSaxpy: y = alpha·x + y. ``alpha`` may be a one-element tensor (device pointer mode)."""
+        arguments.check_vector("saxpy", "x", x, n, incx)
+        arguments.check_vector("saxpy", "y", y, n, incy)
+        self._saxpy(n, alpha, x, incx, y, incy)
 
     @abstractmethod
+    def _saxpy(self, n, alpha: Scalar, x, incx, y, incy) -> None:
+        """``saxpy`` on the arguments it has checked."""
+
     def sscal(self, n, alpha: Scalar, x, incx) -> None:
         """cublasSscal: x = alpha·x. ``alpha`` may be a one-element tensor."""
+        arguments.check_vector("sscal", "x", x, n, incx)
+        self._sscal(n, alpha, x, incx)
 
     @abstractmethod
+    def _sscal(self, n, alpha: Scalar, x, incx) -> None:
+        """``sscal`` on the arguments it has checked."""
+
     def scopy(self, n, x, incx, y, incy) -> None:
         """cublasScopy: y = x."""
+        arguments.check_vector("scopy", "x", x, n, incx)
+        arguments.check_vector("scopy", "y", y, n, incy)
+        self._scopy(n, x, incx, y, incy)
+
+    @abstractmethod
+    def _scopy(self, n, x, incx, y, incy) -> None:
+        """``scopy`` on the arguments it has checked."""
 
     # ---- cuDNN ------------------------------------------------------------------------------
     @abstractmethod

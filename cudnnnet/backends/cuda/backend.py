@@ -32,9 +32,9 @@ import numpy as np
 from ...engine import Engine
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
-from ..arguments import (OP_N, check_activation_bias, check_augmented_gather, check_bias, check_fits, check_gather,
-                         check_loss_scale, check_matrix, check_nonfinite_operands, check_plan, check_vector,
-                         expect_shape, extent, same_shape, stored_shape)
+from ..arguments import (check_activation_bias, check_augmented_gather, check_bias, check_fits, check_gather,
+                         check_loss_scale, check_nonfinite_operands, check_plan, expect_shape, extent, same_shape,
+                         stored_shape)
 from ..base import ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor
 from ..base import BatchNormMode
 from .dropout import DropoutReserve, DropoutState
@@ -238,10 +238,7 @@ class CudaBackend(ArrayProtocols, Backend):
         return self.context.capture()
 
     # ---- cuBLAS -------------------------------------------------------------------------------
-    def sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
-        check_matrix("sgemm", "A", A, *stored_shape(transa, m, k, "A"), lda)
-        check_matrix("sgemm", "B", B, *stored_shape(transb, k, n, "B"), ldb)
-        check_matrix("sgemm", "C", C, m, n, ldc)
+    def _sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
         a, b, c = A.data.ptr, B.data.ptr, C.data.ptr
         if self.math in HALF_FORMATS:
             self._gemm_bf16(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, c, ldc)
@@ -290,29 +287,19 @@ class CudaBackend(ArrayProtocols, Backend):
         cublasLtMatmul with the fastest algorithm, or cublasSgemm (see matmul.py)."""
         self._gemm.run(problem, "exhaustive", alpha, a, b, beta, c)
 
-    def sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
-        stored_shape(trans, m, n, "A")
-        rows, cols = (m, n) if trans == OP_N else (n, m)  # op(A) is rows×cols; A is stored m×n
-        check_matrix("sgemv", "A", A, m, n, lda)
-        check_vector("sgemv", "x", x, cols, incx)
-        check_vector("sgemv", "y", y, rows, incy)
+    def _sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
         cublas.sgemv(self._cublas, trans, m, n, self.context.scalar(alpha), A.data.ptr, lda, x.data.ptr, incx,
                      self.context.scalar(beta), y.data.ptr, incy)
 
-    def saxpy(self, n, alpha, x, incx, y, incy) -> None:
-        check_vector("saxpy", "x", x, n, incx)
-        check_vector("saxpy", "y", y, n, incy)
+    def _saxpy(self, n, alpha, x, incx, y, incy) -> None:
         self._with_scalar(cublas.saxpy, n, alpha, x.data.ptr, incx, y.data.ptr, incy)
 
-    def sscal(self, n, alpha, x, incx) -> None:
+    def _sscal(self, n, alpha, x, incx) -> None:
         """A negative ``incx`` scales the same n elements as ``|incx|`` (as the host does; reference
         BLAS and cuBLAS would quietly do nothing)."""
-        check_vector("sscal", "x", x, n, incx)
         self._with_scalar(cublas.sscal, n, alpha, x.data.ptr, abs(incx))
 
-    def scopy(self, n, x, incx, y, incy) -> None:
-        check_vector("scopy", "x", x, n, incx)
-        check_vector("scopy", "y", y, n, incy)
+    def _scopy(self, n, x, incx, y, incy) -> None:
         cublas.scopy(self._cublas, n, x.data.ptr, incx, y.data.ptr, incy)
 
     def _with_scalar(self, function, n, alpha, *operands) -> None:

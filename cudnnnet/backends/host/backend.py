@@ -28,7 +28,7 @@ from ...augmentation import augment
 from ...errors import ShapeError, UsageError
 from ...float_images import to_float_images
 from ...tensor import Tensor
-from ..arguments import (OP_N, OP_T, check_activation_bias, check_augmented_gather, check_bias, check_loss_scale,
+from ..arguments import (OP_N, check_activation_bias, check_augmented_gather, check_bias, check_loss_scale,
                          check_nonfinite_operands)
 from ..base import (ActivationDescriptor, ActivationMode, Backend, BatchNormMode, ConvolutionDescriptor,
                     PoolingDescriptor, PoolingMode)
@@ -101,30 +101,20 @@ def _expect_shape(call: str, what: str, tensor: Tensor, shape) -> None:
         raise ShapeError(f"{call}: {what} must have shape {tuple(shape)}, got {tensor.shape}")
 
 
-def _matrix(flat: np.ndarray, rows: int, cols: int, ld: int, name: str) -> np.ndarray:
-    """The rows×cols column-major matrix with leading dimension ``ld`` inside ``flat`` (a view)."""
-    if ld < max(1, rows):
-        raise ShapeError(f"leading dimension of {name} must be >= max(1, {rows}), got {ld}")
-    need = ld * (cols - 1) + rows if rows and cols else 0
-    if need > flat.size:
-        raise ShapeError(f"{name} ({rows}x{cols}, ld={ld}) needs {need} values, its storage holds {flat.size}")
+def _matrix(flat: np.ndarray, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The rows×cols column-major matrix with leading dimension ``ld`` inside ``flat`` (a view; the verb
+    has checked that it fits)."""
     return as_strided(flat, shape=(rows, cols), strides=(_ITEM, _ITEM * ld), writeable=True)
 
 
-def _op_matrix(flat, trans, rows: int, cols: int, ld: int, name: str) -> np.ndarray:
+def _op_matrix(flat, trans, rows: int, cols: int, ld: int) -> np.ndarray:
     """op(M) (rows×cols): M is stored rows×cols (OP_N) or cols×rows (OP_T)."""
-    if trans not in (OP_N, OP_T):
-        raise UsageError(f"invalid transpose flag for {name}: {trans!r}; valid are OP_N (0) and OP_T (1)")
-    return _matrix(flat, rows, cols, ld, name) if trans == OP_N else _matrix(flat, cols, rows, ld, name).T
+    return _matrix(flat, rows, cols, ld) if trans == OP_N else _matrix(flat, cols, rows, ld).T
 
 
-def _vector(flat: np.ndarray, n: int, inc: int, name: str) -> np.ndarray:
+def _vector(flat: np.ndarray, n: int, inc: int) -> np.ndarray:
     """The n-vector at stride ``inc`` inside ``flat`` (BLAS order: a negative inc runs backwards)."""
-    if inc == 0:
-        raise UsageError(f"increment of {name} must be non-zero, got {inc}")
     need = (n - 1) * abs(inc) + 1 if n > 0 else 0
-    if need > flat.size:
-        raise ShapeError(f"{name} (n={n}, inc={inc}) needs {need} values, its storage holds {flat.size}")
     view = flat[:need : abs(inc)]
     return view[::-1] if inc < 0 else view
 
@@ -348,30 +338,30 @@ class HostBackend(Backend):
         return storage[offset : offset + size]
 
     # ---- cuBLAS -------------------------------------------------------------------------------
-    def sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
+    def _sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
         """C(m×n) = alpha·op(A)(m×k)·op(B)(k×n) + beta·C, column-major with leading dimensions."""
-        op_a = self._operand(_op_matrix(A.data, transa, m, k, lda, "A"))
-        op_b = self._operand(_op_matrix(B.data, transb, k, n, ldb, "B"))
-        _blend(_matrix(C.data, m, n, ldc, "C"), op_a @ op_b, _scalar(alpha), _scalar(beta))
+        op_a = self._operand(_op_matrix(A.data, transa, m, k, lda))
+        op_b = self._operand(_op_matrix(B.data, transb, k, n, ldb))
+        _blend(_matrix(C.data, m, n, ldc), op_a @ op_b, _scalar(alpha), _scalar(beta))
 
-    def sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
+    def _sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
         """y = alpha·op(A)·x + beta·y, A m×n column-major; len(x), len(y) = (n, m) or (m, n) if OP_T."""
         rows, cols = (m, n) if trans == OP_N else (n, m)  # op(A), stored m×n either way
-        op_a = _op_matrix(A.data, trans, rows, cols, lda, "A")
-        product = op_a @ _vector(x.data, cols, incx, "x")
-        _blend(_vector(y.data, rows, incy, "y"), product, _scalar(alpha), _scalar(beta))
+        op_a = _op_matrix(A.data, trans, rows, cols, lda)
+        product = op_a @ _vector(x.data, cols, incx)
+        _blend(_vector(y.data, rows, incy), product, _scalar(alpha), _scalar(beta))
 
-    def saxpy(self, n, alpha, x, incx, y, incy) -> None:
+    def _saxpy(self, n, alpha, x, incx, y, incy) -> None:
         """y = alpha·x + y."""
-        _vector(y.data, n, incy, "y")[...] += F32(_scalar(alpha)) * _vector(x.data, n, incx, "x")
+        _vector(y.data, n, incy)[...] += F32(_scalar(alpha)) * _vector(x.data, n, incx)
 
-    def sscal(self, n, alpha, x, incx) -> None:
+    def _sscal(self, n, alpha, x, incx) -> None:
         """x = alpha·x."""
-        _vector(x.data, n, incx, "x")[...] *= F32(_scalar(alpha))
+        _vector(x.data, n, incx)[...] *= F32(_scalar(alpha))
 
-    def scopy(self, n, x, incx, y, incy) -> None:
+    def _scopy(self, n, x, incx, y, incy) -> None:
         """y = x."""
-        _vector(y.data, n, incy, "y")[...] = _vector(x.data, n, incx, "x")
+        _vector(y.data, n, incy)[...] = _vector(x.data, n, incx)
 
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
     def activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
