@@ -140,3 +140,16 @@ def check_sgemv(trans, m: int, n: int, A, lda: int, x, incx: int, y, incy: int) 
     check_matrix("sgemv", "A", A, m, n, lda)
     check_vector("sgemv", "x", x, cols, incx)
     check_vector("sgemv", "y", y, rows, incy)
+
+
+def check_broadcast(call: str, bias, y) -> None:
+    """A ShapeError unless each dimension of ``bias`` is 1 or that of ``y``."""
+    if any(b not in (1, s) for b, s in zip(bias.shape, y.shape)):
+        raise ShapeError(f"{call}: bias of shape {bias.shape} does not broadcast to {y.shape}")
+
+
+def check_pooling_backward(desc, y, dy, x, dx) -> None:
+    """dy and y of the pooling of x by ``desc``, dx of x's shape."""
+    expect_shape("pooling_backward", "dy", dy, desc.output_shape(x.shape))
+    expect_shape("pooling_backward", "y", y, dy.shape)
+    expect_shape("pooling_backward", "dx", dx, x.shape)

@@ -137,6 +137,7 @@ class Backend(ABC):
     name: str = "abstract"
     device_name: str = "abstract"  # what a user is told runs the work ("NVIDIA H100 80GB HBM3")
     engine: Engine = SLIDES  # which calls run each choice point (cudnnnet.engine); per instance once set
+    plan_type: type = object  # what convolution_plan gives, which the convolution calls take
 
     def set_engine(self, engine: "str | Engine") -> None:
         """"slides" (the C++ design's library calls) or "fast" (our fusions and kernels), or an Engine."""
@@ -253,24 +254,45 @@ class Backend(ABC):
         """``scopy`` on the arguments it has checked."""
 
     # ---- cuDNN ------------------------------------------------------------------------------
-    @abstractmethod
     def activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
         """cudnnActivationForward: y = alpha·f(x) + beta·y."""
+        arguments.same_shape("activation_forward", x, y)
+        self._activation_forward(desc, alpha, x, beta, y)
 
     @abstractmethod
+    def _activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
+        """``activation_forward`` on the arguments it has checked."""
+
     def activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnActivationBackward: dx = alpha·f'(x)·dy + beta·dx (f' may be computed from y)."""
+        for other in (y, dy, dx):
+            arguments.same_shape("activation_backward", x, other)
+        self._activation_backward(desc, alpha, y, dy, x, beta, dx)
 
     @abstractmethod
+    def _activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
+        """``activation_backward`` on the arguments it has checked."""
+
     def softmax_forward(self, alpha, x, beta, y) -> None:
         """cudnnSoftmaxForward (ACCURATE): softmax over the c·h·w values of each sample.
 
         cuDNN's MODE_INSTANCE does this; the slides' MODE_CHANNEL is the same for (N, C, 1, 1).
         """
+        arguments.same_shape("softmax_forward", x, y)
+        self._softmax_forward(alpha, x, beta, y)
 
     @abstractmethod
+    def _softmax_forward(self, alpha, x, beta, y) -> None:
+        """``softmax_forward`` on the arguments it has checked."""
+
     def add_tensor(self, alpha, bias, beta, y) -> None:
         """cudnnAddTensor: y = alpha·bias + beta·y, bias (1, C, 1, 1) broadcast over N, H, W."""
+        arguments.check_broadcast("add_tensor", bias, y)
+        self._add_tensor(alpha, bias, beta, y)
+
+    @abstractmethod
+    def _add_tensor(self, alpha, bias, beta, y) -> None:
+        """``add_tensor`` on the arguments it has checked."""
 
     @abstractmethod
     def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> Any:
@@ -280,28 +302,52 @@ class Backend(ABC):
         graph capture. The returned plan is passed to the four convolution calls below.
         """
 
-    @abstractmethod
     def convolution_forward(self, plan, alpha, x, w, beta, y) -> None:
         """cudnnConvolutionForward: y = alpha·(x ⋆ w) + beta·y."""
+        arguments.check_plan("convolution_forward", self, plan, x=x, w=w, y=y)
+        self._convolution_forward(plan, alpha, x, w, beta, y)
 
     @abstractmethod
+    def _convolution_forward(self, plan, alpha, x, w, beta, y) -> None:
+        """``convolution_forward`` on the arguments it has checked."""
+
     def convolution_backward_data(self, plan, alpha, w, dy, beta, dx) -> None:
         """cudnnConvolutionBackwardData: dx = alpha·(dy ⋆ᵀ w) + beta·dx."""
+        arguments.check_plan("convolution_backward_data", self, plan, x=dx, w=w, y=dy)
+        self._convolution_backward_data(plan, alpha, w, dy, beta, dx)
 
     @abstractmethod
+    def _convolution_backward_data(self, plan, alpha, w, dy, beta, dx) -> None:
+        """``convolution_backward_data`` on the arguments it has checked."""
+
     def convolution_backward_filter(self, plan, alpha, x, dy, beta, dw) -> None:
         """cudnnConvolutionBackwardFilter: dw = alpha·Σₙ (xₙ ⋆ dyₙ) + beta·dw."""
+        arguments.check_plan("convolution_backward_filter", self, plan, x=x, w=dw, y=dy)
+        self._convolution_backward_filter(plan, alpha, x, dy, beta, dw)
 
     @abstractmethod
+    def _convolution_backward_filter(self, plan, alpha, x, dy, beta, dw) -> None:
+        """``convolution_backward_filter`` on the arguments it has checked."""
+
     def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
         """cudnnConvolutionBackwardBias: db(1, K, 1, 1) = alpha·Σ_{n,h,w} dy + beta·db (beta == 0: db is
         overwritten, never read). Deterministic: the same bits on every call with the same dy."""
+        arguments.expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
+        self._convolution_backward_bias(alpha, dy, beta, db)
 
     @abstractmethod
+    def _convolution_backward_bias(self, alpha, dy, beta, db) -> None:
+        """``convolution_backward_bias`` on the arguments it has checked."""
+
     def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
         """cudnnPoolingForward."""
+        arguments.expect_shape("pooling_forward", "y", y, desc.output_shape(x.shape))
+        self._pooling_forward(desc, alpha, x, beta, y)
 
     @abstractmethod
+    def _pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
+        """``pooling_forward`` on the arguments it has checked."""
+
     def pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnPoolingBackward: dx = alpha·pool'(x)·dy + beta·dx (beta == 0: dx is overwritten, never read).
 
@@ -311,6 +357,12 @@ class Backend(ABC):
         pooling_forward(desc, 1, x, 0, y) gave: cuDNN may read the maxima from it, the host backend
         and our CUDA kernel recompute them from x.
         """
+        arguments.check_pooling_backward(desc, y, dy, x, dx)
+        self._pooling_backward(desc, alpha, y, dy, x, beta, dx)
+
+    @abstractmethod
+    def _pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
+        """``pooling_backward`` on the arguments it has checked."""
 
     # ---- DLPack (used by Tensor.__dlpack__ / Tensor.from_dlpack) -------------------------------
     @abstractmethod

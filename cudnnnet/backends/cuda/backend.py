@@ -33,7 +33,7 @@ from ...engine import Engine
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
 from ..arguments import (check_activation_bias, check_augmented_gather, check_bias, check_fits, check_gather,
-                         check_loss_scale, check_nonfinite_operands, check_plan, expect_shape, extent, same_shape,
+                         check_loss_scale, check_nonfinite_operands, expect_shape, extent, same_shape,
                          stored_shape)
 from ..base import ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor
 from ..base import BatchNormMode
@@ -313,17 +313,14 @@ class CudaBackend(ArrayProtocols, Backend):
             function(self._cublas, n, alpha.data.ptr, *operands)
 
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
-    def activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
-        same_shape("activation_forward", x, y)
+    def _activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
         t = self._descriptors.tensor(x.shape).handle
         cudnn.activation_forward(self._cudnn, self._descriptors.activation(desc).handle, self.context.scalar(alpha),
                                  t, x.data.ptr, self.context.scalar(beta), t, y.data.ptr)
 
-    def activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
+    def _activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnActivationBackward; in the fast engine kernels/activation.cu, which under math "bf16"
         also writes dx's bfloat16 copy where dx is a GEMM or convolution operand of the pass."""
-        for other in (y, dy, dx):
-            same_shape("activation_backward", x, other)
         if self.engine.activation_kernel and not isinstance(alpha, Tensor) and not isinstance(beta, Tensor):
             self._activation_backward_kernel(desc, float(alpha), y, dy, x, float(beta), dx)
             return
@@ -352,17 +349,14 @@ class CudaBackend(ArrayProtocols, Backend):
                 blocks_for(rest), self._stream, *(pointer + offset for pointer in pointers), mode, coef, alpha, beta,
                 rest, None if dx16 is None else dx16 + 4 * BF16_BYTES * vectors)
 
-    def softmax_forward(self, alpha, x, beta, y) -> None:
+    def _softmax_forward(self, alpha, x, beta, y) -> None:
         """Over each sample's c·h·w values: MODE_CHANNEL on an (n, c·h·w, 1, 1) descriptor."""
-        same_shape("softmax_forward", x, y)
         t = self._descriptors.tensor((x.n, x.sample_size, 1, 1)).handle
         cudnn.softmax_forward(self._cudnn, cudnn.SOFTMAX_ACCURATE, cudnn.SOFTMAX_MODE_CHANNEL, self.context.scalar(alpha),
                               t, x.data.ptr, self.context.scalar(beta), t, y.data.ptr)
 
-    def add_tensor(self, alpha, bias, beta, y) -> None:
+    def _add_tensor(self, alpha, bias, beta, y) -> None:
         """cudnnAddTensor."""
-        if any(b not in (1, s) for b, s in zip(bias.shape, y.shape)):
-            raise ShapeError(f"add_tensor: bias of shape {bias.shape} does not broadcast to {y.shape}")
         cudnn.add_tensor(self._cudnn, self.context.scalar(alpha), self._descriptors.tensor(bias.shape).handle, bias.data.ptr,
                          self.context.scalar(beta), self._descriptors.tensor(y.shape).handle, y.data.ptr)
 
@@ -372,26 +366,22 @@ class CudaBackend(ArrayProtocols, Backend):
         chosen once and cached; the shared workspace grows to fit it."""
         return self._convolutions.plan(desc, x_shape, y_shape, self.math, MATH_MODES[self.math][1], self.engine)
 
-    def convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
-        check_plan("convolution_forward", self, plan, x=x, w=w, y=y)
+    def _convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
         # y = alpha·(x ⋆ w) + beta·y
         self._convolutions.run(FORWARD, plan, alpha, x, w, beta, y)
 
-    def convolution_backward_data(self, plan: ConvolutionPlan, alpha, w, dy, beta, dx) -> None:
-        check_plan("convolution_backward_data", self, plan, x=dx, w=w, y=dy)
+    def _convolution_backward_data(self, plan: ConvolutionPlan, alpha, w, dy, beta, dx) -> None:
         # dx = alpha·(dy ⋆ᵀ w) + beta·dx
         self._convolutions.run(BACKWARD_DATA, plan, alpha, w, dy, beta, dx)
 
-    def convolution_backward_filter(self, plan: ConvolutionPlan, alpha, x, dy, beta, dw) -> None:
-        check_plan("convolution_backward_filter", self, plan, x=x, w=dw, y=dy)
+    def _convolution_backward_filter(self, plan: ConvolutionPlan, alpha, x, dy, beta, dw) -> None:
         # dw = alpha·Σₙ xₙ ⋆ dyₙ + beta·dw
         self._convolutions.run(BACKWARD_FILTER, plan, alpha, x, dy, beta, dw)
 
-    def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
+    def _convolution_backward_bias(self, alpha, dy, beta, db) -> None:
         """cudnnConvolutionBackwardBias, in two passes over reshaped views of dy from 32 samples on
         (see backward_bias.py); in fast mode kernels/channel_sum.cu (see channel_sum.py): one launch,
         deterministic, no library call."""
-        expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
         if self.engine.channel_sum:
             self._channel_sum(alpha, dy, beta, db)
             return
@@ -399,18 +389,14 @@ class CudaBackend(ArrayProtocols, Backend):
         backward_bias(self, alpha, dy, beta, db)
 
     # ---- cuDNN: pooling -----------------------------------------------------------------------
-    def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
-        expect_shape("pooling_forward", "y", y, desc.output_shape(x.shape))
+    def _pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
         cudnn.pooling_forward(self._cudnn, self._descriptors.pooling(desc).handle, self.context.scalar(alpha),
                               self._descriptors.tensor(x.shape).handle, x.data.ptr, self.context.scalar(beta),
                               self._descriptors.tensor(y.shape).handle, y.data.ptr)
 
-    def pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
+    def _pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnPoolingBackward; in fast mode, max pooling without padding whose windows do not overlap
         (stride ≥ window) runs kernels/pooling.cu (see pooling.py), y not read."""
-        expect_shape("pooling_backward", "dy", dy, desc.output_shape(x.shape))
-        expect_shape("pooling_backward", "y", y, dy.shape)
-        expect_shape("pooling_backward", "dx", dx, x.shape)
         if self.engine.max_pooling_kernel and pooling.supports(desc, x.shape):
             pooling.max_backward(self, desc, alpha, dy, x, beta, dx)
             return

@@ -277,6 +277,7 @@ class HostBackend(Backend):
     """NumPy implementation of the call surface, with cuBLAS/cuDNN semantics. The GPU's oracle."""
 
     name = "host"
+    plan_type = ConvolutionPlan  # what convolution_plan gives
     device_name = "host (NumPy)"
     maths = MATHS
     math = "fp32"
@@ -364,27 +365,21 @@ class HostBackend(Backend):
         _vector(y.data, n, incy)[...] = _vector(x.data, n, incx)
 
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
-    def activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
+    def _activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
         """y = alpha·f(x) + beta·y."""
-        _same_shape("activation_forward", x, y)
         _blend(_nd(y), _lookup(_ACTIVATIONS, desc.mode, "activation")(_nd(x), desc.coef), alpha, beta)
 
-    def activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
+    def _activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """dx = alpha·f'(x)·dy + beta·dx."""
-        for other in (y, dy, dx):
-            _same_shape("activation_backward", x, other)
         gradient = _lookup(_GRADIENTS, desc.mode, "activation")
         _blend(_nd(dx), gradient(_nd(x), _nd(y), _nd(dy), desc.coef), alpha, beta)
 
-    def softmax_forward(self, alpha, x, beta, y) -> None:
+    def _softmax_forward(self, alpha, x, beta, y) -> None:
         """y = alpha·softmax(x over each sample's c·h·w values) + beta·y, shifted by the max."""
-        _same_shape("softmax_forward", x, y)
         _blend(_rows(y), _softmax_rows(_rows(x)), alpha, beta)
 
-    def add_tensor(self, alpha, bias, beta, y) -> None:
+    def _add_tensor(self, alpha, bias, beta, y) -> None:
         """y = alpha·bias + beta·y, bias broadcast over every dimension where its size is 1."""
-        if any(b not in (1, s) for b, s in zip(bias.shape, y.shape)):
-            raise ShapeError(f"add_tensor: bias of shape {bias.shape} does not broadcast to {y.shape}")
         _blend(_nd(y), _nd(bias), alpha, beta)
 
     # ---- cuDNN: convolution -------------------------------------------------------------------
@@ -403,47 +398,35 @@ class HostBackend(Backend):
         log.debug("%r: column buffer %s", plan, plan.cols.shape)
         return plan
 
-    def _check_conv(self, call, plan, x=None, w=None, y=None) -> None:
-        for what, tensor, shape in (("x", x, plan.x_shape), ("w", w, plan.desc.filter_shape), ("y", y, plan.y_shape)):
-            if tensor is not None:
-                _expect_shape(call, what, tensor, shape)
-
-    def convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
+    def _convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
         """y = alpha·(x ⋆ w) + beta·y: W(K, CRS) @ cols(CRS, OH·OW·N), then back to NCHW."""
-        self._check_conv("convolution_forward", plan, x, w, y)
         np.matmul(self._operand(_nd(w)).reshape(plan.desc.out_channels, plan.crs), plan.im2col(self._operand(_nd(x))),
                   out=plan.product)
         _blend(_nd(y), self._convolution_result(plan.product_nchw), alpha, beta)
 
-    def convolution_backward_data(self, plan: ConvolutionPlan, alpha, w, dy, beta, dx) -> None:
+    def _convolution_backward_data(self, plan: ConvolutionPlan, alpha, w, dy, beta, dx) -> None:
         """dx = alpha·col2im(Wᵀ(CRS, K) @ dy(K, OH·OW·N)) + beta·dx."""
-        self._check_conv("convolution_backward_data", plan, dx, w, dy)
         dcols = (self._operand(_nd(w)).reshape(plan.desc.out_channels, plan.crs).T
                  @ plan.dy_by_channel(self._operand(_nd(dy))))
         _blend(_nd(dx), self._convolution_result(plan.col2im(dcols)), alpha, beta)
 
-    def convolution_backward_filter(self, plan: ConvolutionPlan, alpha, x, dy, beta, dw) -> None:
+    def _convolution_backward_filter(self, plan: ConvolutionPlan, alpha, x, dy, beta, dw) -> None:
         """dw = alpha·dy(K, OH·OW·N) @ colsᵀ(OH·OW·N, CRS) + beta·dw."""
-        self._check_conv("convolution_backward_filter", plan, x, dw, dy)
         grad = plan.dy_by_channel(self._operand(_nd(dy))) @ plan.im2col(self._operand(_nd(x))).T
         _blend(_nd(dw).reshape(grad.shape), self._convolution_result(grad), alpha, beta)
 
-    def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
+    def _convolution_backward_bias(self, alpha, dy, beta, db) -> None:
         """db(1, K, 1, 1) = alpha·Σ_{n,h,w} dy + beta·db."""
-        _expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
         _blend(_nd(db), _nd(dy).sum(axis=(0, 2, 3), keepdims=True), alpha, beta)
 
     # ---- cuDNN: pooling -----------------------------------------------------------------------
-    def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
+    def _pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
         """y = alpha·(max or padding-inclusive mean of each window) + beta·y."""
-        _expect_shape("pooling_forward", "y", y, desc.output_shape(x.shape))
         xp, offsets = _pool_windows(desc, _nd(x), y.shape)
         _blend(_nd(y), _pool_reduce(desc, xp, offsets), alpha, beta)
 
-    def pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
+    def _pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """dx = alpha·(dy routed to each window's first maximum, or spread evenly) + beta·dx."""
-        _expect_shape("pooling_backward", "dy", dy, desc.output_shape(x.shape))
-        _expect_shape("pooling_backward", "dx", dx, x.shape)
         xp, offsets = _pool_windows(desc, _nd(x), dy.shape)
         if desc.mode == PoolingMode.MAX:
             grad = _route_to_first_max(xp, offsets, _pool_reduce(desc, xp, offsets), _nd(dy))
