@@ -153,3 +153,23 @@ def check_pooling_backward(desc, y, dy, x, dx) -> None:
     expect_shape("pooling_backward", "dy", dy, desc.output_shape(x.shape))
     expect_shape("pooling_backward", "y", y, dy.shape)
     expect_shape("pooling_backward", "dx", dx, x.shape)
+
+
+def check_metric_outputs(call: str, loss, count) -> None:
+    """A loss and a count each one value at least, else a ShapeError."""
+    check_fits(call, loss.data, 0, 1)
+    check_fits(call, count.data, 0, 1)
+
+
+def check_cross_entropy_backward(call: str, predict, target, grad, loss, count) -> None:
+    """predict, target and grad of one shape; loss and count one value each."""
+    same_shape(call, predict, target)
+    same_shape(call, predict, grad)
+    check_metric_outputs(call, loss, count)
+
+
+def check_softmax_cross_entropy(call: str, logits, target, loss, count, *outputs) -> None:
+    """``outputs`` (predict, grad), then target, of the logits' shape; loss and count one value each."""
+    for other in (*outputs, target):
+        same_shape(call, logits, other)
+    check_metric_outputs(call, loss, count)

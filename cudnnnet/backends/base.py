@@ -384,34 +384,58 @@ class Backend(ABC):
                              f"__cuda_array_interface__; use numpy() or DLPack")
 
     # ---- our own kernels (NVRTC on CUDA) -------------------------------------------------------
-    @abstractmethod
     def cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         """loss[0] (+)= -(1/N)·Σₙ Σ_c target·log(max(predict, 1e-7)). Reads N from predict.shape."""
+        arguments.same_shape("cross_entropy_loss", predict, target)
+        self._cross_entropy_loss(predict, target, loss, accumulate)
 
     @abstractmethod
+    def _cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+        """``cross_entropy_loss`` on the arguments it has checked."""
+
     def squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         """loss[0] (+)= (1/N)·Σₙ ½‖predictₙ - targetₙ‖²."""
+        arguments.same_shape("squared_error_loss", predict, target)
+        self._squared_error_loss(predict, target, loss, accumulate)
 
     @abstractmethod
+    def _squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+        """``squared_error_loss`` on the arguments it has checked."""
+
     def accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
         """count[0] (+)= number of samples whose argmax(predict) equals argmax(target)."""
+        arguments.same_shape("accuracy_count", predict, target)
+        self._accuracy_count(predict, target, count, accumulate)
 
     @abstractmethod
+    def _accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
+        """``accuracy_count`` on the arguments it has checked."""
+
     def record_nonfinite(self, watch, loss) -> None:
         """Training bookkeeping, one step: watch[0] += 1; if watch[1] == 0 and loss[0] is NaN or ±inf,
         watch[1] = watch[0]. ``watch`` holds two int32 counts in float32 storage (their bits), so a
         replayed CUDA graph keeps counting steps and the first non-finite one is known without a sync.
         """
+        arguments.check_nonfinite_operands(watch, loss)
+        self._record_nonfinite(watch, loss)
 
     @abstractmethod
+    def _record_nonfinite(self, watch, loss) -> None:
+        """``record_nonfinite`` on the arguments it has checked."""
+
     def gather_batch(self, images, labels, order, cursor, x, target) -> None:
         """A batch from a resident data set: j = order[cursor[0] + b]; x[b] = images[j]; target[b] = one_hot(labels[j]).
 
         ``labels`` and ``order`` hold integers as float32 (exact below 2²⁴); ``cursor`` is a
         one-element tensor, so a replayed CUDA graph gathers whichever batch it points to.
         """
+        arguments.check_gather(images, labels, order, cursor, x, target)
+        self._gather_batch(images, labels, order, cursor, x, target)
 
     @abstractmethod
+    def _gather_batch(self, images, labels, order, cursor, x, target) -> None:
+        """``gather_batch`` on the arguments it has checked."""
+
     def gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
                                seed: int) -> None:
         """``gather_batch`` with a random crop and flip (``augmentation.py``), then counter[0] += 1.
@@ -422,6 +446,14 @@ class Backend(ABC):
         0 outside the image; target[b] = one_hot(labels[j]). ``counter`` holds two uint32 in float32
         storage, [step, 0]; advancing it on the device lets a replayed CUDA graph draw fresh crops.
         """
+        arguments.check_gather(images, labels, order, cursor, x, target)
+        arguments.check_augmented_gather(images, counter, x, padding, seed)
+        self._gather_augmented_batch(images, labels, order, cursor, counter, x, target, padding, flip, seed)
+
+    @abstractmethod
+    def _gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
+                               seed: int) -> None:
+        """``gather_augmented_batch`` on the arguments it has checked."""
 
     @abstractmethod
     def sgd_update(self, param, grad, velocity, lr: Scalar, momentum: float, weight_decay: float) -> None:
@@ -432,13 +464,17 @@ class Backend(ABC):
         """
 
     # ---- fused calls (one launch each on CUDA; checked against the unfused calls above) ---------
-    @abstractmethod
     def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
         """y = f(y + b) in place: ``bias`` (C values) broadcast over N, H, W of y (N, C, H, W), then
         the activation ``desc`` (None: no activation). The same as ``add_tensor(1, bias, 1, y)``
         followed by ``activation_forward(desc, 1, y, 0, y)``."""
+        arguments.check_bias("bias_activation_forward", bias, y)
+        self._bias_activation_forward(desc, bias, y)
 
     @abstractmethod
+    def _bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
+        """``bias_activation_forward`` on the arguments it has checked."""
+
     def activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
         """The activation ``desc`` fused after a Dense layer, with that layer's bias gradient, for y,
         dy, dx of shape (N, C, 1, 1) and db of C values:
@@ -448,8 +484,13 @@ class Backend(ABC):
 
         The same as ``activation_backward(desc, 1, y, dy, y, 0, dx)`` followed by the Dense layer's
         ``sgemv`` of dx with a vector of ones."""
+        arguments.check_activation_bias("activation_bias_backward", y, dy, dx, db)
+        self._activation_bias_backward(desc, y, dy, dx, db)
 
     @abstractmethod
+    def _activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
+        """``activation_bias_backward`` on the arguments it has checked."""
+
     def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """The softmax-output step of training, for predict, target, grad of shape (N, C, 1, 1):
 
@@ -460,16 +501,26 @@ class Backend(ABC):
         The same as ``copy`` + ``saxpy`` + ``sscal``, ``cross_entropy_loss(accumulate=True)`` and
         ``accuracy_count(accumulate=True)``; ``loss`` and ``count`` are always added to.
         """
+        arguments.check_cross_entropy_backward("cross_entropy_backward", predict, target, grad, loss, count)
+        self._cross_entropy_backward(predict, target, grad, loss, count)
 
     @abstractmethod
+    def _cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
+        """``cross_entropy_backward`` on the arguments it has checked."""
+
     def softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
         """The Softmax layer's forward and ``cross_entropy_backward`` in one call, from ``logits``
         (N, C, 1, 1): ``predict = softmax(logits)``, then grad, loss and count from ``predict`` as
         ``cross_entropy_backward`` computes them. The same as ``softmax_forward(1, logits, 0,
         predict)`` followed by ``cross_entropy_backward(predict, target, grad, loss, count)``.
         """
+        arguments.check_softmax_cross_entropy("softmax_cross_entropy_backward", logits, target, loss, count, predict, grad)
+        self._softmax_cross_entropy_backward(logits, target, predict, grad, loss, count)
 
     @abstractmethod
+    def _softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
+        """``softmax_cross_entropy_backward`` on the arguments it has checked."""
+
     def softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale: float) -> None:
         """The evaluation of a batch straight from its ``logits`` (N, C, H, W), softmax over each
         sample's c·h·w values:
@@ -482,6 +533,12 @@ class Backend(ABC):
         With ``loss_scale = 1/N`` the loss added is the batch mean ``cross_entropy_loss`` computes;
         a NaN logit makes the loss NaN, as there. One launch on CUDA, no cudnnSoftmaxForward.
         """
+        arguments.check_softmax_cross_entropy("softmax_cross_entropy_metrics", logits, target, loss, count)
+        self._softmax_cross_entropy_metrics(logits, target, loss, count, loss_scale)
+
+    @abstractmethod
+    def _softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale: float) -> None:
+        """``softmax_cross_entropy_metrics`` on the arguments it has checked."""
 
     @abstractmethod
     def sgd_update_many(self, groups, lr: Scalar, momentum: float, weight_decay: float, loss_scale=None) -> None:

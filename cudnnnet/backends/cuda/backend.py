@@ -32,9 +32,7 @@ import numpy as np
 from ...engine import Engine
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
-from ..arguments import (check_activation_bias, check_augmented_gather, check_bias, check_fits, check_gather,
-                         check_loss_scale, check_nonfinite_operands, expect_shape, extent, same_shape,
-                         stored_shape)
+from ..arguments import check_fits, check_loss_scale, expect_shape, extent, same_shape, stored_shape
 from ..base import ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor
 from ..base import BatchNormMode
 from .dropout import DropoutReserve, DropoutState
@@ -406,47 +404,41 @@ class CudaBackend(ArrayProtocols, Backend):
                                ty, y.data.ptr, ty, dy.data.ptr, tx, x.data.ptr, self.context.scalar(beta), tx, dx.data.ptr)
 
     # ---- our kernels --------------------------------------------------------------------------
-    def cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+    def _cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         """kernels/loss.cu: block sums in shared memory, one atomicAdd per block."""
         self._elementwise_loss("cross_entropy_loss", predict, target, loss, accumulate)
 
-    def squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+    def _squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         self._elementwise_loss("squared_error_loss", predict, target, loss, accumulate)
 
     def _elementwise_loss(self, name: str, predict, target, loss, accumulate: bool) -> None:
-        same_shape(name, predict, target)
         self._zero_unless(accumulate, loss)
         total = predict.size  # N·classes
         self.context.kernel(name).launch(blocks_for(total), self._stream, loss.data.ptr, predict.data.ptr,
                                          target.data.ptr, total, 1.0 / predict.n)
 
-    def accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
-        same_shape("accuracy_count", predict, target)
+    def _accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
         self._zero_unless(accumulate, count)
         self.context.kernel("accuracy_count").launch(blocks_for(predict.n), self._stream, count.data.ptr,
                                                      predict.data.ptr, target.data.ptr, predict.n, predict.sample_size)
 
-    def record_nonfinite(self, watch, loss) -> None:
+    def _record_nonfinite(self, watch, loss) -> None:
         """kernels/nonfinite.cu: one thread counts the step and notes it if loss[0] is not finite (graph-safe)."""
-        check_nonfinite_operands(watch, loss)
         self.context.kernel("record_nonfinite").launch(1, self._stream, watch.data.ptr, loss.data.ptr)
 
-    def gather_batch(self, images, labels, order, cursor, x, target) -> None:
+    def _gather_batch(self, images, labels, order, cursor, x, target) -> None:
         """kernels/data.cu: x[b] = images[order[cursor + b]], target[b] = one_hot(labels[order[cursor + b]])."""
-        check_gather(images, labels, order, cursor, x, target)
         _check_batch_indexable(x)
         total = x.size
         self.context.kernel("gather_batch").launch(
             blocks_for(total), self._stream, x.data.ptr, target.data.ptr, images.data.ptr, labels.data.ptr,
             order.data.ptr, cursor.data.ptr, x.n, x.sample_size, target.sample_size)
 
-    def gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
+    def _gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
                                seed: int) -> None:
         """kernels/data.cu: gather_batch with the crop and flip drawn by (seed, counter[0], b), in one
         launch that then advances counter[0] (graph-safe)."""
-        check_gather(images, labels, order, cursor, x, target)
         _check_batch_indexable(x)
-        check_augmented_gather(images, counter, x, padding, seed)
         self.context.kernel("gather_augmented_batch").launch(
             blocks_for(x.size), self._stream, x.data.ptr, target.data.ptr, images.data.ptr, labels.data.ptr,
             order.data.ptr, cursor.data.ptr, counter.data.ptr, x.n, x.c, x.h, x.w, target.sample_size, padding,
@@ -488,11 +480,10 @@ class CudaBackend(ArrayProtocols, Backend):
                                                         float(min_scale), float(max_scale))
 
     # ---- fused calls: one launch each ---------------------------------------------------------
-    def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
+    def _bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
         """kernels/bias_activation.cu: one launch, y read and written once; under math "bf16", where
         y is a GEMM or convolution operand of the pass (low_precision.Bf16Copies), its bfloat16 copy
         is written in the same launch."""
-        check_bias("bias_activation_forward", bias, y)
         if y.size >= INDEX_LIMIT:
             raise ShapeError(f"bias_activation_forward: y {y.shape} holds {y.size} values; the kernel indexes fewer than 2^31")
         mode, coef = (-1, 0.0) if desc is None else (int(desc.mode), float(desc.coef))
@@ -507,12 +498,11 @@ class CudaBackend(ArrayProtocols, Backend):
         self.context.kernel("bias_activation_forward").launch(blocks_for(y.size), self._stream, y.data.ptr, bias.data.ptr,
                                                               y.size, y.c, y.h * y.w, mode, coef, y16)
 
-    def activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
+    def _activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
         """kernels/activation.cu: dx = f'(y)·dy and each slab of samples' partial sums of dx in one pass
         (with one slab, db itself), then one launch adding the slabs in order; under math "bf16", dx's
         bfloat16 copy as ``activation_backward`` writes it. Four channels a thread where C is a multiple
         of 4 and every float32 operand is 16-byte aligned, else one."""
-        check_activation_bias("activation_bias_backward", y, dy, dx, db)
         samples, channels = y.n, y.c
         dx16 = self.context.half.copies.target(dx.data) if self.math == "bf16" and dx.size == dx.data.size else None
         width = 4 if channels % 4 == 0 and all(t.data.ptr % 16 == 0 for t in (y, dy, dx, db)) else 1
@@ -538,47 +528,36 @@ class CudaBackend(ArrayProtocols, Backend):
             self._activation_partial_sums = DeviceBuffer.allocate(FLOAT32_BYTES * ACTIVATION_PARTIALS)
         return self._activation_partial_sums
 
-    def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
+    def _cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """kernels/cross_entropy_backward.cu: grad = (predict - target)/N, loss[0] += the mean cross
         entropy, count[0] += the hits; block partials in shared memory, one atomicAdd per block and output."""
-        same_shape("cross_entropy_backward", predict, target)
-        same_shape("cross_entropy_backward", predict, grad)
-        check_fits("cross_entropy_backward", loss.data, 0, 1)
-        check_fits("cross_entropy_backward", count.data, 0, 1)
         self.context.kernel("cross_entropy_backward").launch(
             blocks_for(predict.size), self._stream, grad.data.ptr, loss.data.ptr, count.data.ptr, predict.data.ptr,
             target.data.ptr, predict.n, predict.sample_size, 1.0 / predict.n)
 
-    def softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
+    def _softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
         """kernels/cross_entropy_backward.cu: cudnnSoftmaxForward and ``cross_entropy_backward`` in
         one launch, SOFTMAX_GROUP lanes per sample."""
-        for other in (predict, grad):
-            same_shape("softmax_cross_entropy_backward", logits, other)
-        self._softmax_cross_entropy("softmax_cross_entropy_backward", logits, target, predict.data.ptr, grad.data.ptr,
-                                    loss, count, 1.0 / logits.n, 1.0 / logits.n)
+        self._softmax_cross_entropy(logits, target, predict.data.ptr, grad.data.ptr, loss, count, 1.0 / logits.n,
+                                    1.0 / logits.n)
 
-    def softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale) -> None:
+    def _softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale) -> None:
         """kernels/cross_entropy_backward.cu's softmax_cross_entropy_backward with predict and grad null:
         loss[0] and count[0] added to in one launch, nothing else written (no cudnnSoftmaxForward)."""
-        self._softmax_cross_entropy("softmax_cross_entropy_metrics", logits, target, 0, 0, loss, count, 0.0,
-                                    float(loss_scale))
+        self._softmax_cross_entropy(logits, target, 0, 0, loss, count, 0.0, float(loss_scale))
 
-    def _softmax_cross_entropy(self, call: str, logits, target, predict_ptr: int, grad_ptr: int, loss, count,
-                               grad_scale: float, loss_scale: float) -> None:
-        """One launch of softmax_cross_entropy_backward after the checks; a null (0) predict or grad
-        pointer is not written."""
-        same_shape(call, logits, target)
-        check_fits(call, loss.data, 0, 1)
-        check_fits(call, count.data, 0, 1)
+    def _softmax_cross_entropy(self, logits, target, predict_ptr: int, grad_ptr: int, loss, count, grad_scale: float,
+                               loss_scale: float) -> None:
+        """One launch of softmax_cross_entropy_backward; a null (0) predict or grad pointer is not written."""
         self.context.kernel("softmax_cross_entropy_backward").launch(
             blocks_for(logits.n * SOFTMAX_GROUP), self._stream, predict_ptr, grad_ptr, loss.data.ptr, count.data.ptr,
             logits.data.ptr, target.data.ptr, logits.n, logits.sample_size, grad_scale, loss_scale)
 
     def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float, loss_scale=None) -> None:
         """The slides' cuBLAS calls on every parameter (optimisers.py: ``sgd_cublas``, or
-        ``sgd_cublas_scaled`` with ``loss_scale``); in fast mode kernels/sgd_update_many.cu: one launch over every parameter of
-        ``groups``, through a device table of their pointers uploaded on the first call with this list
-        (never inside a capture). ``grad`` is never modified."""
+        ``sgd_cublas_scaled`` with ``loss_scale``); in fast mode kernels/sgd_update_many.cu: one launch
+        over every parameter of ``groups``, through a device table of their pointers uploaded on the
+        first call with this list (never inside a capture). ``grad`` is never modified."""
         if loss_scale is not None:
             check_loss_scale("sgd_update_many", loss_scale)
             check_device_scalar(self, "sgd_update_many", loss_scale)

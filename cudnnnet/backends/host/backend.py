@@ -28,8 +28,7 @@ from ...augmentation import augment
 from ...errors import ShapeError, UsageError
 from ...float_images import to_float_images
 from ...tensor import Tensor
-from ..arguments import (OP_N, check_activation_bias, check_augmented_gather, check_bias, check_loss_scale,
-                         check_nonfinite_operands)
+from ..arguments import OP_N, check_loss_scale
 from ..base import (ActivationDescriptor, ActivationMode, Backend, BatchNormMode, ConvolutionDescriptor,
                     PoolingDescriptor, PoolingMode)
 
@@ -438,26 +437,23 @@ class HostBackend(Backend):
         _blend(_nd(dx), grad[:, :, p : p + x.h, p : p + x.w], alpha, beta)
 
     # ---- losses and the optimiser (our own kernels on CUDA) -----------------------------------
-    def cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+    def _cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         """loss[0] (+)= -(1/N)·Σ target·log(max(predict, 1e-7))."""
-        _same_shape("cross_entropy_loss", predict, target)
         self._store(loss, _cross_entropy_sum(_nd(predict), _nd(target)) / predict.n, accumulate)
 
-    def squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+    def _squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         """loss[0] (+)= (1/N)·Σ ½‖predict - target‖²."""
-        _same_shape("squared_error_loss", predict, target)
         diff = _nd(predict) - _nd(target)
         self._store(loss, 0.5 * np.sum(diff * diff, dtype=np.float64) / predict.n, accumulate)
 
-    def record_nonfinite(self, watch, loss) -> None:
+    def _record_nonfinite(self, watch, loss) -> None:
         """watch[0] += 1;  watch[1] = watch[0] where it is 0 and loss[0] is not finite (int32 bits)."""
-        check_nonfinite_operands(watch, loss)
         counts = watch.data.reshape(-1).view(np.int32)
         counts[0] += 1
         if counts[1] == 0 and not np.isfinite(loss.data.reshape(-1)[0]):
             counts[1] = counts[0]
 
-    def gather_batch(self, images, labels, order, cursor, x, target) -> None:
+    def _gather_batch(self, images, labels, order, cursor, x, target) -> None:
         """x[b] = images[order[cursor + b]];  target[b] = one_hot(labels[order[cursor + b]])."""
         start = int(cursor.data[0])
         samples = order.data[start:start + x.n].astype(np.int64)
@@ -468,18 +464,16 @@ class HostBackend(Backend):
         onehot[:] = 0.0
         onehot[np.arange(x.n), labels.data[samples].astype(np.int64)] = 1.0
 
-    def gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
+    def _gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
                                seed: int) -> None:
         """gather_batch, then x = augmentation.augment(x, seed, counter[0], padding, flip); counter[0] += 1."""
-        check_augmented_gather(images, counter, x, padding, seed)
-        self.gather_batch(images, labels, order, cursor, x, target)
+        self._gather_batch(images, labels, order, cursor, x, target)
         steps = counter.data[:1].view(np.uint32)  # uint32 bits in float32 storage
         _nd(x)[...] = augment(_nd(x), seed, int(steps[0]), padding, flip)
         steps += np.uint32(1)
 
-    def accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
+    def _accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
         """count[0] (+)= #samples with argmax(predict) == argmax(target)."""
-        _same_shape("accuracy_count", predict, target)
         self._store(count, float(_hits(_rows(predict), _rows(target))), accumulate)
 
     @staticmethod
@@ -504,37 +498,31 @@ class HostBackend(Backend):
         p -= F32(_scalar(lr)) * g
 
     # ---- fused calls: on the host, the unfused formulas in one call -------------------------------
-    def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
-        check_bias("bias_activation_forward", bias, y)
+    def _bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
         values = _nd(y)
         values += _nd(bias).reshape(1, y.c, 1, 1)
         if desc is not None:
             values[...] = _lookup(_ACTIVATIONS, desc.mode, "activation")(values, desc.coef)
 
-    def activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
-        check_activation_bias("activation_bias_backward", y, dy, dx, db)
+    def _activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
         self.activation_backward(desc, 1.0, y, dy, y, 0.0, dx)
         db.data[: db.size] = _nd(dx).reshape(dx.n, dx.c).sum(axis=0, dtype=F32)
 
-    def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
+    def _cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """grad = (predict - target)/N;  loss[0] += -(1/N)·Σ target·log(max(predict, 1e-7));  count[0] += hits."""
-        _same_shape("cross_entropy_backward", predict, target)
-        _same_shape("cross_entropy_backward", predict, grad)
         g = _nd(grad)
         np.subtract(_nd(predict), _nd(target), out=g)
         g *= F32(1.0 / predict.n)
         self.cross_entropy_loss(predict, target, loss, accumulate=True)
         self.accuracy_count(predict, target, count, accumulate=True)
 
-    def softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
+    def _softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
         """predict = softmax(logits), then ``cross_entropy_backward`` from it."""
-        _same_shape("softmax_cross_entropy_backward", logits, predict)
         self.softmax_forward(1.0, logits, 0.0, predict)
         self.cross_entropy_backward(predict, target, grad, loss, count)
 
-    def softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale) -> None:
+    def _softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale) -> None:
         """ŷ = softmax(logits) (not kept);  loss[0] += loss_scale·(-Σ target·log(max(ŷ, 1e-7)));  count[0] += hits."""
-        _same_shape("softmax_cross_entropy_metrics", logits, target)
         predict, y = _softmax_rows(_rows(logits)), _rows(target)
         self._store(loss, float(loss_scale) * _cross_entropy_sum(predict, y), accumulate=True)
         self._store(count, float(_hits(predict, y)), accumulate=True)
