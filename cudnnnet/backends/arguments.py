@@ -173,3 +173,43 @@ def check_softmax_cross_entropy(call: str, logits, target, loss, count, *outputs
     for other in (*outputs, target):
         same_shape(call, logits, other)
     check_metric_outputs(call, loss, count)
+
+
+def check_sgd_update(param, grad, velocity, momentum: float) -> None:
+    """sgd_update's grad, and with a non-zero momentum its velocity, of param's shape."""
+    _check_sgd_parameter("sgd_update", param, grad, velocity, momentum, "no velocity tensor was given")
+
+
+def _check_sgd_parameter(call: str, param, grad, velocity, momentum: float, no_velocity: str) -> None:
+    """grad, and with a non-zero momentum a velocity (a UsageError saying ``no_velocity`` where there is
+    none), of param's shape."""
+    same_shape(call, param, grad)
+    if momentum:
+        if velocity is None:
+            raise UsageError(f"{call}: momentum is non-zero but {no_velocity}")
+        same_shape(call, param, velocity)
+
+
+def check_sgd_many(groups, momentum: float, loss_scale) -> None:
+    """sgd_update_many's loss-scaling state (where given) and each (param, grad, velocity) of ``groups``."""
+    if loss_scale is not None:
+        check_loss_scale("sgd_update_many", loss_scale)
+    for param, grad, velocity in groups:
+        _check_sgd_parameter("sgd_update_many", param, grad, velocity, momentum, "a parameter has no velocity tensor")
+
+
+def check_adam_many(groups, counter, loss_scale) -> None:
+    """adam_update_many's (2,) counter, its loss-scaling state (where given) and each (param, grad, m, v)."""
+    if counter.size != 2:
+        raise ShapeError(f"adam_update_many: counter must hold 2 values (steps, 0), got shape {counter.shape}")
+    if loss_scale is not None:
+        check_loss_scale("adam_update_many", loss_scale)
+    for param, *state in groups:
+        for other in state:
+            same_shape("adam_update_many", param, other)
+
+
+def check_dropout(call: str, reserve, x, y, what: str) -> None:
+    """x and y of one shape, the shape ``reserve`` was made for (``what`` names x)."""
+    same_shape(call, x, y)
+    expect_shape(call, f"{what} (the reserve's shape)", x, reserve.shape)

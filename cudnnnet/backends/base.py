@@ -455,13 +455,18 @@ class Backend(ABC):
                                seed: int) -> None:
         """``gather_augmented_batch`` on the arguments it has checked."""
 
-    @abstractmethod
     def sgd_update(self, param, grad, velocity, lr: Scalar, momentum: float, weight_decay: float) -> None:
         """One SGD step on a parameter, PyTorch's formulation.
 
         g = grad + weight_decay·param;  v = momentum·v + g  (skipped when momentum == 0, and
         ``velocity`` may then be None);  param = param - lr·v.  ``lr`` may be a one-element tensor.
         """
+        arguments.check_sgd_update(param, grad, velocity, momentum)
+        self._sgd_update(param, grad, velocity, lr, momentum, weight_decay)
+
+    @abstractmethod
+    def _sgd_update(self, param, grad, velocity, lr: Scalar, momentum: float, weight_decay: float) -> None:
+        """``sgd_update`` on the arguments it has checked."""
 
     # ---- fused calls (one launch each on CUDA; checked against the unfused calls above) ---------
     def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
@@ -540,7 +545,6 @@ class Backend(ABC):
     def _softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale: float) -> None:
         """``softmax_cross_entropy_metrics`` on the arguments it has checked."""
 
-    @abstractmethod
     def sgd_update_many(self, groups, lr: Scalar, momentum: float, weight_decay: float, loss_scale=None) -> None:
         """``sgd_update`` on every ``(param, grad, velocity_or_None)`` of ``groups``:
 
@@ -556,9 +560,14 @@ class Backend(ABC):
         and uploaded on the first call with a given list: that first call must not be made inside
         a CUDA graph capture (DeviceError).
         """
+        arguments.check_sgd_many(groups, momentum, loss_scale)
+        self._sgd_update_many(groups, lr, momentum, weight_decay, loss_scale)
+
+    @abstractmethod
+    def _sgd_update_many(self, groups, lr: Scalar, momentum: float, weight_decay: float, loss_scale=None) -> None:
+        """``sgd_update_many`` on the arguments it has checked."""
 
     # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
-    @abstractmethod
     def adam_update_many(self, groups, lr: Scalar, counter, beta1: float, beta2: float, eps: float,
                          weight_decay: float, decoupled: bool, loss_scale=None) -> None:
         """One Adam (``decoupled`` False) or AdamW step, PyTorch's formulation, on every
@@ -576,15 +585,26 @@ class Backend(ABC):
         must not be made inside a capture. With ``loss_scale`` (as there) g = grad·unscale first, and a
         skipped step changes nothing: parameters, moments and counter[0] keep their values.
         """
+        arguments.check_adam_many(groups, counter, loss_scale)
+        self._adam_update_many(groups, lr, counter, beta1, beta2, eps, weight_decay, decoupled, loss_scale)
+
+    @abstractmethod
+    def _adam_update_many(self, groups, lr: Scalar, counter, beta1: float, beta2: float, eps: float,
+                         weight_decay: float, decoupled: bool, loss_scale=None) -> None:
+        """``adam_update_many`` on the arguments it has checked."""
 
     # ---- dynamic loss scaling of math fp16 (cudnnnet/loss_scaling.py) ---------------------------
-    @abstractmethod
     def find_nonfinite_gradients(self, grads, loss_scale) -> None:
         """One pass over the flat ``grads``: where any value is inf or NaN, loss_scale[FOUND] = 1 and
         those values become 0 (the step is skipped; a cuBLAS update with coefficient 0 then adds 0).
         ``loss_scale`` is the (6,) state named in ``check_loss_scale``; FOUND must be 0 before."""
+        arguments.check_loss_scale("find_nonfinite_gradients", loss_scale)
+        self._find_nonfinite_gradients(grads, loss_scale)
 
     @abstractmethod
+    def _find_nonfinite_gradients(self, grads, loss_scale) -> None:
+        """``find_nonfinite_gradients`` on the arguments it has checked."""
+
     def update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
         """One thread, after ``find_nonfinite_gradients`` and before the optimiser:
 
@@ -593,6 +613,12 @@ class Backend(ABC):
             else:  clean += 1; where clean reaches growth_interval: S = min(2·S, max_scale), clean = 0
             found = 0
         """
+        arguments.check_loss_scale("update_loss_scale", loss_scale)
+        self._update_loss_scale(loss_scale, growth_interval, min_scale, max_scale)
+
+    @abstractmethod
+    def _update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
+        """``update_loss_scale`` on the arguments it has checked."""
 
     @abstractmethod
     def dropout_state(self, rate: float, seed: int) -> Any:
@@ -604,14 +630,24 @@ class Backend(ABC):
         """Where ``dropout_forward`` keeps its mask for inputs of ``x_shape``, for the backward pass
         (cudnnDropoutGetReserveSpaceSize bytes on CUDA)."""
 
-    @abstractmethod
     def dropout_forward(self, state, reserve, x, y) -> None:
         """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask (each value kept with probability
         1 - rate) drawn from ``state`` at every call, even a replayed graph's, and kept in ``reserve``."""
+        arguments.check_dropout("dropout_forward", reserve, x, y, "the input")
+        self._dropout_forward(state, reserve, x, y)
 
     @abstractmethod
+    def _dropout_forward(self, state, reserve, x, y) -> None:
+        """``dropout_forward`` on the arguments it has checked."""
+
     def dropout_backward(self, state, reserve, dy, dx) -> None:
         """cudnnDropoutBackward: dx = dy·mask/(1 - rate), with the mask of the last dropout_forward."""
+        arguments.check_dropout("dropout_backward", reserve, dy, dx, "dy")
+        self._dropout_backward(state, reserve, dy, dx)
+
+    @abstractmethod
+    def _dropout_backward(self, state, reserve, dy, dx) -> None:
+        """``dropout_backward`` on the arguments it has checked."""
 
     @abstractmethod
     def batch_norm_forward_training(self, mode: "BatchNormMode", x, y, scale, bias, factor: float, running_mean,

@@ -32,7 +32,7 @@ import numpy as np
 from ...engine import Engine
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
-from ..arguments import check_fits, check_loss_scale, expect_shape, extent, same_shape, stored_shape
+from ..arguments import check_fits, extent, same_shape, stored_shape
 from ..base import ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor
 from ..base import BatchNormMode
 from .dropout import DropoutReserve, DropoutState
@@ -50,7 +50,7 @@ from .kernel import BLOCK_SIZE, MAX_BLOCKS, MAX_ELEMENTWISE_BLOCKS, blocks_for
 from .low_precision import BF16_BYTES, HALF_FORMATS
 from . import pooling
 from .matmul import GemmEngine, GemmProblem, alignment
-from .optimisers import CudaOptimisers, check_device_scalar, sgd_entry
+from .optimisers import CudaOptimisers, check_device_scalar
 
 log = logging.getLogger(__name__)
 
@@ -448,14 +448,9 @@ class CudaBackend(ArrayProtocols, Backend):
         if not accumulate:
             runtime.memset_async(out.data.ptr, 0, FLOAT32_BYTES, self._stream)
 
-    def sgd_update(self, param, grad, velocity, lr, momentum: float, weight_decay: float) -> None:
+    def _sgd_update(self, param, grad, velocity, lr, momentum: float, weight_decay: float) -> None:
         """cuBLAS level-1 calls (optimisers.py: ``sgd_cublas``); in fast mode kernels/sgd.cu, reading the
         rate on the device where ``lr`` is a one-element tensor. ``grad`` is never modified."""
-        same_shape("sgd_update", param, grad)
-        if momentum:
-            if velocity is None:
-                raise UsageError("sgd_update: momentum is non-zero but no velocity tensor was given")
-            same_shape("sgd_update", param, velocity)
         if isinstance(lr, Tensor):
             check_device_scalar(self, "sgd_update", lr)
         if self.engine.sgd_kernel:
@@ -463,18 +458,16 @@ class CudaBackend(ArrayProtocols, Backend):
             return
         self._optimisers.sgd_cublas(((param, grad, velocity),), lr, momentum, weight_decay)
 
-    def find_nonfinite_gradients(self, grads, loss_scale) -> None:
+    def _find_nonfinite_gradients(self, grads, loss_scale) -> None:
         """kernels/loss_scale.cu: one launch over the flat ``grads``; any inf or NaN sets the found flag
         of ``loss_scale`` and is set to 0."""
-        check_loss_scale("find_nonfinite_gradients", loss_scale)
         check_device_scalar(self, "find_nonfinite_gradients", loss_scale)
         if grads.size:
             self.context.kernel("find_nonfinite_gradients").launch(blocks_for(grads.size), self._stream,
                                                                    grads.data.ptr, grads.size, loss_scale.data.ptr)
 
-    def update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
+    def _update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
         """kernels/loss_scale.cu: one thread decides this step's skip and the next step's scale."""
-        check_loss_scale("update_loss_scale", loss_scale)
         check_device_scalar(self, "update_loss_scale", loss_scale)
         self.context.kernel("update_loss_scale").launch(1, self._stream, loss_scale.data.ptr, float(growth_interval),
                                                         float(min_scale), float(max_scale))
@@ -553,17 +546,14 @@ class CudaBackend(ArrayProtocols, Backend):
             blocks_for(logits.n * SOFTMAX_GROUP), self._stream, predict_ptr, grad_ptr, loss.data.ptr, count.data.ptr,
             logits.data.ptr, target.data.ptr, logits.n, logits.sample_size, grad_scale, loss_scale)
 
-    def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float, loss_scale=None) -> None:
+    def _sgd_update_many(self, groups, lr, momentum: float, weight_decay: float, loss_scale=None) -> None:
         """The slides' cuBLAS calls on every parameter (optimisers.py: ``sgd_cublas``, or
         ``sgd_cublas_scaled`` with ``loss_scale``); in fast mode kernels/sgd_update_many.cu: one launch
         over every parameter of ``groups``, through a device table of their pointers uploaded on the
         first call with this list (never inside a capture). ``grad`` is never modified."""
         if loss_scale is not None:
-            check_loss_scale("sgd_update_many", loss_scale)
             check_device_scalar(self, "sgd_update_many", loss_scale)
         if not self.engine.sgd_kernel:
-            for param, grad, velocity in groups:
-                sgd_entry(param, grad, velocity, momentum)
             if isinstance(lr, Tensor):
                 check_device_scalar(self, "sgd_update_many", lr)
             if groups and loss_scale is not None:
@@ -574,15 +564,13 @@ class CudaBackend(ArrayProtocols, Backend):
         self._optimisers.sgd_many_kernel(groups, lr, momentum, weight_decay, loss_scale)
 
     # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
-    def adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
+    def _adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
                          decoupled: bool, loss_scale=None) -> None:
         """kernels/adam_update_many.cu: one launch over every parameter of ``groups``, through a device
         table of their pointers uploaded on the first call with this list (never inside a capture).
         The kernel reads the step from counter[0] and its last block advances it (not on a step that
         ``loss_scale`` skips)."""
-        check_fits("adam_update_many", counter.data, 0, 2)
         if loss_scale is not None:
-            check_loss_scale("adam_update_many", loss_scale)
             check_device_scalar(self, "adam_update_many", loss_scale)
         self._optimisers.adam_many_kernel(groups, lr, counter, beta1, beta2, eps, weight_decay, decoupled, loss_scale)
 
@@ -596,18 +584,14 @@ class CudaBackend(ArrayProtocols, Backend):
         nbytes = cudnn.dropout_get_reserve_space_size(self._descriptors.tensor(x_shape).handle)
         return DropoutReserve(x_shape, DeviceBuffer.allocate(max(nbytes, FLOAT32_BYTES)), nbytes)
 
-    def dropout_forward(self, state, reserve, x, y) -> None:
+    def _dropout_forward(self, state, reserve, x, y) -> None:
         """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask from the state's generator."""
-        same_shape("dropout_forward", x, y)
-        expect_shape("dropout_forward", "the input (the reserve's shape)", x, reserve.shape)
         t = self._descriptors.tensor(x.shape).handle
         cudnn.dropout_forward(self._cudnn, state.descriptor.handle, t, x.data.ptr, t, y.data.ptr, reserve.buffer.ptr,
                               reserve.nbytes)
 
-    def dropout_backward(self, state, reserve, dy, dx) -> None:
+    def _dropout_backward(self, state, reserve, dy, dx) -> None:
         """cudnnDropoutBackward: dx = dy·mask/(1 - rate), the last forward's mask."""
-        same_shape("dropout_backward", dy, dx)
-        expect_shape("dropout_backward", "dy (the reserve's shape)", dy, reserve.shape)
         t = self._descriptors.tensor(dy.shape).handle
         cudnn.dropout_backward(self._cudnn, state.descriptor.handle, t, dy.data.ptr, t, dx.data.ptr,
                                reserve.buffer.ptr, reserve.nbytes)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import DeviceError, ShapeError, UsageError
+from ...errors import DeviceError, UsageError
 from ...tensor import Tensor
 from .bindings import cublas, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
@@ -240,23 +240,10 @@ def check_device_scalar(backend, call: str, value: Tensor) -> None:
 
 
 def sgd_entry(param, grad, velocity, momentum: float) -> tuple[int, int, int, int]:
-    """(param, grad, velocity or 0, size) of one parameter for sgd_update_many, its shapes checked."""
-    _same_shape("sgd_update_many", param, grad)
-    if not momentum:
-        return (param.data.ptr, grad.data.ptr, 0, param.size)
-    if velocity is None:
-        raise UsageError("sgd_update_many: momentum is non-zero but a parameter has no velocity tensor")
-    _same_shape("sgd_update_many", param, velocity)
-    return (param.data.ptr, grad.data.ptr, velocity.data.ptr, param.size)
+    """(param, grad, velocity or 0, size) of one parameter for sgd_update_many's table."""
+    return (param.data.ptr, grad.data.ptr, velocity.data.ptr if momentum else 0, param.size)
 
 
 def adam_entry(param, grad, m, v) -> tuple[int, int, int, int, int]:
-    """(param, grad, m, v, size) pointers of one parameter for adam_update_many, its shapes checked."""
-    for other in (grad, m, v):
-        _same_shape("adam_update_many", param, other)
+    """(param, grad, m, v, size) of one parameter for adam_update_many's table."""
     return (param.data.ptr, grad.data.ptr, m.data.ptr, v.data.ptr, param.size)
-
-
-def _same_shape(call: str, a, b) -> None:
-    if a.shape != b.shape:
-        raise ShapeError(f"{call}: tensors must have the same shape, got {a.shape} and {b.shape}")

@@ -28,7 +28,7 @@ from ...augmentation import augment
 from ...errors import ShapeError, UsageError
 from ...float_images import to_float_images
 from ...tensor import Tensor
-from ..arguments import OP_N, check_loss_scale
+from ..arguments import OP_N
 from ..base import (ActivationDescriptor, ActivationMode, Backend, BatchNormMode, ConvolutionDescriptor,
                     PoolingDescriptor, PoolingMode)
 
@@ -467,7 +467,7 @@ class HostBackend(Backend):
     def _gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
                                seed: int) -> None:
         """gather_batch, then x = augmentation.augment(x, seed, counter[0], padding, flip); counter[0] += 1."""
-        self._gather_batch(images, labels, order, cursor, x, target)
+        self.gather_batch(images, labels, order, cursor, x, target)
         steps = counter.data[:1].view(np.uint32)  # uint32 bits in float32 storage
         _nd(x)[...] = augment(_nd(x), seed, int(steps[0]), padding, flip)
         steps += np.uint32(1)
@@ -481,16 +481,12 @@ class HostBackend(Backend):
         """out[0] = value, or out[0] += value."""
         out.data[0] = (float(out.data[0]) if accumulate else 0.0) + value
 
-    def sgd_update(self, param, grad, velocity, lr, momentum: float, weight_decay: float) -> None:
+    def _sgd_update(self, param, grad, velocity, lr, momentum: float, weight_decay: float) -> None:
         """g = grad + wd·param; v = momentum·v + g (if momentum); param -= lr·(v or g)."""
-        _same_shape("sgd_update", param, grad)
         p, g = param.data[: param.size], grad.data[: grad.size]
         if weight_decay:
             g = g + F32(weight_decay) * p
         if momentum:
-            if velocity is None:
-                raise UsageError("sgd_update: momentum is non-zero but no velocity tensor was given")
-            _same_shape("sgd_update", param, velocity)
             v = velocity.data[: velocity.size]
             v *= F32(momentum)
             v += g
@@ -527,31 +523,27 @@ class HostBackend(Backend):
         self._store(loss, float(loss_scale) * _cross_entropy_sum(predict, y), accumulate=True)
         self._store(count, float(_hits(predict, y)), accumulate=True)
 
-    def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float, loss_scale=None) -> None:
+    def _sgd_update_many(self, groups, lr, momentum: float, weight_decay: float, loss_scale=None) -> None:
         """``sgd_update`` on each (param, grad, velocity) in turn; with ``loss_scale`` on grad·unscale,
         nothing where the step is skipped."""
-        if loss_scale is not None:
-            check_loss_scale("sgd_update_many", loss_scale)
-            if loss_scale.data[SKIP] != 0:
-                return
+        if loss_scale is not None and loss_scale.data[SKIP] != 0:
+            return
         for param, grad, velocity in groups:
             if loss_scale is not None:
                 grad = Tensor.from_numpy(_nd(grad) * loss_scale.data[UNSCALE], self)
             self.sgd_update(param, grad, velocity, lr, momentum, weight_decay)
 
-    def find_nonfinite_gradients(self, grads, loss_scale) -> None:
+    def _find_nonfinite_gradients(self, grads, loss_scale) -> None:
         """found = 1 where any of the flat ``grads`` is inf or NaN; those values become 0."""
-        check_loss_scale("find_nonfinite_gradients", loss_scale)
         values = grads.data[: grads.size]
         nonfinite = ~np.isfinite(values)
         if nonfinite.any():
             values[nonfinite] = F32(0)
             loss_scale.data[FOUND] = F32(1)
 
-    def update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
+    def _update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
         """skip = found, unscale = 1/S; then halve S on overflow, double it after ``growth_interval``
         clean steps (float32, as kernels/loss_scale.cu); found = 0."""
-        check_loss_scale("update_loss_scale", loss_scale)
         state = loss_scale.data
         scale, found = state[SCALE], state[FOUND] != 0
         state[SKIP] = F32(found)
@@ -581,17 +573,13 @@ class HostBackend(Backend):
         return cls.from_numpy(np.from_dlpack(external), self)
 
     # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
-    def adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
+    def _adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
                          decoupled: bool, loss_scale=None) -> None:
         """Adam or AdamW on each (param, grad, m, v) in turn, float32 like the CUDA kernel; counter[0] += 1
         (an empty list changes nothing, as on CUDA, where no kernel is launched for it). With
         ``loss_scale``: on grad·unscale, and nothing at all where the step is skipped."""
-        if counter.size != 2:
-            raise ShapeError(f"adam_update_many: counter must hold 2 values (steps, 0), got shape {counter.shape}")
-        if loss_scale is not None:
-            check_loss_scale("adam_update_many", loss_scale)
-            if loss_scale.data[SKIP] != 0:
-                return
+        if loss_scale is not None and loss_scale.data[SKIP] != 0:
+            return
         unscale = F32(1) if loss_scale is None else loss_scale.data[UNSCALE]
         if not groups:
             return
@@ -602,8 +590,6 @@ class HostBackend(Backend):
         root_correction2 = F32(np.sqrt(1.0 - float(F32(beta2)) ** t))
         b1, b2 = F32(beta1), F32(beta2)
         for param, grad, m, v in groups:
-            for other in (grad, m, v):
-                _same_shape("adam_update_many", param, other)
             p, g = param.data[: param.size], grad.data[: grad.size]
             if loss_scale is not None:
                 g = g * unscale
@@ -626,18 +612,14 @@ class HostBackend(Backend):
         """The scaled mask mask/(1 - rate) as float32 of ``x_shape``."""
         return np.zeros(tuple(x_shape), F32)
 
-    def dropout_forward(self, state, reserve, x, y) -> None:
+    def _dropout_forward(self, state, reserve, x, y) -> None:
         """mask ~ Bernoulli(1 - rate) from the layer's generator; y = x·mask/(1 - rate)."""
-        _same_shape("dropout_forward", x, y)
-        if reserve.shape != x.shape:
-            raise ShapeError(f"dropout_forward: the reserve was made for inputs of shape {reserve.shape}, got {x.shape}")
         keep = state.generator.random(x.shape, dtype=F32) >= F32(state.rate)
         np.multiply(keep, F32(1.0 / (1.0 - state.rate)), out=reserve)
         np.multiply(_nd(x), reserve, out=_nd(y))
 
-    def dropout_backward(self, state, reserve, dy, dx) -> None:
+    def _dropout_backward(self, state, reserve, dy, dx) -> None:
         """dx = dy·mask/(1 - rate), the mask of the last forward."""
-        _same_shape("dropout_backward", dy, dx)
         np.multiply(_nd(dy), reserve.reshape(dy.shape), out=_nd(dx))
 
     def batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
