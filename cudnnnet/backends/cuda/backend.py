@@ -23,14 +23,12 @@ their math type.
 
 from __future__ import annotations
 
-import logging
 import struct
-from dataclasses import dataclass
 
 import numpy as np
 
 from ...engine import Engine
-from ...errors import DeviceError, ShapeError, UsageError
+from ...errors import ShapeError, UsageError
 from ...tensor import Tensor, as_shape
 from ..arguments import check_fits, extent, same_shape, stored_shape
 from ..base import ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor
@@ -46,13 +44,12 @@ from .context import CudaContext
 from .convolution import BACKWARD_DATA, BACKWARD_FILTER, FORWARD, ConvolutionPlan
 from .convolution_planner import ConvolutionPlanner, search_label
 from .gemm_convolution import INDEX_LIMIT
-from .kernel import BLOCK_SIZE, MAX_BLOCKS, MAX_ELEMENTWISE_BLOCKS, blocks_for
-from .low_precision import BF16_BYTES, HALF_FORMATS
+from .kernel import blocks_for
+from .low_precision import HALF_FORMATS
 from . import pooling
+from .activation_kernels import ActivationKernels
 from .matmul import GemmEngine, GemmProblem, alignment
 from .optimisers import CudaOptimisers, check_device_scalar
-
-log = logging.getLogger(__name__)
 
 # mode: (cublasMath_t, cudnnMathType_t of convolutions)
 MATH_MODES = {
@@ -62,35 +59,6 @@ MATH_MODES = {
     "fp16": (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
 }
 SOFTMAX_GROUP = 16  # lanes per sample in softmax_cross_entropy_backward (GROUP there)
-ACTIVATION_PARTIALS = 1 << 20  # floats of activation_bias_backward's slab sums (4 MiB)
-MIN_SLAB_ROWS = 4  # samples a block of activation_bias_backward sums at least (ROWS_AHEAD in activation.cu)
-SUM_CHANNELS = 32  # channels a block of activation_bias_sums adds (a warp's run of a row)
-
-
-@dataclass(frozen=True)
-class Slabs:
-    """How activation_bias_backward cuts the samples: ``slabs`` slabs of ``slab_rows`` samples, each
-    summed by ``column_blocks`` blocks of BLOCK_SIZE columns (a channel, or four in the x4 kernel)."""
-
-    slabs: int
-    slab_rows: int
-    column_blocks: int
-
-    @property
-    def blocks(self) -> int:
-        return self.slabs * self.column_blocks
-
-
-def activation_slabs(samples: int, channels: int, width: int = 1) -> Slabs:
-    """About MAX_BLOCKS blocks in all, slabs of at least MIN_SLAB_ROWS samples, their partial sums
-    within ACTIVATION_PARTIALS, for a kernel taking ``width`` channels a thread: a function of the
-    shape alone, so that every launch adds alike."""
-    column_blocks = -(-(channels // width) // BLOCK_SIZE)
-    slabs = max(1, min(-(-samples // MIN_SLAB_ROWS), MAX_BLOCKS // column_blocks, ACTIVATION_PARTIALS // channels))
-    slab_rows = -(-samples // slabs)
-    return Slabs(-(-samples // slab_rows), slab_rows, column_blocks)
-
-
 class CudaBackend(ArrayProtocols, Backend):
     """The product: a layer's cuBLAS/cuDNN verbs run on one NVIDIA GPU."""
 
@@ -110,7 +78,7 @@ class CudaBackend(ArrayProtocols, Backend):
         self._channel_sum = ChannelSum(self.context)  # convolution_backward_bias, with its scratch
         self._batch_norm = BatchNormKernels(self.context)  # the fast engine's batch normalisation in training
         self._optimisers = CudaOptimisers(self)  # SGD and Adam: cuBLAS paths, kernels, parameter tables
-        self._activation_partial_sums: DeviceBuffer | None = None  # activation_bias_backward's slab sums
+        self._activations = ActivationKernels(self.context)  # the fast engine's activation and bias kernels
         self.math = "fp32"
         self.set_math("fp32")
 
@@ -155,9 +123,7 @@ class CudaBackend(ArrayProtocols, Backend):
         self.context.close()
         self._channel_sum.close()
         self._batch_norm.close()
-        if self._activation_partial_sums is not None:
-            self._activation_partial_sums.free()
-            self._activation_partial_sums = None
+        self._activations.close()
 
     # ---- memory -------------------------------------------------------------------------------
     def empty(self, size: int) -> DeviceBuffer:
@@ -310,6 +276,11 @@ class CudaBackend(ArrayProtocols, Backend):
         with self.context.pointer_mode(device=True):
             function(self._cublas, n, alpha.data.ptr, *operands)
 
+    def _bf16_target(self, tensor) -> int | None:
+        """Where a kernel writing all of ``tensor`` also writes its bfloat16 copy (math "bf16", inside a
+        pass, where it is a GEMM or convolution operand: low_precision.Bf16Copies.target), else None."""
+        return self.context.half.copies.target(tensor.data) if self.math == "bf16" and tensor.size == tensor.data.size else None
+
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
     def _activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
         t = self._descriptors.tensor(x.shape).handle
@@ -320,32 +291,12 @@ class CudaBackend(ArrayProtocols, Backend):
         """cudnnActivationBackward; in the fast engine kernels/activation.cu, which under math "bf16"
         also writes dx's bfloat16 copy where dx is a GEMM or convolution operand of the pass."""
         if self.engine.activation_kernel and not isinstance(alpha, Tensor) and not isinstance(beta, Tensor):
-            self._activation_backward_kernel(desc, float(alpha), y, dy, x, float(beta), dx)
+            self._activations.backward(desc, float(alpha), y, dy, x, float(beta), dx, self._bf16_target(dx))
             return
         # dx = alpha·f'(x)·dy + beta·dx
         t = self._descriptors.tensor(x.shape).handle
         cudnn.activation_backward(self._cudnn, self._descriptors.activation(desc).handle, self.context.scalar(alpha),
                                   t, y.data.ptr, t, dy.data.ptr, t, x.data.ptr, self.context.scalar(beta), t, dx.data.ptr)
-
-    def _activation_backward_kernel(self, desc: ActivationDescriptor, alpha: float, y, dy, x, beta: float, dx) -> None:
-        """dx = alpha·f'·dy + beta·dx (and dx₁₆ = bf16(dx)): four values a thread where every float32
-        operand is 16-byte aligned, the rest one a thread."""
-        count, mode, coef = x.size, int(desc.mode), float(desc.coef)
-        dx16 = self.context.half.copies.target(dx.data) if self.math == "bf16" and dx.size == dx.data.size else None
-        pointers = (dx.data.ptr, x.data.ptr, y.data.ptr, dy.data.ptr)
-        vectors = count // 4 if all(pointer % 16 == 0 for pointer in pointers) else 0
-        if vectors:
-            # dx = alpha·f'·dy + beta·dx      float4s
-            blocks = min(-(-vectors // BLOCK_SIZE), MAX_ELEMENTWISE_BLOCKS)
-            self.context.kernel("activation_backward_x4").launch(blocks, self._stream, *pointers, mode, coef, alpha,
-                                                                 beta, vectors, dx16)
-        rest = count - 4 * vectors
-        if rest:
-            # dx = alpha·f'·dy + beta·dx      the values after the float4s
-            offset = 4 * FLOAT32_BYTES * vectors
-            self.context.kernel("activation_backward").launch(
-                blocks_for(rest), self._stream, *(pointer + offset for pointer in pointers), mode, coef, alpha, beta,
-                rest, None if dx16 is None else dx16 + 4 * BF16_BYTES * vectors)
 
     def _softmax_forward(self, alpha, x, beta, y) -> None:
         """Over each sample's c·h·w values: MODE_CHANNEL on an (n, c·h·w, 1, 1) descriptor."""
@@ -479,47 +430,14 @@ class CudaBackend(ArrayProtocols, Backend):
         is written in the same launch."""
         if y.size >= INDEX_LIMIT:
             raise ShapeError(f"bias_activation_forward: y {y.shape} holds {y.size} values; the kernel indexes fewer than 2^31")
-        mode, coef = (-1, 0.0) if desc is None else (int(desc.mode), float(desc.coef))
-        y16 = self.context.half.copies.target(y.data) if self.math == "bf16" and y.size == y.data.size else None
-        if y.h * y.w == 1 and y.c % 4 == 0 and (y.data.ptr | bias.data.ptr) % 16 == 0:
-            # Dense layers' y as float4s: y (N, C) with C a multiple of 4, 16-byte aligned
-            count4 = y.size // 4
-            blocks = min(-(-count4 // BLOCK_SIZE), MAX_ELEMENTWISE_BLOCKS)
-            self.context.kernel("bias_activation_forward_dense4").launch(blocks, self._stream, y.data.ptr, bias.data.ptr,
-                                                                         count4, y.c // 4, mode, coef, y16)
-            return
-        self.context.kernel("bias_activation_forward").launch(blocks_for(y.size), self._stream, y.data.ptr, bias.data.ptr,
-                                                              y.size, y.c, y.h * y.w, mode, coef, y16)
+        self._activations.bias_forward(desc, bias, y, self._bf16_target(y))
 
     def _activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
         """kernels/activation.cu: dx = f'(y)·dy and each slab of samples' partial sums of dx in one pass
         (with one slab, db itself), then one launch adding the slabs in order; under math "bf16", dx's
         bfloat16 copy as ``activation_backward`` writes it. Four channels a thread where C is a multiple
         of 4 and every float32 operand is 16-byte aligned, else one."""
-        samples, channels = y.n, y.c
-        dx16 = self.context.half.copies.target(dx.data) if self.math == "bf16" and dx.size == dx.data.size else None
-        width = 4 if channels % 4 == 0 and all(t.data.ptr % 16 == 0 for t in (y, dy, dx, db)) else 1
-        cut = activation_slabs(samples, channels, width)
-        partial = db.data.ptr if cut.slabs == 1 else self._activation_partials().ptr
-        kernel = "activation_bias_backward_x4" if width == 4 else "activation_bias_backward"
-        # dx = f'(y)·dy,  partial[s] = Σ_{n in slab s} dx[n]      blocks (channels / (width·BLOCK_SIZE), slabs)
-        self.context.kernel(kernel).launch(cut.blocks, self._stream, dx.data.ptr, y.data.ptr, dy.data.ptr,
-                                           int(desc.mode), float(desc.coef), samples, channels // width,
-                                           cut.slab_rows, partial, dx16)
-        if cut.slabs > 1:
-            # db = Σ_s partial[s]
-            self.context.kernel("activation_bias_sums").launch(-(-channels // SUM_CHANNELS), self._stream,
-                                                               db.data.ptr, partial, cut.slabs, channels)
-
-    def _activation_partials(self) -> DeviceBuffer:
-        """ACTIVATION_PARTIALS floats for activation_bias_backward's slab sums, allocated on first use
-        (never in a capture) and shared by every launch on the one stream."""
-        if self._activation_partial_sums is None:
-            if self.context.is_capturing():
-                raise DeviceError("activation_bias_backward was first called during a CUDA graph capture; its "
-                                  "scratch is allocated on that call: run one step before capturing")
-            self._activation_partial_sums = DeviceBuffer.allocate(FLOAT32_BYTES * ACTIVATION_PARTIALS)
-        return self._activation_partial_sums
+        self._activations.bias_backward(desc, y, dy, dx, db, self._bf16_target(dx))
 
     def _cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """kernels/cross_entropy_backward.cu: grad = (predict - target)/N, loss[0] += the mean cross
