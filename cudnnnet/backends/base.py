@@ -519,7 +519,8 @@ class Backend(ABC):
         ``cross_entropy_backward`` computes them. The same as ``softmax_forward(1, logits, 0,
         predict)`` followed by ``cross_entropy_backward(predict, target, grad, loss, count)``.
         """
-        arguments.check_softmax_cross_entropy("softmax_cross_entropy_backward", logits, target, loss, count, predict, grad)
+        arguments.check_softmax_cross_entropy("softmax_cross_entropy_backward", logits, target, loss, count, predict,
+                                              grad)
         self._softmax_cross_entropy_backward(logits, target, predict, grad, loss, count)
 
     @abstractmethod

@@ -59,6 +59,8 @@ MATH_MODES = {
     "fp16": (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
 }
 SOFTMAX_GROUP = 16  # lanes per sample in softmax_cross_entropy_backward (GROUP there)
+
+
 class CudaBackend(ArrayProtocols, Backend):
     """The product: a layer's cuBLAS/cuDNN verbs run on one NVIDIA GPU."""
 
@@ -210,8 +212,8 @@ class CudaBackend(ArrayProtocols, Backend):
         if not self.engine.gemm_plans:
             self.context.finish_warm_up()  # the first GEMM waits for the cuBLAS warm-up thread, as a plan does
             # C = alpha·op(A)·op(B) + beta·C
-            cublas.sgemm(self._cublas, transa, transb, m, n, k, self.context.scalar(alpha), a, lda, b, ldb, self.context.scalar(beta),
-                         c, ldc)
+            scalar = self.context.scalar
+            cublas.sgemm(self._cublas, transa, transb, m, n, k, scalar(alpha), a, lda, b, ldb, scalar(beta), c, ldc)
             return
         self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math=self.math, alignment=alignment(a, b, c)),
                   alpha, a, b, beta, c)
@@ -230,9 +232,9 @@ class CudaBackend(ArrayProtocols, Backend):
                       alpha, a16, b16, beta, c)
             return
         # C = alpha·op(bf16(A))·op(bf16(B)) + beta·C      (fp16(A), fp16(B) under math "fp16")
-        cublas.gemm_ex(self._cublas, transa, transb, m, n, k, self.context.scalar(alpha), a16, fmt.cublas_type, lda, b16,
-                       fmt.cublas_type, ldb, self.context.scalar(beta), c, cublas.R_32F, ldc, cublas.COMPUTE_32F,
-                       cublas.GEMM_DEFAULT)
+        scalar = self.context.scalar
+        cublas.gemm_ex(self._cublas, transa, transb, m, n, k, scalar(alpha), a16, fmt.cublas_type, lda, b16,
+                       fmt.cublas_type, ldb, scalar(beta), c, cublas.R_32F, ldc, cublas.COMPUTE_32F, cublas.GEMM_DEFAULT)
 
     def start_pass(self) -> None:
         """A network's forward and backward begin (Network.forward): under math "bf16" or "fp16", each
@@ -279,13 +281,15 @@ class CudaBackend(ArrayProtocols, Backend):
     def _bf16_target(self, tensor) -> int | None:
         """Where a kernel writing all of ``tensor`` also writes its bfloat16 copy (math "bf16", inside a
         pass, where it is a GEMM or convolution operand: low_precision.Bf16Copies.target), else None."""
-        return self.context.half.copies.target(tensor.data) if self.math == "bf16" and tensor.size == tensor.data.size else None
+        whole = tensor.size == tensor.data.size
+        return self.context.half.copies.target(tensor.data) if self.math == "bf16" and whole else None
 
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
     def _activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
         t = self._descriptors.tensor(x.shape).handle
-        cudnn.activation_forward(self._cudnn, self._descriptors.activation(desc).handle, self.context.scalar(alpha),
-                                 t, x.data.ptr, self.context.scalar(beta), t, y.data.ptr)
+        scalar = self.context.scalar
+        cudnn.activation_forward(self._cudnn, self._descriptors.activation(desc).handle, scalar(alpha), t, x.data.ptr,
+                                 scalar(beta), t, y.data.ptr)
 
     def _activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnActivationBackward; in the fast engine kernels/activation.cu, which under math "bf16"
@@ -295,19 +299,22 @@ class CudaBackend(ArrayProtocols, Backend):
             return
         # dx = alpha·f'(x)·dy + beta·dx
         t = self._descriptors.tensor(x.shape).handle
-        cudnn.activation_backward(self._cudnn, self._descriptors.activation(desc).handle, self.context.scalar(alpha),
-                                  t, y.data.ptr, t, dy.data.ptr, t, x.data.ptr, self.context.scalar(beta), t, dx.data.ptr)
+        scalar = self.context.scalar
+        cudnn.activation_backward(self._cudnn, self._descriptors.activation(desc).handle, scalar(alpha), t, y.data.ptr,
+                                  t, dy.data.ptr, t, x.data.ptr, scalar(beta), t, dx.data.ptr)
 
     def _softmax_forward(self, alpha, x, beta, y) -> None:
         """Over each sample's c·h·w values: MODE_CHANNEL on an (n, c·h·w, 1, 1) descriptor."""
         t = self._descriptors.tensor((x.n, x.sample_size, 1, 1)).handle
-        cudnn.softmax_forward(self._cudnn, cudnn.SOFTMAX_ACCURATE, cudnn.SOFTMAX_MODE_CHANNEL, self.context.scalar(alpha),
-                              t, x.data.ptr, self.context.scalar(beta), t, y.data.ptr)
+        scalar = self.context.scalar
+        cudnn.softmax_forward(self._cudnn, cudnn.SOFTMAX_ACCURATE, cudnn.SOFTMAX_MODE_CHANNEL, scalar(alpha), t,
+                              x.data.ptr, scalar(beta), t, y.data.ptr)
 
     def _add_tensor(self, alpha, bias, beta, y) -> None:
         """cudnnAddTensor."""
-        cudnn.add_tensor(self._cudnn, self.context.scalar(alpha), self._descriptors.tensor(bias.shape).handle, bias.data.ptr,
-                         self.context.scalar(beta), self._descriptors.tensor(y.shape).handle, y.data.ptr)
+        scalar = self.context.scalar
+        cudnn.add_tensor(self._cudnn, scalar(alpha), self._descriptors.tensor(bias.shape).handle, bias.data.ptr,
+                         scalar(beta), self._descriptors.tensor(y.shape).handle, y.data.ptr)
 
     # ---- cuDNN: convolution -------------------------------------------------------------------
     def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
@@ -351,8 +358,9 @@ class CudaBackend(ArrayProtocols, Backend):
             return
         # dx = alpha·pool'(x, y)·dy + beta·dx
         ty, tx = self._descriptors.tensor(y.shape).handle, self._descriptors.tensor(x.shape).handle
-        cudnn.pooling_backward(self._cudnn, self._descriptors.pooling(desc).handle, self.context.scalar(alpha),
-                               ty, y.data.ptr, ty, dy.data.ptr, tx, x.data.ptr, self.context.scalar(beta), tx, dx.data.ptr)
+        scalar = self.context.scalar
+        cudnn.pooling_backward(self._cudnn, self._descriptors.pooling(desc).handle, scalar(alpha), ty, y.data.ptr, ty,
+                               dy.data.ptr, tx, x.data.ptr, scalar(beta), tx, dx.data.ptr)
 
     # ---- our kernels --------------------------------------------------------------------------
     def _cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:

@@ -84,7 +84,7 @@ class CudaOptimisers:
         self.context = backend.context
         self.sgd_tables = ParameterTables(self.context, "sgd_update_many")
         self.adam_tables = ParameterTables(self.context, "adam_update_many")
-        self._update_scalars: Tensor | None = None  # (3,): −lr, 1 − lr·wd, 1.0 for the cuBLAS SGD with a device rate
+        self._update_scalars: Tensor | None = None  # (3,): −lr, 1 − lr·wd, 1.0: the cuBLAS SGD with a device rate
         self._scaled_sgd_scalars: Tensor | None = None  # (6,): the loss-scaled cuBLAS SGD's coefficients
 
     def close(self) -> None:
