@@ -28,7 +28,7 @@ from ...augmentation import augment
 from ...errors import ShapeError, UsageError
 from ...float_images import to_float_images
 from ...tensor import Tensor
-from ..arguments import OP_N
+from ..arguments import OP_N, same_shape
 from ..base import (ActivationDescriptor, ActivationMode, Backend, BatchNormMode, ConvolutionDescriptor,
                     PoolingDescriptor, PoolingMode)
 
@@ -88,16 +88,6 @@ def _blend(out: np.ndarray, value, alpha: float, beta: float) -> None:
     if beta != 1:
         out *= F32(beta)
     out += value if alpha == 1 else np.multiply(value, F32(alpha))
-
-
-def _same_shape(call: str, a: Tensor, b: Tensor) -> None:
-    if a.shape != b.shape:
-        raise ShapeError(f"{call}: tensors must have the same shape, got {a.shape} and {b.shape}")
-
-
-def _expect_shape(call: str, what: str, tensor: Tensor, shape) -> None:
-    if tensor.shape != tuple(shape):
-        raise ShapeError(f"{call}: {what} must have shape {tuple(shape)}, got {tensor.shape}")
 
 
 def _matrix(flat: np.ndarray, rows: int, cols: int, ld: int) -> np.ndarray:
@@ -651,8 +641,8 @@ class HostBackend(Backend):
         """dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale·inv_std/m·(m·dy - dbias - x̂·dscale); with ``relu``
         dy·[scale·x̂ + bias > 0] in place of dy (the gradient through the forward's ReLU)."""
         axes, shape = _batch_norm_axes(mode, x, scale)
-        _same_shape("batch_norm_backward", x, dy)
-        _same_shape("batch_norm_backward", x, dx)
+        same_shape("batch_norm_backward", x, dy)
+        same_shape("batch_norm_backward", x, dx)
         if relu and bias is None:
             raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")
         inv_std = _nd(save_inv_std).reshape(shape).astype(np.float64)
