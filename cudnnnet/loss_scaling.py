@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backends.base import LOSS_SCALE_VALUES
+from .backends.arguments import LOSS_SCALE_VALUES
 from .config import (FLOAT32_TINY, LOSS_SCALE_GROWTH_INTERVAL, LOSS_SCALE_INITIAL, MAX_LOSS_SCALE, MIN_LOSS_SCALE,
                      LossScaleConfig)
 from .errors import CheckpointError, InvalidArgumentError

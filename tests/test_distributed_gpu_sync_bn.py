@@ -87,8 +87,9 @@ def test_the_kernels_sum_the_statistics_as_the_host_does(cuda_backend):
     expected, sent = _host_rank_0_and_rank_1_s_sums()
     assert len(sent) == 10
     net = Network.from_spec(bn_cnn_model(sync=True), INPUT_SHAPE, backend=cuda_backend, seed=3)
+    rank_1 = Replaying(cuda_backend, sent)  # one for all layers: it replays rank 1's calls in their order
     for layer in distributed.synchronised_batch_norms(net):
-        layer.communicator = Replaying(cuda_backend, sent)
+        layer.communicator = rank_1
     images, targets = batch(2 * BATCH)
     net.forward(images[:BATCH])
     net.backward(targets[:BATCH])

@@ -29,13 +29,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from ..engine import SLIDES, Engine, get_engine
-from ..errors import InvalidArgumentError, ShapeError, UsageError
+from ..errors import UsageError
+from . import arguments
 
 if TYPE_CHECKING:
     from ..tensor import Tensor
 
-OP_N = 0  # CUBLAS_OP_N
-OP_T = 1  # CUBLAS_OP_T
+OP_N, OP_T = arguments.OP_N, arguments.OP_T  # the cuBLAS transpose flags, part of the call surface
+
 
 
 class ActivationMode(enum.IntEnum):
@@ -136,6 +137,7 @@ class Backend(ABC):
     name: str = "abstract"
     device_name: str = "abstract"  # what a user is told runs the work ("NVIDIA H100 80GB HBM3")
     engine: Engine = SLIDES  # which calls run each choice point (cudnnnet.engine); per instance once set
+    plan_type: type = object  # what convolution_plan gives, which the convolution calls take
 
     def set_engine(self, engine: "str | Engine") -> None:
         """"slides" (the C++ design's library calls) or "fast" (our fusions and kernels), or an Engine."""
@@ -204,45 +206,93 @@ class Backend(ABC):
         raise UsageError(f"the {self.name} backend cannot capture graphs")
 
     # ---- cuBLAS -----------------------------------------------------------------------------
-    @abstractmethod
     def sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
         """cublasSgemm: C(m×n) = alpha·op(A)(m×k)·op(B)(k×n) + beta·C, column-major."""
+        arguments.check_sgemm(transa, transb, m, n, k, A, lda, B, ldb, C, ldc)
+        self._sgemm(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
 
     @abstractmethod
+    def _sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
+        """``sgemm`` on the arguments it has checked."""
+
     def sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
         """cublasSgemv: y = alpha·op(A)·x + beta·y with A m×n column-major."""
+        arguments.check_sgemv(trans, m, n, A, lda, x, incx, y, incy)
+        self._sgemv(trans, m, n, alpha, A, lda, x, incx, beta, y, incy)
 
     @abstractmethod
+    def _sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
+        """``sgemv`` on the arguments it has checked."""
+
     def saxpy(self, n, alpha: Scalar, x, incx, y, incy) -> None:
         """cublasSaxpy: y = alpha·x + y. ``alpha`` may be a one-element tensor (device pointer mode)."""
+        arguments.check_vector("saxpy", "x", x, n, incx)
+        arguments.check_vector("saxpy", "y", y, n, incy)
+        self._saxpy(n, alpha, x, incx, y, incy)
 
     @abstractmethod
+    def _saxpy(self, n, alpha: Scalar, x, incx, y, incy) -> None:
+        """``saxpy`` on the arguments it has checked."""
+
     def sscal(self, n, alpha: Scalar, x, incx) -> None:
         """cublasSscal: x = alpha·x. ``alpha`` may be a one-element tensor."""
+        arguments.check_vector("sscal", "x", x, n, incx)
+        self._sscal(n, alpha, x, incx)
 
     @abstractmethod
+    def _sscal(self, n, alpha: Scalar, x, incx) -> None:
+        """``sscal`` on the arguments it has checked."""
+
     def scopy(self, n, x, incx, y, incy) -> None:
         """cublasScopy: y = x."""
+        arguments.check_vector("scopy", "x", x, n, incx)
+        arguments.check_vector("scopy", "y", y, n, incy)
+        self._scopy(n, x, incx, y, incy)
+
+    @abstractmethod
+    def _scopy(self, n, x, incx, y, incy) -> None:
+        """``scopy`` on the arguments it has checked."""
 
     # ---- cuDNN ------------------------------------------------------------------------------
-    @abstractmethod
     def activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
         """cudnnActivationForward: y = alpha·f(x) + beta·y."""
+        arguments.same_shape("activation_forward", x, y)
+        self._activation_forward(desc, alpha, x, beta, y)
 
     @abstractmethod
+    def _activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
+        """``activation_forward`` on the arguments it has checked."""
+
     def activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnActivationBackward: dx = alpha·f'(x)·dy + beta·dx (f' may be computed from y)."""
+        for other in (y, dy, dx):
+            arguments.same_shape("activation_backward", x, other)
+        self._activation_backward(desc, alpha, y, dy, x, beta, dx)
 
     @abstractmethod
+    def _activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
+        """``activation_backward`` on the arguments it has checked."""
+
     def softmax_forward(self, alpha, x, beta, y) -> None:
         """cudnnSoftmaxForward (ACCURATE): softmax over the c·h·w values of each sample.
 
         cuDNN's MODE_INSTANCE does this; the slides' MODE_CHANNEL is the same for (N, C, 1, 1).
         """
+        arguments.same_shape("softmax_forward", x, y)
+        self._softmax_forward(alpha, x, beta, y)
 
     @abstractmethod
+    def _softmax_forward(self, alpha, x, beta, y) -> None:
+        """``softmax_forward`` on the arguments it has checked."""
+
     def add_tensor(self, alpha, bias, beta, y) -> None:
         """cudnnAddTensor: y = alpha·bias + beta·y, bias (1, C, 1, 1) broadcast over N, H, W."""
+        arguments.check_broadcast("add_tensor", bias, y)
+        self._add_tensor(alpha, bias, beta, y)
+
+    @abstractmethod
+    def _add_tensor(self, alpha, bias, beta, y) -> None:
+        """``add_tensor`` on the arguments it has checked."""
 
     @abstractmethod
     def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> Any:
@@ -252,28 +302,52 @@ class Backend(ABC):
         graph capture. The returned plan is passed to the four convolution calls below.
         """
 
-    @abstractmethod
     def convolution_forward(self, plan, alpha, x, w, beta, y) -> None:
         """cudnnConvolutionForward: y = alpha·(x ⋆ w) + beta·y."""
+        arguments.check_plan("convolution_forward", self, plan, x=x, w=w, y=y)
+        self._convolution_forward(plan, alpha, x, w, beta, y)
 
     @abstractmethod
+    def _convolution_forward(self, plan, alpha, x, w, beta, y) -> None:
+        """``convolution_forward`` on the arguments it has checked."""
+
     def convolution_backward_data(self, plan, alpha, w, dy, beta, dx) -> None:
         """cudnnConvolutionBackwardData: dx = alpha·(dy ⋆ᵀ w) + beta·dx."""
+        arguments.check_plan("convolution_backward_data", self, plan, x=dx, w=w, y=dy)
+        self._convolution_backward_data(plan, alpha, w, dy, beta, dx)
 
     @abstractmethod
+    def _convolution_backward_data(self, plan, alpha, w, dy, beta, dx) -> None:
+        """``convolution_backward_data`` on the arguments it has checked."""
+
     def convolution_backward_filter(self, plan, alpha, x, dy, beta, dw) -> None:
         """cudnnConvolutionBackwardFilter: dw = alpha·Σₙ (xₙ ⋆ dyₙ) + beta·dw."""
+        arguments.check_plan("convolution_backward_filter", self, plan, x=x, w=dw, y=dy)
+        self._convolution_backward_filter(plan, alpha, x, dy, beta, dw)
 
     @abstractmethod
+    def _convolution_backward_filter(self, plan, alpha, x, dy, beta, dw) -> None:
+        """``convolution_backward_filter`` on the arguments it has checked."""
+
     def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
         """cudnnConvolutionBackwardBias: db(1, K, 1, 1) = alpha·Σ_{n,h,w} dy + beta·db (beta == 0: db is
         overwritten, never read). Deterministic: the same bits on every call with the same dy."""
+        arguments.expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
+        self._convolution_backward_bias(alpha, dy, beta, db)
 
     @abstractmethod
+    def _convolution_backward_bias(self, alpha, dy, beta, db) -> None:
+        """``convolution_backward_bias`` on the arguments it has checked."""
+
     def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
         """cudnnPoolingForward."""
+        arguments.expect_shape("pooling_forward", "y", y, desc.output_shape(x.shape))
+        self._pooling_forward(desc, alpha, x, beta, y)
 
     @abstractmethod
+    def _pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
+        """``pooling_forward`` on the arguments it has checked."""
+
     def pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnPoolingBackward: dx = alpha·pool'(x)·dy + beta·dx (beta == 0: dx is overwritten, never read).
 
@@ -283,6 +357,12 @@ class Backend(ABC):
         pooling_forward(desc, 1, x, 0, y) gave: cuDNN may read the maxima from it, the host backend
         and our CUDA kernel recompute them from x.
         """
+        arguments.check_pooling_backward(desc, y, dy, x, dx)
+        self._pooling_backward(desc, alpha, y, dy, x, beta, dx)
+
+    @abstractmethod
+    def _pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
+        """``pooling_backward`` on the arguments it has checked."""
 
     # ---- DLPack (used by Tensor.__dlpack__ / Tensor.from_dlpack) -------------------------------
     @abstractmethod
@@ -304,34 +384,58 @@ class Backend(ABC):
                              f"__cuda_array_interface__; use numpy() or DLPack")
 
     # ---- our own kernels (NVRTC on CUDA) -------------------------------------------------------
-    @abstractmethod
     def cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         """loss[0] (+)= -(1/N)·Σₙ Σ_c target·log(max(predict, 1e-7)). Reads N from predict.shape."""
+        arguments.same_shape("cross_entropy_loss", predict, target)
+        self._cross_entropy_loss(predict, target, loss, accumulate)
 
     @abstractmethod
+    def _cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+        """``cross_entropy_loss`` on the arguments it has checked."""
+
     def squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         """loss[0] (+)= (1/N)·Σₙ ½‖predictₙ - targetₙ‖²."""
+        arguments.same_shape("squared_error_loss", predict, target)
+        self._squared_error_loss(predict, target, loss, accumulate)
 
     @abstractmethod
+    def _squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+        """``squared_error_loss`` on the arguments it has checked."""
+
     def accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
         """count[0] (+)= number of samples whose argmax(predict) equals argmax(target)."""
+        arguments.same_shape("accuracy_count", predict, target)
+        self._accuracy_count(predict, target, count, accumulate)
 
     @abstractmethod
+    def _accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
+        """``accuracy_count`` on the arguments it has checked."""
+
     def record_nonfinite(self, watch, loss) -> None:
         """Training bookkeeping, one step: watch[0] += 1; if watch[1] == 0 and loss[0] is NaN or ±inf,
         watch[1] = watch[0]. ``watch`` holds two int32 counts in float32 storage (their bits), so a
         replayed CUDA graph keeps counting steps and the first non-finite one is known without a sync.
         """
+        arguments.check_nonfinite_operands(watch, loss)
+        self._record_nonfinite(watch, loss)
 
     @abstractmethod
+    def _record_nonfinite(self, watch, loss) -> None:
+        """``record_nonfinite`` on the arguments it has checked."""
+
     def gather_batch(self, images, labels, order, cursor, x, target) -> None:
         """A batch from a resident data set: j = order[cursor[0] + b]; x[b] = images[j]; target[b] = one_hot(labels[j]).
 
         ``labels`` and ``order`` hold integers as float32 (exact below 2²⁴); ``cursor`` is a
         one-element tensor, so a replayed CUDA graph gathers whichever batch it points to.
         """
+        arguments.check_gather(images, labels, order, cursor, x, target)
+        self._gather_batch(images, labels, order, cursor, x, target)
 
     @abstractmethod
+    def _gather_batch(self, images, labels, order, cursor, x, target) -> None:
+        """``gather_batch`` on the arguments it has checked."""
+
     def gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
                                seed: int) -> None:
         """``gather_batch`` with a random crop and flip (``augmentation.py``), then counter[0] += 1.
@@ -342,23 +446,40 @@ class Backend(ABC):
         0 outside the image; target[b] = one_hot(labels[j]). ``counter`` holds two uint32 in float32
         storage, [step, 0]; advancing it on the device lets a replayed CUDA graph draw fresh crops.
         """
+        arguments.check_gather(images, labels, order, cursor, x, target)
+        arguments.check_augmented_gather(images, counter, x, padding, seed)
+        self._gather_augmented_batch(images, labels, order, cursor, counter, x, target, padding, flip, seed)
 
     @abstractmethod
+    def _gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
+                               seed: int) -> None:
+        """``gather_augmented_batch`` on the arguments it has checked."""
+
     def sgd_update(self, param, grad, velocity, lr: Scalar, momentum: float, weight_decay: float) -> None:
         """One SGD step on a parameter, PyTorch's formulation.
 
         g = grad + weight_decay·param;  v = momentum·v + g  (skipped when momentum == 0, and
         ``velocity`` may then be None);  param = param - lr·v.  ``lr`` may be a one-element tensor.
         """
+        arguments.check_sgd_update(param, grad, velocity, momentum)
+        self._sgd_update(param, grad, velocity, lr, momentum, weight_decay)
+
+    @abstractmethod
+    def _sgd_update(self, param, grad, velocity, lr: Scalar, momentum: float, weight_decay: float) -> None:
+        """``sgd_update`` on the arguments it has checked."""
 
     # ---- fused calls (one launch each on CUDA; checked against the unfused calls above) ---------
-    @abstractmethod
     def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
         """y = f(y + b) in place: ``bias`` (C values) broadcast over N, H, W of y (N, C, H, W), then
         the activation ``desc`` (None: no activation). The same as ``add_tensor(1, bias, 1, y)``
         followed by ``activation_forward(desc, 1, y, 0, y)``."""
+        arguments.check_bias("bias_activation_forward", bias, y)
+        self._bias_activation_forward(desc, bias, y)
 
     @abstractmethod
+    def _bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
+        """``bias_activation_forward`` on the arguments it has checked."""
+
     def activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
         """The activation ``desc`` fused after a Dense layer, with that layer's bias gradient, for y,
         dy, dx of shape (N, C, 1, 1) and db of C values:
@@ -368,8 +489,13 @@ class Backend(ABC):
 
         The same as ``activation_backward(desc, 1, y, dy, y, 0, dx)`` followed by the Dense layer's
         ``sgemv`` of dx with a vector of ones."""
+        arguments.check_activation_bias("activation_bias_backward", y, dy, dx, db)
+        self._activation_bias_backward(desc, y, dy, dx, db)
 
     @abstractmethod
+    def _activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
+        """``activation_bias_backward`` on the arguments it has checked."""
+
     def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """The softmax-output step of training, for predict, target, grad of shape (N, C, 1, 1):
 
@@ -380,16 +506,27 @@ class Backend(ABC):
         The same as ``copy`` + ``saxpy`` + ``sscal``, ``cross_entropy_loss(accumulate=True)`` and
         ``accuracy_count(accumulate=True)``; ``loss`` and ``count`` are always added to.
         """
+        arguments.check_cross_entropy_backward("cross_entropy_backward", predict, target, grad, loss, count)
+        self._cross_entropy_backward(predict, target, grad, loss, count)
 
     @abstractmethod
+    def _cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
+        """``cross_entropy_backward`` on the arguments it has checked."""
+
     def softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
         """The Softmax layer's forward and ``cross_entropy_backward`` in one call, from ``logits``
         (N, C, 1, 1): ``predict = softmax(logits)``, then grad, loss and count from ``predict`` as
         ``cross_entropy_backward`` computes them. The same as ``softmax_forward(1, logits, 0,
         predict)`` followed by ``cross_entropy_backward(predict, target, grad, loss, count)``.
         """
+        arguments.check_softmax_cross_entropy("softmax_cross_entropy_backward", logits, target, loss, count, predict,
+                                              grad)
+        self._softmax_cross_entropy_backward(logits, target, predict, grad, loss, count)
 
     @abstractmethod
+    def _softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
+        """``softmax_cross_entropy_backward`` on the arguments it has checked."""
+
     def softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale: float) -> None:
         """The evaluation of a batch straight from its ``logits`` (N, C, H, W), softmax over each
         sample's c·h·w values:
@@ -402,8 +539,13 @@ class Backend(ABC):
         With ``loss_scale = 1/N`` the loss added is the batch mean ``cross_entropy_loss`` computes;
         a NaN logit makes the loss NaN, as there. One launch on CUDA, no cudnnSoftmaxForward.
         """
+        arguments.check_softmax_cross_entropy("softmax_cross_entropy_metrics", logits, target, loss, count)
+        self._softmax_cross_entropy_metrics(logits, target, loss, count, loss_scale)
 
     @abstractmethod
+    def _softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale: float) -> None:
+        """``softmax_cross_entropy_metrics`` on the arguments it has checked."""
+
     def sgd_update_many(self, groups, lr: Scalar, momentum: float, weight_decay: float, loss_scale=None) -> None:
         """``sgd_update`` on every ``(param, grad, velocity_or_None)`` of ``groups``:
 
@@ -419,9 +561,14 @@ class Backend(ABC):
         and uploaded on the first call with a given list: that first call must not be made inside
         a CUDA graph capture (DeviceError).
         """
+        arguments.check_sgd_many(groups, momentum, loss_scale)
+        self._sgd_update_many(groups, lr, momentum, weight_decay, loss_scale)
+
+    @abstractmethod
+    def _sgd_update_many(self, groups, lr: Scalar, momentum: float, weight_decay: float, loss_scale=None) -> None:
+        """``sgd_update_many`` on the arguments it has checked."""
 
     # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
-    @abstractmethod
     def adam_update_many(self, groups, lr: Scalar, counter, beta1: float, beta2: float, eps: float,
                          weight_decay: float, decoupled: bool, loss_scale=None) -> None:
         """One Adam (``decoupled`` False) or AdamW step, PyTorch's formulation, on every
@@ -439,15 +586,26 @@ class Backend(ABC):
         must not be made inside a capture. With ``loss_scale`` (as there) g = grad·unscale first, and a
         skipped step changes nothing: parameters, moments and counter[0] keep their values.
         """
+        arguments.check_adam_many(groups, counter, loss_scale)
+        self._adam_update_many(groups, lr, counter, beta1, beta2, eps, weight_decay, decoupled, loss_scale)
+
+    @abstractmethod
+    def _adam_update_many(self, groups, lr: Scalar, counter, beta1: float, beta2: float, eps: float,
+                         weight_decay: float, decoupled: bool, loss_scale=None) -> None:
+        """``adam_update_many`` on the arguments it has checked."""
 
     # ---- dynamic loss scaling of math fp16 (cudnnnet/loss_scaling.py) ---------------------------
-    @abstractmethod
     def find_nonfinite_gradients(self, grads, loss_scale) -> None:
         """One pass over the flat ``grads``: where any value is inf or NaN, loss_scale[FOUND] = 1 and
         those values become 0 (the step is skipped; a cuBLAS update with coefficient 0 then adds 0).
         ``loss_scale`` is the (6,) state named in ``check_loss_scale``; FOUND must be 0 before."""
+        arguments.check_loss_scale("find_nonfinite_gradients", loss_scale)
+        self._find_nonfinite_gradients(grads, loss_scale)
 
     @abstractmethod
+    def _find_nonfinite_gradients(self, grads, loss_scale) -> None:
+        """``find_nonfinite_gradients`` on the arguments it has checked."""
+
     def update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
         """One thread, after ``find_nonfinite_gradients`` and before the optimiser:
 
@@ -456,6 +614,12 @@ class Backend(ABC):
             else:  clean += 1; where clean reaches growth_interval: S = min(2·S, max_scale), clean = 0
             found = 0
         """
+        arguments.check_loss_scale("update_loss_scale", loss_scale)
+        self._update_loss_scale(loss_scale, growth_interval, min_scale, max_scale)
+
+    @abstractmethod
+    def _update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
+        """``update_loss_scale`` on the arguments it has checked."""
 
     @abstractmethod
     def dropout_state(self, rate: float, seed: int) -> Any:
@@ -467,14 +631,24 @@ class Backend(ABC):
         """Where ``dropout_forward`` keeps its mask for inputs of ``x_shape``, for the backward pass
         (cudnnDropoutGetReserveSpaceSize bytes on CUDA)."""
 
-    @abstractmethod
     def dropout_forward(self, state, reserve, x, y) -> None:
         """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask (each value kept with probability
         1 - rate) drawn from ``state`` at every call, even a replayed graph's, and kept in ``reserve``."""
+        arguments.check_dropout("dropout_forward", reserve, x, y, "the input")
+        self._dropout_forward(state, reserve, x, y)
 
     @abstractmethod
+    def _dropout_forward(self, state, reserve, x, y) -> None:
+        """``dropout_forward`` on the arguments it has checked."""
+
     def dropout_backward(self, state, reserve, dy, dx) -> None:
         """cudnnDropoutBackward: dx = dy·mask/(1 - rate), with the mask of the last dropout_forward."""
+        arguments.check_dropout("dropout_backward", reserve, dy, dx, "dy")
+        self._dropout_backward(state, reserve, dy, dx)
+
+    @abstractmethod
+    def _dropout_backward(self, state, reserve, dy, dx) -> None:
+        """``dropout_backward`` on the arguments it has checked."""
 
     @abstractmethod
     def batch_norm_forward_training(self, mode: "BatchNormMode", x, y, scale, bias, factor: float, running_mean,
@@ -516,51 +690,3 @@ class Backend(ABC):
         ranks before dx is computed from them; dscale and dbias are this rank's sums (averaged over
         the ranks afterwards with every other gradient, they become the gradient of the mean loss).
         """
-
-
-def check_bias(call: str, bias, y) -> None:
-    """A ShapeError unless ``bias`` holds one value per channel of ``y`` (N, C, H, W)."""
-    if bias.size != y.c:
-        raise ShapeError(f"{call}: the bias must hold one value per channel of y {y.shape} ({y.c}), got shape {bias.shape}")
-
-
-def check_activation_bias(call: str, y, dy, dx, db) -> None:
-    """A ShapeError unless y, dy and dx share one (N, C, 1, 1) shape and db holds C values."""
-    for other in (dy, dx):
-        if other.shape != y.shape:
-            raise ShapeError(f"{call}: tensors must have the same shape, got {y.shape} and {other.shape}")
-    if y.h * y.w != 1:
-        raise ShapeError(f"{call}: y must be a Dense layer's output (N, C, 1, 1), got {y.shape}")
-    check_bias(call, db, y)
-
-
-LOSS_SCALE_VALUES = 6  # [S, found, skip, unscale, clean steps, skipped steps]: kernels/loss_scale.cu
-
-
-def check_loss_scale(call: str, loss_scale) -> None:
-    """A loss-scaling state holds LOSS_SCALE_VALUES values: [S, found, skip, 1/S, clean, skipped], else a ShapeError."""
-    if loss_scale.size != LOSS_SCALE_VALUES:
-        raise ShapeError(f"{call}: the loss-scaling state must hold {LOSS_SCALE_VALUES} values "
-                         f"(S, found, skip, unscale, clean, skipped), got shape {loss_scale.shape}")
-
-
-def check_nonfinite_operands(watch, loss) -> None:
-    """record_nonfinite's operands: a two-count ``watch`` and a one-value ``loss``, else a ShapeError."""
-    if watch.size != 2 or loss.size != 1:
-        raise ShapeError(f"record_nonfinite: watch must hold 2 values and loss 1, got shapes {watch.shape} and {loss.shape}")
-
-
-def check_augmented_gather(images, counter, x, padding: int, seed: int) -> None:
-    """gather_augmented_batch's own operands (gather_batch checks the rest), else a ShapeError or
-    InvalidArgumentError naming the problem."""
-    from ..augmentation import MAX_CROP_PADDING  # augmentation.py imports NumPy, which the backends' import defers
-
-    if counter.size != 2:
-        raise ShapeError(f"gather_augmented_batch: counter must hold 2 values [step, 0], got shape {counter.shape}")
-    if x.shape[1:] != images.shape[1:]:
-        raise ShapeError(f"gather_augmented_batch: x {x.shape} does not hold samples of images {images.shape}")
-    if isinstance(padding, bool) or not isinstance(padding, int) or not 0 <= padding <= MAX_CROP_PADDING:
-        raise InvalidArgumentError(f"gather_augmented_batch: padding must be an integer in [0, {MAX_CROP_PADDING}], "
-                                   f"got {padding!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-        raise InvalidArgumentError(f"gather_augmented_batch: seed must be an integer in [0, 2^64), got {seed!r}")

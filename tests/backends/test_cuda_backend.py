@@ -240,7 +240,7 @@ def test_every_cublaslt_candidate_matches_the_host(host, cuda, rng, gemm, beta):
         for index, candidate in enumerate(candidates):
             C = Tensor.from_numpy(c, cuda)
             plan = GemmPlan(problem, lt, candidate.algo)
-            cuda._gemm._execute(plan, cuda._scalar(0.75), A.data.ptr, B.data.ptr, cuda._scalar(beta), C.data.ptr)
+            cuda._gemm._execute(plan, cuda.context.scalar(0.75), A.data.ptr, B.data.ptr, cuda.context.scalar(beta), C.data.ptr)
             error = relative_error(C.numpy(), expected.numpy())
             assert error <= FP32_TOLERANCE, f"cuBLASLt candidate {index} of {len(candidates)}: relative error {error:.2e}"
     finally:

@@ -427,7 +427,7 @@ def run_engine(cuda, problem, operands):
     """A fresh GemmEngine on ``cuda``'s context runs C = A·B once: its plan and C."""
     A, B, C = operands
     C.write_(np.zeros(problem.m * problem.n, np.float32))
-    engine = GemmEngine(cuda.context, cuda._scalar)
+    engine = GemmEngine(cuda.context, cuda.context.scalar)
     try:
         engine.run(problem, "exhaustive", 1.0, A.data.ptr, B.data.ptr, 0.0, C.data.ptr)
         plan = engine.plans[problem, "exhaustive"]

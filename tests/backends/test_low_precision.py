@@ -425,7 +425,7 @@ def test_an_untimed_batched_16_bit_gemm_runs_cublas_gemm_strided_batched_ex(cuda
     m, n, k, batch = 9, 7, 40, 3
     a, b = normal(rng, batch * m * k), normal(rng, k * n)
     A, B, C = Tensor.from_numpy(a, cuda), Tensor.from_numpy(b, cuda), Tensor.zeros((batch * m * n,), cuda)
-    a16, b16 = cuda._bf16.operands((A.data.ptr, A.size), (B.data.ptr, B.size), fmt=HALF_FORMATS[math])
+    a16, b16 = cuda.context.half.scratch.operands((A.data.ptr, A.size), (B.data.ptr, B.size), fmt=HALF_FORMATS[math])
     problem = GemmProblem(OP_N, OP_N, m, n, k, m, k, m, batch, m * k, 0, m * n, math, alignment(a16, b16, C.data.ptr))
     bindings.reset_calls()
     cuda._gemm.run(problem, "heuristic", 1.0, a16, b16, 0.0, C.data.ptr)

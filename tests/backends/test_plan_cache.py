@@ -9,7 +9,7 @@ import hashlib
 import json
 import logging
 import os
-from collections import Counter, OrderedDict
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,9 +17,10 @@ import pytest
 
 from cudnnnet import cache
 from cudnnnet.backends.base import ConvolutionDescriptor
-from cudnnnet.backends.cuda import backend as backend_module
 from cudnnnet.backends.cuda import convolution, plan_cache
+from cudnnnet.backends.cuda import convolution_planner as planner_module
 from cudnnnet.backends.cuda.backend import CudaBackend
+from cudnnnet.backends.cuda.convolution_planner import ConvolutionPlanner
 from cudnnnet.backends.cuda.convolution import DIRECTION_NAMES, Algorithm
 from cudnnnet.backends.cuda.gemm_convolution import GEMM_ALGORITHM, GemmShape, workspace_bytes
 from cudnnnet.errors import CudnnError
@@ -201,7 +202,7 @@ class FakeCudnn:
         directions = tuple(dataclasses.replace(direction, workspace_size=self.workspace_size(direction.name))
                            for direction in convolution.DIRECTIONS)
         monkeypatch.setattr(convolution, "DIRECTIONS", directions)
-        monkeypatch.setattr(backend_module, "make_plan", self.make_plan)
+        monkeypatch.setattr(planner_module, "make_plan", self.make_plan)
 
     def workspace_size(self, name: str):
         def query(handle, *operands_and_algo):
@@ -241,11 +242,15 @@ def fake_backend() -> CudaBackend:
                                       cudnn_version=KEY.cudnn_version, cublas_version=KEY.cublas_version,
                                       is_capturing=lambda: False, workspace=lambda nbytes: 0, ones=lambda count: 0,
                                       finish_warm_up=lambda: None,
-                                      cudnn=SimpleNamespace(handle=0))
-    backend.workspace_limit, backend.math = KEY.workspace_limit, "fp32"
+                                      cudnn=SimpleNamespace(handle=0), descriptors=FakeDescriptors())
+    backend.math = "fp32"
     backend.set_engine("fast")  # KEY's search: "exhaustive", the GEMM engine among the candidates
-    backend._plans, backend._descriptors = OrderedDict(), FakeDescriptors()
+    backend._convolutions = ConvolutionPlanner(backend, KEY.workspace_limit)
     return backend
+
+
+def plan_key(backend, x_shape, y_shape) -> plan_cache.PlanKey:
+    return backend._convolutions.plan_key(DESC, x_shape, y_shape, backend.math, backend.engine)
 
 
 @pytest.fixture
@@ -281,13 +286,13 @@ def test_a_cached_plan_cuDNN_no_longer_accepts_is_searched_again_and_rewritten(f
         fake_cudnn.workspace_offset = 8
     again = plan(fake_backend(), 256)
     assert fake_cudnn.searches == 2
-    assert plan_cache.read_plan(fake_backend()._plan_key(DESC, again.x_shape, again.y_shape)) == algorithms_of(again)
+    assert plan_cache.read_plan(plan_key(fake_backend(), again.x_shape, again.y_shape)) == algorithms_of(again)
 
 
 @pytest.mark.parametrize("algo", [10 ** 6, 6, -2])
 def test_a_cached_algorithm_that_is_not_eligible_is_searched_again(fake_cudnn, algo):
     backend = fake_backend()
-    path = plan_cache.plan_path(backend._plan_key(DESC, X_SHAPE, DESC.output_shape(X_SHAPE)))
+    path = plan_cache.plan_path(plan_key(backend, X_SHAPE, DESC.output_shape(X_SHAPE)))
     searched = plan(backend, 256)
     entry = json.loads(path.read_text())
     entry["algorithms"]["forward"]["algo"] = algo  # unknown to cuDNN, or inexact (Winograd) in FP32
@@ -322,8 +327,8 @@ def test_a_smaller_batch_is_searched_where_the_larger_plan_cannot_run(fake_cudnn
 def test_a_larger_plan_with_a_non_deterministic_algorithm_is_not_reused(fake_cudnn):
     backend = fake_backend()
     large = plan(backend, 256)
-    key = next(iter(backend._plans))
-    backend._plans[key] = dataclasses.replace(large, backward_filter=Algorithm(0, 256, deterministic=False))
+    key = next(iter(backend._convolutions.plans))
+    backend._convolutions.plans[key] = dataclasses.replace(large, backward_filter=Algorithm(0, 256, deterministic=False))
     plan(backend, 96)
     assert fake_cudnn.searches == 2
 

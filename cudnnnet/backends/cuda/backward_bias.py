@@ -49,7 +49,8 @@ def scratch_bytes(dy_shape) -> int:
 def backward_bias(backend, alpha, dy, beta, db) -> None:
     """db = alpha·Σ_{n,h,w} dy + beta·db by cudnnConvolutionBackwardBias, in ``passes(dy.shape)``
     calls; the caller has checked db's shape."""
-    descriptors, handle, scalar = backend._descriptors, backend._cudnn, backend._scalar
+    context = backend.context
+    descriptors, handle, scalar = context.descriptors, context.cudnn.handle, context.scalar
     n, k, h, w = dy.shape
     db_desc = descriptors.tensor(db.shape).handle
     if passes(dy.shape) == 1:
@@ -58,7 +59,7 @@ def backward_bias(backend, alpha, dy, beta, db) -> None:
                                         scalar(beta), db_desc, db.data.ptr)
         return
     b = split(n)
-    partial = backend.context.workspace(scratch_bytes(dy.shape))  # s (B·K,)
+    partial = context.workspace(scratch_bytes(dy.shape))  # s (B·K,)
     # s = Σ_a Σ_{h,w} dy      dy as (A, B·K, H, W), s as (1, B·K, 1, 1)
     cudnn.convolution_backward_bias(handle, scalar(1.0), descriptors.tensor((n // b, b * k, h, w)).handle,
                                     dy.data.ptr, scalar(0.0), descriptors.tensor((1, b * k, 1, 1)).handle, partial)

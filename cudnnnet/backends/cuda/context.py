@@ -19,6 +19,7 @@ import logging
 from ctypes import byref, c_float
 
 from ...background import Background
+from ...tensor import Tensor
 from ..base import OP_N
 from ...errors import (CublasError, CudaError, DeviceError, DeviceInitError, DeviceUnavailableError, OutOfMemoryError,
                        UsageError)
@@ -29,6 +30,7 @@ from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .descriptors import DescriptorCache
 from .handles import CublasHandle, CublasLtHandle, CudaGraph, CudnnHandle, Event, Stream
 from .kernel import KERNELS, Kernel, load_module
+from .low_precision import HalfOperands
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +172,7 @@ class CudaContext:
             self.arch = f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
             self.stream = Stream()
             self.one, self.zero, self.minus_one = c_float(1.0), c_float(0.0), c_float(-1.0)
+            self._constants = {1.0: byref(self.one), 0.0: byref(self.zero), -1.0: byref(self.minus_one)}
             self.cublas = CublasHandle(self.stream)
             self._cublas_workspace = DeviceBuffer.allocate(CUBLAS_WORKSPACE_BYTES)
             cublas.set_workspace(self.cublas.handle, self._cublas_workspace.ptr, CUBLAS_WORKSPACE_BYTES)
@@ -185,6 +188,7 @@ class CudaContext:
         self._kernels: dict[str, Kernel] = {}
         self._ordering_event: Event | None = None
         self._warm_up = CublasWarmUp(device) if started_early else None
+        self.half = HalfOperands(self)  # math "bf16"/"fp16": the 16-bit copies of GEMM and convolution operands
         log.info("CUDA context on device %d (%s, %s), cuDNN %d", device, self.device_name, self.arch, self.cudnn_version)
 
     def finish_warm_up(self) -> None:
@@ -193,6 +197,27 @@ class CudaContext:
         if self._warm_up is not None:
             self._warm_up.join()
             self._warm_up = None
+
+    def scalar(self, value):
+        """A host pointer to ``value`` as float32, for a library call in host pointer mode (0, 1 and -1
+        are the context's constants)."""
+        if isinstance(value, Tensor):
+            raise UsageError("only saxpy, sscal, sgd_update and sgd_update_many take a one-element tensor as a scalar")
+        constant = self._constants.get(value)
+        return constant if constant is not None else byref(c_float(value))
+
+    @contextlib.contextmanager
+    def pointer_mode(self, device: bool):
+        """cuBLAS's CUBLAS_POINTER_MODE_DEVICE inside the block where ``device`` (scalars read from device
+        memory); host mode afterwards."""
+        if not device:
+            yield
+            return
+        cublas.set_pointer_mode(self.cublas.handle, cublas.POINTER_MODE_DEVICE)
+        try:
+            yield
+        finally:
+            cublas.set_pointer_mode(self.cublas.handle, cublas.POINTER_MODE_HOST)
 
     # ---- cuDNN -------------------------------------------------------------------------------
     @property
@@ -307,6 +332,7 @@ class CudaContext:
         self.finish_warm_up()
         self.stream.synchronize()
         self.descriptors.clear()
+        self.half.close()
         for kernel in self._kernels.values():
             kernel.module.close()
         self._kernels.clear()

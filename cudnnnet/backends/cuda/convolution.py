@@ -283,34 +283,34 @@ def backward_data_by_forward(backend, plan: ConvolutionPlan, algorithm: Algorith
     if plan.math in DATA_TYPES:
         _backward_data_by_forward_half(backend, plan, algorithm, alpha, w, dy, beta, dx, workspace)
         return
-    flipped = plan.flipped
+    flipped, context = plan.flipped, backend.context
     k, c, r, s = plan.desc.filter_shape
     # W′[c, k, r, s] = W[k, c, R−1−r, S−1−s]      (C, K, R, S)
-    backend.context.kernel("flip_filter").launch(blocks_for(k * c * r * s), backend._stream, workspace, w.data.ptr,
-                                                 k, c, r * s)
-    cudnn.convolution_forward(backend._cudnn, backend._scalar(alpha), plan.y.handle, dy.data.ptr, flipped.w.handle,
+    context.kernel("flip_filter").launch(blocks_for(k * c * r * s), context.stream.handle, workspace, w.data.ptr, k, c,
+                                         r * s)
+    cudnn.convolution_forward(context.cudnn.handle, context.scalar(alpha), plan.y.handle, dy.data.ptr, flipped.w.handle,
                               workspace, flipped.conv.handle, algorithm.algo, workspace + flipped.filter_bytes,
-                              algorithm.workspace_bytes - flipped.filter_bytes, backend._scalar(beta), plan.x.handle,
+                              algorithm.workspace_bytes - flipped.filter_bytes, context.scalar(beta), plan.x.handle,
                               dx.data.ptr)
 
 
 def _backward_data_by_forward_half(backend, plan: ConvolutionPlan, algorithm: Algorithm, alpha, w, dy, beta, dx,
                                    workspace: int) -> None:
-    """The same in 16 bits (as ``CudaBackend._convolve`` runs cuDNN there): W′₁₆ flipped from W's 16-bit
+    """The same in 16 bits (as ``ConvolutionPlanner.run`` runs cuDNN there): W′₁₆ flipped from W's 16-bit
     copy, dx₁₆ = dy₁₆ ⋆ W′₁₆ (rounded by cuDNN), then dx = alpha·float(dx₁₆) + beta·dx."""
-    flipped, fmt = plan.flipped, HALF_FORMATS[plan.math]
+    flipped, fmt, context = plan.flipped, HALF_FORMATS[plan.math], backend.context
     k, c, r, s = plan.desc.filter_shape
-    w16, dy16, dx16 = backend._bf16_operands((w, w.size), (dy, dy.size), output=dx.size)
+    w16, dy16, dx16 = context.half.operands((w, w.size), (dy, dy.size), output=dx.size, fmt=HALF_FORMATS[backend.math])
     # W′₁₆[c, k, r, s] = W₁₆[k, c, R−1−r, S−1−s]      (C, K, R, S)
-    backend.context.kernel("flip_filter_half").launch(blocks_for(k * c * r * s), backend._stream, workspace, w16, k, c,
-                                                      r * s)
+    context.kernel("flip_filter_half").launch(blocks_for(k * c * r * s), context.stream.handle, workspace, w16, k, c,
+                                              r * s)
     # dx₁₆ = dy₁₆ ⋆ W′₁₆
-    cudnn.convolution_forward(backend._cudnn, backend._scalar(1.0), plan.y.handle, dy16, flipped.w.handle, workspace,
-                              flipped.conv.handle, algorithm.algo, workspace + flipped.filter_bytes,
-                              algorithm.workspace_bytes - flipped.filter_bytes, backend._scalar(0.0), plan.x.handle,
+    cudnn.convolution_forward(context.cudnn.handle, context.scalar(1.0), plan.y.handle, dy16, flipped.w.handle,
+                              workspace, flipped.conv.handle, algorithm.algo, workspace + flipped.filter_bytes,
+                              algorithm.workspace_bytes - flipped.filter_bytes, context.scalar(0.0), plan.x.handle,
                               dx16)
     # dx = alpha·float(dx₁₆) + beta·dx
-    backend._bf16.to_float(dx.data.ptr, dx16, alpha, beta, dx.size, fmt=fmt)
+    context.half.to_float(dx.data.ptr, dx16, alpha, beta, dx.size, fmt=fmt)
 
 
 def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, math: str,

@@ -45,7 +45,7 @@ from ..base import OP_N, OP_T
 from .bindings import cublas
 from .buffer import FLOAT32_BYTES
 from .kernel import blocks_for
-from .low_precision import BF16_BYTES, HalfFormat
+from .low_precision import BF16_BYTES, HALF_FORMATS, HalfFormat
 from .matmul import GemmProblem, alignment
 
 GEMM_ALGORITHM = -1  # not a cuDNN enum value: a plan's marker for this engine
@@ -180,7 +180,7 @@ def _forward_half(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: in
     if beta == 0:
         product = y.data.ptr  # (N, K, P), rounded in place
     _im2col(backend, shape, x.data.ptr, col, 1, fmt)
-    (w16,) = backend._bf16_operands((w, w.size))  # (K, CRS)
+    (w16,) = backend.context.half.operands((w, w.size), fmt=HALF_FORMATS[backend.math])  # (K, CRS)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
     # productₙ = col₁₆ₙ · W₁₆     (P × K) = (P × CRS) · (CRS × K), for each sample n; FP32 sums
     _batched_gemm(backend, OP_N, OP_N, p, k, rows, 1.0, col, p, rows * p, w16, rows, 0, 0.0, product, p, k * p,
@@ -213,8 +213,9 @@ def backward_filter(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace
     _batched_gemm(backend, OP_T, OP_N, rows, k, s * p, 1.0, col, s * p, rows * s * p, grouped_dy, s * p, k * s * p,
                   0.0, partials, rows, rows * k, groups)
     # dW = Σ_g dW_g          (CRS·K) = (CRS·K × G) · 1_G
-    cublas.sgemv(backend._cublas, OP_N, rows * k, groups, backend._scalar(alpha), partials, rows * k, ones, 1,
-                 backend._scalar(beta), dw.data.ptr, 1)
+    context = backend.context
+    cublas.sgemv(context.cublas.handle, OP_N, rows * k, groups, context.scalar(alpha), partials, rows * k, ones, 1,
+                 context.scalar(beta), dw.data.ptr, 1)
 
 
 def _backward_filter_half(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace: int, ones: int,
@@ -225,7 +226,8 @@ def _backward_filter_half(backend, shape: GemmShape, alpha, x, dy, beta, dw, wor
     col, grouped_dy, partials, total = _section_pointers(workspace, half_sections("backward_filter", shape, s))
     _im2col(backend, shape, x.data.ptr, col, s, fmt)
     if s == 1:
-        (grouped_dy,) = backend._bf16_operands((dy, dy.size))  # (N, K, P)
+        # (N, K, P)
+        (grouped_dy,) = backend.context.half.operands((dy, dy.size), fmt=HALF_FORMATS[backend.math])
     else:
         _regroup(backend, shape, dy.data.ptr, grouped_dy, s, fmt)
     if groups == 1:
@@ -237,8 +239,9 @@ def _backward_filter_half(backend, shape: GemmShape, alpha, x, dy, beta, dw, wor
         _batched_gemm(backend, OP_T, OP_N, rows, k, s * p, 1.0, col, s * p, rows * s * p, grouped_dy, s * p,
                       k * s * p, 0.0, partials, rows, rows * k, groups, fmt.name)
         # total = Σ_g dW_g           (CRS·K) = (CRS·K × G) · 1_G
-        cublas.sgemv(backend._cublas, OP_N, rows * k, groups, backend._scalar(1.0), partials, rows * k, ones, 1,
-                     backend._scalar(0.0), total, 1)
+        context = backend.context
+        cublas.sgemv(context.cublas.handle, OP_N, rows * k, groups, context.scalar(1.0), partials, rows * k, ones, 1,
+                     context.scalar(0.0), total, 1)
     # dW = alpha·half(total) + beta·dW
     _round_result(backend, fmt, dw.data.ptr, total, alpha, beta, rows * k)
 
@@ -250,14 +253,14 @@ def backward_data(backend, shape: GemmShape, alpha, w, dy, beta, dx, workspace: 
     if fmt is None:
         w_ptr, dy_ptr, math, rounding = w.data.ptr, dy.data.ptr, backend.math, 0
     else:
-        (w_ptr, dy_ptr), math, rounding = backend._bf16_operands((w, w.size), (dy, dy.size)), fmt.name, fmt.kernel_code
+        w_ptr, dy_ptr = backend.context.half.operands((w, w.size), (dy, dy.size), fmt=HALF_FORMATS[backend.math])
+        math, rounding = fmt.name, fmt.kernel_code
     # dcolₙ = dyₙ · Wᵀ     (P × CRS) = (P × K) · (K × CRS), for each sample n (16-bit dy₁₆ and W₁₆ under fmt)
     _batched_gemm(backend, OP_N, OP_T, p, rows, k, 1.0, dy_ptr, p, k * p, w_ptr, rows, 0, 0.0, dcol, p,
                   rows * p, shape.batch, math)
     # dx = alpha·col2im(dcol) + beta·dx          (col2im's sum rounded to fmt first)
     total = shape.batch * shape.channels * shape.height * shape.width
-    backend.context.kernel("col2im").launch(blocks_for(total), backend._stream, dx.data.ptr, dcol, float(alpha),
-                                            float(beta), *shape.geometry(), rounding)
+    _launch(backend, "col2im", total, dx.data.ptr, dcol, float(alpha), float(beta), *shape.geometry(), rounding)
 
 
 def _batched_gemm(backend, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
@@ -274,11 +277,9 @@ def _im2col(backend, shape: GemmShape, x: int, col: int, samples_per_gemm: int, 
     """col (G, CRS, S, P) from x (N, C, H, W), zeros for the samples past N; in ``fmt``'s 16 bits where given."""
     threads = shape.groups(samples_per_gemm) * samples_per_gemm * shape.channels * shape.positions
     if fmt is None:
-        backend.context.kernel("im2col").launch(blocks_for(threads), backend._stream, col, x, *shape.geometry(),
-                                                samples_per_gemm)
+        _launch(backend, "im2col", threads, col, x, *shape.geometry(), samples_per_gemm)
     else:
-        backend.context.kernel("im2col_half").launch(blocks_for(threads), backend._stream, col, x, *shape.geometry(),
-                                                     samples_per_gemm, fmt.kernel_code)
+        _launch(backend, "im2col_half", threads, col, x, *shape.geometry(), samples_per_gemm, fmt.kernel_code)
 
 
 def _regroup(backend, shape: GemmShape, dy: int, grouped: int, samples_per_gemm: int,
@@ -289,13 +290,16 @@ def _regroup(backend, shape: GemmShape, dy: int, grouped: int, samples_per_gemm:
     threads = shape.groups(samples_per_gemm) * samples_per_gemm * k * shape.positions
     geometry = (shape.batch, k, oh, ow, 1, 1, 0, 1, oh, ow, samples_per_gemm)
     if fmt is None:
-        backend.context.kernel("im2col").launch(blocks_for(threads), backend._stream, grouped, dy, *geometry)
+        _launch(backend, "im2col", threads, grouped, dy, *geometry)
     else:
-        backend.context.kernel("im2col_half").launch(blocks_for(threads), backend._stream, grouped, dy, *geometry,
-                                                     fmt.kernel_code)
+        _launch(backend, "im2col_half", threads, grouped, dy, *geometry, fmt.kernel_code)
 
 
 def _round_result(backend, fmt: HalfFormat, out: int, product: int, alpha, beta, count: int) -> None:
     """out = alpha·half(product) + beta·out over ``count`` floats (``product`` may be ``out``)."""
-    backend.context.kernel("round_result").launch(blocks_for(count), backend._stream, out, product, float(alpha),
-                                                  float(beta), fmt.kernel_code, count)
+    _launch(backend, "round_result", count, out, product, float(alpha), float(beta), fmt.kernel_code, count)
+
+
+def _launch(backend, kernel: str, threads: int, *arguments) -> None:
+    """Our NVRTC ``kernel`` over ``threads`` threads on the context's stream."""
+    backend.context.kernel(kernel).launch(blocks_for(threads), backend.context.stream.handle, *arguments)

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 KERNEL_DIR = Path(__file__).with_name("kernels")
 BLOCK_SIZE = 256  # threads per block; the kernels' shared-memory reductions are sized by it
 MAX_BLOCKS = 1024  # grid-stride loops cover the rest
+MAX_ELEMENTWISE_BLOCKS = 65535  # elementwise kernels: one float4 per thread up to 16.7 M float4s, then grid-stride
 NO_CACHE_ENV = cache.NO_CACHE_ENV
 ELF_MAGIC = b"\x7fELF"  # every cubin is an ELF file
 

@@ -212,3 +212,30 @@ class Bf16Scratch:
                 buffer.free()
         self._buffer = None
         self._outgrown.clear()
+
+
+class HalfOperands:
+    """The 16-bit operands of math "bf16" and "fp16" on one context: inside a pass the pass's copies
+    (``copies``), outside it one call's scratch slots (``scratch``), which also hold convolution results."""
+
+    def __init__(self, context):
+        self.copies = Bf16Copies(context)
+        self.scratch = Bf16Scratch(context)
+
+    def operands(self, *operands, output: int = 0, fmt: HalfFormat = BF16) -> list[int]:
+        """The 16-bit addresses of each (tensor, values read) of ``operands``: the pass's copies inside a
+        pass, else scratch slots converted now to ``fmt``; then, where ``output`` is non-zero, a scratch
+        slot for that many 16-bit results."""
+        pointers = [self.copies.pointer(tensor.data) for tensor, _ in operands]
+        missing = [(tensor.data.ptr, count) for (tensor, count), pointer in zip(operands, pointers) if pointer is None]
+        slots = iter(self.scratch.operands(*missing, output=output, fmt=fmt))
+        pointers = [next(slots) if pointer is None else pointer for pointer in pointers]
+        return pointers + ([next(slots)] if output else [])
+
+    def to_float(self, out: int, source: int, alpha: float, beta: float, count: int, fmt: HalfFormat = BF16) -> None:
+        """out[:count] = alpha·float(source[:count]) + beta·out[:count] (``Bf16Scratch.to_float``)."""
+        self.scratch.to_float(out, source, alpha, beta, count, fmt=fmt)
+
+    def close(self) -> None:
+        self.copies.close()
+        self.scratch.close()

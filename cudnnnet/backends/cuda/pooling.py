@@ -37,9 +37,10 @@ def max_backward(backend, desc: PoolingDescriptor, alpha, dy, x, beta, dx) -> No
     """kernels/pooling.cu on the backend's stream, one thread per window. The caller has checked the
     shapes and ``supports(desc, x.shape)``."""
     # dx = alpha·route(dy) + beta·dx      x, dx (N·C, H, W), dy (N·C, OH, OW)
-    backend.context.kernel(KERNEL).launch(blocks_for(dy.size), backend._stream, dx.data.ptr, x.data.ptr, dy.data.ptr,
-                                          _host_float("alpha", alpha), _host_float("beta", beta), x.n * x.c, x.h, x.w,
-                                          desc.window, desc.stride, dy.h, dy.w)
+    context = backend.context
+    context.kernel(KERNEL).launch(blocks_for(dy.size), context.stream.handle, dx.data.ptr, x.data.ptr, dy.data.ptr,
+                                  _host_float("alpha", alpha), _host_float("beta", beta), x.n * x.c, x.h, x.w,
+                                  desc.window, desc.stride, dy.h, dy.w)
 
 
 def _host_float(name: str, value) -> float:

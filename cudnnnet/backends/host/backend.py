@@ -28,21 +28,9 @@ from ...augmentation import augment
 from ...errors import ShapeError, UsageError
 from ...float_images import to_float_images
 from ...tensor import Tensor
-from ..base import (
-    OP_N,
-    OP_T,
-    ActivationDescriptor,
-    ActivationMode,
-    Backend,
-    ConvolutionDescriptor,
-    PoolingDescriptor,
-    PoolingMode,
-    check_activation_bias,
-    check_augmented_gather,
-    check_bias,
-    check_loss_scale,
-    check_nonfinite_operands,
-)
+from ..arguments import OP_N, same_shape
+from ..base import (ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor,
+                    PoolingDescriptor, PoolingMode)
 from . import batch_norm
 
 log = logging.getLogger(__name__)
@@ -103,40 +91,20 @@ def _blend(out: np.ndarray, value, alpha: float, beta: float) -> None:
     out += value if alpha == 1 else np.multiply(value, F32(alpha))
 
 
-def _same_shape(call: str, a: Tensor, b: Tensor) -> None:
-    if a.shape != b.shape:
-        raise ShapeError(f"{call}: tensors must have the same shape, got {a.shape} and {b.shape}")
-
-
-def _expect_shape(call: str, what: str, tensor: Tensor, shape) -> None:
-    if tensor.shape != tuple(shape):
-        raise ShapeError(f"{call}: {what} must have shape {tuple(shape)}, got {tensor.shape}")
-
-
-def _matrix(flat: np.ndarray, rows: int, cols: int, ld: int, name: str) -> np.ndarray:
-    """The rows×cols column-major matrix with leading dimension ``ld`` inside ``flat`` (a view)."""
-    if ld < max(1, rows):
-        raise ShapeError(f"leading dimension of {name} must be >= max(1, {rows}), got {ld}")
-    need = ld * (cols - 1) + rows if rows and cols else 0
-    if need > flat.size:
-        raise ShapeError(f"{name} ({rows}x{cols}, ld={ld}) needs {need} values, its storage holds {flat.size}")
+def _matrix(flat: np.ndarray, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The rows×cols column-major matrix with leading dimension ``ld`` inside ``flat`` (a view; the verb
+    has checked that it fits)."""
     return as_strided(flat, shape=(rows, cols), strides=(_ITEM, _ITEM * ld), writeable=True)
 
 
-def _op_matrix(flat, trans, rows: int, cols: int, ld: int, name: str) -> np.ndarray:
+def _op_matrix(flat, trans, rows: int, cols: int, ld: int) -> np.ndarray:
     """op(M) (rows×cols): M is stored rows×cols (OP_N) or cols×rows (OP_T)."""
-    if trans not in (OP_N, OP_T):
-        raise UsageError(f"invalid transpose flag for {name}: {trans!r}; valid are OP_N (0) and OP_T (1)")
-    return _matrix(flat, rows, cols, ld, name) if trans == OP_N else _matrix(flat, cols, rows, ld, name).T
+    return _matrix(flat, rows, cols, ld) if trans == OP_N else _matrix(flat, cols, rows, ld).T
 
 
-def _vector(flat: np.ndarray, n: int, inc: int, name: str) -> np.ndarray:
+def _vector(flat: np.ndarray, n: int, inc: int) -> np.ndarray:
     """The n-vector at stride ``inc`` inside ``flat`` (BLAS order: a negative inc runs backwards)."""
-    if inc == 0:
-        raise UsageError(f"increment of {name} must be non-zero, got {inc}")
     need = (n - 1) * abs(inc) + 1 if n > 0 else 0
-    if need > flat.size:
-        raise ShapeError(f"{name} (n={n}, inc={inc}) needs {need} values, its storage holds {flat.size}")
     view = flat[:need : abs(inc)]
     return view[::-1] if inc < 0 else view
 
@@ -299,6 +267,7 @@ class HostBackend(Backend):
     """NumPy implementation of the call surface, with cuBLAS/cuDNN semantics. The GPU's oracle."""
 
     name = "host"
+    plan_type = ConvolutionPlan  # what convolution_plan gives
     device_name = "host (NumPy)"
     maths = MATHS
     math = "fp32"
@@ -360,53 +329,47 @@ class HostBackend(Backend):
         return storage[offset : offset + size]
 
     # ---- cuBLAS -------------------------------------------------------------------------------
-    def sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
+    def _sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
         """C(m×n) = alpha·op(A)(m×k)·op(B)(k×n) + beta·C, column-major with leading dimensions."""
-        op_a = self._operand(_op_matrix(A.data, transa, m, k, lda, "A"))
-        op_b = self._operand(_op_matrix(B.data, transb, k, n, ldb, "B"))
-        _blend(_matrix(C.data, m, n, ldc, "C"), op_a @ op_b, _scalar(alpha), _scalar(beta))
+        op_a = self._operand(_op_matrix(A.data, transa, m, k, lda))
+        op_b = self._operand(_op_matrix(B.data, transb, k, n, ldb))
+        _blend(_matrix(C.data, m, n, ldc), op_a @ op_b, _scalar(alpha), _scalar(beta))
 
-    def sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
+    def _sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
         """y = alpha·op(A)·x + beta·y, A m×n column-major; len(x), len(y) = (n, m) or (m, n) if OP_T."""
         rows, cols = (m, n) if trans == OP_N else (n, m)  # op(A), stored m×n either way
-        op_a = _op_matrix(A.data, trans, rows, cols, lda, "A")
-        product = op_a @ _vector(x.data, cols, incx, "x")
-        _blend(_vector(y.data, rows, incy, "y"), product, _scalar(alpha), _scalar(beta))
+        op_a = _op_matrix(A.data, trans, rows, cols, lda)
+        product = op_a @ _vector(x.data, cols, incx)
+        _blend(_vector(y.data, rows, incy), product, _scalar(alpha), _scalar(beta))
 
-    def saxpy(self, n, alpha, x, incx, y, incy) -> None:
+    def _saxpy(self, n, alpha, x, incx, y, incy) -> None:
         """y = alpha·x + y."""
-        _vector(y.data, n, incy, "y")[...] += F32(_scalar(alpha)) * _vector(x.data, n, incx, "x")
+        _vector(y.data, n, incy)[...] += F32(_scalar(alpha)) * _vector(x.data, n, incx)
 
-    def sscal(self, n, alpha, x, incx) -> None:
+    def _sscal(self, n, alpha, x, incx) -> None:
         """x = alpha·x."""
-        _vector(x.data, n, incx, "x")[...] *= F32(_scalar(alpha))
+        _vector(x.data, n, incx)[...] *= F32(_scalar(alpha))
 
-    def scopy(self, n, x, incx, y, incy) -> None:
+    def _scopy(self, n, x, incx, y, incy) -> None:
         """y = x."""
-        _vector(y.data, n, incy, "y")[...] = _vector(x.data, n, incx, "x")
+        _vector(y.data, n, incy)[...] = _vector(x.data, n, incx)
 
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
-    def activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
+    def _activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
         """y = alpha·f(x) + beta·y."""
-        _same_shape("activation_forward", x, y)
         _blend(_nd(y), _lookup(_ACTIVATIONS, desc.mode, "activation")(_nd(x), desc.coef), alpha, beta)
 
-    def activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
+    def _activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """dx = alpha·f'(x)·dy + beta·dx."""
-        for other in (y, dy, dx):
-            _same_shape("activation_backward", x, other)
         gradient = _lookup(_GRADIENTS, desc.mode, "activation")
         _blend(_nd(dx), gradient(_nd(x), _nd(y), _nd(dy), desc.coef), alpha, beta)
 
-    def softmax_forward(self, alpha, x, beta, y) -> None:
+    def _softmax_forward(self, alpha, x, beta, y) -> None:
         """y = alpha·softmax(x over each sample's c·h·w values) + beta·y, shifted by the max."""
-        _same_shape("softmax_forward", x, y)
         _blend(_rows(y), _softmax_rows(_rows(x)), alpha, beta)
 
-    def add_tensor(self, alpha, bias, beta, y) -> None:
+    def _add_tensor(self, alpha, bias, beta, y) -> None:
         """y = alpha·bias + beta·y, bias broadcast over every dimension where its size is 1."""
-        if any(b not in (1, s) for b, s in zip(bias.shape, y.shape)):
-            raise ShapeError(f"add_tensor: bias of shape {bias.shape} does not broadcast to {y.shape}")
         _blend(_nd(y), _nd(bias), alpha, beta)
 
     # ---- cuDNN: convolution -------------------------------------------------------------------
@@ -425,47 +388,35 @@ class HostBackend(Backend):
         log.debug("%r: column buffer %s", plan, plan.cols.shape)
         return plan
 
-    def _check_conv(self, call, plan, x=None, w=None, y=None) -> None:
-        for what, tensor, shape in (("x", x, plan.x_shape), ("w", w, plan.desc.filter_shape), ("y", y, plan.y_shape)):
-            if tensor is not None:
-                _expect_shape(call, what, tensor, shape)
-
-    def convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
+    def _convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
         """y = alpha·(x ⋆ w) + beta·y: W(K, CRS) @ cols(CRS, OH·OW·N), then back to NCHW."""
-        self._check_conv("convolution_forward", plan, x, w, y)
         np.matmul(self._operand(_nd(w)).reshape(plan.desc.out_channels, plan.crs), plan.im2col(self._operand(_nd(x))),
                   out=plan.product)
         _blend(_nd(y), self._convolution_result(plan.product_nchw), alpha, beta)
 
-    def convolution_backward_data(self, plan: ConvolutionPlan, alpha, w, dy, beta, dx) -> None:
+    def _convolution_backward_data(self, plan: ConvolutionPlan, alpha, w, dy, beta, dx) -> None:
         """dx = alpha·col2im(Wᵀ(CRS, K) @ dy(K, OH·OW·N)) + beta·dx."""
-        self._check_conv("convolution_backward_data", plan, dx, w, dy)
         dcols = (self._operand(_nd(w)).reshape(plan.desc.out_channels, plan.crs).T
                  @ plan.dy_by_channel(self._operand(_nd(dy))))
         _blend(_nd(dx), self._convolution_result(plan.col2im(dcols)), alpha, beta)
 
-    def convolution_backward_filter(self, plan: ConvolutionPlan, alpha, x, dy, beta, dw) -> None:
+    def _convolution_backward_filter(self, plan: ConvolutionPlan, alpha, x, dy, beta, dw) -> None:
         """dw = alpha·dy(K, OH·OW·N) @ colsᵀ(OH·OW·N, CRS) + beta·dw."""
-        self._check_conv("convolution_backward_filter", plan, x, dw, dy)
         grad = plan.dy_by_channel(self._operand(_nd(dy))) @ plan.im2col(self._operand(_nd(x))).T
         _blend(_nd(dw).reshape(grad.shape), self._convolution_result(grad), alpha, beta)
 
-    def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
+    def _convolution_backward_bias(self, alpha, dy, beta, db) -> None:
         """db(1, K, 1, 1) = alpha·Σ_{n,h,w} dy + beta·db."""
-        _expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
         _blend(_nd(db), _nd(dy).sum(axis=(0, 2, 3), keepdims=True), alpha, beta)
 
     # ---- cuDNN: pooling -----------------------------------------------------------------------
-    def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
+    def _pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
         """y = alpha·(max or padding-inclusive mean of each window) + beta·y."""
-        _expect_shape("pooling_forward", "y", y, desc.output_shape(x.shape))
         xp, offsets = _pool_windows(desc, _nd(x), y.shape)
         _blend(_nd(y), _pool_reduce(desc, xp, offsets), alpha, beta)
 
-    def pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
+    def _pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """dx = alpha·(dy routed to each window's first maximum, or spread evenly) + beta·dx."""
-        _expect_shape("pooling_backward", "dy", dy, desc.output_shape(x.shape))
-        _expect_shape("pooling_backward", "dx", dx, x.shape)
         xp, offsets = _pool_windows(desc, _nd(x), dy.shape)
         if desc.mode == PoolingMode.MAX:
             grad = _route_to_first_max(xp, offsets, _pool_reduce(desc, xp, offsets), _nd(dy))
@@ -477,26 +428,23 @@ class HostBackend(Backend):
         _blend(_nd(dx), grad[:, :, p : p + x.h, p : p + x.w], alpha, beta)
 
     # ---- losses and the optimiser (our own kernels on CUDA) -----------------------------------
-    def cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+    def _cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         """loss[0] (+)= -(1/N)·Σ target·log(max(predict, 1e-7))."""
-        _same_shape("cross_entropy_loss", predict, target)
         self._store(loss, _cross_entropy_sum(_nd(predict), _nd(target)) / predict.n, accumulate)
 
-    def squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
+    def _squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         """loss[0] (+)= (1/N)·Σ ½‖predict - target‖²."""
-        _same_shape("squared_error_loss", predict, target)
         diff = _nd(predict) - _nd(target)
         self._store(loss, 0.5 * np.sum(diff * diff, dtype=np.float64) / predict.n, accumulate)
 
-    def record_nonfinite(self, watch, loss) -> None:
+    def _record_nonfinite(self, watch, loss) -> None:
         """watch[0] += 1;  watch[1] = watch[0] where it is 0 and loss[0] is not finite (int32 bits)."""
-        check_nonfinite_operands(watch, loss)
         counts = watch.data.reshape(-1).view(np.int32)
         counts[0] += 1
         if counts[1] == 0 and not np.isfinite(loss.data.reshape(-1)[0]):
             counts[1] = counts[0]
 
-    def gather_batch(self, images, labels, order, cursor, x, target) -> None:
+    def _gather_batch(self, images, labels, order, cursor, x, target) -> None:
         """x[b] = images[order[cursor + b]];  target[b] = one_hot(labels[order[cursor + b]])."""
         start = int(cursor.data[0])
         samples = order.data[start:start + x.n].astype(np.int64)
@@ -507,18 +455,16 @@ class HostBackend(Backend):
         onehot[:] = 0.0
         onehot[np.arange(x.n), labels.data[samples].astype(np.int64)] = 1.0
 
-    def gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
+    def _gather_augmented_batch(self, images, labels, order, cursor, counter, x, target, padding: int, flip: bool,
                                seed: int) -> None:
         """gather_batch, then x = augmentation.augment(x, seed, counter[0], padding, flip); counter[0] += 1."""
-        check_augmented_gather(images, counter, x, padding, seed)
         self.gather_batch(images, labels, order, cursor, x, target)
         steps = counter.data[:1].view(np.uint32)  # uint32 bits in float32 storage
         _nd(x)[...] = augment(_nd(x), seed, int(steps[0]), padding, flip)
         steps += np.uint32(1)
 
-    def accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
+    def _accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
         """count[0] (+)= #samples with argmax(predict) == argmax(target)."""
-        _same_shape("accuracy_count", predict, target)
         self._store(count, float(_hits(_rows(predict), _rows(target))), accumulate)
 
     @staticmethod
@@ -526,16 +472,12 @@ class HostBackend(Backend):
         """out[0] = value, or out[0] += value."""
         out.data[0] = (float(out.data[0]) if accumulate else 0.0) + value
 
-    def sgd_update(self, param, grad, velocity, lr, momentum: float, weight_decay: float) -> None:
+    def _sgd_update(self, param, grad, velocity, lr, momentum: float, weight_decay: float) -> None:
         """g = grad + wd·param; v = momentum·v + g (if momentum); param -= lr·(v or g)."""
-        _same_shape("sgd_update", param, grad)
         p, g = param.data[: param.size], grad.data[: grad.size]
         if weight_decay:
             g = g + F32(weight_decay) * p
         if momentum:
-            if velocity is None:
-                raise UsageError("sgd_update: momentum is non-zero but no velocity tensor was given")
-            _same_shape("sgd_update", param, velocity)
             v = velocity.data[: velocity.size]
             v *= F32(momentum)
             v += g
@@ -543,66 +485,56 @@ class HostBackend(Backend):
         p -= F32(_scalar(lr)) * g
 
     # ---- fused calls: on the host, the unfused formulas in one call -------------------------------
-    def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
-        check_bias("bias_activation_forward", bias, y)
+    def _bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
         values = _nd(y)
         values += _nd(bias).reshape(1, y.c, 1, 1)
         if desc is not None:
             values[...] = _lookup(_ACTIVATIONS, desc.mode, "activation")(values, desc.coef)
 
-    def activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
-        check_activation_bias("activation_bias_backward", y, dy, dx, db)
+    def _activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
         self.activation_backward(desc, 1.0, y, dy, y, 0.0, dx)
         db.data[: db.size] = _nd(dx).reshape(dx.n, dx.c).sum(axis=0, dtype=F32)
 
-    def cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
+    def _cross_entropy_backward(self, predict, target, grad, loss, count) -> None:
         """grad = (predict - target)/N;  loss[0] += -(1/N)·Σ target·log(max(predict, 1e-7));  count[0] += hits."""
-        _same_shape("cross_entropy_backward", predict, target)
-        _same_shape("cross_entropy_backward", predict, grad)
         g = _nd(grad)
         np.subtract(_nd(predict), _nd(target), out=g)
         g *= F32(1.0 / predict.n)
         self.cross_entropy_loss(predict, target, loss, accumulate=True)
         self.accuracy_count(predict, target, count, accumulate=True)
 
-    def softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
+    def _softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
         """predict = softmax(logits), then ``cross_entropy_backward`` from it."""
-        _same_shape("softmax_cross_entropy_backward", logits, predict)
         self.softmax_forward(1.0, logits, 0.0, predict)
         self.cross_entropy_backward(predict, target, grad, loss, count)
 
-    def softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale) -> None:
+    def _softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale) -> None:
         """ŷ = softmax(logits) (not kept);  loss[0] += loss_scale·(-Σ target·log(max(ŷ, 1e-7)));  count[0] += hits."""
-        _same_shape("softmax_cross_entropy_metrics", logits, target)
         predict, y = _softmax_rows(_rows(logits)), _rows(target)
         self._store(loss, float(loss_scale) * _cross_entropy_sum(predict, y), accumulate=True)
         self._store(count, float(_hits(predict, y)), accumulate=True)
 
-    def sgd_update_many(self, groups, lr, momentum: float, weight_decay: float, loss_scale=None) -> None:
+    def _sgd_update_many(self, groups, lr, momentum: float, weight_decay: float, loss_scale=None) -> None:
         """``sgd_update`` on each (param, grad, velocity) in turn; with ``loss_scale`` on grad·unscale,
         nothing where the step is skipped."""
-        if loss_scale is not None:
-            check_loss_scale("sgd_update_many", loss_scale)
-            if loss_scale.data[SKIP] != 0:
-                return
+        if loss_scale is not None and loss_scale.data[SKIP] != 0:
+            return
         for param, grad, velocity in groups:
             if loss_scale is not None:
                 grad = Tensor.from_numpy(_nd(grad) * loss_scale.data[UNSCALE], self)
             self.sgd_update(param, grad, velocity, lr, momentum, weight_decay)
 
-    def find_nonfinite_gradients(self, grads, loss_scale) -> None:
+    def _find_nonfinite_gradients(self, grads, loss_scale) -> None:
         """found = 1 where any of the flat ``grads`` is inf or NaN; those values become 0."""
-        check_loss_scale("find_nonfinite_gradients", loss_scale)
         values = grads.data[: grads.size]
         nonfinite = ~np.isfinite(values)
         if nonfinite.any():
             values[nonfinite] = F32(0)
             loss_scale.data[FOUND] = F32(1)
 
-    def update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
+    def _update_loss_scale(self, loss_scale, growth_interval: int, min_scale: float, max_scale: float) -> None:
         """skip = found, unscale = 1/S; then halve S on overflow, double it after ``growth_interval``
         clean steps (float32, as kernels/loss_scale.cu); found = 0."""
-        check_loss_scale("update_loss_scale", loss_scale)
         state = loss_scale.data
         scale, found = state[SCALE], state[FOUND] != 0
         state[SKIP] = F32(found)
@@ -632,17 +564,13 @@ class HostBackend(Backend):
         return cls.from_numpy(np.from_dlpack(external), self)
 
     # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
-    def adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
+    def _adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
                          decoupled: bool, loss_scale=None) -> None:
         """Adam or AdamW on each (param, grad, m, v) in turn, float32 like the CUDA kernel; counter[0] += 1
         (an empty list changes nothing, as on CUDA, where no kernel is launched for it). With
         ``loss_scale``: on grad·unscale, and nothing at all where the step is skipped."""
-        if counter.size != 2:
-            raise ShapeError(f"adam_update_many: counter must hold 2 values (steps, 0), got shape {counter.shape}")
-        if loss_scale is not None:
-            check_loss_scale("adam_update_many", loss_scale)
-            if loss_scale.data[SKIP] != 0:
-                return
+        if loss_scale is not None and loss_scale.data[SKIP] != 0:
+            return
         unscale = F32(1) if loss_scale is None else loss_scale.data[UNSCALE]
         if not groups:
             return
@@ -653,8 +581,6 @@ class HostBackend(Backend):
         root_correction2 = F32(np.sqrt(1.0 - float(F32(beta2)) ** t))
         b1, b2 = F32(beta1), F32(beta2)
         for param, grad, m, v in groups:
-            for other in (grad, m, v):
-                _same_shape("adam_update_many", param, other)
             p, g = param.data[: param.size], grad.data[: grad.size]
             if loss_scale is not None:
                 g = g * unscale
@@ -677,18 +603,14 @@ class HostBackend(Backend):
         """The scaled mask mask/(1 - rate) as float32 of ``x_shape``."""
         return np.zeros(tuple(x_shape), F32)
 
-    def dropout_forward(self, state, reserve, x, y) -> None:
+    def _dropout_forward(self, state, reserve, x, y) -> None:
         """mask ~ Bernoulli(1 - rate) from the layer's generator; y = x·mask/(1 - rate)."""
-        _same_shape("dropout_forward", x, y)
-        if reserve.shape != x.shape:
-            raise ShapeError(f"dropout_forward: the reserve was made for inputs of shape {reserve.shape}, got {x.shape}")
         keep = state.generator.random(x.shape, dtype=F32) >= F32(state.rate)
         np.multiply(keep, F32(1.0 / (1.0 - state.rate)), out=reserve)
         np.multiply(_nd(x), reserve, out=_nd(y))
 
-    def dropout_backward(self, state, reserve, dy, dx) -> None:
+    def _dropout_backward(self, state, reserve, dy, dx) -> None:
         """dx = dy·mask/(1 - rate), the mask of the last forward."""
-        _same_shape("dropout_backward", dy, dx)
         np.multiply(_nd(dy), reserve.reshape(dy.shape), out=_nd(dx))
 
     def batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
@@ -704,8 +626,8 @@ class HostBackend(Backend):
     def batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
                             save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
         """dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale·inv_std/m·(m·dy - dbias - x̂·dscale) (batch_norm.py)."""
-        _same_shape("batch_norm_backward", x, dy)
-        _same_shape("batch_norm_backward", x, dx)
+        same_shape("batch_norm_backward", x, dy)
+        same_shape("batch_norm_backward", x, dx)
         if relu and bias is None:
             raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")
         batch_norm.backward(mode, x, dy, dx, scale, dscale, dbias, save_mean, save_inv_std, bias, relu, communicator)

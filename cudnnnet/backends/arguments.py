@@ -1,0 +1,215 @@
+"""The arguments of the call surface (base.py): the cuBLAS transpose flags, and the checks of the
+arguments every backend's verbs share, each raising a ShapeError or UsageError that names the call and
+the problem. Cheap and host-side: a bad size must not become an out-of-bounds access on a GPU."""
+
+from __future__ import annotations
+
+from ..errors import InvalidArgumentError, ShapeError, UsageError
+
+OP_N = 0  # CUBLAS_OP_N
+OP_T = 1  # CUBLAS_OP_T
+
+
+def check_bias(call: str, bias, y) -> None:
+    """A ShapeError unless ``bias`` holds one value per channel of ``y`` (N, C, H, W)."""
+    if bias.size != y.c:
+        raise ShapeError(f"{call}: the bias must hold one value per channel of y {y.shape} ({y.c}), got shape {bias.shape}")
+
+
+def check_activation_bias(call: str, y, dy, dx, db) -> None:
+    """A ShapeError unless y, dy and dx share one (N, C, 1, 1) shape and db holds C values."""
+    for other in (dy, dx):
+        if other.shape != y.shape:
+            raise ShapeError(f"{call}: tensors must have the same shape, got {y.shape} and {other.shape}")
+    if y.h * y.w != 1:
+        raise ShapeError(f"{call}: y must be a Dense layer's output (N, C, 1, 1), got {y.shape}")
+    check_bias(call, db, y)
+
+
+LOSS_SCALE_VALUES = 6  # [S, found, skip, unscale, clean steps, skipped steps]: kernels/loss_scale.cu
+
+
+def check_loss_scale(call: str, loss_scale) -> None:
+    """A loss-scaling state holds LOSS_SCALE_VALUES values: [S, found, skip, 1/S, clean, skipped], else a ShapeError."""
+    if loss_scale.size != LOSS_SCALE_VALUES:
+        raise ShapeError(f"{call}: the loss-scaling state must hold {LOSS_SCALE_VALUES} values "
+                         f"(S, found, skip, unscale, clean, skipped), got shape {loss_scale.shape}")
+
+
+def check_nonfinite_operands(watch, loss) -> None:
+    """record_nonfinite's operands: a two-count ``watch`` and a one-value ``loss``, else a ShapeError."""
+    if watch.size != 2 or loss.size != 1:
+        raise ShapeError(f"record_nonfinite: watch must hold 2 values and loss 1, got shapes {watch.shape} and {loss.shape}")
+
+
+def check_augmented_gather(images, counter, x, padding: int, seed: int) -> None:
+    """gather_augmented_batch's own operands (gather_batch checks the rest), else a ShapeError or
+    InvalidArgumentError naming the problem."""
+    from ..augmentation import MAX_CROP_PADDING  # augmentation.py imports NumPy, which the backends' import defers
+
+    if counter.size != 2:
+        raise ShapeError(f"gather_augmented_batch: counter must hold 2 values [step, 0], got shape {counter.shape}")
+    if x.shape[1:] != images.shape[1:]:
+        raise ShapeError(f"gather_augmented_batch: x {x.shape} does not hold samples of images {images.shape}")
+    if isinstance(padding, bool) or not isinstance(padding, int) or not 0 <= padding <= MAX_CROP_PADDING:
+        raise InvalidArgumentError(f"gather_augmented_batch: padding must be an integer in [0, {MAX_CROP_PADDING}], "
+                                   f"got {padding!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise InvalidArgumentError(f"gather_augmented_batch: seed must be an integer in [0, 2^64), got {seed!r}")
+
+
+def check_fits(call: str, storage, offset: int, size: int) -> None:
+    """A ShapeError unless [offset, offset + size) lies inside the flat ``storage``."""
+    if offset < 0 or size < 0 or offset + size > storage.size:
+        raise ShapeError(f"{call}: [{offset}:{offset + size}] does not fit in storage of {storage.size} values")
+
+
+def stored_shape(trans, rows: int, cols: int, name: str) -> tuple[int, int]:
+    """The stored shape of a matrix whose op() is rows×cols."""
+    if trans not in (OP_N, OP_T):
+        raise UsageError(f"invalid transpose flag for {name}: {trans!r}; valid are OP_N (0) and OP_T (1)")
+    return (rows, cols) if trans == OP_N else (cols, rows)
+
+
+def extent(rows: int, cols: int, ld: int) -> int:
+    """The values from a column-major matrix's first to its last (0 for an empty one)."""
+    return ld * (cols - 1) + rows if rows and cols else 0
+
+
+def check_matrix(call: str, name: str, tensor, rows: int, cols: int, ld: int) -> None:
+    """A ShapeError unless ``tensor``'s storage holds a rows×cols column-major matrix of leading dimension ``ld``."""
+    if ld < max(1, rows):
+        raise ShapeError(f"{call}: leading dimension of {name} must be >= max(1, {rows}), got {ld}")
+    need = ld * (cols - 1) + rows if rows and cols else 0
+    if need > tensor.data.size:
+        raise ShapeError(f"{call}: {name} ({rows}x{cols}, ld={ld}) needs {need} values, its storage holds {tensor.data.size}")
+
+
+def check_vector(call: str, name: str, tensor, n: int, inc: int) -> None:
+    """A UsageError for a zero increment, a ShapeError unless ``tensor``'s storage holds n values at stride ``inc``."""
+    if inc == 0:
+        raise UsageError(f"{call}: increment of {name} must be non-zero, got {inc}")
+    need = (n - 1) * abs(inc) + 1 if n > 0 else 0
+    if need > tensor.data.size:
+        raise ShapeError(f"{call}: {name} (n={n}, inc={inc}) needs {need} values, its storage holds {tensor.data.size}")
+
+
+def same_shape(call: str, a, b) -> None:
+    """A ShapeError unless tensors ``a`` and ``b`` have one shape."""
+    if a.shape != b.shape:
+        raise ShapeError(f"{call}: tensors must have the same shape, got {a.shape} and {b.shape}")
+
+
+def expect_shape(call: str, what: str, tensor, shape) -> None:
+    """A ShapeError naming ``what`` unless ``tensor`` has ``shape``."""
+    if tensor.shape != tuple(shape):
+        raise ShapeError(f"{call}: {what} must have shape {tuple(shape)}, got {tensor.shape}")
+
+
+def check_plan(call: str, backend, plan, x, w, y) -> None:
+    """A UsageError unless ``plan`` is one of ``backend.convolution_plan``'s, a ShapeError unless x, w and y
+    have its shapes (the input, filter and output of the convolution, whichever direction runs)."""
+    if not isinstance(plan, backend.plan_type):
+        raise UsageError(f"{call}: expected a plan from {type(backend).__name__}.convolution_plan, "
+                         f"got {type(plan).__name__}")
+    expect_shape(call, "the input", x, plan.x_shape)
+    expect_shape(call, "the filter", w, plan.desc.filter_shape)
+    expect_shape(call, "the output", y, plan.y_shape)
+
+
+def check_gather(images, labels, order, cursor, x, target) -> None:
+    """The shapes gather_batch needs, else a ShapeError naming the argument."""
+    if x.shape[1:] != images.shape[1:] or target.n != x.n or labels.size != images.n or order.size != images.n:
+        raise ShapeError(f"gather_batch: images {images.shape}, labels {labels.shape}, order {order.shape}, "
+                         f"x {x.shape}, target {target.shape} do not fit together")
+    if cursor.size != 1:
+        raise ShapeError(f"gather_batch: cursor must hold one value, got shape {cursor.shape}")
+
+
+def check_sgemm(transa, transb, m: int, n: int, k: int, A, lda: int, B, ldb: int, C, ldc: int) -> None:
+    """sgemm's flags and matrices: op(A) m×k, op(B) k×n, C m×n inside their storage."""
+    check_matrix("sgemm", "A", A, *stored_shape(transa, m, k, "A"), lda)
+    check_matrix("sgemm", "B", B, *stored_shape(transb, k, n, "B"), ldb)
+    check_matrix("sgemm", "C", C, m, n, ldc)
+
+
+def check_sgemv(trans, m: int, n: int, A, lda: int, x, incx: int, y, incy: int) -> None:
+    """sgemv's flag, its m×n matrix A and its vectors: x of op(A)'s columns, y of its rows."""
+    stored_shape(trans, m, n, "A")
+    rows, cols = (m, n) if trans == OP_N else (n, m)  # op(A) is rows×cols; A is stored m×n
+    check_matrix("sgemv", "A", A, m, n, lda)
+    check_vector("sgemv", "x", x, cols, incx)
+    check_vector("sgemv", "y", y, rows, incy)
+
+
+def check_broadcast(call: str, bias, y) -> None:
+    """A ShapeError unless each dimension of ``bias`` is 1 or that of ``y``."""
+    if any(b not in (1, s) for b, s in zip(bias.shape, y.shape)):
+        raise ShapeError(f"{call}: bias of shape {bias.shape} does not broadcast to {y.shape}")
+
+
+def check_pooling_backward(desc, y, dy, x, dx) -> None:
+    """dy and y of the pooling of x by ``desc``, dx of x's shape."""
+    expect_shape("pooling_backward", "dy", dy, desc.output_shape(x.shape))
+    expect_shape("pooling_backward", "y", y, dy.shape)
+    expect_shape("pooling_backward", "dx", dx, x.shape)
+
+
+def check_metric_outputs(call: str, loss, count) -> None:
+    """A loss and a count each one value at least, else a ShapeError."""
+    check_fits(call, loss.data, 0, 1)
+    check_fits(call, count.data, 0, 1)
+
+
+def check_cross_entropy_backward(call: str, predict, target, grad, loss, count) -> None:
+    """predict, target and grad of one shape; loss and count one value each."""
+    same_shape(call, predict, target)
+    same_shape(call, predict, grad)
+    check_metric_outputs(call, loss, count)
+
+
+def check_softmax_cross_entropy(call: str, logits, target, loss, count, *outputs) -> None:
+    """``outputs`` (predict, grad), then target, of the logits' shape; loss and count one value each."""
+    for other in (*outputs, target):
+        same_shape(call, logits, other)
+    check_metric_outputs(call, loss, count)
+
+
+def check_sgd_update(param, grad, velocity, momentum: float) -> None:
+    """sgd_update's grad, and with a non-zero momentum its velocity, of param's shape."""
+    _check_sgd_parameter("sgd_update", param, grad, velocity, momentum, "no velocity tensor was given")
+
+
+def _check_sgd_parameter(call: str, param, grad, velocity, momentum: float, no_velocity: str) -> None:
+    """grad, and with a non-zero momentum a velocity (a UsageError saying ``no_velocity`` where there is
+    none), of param's shape."""
+    same_shape(call, param, grad)
+    if momentum:
+        if velocity is None:
+            raise UsageError(f"{call}: momentum is non-zero but {no_velocity}")
+        same_shape(call, param, velocity)
+
+
+def check_sgd_many(groups, momentum: float, loss_scale) -> None:
+    """sgd_update_many's loss-scaling state (where given) and each (param, grad, velocity) of ``groups``."""
+    if loss_scale is not None:
+        check_loss_scale("sgd_update_many", loss_scale)
+    for param, grad, velocity in groups:
+        _check_sgd_parameter("sgd_update_many", param, grad, velocity, momentum, "a parameter has no velocity tensor")
+
+
+def check_adam_many(groups, counter, loss_scale) -> None:
+    """adam_update_many's (2,) counter, its loss-scaling state (where given) and each (param, grad, m, v)."""
+    if counter.size != 2:
+        raise ShapeError(f"adam_update_many: counter must hold 2 values (steps, 0), got shape {counter.shape}")
+    if loss_scale is not None:
+        check_loss_scale("adam_update_many", loss_scale)
+    for param, *state in groups:
+        for other in state:
+            same_shape("adam_update_many", param, other)
+
+
+def check_dropout(call: str, reserve, x, y, what: str) -> None:
+    """x and y of one shape, the shape ``reserve`` was made for (``what`` names x)."""
+    same_shape(call, x, y)
+    expect_shape(call, f"{what} (the reserve's shape)", x, reserve.shape)

@@ -1,0 +1,41 @@
+"""The CUDA backend's middle tier (convolution.py, gemm_convolution.py, backward_bias.py, pooling.py and
+the other modules beside backend.py) reaches the GPU through the context's public surface (stream,
+handles, scalars, 16-bit operands) and the backend's public members, never CudaBackend's privates."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import cudnnnet.backends.cuda as cuda_package
+
+CUDA_DIR = Path(cuda_package.__file__).parent
+MIDDLE_TIER = sorted(path for path in CUDA_DIR.glob("*.py") if path.name not in ("backend.py", "__init__.py"))
+BACKEND_NAMES = {"backend", "b"}  # what the middle tier calls the CudaBackend it is given
+
+
+def private_reads(source: str) -> list[str]:
+    """``backend._x`` and ``self.backend._x`` in ``source``, as 'line: expression'."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+            continue
+        owner = node.value
+        named = isinstance(owner, ast.Name) and owner.id in BACKEND_NAMES
+        held = isinstance(owner, ast.Attribute) and owner.attr == "backend"
+        if named or held:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize("path", MIDDLE_TIER, ids=[path.name for path in MIDDLE_TIER])
+def test_the_middle_tier_reads_no_private_of_the_backend(path):
+    assert private_reads(path.read_text()) == []
+
+
+def test_the_check_finds_a_private_read():
+    assert private_reads("def f(backend):\n    return backend._stream\n") == ["2: backend._stream"]
+    assert private_reads("def f(self):\n    return self.backend._cudnn, self.backend.context.stream\n") == [
+        "2: self.backend._cudnn"]
