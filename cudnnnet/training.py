@@ -50,6 +50,7 @@ from .history import HISTORY_FIELDS, check_history, history_csv  # noqa: F401 (H
 from .live_log import progress_line
 from .monitoring import BEST_NAME, STATE_KEY, Monitor, monitored
 from .overrides import config_yaml
+from .precision import get_precision
 from .training_watch import NonFiniteWatch, progress_bar, signals_to
 from .training_setup import (KNOWN_SHAPES, build_network, check_batch_statistics, check_class_scores,  # noqa: F401
                              check_ends_in_class_scores, data_classes, input_shape, load_data, load_split,
@@ -118,7 +119,7 @@ class Trainer:
         train = config.train
         self.optimizer = make_optimizer(self.network, train.optimizer, train.schedule)
         self.loss_scaler = None  # math fp16: dynamic loss scaling on the device (loss_scaling.py)
-        if config.math == "fp16":
+        if get_precision(config.math).loss_scaling:
             self.loss_scaler = LossScaler.from_config(self.backend, self.optimizer.flat_gradients(), train.loss_scale)
             self.optimizer.loss_scale = self.loss_scaler.state
         self.loader = BatchLoader(self.train_pixels, self.train_labels, train.batch_size, seed=train.seed,

@@ -114,6 +114,7 @@ from ..benchmark.scaling import format_scaling, measure_scaling
 from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MICRO_SIZE,
                                   SCALABLE, WORKLOAD_MATHS, WORKLOADS)
 from ..engine import ENGINES
+from ..precision import DEFAULT_PRECISION
 from ..errors import DeviceUnavailableError, UsageError
 from ..files import atomic_write
 from .common import ArgumentParser, add_common_arguments, path_argument, run
@@ -165,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="runs of each original workload (default 3; the median is reported)")
     parser.add_argument("--data-dir", type=path_argument,
                         help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
-    parser.add_argument("--math", choices=WORKLOAD_MATHS, default="fp32",
+    parser.add_argument("--math", choices=WORKLOAD_MATHS, default=DEFAULT_PRECISION,
                         help="precision of the mlp and cnn workloads (fp16 with dynamic loss scaling; PyTorch's: "
                              "autocast to bf16 or fp16); the micro-benchmark runs fp32, tf32 and bf16 (default fp32)")
     parser.add_argument("--gpus", type=positive_int, metavar="N",

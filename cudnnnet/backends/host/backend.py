@@ -27,6 +27,7 @@ from numpy.lib.stride_tricks import as_strided
 from ...augmentation import augment
 from ...errors import ShapeError, UsageError
 from ...float_images import to_float_images
+from ...precision import PRECISION_NAMES, PRECISIONS
 from ...tensor import Tensor
 from ..base import (
     OP_N,
@@ -51,8 +52,8 @@ F32 = np.float32
 _ITEM = np.dtype(F32).itemsize
 
 
-MATHS = ("fp32", "bf16", "fp16")  # the math modes the host computes as the GPU does
-SET_MATHS = ("fp32", "tf32", "bf16", "fp16")  # what set_math accepts ("tf32" computes in FP32)
+MATHS = tuple(name for name, precision in PRECISIONS.items() if not precision.tensor_cores)  # computed as the GPU does
+SET_MATHS = PRECISION_NAMES  # what set_math accepts ("tf32" computes in FP32)
 # the loss-scaling state's slots (kernels/loss_scale.cu)
 SCALE, FOUND, SKIP, UNSCALE, CLEAN, SKIPPED = range(6)
 _BF16_LOW = np.uint32(0x7FFF)
