@@ -43,7 +43,7 @@ micro
     SGD to the Dense weights in their weight-gradient GEMMs), synchronised; reported: the median of
     ``--repeat`` steps after two warm-up steps (on CUDA, warm-up steps for a second at least: the
     GPU's clock settles to the row's load), in ms, in FP32, TF32 (CUDA only) and bf16
-    (``backend.set_math``; PyTorch's column runs bf16 under autocast), eager and (CUDA only) captured
+    (``Network.set_math``; PyTorch's column runs bf16 under autocast), eager and (CUDA only) captured
     once as a CUDA graph and replayed, as PyTorch's graph row is; the fast engine's target is judged on
     the graph row, and in bf16 it is also PyTorch's graph step. ``--micro-size N`` shrinks it to N
     samples of N features with hidden layers of N/2 and N/10 (the host default is 1 000, as 10 000

@@ -242,7 +242,7 @@ def fake_backend() -> CudaBackend:
                                       is_capturing=lambda: False, workspace=lambda nbytes: 0, ones=lambda count: 0,
                                       finish_warm_up=lambda: None,
                                       cudnn=SimpleNamespace(handle=0))
-    backend.workspace_limit, backend.math = KEY.workspace_limit, "fp32"
+    backend.workspace_limit = KEY.workspace_limit  # its math: the default, "fp32" (KEY's)
     backend.set_engine("fast")  # KEY's search: "exhaustive", the GEMM engine among the candidates
     backend._plans, backend._descriptors = OrderedDict(), FakeDescriptors()
     return backend

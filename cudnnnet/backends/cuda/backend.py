@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...engine import Engine
+from ...precision import Precision
 from ...errors import DeviceError, ShapeError, UsageError
 from ...tensor import Tensor, as_shape
 from ..base import (OP_N, OP_T, ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor,
@@ -137,8 +138,7 @@ class CudaBackend(ArrayProtocols, Backend):
         self._bf16_copies = Bf16Copies(self.context)  # math "bf16"/"fp16": each operand of a pass, converted once
         self._scaled_sgd_scalars: Tensor | None = None  # (6,): the loss-scaled cuBLAS SGD's coefficients
         self._activation_partial_sums: DeviceBuffer | None = None  # activation_bias_backward's slab sums
-        self.math = "fp32"
-        self.set_math("fp32")
+        self.set_math("fp32")  # the default; cuBLAS's math mode follows the precision in force (_use_precision)
 
     def __repr__(self) -> str:
         return (f"CudaBackend(device={self.context.device}, {self.device_name!r}, math={self.math!r}, "
@@ -159,14 +159,11 @@ class CudaBackend(ArrayProtocols, Backend):
         return self.context.cudnn.handle
 
     # ---- configuration ------------------------------------------------------------------------
-    def set_math(self, mode: str) -> None:
-        """"fp32" (exact FP32 arithmetic), "tf32" (tensor cores, ~1e-3 relative error) or "bf16"
-        (tensor cores on bfloat16 operands, FP32 accumulation; ~4e-3 relative error) or "fp16" (IEEE half
-        operands, FP32 accumulation; ~5e-4 relative error, overflow past 65504)."""
-        if mode not in MATH_MODES:
-            raise UsageError(f"invalid math mode {mode!r}; valid are {', '.join(MATH_MODES)}")
-        cublas.set_math_mode(self._cublas, MATH_MODES[mode][0])
-        self.math = mode
+    def _use_precision(self, precision: Precision) -> None:
+        """cuBLAS's math mode is the handle's: set to ``precision``'s whenever the precision in force
+        changes ("fp32" exact; "tf32" tensor cores, ~1e-3 relative error; "bf16" and "fp16" run on 16-bit
+        copies, ~4e-3 and ~5e-4). A convolution's math type is set on its descriptor instead."""
+        cublas.set_math_mode(self._cublas, MATH_MODES[precision.name][0])
 
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory (cudaMemGetInfo)."""
