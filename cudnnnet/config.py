@@ -29,13 +29,13 @@ from .config_section import _REQUIRED, _SHORT_REPR, _describe, _Section, _withou
 from .engine import DEFAULT_ENGINE, ENGINES
 from .monitoring import AUTO as AUTO_MONITOR, EarlyStoppingConfig, check_monitor, parse_early_stopping, parse_monitor
 from .errors import ConfigError
+from .precision import DEFAULT_PRECISION, PRECISION_NAMES
 from .schedules import SCHEDULES, ScheduleConfig
 from .shipped_configs import resolve_config
 from .tensor import FLOAT32_MAX, FLOAT32_TINY
 from .validation import parse_validation
 
 DEVICES = ("auto", "cuda", "host")
-MATH_MODES = ("fp32", "tf32", "bf16", "fp16")
 ACTIVATION_MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
 POOLING_MODES = ("max", "average")
 LOSS_LAYERS = ("softmax", "mse")
@@ -238,7 +238,7 @@ class Config:
     data: DataConfig
     train: TrainConfig
     device: str = "auto"
-    math: str = "fp32"
+    math: str = DEFAULT_PRECISION  # a name of cudnnnet.precision.PRECISIONS
     engine: str = DEFAULT_ENGINE  # "slides": the C++ design's library calls; "fast": our fusions and kernels
     source: str = field(default="<dict>", compare=False)
 
@@ -681,7 +681,7 @@ def parse_config(mapping: Any, source: str = "<dict>") -> Config:
         data=_parse_data(root.section("data")),
         train=_parse_train(root.section("train", required=True)),
         device=root.choice("device", DEVICES, "auto"),
-        math=root.choice("math", MATH_MODES, "fp32"),
+        math=root.choice("math", PRECISION_NAMES, DEFAULT_PRECISION),
         engine=root.choice("engine", tuple(ENGINES), DEFAULT_ENGINE),
         source=source,
     )

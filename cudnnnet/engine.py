@@ -1,9 +1,10 @@
 """The engine: which calls run a layer — the slides' cuBLAS/cuDNN calls, or our fast path.
 
 One policy, consulted where a choice is made (as Chainer's ``chainer.config.use_cudnn`` is read
-by each function, and CuPy's ``CUPY_ACCELERATORS`` by each routine). A backend holds the current
-one (``backend.engine``, set with ``backend.set_engine("slides" | "fast")``); layers, the network
-and the CUDA backend read its fields, never attributes of their own.
+by each function, and CuPy's ``CUPY_ACCELERATORS`` by each routine). ``backend.engine`` is the one
+in force: a Network's own (``Network(engine=...)``) during its calls, else an enclosing
+``backend.using(engine=...)`` block's, else the backend's default (``backend.set_engine``); layers,
+the network and the CUDA backend read its fields, never attributes of their own.
 
 ``slides`` (the default) runs the C++ design's library calls and nothing in their place:
 

@@ -4,11 +4,16 @@
     model.add_layer(Dense("fc1", 500)); model.add_layer(Activation("relu1", "relu"))
     model.add_layer(Dense("fc2", 10));  model.add_layer(Softmax("softmax"))
     output = model.forward(images); model.backward(targets); model.update(0.01)
+
+A network owns its engine and precision (``Network(engine="fast", math="bf16")``, ``set_engine``,
+``set_math``; None: the backend's defaults). Its calls enter them on its backend for their own
+duration (``Backend.using``), so two networks in one process compute each in its own settings.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from math import prod
@@ -20,8 +25,10 @@ from . import checkpoint
 from .backends import get_backend
 from .config_file import MAX_LAYERS
 from .interop import safetensors_file, torch_names
+from .engine import Engine, get_engine
 from .errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError
 from .layers import LAYER_TYPES, Activation, BatchNorm, Dense, Dropout, Layer, LossLayer, Parameter, WeightBiasLayer
+from .precision import Precision, get_precision
 from .tensor import Tensor, as_shape, check_tensor_values, float32_values
 
 log = logging.getLogger(__name__)
@@ -32,11 +39,24 @@ OPTIMIZER_PREFIX = "optimizer."  # optimiser state saved beside the weights, e.g
 _TYPE_NAMES = {cls: name for name, cls in LAYER_TYPES.items()}
 
 
+def in_own_settings(method):
+    """``method`` runs with the network's engine and precision in force on its backend (``settings``)."""
+    @functools.wraps(method)
+    def scoped(self, *args, **kwargs):
+        with self.settings():
+            return method(self, *args, **kwargs)
+    return scoped
+
+
 class Network:
-    def __init__(self, layers=(), backend="host", seed: int = 0, input_shape=None):
+    def __init__(self, layers=(), backend="host", seed: int = 0, input_shape=None,
+                 engine: "str | Engine | None" = None, math: "str | Precision | None" = None):
         self.layers: list[Layer] = []
         self._layer_names: set[str] = set()  # of self.layers: add_layer's duplicate check in constant time
-        self.backend = get_backend(backend)  # its ``engine`` says which calls the layers make
+        self.backend = get_backend(backend)
+        self.engine: Engine | None = None  # which calls the layers make (None: the backend's in force)
+        self.precision: Precision | None = None  # in which arithmetic (None: the backend's in force)
+        self.set_engine(engine).set_math(math)
         self.seed = int(seed)
         self.input_shape: tuple[int, int, int] | None = None  # (c, h, w) of one sample
         self._scalars = None  # device scalars: loss, correct count
@@ -47,6 +67,22 @@ class Network:
             self.add_layer(layer)
         if input_shape is not None:
             self.build(input_shape)
+
+    # ---- settings ----------------------------------------------------------------------------
+    def set_engine(self, engine: "str | Engine | None") -> "Network":
+        """This network's engine ("slides", "fast" or an Engine; None: its backend's in force)."""
+        self.engine = None if engine is None else get_engine(engine)
+        return self
+
+    def set_math(self, math: "str | Precision | None") -> "Network":
+        """This network's precision ("fp32", "tf32", "bf16", "fp16" or a Precision; None: its backend's in force)."""
+        self.precision = None if math is None else get_precision(math)
+        return self
+
+    def settings(self):
+        """A block with this network's engine and precision in force on its backend (Backend.using):
+        its own calls run in it; the optimiser's step and a Trainer enter it too."""
+        return self.backend.using(engine=self.engine, math=self.precision)
 
     # ---- structure ---------------------------------------------------------------------------
     def add_layer(self, layer: Layer) -> "Network":
@@ -153,6 +189,7 @@ class Network:
             target = Tensor.from_numpy(array, self.backend)
         return target.to(self.backend)
 
+    @in_own_settings
     def forward(self, x) -> Tensor:
         """Run every layer; returns the last layer's output (probabilities for Softmax), (N, classes, 1, 1).
         A pass begins (``Backend.start_pass``): it ends after ``backward`` or at the next forward."""
@@ -162,6 +199,7 @@ class Network:
             output = layer.forward(output)
         return output
 
+    @in_own_settings
     def backward(self, target, loss: Tensor | None = None, count: Tensor | None = None) -> None:
         """Back-propagate from the loss layer given the one-hot ``target`` of the last forward (a Tensor
         or an array-like, as ``forward`` takes its input).
@@ -178,6 +216,7 @@ class Network:
             grad = layer.backward(grad)
         self.backend.end_pass()
 
+    @in_own_settings
     def forward_backward(self, x, target: Tensor, loss: Tensor, count: Tensor, loss_scale: Tensor | None = None,
                          after_backward=None) -> None:
         """A training step's ``forward(x)`` then ``backward(target, loss, count)``, with the loss
@@ -199,6 +238,7 @@ class Network:
                 after_backward(layer)
         self.backend.end_pass()
 
+    @in_own_settings
     def forward_metrics(self, x, target: Tensor, loss: Tensor, count: Tensor, loss_scale: float) -> None:
         """An evaluation batch: ``forward(x)`` up to the loss layer, whose ``forward_metrics`` adds
         loss_scale·N·(the batch's mean loss) into ``loss`` and its correct predictions into ``count``
@@ -210,11 +250,13 @@ class Network:
         self.loss_layer.forward_metrics(output, target.to(self.backend), loss, count, loss_scale)
         self.backend.end_pass()
 
+    @in_own_settings
     def update(self, learning_rate: float) -> None:
         """Plain SGD, the original's update: W = W - lr·dW for every parameter (cublasSaxpy)."""
         for parameter in self.parameter_list():
             self.backend.sgd_update(parameter.value, parameter.grad, None, learning_rate, 0.0, 0.0)
 
+    @in_own_settings
     def train_step(self, x, target, learning_rate: float) -> None:
         """One step of the original's training: ``forward(x)``, ``backward(target)``, ``update(learning_rate)``.
 
@@ -256,10 +298,12 @@ class Network:
             self._scalars = Tensor.zeros((2,), self.backend)
         return self._scalars.view((1,), index)
 
+    @in_own_settings
     def loss(self, target) -> float:
         """Mean loss of the last forward against ``target`` (synchronises a GPU)."""
         return self.loss_layer.loss(self._as_target(target), self._scalar(0)).item()
 
+    @in_own_settings
     def accuracy(self, target) -> float:
         """Fraction of the last forward's samples whose argmax matches ``target``'s."""
         target = self._as_target(target)

@@ -121,10 +121,12 @@ class SGD:
         return value
 
     def step(self) -> None:
-        """Apply one update to every parameter with the rate in ``self.lr`` (one backend call)."""
-        # v = momentum·v + (dW + wd·W);  W = W - lr·v   for every parameter at once (dW/S, or no step, under loss scaling)
-        self.network.backend.sgd_update_many(self.groups, self.lr, self.momentum, self.weight_decay,
-                                             **_scaling(self.loss_scale))
+        """Apply one update to every parameter with the rate in ``self.lr`` (one backend call, in the
+        network's engine)."""
+        with self.network.settings():
+            # v = momentum·v + (dW + wd·W);  W = W - lr·v   for every parameter at once (dW/S, or no step, under loss scaling)
+            self.network.backend.sgd_update_many(self.groups, self.lr, self.momentum, self.weight_decay,
+                                                 **_scaling(self.loss_scale))
         self.step_count += 1
 
     def to(self, backend) -> None:
@@ -211,10 +213,13 @@ class Adam:
         return self._flat_gradients
 
     def step(self) -> None:
-        """One bias-corrected step on every parameter (one fused call); the device counter advances."""
-        # m = β1·m + (1-β1)·g;  v = β2·v + (1-β2)·g²;  W = W - lr·m̂/(√v̂ + eps)   for every parameter at once
-        self.network.backend.adam_update_many(self.groups, self.lr, self.counter, self.beta1, self.beta2, self.eps,
-                                              self.weight_decay, self.decoupled, **_scaling(self.loss_scale))
+        """One bias-corrected step on every parameter (one fused call, in the network's engine); the device
+        counter advances."""
+        with self.network.settings():
+            # m = β1·m + (1-β1)·g;  v = β2·v + (1-β2)·g²;  W = W - lr·m̂/(√v̂ + eps)   for every parameter at once
+            self.network.backend.adam_update_many(self.groups, self.lr, self.counter, self.beta1, self.beta2,
+                                                  self.eps, self.weight_decay, self.decoupled,
+                                                  **_scaling(self.loss_scale))
         self.step_count += 1
 
     def to(self, backend) -> None:

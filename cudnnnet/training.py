@@ -50,6 +50,7 @@ from .history import HISTORY_FIELDS, check_history, history_csv  # noqa: F401 (H
 from .live_log import progress_line
 from .monitoring import BEST_NAME, STATE_KEY, Monitor, monitored
 from .overrides import config_yaml
+from .precision import get_precision
 from .training_watch import NonFiniteWatch, progress_bar, signals_to
 from .training_setup import (KNOWN_SHAPES, build_network, check_batch_statistics, check_class_scores,  # noqa: F401
                              check_ends_in_class_scores, data_classes, input_shape, load_data, load_split,
@@ -111,14 +112,12 @@ class Trainer:
         self.validating = self.validation is not None  # each epoch evaluated on it, the test set once at the end
         self.config = config  # with the data's classes, shape and normalisation, as the checkpoint keeps them
         self.classes = class_names(config)
-        self.settings_before = (getattr(self.backend, "math", None), self.backend.engine)  # restored by run
-        self._use_settings()
-        self.network = build_network(config, self.backend)
+        self.network = build_network(config, self.backend).set_engine(config.engine).set_math(config.math)
         check_class_scores(self.network, self.classes, config)
         train = config.train
         self.optimizer = make_optimizer(self.network, train.optimizer, train.schedule)
         self.loss_scaler = None  # math fp16: dynamic loss scaling on the device (loss_scaling.py)
-        if config.math == "fp16":
+        if get_precision(config.math).loss_scaling:
             self.loss_scaler = LossScaler.from_config(self.backend, self.optimizer.flat_gradients(), train.loss_scale)
             self.optimizer.loss_scale = self.loss_scaler.state
         self.loader = BatchLoader(self.train_pixels, self.train_labels, train.batch_size, seed=train.seed,
@@ -232,27 +231,14 @@ class Trainer:
     # ---- the loop --------------------------------------------------------------------------------
     def run(self) -> dict:
         """Train to the planned step; returns the final metrics. The output folder is locked meanwhile
-        (OutputInUseError where another training holds it). The backend computes in the config's math
-        and engine while it trains, and returns to those it had before the Trainer was made."""
-        self._use_settings()
+        (OutputInUseError where another training holds it). Its calls compute in the config's math and
+        engine (the network's own settings, in force on the backend for this block only)."""
         try:
-            return self._run()
+            with self.network.settings():
+                return self._run()
         finally:
-            self._restore_settings()
             if self.events is not None:
                 self.events.close()
-
-    def _use_settings(self) -> None:
-        """The config's math and engine on the backend (settings of the whole backend, as set_engine's)."""
-        if hasattr(self.backend, "set_math"):
-            self.backend.set_math(self.config.math)
-        self.backend.set_engine(self.config.engine)
-
-    def _restore_settings(self) -> None:
-        math_before, engine_before = self.settings_before
-        if math_before is not None:
-            self.backend.set_math(math_before)
-        self.backend.set_engine(engine_before)
 
     def _run(self) -> dict:
         with self.outputs if self.writes else contextlib.nullcontext(), signals_to(self):
@@ -296,8 +282,13 @@ class Trainer:
         """Train the rest of the current epoch (up to the planned steps) without evaluating it.
 
         Returns the seconds it took, the device synchronised. The loss is read (a synchronisation)
-        only every ``log_every`` steps, to show progress and to stop on a NaN.
+        only every ``log_every`` steps, to show progress and to stop on a NaN. It computes in the
+        network's settings, as ``run`` does, whoever calls it.
         """
+        with self.network.settings():
+            return self._train_epoch()
+
+    def _train_epoch(self) -> float:
         position = self.position
         last = min(self.loader.steps_per_epoch, position.batch + self.total_steps - position.step)
         first = position.batch

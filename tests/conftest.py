@@ -44,7 +44,7 @@ def in_its_own_folder(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def engines_restored():
-    """Each backend's engine and math after a test are what they were before it (a Trainer sets its config's)."""
+    """Each backend's default engine and math after a test are what they were before it (a test may set them)."""
     from cudnnnet.backends import _instances
     from cudnnnet.engine import DEFAULT_ENGINE
 

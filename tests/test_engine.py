@@ -120,9 +120,11 @@ def test_train_command_line_engine_reaches_the_config(tmp_path, mnist_dir):
                                                 "--device", "host", "--engine", "fast", "--steps", "1",
                                                 "--data-dir", str(mnist_dir), "--output", str(tmp_path / "run")])
     trainer, _ = train_cli.prepare(args)
-    assert trainer.config.engine == "fast" and trainer.backend.engine is FAST
+    assert trainer.config.engine == "fast" and trainer.network.engine is FAST
+    with trainer.network.settings():
+        assert trainer.backend.engine is FAST
+    assert trainer.backend.engine is SLIDES  # the network's own setting, not the backend's
     assert trainer.metrics()["engine"] == "fast"
-    trainer.backend.set_engine("slides")
 
 
 # ---- what each layer runs: one training step and one evaluation batch ----------------------------

@@ -490,6 +490,38 @@ def dropout_settings(root, device: str, steps: int) -> dict:
             "device": device}
 
 
+def next_epoch(trainer) -> None:
+    """One whole epoch (``train_epoch``), then on to the next, as a caller training epoch by epoch does."""
+    trainer.train_epoch()
+    trainer.position.epoch, trainer.position.batch = trainer.position.epoch + 1, 0
+
+
+def test_two_trainers_train_interleaved_each_as_it_trains_alone(backend, small_npz, tmp_path):
+    """A Trainer's math and engine are its network's, not the backend's: made one after the other and
+    trained epoch by epoch in turn, a slides/fp32 and a fast/bf16 run each end with the weights of the
+    run alone (before, the second Trainer made set the whole backend to bf16 for both)."""
+    from cudnnnet.config import parse_config
+
+    configs = {"exact": {"math": "fp32", "engine": "slides"}, "fast": {"math": "bf16", "engine": "fast"}}
+    configs = {key: parse_config({**dropout_settings(small_npz, backend.name, 8), **settings})
+               for key, settings in configs.items()}
+    alone = {}
+    for key, config in configs.items():
+        trainer = Trainer(config, tmp_path / f"alone-{key}", progress=False)
+        next_epoch(trainer)
+        next_epoch(trainer)
+        alone[key] = trainer.network.state_dict()
+    together = {key: Trainer(config, tmp_path / f"together-{key}", progress=False) for key, config in configs.items()}
+    for _ in range(2):
+        for trainer in together.values():
+            next_epoch(trainer)
+    for key, weights in alone.items():
+        found = together[key].network.state_dict()
+        for name, value in weights.items():
+            np.testing.assert_allclose(found[name], value, rtol=1e-6, atol=1e-7, err_msg=f"{key} {name}")
+    assert max(float(np.max(np.abs(alone["exact"][name] - alone["fast"][name]))) for name in alone["exact"]) > 1e-4
+
+
 def test_a_resumed_run_draws_the_dropout_masks_of_an_uninterrupted_one(backend, small_npz, tmp_path):
     """Stopped after step 6 (the second epoch's third batch, after a short last batch), then resumed:
     the dropout generator skips the masks of the six steps, so the weights end as the uninterrupted

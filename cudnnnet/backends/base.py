@@ -23,13 +23,15 @@ Conventions
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from ..engine import SLIDES, Engine, get_engine
-from ..errors import UsageError
+from ..errors import InvalidArgumentError, ShapeError, UsageError
+from ..precision import FP32, PRECISION_NAMES, Precision, get_precision
 from . import arguments
 
 if TYPE_CHECKING:
@@ -131,27 +133,88 @@ class PoolingDescriptor:
 Scalar = Union[float, "Tensor"]  # a one-element Tensor where documented
 
 
+@dataclass(frozen=True)
+class Settings:
+    """The policies ``using`` blocks put in force on one backend: which calls run (cudnnnet.engine), in
+    which arithmetic (cudnnnet.precision); None where no block sets it (the backend's default applies)."""
+
+    engine: Engine | None = None
+    precision: Precision | None = None
+
+
+# id(backend) -> the Settings of the innermost ``Backend.using`` block around this thread's (or task's)
+# calls on it. A block puts a new mapping in force and puts back the one it found when it ends, so
+# one network's settings never reach another's calls, and nothing is saved and restored by hand.
+_IN_FORCE: contextvars.ContextVar = contextvars.ContextVar("cudnnnet_backend_settings", default={})
+_UNSET = Settings()
+
+
 class Backend(ABC):
-    """What a layer may ask of a backend. One instance per device; ``host`` is a singleton."""
+    """What a layer may ask of a backend. One instance per device; ``host`` is a singleton.
+
+    The engine and the precision a call runs in are those of the innermost ``using`` block around
+    it (a Network enters its own around its calls), else the backend's defaults (``set_engine``,
+    ``set_math``), as Chainer's ``using_config`` scopes its configuration."""
 
     name: str = "abstract"
     device_name: str = "abstract"  # what a user is told runs the work ("NVIDIA H100 80GB HBM3")
-    engine: Engine = SLIDES  # which calls run each choice point (cudnnnet.engine); per instance once set
     plan_type: type = object  # what convolution_plan gives, which the convolution calls take
+    maths: tuple[str, ...] = PRECISION_NAMES  # the precisions this backend computes as such
+    _default_engine: Engine = SLIDES  # where no ``using`` block sets one; per instance once set
+    _default_precision: Precision = FP32
+
+    @property
+    def engine(self) -> Engine:
+        """The engine in force: the innermost ``using`` block's, else the default (``set_engine``)."""
+        engine = _IN_FORCE.get().get(id(self), _UNSET).engine
+        return self._default_engine if engine is None else engine
+
+    @property
+    def precision(self) -> Precision:
+        """The precision in force: the innermost ``using`` block's, else the default (``set_math``)."""
+        precision = _IN_FORCE.get().get(id(self), _UNSET).precision
+        return self._default_precision if precision is None else precision
+
+    @property
+    def math(self) -> str:
+        """The name of the precision in force ("fp32", "tf32", "bf16" or "fp16")."""
+        return self.precision.name
 
     def set_engine(self, engine: "str | Engine") -> None:
-        """"slides" (the C++ design's library calls) or "fast" (our fusions and kernels), or an Engine."""
-        self.engine = get_engine(engine)
+        """The default engine, for calls outside any ``using`` block: "slides" (the C++ design's library
+        calls) or "fast" (our fusions and kernels), or an Engine."""
+        self._default_engine = get_engine(engine)
+
+    def set_math(self, math: "str | Precision") -> None:
+        """The default precision, for calls outside any ``using`` block (cudnnnet.precision)."""
+        self._default_precision = get_precision(math)
+        self._use_precision(self.precision)
 
     @contextlib.contextmanager
-    def using_engine(self, engine: "str | Engine"):
-        """``engine`` inside the block, the engine before it afterwards (as Chainer's ``using_config``)."""
-        previous = self.engine
-        self.set_engine(engine)
+    def using(self, engine: "str | Engine | None" = None, math: "str | Precision | None" = None):
+        """``engine`` and ``math`` for the calls made on this backend inside the block, in this thread or
+        task (None: the enclosing block's, else the default, which ``set_engine`` / ``set_math`` may change
+        meanwhile); what was in force before it afterwards (Chainer's ``using_config``)."""
+        outer, precision_before = _IN_FORCE.get().get(id(self), _UNSET), self.precision
+        settings = Settings(outer.engine if engine is None else get_engine(engine),
+                            outer.precision if math is None else get_precision(math))
+        token = _IN_FORCE.set({**_IN_FORCE.get(), id(self): settings})
+        if self.precision is not precision_before:
+            self._use_precision(self.precision)
         try:
             yield self
         finally:
-            self.engine = previous
+            inside = self.precision
+            _IN_FORCE.reset(token)
+            if self.precision is not inside:
+                self._use_precision(self.precision)
+
+    def using_engine(self, engine: "str | Engine"):
+        """``using(engine=engine)``: ``engine`` inside the block, the one in force before it afterwards."""
+        return self.using(engine=engine)
+
+    def _use_precision(self, precision: Precision) -> None:
+        """``precision`` is now in force: a backend whose library holds a mode of its own sets it here."""
 
     # ---- memory ---------------------------------------------------------------------------
     @abstractmethod

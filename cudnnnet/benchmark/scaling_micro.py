@@ -19,7 +19,7 @@ from ..optim import SGD
 from ..tensor import Tensor
 from .measuring import step_summary, timed_calls
 from .settings import MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS
-from .workloads import build_micro_network, math_mode, micro_data, micro_layer_sizes
+from .workloads import build_micro_network, micro_data, micro_layer_sizes
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +44,8 @@ def micro_part(size: int, rank: int, world_size: int) -> np.ndarray:
 def micro_steps(engine: str, settings: dict, launch) -> dict:
     """{step_ms, step_ms_all} of the micro step in ``engine`` on this rank (``launch`` None: one GPU alone)."""
     backend = get_backend("cuda")
-    backend.set_engine(engine)
     size = settings["micro_size"]
-    network = build_micro_network(size, backend)
+    network = build_micro_network(size, backend).set_engine(engine).set_math(settings["math"])
     optimizer = SGD(network, MICRO_LEARNING_RATE)
     replicas = None
     if launch is not None:
@@ -68,12 +67,11 @@ def micro_steps(engine: str, settings: dict, launch) -> dict:
 
     graph = None
     try:
-        with math_mode(backend, settings["math"]):
-            step()  # allocates, plans and compiles what a capture cannot
-            with backend.capture() as graph:
-                step()
-            seconds = timed_calls(graph.launch, settings["repeat"], backend.synchronize, MICRO_WARMUP,
-                                  MICRO_WARMUP_SECONDS)
+        step()  # allocates, plans and compiles what a capture cannot
+        with backend.capture() as graph:
+            step()
+        seconds = timed_calls(graph.launch, settings["repeat"], backend.synchronize, MICRO_WARMUP,
+                              MICRO_WARMUP_SECONDS)
     except BaseException as error:
         # said before the teardown, whose watchdog may end the process before the error reaches its caller
         log.error("micro %s on this rank failed: %s: %s", engine, type(error).__name__, error)

@@ -4,6 +4,7 @@ the targets."""
 from __future__ import annotations
 
 from ..errors import CudnnnetError
+from ..precision import HALF_PRECISIONS, PRECISION_NAMES, PRECISIONS
 
 WORKLOADS = ("mlp", "cnn", "bn_cnn", "cifar10", "micro", "original")
 DEFAULT_WORKLOADS = ("mlp", "cnn", "micro", "original")  # bn_cnn and cifar10 when asked for (--only)
@@ -27,9 +28,9 @@ MICRO_WARMUP_SECONDS = 1.0
 STEADY_SECONDS = 3.0
 STEADY_REPLAYS = 60
 MICRO_SEED = 0
-MATHS = ("fp32", "tf32", "bf16")  # the micro-benchmark's modes
-WORKLOAD_MATHS = (*MATHS, "fp16")  # --math: the mlp, cnn, bn_cnn and cifar10 workloads (fp16 with loss scaling)
-HALF_MATHS = ("bf16", "fp16")  # 16-bit activations: PyTorch under autocast to that type
+MATHS = tuple(name for name, precision in PRECISIONS.items() if not precision.loss_scaling)  # the micro-benchmark's
+WORKLOAD_MATHS = PRECISION_NAMES  # --math: the mlp, cnn, bn_cnn and cifar10 workloads (fp16 with loss scaling)
+HALF_MATHS = HALF_PRECISIONS  # 16-bit operands: PyTorch under autocast to that type
 MIB = 1 << 20
 DEFAULTS = {  # device: (timed epochs, micro repeats)
     "cuda": (10, 20),

@@ -17,6 +17,7 @@ import numpy as np
 from .. import training
 from ..config import Config
 from ..layers import LAYER_TYPES
+from ..precision import get_precision
 from .measuring import epoch_summary, steady_state, step_summary, timed_calls
 from .settings import (GRAPH_ONLY, MATHS, MIB, MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS, STEADY_REPLAYS,
                        STEADY_SECONDS, TORCH_SPEED_UPS, TRAINING_CONFIGS, BenchmarkError)
@@ -59,7 +60,7 @@ def _torch_workload(torch, name: str, settings: dict) -> dict | None:
 
 
 def set_torch_math(torch, math: str) -> None:
-    allow = math == "tf32"
+    allow = get_precision(math).tensor_cores
     torch.backends.cuda.matmul.allow_tf32 = allow
     torch.backends.cudnn.allow_tf32 = allow
 
@@ -237,7 +238,8 @@ class TorchTraining:
 def autocast_type(torch, math: str):
     """The type PyTorch's autocast computes ``math`` in (bf16, fp16), or None for FP32 and TF32. fp16 runs without
     a GradScaler: its overflow check reads the device back, which no CUDA graph can hold."""
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(math)
+    dtype = get_precision(math).operand_dtype
+    return None if dtype is None else getattr(torch, dtype)
 
 
 def torch_training(torch, name: str, config: Config, epochs: int, limit: int | None, device: str) -> dict:

@@ -176,7 +176,7 @@ def build_micro_network(size: int, backend) -> Network:
 
 def micro_maths(backend) -> tuple[str, ...]:
     """The math modes of MATHS that the backend computes as such (the host has no TF32 mode)."""
-    maths = tuple(math for math in MATHS if math in getattr(backend, "maths", ("fp32",)))
+    maths = tuple(math for math in MATHS if math in backend.maths)
     if len(maths) < len(MATHS):
         log.info("micro: the %s backend computes %s only; timing those", backend.name, ", ".join(maths))
     return maths
@@ -188,8 +188,7 @@ def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides",
     (each call made from Python) and, where the backend has CUDA graphs, replayed as one captured
     graph (as PyTorch's step is timed too), that graph also at steady state (``steady``: seconds of
     untimed replays, timed replays; ``steady_state``)."""
-    backend.set_engine(engine)
-    network = build_micro_network(size, backend)
+    network = build_micro_network(size, backend).set_engine(engine)
     inputs, targets = micro_data(size)
     x = Tensor.from_numpy(inputs.reshape(size, size, 1, 1), backend)  # (N, features, 1, 1)
     target = Tensor.from_numpy(targets, backend)  # (N, 10)
@@ -200,12 +199,12 @@ def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides",
     section = {"size": size, "layers": list(micro_layer_sizes(size)), "repeat": repeat,
                **{math: None for math in MATHS}}
     for math in micro_maths(backend):
-        with math_mode(backend, math):
-            found = {"eager": step_summary(timed_calls(step, repeat, backend.synchronize, MICRO_WARMUP,
-                                                       _warmup_seconds(backend))),
-                     "graph": None, "graph_steady": None}
-            if backend.supports_graphs:
-                found["graph"], found["graph_steady"] = captured_steps(backend, step, repeat, steady)
+        network.set_math(math)
+        found = {"eager": step_summary(timed_calls(step, repeat, backend.synchronize, MICRO_WARMUP,
+                                                   _warmup_seconds(backend))),
+                 "graph": None, "graph_steady": None}
+        if backend.supports_graphs:
+            found["graph"], found["graph_steady"] = captured_steps(backend, step, repeat, steady)
         section[math] = found
         log.info("micro %s %s: %.2f ms a step eager%s (%d × %d)", engine, math, found["eager"]["step_ms"],
                  "" if found["graph"] is None else f", {found['graph']['step_ms']:.2f} ms as a graph, "
@@ -229,16 +228,6 @@ def _warmup_seconds(backend) -> float:
     return MICRO_WARMUP_SECONDS if backend.supports_graphs else 0.0
 
 
-@contextlib.contextmanager
-def math_mode(backend, math: str):
-    if not hasattr(backend, "set_math"):
-        yield
-        return
-    backend.set_math(math)
-    try:
-        yield
-    finally:
-        backend.set_math("fp32")
 
 
 def measure(settings: dict, backend) -> dict:

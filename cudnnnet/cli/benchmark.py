@@ -44,7 +44,7 @@ micro
     SGD to the Dense weights in their weight-gradient GEMMs), synchronised; reported: the median of
     ``--repeat`` steps after two warm-up steps (on CUDA, warm-up steps for a second at least: the
     GPU's clock settles to the row's load), in ms, in FP32, TF32 (CUDA only) and bf16
-    (``backend.set_math``; PyTorch's column runs bf16 under autocast), eager and (CUDA only) captured
+    (``Network.set_math``; PyTorch's column runs bf16 under autocast), eager and (CUDA only) captured
     once as a CUDA graph and replayed, as PyTorch's graph row is; the fast engine's target is judged on
     the graph row, and in bf16 it is also PyTorch's graph step. Each graph (ours and PyTorch's) is also
     reported at steady state, in a row "graph, steady state" below its graph row: right after the
@@ -129,6 +129,7 @@ from ..benchmark.scaling import format_scaling, measure_scaling
 from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MATHS,
                                   MICRO_SIZE, SCALABLE, STEADY_REPLAYS, STEADY_SECONDS, WORKLOAD_MATHS, WORKLOADS)
 from ..engine import ENGINES
+from ..precision import DEFAULT_PRECISION
 from ..errors import DeviceUnavailableError, UsageError
 from ..files import atomic_write
 from .common import ArgumentParser, add_common_arguments, path_argument, run
@@ -196,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="runs of each original workload (default 3; the median is reported)")
     parser.add_argument("--data-dir", type=path_argument,
                         help="MNIST directory (default: $CUDNNNET_DATA, else the user cache)")
-    parser.add_argument("--math", choices=WORKLOAD_MATHS, default="fp32",
+    parser.add_argument("--math", choices=WORKLOAD_MATHS, default=DEFAULT_PRECISION,
                         help="precision of the mlp and cnn workloads (fp16 with dynamic loss scaling; PyTorch's: "
                              "autocast to bf16 or fp16, and in bf16 pure bfloat16 as well); the micro-benchmark runs "
                              "fp32, tf32 and bf16 (default fp32)")

@@ -97,7 +97,7 @@ def test_images(network: Network, args) -> tuple[np.ndarray, np.ndarray]:
 
 def main_with_args(args) -> int:
     network = Network.load(checkpoint_to_resume(args.weights, "--weights"), backend=args.device)
-    network.backend.set_engine(args.engine)
+    network.set_engine(args.engine)
     images, labels = test_images(network, args)
     classes = network_classes(network)
     if labels.size and int(labels.max()) >= len(classes):

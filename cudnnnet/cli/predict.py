@@ -121,7 +121,7 @@ def check_some_image(paths) -> None:
 def main_with_args(args) -> int:
     network, normalize = load_network(args.weights, args.config, args.device)
     check_some_image(args.images)
-    network.backend.set_engine(args.engine)
+    network.set_engine(args.engine)
     results = predict(network, args.images, normalize=normalize)
     print_results(results, args.json, args.top_k)
     return EXIT_USAGE if any(result.error is not None for result in results) else 0

@@ -243,7 +243,6 @@ def fake_backend() -> CudaBackend:
                                       is_capturing=lambda: False, workspace=lambda nbytes: 0, ones=lambda count: 0,
                                       finish_warm_up=lambda: None,
                                       cudnn=SimpleNamespace(handle=0), descriptors=FakeDescriptors())
-    backend.math = "fp32"
     backend.set_engine("fast")  # KEY's search: "exhaustive", the GEMM engine among the candidates
     backend._convolutions = ConvolutionPlanner(backend, KEY.workspace_limit)
     return backend

@@ -29,6 +29,7 @@ import numpy as np
 
 from ...engine import Engine
 from ...errors import ShapeError, UsageError
+from ...precision import Precision
 from ...tensor import Tensor, as_shape
 from ..arguments import check_fits, extent, same_shape, stored_shape
 from ..base import ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor
@@ -81,8 +82,7 @@ class CudaBackend(ArrayProtocols, Backend):
         self._batch_norm = BatchNormKernels(self.context)  # the fast engine's batch normalisation in training
         self._optimisers = CudaOptimisers(self)  # SGD and Adam: cuBLAS paths, kernels, parameter tables
         self._activations = ActivationKernels(self.context)  # the fast engine's activation and bias kernels
-        self.math = "fp32"
-        self.set_math("fp32")
+        self.set_math("fp32")  # the default; cuBLAS's math mode follows the precision in force (_use_precision)
 
     def __repr__(self) -> str:
         return (f"CudaBackend(device={self.context.device}, {self.device_name!r}, math={self.math!r}, "
@@ -104,14 +104,11 @@ class CudaBackend(ArrayProtocols, Backend):
         return self.context.cudnn.handle
 
     # ---- configuration ------------------------------------------------------------------------
-    def set_math(self, mode: str) -> None:
-        """"fp32" (exact FP32 arithmetic), "tf32" (tensor cores, ~1e-3 relative error) or "bf16"
-        (tensor cores on bfloat16 operands, FP32 accumulation; ~4e-3 relative error) or "fp16" (IEEE half
-        operands, FP32 accumulation; ~5e-4 relative error, overflow past 65504)."""
-        if mode not in MATH_MODES:
-            raise UsageError(f"invalid math mode {mode!r}; valid are {', '.join(MATH_MODES)}")
-        cublas.set_math_mode(self._cublas, MATH_MODES[mode][0])
-        self.math = mode
+    def _use_precision(self, precision: Precision) -> None:
+        """cuBLAS's math mode is the handle's: set to ``precision``'s whenever the precision in force
+        changes ("fp32" exact; "tf32" tensor cores, ~1e-3 relative error; "bf16" and "fp16" run on 16-bit
+        copies, ~4e-3 and ~5e-4). A convolution's math type is set on its descriptor instead."""
+        cublas.set_math_mode(self._cublas, MATH_MODES[precision.name][0])
 
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory (cudaMemGetInfo)."""

@@ -27,6 +27,7 @@ from numpy.lib.stride_tricks import as_strided
 from ...augmentation import augment
 from ...errors import ShapeError, UsageError
 from ...float_images import to_float_images
+from ...precision import PRECISIONS
 from ...tensor import Tensor
 from ..arguments import OP_N, same_shape
 from ..base import (ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor,
@@ -39,8 +40,7 @@ F32 = np.float32
 _ITEM = np.dtype(F32).itemsize
 
 
-MATHS = ("fp32", "bf16", "fp16")  # the math modes the host computes as the GPU does
-SET_MATHS = ("fp32", "tf32", "bf16", "fp16")  # what set_math accepts ("tf32" computes in FP32)
+MATHS = tuple(name for name, precision in PRECISIONS.items() if not precision.tensor_cores)  # computed as the GPU does
 # the loss-scaling state's slots (kernels/loss_scale.cu)
 SCALE, FOUND, SKIP, UNSCALE, CLEAN, SKIPPED = range(6)
 _BF16_LOW = np.uint32(0x7FFF)
@@ -269,18 +269,10 @@ class HostBackend(Backend):
     name = "host"
     plan_type = ConvolutionPlan  # what convolution_plan gives
     device_name = "host (NumPy)"
-    maths = MATHS
-    math = "fp32"
+    maths = MATHS  # set_math and using take every precision; "tf32" computes in FP32
 
     def __repr__(self) -> str:
         return f"HostBackend(math={self.math!r})" if self.math != "fp32" else "HostBackend()"
-
-    def set_math(self, mode: str) -> None:
-        """"fp32", "bf16" (GEMM and convolution operands rounded to bfloat16, as on the GPU), "fp16"
-        (the same to IEEE half) or "tf32" (computed in FP32)."""
-        if mode not in SET_MATHS:
-            raise UsageError(f"invalid math mode {mode!r}; valid are {', '.join(SET_MATHS)}")
-        self.math = mode
 
     def _operand(self, values: np.ndarray) -> np.ndarray:
         """A GEMM or convolution operand as the GPU reads it: rounded to bfloat16 under math "bf16",
