@@ -51,10 +51,10 @@ from .live_log import progress_line
 from .monitoring import BEST_NAME, STATE_KEY, Monitor, monitored
 from .overrides import config_yaml
 from .training_watch import NonFiniteWatch, progress_bar, signals_to
-from .training_setup import (KNOWN_SHAPES, build_network, check_batch_statistics, check_class_scores,  # noqa: F401
-                             check_ends_in_class_scores, data_classes, input_shape, load_data, load_split,
-                             load_split_pixels, local_splits, model_difference, model_mapping,
-                             smallest_input_shape, write_atomic)  # (re-exported: the setup's names)
+from .training_checks import check_batch_statistics, check_class_scores, check_resumed_model
+from .training_setup import (KNOWN_SHAPES, build_network, data_classes, input_shape, load_data,  # noqa: F401
+                             load_split, load_split_pixels, local_splits, model_mapping, smallest_input_shape,
+                             write_atomic)  # (re-exported: the setup's names)
 from .validation import epoch_fields
 
 log = logging.getLogger(__name__)
@@ -510,7 +510,8 @@ class Trainer:
     def _resume(self, path: Path) -> None:
         path = checkpoint_to_resume(path)
         arrays, metadata = checkpoint.load_npz(path, self.network.checkpoint_shapes().get)
-        self._check_model(path, metadata)
+        # the model its config names, where it names one (cudnnnet-train refuses a checkpoint without one before this)
+        check_resumed_model(path, metadata, self.config, self.config.source, required=False)
         self._check_batch_size(path, metadata)
         self._check_geometry(path, metadata)
         self.network.load_weights(path)
@@ -559,16 +560,6 @@ class Trainer:
                 runs.append((batch_size, 1))
         return runs
 
-
-    def _check_model(self, path: Path, metadata: dict) -> None:
-        """The checkpoint was trained with this run's model, where its config says which (cudnnnet-train
-        refuses a checkpoint without one before this)."""
-        config = metadata.get("config")
-        saved = config.get("model") if isinstance(config, dict) else None
-        if isinstance(saved, list):
-            difference = model_difference(saved, self.config.to_dict()["model"])
-            if difference:
-                raise CheckpointError(f"{path}: trained with a different model than {self.config.source}: {difference}")
 
     def _check_batch_size(self, path: Path, metadata: dict) -> None:
         """A position counts batches of the size it was trained with: resuming needs that size."""
