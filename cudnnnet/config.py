@@ -20,27 +20,30 @@ from typing import Any, Callable, Sequence
 
 
 from .augmentation import MAX_CROP_PADDING
+from .backends import DEVICES
+from .backends.base import POOLING_MODES as POOLING_MODE_NAMES
 from .data.mnist import MNIST_MEAN, MNIST_STD
 from .data.pixels import MAX_IMAGE_PIXELS, RESIZE_MODES
-from .data.sources import MAX_CLASSES
+from .data.sources import DATASETS, MAX_CLASSES
 from .data.streamed import PLACEMENTS
 from .config_file import MAX_LAYERS, read_yaml
 from .config_section import _REQUIRED, _SHORT_REPR, _describe, _Section, _without_none
 from .engine import DEFAULT_ENGINE, ENGINES
+from .optim import OPTIMIZERS, OptimizerConfig
 from .monitoring import AUTO as AUTO_MONITOR, EarlyStoppingConfig, check_monitor, parse_early_stopping, parse_monitor
 from .errors import ConfigError
+from .layers import LAYER_TYPES, LossLayer
+from .loss_scaling import (LOSS_SCALE_GROWTH_INTERVAL, LOSS_SCALE_INITIAL, MAX_GROWTH_INTERVAL, MAX_LOSS_SCALE,
+                           LossScaleConfig)
 from .schedules import SCHEDULES, ScheduleConfig
 from .shipped_configs import resolve_config
 from .tensor import FLOAT32_MAX, FLOAT32_TINY
 from .validation import parse_validation
 
-DEVICES = ("auto", "cuda", "host")
 MATH_MODES = ("fp32", "tf32", "bf16", "fp16")
 ACTIVATION_MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
-POOLING_MODES = ("max", "average")
-LOSS_LAYERS = ("softmax", "mse")
-DATASETS = ("mnist", "fashion-mnist", "kmnist", "idx", "npz", "cifar10", "image-folder")  # data/sources.py
-OPTIMIZERS = ("sgd", "adam", "adamw")
+POOLING_MODES = tuple(POOLING_MODE_NAMES)
+LOSS_LAYERS = tuple(name for name, layer in LAYER_TYPES.items() if issubclass(layer, LossLayer))
 LAYER_NAME_LENGTH = 128  # within a zip member name and a file name (NAME_MAX 255) with a suffix
 LAYER_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{LAYER_NAME_LENGTH}}}")
 TOP_LEVEL_KEYS = ("model", "data", "train", "device", "math", "engine")  # a config file's sections
@@ -150,48 +153,6 @@ class DataConfig:
 def _plain(value):
     """A mean or std as YAML writes it: a number, or a list of one per channel."""
     return list(value) if isinstance(value, (tuple, list)) else value
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """sgd: lr, momentum, weight_decay (L2, added to the gradient); adam: lr, betas, eps,
-    weight_decay (L2, as sgd); adamw: the same with the weight decay decoupled from the gradient."""
-
-    lr: float
-    name: str = "sgd"
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)  # Adam's β1, β2
-    eps: float = 1e-8
-
-    def to_dict(self) -> dict:
-        if self.name == "sgd":
-            return {"name": self.name, "lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
-        return {"name": self.name, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
-                "weight_decay": self.weight_decay}
-
-
-LOSS_SCALE_INITIAL = 65536.0  # 2^16, the loss scale a math: fp16 run starts from
-LOSS_SCALE_GROWTH_INTERVAL = 2000  # clean steps after which the scale doubles
-MAX_LOSS_SCALE = 2.0 ** 64  # the scale never grows past this (loss_scaling.py), nor starts there
-MIN_LOSS_SCALE = 2.0 ** -24  # nor halves below this (a NaN loss halves it at every step)
-MAX_GROWTH_INTERVAL = 1 << 24  # the device counts clean steps in a float32, exact up to 2^24
-
-
-@dataclass(frozen=True)
-class LossScaleConfig:
-    """``train.loss_scale`` of ``math: fp16`` (loss_scaling.py): ``dynamic`` (the defaults) or
-    ``{initial, growth_interval}``. The scale halves at every step whose gradients overflow (that
-    step is skipped) and doubles after ``growth_interval`` clean steps in a row."""
-
-    initial: float = LOSS_SCALE_INITIAL
-    growth_interval: int = LOSS_SCALE_GROWTH_INTERVAL
-
-    def to_dict(self) -> dict | None:
-        """None for the defaults (``dynamic``), else the mapping."""
-        if self == LossScaleConfig():
-            return None
-        return {"initial": self.initial, "growth_interval": self.growth_interval}
 
 
 @dataclass(frozen=True)
