@@ -1,5 +1,6 @@
-"""The model section of a config: each layer entry read into a LayerSpec, with the config's key
-paths in its messages, before the layer is built."""
+"""The model section of a config: each layer entry read into a LayerSpec. The keys a layer type takes
+are its constructor's (``Layer.config_keys``); the functions here check each key's value, with the
+config's key paths in their messages, before the layer is built."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .backends.base import POOLING_MODES as POOLING_MODE_NAMES
 from .config_file import MAX_LAYERS
 from .config_section import _describe, _float32, _Section
 from .errors import ConfigError
 from .layers import LAYER_TYPES, LossLayer
+from .layers.activation import MODES as ACTIVATION_MODES
+from .layers.batchnorm import MODES as BATCH_NORM_MODES
+from .layers.pooling import MODES as POOLING_MODES
 
-ACTIVATION_MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
-POOLING_MODES = tuple(POOLING_MODE_NAMES)
 LOSS_LAYERS = tuple(name for name, layer in LAYER_TYPES.items() if issubclass(layer, LossLayer))
 LAYER_NAME_LENGTH = 128  # within a zip member name and a file name (NAME_MAX 255) with a suffix
 LAYER_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{LAYER_NAME_LENGTH}}}")
@@ -76,9 +77,6 @@ def _dropout(layer: _Section) -> dict:
     return {"rate": layer.number("rate", 0.5, low=0.0, high=1.0, high_open=True, float32=True)}
 
 
-BATCH_NORM_MODES = ("auto", "spatial", "per_activation")
-
-
 def _batchnorm(layer: _Section) -> dict:
     return {
         "mode": layer.choice("mode", BATCH_NORM_MODES, "auto"),
@@ -88,34 +86,32 @@ def _batchnorm(layer: _Section) -> dict:
     }
 
 
-def _no_params(layer: _Section) -> dict:
-    return {}
-
-
-LAYER_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[_Section], dict]]] = {
-    "dense": (("out_size",), _dense),
-    "activation": (("mode", "coef"), _activation),
-    "softmax": ((), _no_params),
-    "mse": ((), _no_params),
-    "conv2d": (("out_channels", "kernel_size", "stride", "padding", "dilation", "bias"), _conv2d),
-    "pooling": (("kernel_size", "stride", "padding", "mode"), _pooling),
-    "dropout": (("rate",), _dropout),
-    "batchnorm": (("mode", "momentum", "eps", "sync"), _batchnorm),
-    "global_average_pooling": ((), _no_params),
+VALUE_CHECKS: dict[str, Callable[[_Section], dict]] = {  # a layer type's keys (Layer.config_keys) -> params
+    "dense": _dense,
+    "activation": _activation,
+    "conv2d": _conv2d,
+    "pooling": _pooling,
+    "dropout": _dropout,
+    "batchnorm": _batchnorm,
 }
+
+
+def _params(layer_type: str, layer: _Section) -> dict:
+    """The validated parameters of a ``layer_type`` entry; a type whose constructor takes no keys has none."""
+    check = VALUE_CHECKS.get(layer_type)
+    return {} if check is None else check(layer)
 
 
 def _parse_layer(value: Any, path: str, source: str, type_counts: Counter) -> LayerSpec:
     layer = _Section(value, path, source)
-    layer_type = layer.choice("type", tuple(LAYER_PARAMS))
-    keys, parse_params = LAYER_PARAMS[layer_type]
-    layer.only(("type", "name") + keys, context=f"a {layer_type} layer")
+    layer_type = layer.choice("type", tuple(LAYER_TYPES))
+    layer.only(("type", "name") + LAYER_TYPES[layer_type].config_keys(), context=f"a {layer_type} layer")
     type_counts[layer_type] += 1
     name = layer.get("name", f"{layer_type}{type_counts[layer_type]}", "a name")
     if not isinstance(name, str) or not LAYER_NAME.fullmatch(name):
         layer.fail("name", f"expected a name of letters, digits, '_' and '-' (at most {LAYER_NAME_LENGTH} characters), "
                            f"got {_describe(name)}")
-    return LayerSpec(layer_type, name, parse_params(layer))
+    return LayerSpec(layer_type, name, _params(layer_type, layer))
 
 
 def parse_model(value: Any, source: str) -> tuple[LayerSpec, ...]:
