@@ -51,7 +51,7 @@ from .live_log import progress_line
 from .monitoring import BEST_NAME, STATE_KEY, Monitor, monitored
 from .overrides import config_yaml
 from .training_watch import NonFiniteWatch, progress_bar, signals_to
-from .training_checks import check_batch_statistics, check_class_scores, check_resumed_model
+from .training_checks import check_batch_statistics, check_class_scores, check_model_fits, check_resumed_model
 from .training_setup import (KNOWN_SHAPES, build_network, data_classes, input_shape, load_data,  # noqa: F401
                              load_split, load_split_pixels, local_splits, model_mapping, smallest_input_shape,
                              write_atomic)  # (re-exported: the setup's names)
@@ -111,6 +111,7 @@ class Trainer:
         self.validating = self.validation is not None  # each epoch evaluated on it, the test set once at the end
         self.config = config  # with the data's classes, shape and normalisation, as the checkpoint keeps them
         self.classes = class_names(config)
+        check_model_fits(config, (len(self.train_labels), len(self.test_labels)))  # the data's shape, now known
         self.settings_before = (getattr(self.backend, "math", None), self.backend.engine)  # restored by run
         self._use_settings()
         self.network = build_network(config, self.backend)
@@ -510,7 +511,7 @@ class Trainer:
     def _resume(self, path: Path) -> None:
         path = checkpoint_to_resume(path)
         arrays, metadata = checkpoint.load_npz(path, self.network.checkpoint_shapes().get)
-        # the model its config names, where it names one (cudnnnet-train refuses a checkpoint without one before this)
+        # the model its config names, where it names one (cudnnnet-train refuses a checkpoint without one)
         check_resumed_model(path, metadata, self.config, self.config.source, required=False)
         self._check_batch_size(path, metadata)
         self._check_geometry(path, metadata)

@@ -15,24 +15,34 @@ from .training_setup import input_shape, smallest_input_shape
 
 def check_model(config) -> None:
     """Every layer fits the output of the one before it, the last gives one score per class, and
-    every tensor fits (``check_size``).
+    every tensor fits (``check_model_fits``).
 
     Raises ConfigError naming the config file and the layer, before anything is built or loaded.
     """
     if input_shape(config) is not None:
         check_normalize(config, input_shape(config)[0])
+    shape = check_model_fits(config)
+    classes = class_names(config)
+    if shape is not None and classes is not None:
+        check_ends_in_class_scores(config, shape, classes, f"{config.data.dataset} needs")
+
+
+def check_model_fits(config, images: tuple[int, int] = (SPLIT_COUNTS["train"], SPLIT_COUNTS["test"])):
+    """The per-image output shape of the model's last layer, where each layer fits the output of the one
+    before it and every tensor fits (``check_size``, ``images``: the training and test images, which
+    bound the batches); ConfigError naming the config file and the layer where one does not. None
+    where the input's shape is for the data to say (cudnnnet-train's check before the data is read;
+    the Trainer checks again once it is)."""
     shape = smallest_input_shape(config)  # where only the images' channels are unknown: one, the least they make
-    if shape is None:  # the data says it: the Trainer checks the model once the data is read
-        return
+    if shape is None:
+        return None
     for index, spec in enumerate(config.model):
         try:
             shape = LAYER_TYPES[spec.type](spec.name, **spec.params).output_sample_shape(shape)
         except (ShapeError, InvalidArgumentError) as error:
             raise ConfigError(f"{config.source}: {_model_key(config, index)}: {error}") from None
-    classes = class_names(config)
-    if classes is not None:
-        check_ends_in_class_scores(config, shape, classes, f"{config.data.dataset} needs")
-    check_size(config)
+    check_size(config, images)
+    return shape
 
 
 def check_normalize(config, channels: int) -> None:
@@ -48,16 +58,16 @@ def check_normalize(config, channels: int) -> None:
                               f"give {valid}")
 
 
-def check_size(config) -> None:
-    """The model's tensors, for the largest batch the run makes, fit the libraries and this machine
-    (see ``check_model_size``); checked before any array is made, on a model whose shapes fit (with one
-    channel where the images' channels are not known yet)."""
+def check_size(config, images: tuple[int, int] = (SPLIT_COUNTS["train"], SPLIT_COUNTS["test"])) -> None:
+    """The model's tensors, for the largest batch the run makes (of ``images``: the training and test
+    images, at most), fit the libraries and this machine (see ``check_model_size``); checked before any
+    array is made, on a model whose shapes fit (with one channel where the images' channels are not
+    known yet)."""
     shape = smallest_input_shape(config)
-    if shape is None:  # the data says it: the Trainer's network checks its sizes once it is read
+    if shape is None:  # the data says it: the Trainer checks its sizes once it is read
         return
     layers = [LAYER_TYPES[spec.type](spec.name, **spec.params) for spec in config.model]
-    batch = max(min(config.train.batch_size, SPLIT_COUNTS["train"]),
-                min(config.train.eval_batch_size, SPLIT_COUNTS["test"]))
+    batch = max(min(config.train.batch_size, images[0]), min(config.train.eval_batch_size, images[1]))
     try:
         check_model_size(layers, shape, batch)
     except ModelSizeError as error:
