@@ -511,8 +511,7 @@ class Trainer:
     def _resume(self, path: Path) -> None:
         path = checkpoint_to_resume(path)
         arrays, metadata = checkpoint.load_npz(path, self.network.checkpoint_shapes().get)
-        # the model its config names, where it names one (cudnnnet-train refuses a checkpoint without one)
-        check_resumed_model(path, metadata, self.config, self.config.source, required=False)
+        check_resumed_model(path, metadata, self.config, self.config.source)
         self._check_batch_size(path, metadata)
         self._check_geometry(path, metadata)
         self.network.load_weights(path)

@@ -120,16 +120,13 @@ def check_batch_statistics(network: Network, batch_size: int, samples: int, conf
                               f"leaves at least 2 images in every batch")
 
 
-def check_resumed_model(path, metadata: dict, config, config_name: str, required: bool = True) -> None:
-    """CheckpointError unless the checkpoint at ``path`` (``metadata``: its metadata) was trained with the
-    model of ``config`` (``config_name`` names it in the message). A checkpoint whose metadata holds no
-    training config is refused where ``required``, else there is nothing to compare."""
+def check_resumed_model(path, metadata: dict, config, config_name: str) -> None:
+    """CheckpointError unless the checkpoint at ``path`` (``metadata``: its metadata) holds a training
+    config and was trained with the model of ``config`` (``config_name`` names it in the message)."""
     stored = metadata.get("config")
     saved = stored.get("model") if isinstance(stored, dict) else None
     if not isinstance(saved, list):
-        if required:
-            raise CheckpointError(f"{path}: no training config in its metadata; it can be loaded but not resumed")
-        return
+        raise CheckpointError(f"{path}: no training config in its metadata; it can be loaded but not resumed")
     difference = model_difference(saved, config.to_dict()["model"])
     if difference:
         raise CheckpointError(f"{path}: trained with a different model than {config_name}: {difference}")

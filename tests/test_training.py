@@ -644,3 +644,18 @@ def test_a_model_that_does_not_fit_the_datas_images_is_refused_naming_the_config
     with pytest.raises(ConfigError, match=rf"^small\.yaml: {refused}"):
         Trainer(parse_config(settings, source="small.yaml"), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_trainer_refuses_to_resume_a_checkpoint_without_its_training_config(host, small_npz, tmp_path):
+    """cudnnnet-train refused it; the Trainer resumed it without knowing which model it was trained with."""
+    from cudnnnet.checkpoint import save_npz
+    from cudnnnet.config import parse_config
+
+    settings = dropout_settings(small_npz, "host", 2)
+    Trainer(parse_config(settings), tmp_path / "first", progress=False).run()
+    arrays, metadata = load_npz(tmp_path / "first" / "model.npz")
+    save_npz(tmp_path / "no_config.npz", arrays, {key: value for key, value in metadata.items() if key != "config"})
+    with pytest.raises(CheckpointError, match=r"no_config\.npz: no training config in its metadata; it can be loaded "
+                                              r"but not resumed$"):
+        Trainer(parse_config({**settings, "train": {**settings["train"], "steps": 4}}), tmp_path / "second",
+                resume=tmp_path / "no_config.npz", progress=False)
