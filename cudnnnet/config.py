@@ -5,7 +5,8 @@ A config file holds ``model`` (a list of layers, the last a loss layer), ``data`
 reads it as ``yaml.safe_load`` does, within the limits of ``config_file``; ``parse_config(mapping)``
 validates an already-loaded mapping (for example the copy a checkpoint
 stores from ``Config.to_dict()``). Every problem is a ``ConfigError`` whose one-line message names
-the file, the key path (``model[2].out_size``, ``train.optimizer.lr``) and what would be valid.
+the file, the key path (``model[2].out_size``, ``train.optimizer.lr``) and what would be valid
+(``config_section``); the model's layer entries are read by ``config_layers``.
 """
 
 from __future__ import annotations
@@ -13,55 +14,35 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
-
+from typing import Any, Sequence
 
 from .augmentation import MAX_CROP_PADDING
+from .backends import DEVICES
 from .data.mnist import MNIST_MEAN, MNIST_STD
 from .data.pixels import MAX_IMAGE_PIXELS, RESIZE_MODES
-from .data.sources import MAX_CLASSES
+from .data.sources import DATASETS, MAX_CLASSES
 from .data.streamed import PLACEMENTS
-from .config_file import MAX_LAYERS, read_yaml
-from .config_section import _REQUIRED, _SHORT_REPR, _describe, _Section, _without_none
+from .config_file import read_yaml
+from .config_layers import LayerSpec, parse_model
+from .config_section import _REQUIRED, _SHORT_REPR, _describe, _float32, _Section, _without_none
 from .engine import DEFAULT_ENGINE, ENGINES
+from .optim import OPTIMIZERS, OptimizerConfig
 from .monitoring import AUTO as AUTO_MONITOR, EarlyStoppingConfig, check_monitor, parse_early_stopping, parse_monitor
 from .errors import ConfigError
 from .precision import DEFAULT_PRECISION, PRECISION_NAMES
+from .loss_scaling import (LOSS_SCALE_GROWTH_INTERVAL, LOSS_SCALE_INITIAL, MAX_GROWTH_INTERVAL, MAX_LOSS_SCALE,
+                           LossScaleConfig)
 from .schedules import SCHEDULES, ScheduleConfig
 from .shipped_configs import resolve_config
-from .tensor import FLOAT32_MAX, FLOAT32_TINY
+from .tensor import FLOAT32_TINY
 from .validation import parse_validation
 
-DEVICES = ("auto", "cuda", "host")
-ACTIVATION_MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
-POOLING_MODES = ("max", "average")
-LOSS_LAYERS = ("softmax", "mse")
-DATASETS = ("mnist", "fashion-mnist", "kmnist", "idx", "npz", "cifar10", "image-folder")  # data/sources.py
-OPTIMIZERS = ("sgd", "adam", "adamw")
-LAYER_NAME_LENGTH = 128  # within a zip member name and a file name (NAME_MAX 255) with a suffix
-LAYER_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{LAYER_NAME_LENGTH}}}")
 TOP_LEVEL_KEYS = ("model", "data", "train", "device", "math", "engine")  # a config file's sections
 
+
 # ---- the typed config ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """One layer: its type, unique name, and its validated parameters with defaults filled in."""
-
-    type: str
-    name: str
-    params: dict = field(hash=False)
-
-    @property
-    def is_loss(self) -> bool:
-        return self.type in LOSS_LAYERS
-
-    def to_dict(self) -> dict:
-        return {"type": self.type, "name": self.name, **self.params}
 
 
 IDX_PATH_KEYS = ("train_images", "train_labels", "test_images", "test_labels")
@@ -153,48 +134,6 @@ def _plain(value):
 
 
 @dataclass(frozen=True)
-class OptimizerConfig:
-    """sgd: lr, momentum, weight_decay (L2, added to the gradient); adam: lr, betas, eps,
-    weight_decay (L2, as sgd); adamw: the same with the weight decay decoupled from the gradient."""
-
-    lr: float
-    name: str = "sgd"
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)  # Adam's β1, β2
-    eps: float = 1e-8
-
-    def to_dict(self) -> dict:
-        if self.name == "sgd":
-            return {"name": self.name, "lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
-        return {"name": self.name, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
-                "weight_decay": self.weight_decay}
-
-
-LOSS_SCALE_INITIAL = 65536.0  # 2^16, the loss scale a math: fp16 run starts from
-LOSS_SCALE_GROWTH_INTERVAL = 2000  # clean steps after which the scale doubles
-MAX_LOSS_SCALE = 2.0 ** 64  # the scale never grows past this (loss_scaling.py), nor starts there
-MIN_LOSS_SCALE = 2.0 ** -24  # nor halves below this (a NaN loss halves it at every step)
-MAX_GROWTH_INTERVAL = 1 << 24  # the device counts clean steps in a float32, exact up to 2^24
-
-
-@dataclass(frozen=True)
-class LossScaleConfig:
-    """``train.loss_scale`` of ``math: fp16`` (loss_scaling.py): ``dynamic`` (the defaults) or
-    ``{initial, growth_interval}``. The scale halves at every step whose gradients overflow (that
-    step is skipped) and doubles after ``growth_interval`` clean steps in a row."""
-
-    initial: float = LOSS_SCALE_INITIAL
-    growth_interval: int = LOSS_SCALE_GROWTH_INTERVAL
-
-    def to_dict(self) -> dict | None:
-        """None for the defaults (``dynamic``), else the mapping."""
-        if self == LossScaleConfig():
-            return None
-        return {"initial": self.initial, "growth_interval": self.growth_interval}
-
-
-@dataclass(frozen=True)
 class TrainConfig:
     optimizer: OptimizerConfig
     schedule: ScheduleConfig = ScheduleConfig()
@@ -272,123 +211,7 @@ class Config:
 
 
 
-# ---- layers --------------------------------------------------------------------------------
-
-
-def _dense(layer: _Section) -> dict:
-    return {"out_size": layer.integer("out_size", low=0, low_open=True)}
-
-
-def _activation(layer: _Section) -> dict:
-    mode = layer.choice("mode", ACTIVATION_MODES)
-    if mode == "clipped_relu":
-        coef = layer.number("coef", low=0.0, low_open=True)
-    else:
-        coef = layer.number("coef", 1.0 if mode == "elu" else 0.0)
-    return {"mode": mode, "coef": _float32(layer, "coef", coef)}
-
-
-def _conv2d(layer: _Section) -> dict:
-    params = {
-        "out_channels": layer.integer("out_channels", low=0, low_open=True),
-        "kernel_size": layer.integer("kernel_size", low=0, low_open=True),
-        "stride": layer.integer("stride", 1, low=0, low_open=True),
-        "padding": layer.integer("padding", 0, low=0),
-        "dilation": layer.integer("dilation", 1, low=0, low_open=True),
-    }
-    # bias: false only where written, so a layer with a bias reads as it did before the key existed
-    return params if layer.boolean("bias", True) else {**params, "bias": False}
-
-
-def _pooling(layer: _Section) -> dict:
-    kernel_size = layer.integer("kernel_size", low=0, low_open=True)
-    return {
-        "kernel_size": kernel_size,
-        "stride": layer.integer("stride", kernel_size, low=0, low_open=True),
-        "padding": layer.integer("padding", 0, low=0, high=kernel_size - 1),
-        "mode": layer.choice("mode", POOLING_MODES, "max"),
-    }
-
-
-def _dropout(layer: _Section) -> dict:
-    return {"rate": layer.number("rate", 0.5, low=0.0, high=1.0, high_open=True, float32=True)}
-
-
-BATCH_NORM_MODES = ("auto", "spatial", "per_activation")
-
-
-def _batchnorm(layer: _Section) -> dict:
-    return {
-        "mode": layer.choice("mode", BATCH_NORM_MODES, "auto"),
-        "momentum": layer.number("momentum", 0.1, low=0.0, high=1.0, low_open=True, float32=True),
-        "eps": _float32(layer, "eps", layer.number("eps", 1e-5, low=1e-5)),
-        **({"sync": True} if layer.boolean("sync", False) else {}),
-    }
-
-
-def _no_params(layer: _Section) -> dict:
-    return {}
-
-
-LAYER_PARAMS: dict[str, tuple[tuple[str, ...], Callable[[_Section], dict]]] = {
-    "dense": (("out_size",), _dense),
-    "activation": (("mode", "coef"), _activation),
-    "softmax": ((), _no_params),
-    "mse": ((), _no_params),
-    "conv2d": (("out_channels", "kernel_size", "stride", "padding", "dilation", "bias"), _conv2d),
-    "pooling": (("kernel_size", "stride", "padding", "mode"), _pooling),
-    "dropout": (("rate",), _dropout),
-    "batchnorm": (("mode", "momentum", "eps", "sync"), _batchnorm),
-    "global_average_pooling": ((), _no_params),
-}
-
-
-def _parse_layer(value: Any, path: str, source: str, type_counts: Counter) -> LayerSpec:
-    layer = _Section(value, path, source)
-    layer_type = layer.choice("type", tuple(LAYER_PARAMS))
-    keys, parse_params = LAYER_PARAMS[layer_type]
-    layer.only(("type", "name") + keys, context=f"a {layer_type} layer")
-    type_counts[layer_type] += 1
-    name = layer.get("name", f"{layer_type}{type_counts[layer_type]}", "a name")
-    if not isinstance(name, str) or not LAYER_NAME.fullmatch(name):
-        layer.fail("name", f"expected a name of letters, digits, '_' and '-' (at most {LAYER_NAME_LENGTH} characters), "
-                           f"got {_describe(name)}")
-    return LayerSpec(layer_type, name, parse_params(layer))
-
-
-def _parse_model(value: Any, source: str) -> tuple[LayerSpec, ...]:
-    if not isinstance(value, list) or not value or len(value) > MAX_LAYERS:  # refused before any layer is read
-        raise ConfigError(f"{source}: model: expected a non-empty list of layers (mappings with a type), at most "
-                          f"{MAX_LAYERS}, got {f'{len(value)}' if isinstance(value, list) and value else _describe(value)}")
-    type_counts: Counter = Counter()
-    layers = tuple(_parse_layer(item, f"model[{index}]", source, type_counts) for index, item in enumerate(value))
-    _check_names(layers, source)
-    _check_loss_last(layers, source)
-    return layers
-
-
-def _check_names(layers: tuple[LayerSpec, ...], source: str) -> None:
-    first_index: dict[str, int] = {}
-    for index, layer in enumerate(layers):
-        if layer.name in first_index:
-            raise ConfigError(f"{source}: model[{index}].name: duplicate layer name {layer.name!r} "
-                              f"(also model[{first_index[layer.name]}]); layer names must be unique")
-        first_index[layer.name] = index
-
-
-def _check_loss_last(layers: tuple[LayerSpec, ...], source: str) -> None:
-    last = len(layers) - 1
-    for index, layer in enumerate(layers[:-1]):
-        if layer.is_loss:
-            raise ConfigError(f"{source}: model[{index}].type: loss layer {layer.type!r} may only be the "
-                              f"last layer (model[{last}])")
-    if not layers[-1].is_loss:
-        raise ConfigError(f"{source}: model[{last}].type: the last layer must be a loss layer "
-                          f"({' or '.join(LOSS_LAYERS)}), got {layers[-1].type!r}")
-
-
 # ---- data and train ------------------------------------------------------------------------
-
 
 
 def _parse_normalize(data: _Section, dataset: str) -> tuple | str | None:
@@ -536,18 +359,6 @@ def _parse_data(data: _Section) -> DataConfig:
 ADAMW_WEIGHT_DECAY = 0.01  # AdamW's default decoupled weight decay (PyTorch's)
 
 
-def _float32(section: _Section, key: str, value: float, smallest: float = 0.0) -> float:
-    """A setting's ``value`` at ``key`` where float32 holds it (at most FLOAT32_MAX in magnitude; at least
-    ``smallest`` where it is > 0), else ConfigError: an optimiser's, a layer's, the normalisation's."""
-    if abs(value) > FLOAT32_MAX:
-        bound = f"at most {FLOAT32_MAX:g}" if value > 0 else f"at least {-FLOAT32_MAX:g}"
-        section.fail(key, f"expected {bound} (float32's largest magnitude), got {value:g}")
-    if value < smallest:
-        section.fail(key, f"expected at least {smallest:g} (float32's smallest normal number; a smaller one is 0 or "
-                          f"a denormal on the device), got {value:g}")
-    return value
-
-
 def _parse_optimizer(optimizer: _Section) -> OptimizerConfig:
     name = optimizer.choice("name", OPTIMIZERS, "sgd")
     if name != "sgd":
@@ -677,7 +488,7 @@ def parse_config(mapping: Any, source: str = "<dict>") -> Config:
     root = _Section(mapping, "", source)
     root.only(TOP_LEVEL_KEYS)
     config = Config(
-        model=_parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
+        model=parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
         data=_parse_data(root.section("data")),
         train=_parse_train(root.section("train", required=True)),
         device=root.choice("device", DEVICES, "auto"),
@@ -709,7 +520,7 @@ def load_model_description(path: str | os.PathLike) -> ModelDescription:
         raise ConfigError(f"{source}: the top level must be a mapping with keys model and data; got {_describe(mapping)}")
     root = _Section(mapping, "", source)
     root.only(TOP_LEVEL_KEYS)
-    return ModelDescription(model=_parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
+    return ModelDescription(model=parse_model(root.get("model", _REQUIRED, "a non-empty list of layers"), source),
                             data=_parse_data(root.section("data")), source=source)
 
 

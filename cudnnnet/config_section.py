@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 from .config_file import MAX_INTEGER
 from .errors import ConfigError
 from .suggest import did_you_mean
-from .tensor import float32_rounded
+from .tensor import FLOAT32_MAX, float32_rounded
 
 _REQUIRED = object()
 _SHORT_REPR = reprlib.Repr()
@@ -176,3 +176,15 @@ def _float_text_hint(value: Any) -> str:
     except ValueError:
         return ""
     return "; YAML 1.1 reads a number like 1e-3 as text, write 1.0e-3 or 0.001"
+
+
+def _float32(section: _Section, key: str, value: float, smallest: float = 0.0) -> float:
+    """A setting's ``value`` at ``key`` where float32 holds it (at most FLOAT32_MAX in magnitude; at least
+    ``smallest`` where it is > 0), else ConfigError: an optimiser's, a layer's, the normalisation's."""
+    if abs(value) > FLOAT32_MAX:
+        bound = f"at most {FLOAT32_MAX:g}" if value > 0 else f"at least {-FLOAT32_MAX:g}"
+        section.fail(key, f"expected {bound} (float32's largest magnitude), got {value:g}")
+    if value < smallest:
+        section.fail(key, f"expected at least {smallest:g} (float32's smallest normal number; a smaller one is 0 or "
+                          f"a denormal on the device), got {value:g}")
+    return value

@@ -30,15 +30,35 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backends.arguments import LOSS_SCALE_VALUES
-from .config import (FLOAT32_TINY, LOSS_SCALE_GROWTH_INTERVAL, LOSS_SCALE_INITIAL, MAX_LOSS_SCALE, MIN_LOSS_SCALE,
-                     LossScaleConfig)
 from .errors import CheckpointError, InvalidArgumentError
-from .tensor import Tensor
+from .tensor import FLOAT32_TINY, Tensor
 
 log = logging.getLogger(__name__)
 
 SCALE, FOUND, SKIP, UNSCALE, CLEAN, SKIPPED = range(LOSS_SCALE_VALUES)  # the state's slots (loss_scale.cu)
 STATE_NAME = "loss_scale"  # checkpoint array, after the optimiser prefix: [S, clean steps, skipped steps]
+
+LOSS_SCALE_INITIAL = 65536.0  # 2^16, the loss scale a math: fp16 run starts from
+LOSS_SCALE_GROWTH_INTERVAL = 2000  # clean steps after which the scale doubles
+MAX_LOSS_SCALE = 2.0 ** 64  # the scale never grows past this, nor starts there
+MIN_LOSS_SCALE = 2.0 ** -24  # nor halves below this (a NaN loss halves it at every step)
+MAX_GROWTH_INTERVAL = 1 << 24  # the device counts clean steps in a float32, exact up to 2^24
+
+
+@dataclass(frozen=True)
+class LossScaleConfig:
+    """``train.loss_scale`` of ``math: fp16`` (loss_scaling.py): ``dynamic`` (the defaults) or
+    ``{initial, growth_interval}``. The scale halves at every step whose gradients overflow (that
+    step is skipped) and doubles after ``growth_interval`` clean steps in a row."""
+
+    initial: float = LOSS_SCALE_INITIAL
+    growth_interval: int = LOSS_SCALE_GROWTH_INTERVAL
+
+    def to_dict(self) -> dict | None:
+        """None for the defaults (``dynamic``), else the mapping."""
+        if self == LossScaleConfig():
+            return None
+        return {"initial": self.initial, "growth_interval": self.growth_interval}
 
 
 @dataclass(frozen=True)

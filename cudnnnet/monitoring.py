@@ -42,7 +42,7 @@ class EarlyStoppingConfig:
 
 
 def parse_monitor(train) -> str:
-    """train.monitor from a config section (``config._Section``)."""
+    """train.monitor from a config section (``config_section._Section``)."""
     return train.choice("monitor", MONITORS, AUTO)
 
 

@@ -24,9 +24,10 @@ the all-reduce's).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from .config import OptimizerConfig
 from .schedules import ScheduleConfig
 from .config_file import MAX_INTEGER
 from .errors import CheckpointError, InvalidArgumentError, ShapeError
@@ -34,6 +35,27 @@ from .tensor import FLOAT32_MAX, FLOAT32_TINY, Tensor, finite_real, float32_valu
 
 ADAM_STEPS = "adam_steps"  # checkpoint array, after the prefix: the steps Adam took (its bias correction's t)
 PACK_ALIGNMENT = 64  # floats (256 bytes): each packed tensor starts as aligned as an allocation of its own
+
+OPTIMIZERS = ("sgd", "adam", "adamw")  # train.optimizer.name
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """sgd: lr, momentum, weight_decay (L2, added to the gradient); adam: lr, betas, eps,
+    weight_decay (L2, as sgd); adamw: the same with the weight decay decoupled from the gradient."""
+
+    lr: float
+    name: str = "sgd"
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam's β1, β2
+    eps: float = 1e-8
+
+    def to_dict(self) -> dict:
+        if self.name == "sgd":
+            return {"name": self.name, "lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay}
+        return {"name": self.name, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
+                "weight_decay": self.weight_decay}
 
 
 def packed_offsets(sizes) -> tuple[list[int], int]:

@@ -52,10 +52,10 @@ from .monitoring import BEST_NAME, STATE_KEY, Monitor, monitored
 from .overrides import config_yaml
 from .precision import get_precision
 from .training_watch import NonFiniteWatch, progress_bar, signals_to
-from .training_setup import (KNOWN_SHAPES, build_network, check_batch_statistics, check_class_scores,  # noqa: F401
-                             check_ends_in_class_scores, data_classes, input_shape, load_data, load_split,
-                             load_split_pixels, local_splits, model_difference, model_mapping,
-                             smallest_input_shape, write_atomic)  # (re-exported: the setup's names)
+from .training_checks import check_batch_statistics, check_class_scores, check_model_fits, check_resumed_model
+from .training_setup import (KNOWN_SHAPES, build_network, data_classes, input_shape, load_data,  # noqa: F401
+                             load_split, load_split_pixels, local_splits, model_mapping, smallest_input_shape,
+                             write_atomic)  # (re-exported: the setup's names)
 from .validation import epoch_fields
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,7 @@ class Trainer:
         self.validating = self.validation is not None  # each epoch evaluated on it, the test set once at the end
         self.config = config  # with the data's classes, shape and normalisation, as the checkpoint keeps them
         self.classes = class_names(config)
+        check_model_fits(config, (len(self.train_labels), len(self.test_labels)))  # the data's shape, now known
         self.network = build_network(config, self.backend).set_engine(config.engine).set_math(config.math)
         check_class_scores(self.network, self.classes, config)
         train = config.train
@@ -501,7 +502,7 @@ class Trainer:
     def _resume(self, path: Path) -> None:
         path = checkpoint_to_resume(path)
         arrays, metadata = checkpoint.load_npz(path, self.network.checkpoint_shapes().get)
-        self._check_model(path, metadata)
+        check_resumed_model(path, metadata, self.config, self.config.source)
         self._check_batch_size(path, metadata)
         self._check_geometry(path, metadata)
         self.network.load_weights(path)
@@ -550,16 +551,6 @@ class Trainer:
                 runs.append((batch_size, 1))
         return runs
 
-
-    def _check_model(self, path: Path, metadata: dict) -> None:
-        """The checkpoint was trained with this run's model, where its config says which (cudnnnet-train
-        refuses a checkpoint without one before this)."""
-        config = metadata.get("config")
-        saved = config.get("model") if isinstance(config, dict) else None
-        if isinstance(saved, list):
-            difference = model_difference(saved, self.config.to_dict()["model"])
-            if difference:
-                raise CheckpointError(f"{path}: trained with a different model than {self.config.source}: {difference}")
 
     def _check_batch_size(self, path: Path, metadata: dict) -> None:
         """A position counts batches of the size it was trained with: resuming needs that size."""

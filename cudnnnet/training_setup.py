@@ -1,6 +1,6 @@
 """What a training needs before its first step, for the Trainer and the command line alike: the
-input shape, the network built from a config, the data (its splits, classes and validation share)
-and the checks of model against data; and what tells two models apart on resume."""
+input shape, the network built from a config, and the data (its splits, classes and validation share).
+The checks of the model against the config and the data are training_checks.py."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from .config import COMPUTED, Config
 from .data.image_folder import class_names as folder_classes
 from .data.pixels import PixelImages, as_channels, channel_statistics
 from .data.sources import class_names, load_source
-from .errors import ConfigError, DataError
+from .errors import DataError
 from .files import atomic_write
-from .layers import BatchNorm
 from .network import Network
 from .validation import check_labels as check_validation_labels, hold_out
 
@@ -143,62 +142,3 @@ def local_splits(config: Config):
         return load_data(config, download=False)
     except DataError:
         return None
-
-
-def check_class_scores(network: Network, classes, config) -> None:
-    """ConfigError unless there are two classes or more and the network gives one score per class,
-    shape (classes, 1, 1)."""
-    if len(classes) < 2:
-        raise ConfigError(f"{config.source}: the data has {len(classes)} class ({', '.join(classes)}); a classifier "
-                          f"needs at least 2 (for image-folder, one sub-folder per class)")
-    check_ends_in_class_scores(config, network.output_shapes(network.input_shape)[-1], classes,
-                               f"the data has {len(classes)} classes, so it needs")
-
-
-def check_ends_in_class_scores(config, shape, classes, whose: str) -> None:
-    """ConfigError unless a model whose last layer gives ``shape`` per image gives one score per class,
-    shape (classes, 1, 1): the rule the command line checks from the config and the Trainer from the data.
-    ``whose``: who needs them, as the message says it ("mnist needs", "the data has 3 classes, so it needs")."""
-    if tuple(shape) != (len(classes), 1, 1):
-        raise ConfigError(f"{config.source}: model[{len(config.model) - 1}]: the model ends in outputs of shape "
-                          f"{tuple(shape)} per image; {whose} {len(classes)} class scores, shape ({len(classes)}, 1, 1) "
-                          f"(a last dense layer with out_size {len(classes)})")
-
-
-def check_batch_statistics(network: Network, batch_size: int, samples: int, config) -> None:
-    """ConfigError where a BatchNorm layer would take a statistic over one value in training: a batch
-    of one image (the full batch, or the epoch's last one of ``samples`` images) through a BatchNorm
-    per activation, or over 1×1 planes."""
-    last = samples % batch_size or batch_size
-    for index, layer in enumerate(network.layers):
-        if not isinstance(layer, BatchNorm):
-            continue
-        for batch in sorted({min(batch_size, samples), last}):
-            if layer.values_per_statistic(batch) > 1:
-                continue
-            where = ("train.batch_size is 1" if batch == batch_size else
-                     f"the epoch's last batch holds 1 of its {samples} training images")
-            raise ConfigError(f"{config.source}: model[{index}] (batchnorm {layer.name!r}): {where}, and batch "
-                              f"normalisation over one value per statistic outputs β alone (no gradient reaches the "
-                              f"layers before it) and has no variance to estimate; choose a train.batch_size that "
-                              f"leaves at least 2 images in every batch")
-
-
-
-
-def model_difference(saved: list, wanted: list) -> str | None:
-    """How the layers ``saved`` in a checkpoint's config differ from those ``wanted`` (each a
-    ``LayerSpec.to_dict()``): the first layer that differs, or the counts; None where they are the same."""
-    for index, (theirs, ours) in enumerate(zip(saved, wanted)):
-        if theirs != ours:
-            return f"model[{index}] is {_layer_text(theirs)} in the checkpoint, {_layer_text(ours)} in the config"
-    if len(saved) != len(wanted):
-        return f"{len(saved)} layers in the checkpoint, {len(wanted)} in the config"
-    return None
-
-
-def _layer_text(layer) -> str:
-    if not isinstance(layer, dict):
-        return repr(layer)
-    params = ", ".join(f"{key}={value!r}" for key, value in layer.items() if key not in ("type", "name"))
-    return f"{layer.get('type')} {layer.get('name')!r}" + (f" ({params})" if params else "")

@@ -30,7 +30,7 @@ VALIDATION_FIELDS = ("validation_loss", "validation_accuracy")
 
 
 def parse_validation(data) -> float | str | None:
-    """data.validation from a config section (``config._Section``): a fraction in (0, 1), a path, or None."""
+    """data.validation from a config section (``config_section._Section``): a fraction in (0, 1), a path, or None."""
     value = data.value.get("validation")
     if value is None or value is False:
         return None

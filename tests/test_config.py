@@ -762,3 +762,60 @@ def test_loss_scale_is_dynamic_by_default_and_round_trips(value, expected):
     assert (config.train.loss_scale.initial, config.train.loss_scale.growth_interval) == expected
     assert config.math == "fp16" and parse_config(config.to_dict()) == config
     assert ("loss_scale" in config.to_dict()["train"]) == (expected != (65536.0, 2000))
+
+
+LAYER_ENTRIES = {  # a valid entry of each layer type, before an unknown key is added
+    "dense": {"out_size": 10}, "activation": {"mode": "relu"}, "softmax": {}, "mse": {},
+    "conv2d": {"out_channels": 4, "kernel_size": 3}, "pooling": {"kernel_size": 2}, "dropout": {},
+    "batchnorm": {}, "global_average_pooling": {},
+}
+
+
+def with_layer(layer_type: str, **extra) -> dict:
+    """minimal() with a ``layer_type`` entry: the loss layer where it is one, else the first layer."""
+    raw = minimal()
+    raw["model"][1 if layer_type in ("softmax", "mse") else 0] = {"type": layer_type, **LAYER_ENTRIES[layer_type],
+                                                                 **extra}
+    return raw
+
+
+@pytest.mark.parametrize("layer_type", sorted(LAYER_ENTRIES))
+def test_a_layer_entry_takes_the_keys_of_its_layers_constructor(layer_type):
+    """The layer classes are the schema of their config keys: a key outside the constructor's
+    parameters is refused, and the message lists them in the constructor's order."""
+    import inspect
+
+    from cudnnnet.layers import LAYER_TYPES
+
+    parameters = list(inspect.signature(LAYER_TYPES[layer_type].__init__).parameters)
+    keys = ", ".join(["type", "name", *parameters[parameters.index("name") + 1:]])
+    with pytest.raises(ConfigError, match=rf"^<dict>: model\[\d\]\.colour: unknown key 'colour' for a {layer_type} "
+                                          rf"layer; valid keys: {keys}$"):
+        parse_config(with_layer(layer_type, colour="red"))
+
+
+def test_every_layer_type_is_a_config_entry_whose_keys_build_the_layer():
+    """Each layer type's entry is read and its parameters, defaults filled in, are the constructor's
+    keywords: a layer type added to LAYER_TYPES with keys needs their value checks in config_layers."""
+    from cudnnnet.config_layers import VALUE_CHECKS
+    from cudnnnet.layers import LAYER_TYPES
+
+    assert set(LAYER_ENTRIES) == set(LAYER_TYPES)
+    for layer_type, layer in LAYER_TYPES.items():
+        assert (layer_type in VALUE_CHECKS) == bool(layer.config_keys()), layer_type
+        spec = next(spec for spec in parse_config(with_layer(layer_type)).model if spec.type == layer_type)
+        assert set(spec.params) <= set(layer.config_keys())
+        assert layer(spec.name, **spec.params).config() == spec.params
+
+
+@pytest.mark.parametrize("layer_type, modes", [("activation", "relu, sigmoid, tanh, clipped_relu, elu"),
+                                               ("pooling", "max, average"),
+                                               ("batchnorm", "auto, spatial, per_activation")])
+def test_a_layers_modes_are_the_ones_its_config_entry_takes(layer_type, modes):
+    """One vocabulary per layer: the config refuses a mode the layer refuses, listing the same modes."""
+    from cudnnnet.layers import LAYER_TYPES
+
+    with pytest.raises(ConfigError, match=rf"model\[0\]\.mode: expected one of {modes}, got 'cubic'"):
+        parse_config(with_layer(layer_type, mode="cubic"))
+    with pytest.raises(InvalidArgumentError, match=rf"unknown .*mode 'cubic'; valid modes are {modes}$"):
+        LAYER_TYPES[layer_type]("layer", **{**LAYER_ENTRIES[layer_type], "mode": "cubic"})

@@ -654,3 +654,40 @@ def test_resuming_an_image_folder_run_with_another_resize_is_refused_and_an_old_
         Trainer(_folder_config(tmp_path / "photos", "crop"), tmp_path / "old", resume=checkpoint, progress=False)
     Trainer(_folder_config(tmp_path / "photos", "stretch"), tmp_path / "old-stretched", resume=checkpoint,
             progress=False)
+
+
+@pytest.mark.parametrize("layer, refused", [
+    ({"type": "conv2d", "out_channels": 4, "kernel_size": 9},
+     r"model\[0\] \(conv2d\): layer 'conv2d1': kernel 9 \(span 9 with dilation 1\) is larger than its padded input 8×8"),
+    ({"type": "dense", "out_size": 2**30},
+     r"model\[0\] \(dense\): layer 'dense1': its weight of shape \(1073741824, 192, 1, 1\) would hold \d+ values.*; "
+     r"make the model or train\.batch_size / train\.eval_batch_size smaller$"),
+])
+def test_a_model_that_does_not_fit_the_datas_images_is_refused_naming_the_config_and_the_layer(small_npz, tmp_path, layer,
+                                                                                                  refused):
+    """An npz set's shape is known once it is read: the Trainer then checks the model as cudnnnet-train checks one
+    whose shape the config says (a bare ShapeError or ModelSizeError without the file or the key before)."""
+    from cudnnnet.config import parse_config
+
+    settings = {"model": [layer, {"type": "dense", "out_size": 10}, {"type": "softmax"}],
+                "data": {"dataset": "npz", "train_file": str(small_npz / "train.npz"),
+                         "test_file": str(small_npz / "test.npz")},
+                "train": {"optimizer": {"lr": 0.1}}, "device": "host"}
+    with pytest.raises(ConfigError, match=rf"^small\.yaml: {refused}"):
+        Trainer(parse_config(settings, source="small.yaml"), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_trainer_refuses_to_resume_a_checkpoint_without_its_training_config(host, small_npz, tmp_path):
+    """cudnnnet-train refused it; the Trainer resumed it without knowing which model it was trained with."""
+    from cudnnnet.checkpoint import save_npz
+    from cudnnnet.config import parse_config
+
+    settings = dropout_settings(small_npz, "host", 2)
+    Trainer(parse_config(settings), tmp_path / "first", progress=False).run()
+    arrays, metadata = load_npz(tmp_path / "first" / "model.npz")
+    save_npz(tmp_path / "no_config.npz", arrays, {key: value for key, value in metadata.items() if key != "config"})
+    with pytest.raises(CheckpointError, match=r"no_config\.npz: no training config in its metadata; it can be loaded "
+                                              r"but not resumed$"):
+        Trainer(parse_config({**settings, "train": {**settings["train"], "steps": 4}}), tmp_path / "second",
+                resume=tmp_path / "no_config.npz", progress=False)

@@ -15,16 +15,13 @@ from pathlib import Path
 
 from .. import checkpoint, distributed
 from ..backends import DEVICES, no_gpu_reason
-from ..config import Config, load_config
+from ..config import load_config
 from ..shipped_configs import shipped_config_names
-from ..data.mnist import SPLIT_COUNTS
-from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError, UsageError
-from ..layers import LAYER_TYPES
-from ..network import ModelSizeError, check_model_size
+from ..errors import UsageError
 from ..outputs import checkpoint_to_resume, is_output_folder, refuse_replacing
 from ..printable import one_line
-from ..training import (Interrupted, Trainer, check_ends_in_class_scores, class_names, input_shape, model_difference,
-                        smallest_input_shape)
+from ..training import Interrupted, Trainer
+from ..training_checks import check_model, check_resumed_model, check_size
 from ..live_log import TensorBoardLog, require_tensorboard
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from ..launcher import spawn_ranks
@@ -89,64 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_model(config: Config) -> None:
-    """Every layer fits the output of the one before it, the last gives one score per class, and
-    every tensor fits (``check_size``).
-
-    Raises ConfigError naming the config file and the layer, before anything is built or loaded.
-    """
-    if input_shape(config) is not None:
-        check_normalize(config, input_shape(config)[0])
-    shape = smallest_input_shape(config)  # where only the images' channels are unknown: one, the least they make
-    if shape is None:  # the data says it: the Trainer checks the model once the data is read
-        return
-    for index, spec in enumerate(config.model):
-        try:
-            shape = LAYER_TYPES[spec.type](spec.name, **spec.params).output_sample_shape(shape)
-        except (ShapeError, InvalidArgumentError) as error:
-            raise ConfigError(f"{config.source}: {_model_key(config, index)}: {error}") from None
-    classes = class_names(config)
-    if classes is not None:
-        check_ends_in_class_scores(config, shape, classes, f"{config.data.dataset} needs")
-    check_size(config)
-
-
-def check_normalize(config: Config, channels: int) -> None:
-    """A mean and std given per channel give one value, or one for each of the images' channels."""
-    if not isinstance(config.data.normalize, tuple):
-        return
-    for key, value in zip(("mean", "std"), config.data.normalize):
-        count = len(value) if isinstance(value, tuple) else 1
-        if count not in (1, channels):
-            valid = "1" if channels == 1 else f"1 or {channels}"
-            raise ConfigError(f"{config.source}: data.normalize.{key}: {count} values (one per channel) for "
-                              f"{config.data.dataset}'s images of {channels} channel{'s' if channels > 1 else ''}; "
-                              f"give {valid}")
-
-
-def check_size(config: Config) -> None:
-    """The model's tensors, for the largest batch the run makes, fit the libraries and this machine
-    (see ``check_model_size``); checked before any array is made, on a model whose shapes fit (with one
-    channel where the images' channels are not known yet)."""
-    shape = smallest_input_shape(config)
-    if shape is None:  # the data says it: the Trainer's network checks its sizes once it is read
-        return
-    layers = [LAYER_TYPES[spec.type](spec.name, **spec.params) for spec in config.model]
-    batch = max(min(config.train.batch_size, SPLIT_COUNTS["train"]),
-                min(config.train.eval_batch_size, SPLIT_COUNTS["test"]))
-    try:
-        check_model_size(layers, shape, batch)
-    except ModelSizeError as error:
-        raise ConfigError(f"{config.source}: {_model_key(config, error.index)}: {error}; make the model or "
-                          f"train.batch_size / train.eval_batch_size smaller") from None
-    except TensorSizeError as error:
-        raise ConfigError(f"{config.source}: data.pad: {error}; make data.pad or train.batch_size smaller") from None
-
-
-def _model_key(config: Config, index: int | None) -> str:
-    return "model" if index is None else f"model[{index}] ({config.model[index].type})"
-
-
 def check_output(output: Path, flag: str = "--output") -> None:
     """``output`` is a directory, or can be created as one, and can be written to."""
     if output.exists() and not output.is_dir():
@@ -175,17 +114,6 @@ def check_exportable(network, directory: str) -> None:
                              f"give another directory")
 
 
-def check_resume(path: str, config: Config, config_path: str) -> None:
-    """The checkpoint to resume from loads and was trained with the model of the config at ``config_path``."""
-    metadata = checkpoint.load_npz_metadata(path)
-    saved = (metadata.get("config") or {}).get("model") if isinstance(metadata.get("config"), dict) else None
-    if not isinstance(saved, list):
-        raise CheckpointError(f"{path}: no training config in its metadata; it can be loaded but not resumed")
-    difference = model_difference(saved, config.to_dict()["model"])
-    if difference:
-        raise CheckpointError(f"{path}: trained with a different model than {config_path}: {difference}")
-
-
 def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
     """Check everything the run needs, then build the trainer; nothing is written before it runs.
 
@@ -204,7 +132,7 @@ def prepare(args, config_text: dict | None = None) -> tuple[Trainer, Path]:
         check_output(Path(args.export_original), "--export-original")
     resume = None if args.resume is None else checkpoint_to_resume(args.resume)
     if resume is not None:
-        check_resume(resume, config, args.config)
+        check_resumed_model(resume, checkpoint.load_npz_metadata(resume), config, args.config)
     launch = distributed.from_environment()
     if launch is not None:
         distributed.pin_device(launch)

@@ -26,13 +26,16 @@ from ..errors import InvalidArgumentError
 from ..tensor import FLOAT32_MAX, Tensor, finite_real
 from .base import Layer
 
+# a config's modes, in the order messages list them (ACTIVATION_MODES maps each to cuDNN's)
+MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
+
 
 class Activation(Layer):
     def __init__(self, name: str, mode: str = "relu", coef: float = 0.0):
         super().__init__(name)
-        if mode not in ACTIVATION_MODES:
+        if mode not in MODES:
             raise InvalidArgumentError(
-                f"layer {name!r}: unknown activation mode {mode!r}; valid modes are {', '.join(ACTIVATION_MODES)}"
+                f"layer {name!r}: unknown activation mode {mode!r}; valid modes are {', '.join(MODES)}"
             )
         coef = finite_real(coef, f"layer {name!r}: coef", f"in [-{FLOAT32_MAX:g}, {FLOAT32_MAX:g}] (float32's range)",
                            lambda value: abs(value) <= FLOAT32_MAX)

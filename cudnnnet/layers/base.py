@@ -6,6 +6,7 @@ changes, so a training step allocates nothing after its first run (which CUDA gr
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import NamedTuple
 
@@ -57,6 +58,13 @@ class Layer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+    @classmethod
+    def config_keys(cls) -> tuple[str, ...]:
+        """The keys a config entry of this layer type takes besides ``type`` and ``name``: the
+        constructor's parameters after ``name``, in their order."""
+        parameters = list(inspect.signature(cls.__init__).parameters)
+        return tuple(parameters[parameters.index("name") + 1:])
 
     # ---- shapes and parameters ------------------------------------------------------------
     def config(self) -> dict:

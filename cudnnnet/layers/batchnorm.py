@@ -29,7 +29,7 @@ from ..errors import CheckpointError, InvalidArgumentError
 from ..tensor import FLOAT32_MAX, Tensor, finite_real, float32_rounded
 from .base import Layer, Parameter
 
-MODES = ("auto", *BATCH_NORM_MODES)  # auto: spatial on planes (h·w > 1), per activation on vectors
+MODES = ("auto", "spatial", "per_activation")  # auto: spatial on planes (h·w > 1), per activation on vectors
 MIN_EPS = 1e-5  # CUDNN_BN_MIN_EPSILON
 
 

@@ -18,6 +18,8 @@ from ..errors import InvalidArgumentError, ShapeError
 from ..tensor import Tensor
 from .base import Layer, positive_int
 
+MODES = tuple(POOLING_MODES)  # a config's modes, each a cudnnPoolingMode_t
+
 
 class Pooling(Layer):
     def __init__(self, name: str, kernel_size: int, padding: int = 0, stride: int | None = None,
@@ -28,8 +30,8 @@ class Pooling(Layer):
         stride = kernel_size if stride is None else positive_int(name, "stride", stride)
         if padding >= kernel_size:
             raise InvalidArgumentError(f"layer {name!r}: padding {padding} must be smaller than kernel_size {kernel_size}")
-        if mode not in POOLING_MODES:
-            raise InvalidArgumentError(f"layer {name!r}: unknown pooling mode {mode!r}; valid modes are {', '.join(POOLING_MODES)}")
+        if mode not in MODES:
+            raise InvalidArgumentError(f"layer {name!r}: unknown pooling mode {mode!r}; valid modes are {', '.join(MODES)}")
         self.kernel_size, self.padding, self.stride, self.mode = kernel_size, padding, stride, mode
         self.descriptor = PoolingDescriptor(PoolingMode(POOLING_MODES[mode]), kernel_size, padding, stride)
 
