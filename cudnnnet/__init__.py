@@ -11,7 +11,7 @@ import logging
 
 from .backends import cuda_available, get_backend
 from .errors import CudnnnetError
-from .lazy import lazy_exports
+from .util.lazy import lazy_exports
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

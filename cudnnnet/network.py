@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint
 from .backends import get_backend
-from .config_file import MAX_LAYERS
-from .interop import safetensors_file, torch_names
+from .config.reader import MAX_LAYERS
 from .engine import Engine, get_engine
 from .errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError
+from .interop import safetensors_file, torch_names
+from .io import checkpoint
 from .layers import LAYER_TYPES, Activation, BatchNorm, Dense, Dropout, Layer, LossLayer, Parameter, WeightBiasLayer
 from .precision import Precision, get_precision
 from .tensor import Tensor, as_shape, check_tensor_values, float32_values
@@ -598,7 +598,7 @@ def _model_spec(metadata: dict, path) -> list[dict]:
 def _training_config(metadata: dict, path):
     """The validated training config a checkpoint carries (its data normalisation and image geometry
     are predicted with; a config older than a key reads as what its writer did), or None when it carries none."""
-    from .config import parse_config, with_checkpoint_defaults  # YAML comes with it: imported with a checkpoint
+    from .config.schema import parse_config, with_checkpoint_defaults  # YAML comes with it: imported with a checkpoint
 
     if metadata.get("config") is None:
         return None

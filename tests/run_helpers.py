@@ -52,7 +52,7 @@ def interrupted_then_resumed(config, output: Path, stop_after: int):
     """A Trainer of ``config`` into ``output`` stopped by a signal after step ``stop_after`` (a checkpoint
     published there), and a new Trainer resuming from that folder, returned before it runs."""
     import pytest
-    from cudnnnet.training import Interrupted, Trainer
+    from cudnnnet.train.trainer import Interrupted, Trainer
 
     interrupted = Trainer(config, output, progress=False)
     train_batch = interrupted.train_batch
@@ -102,10 +102,10 @@ def offline_tools(folder: Path):
 def interrupted_mlp_checkpoint(path: Path) -> Path:
     """An untrained configs/mnist_mlp.yaml checkpoint at ``path`` as a run interrupted after 3 steps
     saves it (weights, SGD's state, the config and the position)."""
-    from cudnnnet.config import load_config
+    from cudnnnet.config.schema import load_config
     from cudnnnet.network import OPTIMIZER_PREFIX
-    from cudnnnet.optim import SGD
-    from cudnnnet.training import build_network
+    from cudnnnet.optim.optimizers import SGD
+    from cudnnnet.train.trainer import build_network
 
     config = load_config(REPO_ROOT / "configs" / "mnist_mlp.yaml")
     network = build_network(config, "host")

@@ -10,12 +10,12 @@ import pytest
 
 from cudnnnet import augmentation
 from cudnnnet.augmentation import augment, draws
-from cudnnnet.config import AugmentConfig, parse_config
+from cudnnnet.config.schema import AugmentConfig, parse_config
 from cudnnnet.data.resident import ResidentData
 from cudnnnet.data.streamed import StreamedData
 from cudnnnet.errors import InvalidArgumentError, ShapeError
 from cudnnnet.tensor import Tensor
-from cudnnnet.training import Trainer
+from cudnnnet.train.trainer import Trainer
 from run_helpers import interrupted_then_resumed
 
 CLASSES = 10

@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from cudnnnet.background import Background
+from cudnnnet.util.background import Background
 from cudnnnet.errors import TrainingError
 
 

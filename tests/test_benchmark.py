@@ -18,9 +18,9 @@ from cudnnnet.benchmark import torch_reference as bench_torch
 from cudnnnet.benchmark import workloads as bench_workloads
 from cudnnnet.cli import benchmark
 from cudnnnet.cli.train import check_model
-from cudnnnet.config import load_config
+from cudnnnet.config.schema import load_config
 from cudnnnet.network import Network
-from cudnnnet.training import Trainer, build_network, input_shape
+from cudnnnet.train.trainer import Trainer, build_network, input_shape
 from run_helpers import REPO_ROOT, run_script
 
 TOP_KEYS = {"device", "backend", "date", "versions", "settings", "targets", "results", "torch", "table",

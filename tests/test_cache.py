@@ -1,4 +1,4 @@
-"""The disk caches' common helpers (cudnnnet/cache.py): an entry is read only from a regular file, so a
+"""The disk caches' common helpers (cudnnnet/io/cache.py): an entry is read only from a regular file, so a
 FIFO, a device or a folder planted where an entry belongs is ignored promptly, like a damaged entry,
 and the rewritten entry replaces it."""
 
@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from cudnnnet import cache
+from cudnnnet.io import cache
 from hostile_files import plant, within
 
 KEY = {"problem": [1, 2, 3]}
@@ -90,7 +90,7 @@ def test_a_temporary_file_of_a_writer_that_died_is_removed_when_the_entry_is_wri
     entry = tmp_path / "entry.npy"
     killed = subprocess.run([sys.executable, "-c", (
         "import os, signal, sys\n"
-        "from cudnnnet import files\n"
+        "from cudnnnet.io import files\n"
         "with files.atomic_write(sys.argv[1]) as file:\n"
         "    file.write(bytes(1000))\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"), str(entry)],

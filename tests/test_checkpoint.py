@@ -11,8 +11,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from cudnnnet import checkpoint
-from cudnnnet.checkpoint import (
+from cudnnnet.io import checkpoint
+from cudnnnet.io.checkpoint import (
     check_compatible,
     dense_to_original,
     load_npz,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cudnnnet.checkpoint import load_npz
+from cudnnnet.io.checkpoint import load_npz
 from cudnnnet.data.mnist import load_mnist
 from run_helpers import REPO_ROOT
 
@@ -128,7 +128,7 @@ def test_curves_png_shows_loss_accuracy_and_learning_rate_panels(short_run):
 
 def test_logging_goes_to_stderr_and_results_to_stdout(short_run):
     finished, _, _, _ = short_run
-    assert re.search(r"^INFO cudnnnet\.training: epoch 1: train loss [\d.]+ accuracy [\d.]+ \| test loss [\d.]+ "
+    assert re.search(r"^INFO cudnnnet\.train\.trainer: epoch 1: train loss [\d.]+ accuracy [\d.]+ \| test loss [\d.]+ "
                      r"accuracy [\d.]+ \| [\d.]+ s$", finished.stderr, re.M)
     assert "Traceback" not in finished.stderr and "\r" not in finished.stderr  # no progress bar when not a terminal
     assert len(finished.stdout.splitlines()) == 1
@@ -214,7 +214,7 @@ def test_evaluate_json_and_logging(short_run, mnist_dir, test_label_counts):
     matrix = np.array(result["confusion_matrix"])
     np.testing.assert_array_equal(matrix.sum(axis=1), test_label_counts)
     assert np.trace(matrix) / 10000 == pytest.approx(result["test_accuracy"])
-    assert re.search(r"^INFO cudnnnet\.checkpoint: loaded \d+ arrays from .*model\.npz$", finished.stderr, re.M)
+    assert re.search(r"^INFO cudnnnet\.io\.checkpoint: loaded \d+ arrays from .*model\.npz$", finished.stderr, re.M)
     quieter = evaluate(short_run, mnist_dir, "--json", "--log-level", "WARNING")
     assert quieter.returncode == 0 and quieter.stderr == "" and json.loads(quieter.stdout) == result
 
@@ -236,7 +236,7 @@ def test_evaluate_takes_the_output_folder_for_its_checkpoint(short_run, mnist_di
 
 def test_no_graph_turns_the_cuda_graph_off_in_the_run_config(mnist_dir, tmp_path):
     """--no-graph reaches the config the run records in its checkpoint (train.graph: false)."""
-    from cudnnnet.checkpoint import load_npz
+    from cudnnnet.io.checkpoint import load_npz
     from run_helpers import train_cli
 
     for flags, expected in (((), True), (("--no-graph",), False)):

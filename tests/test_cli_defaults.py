@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cudnnnet.checkpoint import load_npz
+from cudnnnet.io.checkpoint import load_npz
 from run_helpers import REPO_ROOT, interrupted_mlp_checkpoint, offline_tools
 
 MLP_CONFIG = REPO_ROOT / "configs" / "mnist_mlp.yaml"

@@ -28,12 +28,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from cudnnnet.checkpoint import load_npz, save_npz
-from cudnnnet.config import load_config
+from cudnnnet.io.checkpoint import load_npz, save_npz
+from cudnnnet.config.schema import load_config
 from cudnnnet.data import mnist
 from cudnnnet.network import OPTIMIZER_PREFIX, Network
-from cudnnnet.optim import SGD
-from cudnnnet.training import build_network
+from cudnnnet.optim.optimizers import SGD
+from cudnnnet.train.trainer import build_network
 from hostile_files import pyyaml_copies_merged_keys
 from run_helpers import NO_NETWORK, REPO_ROOT, offline_tools
 
@@ -880,7 +880,7 @@ _FUZZ_LAYER = st.one_of(
 def test_any_layer_stack_passes_the_model_check_or_is_a_config_error(layers, classifier, pad):
     """Whatever the sizes, the check before training says ConfigError (naming the file) or lets the model build."""
     from cudnnnet.cli.train import check_model
-    from cudnnnet.config import ConfigError, parse_config
+    from cudnnnet.config.schema import ConfigError, parse_config
 
     head = [{"type": "dense", "out_size": 10}] if classifier else []
     raw = {"model": layers + head + [{"type": "softmax"}], "data": {"pad": pad}, "train": {"optimizer": {"lr": 0.1}}}
@@ -898,7 +898,7 @@ def test_an_image_folder_model_too_large_for_one_channel_is_refused_before_its_i
     """channels auto leaves the input's channels to the images, so the model's sizes were checked only once
     every image had been decoded at data.image_size; one channel, the least the images make, says enough."""
     from cudnnnet.cli.train import check_model
-    from cudnnnet.config import ConfigError, load_config, parse_config
+    from cudnnnet.config.schema import ConfigError, load_config, parse_config
 
     raw = load_config(REPO_ROOT / "configs" / "image_folder.yaml").to_dict()
     raw["data"].update(image_size=[7000, 7000], channels="auto")

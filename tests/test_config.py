@@ -7,8 +7,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cudnnnet.config import (AugmentConfig, Config, ConfigError, LayerSpec, OptimizerConfig, ScheduleConfig, load_config,
-                             load_model_description, parse_config, with_checkpoint_defaults)
+from cudnnnet.config.schema import (AugmentConfig, Config, ConfigError, LayerSpec, OptimizerConfig, ScheduleConfig,
+                                    load_config, load_model_description, parse_config, with_checkpoint_defaults)
 from cudnnnet.errors import InvalidArgumentError, UsageError
 from hostile_files import pyyaml_copies_merged_keys
 
@@ -797,7 +797,7 @@ def test_a_layer_entry_takes_the_keys_of_its_layers_constructor(layer_type):
 def test_every_layer_type_is_a_config_entry_whose_keys_build_the_layer():
     """Each layer type's entry is read and its parameters, defaults filled in, are the constructor's
     keywords: a layer type added to LAYER_TYPES with keys needs their value checks in config_layers."""
-    from cudnnnet.config_layers import VALUE_CHECKS
+    from cudnnnet.config.layers import VALUE_CHECKS
     from cudnnnet.layers import LAYER_TYPES
 
     assert set(LAYER_ENTRIES) == set(LAYER_TYPES)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cudnnnet import curves
-from cudnnnet.curves import plot_curves
+from cudnnnet.train import curves
+from cudnnnet.train.curves import plot_curves
 
 TRAIN_COLOUR, TEST_COLOUR = (colour for _, _, colour in curves.SERIES)
 
@@ -88,7 +88,7 @@ def test_png_bytes_decode_to_the_same_pixels(size):
 
 
 def test_importing_the_module_does_not_import_pillow():
-    code = ("import sys, cudnnnet; before = set(sys.modules); import cudnnnet.curves; "
+    code = ("import sys, cudnnnet; before = set(sys.modules); import cudnnnet.train.curves; "
             "print(sorted(name for name in set(sys.modules) - before if name.split('.')[0] == 'PIL'))")
     finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr

@@ -9,12 +9,12 @@ import time
 import numpy as np
 import pytest
 
-from cudnnnet import distributed
-from cudnnnet.launcher import spawn_ranks, without_gpus_option
-from cudnnnet.config import parse_config
+from cudnnnet.train.distributed import replicas as distributed
+from cudnnnet.train.distributed.launcher import spawn_ranks, without_gpus_option
+from cudnnnet.config.schema import parse_config
 from cudnnnet.data.loader import BatchLoader
 from cudnnnet.errors import ConfigError, DistributedError, OutputExistsError, UsageError
-from cudnnnet.outputs import OutputFolder
+from cudnnnet.train.outputs import OutputFolder
 
 UNIQUE_ID = bytes(range(128))
 
@@ -170,7 +170,7 @@ def _collect(processes, results, seconds=60):
 
 
 def _free_port():
-    from cudnnnet.launcher import free_port
+    from cudnnnet.train.distributed.launcher import free_port
 
     return free_port()
 
@@ -271,8 +271,8 @@ def test_gpus_into_a_published_folder_is_refused_before_any_rank_starts(monkeypa
 def test_only_the_rank_that_writes_refuses_a_published_folder(mnist_dir, tmp_path):
     """Rank 0 writes the outputs, so it alone checks the folder: the other ranks go on (here, on the
     host, to the refusal of several processes without CUDA) and never refuse what rank 0 publishes."""
-    from cudnnnet.config import load_config
-    from cudnnnet.training import Trainer
+    from cudnnnet.config.schema import load_config
+    from cudnnnet.train.trainer import Trainer
     from run_helpers import REPO_ROOT
 
     output = _published(tmp_path / "run")
@@ -296,7 +296,7 @@ def test_a_failing_rank_ends_the_others_within_seconds_with_its_exit_code(failin
     import subprocess
     import sys
 
-    from cudnnnet import launcher
+    from cudnnnet.train.distributed import launcher
 
     commands = ["import time; time.sleep(600)", "import time; time.sleep(600)"]
     commands[failing] = "import sys; sys.exit(3)"
@@ -326,7 +326,7 @@ def test_after_a_forwarded_signal_rank_0_may_finish_its_checkpoint(monkeypatch, 
     first (interrupted, 130) does not make the launcher cut rank 0 short."""
     import threading
 
-    from cudnnnet import launcher
+    from cudnnnet.train.distributed import launcher
 
     monkeypatch.setattr(launcher, "FAILURE_GRACE_SECONDS", 0.2)
     rank_0, rank_0_ready = _child(tmp_path, "0", "time.sleep(1.5); sys.exit(0)")
@@ -348,7 +348,7 @@ def test_after_a_forwarded_signal_rank_0_may_finish_its_checkpoint(monkeypatch, 
 def test_ranks_that_agreed_to_stop_on_a_signal_are_not_cut_short(monkeypatch, tmp_path):
     """A signal sent to the ranks, not through the launcher (a scheduler's SIGTERM): they agree to stop,
     and rank 0 publishes after the others have exited with 143."""
-    from cudnnnet import launcher
+    from cudnnnet.train.distributed import launcher
 
     monkeypatch.setattr(launcher, "FAILURE_GRACE_SECONDS", 0.2)
     rank_0, rank_0_ready = _child(tmp_path, "0", "time.sleep(1.5); sys.exit(0)")
@@ -382,7 +382,7 @@ def test_the_gradient_reduction_is_fp32_by_default_or_bf16():
 
 def test_bf16_reduction_is_a_no_op_in_one_process(mnist_dir, tmp_path):
     """Nothing to reduce: the same weights as fp32, on the host (no NCCL) and alike on one GPU."""
-    from cudnnnet.training import Trainer
+    from cudnnnet.train.trainer import Trainer
 
     weights = []
     for reduce in ("fp32", "bf16"):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from cudnnnet.distributed import gradient_buckets
-from cudnnnet.optim import PACK_ALIGNMENT, packed_offsets
+from cudnnnet.train.distributed.replicas import gradient_buckets
+from cudnnnet.optim.optimizers import PACK_ALIGNMENT, packed_offsets
 
 
 class Layer:

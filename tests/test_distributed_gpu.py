@@ -10,12 +10,12 @@ import sys
 import numpy as np
 import pytest
 
-from cudnnnet import distributed
+from cudnnnet.train.distributed import replicas as distributed
 from cudnnnet.backends.cuda.bindings import calls
-from cudnnnet.config import load_config
-from cudnnnet.outputs import checkpoint_to_resume
-from cudnnnet.shipped_configs import resolve_config
-from cudnnnet.training import Trainer
+from cudnnnet.config.schema import load_config
+from cudnnnet.train.outputs import checkpoint_to_resume
+from cudnnnet.config.shipped import resolve_config
+from cudnnnet.train.trainer import Trainer
 from run_helpers import REPO_ROOT
 
 pytestmark = pytest.mark.gpu
@@ -97,7 +97,7 @@ def _rank_weights(rank, port, mnist_dir, output, results):
     """One step of batch BATCH on GPU ``rank`` of two, over the first 2·BATCH images; rank 0 sends its weights."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
     os.environ["NCCL_NVLS_ENABLE"] = "0"
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     raw = _config("mnist_cnn", mnist_dir, steps=1, batch_size=BATCH).to_dict()
     raw["train"]["lr_scaling"] = "none"
@@ -110,7 +110,7 @@ def _rank_weights(rank, port, mnist_dir, output, results):
 
 def test_one_step_on_two_gpus_equals_one_step_of_the_double_batch_on_one(mnist_dir, tmp_path):
     two_gpus()
-    from cudnnnet.launcher import free_port
+    from cudnnnet.train.distributed.launcher import free_port
 
     context = multiprocessing.get_context("spawn")
     results, port = context.Queue(), free_port()

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cudnnnet.outputs import checkpoint_to_resume
+from cudnnnet.train.outputs import checkpoint_to_resume
 from run_helpers import REPO_ROOT
 from test_distributed_gpu import gpu_count
 
@@ -196,7 +196,7 @@ def test_out_of_memory_on_one_gpu_ends_the_run_naming_that_rank(two_gpus, mnist_
 def test_a_rank_that_never_arrives_ends_at_the_rendezvous_deadline(mnist_dir, tmp_path):
     """Rank 0 of 2 alone (one GPU suffices): one line naming the missing rank, within the deadline."""
     from cudnnnet.backends import cuda_available
-    from cudnnnet.launcher import free_port
+    from cudnnnet.train.distributed.launcher import free_port
 
     if not cuda_available():
         pytest.skip("no usable GPU or CUDA libraries")
@@ -218,7 +218,7 @@ def _weights_in(output) -> dict:
 
 @pytest.mark.parametrize("launcher", ["torchrun", "Slurm", "Open MPI"])
 def test_the_cluster_launchers_reach_the_weights_of_gpus_2(two_gpus, mnist_dir, tmp_path, launcher):
-    from cudnnnet.launcher import free_port
+    from cudnnnet.train.distributed.launcher import free_port
 
     arguments = ["--config", "mnist_cnn", "--device", "cuda", "--data-dir", str(mnist_dir), "--steps", "40",
                  "--engine", "fast", "--quiet"]

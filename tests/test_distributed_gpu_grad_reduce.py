@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from cudnnnet import distributed
-from cudnnnet.config import parse_config
-from cudnnnet.training import Trainer
+from cudnnnet.train.distributed import replicas as distributed
+from cudnnnet.config.schema import parse_config
+from cudnnnet.train.trainer import Trainer
 from test_distributed_gpu import _config, _weights, gpu_count
 
 pytestmark = pytest.mark.gpu
@@ -30,7 +30,7 @@ def _rank_weights(rank, port, mnist_dir, output, grad_reduce, results):
 
 
 def _two_gpu_weights(mnist_dir, output, grad_reduce):
-    from cudnnnet.launcher import free_port
+    from cudnnnet.train.distributed.launcher import free_port
 
     context = multiprocessing.get_context("spawn")
     results, port = context.Queue(), free_port()

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from cudnnnet import Network
-from cudnnnet import distributed
-from cudnnnet.config import parse_config
-from cudnnnet.training import Trainer
+from cudnnnet.train.distributed import replicas as distributed
+from cudnnnet.config.schema import parse_config
+from cudnnnet.train.trainer import Trainer
 from test_distributed_gpu import _config, _weights, gpu_count
 from test_distributed_sync_bn import BATCH, INPUT_SHAPE, ThreadRanks, batch, bn_cnn_model, gradients_and_buffers, network
 
@@ -123,7 +123,7 @@ def _rank_state(rank, port, mnist_dir, output, results):
 def test_steps_of_b_on_two_gpus_equal_steps_of_2b_on_one(mnist_dir, tmp_path):
     if gpu_count() < 2:
         pytest.skip("needs 2 GPUs of one host")
-    from cudnnnet.launcher import free_port
+    from cudnnnet.train.distributed.launcher import free_port
 
     context = multiprocessing.get_context("spawn")
     results, port = context.Queue(), free_port()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cudnnnet import distributed
+from cudnnnet.train.distributed import replicas as distributed
 from cudnnnet.errors import DistributedError
 
 TORCHRUN = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}

@@ -9,10 +9,10 @@ import pytest
 
 from cudnnnet import Network
 from cudnnnet.backends.host import HostBackend
-from cudnnnet.config import load_config, parse_config
-from cudnnnet.distributed import synchronised_batch_norms
+from cudnnnet.config.schema import load_config, parse_config
+from cudnnnet.train.distributed.replicas import synchronised_batch_norms
 from cudnnnet.errors import ConfigError, InvalidArgumentError
-from cudnnnet.shipped_configs import resolve_config
+from cudnnnet.config.shipped import resolve_config
 
 BATCH = 4  # per rank
 INPUT_SHAPE = (1, 28, 28)

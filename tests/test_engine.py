@@ -20,12 +20,12 @@ from cudnnnet.backends.cuda import backward_bias
 from cudnnnet.cli import evaluate as evaluate_cli
 from cudnnnet.cli import predict as predict_cli
 from cudnnnet.cli import train as train_cli
-from cudnnnet.config import load_config, parse_config
+from cudnnnet.config.schema import load_config, parse_config
 from cudnnnet.engine import DEFAULT_ENGINE, ENGINES, FAST, SLIDES, SLIDES_KERNELS, Engine, get_engine
 from cudnnnet.errors import ConfigError, UsageError
 from cudnnnet.layers import Activation, Conv2D, Dense, Pooling, Softmax
-from cudnnnet.optim import SGD
-from cudnnnet.training import Accumulator, ResidentData, ResidentTestSet, build_network
+from cudnnnet.optim.optimizers import SGD
+from cudnnnet.train.trainer import Accumulator, ResidentData, ResidentTestSet, build_network
 from run_helpers import REPO_ROOT
 
 CONFIGS = ["mnist_mlp", "mnist_cnn", "lenet5"]

@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cudnnnet.checkpoint import load_npz, save_npz
-from cudnnnet.config import load_config
+from cudnnnet.io.checkpoint import load_npz, save_npz
+from cudnnnet.config.schema import load_config
 from cudnnnet.errors import CheckpointError
 from cudnnnet.tensor import Tensor
-from cudnnnet.training import build_network
+from cudnnnet.train.trainer import build_network
 from run_helpers import REPO_ROOT
 
 VALUES = 4 << 20  # float32 values in the big array: a 16 MiB checkpoint, tens of milliseconds to write
@@ -34,7 +34,7 @@ KILLS = 5
 WRITER = """
 import sys
 import numpy as np
-from cudnnnet.checkpoint import save_npz
+from cudnnnet.io.checkpoint import save_npz
 
 target, first, values = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 print("ready", flush=True)
@@ -272,7 +272,7 @@ def test_kill_9_of_an_overwriting_run_before_its_first_set_leaves_the_earlier_se
 
 def test_a_full_disk_is_exit_1_in_one_line_and_the_published_set_stays(mnist_dir, tmp_path, monkeypatch, capsys):
     """The second set's writes fail with ENOSPC: the first set is still what the folder shows."""
-    from cudnnnet import training
+    from cudnnnet.train import trainer as training
     from cudnnnet.cli import train
 
     output = tmp_path / "run"

@@ -4,11 +4,11 @@
 import pytest
 import yaml
 
-from cudnnnet.config import parse_config
+from cudnnnet.config.schema import parse_config
 from cudnnnet.errors import ConfigError, InvalidArgumentError
 from cudnnnet.layers import BatchNorm, Dense, Dropout, Softmax
 from cudnnnet.network import Network
-from cudnnnet.optim import SGD, Adam
+from cudnnnet.optim.optimizers import SGD, Adam
 
 NEAR_ONE = 1 - 1e-12  # below 1 in float64, 1.0 in float32
 NEAR_ZERO = 1e-50  # above 0 in float64, 0.0 in float32

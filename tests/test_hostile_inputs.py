@@ -25,12 +25,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from cudnnnet import checkpoint
-from cudnnnet.config import load_config
+from cudnnnet.io import checkpoint
+from cudnnnet.config.schema import load_config
 from cudnnnet.data import mnist
 from cudnnnet.network import OPTIMIZER_PREFIX
-from cudnnnet.optim import SGD
-from cudnnnet.training import build_network
+from cudnnnet.optim.optimizers import SGD
+from cudnnnet.train.trainer import build_network
 from hostile_files import Entry, gzip_bomb, idx_header, npy_header, write_zip
 from run_helpers import NO_NETWORK, REPO_ROOT, offline_tools
 
@@ -198,8 +198,8 @@ def test_a_config_declaring_enormous_shapes_is_refused_within_the_memory_of_a_no
 @pytest.fixture(scope="module")
 def photo_model(tmp_path_factory) -> Path:
     """The checkpoint of a model of 16×16 RGB images (one step on random pixels): predict resizes and crops for it."""
-    from cudnnnet.config import parse_config
-    from cudnnnet.training import Trainer
+    from cudnnnet.config.schema import parse_config
+    from cudnnnet.train.trainer import Trainer
 
     folder = tmp_path_factory.mktemp("photo-model")
     rng = np.random.default_rng(0)

@@ -20,8 +20,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from cudnnnet.checkpoint import load_npz, save_npz
-from cudnnnet.training import Interrupted, Trainer
+from cudnnnet.io.checkpoint import load_npz, save_npz
+from cudnnnet.train.trainer import Interrupted, Trainer
 from run_helpers import NO_NETWORK, REPO_ROOT, interrupted_mlp_checkpoint, offline_tools
 
 MLP_CONFIG = REPO_ROOT / "configs" / "mnist_mlp.yaml"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cudnnnet import Network, Tensor
-from cudnnnet.checkpoint import save_npz, write_original
+from cudnnnet.io.checkpoint import save_npz, write_original
 from cudnnnet.errors import CheckpointError, InvalidArgumentError
 from cudnnnet.layers import Activation, BatchNorm, Conv2D, Dense, Pooling, Softmax
 

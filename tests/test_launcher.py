@@ -5,7 +5,7 @@ import logging
 import subprocess
 import sys
 
-from cudnnnet import launcher
+from cudnnnet.train.distributed import launcher
 
 
 def _child(code: str) -> subprocess.Popen:

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from cudnnnet.config import parse_config
-from cudnnnet.training import Trainer
+from cudnnnet.config.schema import parse_config
+from cudnnnet.train.trainer import Trainer
 from run_helpers import offline_tools
 
 
@@ -43,7 +43,7 @@ class Recorder:
 
 def test_a_progress_line_every_log_every_steps(small_npz, tmp_path, caplog):
     trainer = Trainer(parse_config(settings(small_npz)), tmp_path / "run", progress=False, log_lines=True)
-    with caplog.at_level(logging.INFO, logger="cudnnnet.training"):
+    with caplog.at_level(logging.INFO, logger="cudnnnet.train.trainer"):
         trainer.run()
     lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("step ")]
     assert [line.split(":")[0] for line in lines] == [
@@ -56,7 +56,7 @@ def test_a_progress_line_every_log_every_steps(small_npz, tmp_path, caplog):
 
 
 def test_no_progress_line_without_log_lines(small_npz, tmp_path, caplog):
-    with caplog.at_level(logging.INFO, logger="cudnnnet.training"):
+    with caplog.at_level(logging.INFO, logger="cudnnnet.train.trainer"):
         Trainer(parse_config(settings(small_npz)), tmp_path / "run", progress=False).run()
     assert not [record for record in caplog.records if record.getMessage().startswith("step ")]
 
@@ -126,7 +126,7 @@ def test_without_the_extra_tensorboard_is_one_line_naming_it_before_anything_is_
 
 
 def test_curves_png_draws_the_learning_rate_of_every_step(small_npz, tmp_path, monkeypatch):
-    from cudnnnet import curves
+    from cudnnnet.train import curves
 
     drawn = {}
     plot = curves.plot_curves
@@ -135,7 +135,7 @@ def test_curves_png_draws_the_learning_rate_of_every_step(small_npz, tmp_path, m
         drawn["rates"] = learning_rates
         plot(history, path, steps_per_epoch, learning_rates)
 
-    monkeypatch.setattr("cudnnnet.training.plot_curves", keep)
+    monkeypatch.setattr("cudnnnet.train.trainer.plot_curves", keep)
     trainer = Trainer(parse_config(settings(small_npz)), tmp_path / "run", progress=False)
     trainer.run()
     schedule = trainer.config.train.schedule
@@ -151,7 +151,7 @@ def test_curves_png_draws_the_learning_rate_of_every_step(small_npz, tmp_path, m
 def test_the_cli_logs_progress_lines_where_stderr_is_not_a_terminal(small_npz, tmp_path, caplog):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(settings(small_npz)))
-    with offline_tools(tmp_path) as call, caplog.at_level(logging.INFO, logger="cudnnnet.training"):
+    with offline_tools(tmp_path) as call, caplog.at_level(logging.INFO, logger="cudnnnet.train.trainer"):
         finished = call("train", "--config", path, "--output", tmp_path / "run", "--set", "train.log_every=4")
     assert finished.returncode == 0, finished.stderr
     lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("step ")]

@@ -1,4 +1,4 @@
-"""Dynamic loss scaling of math fp16 (cudnnnet/loss_scaling.py, kernels/loss_scale.cu) on both
+"""Dynamic loss scaling of math fp16 (cudnnnet/optim/loss_scaling.py, kernels/loss_scale.cu) on both
 backends: the device calls, a forced overflow that skips the step with weights and optimiser state
 bit-unchanged, growth after N clean steps, scaling that changes nothing where nothing overflows
 (FP32), a captured CUDA graph replayed over an overflow, and the Trainer's metrics and checkpoints.
@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from cudnnnet import Network, Tensor
-from cudnnnet.checkpoint import load_npz
-from cudnnnet.config import load_config, parse_config
+from cudnnnet.io.checkpoint import load_npz
+from cudnnnet.config.schema import load_config, parse_config
 from cudnnnet.errors import CheckpointError, InvalidArgumentError, ShapeError
 from cudnnnet.layers import Activation, Dense, Softmax
-from cudnnnet.loss_scaling import (CLEAN, FOUND, MIN_LOSS_SCALE, SCALE, SKIP, SKIPPED, UNSCALE, LossScaler,
-                                   LossScaleStatus)
-from cudnnnet.config import MAX_LOSS_SCALE
-from cudnnnet.optim import SGD, Adam
-from cudnnnet.training import Trainer
+from cudnnnet.optim.loss_scaling import (CLEAN, FOUND, MIN_LOSS_SCALE, SCALE, SKIP, SKIPPED, UNSCALE, LossScaler,
+                                         LossScaleStatus)
+from cudnnnet.config.schema import MAX_LOSS_SCALE
+from cudnnnet.optim.optimizers import SGD, Adam
+from cudnnnet.train.trainer import Trainer
 from run_helpers import REPO_ROOT, math_mode
 
 BATCH, CLASSES, SHAPE = 16, 10, (1, 6, 6)

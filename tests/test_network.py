@@ -5,7 +5,7 @@ import pytest
 
 from cudnnnet import Network, Tensor
 from cudnnnet import network as network_module
-from cudnnnet.checkpoint import save_npz
+from cudnnnet.io.checkpoint import save_npz
 from cudnnnet.data.mnist import MNIST_MEAN, MNIST_STD
 from cudnnnet.errors import CheckpointError, InvalidArgumentError, ShapeError
 from cudnnnet.inference import training_normalize
@@ -334,8 +334,8 @@ def test_load_with_backend_auto_runs_where_it_can(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("config", ["mnist_cnn", "mnist_bn_cnn", "cifar10_cnn"])
 def test_parameter_shapes_are_the_shapes_build_creates(config):
-    from cudnnnet.config import load_config
-    from cudnnnet.training import build_network
+    from cudnnnet.config.schema import load_config
+    from cudnnnet.train.trainer import build_network
 
     network = build_network(load_config(config), "host")
     shape = network.input_shape

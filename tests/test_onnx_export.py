@@ -14,13 +14,13 @@ import pytest
 
 from cudnnnet import Network, Tensor
 from cudnnnet.cli import export as export_cli
-from cudnnnet.config import load_config
+from cudnnnet.config.schema import load_config
 from cudnnnet.errors import ExportError, MissingExtraError
 from cudnnnet.float_images import to_float_images
 from cudnnnet.layers import (MSE, Activation, BatchNorm, Conv2D, Dense, Dropout, GlobalAveragePooling, Layer, Pooling,
                              Softmax)
-from cudnnnet.shipped_configs import shipped_config_names
-from cudnnnet.training import input_shape, model_mapping
+from cudnnnet.config.shipped import shipped_config_names
+from cudnnnet.train.trainer import input_shape, model_mapping
 from run_helpers import REPO_ROOT
 
 onnx = pytest.importorskip("onnx")

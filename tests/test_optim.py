@@ -1,12 +1,13 @@
 import numpy as np
 import pytest
 
-from cudnnnet import Network, Tensor, checkpoint
-from cudnnnet.config import OptimizerConfig, ScheduleConfig
+from cudnnnet import Network, Tensor
+from cudnnnet.io import checkpoint
+from cudnnnet.config.schema import OptimizerConfig, ScheduleConfig
 from cudnnnet.errors import CheckpointError, InvalidArgumentError
 from cudnnnet.layers import Dense, Softmax
 from cudnnnet.network import OPTIMIZER_PREFIX
-from cudnnnet.optim import SGD, Adam, make_optimizer
+from cudnnnet.optim.optimizers import SGD, Adam, make_optimizer
 
 
 def network_with_gradients(backend):

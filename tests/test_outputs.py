@@ -6,7 +6,7 @@ import os
 import pytest
 
 from cudnnnet.errors import OutputExistsError, OutputInUseError, WriteError
-from cudnnnet.outputs import NAMES, OutputFolder, checkpoint_to_resume, published_outputs, refuse_replacing
+from cudnnnet.train.outputs import NAMES, OutputFolder, checkpoint_to_resume, published_outputs, refuse_replacing
 
 
 def write_set(folder: OutputFolder, tag: str, names=NAMES):

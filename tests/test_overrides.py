@@ -3,9 +3,9 @@
 import pytest
 import yaml
 
-from cudnnnet.config import load_config
+from cudnnnet.config.schema import load_config
 from cudnnnet.errors import ConfigError, UsageError
-from cudnnnet.overrides import apply_overrides, parse_assignment
+from cudnnnet.config.overrides import apply_overrides, parse_assignment
 from run_helpers import REPO_ROOT, offline_tools
 
 MLP = REPO_ROOT / "configs" / "mnist_mlp.yaml"

@@ -10,9 +10,9 @@ import pytest
 from PIL import Image
 
 from run_helpers import REPO_ROOT, run_script
-from cudnnnet.config import load_config, parse_config
+from cudnnnet.config.schema import load_config, parse_config
 from cudnnnet.data.mnist import load_mnist_pixels
-from cudnnnet.training import Trainer
+from cudnnnet.train.trainer import Trainer
 
 TRAIN_COUNT, TEST_COUNT, STEPS = 6000, 1000, 300
 MARGIN = 0.015  # the three differ only in the order the images are listed, so in the shuffled batches
@@ -151,7 +151,7 @@ def test_a_colour_test_image_is_read_as_grey_by_a_model_trained_on_grey_images(t
     evaluated = run_script("evaluate", "--weights", str(tmp_path / "run"), "--device", "host", "--json")
     assert evaluated.returncode == 0, evaluated.stderr
     assert np.array(json.loads(evaluated.stdout)["confusion_matrix"]).sum() == 9
-    from cudnnnet.config import DataConfig
+    from cudnnnet.config.schema import DataConfig
     from cudnnnet.data.sources import load_source
 
     test = load_source(DataConfig(dataset="image-folder", dir=str(tmp_path / "photos"), shape=(1, 8, 8)), "test")

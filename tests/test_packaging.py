@@ -155,7 +155,7 @@ def test_the_installed_console_scripts_answer_help(installed, tmp_path, script):
 
 def test_the_installed_package_is_the_wheel_and_loads_a_shipped_config(installed, tmp_path):
     probe = ("import cudnnnet\n"
-             "from cudnnnet.config import load_config\n"
+             "from cudnnnet.config.schema import load_config\n"
              "config = load_config('mnist_mlp')\n"
              "print(cudnnnet.__file__)\n"
              "print(config.source)\n"

@@ -16,11 +16,11 @@ from cudnnnet.backends.cuda import convolution, low_precision, matmul
 from cudnnnet.backends.host import backend as host_backend
 from cudnnnet.benchmark import settings as benchmark_settings
 from cudnnnet.cli import benchmark as benchmark_cli
-from cudnnnet.config import load_config, parse_config
+from cudnnnet.config.schema import load_config, parse_config
 from cudnnnet.engine import FAST, SLIDES
 from cudnnnet.layers import Activation, Dense, Softmax
 from cudnnnet.network import Network
-from cudnnnet.optim import SGD
+from cudnnnet.optim.optimizers import SGD
 from cudnnnet.errors import ConfigError, UsageError
 from cudnnnet.precision import (BF16, DEFAULT_PRECISION, FP16, FP32, HALF_PRECISIONS, PRECISION_NAMES, PRECISIONS,
                                 TF32, Precision, get_precision)

@@ -10,9 +10,9 @@ from PIL import Image
 
 import cudnnnet
 from cudnnnet import Network
-from cudnnnet.config import load_config, parse_config
+from cudnnnet.config.schema import load_config, parse_config
 from cudnnnet.data.mnist import read_images, read_labels
-from cudnnnet.training import build_network
+from cudnnnet.train.trainer import build_network
 from run_helpers import REPO_ROOT, run_script, train_cli
 
 DIGITS = 200

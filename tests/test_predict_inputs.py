@@ -6,8 +6,8 @@ from PIL import Image
 
 import cudnnnet
 from cudnnnet import Network
-from cudnnnet.config import load_config, parse_config
-from cudnnnet.training import build_network
+from cudnnnet.config.schema import load_config, parse_config
+from cudnnnet.train.trainer import build_network
 from run_helpers import REPO_ROOT
 
 

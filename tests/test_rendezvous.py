@@ -11,8 +11,8 @@ import tracemalloc
 
 import pytest
 
-from cudnnnet import distributed, rendezvous
-from cudnnnet.launcher import free_port
+from cudnnnet.train.distributed import replicas as distributed, rendezvous
+from cudnnnet.train.distributed.launcher import free_port
 from cudnnnet.errors import DistributedError, UsageError
 
 DIGEST = b"d" * 32

@@ -9,11 +9,11 @@ import pytest
 
 from cudnnnet import Network, Tensor
 from cudnnnet.cli import predict as predict_cli
-from cudnnnet.config import load_config
+from cudnnnet.config.schema import load_config
 from cudnnnet.errors import CheckpointError
 from cudnnnet.interop.safetensors_file import load_safetensors, save_safetensors
 from cudnnnet.layers import Activation, BatchNorm, Conv2D, Dense, Pooling, Softmax
-from cudnnnet.training import input_shape, model_mapping
+from cudnnnet.train.trainer import input_shape, model_mapping
 
 
 def bn_cnn(seed=0, backend="host"):

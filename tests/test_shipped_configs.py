@@ -1,12 +1,12 @@
-"""The configs shipped in the package (cudnnnet/shipped_configs.py): ``--config NAME`` and
+"""The configs shipped in the package (cudnnnet/config/shipped.py): ``--config NAME`` and
 ``load_config(NAME)`` find them wherever cudnnnet is installed; a file of that name still wins."""
 
 import pytest
 
 from cudnnnet.cli import launch, train
-from cudnnnet.config import load_config
+from cudnnnet.config.schema import load_config
 from cudnnnet.errors import ConfigError
-from cudnnnet.shipped_configs import CONFIG_DIR, resolve_config, shipped_config_names
+from cudnnnet.config.shipped import CONFIG_DIR, resolve_config, shipped_config_names
 from run_helpers import REPO_ROOT
 
 SHIPPED = ["cifar10_cnn", "fashion_mnist_cnn", "image_folder", "lenet5", "mnist_bn_cnn", "mnist_cnn", "mnist_mlp", "original_cnn",

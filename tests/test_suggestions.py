@@ -6,9 +6,9 @@ import io
 import pytest
 
 import cudnnnet
-from cudnnnet.config import load_config, parse_config
+from cudnnnet.config.schema import load_config, parse_config
 from cudnnnet.errors import ConfigError
-from cudnnnet.suggest import did_you_mean
+from cudnnnet.util.suggest import did_you_mean
 
 
 def settings(**changes) -> dict:

@@ -8,10 +8,10 @@ import pytest
 from PIL import Image
 
 from cudnnnet import Network
-from cudnnnet.checkpoint import load_npz
-from cudnnnet.config import load_config, parse_config
+from cudnnnet.io.checkpoint import load_npz
+from cudnnnet.config.schema import load_config, parse_config
 from cudnnnet.errors import OutputExistsError
-from cudnnnet.training import Trainer, build_network
+from cudnnnet.train.trainer import Trainer, build_network
 from run_helpers import REPO_ROOT, offline_tools, run_script, train_cli
 
 MLP_CONFIG = REPO_ROOT / "configs" / "mnist_mlp.yaml"

@@ -15,14 +15,14 @@ import pytest
 
 from run_helpers import REPO_ROOT, interrupted_then_resumed, train_cli
 from cudnnnet import Network, Tensor
-from cudnnnet.checkpoint import load_npz
-from cudnnnet.config import load_config
+from cudnnnet.io.checkpoint import load_npz
+from cudnnnet.config.schema import load_config
 from cudnnnet.data.mnist import one_hot
 from cudnnnet.engine import SLIDES_KERNELS
 from cudnnnet.errors import CheckpointError, ConfigError, TrainingError
-from cudnnnet import training
+from cudnnnet.train import trainer as training
 from cudnnnet.layers import MSE, Activation, Dense, Softmax
-from cudnnnet.training import ResidentTestSet, Trainer, evaluate, evaluate_batches
+from cudnnnet.train.trainer import ResidentTestSet, Trainer, evaluate, evaluate_batches
 
 METRIC_KEYS = {"device", "epochs", "steps", "train_accuracy", "test_accuracy", "test_loss", "train_seconds",
                "images_per_second"}
@@ -206,7 +206,7 @@ def test_a_diverging_loss_stops_with_the_step_and_keeps_the_last_checkpoint(mnis
     config = good.config.to_dict()
     config["train"]["optimizer"]["lr"] = 1.0e6
     config["train"]["log_every"] = 5
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     diverging = Trainer(parse_config(config), tmp_path, progress=False, overwrite=True)
     with pytest.raises(TrainingError, match=r"loss became (nan|inf).* at step \d+"):
@@ -246,7 +246,7 @@ def diverging_trainer(mnist_dir, output, log_every):
         steps=60, device="host", data_dir=mnist_dir).to_dict()
     config["train"]["optimizer"]["lr"] = 1.0e6
     config["train"]["log_every"] = log_every
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     return Trainer(parse_config(config), output, progress=False)
 
@@ -299,7 +299,7 @@ def test_graph_replay_gives_the_same_weights_as_eager_steps(cuda, mnist_dir, tmp
         settings = load_config(REPO_ROOT / "configs" / f"{config}.yaml").to_dict()
         settings["train"].update(graph=graph, batch_size=1100, steps=60)
         settings["device"], settings["data"]["dir"], settings["engine"] = "cuda", str(mnist_dir), engine
-        from cudnnnet.config import parse_config
+        from cudnnnet.config.schema import parse_config
 
         run = Trainer(parse_config(settings), tmp_path / str(graph), progress=False)
         run.run()
@@ -314,7 +314,7 @@ def test_device_memory_does_not_grow_over_2000_training_steps(cuda, mnist_dir, t
     settings = load_config(REPO_ROOT / "configs" / "mnist_cnn.yaml").to_dict()
     settings["train"].update(steps=2200, batch_size=64, log_every=500)
     settings["device"], settings["data"]["dir"] = "cuda", str(mnist_dir)
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     run = Trainer(parse_config(settings), tmp_path, progress=False)
     run.data.start_epoch(run.loader.permutation(0))
@@ -337,7 +337,7 @@ def test_one_cnn_training_step_on_cuda_leaves_the_host_weights(cuda, host, mnist
     weights."""
     from cudnnnet.backends.cuda import bindings, kernel
     from cudnnnet.backends.cuda.gemm_convolution import GEMM_ALGORITHM
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
     from cudnnnet.layers import Conv2D
 
     weights = {}
@@ -381,7 +381,7 @@ def test_one_cnn_training_step_on_cuda_leaves_the_host_weights(cuda, host, mnist
 def test_cnn_steps_replayed_as_a_cuda_graph_leave_the_host_weights(cuda, host, mnist_dir, tmp_path):
     """Three steps of configs/mnist_cnn.yaml with the graph on (the first eager, the second captured and
     launched, the third replayed) end within 1e-4 of three host steps from the same seed and batches."""
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     weights, runs = {}, {}
     for device in ("host", "cuda"):
@@ -419,7 +419,7 @@ def test_the_trainer_reads_the_data_on_a_thread_while_the_backend_loads(mnist_di
     monkeypatch.setattr(training, "get_backend", backend_while_reading)
     settings = load_config(REPO_ROOT / "configs" / "mnist_mlp.yaml").to_dict()
     settings["device"], settings["data"]["dir"] = "host", str(mnist_dir)
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     run = Trainer(parse_config(settings), tmp_path, progress=False)
     assert seen == {"read on": "cudnnnet-local_splits", "read saw the backend load": True, "backend saw the read": True}
@@ -444,7 +444,7 @@ def test_resident_sets_are_made_from_their_bytes_and_equal_the_float_images(devi
         request.getfixturevalue("cuda")
     settings = load_config(REPO_ROOT / "configs" / "lenet5.yaml").to_dict()  # padded and normalised
     settings["device"], settings["data"]["dir"], settings["data"]["placement"] = device, str(mnist_dir), "device"
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     config = parse_config(settings)
     run = Trainer(config, tmp_path, progress=False)
@@ -465,7 +465,7 @@ def bn_cnn_settings(mnist_dir, device, steps, **train):
 def test_a_bn_cnn_run_resumes_to_the_same_weights_and_running_statistics(mnist_dir, tmp_path):
     """AdamW's moments and step, BatchNorm's running statistics and the dropout masks survive an
     interruption."""
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     config = parse_config(bn_cnn_settings(mnist_dir, "host", 12, batch_size=32))
     straight = Trainer(config, tmp_path / "straight", progress=False)
@@ -500,7 +500,7 @@ def test_two_trainers_train_interleaved_each_as_it_trains_alone(backend, small_n
     """A Trainer's math and engine are its network's, not the backend's: made one after the other and
     trained epoch by epoch in turn, a slides/fp32 and a fast/bf16 run each end with the weights of the
     run alone (before, the second Trainer made set the whole backend to bf16 for both)."""
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     configs = {"exact": {"math": "fp32", "engine": "slides"}, "fast": {"math": "bf16", "engine": "fast"}}
     configs = {key: parse_config({**dropout_settings(small_npz, backend.name, 8), **settings})
@@ -526,7 +526,7 @@ def test_a_resumed_run_draws_the_dropout_masks_of_an_uninterrupted_one(backend, 
     """Stopped after step 6 (the second epoch's third batch, after a short last batch), then resumed:
     the dropout generator skips the masks of the six steps, so the weights end as the uninterrupted
     run's; on CUDA, with the full steps replayed from a captured graph."""
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     config = parse_config(dropout_settings(small_npz, backend.name, 12))
     straight = Trainer(config, tmp_path / "straight", progress=False)
@@ -542,7 +542,7 @@ def test_a_trainer_trains_in_its_config_s_math_and_engine_and_leaves_the_backend
                                                                                                    tmp_path, monkeypatch):
     """The math and engine are settings of the whole backend: a bf16 Trainer left them set after its run, so
     a network loaded afterwards in the same process computed in bf16."""
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     settings = {**dropout_settings(small_npz, backend.name, 6), "math": "bf16", "engine": "fast"}
     backend.set_math("fp32")
@@ -564,7 +564,7 @@ def test_a_batch_norm_over_one_value_is_refused_before_training(host, small_npz,
     """batch_size 1 through a BatchNorm after a Dense trained nothing before it (x̂ = 0, so y = β and no
     gradient), silently: 5.9 % on MNIST after 2000 steps; 100 images in batches of 33 left one such step an
     epoch. A BatchNorm over 1×1 planes ('spatial') is the same."""
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     settings = dropout_settings(small_npz, "host", 2)
     settings["model"][1:1] = [{"type": "batchnorm", "name": "bn", "mode": mode}]
@@ -580,7 +580,7 @@ def test_a_batch_norm_over_one_value_is_refused_before_training(host, small_npz,
 
 def test_a_trainer_refuses_to_resume_a_checkpoint_of_another_model(host, small_npz, tmp_path):
     """cudnnnet-train refused it; the Trainer itself resumed a changed dropout rate or activation silently."""
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     settings = dropout_settings(small_npz, "host", 2)
     Trainer(parse_config(settings), tmp_path / "first", progress=False).run()
@@ -599,7 +599,7 @@ def test_bn_cnn_graph_replay_gives_the_same_weights_as_eager_steps(cuda, mnist_d
     end alike: the replays follow Adam's step count and the warm-up, and draw the dropout masks the
     eager calls draw (cuDNN advances the same states buffer either way). In the fast engine, whose
     convolution algorithms are deterministic: the slides engine's need not be bit-reproducible."""
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     finals = []
     for graph in (True, False):
@@ -620,7 +620,7 @@ def test_bn_cnn_graph_replay_gives_the_same_weights_as_eager_steps(cuda, mnist_d
 def _folder_config(root, resize):
     from PIL import Image
 
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     rng = np.random.default_rng(0)
     for split in ("train", "test"):
@@ -637,7 +637,7 @@ def _folder_config(root, resize):
 
 
 def test_resuming_an_image_folder_run_with_another_resize_is_refused_and_an_old_checkpoint_reads_as_stretch(tmp_path):
-    from cudnnnet.checkpoint import save_npz
+    from cudnnnet.io.checkpoint import save_npz
     from cudnnnet.errors import CheckpointError
 
     Trainer(_folder_config(tmp_path / "photos", "crop"), tmp_path / "run", progress=False).run()
@@ -667,7 +667,7 @@ def test_a_model_that_does_not_fit_the_datas_images_is_refused_naming_the_config
                                                                                                   refused):
     """An npz set's shape is known once it is read: the Trainer then checks the model as cudnnnet-train checks one
     whose shape the config says (a bare ShapeError or ModelSizeError without the file or the key before)."""
-    from cudnnnet.config import parse_config
+    from cudnnnet.config.schema import parse_config
 
     settings = {"model": [layer, {"type": "dense", "out_size": 10}, {"type": "softmax"}],
                 "data": {"dataset": "npz", "train_file": str(small_npz / "train.npz"),
@@ -680,8 +680,8 @@ def test_a_model_that_does_not_fit_the_datas_images_is_refused_naming_the_config
 
 def test_a_trainer_refuses_to_resume_a_checkpoint_without_its_training_config(host, small_npz, tmp_path):
     """cudnnnet-train refused it; the Trainer resumed it without knowing which model it was trained with."""
-    from cudnnnet.checkpoint import save_npz
-    from cudnnnet.config import parse_config
+    from cudnnnet.io.checkpoint import save_npz
+    from cudnnnet.config.schema import parse_config
 
     settings = dropout_settings(small_npz, "host", 2)
     Trainer(parse_config(settings), tmp_path / "first", progress=False).run()

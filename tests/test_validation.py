@@ -6,11 +6,11 @@ import signal
 import numpy as np
 import pytest
 
-from cudnnnet.checkpoint import load_npz, save_npz
-from cudnnnet.config import parse_config
+from cudnnnet.io.checkpoint import load_npz, save_npz
+from cudnnnet.config.schema import parse_config
 from cudnnnet.errors import ConfigError, DataError
-from cudnnnet.evaluation import Evaluation
-from cudnnnet.training import Interrupted, Trainer, load_data
+from cudnnnet.train.evaluation import Evaluation
+from cudnnnet.train.trainer import Interrupted, Trainer, load_data
 from run_helpers import offline_tools
 
 
@@ -172,7 +172,7 @@ def test_early_stopping_ends_the_run_after_patience_epochs_without_improvement(s
 
 
 def test_early_stopping_is_refused_across_several_gpus(small_npz, tmp_path):
-    from cudnnnet.training import Trainer as Made
+    from cudnnnet.train.trainer import Trainer as Made
 
     class Launch:
         rank, world_size = 0, 2
@@ -294,7 +294,7 @@ def test_an_image_folder_validates_on_a_folder_of_its_classes(tmp_path):
 def test_the_validation_set_resident_on_the_device_gives_the_host_s_figures(backend, small_npz, tmp_path):
     """On CUDA both evaluated sets are resident on the device; their figures are the host evaluation's of the
     same weights."""
-    from cudnnnet.evaluation import evaluate
+    from cudnnnet.train.evaluation import evaluate
 
     config = parse_config({**settings(small_npz, epochs=1), "device": backend.name})
     trainer = Trainer(config, tmp_path / "run", progress=False)

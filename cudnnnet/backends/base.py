@@ -657,7 +657,7 @@ class Backend(ABC):
                          weight_decay: float, decoupled: bool, loss_scale=None) -> None:
         """``adam_update_many`` on the arguments it has checked."""
 
-    # ---- dynamic loss scaling of math fp16 (cudnnnet/loss_scaling.py) ---------------------------
+    # ---- dynamic loss scaling of math fp16 (cudnnnet/optim/loss_scaling.py) ---------------------------
     def find_nonfinite_gradients(self, grads, loss_scale) -> None:
         """One pass over the flat ``grads``: where any value is inf or NaN, loss_scale[FOUND] = 1 and
         those values become 0 (the step is skipped; a cuBLAS update with coefficient 0 then adds 0).

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..shipped_configs import CONFIG_DIR
+from ..config.shipped import CONFIG_DIR
 from .settings import ORIGINAL_CONFIGS, BenchmarkError
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .. import distributed
 from ..errors import DistributedError
+from ..train.distributed import replicas as distributed
 from .measuring import epoch_summary
 from .scaling_micro import micro_steps
 from .settings import SCALABLE, SCALING_TARGETS
@@ -60,7 +60,7 @@ def milliseconds(summary: dict) -> float:
 def _measure(count: int, settings: dict, module: str = MODULE, plain: bool = True) -> dict:
     """{workload: {engine: epoch summary}} (``module``'s figures) from ``count`` processes, rank 0's;
     ``plain``: one GPU as one process without a launcher's variables."""
-    from ..launcher import spawn_ranks
+    from ..train.distributed.launcher import spawn_ranks
 
     with tempfile.TemporaryDirectory(prefix="cudnnnet-scaling-") as folder:
         result = Path(folder) / "result.json"
@@ -92,7 +92,7 @@ def run_rank(settings: dict, result: Path) -> None:
 
 def _epochs(name: str, engine: str, settings: dict, launch) -> dict:
     """A warm-up epoch, then the timed ones, of workload ``name`` in ``engine`` on this rank."""
-    from ..training import Trainer
+    from ..train.trainer import Trainer
 
     epochs = settings["epochs"]
     config = workload_config(name, "cuda", data_dir(name, settings), epochs + 1, True, engine, settings["math"])

@@ -12,11 +12,11 @@ import logging
 
 import numpy as np
 
-from .. import distributed
 from ..backends import get_backend
-from ..config import Config, parse_config
-from ..optim import SGD
+from ..config.schema import Config, parse_config
+from ..optim.optimizers import SGD
 from ..tensor import Tensor
+from ..train.distributed import replicas as distributed
 from .measuring import step_summary, timed_calls
 from .settings import MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS
 from .workloads import build_micro_network, micro_data, micro_layer_sizes

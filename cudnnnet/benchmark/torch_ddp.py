@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import training
+from ..train import trainer as training
 from .measuring import epoch_summary, step_summary, timed_calls
 from .scaling_micro import micro_part
 from .settings import MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS

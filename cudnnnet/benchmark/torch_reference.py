@@ -14,10 +14,10 @@ from math import prod
 
 import numpy as np
 
-from .. import training
-from ..config import Config
+from ..config.schema import Config
 from ..layers import LAYER_TYPES
 from ..precision import get_precision
+from ..train import trainer as training
 from .measuring import epoch_summary, steady_state, step_summary, timed_calls
 from .settings import (GRAPH_ONLY, MATHS, MIB, MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS, STEADY_REPLAYS,
                        STEADY_SECONDS, TORCH_SPEED_UPS, TRAINING_CONFIGS, BenchmarkError)

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import training
 from ..backends import get_backend
-from ..config import Config, load_config, parse_config
+from ..config.schema import Config, load_config, parse_config
+from ..config.shipped import CONFIG_DIR
 from ..data.sources import CIFAR10_CLASSES, CIFAR10_FILES
 from ..layers import MSE, Activation, Dense
 from ..network import Network
-from ..shipped_configs import CONFIG_DIR
 from ..tensor import Tensor
-from ..training import Trainer
+from ..train import trainer as training
+from ..train.trainer import Trainer
 from .measuring import DeviceMemory, epoch_summary, steady_state, step_summary, timed_calls
 from .settings import (BATCH_SIZE, CONFIG_BATCH, GENERATED_DATA, GENERATED_SEED, GRAPH_ONLY, MATHS, MICRO_LEARNING_RATE,
                        MICRO_SEED, MICRO_SIZE, MICRO_WARMUP, MICRO_WARMUP_SECONDS, STEADY_REPLAYS, STEADY_SECONDS,

@@ -129,9 +129,9 @@ from ..benchmark.scaling import format_scaling, measure_scaling
 from ..benchmark.settings import (BATCH_SIZE, DEFAULT_WORKLOADS, DEFAULTS, HOST_DURATION, HOST_MICRO_SIZE, MATHS,
                                   MICRO_SIZE, SCALABLE, STEADY_REPLAYS, STEADY_SECONDS, WORKLOAD_MATHS, WORKLOADS)
 from ..engine import ENGINES
-from ..precision import DEFAULT_PRECISION
 from ..errors import DeviceUnavailableError, UsageError
-from ..files import atomic_write
+from ..io.files import atomic_write
+from ..precision import DEFAULT_PRECISION
 from .common import ArgumentParser, add_common_arguments, path_argument, run
 from .train import positive_int
 

@@ -19,7 +19,7 @@ import numpy as np
 from .. import __version__
 from ..engine import DEFAULT_ENGINE, ENGINES
 from ..errors import CudnnnetError, DeviceUnavailableError, UsageError
-from ..printable import one_line
+from ..util.printable import one_line
 
 log = logging.getLogger("cudnnnet")
 

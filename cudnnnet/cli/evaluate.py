@@ -17,10 +17,10 @@ from ..data.mnist import IMAGE_SIDE, load_mnist
 from ..data.pixels import to_float_images
 from ..data.sources import load_source
 from ..errors import CheckpointError, DataError
-from ..network import Network
-from ..outputs import checkpoint_to_resume
 from ..inference import network_classes, training_normalize
-from ..training import evaluate
+from ..network import Network
+from ..train.outputs import checkpoint_to_resume
+from ..train.trainer import evaluate
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from .train import positive_int
 

@@ -17,12 +17,12 @@ import logging
 import sys
 from pathlib import Path
 
+from ..config.shipped import shipped_config_names
 from ..errors import UsageError
+from ..inference import network_classes
 from ..interop.onnx_export import Preprocessing, export_onnx, preprocessing_of, require_onnx
 from ..interop.safetensors_file import SUFFIX
-from ..inference import network_classes
-from ..shipped_configs import shipped_config_names
-from ..training import class_names
+from ..train.trainer import class_names
 from .common import ArgumentParser, add_common_arguments, path_argument, run
 from .predict import load_network
 
@@ -58,7 +58,7 @@ def preprocessing(network, normalize, config_path) -> Preprocessing:
     """The network's own preprocessing, or with --config the config's (its normalisation, padding, classes)."""
     if config_path is None or network.training_config is not None:
         return preprocessing_of(network)
-    from ..config import load_model_description
+    from ..config.schema import load_model_description
 
     description = load_model_description(config_path)
     named = class_names(description)

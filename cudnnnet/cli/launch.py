@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import sys
 
-from .. import distributed
 from ..backends import warm_up
-from ..config_file import MAX_CONFIG_BYTES
+from ..config.reader import MAX_CONFIG_BYTES
+from ..config.shipped import resolve_config
 from ..errors import ConfigError, DistributedError
-from ..shipped_configs import resolve_config
+from ..train.distributed import replicas as distributed
 
 DEVICE_OPTION, CONFIG_OPTION, GPUS_OPTION = "--device", "--config", "--gpus"
 SHORTEST_PREFIX = 5  # argparse takes an unambiguous prefix: "--dev" (not "--de": --debug), "--con"
@@ -95,7 +95,7 @@ def _option(argv: list[str], option: str) -> str | None:
 
 
 def _config_device(data: bytes) -> str | None:
-    from ..config_file import read_yaml
+    from ..config.reader import read_yaml
 
     try:
         settings = read_yaml("--config", data)

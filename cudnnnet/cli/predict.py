@@ -19,16 +19,16 @@ import sys
 from pathlib import Path
 
 from ..backends import DEVICES, get_backend
-from ..config import load_model_description
+from ..config.schema import load_model_description
+from ..config.shipped import shipped_config_names
 from ..data.images import IMAGE_SUFFIXES, folder_images
-from ..shipped_configs import shipped_config_names
 from ..errors import UsageError
+from ..inference import predict
 from ..interop import safetensors_file
 from ..network import Network
-from ..outputs import is_output_folder
-from ..printable import one_line
-from ..inference import predict
-from ..training import input_shape, model_mapping
+from ..train.outputs import is_output_folder
+from ..train.trainer import input_shape, model_mapping
+from ..util.printable import one_line
 from .common import EXIT_USAGE, ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from .train import positive_int
 

@@ -13,18 +13,19 @@ import os
 import sys
 from pathlib import Path
 
-from .. import checkpoint, distributed
 from ..backends import DEVICES, no_gpu_reason
-from ..config import load_config
-from ..shipped_configs import shipped_config_names
+from ..config.schema import load_config
+from ..config.shipped import shipped_config_names
 from ..errors import UsageError
-from ..outputs import checkpoint_to_resume, is_output_folder, refuse_replacing
-from ..printable import one_line
-from ..training import Interrupted, Trainer
-from ..training_checks import check_model, check_resumed_model, check_size
-from ..live_log import TensorBoardLog, require_tensorboard
+from ..io import checkpoint
+from ..train.checks import check_model, check_resumed_model, check_size
+from ..train.distributed import replicas as distributed
+from ..train.distributed.launcher import spawn_ranks
+from ..train.live_log import TensorBoardLog, require_tensorboard
+from ..train.outputs import checkpoint_to_resume, is_output_folder, refuse_replacing
+from ..train.trainer import Interrupted, Trainer
+from ..util.printable import one_line
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
-from ..launcher import spawn_ranks
 
 log = logging.getLogger("cudnnnet.train")
 

@@ -34,8 +34,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import cache
 from ..errors import CudnnnetError, DataError, ImageError
+from ..io import cache
 from .pixels import IMAGE_SUFFIXES, PHOTO_CHANNELS, RESIZE_MODES, Split
 
 logger = logging.getLogger(__name__)

@@ -32,9 +32,9 @@ from typing import Iterable
 
 import numpy as np
 
-from .. import cache
 from ..errors import DataError
-from ..files import new_file_mode
+from ..io import cache
+from ..io.files import new_file_mode
 from .pixels import check_recipe, to_float_images
 
 logger = logging.getLogger(__name__)

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import cache
 from ..errors import DataError
-from ..files import atomic_write
+from ..io import cache
+from ..io.files import atomic_write
 from . import mnist
 from .pixels import Split  # noqa: F401 (re-exported: the loaders' result)
 

@@ -27,9 +27,9 @@ import numpy as np
 
 from ..backends.base import BatchNormMode
 from ..errors import ExportError, MissingExtraError, WriteError
-from ..files import atomic_write
 from ..float_images import channel_values
 from ..inference import network_classes, training_normalize
+from ..io.files import atomic_write
 from ..layers import (MSE, Activation, BatchNorm, Conv2D, Dense, Dropout, GlobalAveragePooling, Pooling,
                       Softmax)
 

@@ -25,9 +25,9 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..checkpoint import (MAX_CHECKPOINT_BYTES, MAX_METADATA_BYTES, _check_exists, _decode_metadata,
-                          _encode_metadata, _float32_for_loading, _float32_for_saving, _one_line, _write_file)
 from ..errors import CheckpointError
+from ..io.checkpoint import (MAX_CHECKPOINT_BYTES, MAX_METADATA_BYTES, _check_exists, _decode_metadata,
+                             _encode_metadata, _float32_for_loading, _float32_for_saving, _one_line, _write_file)
 from ..tensor import MAX_TENSOR_VALUES
 
 log = logging.getLogger(__name__)

@@ -908,8 +908,8 @@ def test_in_the_fast_engine_an_mlp_trains_and_evaluates_without_ever_making_a_cu
     graph: no cuDNN call is made, so the handle is never created."""
     from cudnnnet import Network
     from cudnnnet.layers import Activation, Dense, Softmax
-    from cudnnnet.optim import SGD
-    from cudnnnet.training import ResidentTestSet, evaluate, evaluate_batches
+    from cudnnnet.optim.optimizers import SGD
+    from cudnnnet.train.trainer import ResidentTestSet, evaluate, evaluate_batches
 
     fresh_cuda.set_engine("fast")
     rng = np.random.default_rng(5)

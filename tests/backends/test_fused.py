@@ -24,7 +24,7 @@ from cudnnnet.errors import DeviceError, InvalidArgumentError, ShapeError, Usage
 from cudnnnet.backends.base import ACTIVATION_MODES, ActivationDescriptor, ActivationMode
 from cudnnnet.engine import FAST
 from cudnnnet.layers import MSE, Activation, Conv2D, Dense, Pooling, Softmax
-from cudnnnet.optim import SGD
+from cudnnnet.optim.optimizers import SGD
 from cudnnnet.tensor import Tensor
 from run_helpers import every_backend_using
 

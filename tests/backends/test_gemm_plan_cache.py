@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cudnnnet import cache
+from cudnnnet.io import cache
 from cudnnnet.backends.base import OP_N, OP_T
 from cudnnnet.backends.cuda import matmul
 from cudnnnet.backends.cuda.bindings import cublas, cublaslt

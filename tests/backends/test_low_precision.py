@@ -21,7 +21,7 @@ from cudnnnet.backends.base import OP_N, OP_T, ConvolutionDescriptor
 from cudnnnet.backends.host.backend import round_to_bf16, round_to_fp16
 from cudnnnet.errors import UsageError
 from cudnnnet.tensor import Tensor
-from cudnnnet.training import build_network
+from cudnnnet.train.trainer import build_network
 from run_helpers import math_mode
 from test_engine import config_of, relative_error, step_and_evaluation
 
@@ -440,9 +440,9 @@ def test_an_untimed_batched_16_bit_gemm_runs_cublas_gemm_strided_batched_ex(cuda
 
 def scaled_updates(config, backend, engine: str, start: dict, math: str) -> tuple[dict, tuple]:
     """What two loss-scaled SGD steps (S = 2^12) change in each parameter, and the metrics."""
-    from cudnnnet.loss_scaling import LossScaler
-    from cudnnnet.optim import SGD
-    from cudnnnet.training import Accumulator
+    from cudnnnet.optim.loss_scaling import LossScaler
+    from cudnnnet.optim.optimizers import SGD
+    from cudnnnet.train.trainer import Accumulator
 
     rng = np.random.default_rng(0)
     batch = config.train.batch_size

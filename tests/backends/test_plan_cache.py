@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cudnnnet import cache
+from cudnnnet.io import cache
 from cudnnnet.backends.base import ConvolutionDescriptor
 from cudnnnet.backends.cuda import convolution, plan_cache
 from cudnnnet.backends.cuda import convolution_planner as planner_module

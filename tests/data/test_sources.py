@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cudnnnet.config import DataConfig
+from cudnnnet.config.schema import DataConfig
 from cudnnnet.data import image_folder, sources
 from cudnnnet.data.sources import load_source
 from cudnnnet.errors import DataError

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from cudnnnet.backends import get_backend
-from cudnnnet.config import load_config, parse_config
+from cudnnnet.config.schema import load_config, parse_config
 from cudnnnet.data.streamed import StreamedData, choose_placement
 from cudnnnet.errors import DataError, InvalidArgumentError, UsageError
 from cudnnnet.tensor import Tensor
-from cudnnnet import training
-from cudnnnet.training import ResidentData, ResidentTestSet, Trainer
+from cudnnnet.train import trainer as training
+from cudnnnet.train.trainer import ResidentData, ResidentTestSet, Trainer
 from run_helpers import REPO_ROOT
 
 COUNT, BATCH, CLASSES = 23, 5, 4  # 5 batches an epoch, the last one of 3

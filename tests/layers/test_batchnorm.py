@@ -3,7 +3,7 @@ import pytest
 
 from cudnnnet import Network, Tensor
 from cudnnnet.backends.base import BatchNormMode
-from cudnnnet.config import parse_config
+from cudnnnet.config.schema import parse_config
 from cudnnnet.errors import CheckpointError, ConfigError, InvalidArgumentError
 from cudnnnet.layers import BatchNorm, Conv2D, Dense, Softmax
 from layer_checks import build, check_layer_gradients, relative_error

@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 
 from cudnnnet import Network, Tensor
-from cudnnnet.config import parse_config
+from cudnnnet.config.schema import parse_config
 from cudnnnet.errors import ConfigError, InvalidArgumentError, ShapeError
 from cudnnnet.layers import Dense, Dropout, Softmax
-from cudnnnet.training import evaluate
+from cudnnnet.train.trainer import evaluate
 from layer_checks import build
 
 SHAPE = (64, 8, 12, 12)  # 73 728 values: the kept fraction is within ±0.01 of 1 - rate by a wide margin

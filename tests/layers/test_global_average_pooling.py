@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from cudnnnet import Network, Tensor
-from cudnnnet.config import parse_config
+from cudnnnet.config.schema import parse_config
 from cudnnnet.errors import ShapeError
 from cudnnnet.layers import Conv2D, GlobalAveragePooling, Softmax
 from layer_checks import build, check_layer_gradients, relative_error

@@ -9,7 +9,7 @@ The three names below are imported on first use, so that ``startup`` can be impo
 no NumPy.
 """
 
-from ...lazy import lazy_exports
+from ...util.lazy import lazy_exports
 
 __all__ = ["CudaBackend", "CudaContext", "DeviceBuffer"]
 

@@ -18,11 +18,11 @@ import gc
 import logging
 from ctypes import byref, c_float
 
-from ...background import Background
-from ...tensor import Tensor
-from ..base import OP_N
 from ...errors import (CublasError, CudaError, DeviceError, DeviceInitError, DeviceUnavailableError, OutOfMemoryError,
                        UsageError)
+from ...tensor import Tensor
+from ...util.background import Background
+from ..base import OP_N
 from . import startup
 from .bindings import cublas, cublaslt, cudnn, nvrtc, runtime
 from .bindings.loader import load_library

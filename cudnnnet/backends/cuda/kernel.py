@@ -19,8 +19,8 @@ import re
 from ctypes import c_float, c_int, c_longlong, c_ulonglong, c_void_p
 from pathlib import Path
 
-from ... import cache
 from ...errors import CudaError, NvrtcError
+from ...io import cache
 from .bindings import nvrtc, runtime
 from .handles import Owned
 

@@ -44,8 +44,8 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ... import cache
 from ...errors import CublasError, OutOfMemoryError
+from ...io import cache
 from ..base import OP_N, OP_T
 from .bindings import cublas, cublaslt
 from .buffer import FLOAT32_BYTES, DeviceBuffer

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from ... import cache
+from ...io import cache
 from ..base import ConvolutionDescriptor
 from .convolution import BF16_ALGORITHMS, DIRECTION_NAMES, EXACT_ALGORITHMS, Algorithm
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from ...background import Background
 from ...errors import DeviceError
+from ...util.background import Background
 from .bindings import driver_start
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-// Dynamic loss scaling of ``math: fp16`` (cudnnnet/loss_scaling.py), compiled with NVRTC: the
+// Dynamic loss scaling of ``math: fp16`` (cudnnnet/optim/loss_scaling.py), compiled with NVRTC: the
 // overflow check, the scale's update and the skipped step stay on the device, so that a captured
 // CUDA graph runs them at every replay and no step waits on the host.
 //

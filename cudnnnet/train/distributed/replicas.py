@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from .errors import ConfigError, UsageError
-from .printable import one_line
+from ...errors import ConfigError, UsageError
+from ...util.printable import one_line
 from .rendezvous import Launch, _seconds, meet
 from .rendezvous import RENDEZVOUS_TIMEOUT, config_digest, from_environment, pin_device  # noqa: F401 (re-exported)
 
@@ -217,7 +217,7 @@ def join(launch: Launch, config) -> Group:
                          f"training over several processes needs --device cuda")
 
     def make_unique_id() -> bytes:
-        from .backends.cuda.communicator import make_unique_id as nccl_unique_id
+        from ...backends.cuda.communicator import make_unique_id as nccl_unique_id
 
         return nccl_unique_id()
 
@@ -231,8 +231,8 @@ class Replicas:
     broadcast at the start (after any resume), the learning-rate rule, agreement on stopping."""
 
     def __init__(self, group: Group, network, optimizer, train_config, steps_per_epoch: int):
-        from .backends.cuda.communicator import Communicator
-        from .optim import SGD, pack
+        from ...backends.cuda.communicator import Communicator
+        from ...optim.optimizers import SGD, pack
 
         backend = network.backend
         if backend.name != "cuda":
@@ -336,7 +336,7 @@ class Replicas:
 def synchronised_batch_norms(network) -> list:
     """``network``'s BatchNorm layers with ``sync`` (their statistics to be summed over the ranks); a
     ConfigError naming the first where the engine runs cuDNN's calls, which see one rank's batch."""
-    from .layers import BatchNorm
+    from ...layers import BatchNorm
 
     layers = [layer for layer in network.layers if isinstance(layer, BatchNorm) and layer.sync]
     if layers and not network.backend.engine.batch_norm_kernel:
@@ -351,7 +351,7 @@ def gradient_buckets(layers, sizes: dict[int, list[int]], bucket_values: int = B
     sizes}, packed in that order (``optim.packed_offsets``). Walking backward from the last layer, a
     bucket closes at the first layer that makes it ``bucket_values`` long, and at the first layer
     with parameters; each bucket is contiguous (the layers between two closings)."""
-    from .optim import packed_offsets
+    from ...optim.optimizers import packed_offsets
 
     owners = [layer for layer in layers if sizes.get(id(layer))]
     offsets, upper = packed_offsets(size for layer in owners for size in sizes[id(layer)])
@@ -370,7 +370,7 @@ def gradient_buckets(layers, sizes: dict[int, list[int]], bucket_values: int = B
 def _buckets_if_packed(network, gradients) -> dict[int, tuple[int, int]]:
     """``gradient_buckets`` for ``network``, where its gradients lie packed in ``gradients`` in the
     order ``pack`` gives them; else {} (the whole buffer is reduced after the backward pass)."""
-    from .optim import packed_offsets
+    from ...optim.optimizers import packed_offsets
 
     parameters = network.parameter_list()
     offsets, total = packed_offsets(p.grad.size for p in parameters)
@@ -393,12 +393,12 @@ def _exit_stuck(rank: int, timeout: float, exit_code: int) -> None:
 
 
 def _bf16_staging(values: int):
-    from .backends.cuda.buffer import DeviceBuffer
+    from ...backends.cuda.buffer import DeviceBuffer
 
     return DeviceBuffer.allocate(BF16_BYTES * values)
 
 
 def _scalar(backend):
-    from .tensor import Tensor
+    from ...tensor import Tensor
 
     return Tensor.zeros((1,), backend)

@@ -8,7 +8,7 @@ import numbers
 from dataclasses import dataclass
 from math import isfinite
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 SCHEDULES = ("constant", "inverse", "step", "cosine")
 

@@ -9,13 +9,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .config_file import MAX_LAYERS
-from .config_section import _describe, _float32, _Section
-from .errors import ConfigError
-from .layers import LAYER_TYPES, LossLayer
-from .layers.activation import MODES as ACTIVATION_MODES
-from .layers.batchnorm import MODES as BATCH_NORM_MODES
-from .layers.pooling import MODES as POOLING_MODES
+from ..errors import ConfigError
+from ..layers import LAYER_TYPES, LossLayer
+from ..layers.activation import MODES as ACTIVATION_MODES
+from ..layers.batchnorm import MODES as BATCH_NORM_MODES
+from ..layers.pooling import MODES as POOLING_MODES
+from .reader import MAX_LAYERS
+from .section import _describe, _float32, _Section
 
 LOSS_LAYERS = tuple(name for name, layer in LAYER_TYPES.items() if issubclass(layer, LossLayer))
 LAYER_NAME_LENGTH = 128  # within a zip member name and a file name (NAME_MAX 255) with a suffix

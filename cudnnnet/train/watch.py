@@ -8,9 +8,9 @@ import signal
 
 import numpy as np
 
-from .tensor import Tensor
+from ..tensor import Tensor
 
-log = logging.getLogger("cudnnnet.training")
+log = logging.getLogger("cudnnnet.train.trainer")
 
 
 class NonFiniteWatch:

@@ -19,8 +19,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from .errors import ConfigError, UsageError
-from .suggest import did_you_mean
+from ..errors import ConfigError, UsageError
+from ..util.suggest import did_you_mean
 
 TEXT_KEYS = ("name", "dir", "train_images", "train_labels", "test_images", "test_labels", "train_file", "test_file")
 PIECE = re.compile(r"([^\[\]]+)?((?:\[\d+\])*)")  # a key, then any [index]

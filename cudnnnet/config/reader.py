@@ -13,12 +13,12 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
-from .shipped_configs import valid_configs
+from ..errors import ConfigError
+from ..limits import MAX_INTEGER
+from .shipped import valid_configs
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_DEPTH = 32  # nesting of mappings and lists
-MAX_INTEGER = 2**31 - 1  # every integer setting: cuBLAS and cuDNN take 32-bit sizes, and no count needs more
 MAX_MERGED_KEYS = 10_000  # keys merges (``<<: *defaults``) may bring into one mapping
 MAX_LAYERS = 10_000  # layers of one model: a config's model list (a few aliases make thousands), Network.add_layer
 

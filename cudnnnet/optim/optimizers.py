@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import CheckpointError, InvalidArgumentError, ShapeError
+from ..limits import MAX_INTEGER
+from ..tensor import FLOAT32_MAX, FLOAT32_TINY, Tensor, finite_real, float32_values
 from .schedules import ScheduleConfig
-from .config_file import MAX_INTEGER
-from .errors import CheckpointError, InvalidArgumentError, ShapeError
-from .tensor import FLOAT32_MAX, FLOAT32_TINY, Tensor, finite_real, float32_values
 
 ADAM_STEPS = "adam_steps"  # checkpoint array, after the prefix: the steps Adam took (its bias correction's t)
 PACK_ALIGNMENT = 64  # floats (256 bytes): each packed tensor starts as aligned as an allocation of its own

@@ -10,10 +10,10 @@ import reprlib
 from math import isfinite
 from typing import Any, NoReturn
 
-from .config_file import MAX_INTEGER
-from .errors import ConfigError
-from .suggest import did_you_mean
-from .tensor import FLOAT32_MAX, float32_rounded
+from ..errors import ConfigError
+from ..limits import MAX_INTEGER
+from ..tensor import FLOAT32_MAX, float32_rounded
+from ..util.suggest import did_you_mean
 
 _REQUIRED = object()
 _SHORT_REPR = reprlib.Repr()

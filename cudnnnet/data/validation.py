@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataError
+from ..errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def _read(path: Path, data, pixels: np.ndarray):
     if not path.is_file():
         raise DataError(f"data.validation {path}: no such file or folder; give a fraction in (0, 1), an .npz file or "
                         f"(image-folder) a folder")
-    from .data.sources import read_npz
+    from .sources import read_npz
 
     return read_npz(path)
 
@@ -98,7 +98,7 @@ def _read_folder(path: Path, data, pixels: np.ndarray):
     """An image folder's validation images, decoded as its training images were (same classes and channels)."""
     import dataclasses
 
-    from .data.image_folder import class_names, decoded_folder
+    from .image_folder import class_names, decoded_folder
 
     classes = class_names(Path(data.dir) / "train" if (Path(data.dir) / "train").is_dir() and
                           (Path(data.dir) / "test").is_dir() else Path(data.dir))

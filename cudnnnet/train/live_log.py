@@ -15,7 +15,7 @@ import logging
 import math
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 
 log = logging.getLogger(__name__)
 

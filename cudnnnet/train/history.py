@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import CheckpointError
-from .validation import TEST_FIELDS, VALIDATION_FIELDS
+from ..data.validation import TEST_FIELDS, VALIDATION_FIELDS
+from ..errors import CheckpointError
 
 HISTORY_FIELDS = ("epoch", "steps", "learning_rate", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
                   "epoch_seconds")

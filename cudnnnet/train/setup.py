@@ -10,14 +10,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import COMPUTED, Config
-from .data.image_folder import class_names as folder_classes
-from .data.pixels import PixelImages, as_channels, channel_statistics
-from .data.sources import class_names, load_source
-from .errors import DataError
-from .files import atomic_write
-from .network import Network
-from .validation import check_labels as check_validation_labels, hold_out
+from ..config.schema import COMPUTED, Config
+from ..data.image_folder import class_names as folder_classes
+from ..data.pixels import PixelImages, as_channels, channel_statistics
+from ..data.sources import class_names, load_source
+from ..data.validation import check_labels as check_validation_labels, hold_out
+from ..errors import DataError
+from ..io.files import atomic_write
+from ..network import Network
 
 log = logging.getLogger(__name__)
 

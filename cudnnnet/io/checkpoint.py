@@ -31,9 +31,9 @@ from typing import BinaryIO, Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
-from .errors import CheckpointError, WriteError
+from ..errors import CheckpointError, WriteError
+from ..tensor import MAX_TENSOR_VALUES
 from .files import atomic_write
-from .tensor import MAX_TENSOR_VALUES
 
 log = logging.getLogger(__name__)
 

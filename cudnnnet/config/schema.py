@@ -18,26 +18,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .augmentation import MAX_CROP_PADDING
-from .backends import DEVICES
-from .data.mnist import MNIST_MEAN, MNIST_STD
-from .data.pixels import MAX_IMAGE_PIXELS, RESIZE_MODES
-from .data.sources import DATASETS, MAX_CLASSES
-from .data.streamed import PLACEMENTS
-from .config_file import read_yaml
-from .config_layers import LayerSpec, parse_model
-from .config_section import _REQUIRED, _SHORT_REPR, _describe, _float32, _Section, _without_none
-from .engine import DEFAULT_ENGINE, ENGINES
-from .optim import OPTIMIZERS, OptimizerConfig
-from .monitoring import AUTO as AUTO_MONITOR, EarlyStoppingConfig, check_monitor, parse_early_stopping, parse_monitor
-from .errors import ConfigError
-from .precision import DEFAULT_PRECISION, PRECISION_NAMES
-from .loss_scaling import (LOSS_SCALE_GROWTH_INTERVAL, LOSS_SCALE_INITIAL, MAX_GROWTH_INTERVAL, MAX_LOSS_SCALE,
-                           LossScaleConfig)
-from .schedules import SCHEDULES, ScheduleConfig
-from .shipped_configs import resolve_config
-from .tensor import FLOAT32_TINY
-from .validation import parse_validation
+from ..augmentation import MAX_CROP_PADDING
+from ..backends import DEVICES
+from ..data.mnist import MNIST_MEAN, MNIST_STD
+from ..data.pixels import MAX_IMAGE_PIXELS, RESIZE_MODES
+from ..data.sources import DATASETS, MAX_CLASSES
+from ..data.streamed import PLACEMENTS
+from ..data.validation import parse_validation
+from ..engine import DEFAULT_ENGINE, ENGINES
+from ..errors import ConfigError
+from ..optim.loss_scaling import (LOSS_SCALE_GROWTH_INTERVAL, LOSS_SCALE_INITIAL, MAX_GROWTH_INTERVAL, MAX_LOSS_SCALE,
+                                  LossScaleConfig)
+from ..optim.optimizers import OPTIMIZERS, OptimizerConfig
+from ..optim.schedules import SCHEDULES, ScheduleConfig
+from ..precision import DEFAULT_PRECISION, PRECISION_NAMES
+from ..tensor import FLOAT32_TINY
+from .layers import LayerSpec, parse_model
+from .monitor import AUTO as AUTO_MONITOR, EarlyStoppingConfig, check_monitor, parse_early_stopping, parse_monitor
+from .reader import read_yaml
+from .section import _REQUIRED, _SHORT_REPR, _describe, _float32, _Section, _without_none
+from .shipped import resolve_config
 
 TOP_LEVEL_KEYS = ("model", "data", "train", "device", "math", "engine")  # a config file's sections
 

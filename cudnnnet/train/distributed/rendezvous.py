@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from .errors import DistributedError, UsageError
+from ...errors import DistributedError, UsageError
 
 log = logging.getLogger(__name__)
 

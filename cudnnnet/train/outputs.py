@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from .errors import CheckpointError, OutputExistsError, OutputInUseError, WriteError
+from ..errors import CheckpointError, OutputExistsError, OutputInUseError, WriteError
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import ConfigError
-from .suggest import did_you_mean
+from ..errors import ConfigError
+from ..util.suggest import did_you_mean
 
-CONFIG_DIR = Path(__file__).with_name("configs")
+CONFIG_DIR = Path(__file__).parent.parent / "configs"
 SUFFIXES = (".yaml", ".yml")
 
 

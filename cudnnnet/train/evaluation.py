@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .data.loader import BatchLoader
-from .data.resident import BatchFeed
-from .network import Network
-from .tensor import Tensor
+from ..data.loader import BatchLoader
+from ..data.resident import BatchFeed
+from ..network import Network
+from ..tensor import Tensor
 
 
 @dataclass

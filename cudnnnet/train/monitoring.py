@@ -16,68 +16,15 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CheckpointError, ConfigError
+from ..config.monitor import EarlyStoppingConfig
+from ..errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
-MONITORS = (AUTO, "validation_loss", "validation_accuracy", "test_loss", "test_accuracy", "train_loss",
-            "train_accuracy")
 BEST_NAME = "best.npz"
 STATE_KEY = "monitor"  # model.npz's metadata: this module's state
-
-
-@dataclass(frozen=True)
-class EarlyStoppingConfig:
-    """``train.early_stopping``: stop after ``patience`` epochs without an improvement above ``min_delta``."""
-
-    patience: int
-    min_delta: float = 0.0
-
-    def to_dict(self) -> dict:
-        return {"patience": self.patience, "min_delta": self.min_delta}
-
-
-def parse_monitor(train) -> str:
-    """train.monitor from a config section (``config_section._Section``)."""
-    return train.choice("monitor", MONITORS, AUTO)
-
-
-def parse_early_stopping(train) -> EarlyStoppingConfig | None:
-    """train.early_stopping: absent, null or false (off), or {patience: integer >= 1, min_delta: number >= 0}."""
-    value = train.value.get("early_stopping")
-    if value is None or value is False:
-        return None
-    if not isinstance(value, dict):
-        train.fail("early_stopping", f"expected false or a mapping {{patience: P, min_delta: D}} (P an integer >= 1, "
-                                     f"D a number >= 0), got {value!r}")
-    section = train.section("early_stopping")
-    section.only(("patience", "min_delta"), context="early_stopping")
-    return EarlyStoppingConfig(patience=section.integer("patience", low=1),
-                               min_delta=section.number("min_delta", 0.0, low=0.0))
-
-
-def monitored(config) -> str:
-    """The figure ``config`` (a Config) watches: its train.monitor, ``auto`` resolved."""
-    if config.train.monitor != AUTO:
-        return config.train.monitor
-    return "validation_loss" if config.data.validation is not None else "test_loss"
-
-
-def check_monitor(config) -> None:
-    """ConfigError where train.monitor names a figure the epochs' rows do not hold: validation figures
-    need data.validation, and with it the test set is evaluated once, at the end."""
-    metric = config.train.monitor
-    validating = config.data.validation is not None
-    if metric.startswith("validation_") and not validating:
-        raise ConfigError(f"{config.source}: train.monitor: {metric} needs data.validation (a fraction of the "
-                          f"training set such as 0.1, or a file); without it monitor test_loss or test_accuracy")
-    if metric.startswith("test_") and validating:
-        raise ConfigError(f"{config.source}: train.monitor: with data.validation the test set is evaluated once, at "
-                          f"the end; monitor validation_loss or validation_accuracy")
 
 
 class Monitor:
@@ -142,7 +89,7 @@ class Monitor:
 
     def save_best(self, path: Path, metadata: dict) -> None:
         """Write the best weights as a checkpoint ``path`` (``metadata``: the network's and its config)."""
-        from . import checkpoint
+        from ..io import checkpoint
 
         if self.best_arrays is not None:
             checkpoint.save_npz(path, self.best_arrays, {**metadata, "best": {"monitor": self.metric, **self.best}})

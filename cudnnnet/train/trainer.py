@@ -28,35 +28,36 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint
-from .background import Background
-from .backends import get_backend, warm_up
-from .config import Config, with_checkpoint_defaults
-from .config_file import MAX_INTEGER
+from ..backends import get_backend, warm_up
+from ..config.monitor import monitored
+from ..config.overrides import config_yaml
+from ..config.schema import Config, with_checkpoint_defaults
+from ..data.loader import BatchLoader
+from ..data.resident import BatchFeed, ResidentData, ResidentTestSet, resident_images  # noqa: F401 (re-exported)
+from ..data.sources import class_names  # noqa: F401 (re-exported)
+from ..data.streamed import StreamedData, choose_placement
+from ..data.validation import epoch_fields
+from ..errors import CheckpointError, ConfigError, TrainingError
+from ..io import checkpoint
+from ..limits import MAX_INTEGER
+from ..network import OPTIMIZER_PREFIX
+from ..optim.loss_scaling import LossScaler
+from ..optim.optimizers import make_optimizer
+from ..precision import get_precision
+from ..tensor import Tensor
+from ..util.background import Background
+from .checks import check_batch_statistics, check_class_scores, check_model_fits, check_resumed_model
 from .curves import plot_curves
-from .data.loader import BatchLoader
-from .data.resident import BatchFeed, ResidentData, ResidentTestSet, resident_images  # noqa: F401 (re-exported)
-from .data.sources import class_names  # noqa: F401 (re-exported)
-from .data.streamed import StreamedData, choose_placement
-from .distributed import Replicas, Shard
-from .errors import CheckpointError, ConfigError, TrainingError
+from .distributed.replicas import Replicas, Shard
 from .evaluation import Accumulator, Evaluation, evaluate, evaluate_batches  # noqa: F401 (re-exported)
-from .loss_scaling import LossScaler
-from .network import OPTIMIZER_PREFIX
-from .optim import make_optimizer
-from .outputs import OutputFolder, checkpoint_to_resume
-from .tensor import Tensor
 from .history import HISTORY_FIELDS, check_history, history_csv  # noqa: F401 (HISTORY_FIELDS re-exported)
 from .live_log import progress_line
-from .monitoring import BEST_NAME, STATE_KEY, Monitor, monitored
-from .overrides import config_yaml
-from .precision import get_precision
-from .training_watch import NonFiniteWatch, progress_bar, signals_to
-from .training_checks import check_batch_statistics, check_class_scores, check_model_fits, check_resumed_model
-from .training_setup import (KNOWN_SHAPES, build_network, data_classes, input_shape, load_data,  # noqa: F401
-                             load_split, load_split_pixels, local_splits, model_mapping, smallest_input_shape,
-                             write_atomic)  # (re-exported: the setup's names)
-from .validation import epoch_fields
+from .monitoring import BEST_NAME, STATE_KEY, Monitor
+from .outputs import OutputFolder, checkpoint_to_resume
+from .setup import (KNOWN_SHAPES, build_network, data_classes, input_shape, load_data,  # noqa: F401
+                    load_split, load_split_pixels, local_splits, model_mapping, smallest_input_shape,
+                    write_atomic)  # (re-exported: the setup's names)
+from .watch import NonFiniteWatch, progress_bar, signals_to
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import struct
 import zlib
 from pathlib import Path
 
-from .files import atomic_write
+from ..io.files import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backends.arguments import LOSS_SCALE_VALUES
-from .errors import CheckpointError, InvalidArgumentError
-from .tensor import FLOAT32_TINY, Tensor
+from ..backends.arguments import LOSS_SCALE_VALUES
+from ..errors import CheckpointError, InvalidArgumentError
+from ..tensor import FLOAT32_TINY, Tensor
 
 log = logging.getLogger(__name__)
 

@@ -5,12 +5,12 @@ BatchNorm never takes a statistic over one value, and a resumed checkpoint holds
 
 from __future__ import annotations
 
-from .data.mnist import SPLIT_COUNTS
-from .data.sources import class_names
-from .errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError
-from .layers import LAYER_TYPES, BatchNorm
-from .network import ModelSizeError, Network, check_model_size
-from .training_setup import input_shape, smallest_input_shape
+from ..data.mnist import SPLIT_COUNTS
+from ..data.sources import class_names
+from ..errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError
+from ..layers import LAYER_TYPES, BatchNorm
+from ..network import ModelSizeError, Network, check_model_size
+from .setup import input_shape, smallest_input_shape
 
 
 def check_model(config) -> None:

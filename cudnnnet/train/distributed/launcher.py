@@ -21,8 +21,8 @@ import subprocess
 import sys
 import time
 
-from . import distributed
-from .errors import UsageError
+from ...errors import UsageError
+from . import replicas as distributed
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +54,12 @@ def visible_gpus(count: int) -> list[str]:
     if listed is not None:
         gpus = [entry.strip() for entry in listed.split(",") if entry.strip()]
     else:
-        from .backends import no_gpu_reason
+        from ...backends import no_gpu_reason
 
         reason = no_gpu_reason()
         if reason is not None:
             raise UsageError(f"--gpus {count}: no GPU is usable here ({reason})")
-        from .backends.cuda.bindings import driver_start
+        from ...backends.cuda.bindings import driver_start
 
         gpus = [str(ordinal) for ordinal in range(driver_start.device_count())]
     if len(gpus) < count:

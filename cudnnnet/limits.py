@@ -1,0 +1,4 @@
+"""The largest integer any setting, count or stored counter may hold (no NumPy here: the
+command-line tools read configs before they import it)."""
+
+MAX_INTEGER = 2**31 - 1  # every integer setting: cuBLAS and cuDNN take 32-bit sizes, and no count needs more

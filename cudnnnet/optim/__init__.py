@@ -1,0 +1,1 @@
+"""Optimisers (SGD, Adam), learning-rate schedules and fp16's dynamic loss scaling."""

@@ -1,0 +1,2 @@
+"""Training from a config: setup, the Trainer, its checks, evaluation, outputs, curves, and
+several GPUs (``distributed``)."""
