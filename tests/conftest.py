@@ -48,7 +48,9 @@ def engines_restored():
     from cudnnnet.backends import _instances
     from cudnnnet.engine import DEFAULT_ENGINE
 
-    before = {name: (backend.engine, backend.math) for name, backend in _instances.items()}
+    # the defaults (set_engine, set_math), not the settings in force: a module's fixture may hold a
+    # ``using`` block open over its tests, and restoring its settings as defaults would outlive it
+    before = {name: (backend._default_engine, backend._default_precision.name) for name, backend in _instances.items()}
     yield
     for name, backend in _instances.items():
         engine, math = before.get(name, (DEFAULT_ENGINE, "fp32"))
