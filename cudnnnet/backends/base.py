@@ -149,6 +149,32 @@ _IN_FORCE: contextvars.ContextVar = contextvars.ContextVar("cudnnnet_backend_set
 _UNSET = Settings()
 
 
+class _Using:
+    """The block ``Backend.using`` returns: ``settings`` in force on ``backend`` for its body (a class,
+    not a generator: a network enters one around each of its calls)."""
+
+    __slots__ = ("backend", "settings", "token")
+
+    def __init__(self, backend: "Backend", settings: Settings):
+        self.backend, self.settings, self.token = backend, settings, None
+
+    def __enter__(self) -> "Backend":
+        backend = self.backend
+        before = backend.precision
+        self.token = _IN_FORCE.set({**_IN_FORCE.get(), id(backend): self.settings})
+        if backend.precision is not before:
+            backend._use_precision(backend.precision)
+        return backend
+
+    def __exit__(self, *exception) -> bool:
+        backend = self.backend
+        inside = backend.precision
+        _IN_FORCE.reset(self.token)
+        if backend.precision is not inside:
+            backend._use_precision(backend.precision)
+        return False
+
+
 class Backend(ABC):
     """What a layer may ask of a backend. One instance per device; ``host`` is a singleton.
 
@@ -166,13 +192,15 @@ class Backend(ABC):
     @property
     def engine(self) -> Engine:
         """The engine in force: the innermost ``using`` block's, else the default (``set_engine``)."""
-        engine = _IN_FORCE.get().get(id(self), _UNSET).engine
+        in_force = _IN_FORCE.get()
+        engine = in_force.get(id(self), _UNSET).engine if in_force else None
         return self._default_engine if engine is None else engine
 
     @property
     def precision(self) -> Precision:
         """The precision in force: the innermost ``using`` block's, else the default (``set_math``)."""
-        precision = _IN_FORCE.get().get(id(self), _UNSET).precision
+        in_force = _IN_FORCE.get()
+        precision = in_force.get(id(self), _UNSET).precision if in_force else None
         return self._default_precision if precision is None else precision
 
     @property
@@ -190,24 +218,17 @@ class Backend(ABC):
         self._default_precision = get_precision(math)
         self._use_precision(self.precision)
 
-    @contextlib.contextmanager
     def using(self, engine: "str | Engine | None" = None, math: "str | Precision | None" = None):
         """``engine`` and ``math`` for the calls made on this backend inside the block, in this thread or
         task (None: the enclosing block's, else the default, which ``set_engine`` / ``set_math`` may change
-        meanwhile); what was in force before it afterwards (Chainer's ``using_config``)."""
-        outer, precision_before = _IN_FORCE.get().get(id(self), _UNSET), self.precision
+        meanwhile); what was in force before it afterwards (Chainer's ``using_config``). Inside a block
+        that already sets both to the same, it changes nothing (a network's calls inside its Trainer's)."""
+        outer = _IN_FORCE.get().get(id(self), _UNSET)
         settings = Settings(outer.engine if engine is None else get_engine(engine),
                             outer.precision if math is None else get_precision(math))
-        token = _IN_FORCE.set({**_IN_FORCE.get(), id(self): settings})
-        if self.precision is not precision_before:
-            self._use_precision(self.precision)
-        try:
-            yield self
-        finally:
-            inside = self.precision
-            _IN_FORCE.reset(token)
-            if self.precision is not inside:
-                self._use_precision(self.precision)
+        if settings.engine is outer.engine and settings.precision is outer.precision:
+            return contextlib.nullcontext(self)
+        return _Using(self, settings)
 
     def using_engine(self, engine: "str | Engine"):
         """``using(engine=engine)``: ``engine`` inside the block, the one in force before it afterwards."""
