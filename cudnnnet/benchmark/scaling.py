@@ -37,7 +37,11 @@ def measure_scaling(settings: dict, gpus: int) -> dict:
     PyTorch DDP's under the engine name ``torch_ddp`` (eager; its target: none)."""
     names = [name for name in settings["workloads"] if name in SCALABLE]
     ranked = {**settings, "workloads": names}
-    one, several = _measure(1, ranked), _measure(gpus, ranked)
+    one, several = {}, {}
+    for name in names:  # each workload in processes of its own, as a user runs one training a process
+        alone = {**ranked, "workloads": [name]}
+        one.update(_measure(1, alone))
+        several.update(_measure(gpus, alone))
     if settings.get("compare") == "torch":
         for figures, count in ((one, 1), (several, gpus)):
             for name, summary in _measure(count, ranked, TORCH_MODULE, plain=False).items():

@@ -18,7 +18,7 @@ from ..optim.optimizers import SGD
 from ..tensor import Tensor
 from ..train.distributed import replicas as distributed
 from .measuring import step_summary, timed_calls
-from .settings import MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS
+from .settings import MICRO_LEARNING_RATE, SCALING_MICRO_WARMUP
 from .workloads import build_micro_network, micro_data, micro_layer_sizes
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,7 @@ def micro_steps(engine: str, settings: dict, launch) -> dict:
         step()  # allocates, plans and compiles what a capture cannot
         with backend.capture() as graph:
             step()
-        seconds = timed_calls(graph.launch, settings["repeat"], backend.synchronize, MICRO_WARMUP,
-                              MICRO_WARMUP_SECONDS)
+        seconds = timed_calls(graph.launch, settings["repeat"], backend.synchronize, SCALING_MICRO_WARMUP)
     except BaseException as error:
         # said before the teardown, whose watchdog may end the process before the error reaches its caller
         log.error("micro %s on this rank failed: %s: %s", engine, type(error).__name__, error)

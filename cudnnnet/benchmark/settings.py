@@ -23,6 +23,9 @@ MICRO_WARMUP = 2
 # On a GPU every micro row (ours and PyTorch's, eager and graph) is timed after this long of untimed steps:
 # its clock is then in the steady state of that row's load, whatever ran before it.
 MICRO_WARMUP_SECONDS = 1.0
+# --gpus N's micro step: untimed steps by count, not by seconds, so every rank makes the same number of
+# calls (each holds collectives; a rank that made one more would wait on its peers for ever)
+SCALING_MICRO_WARMUP = 25
 # Each micro graph row (ours and PyTorch's) is also reported at steady state: replayed untimed for this long
 # right after its timed steps, then STEADY_REPLAYS timed replays, of which the median of the last half.
 STEADY_SECONDS = 3.0

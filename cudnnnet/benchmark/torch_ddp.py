@@ -21,7 +21,7 @@ import numpy as np
 from ..train import trainer as training
 from .measuring import epoch_summary, step_summary, timed_calls
 from .scaling_micro import micro_part
-from .settings import MICRO_LEARNING_RATE, MICRO_WARMUP, MICRO_WARMUP_SECONDS
+from .settings import MICRO_LEARNING_RATE, SCALING_MICRO_WARMUP
 from .torch_reference import TorchTraining, set_torch_math, torch_micro_model
 from .workloads import data_dir, generated_data, micro_data, workload_config
 
@@ -88,7 +88,7 @@ def _micro_steps(torch, name: str, settings: dict, rank: int, world_size: int) -
         (0.5 * (outputs.float() - targets).pow(2).sum() / len(part)).backward()
         optimizer.step()
 
-    seconds = timed_calls(step, settings["repeat"], torch.cuda.synchronize, MICRO_WARMUP, MICRO_WARMUP_SECONDS)
+    seconds = timed_calls(step, settings["repeat"], torch.cuda.synchronize, SCALING_MICRO_WARMUP)
     set_torch_math(torch, "fp32")
     summary = step_summary(seconds)
     log.info("torch DDP micro on %d GPU%s: %.2f ms a step", world_size, "s" if world_size > 1 else "",
