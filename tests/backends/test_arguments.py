@@ -9,8 +9,9 @@ import inspect
 import numpy as np
 import pytest
 
-from cudnnnet.backends.base import (OP_N, ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor,
-                                    PoolingDescriptor, PoolingMode)
+from cudnnnet.backends.base import OP_N, Backend
+from cudnnnet.backends.descriptors import (ActivationDescriptor, ActivationMode, ConvolutionDescriptor,
+                                           PoolingDescriptor, PoolingMode)
 from cudnnnet.backends.cuda.backend import CudaBackend
 from cudnnnet.backends.host import HostBackend
 from cudnnnet.errors import ShapeError, UsageError

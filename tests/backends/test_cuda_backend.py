@@ -17,15 +17,9 @@ import pytest
 
 from cudnnnet.backends import cuda_available, get_backend
 from cudnnnet.engine import FAST
-from cudnnnet.backends.base import (
-    OP_N,
-    OP_T,
-    ActivationDescriptor,
-    ActivationMode,
-    ConvolutionDescriptor,
-    PoolingDescriptor,
-    PoolingMode,
-)
+from cudnnnet.backends.base import OP_N, OP_T
+from cudnnnet.backends.descriptors import (ActivationDescriptor, ActivationMode, ConvolutionDescriptor,
+                                           PoolingDescriptor, PoolingMode)
 from cudnnnet.errors import CublasError, CudnnError, DeviceError, NvrtcError, OutOfMemoryError, ShapeError, UsageError
 from cudnnnet.tensor import Tensor
 

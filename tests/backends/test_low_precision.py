@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
-from cudnnnet.backends.base import OP_N, OP_T, ConvolutionDescriptor
+from cudnnnet.backends.base import OP_N, OP_T
+from cudnnnet.backends.descriptors import ConvolutionDescriptor
 from cudnnnet.backends.host.backend import round_to_bf16, round_to_fp16
 from cudnnnet.errors import UsageError
 from cudnnnet.tensor import Tensor

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from cudnnnet.io import cache
-from cudnnnet.backends.base import ConvolutionDescriptor
+from cudnnnet.backends.descriptors import ConvolutionDescriptor
 from cudnnnet.backends.cuda import convolution, plan_cache
 from cudnnnet.backends.cuda import convolution_planner as planner_module
 from cudnnnet.backends.cuda.backend import CudaBackend

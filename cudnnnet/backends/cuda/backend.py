@@ -32,8 +32,8 @@ from ...errors import ShapeError, UsageError
 from ...precision import Precision
 from ...tensor import Tensor, as_shape
 from ..arguments import check_fits, extent, same_shape, stored_shape
-from ..base import ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor
-from ..base import BatchNormMode
+from ..base import Backend
+from ..descriptors import ActivationDescriptor, BatchNormMode, ConvolutionDescriptor, PoolingDescriptor
 from .dropout import DropoutReserve, DropoutState
 from .array_protocols import ArrayProtocols
 from .bindings import cublas, cudnn, runtime

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from ...errors import CudnnError
-from ..base import ConvolutionDescriptor
+from ..descriptors import ConvolutionDescriptor
 from . import gemm_convolution
 from .bindings import cudnn
 from .buffer import FLOAT32_BYTES

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from ...engine import Engine
 from ...errors import DeviceError, ShapeError
 from ...tensor import Tensor, as_shape
-from ..base import ConvolutionDescriptor
+from ..descriptors import ConvolutionDescriptor
 from . import plan_cache
 from .backward_bias import scratch_bytes as bias_scratch_bytes
 from .convolution import DIRECTION_NAMES, ConvolutionPlan, Direction, backward_data_by_forward, make_plan, plan_with

@@ -30,8 +30,8 @@ from ...float_images import to_float_images
 from ...precision import PRECISIONS
 from ...tensor import Tensor
 from ..arguments import OP_N, same_shape
-from ..base import (ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor,
-                    PoolingDescriptor, PoolingMode)
+from ..base import Backend
+from ..descriptors import ActivationDescriptor, ActivationMode, ConvolutionDescriptor, PoolingDescriptor, PoolingMode
 from . import batch_norm
 
 log = logging.getLogger(__name__)

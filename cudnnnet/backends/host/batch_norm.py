@@ -7,7 +7,7 @@ import numpy as np
 
 from ...errors import ShapeError, UsageError
 from ...tensor import Tensor
-from ..base import BatchNormMode
+from ..descriptors import BatchNormMode
 
 
 def _nd(tensor: Tensor) -> np.ndarray:
