@@ -622,7 +622,6 @@ class Backend(ABC):
     def _dropout_backward(self, state, reserve, dy, dx) -> None:
         """``dropout_backward`` on the arguments it has checked."""
 
-    @abstractmethod
     def batch_norm_forward_training(self, mode: "BatchNormMode", x, y, scale, bias, factor: float, running_mean,
                                     running_var, eps: float, save_mean, save_inv_std, relu: bool = False,
                                     communicator=None) -> None:
@@ -642,12 +641,26 @@ class Backend(ABC):
         (the backend's storage of them: a device address on CUDA, a NumPy array on the host) before
         normalising: μ, σ² and m are those of every rank's batch together.
         """
+        arguments.check_batch_norm("batch_norm_forward_training", mode, x, (y,),
+                                   (scale, bias, running_mean, running_var, save_mean, save_inv_std))
+        self._batch_norm_forward_training(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
+                                          save_inv_std, relu, communicator)
 
     @abstractmethod
+    def _batch_norm_forward_training(self, mode: "BatchNormMode", x, y, scale, bias, factor: float, running_mean,
+                                     running_var, eps: float, save_mean, save_inv_std, relu: bool = False,
+                                     communicator=None) -> None:
+        """``batch_norm_forward_training`` on the arguments it has checked."""
+
     def batch_norm_forward_inference(self, mode: "BatchNormMode", x, y, scale, bias, mean, var, eps: float) -> None:
         """cudnnBatchNormalizationForwardInference: y = scale·(x - mean)/√(var + eps) + bias."""
+        arguments.check_batch_norm("batch_norm_forward_inference", mode, x, (y,), (scale, bias, mean, var))
+        self._batch_norm_forward_inference(mode, x, y, scale, bias, mean, var, eps)
 
     @abstractmethod
+    def _batch_norm_forward_inference(self, mode: "BatchNormMode", x, y, scale, bias, mean, var, eps: float) -> None:
+        """``batch_norm_forward_inference`` on the arguments it has checked."""
+
     def batch_norm_backward(self, mode: "BatchNormMode", x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
                             save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
         """cudnnBatchNormalizationBackward (all alphas 1, betas 0), from the saved μ and 1/√(σ² + eps):
@@ -662,3 +675,12 @@ class Backend(ABC):
         ranks before dx is computed from them; dscale and dbias are this rank's sums (averaged over
         the ranks afterwards with every other gradient, they become the gradient of the mean loss).
         """
+        arguments.check_batch_norm_backward(mode, x, dy, dx, (scale, dscale, dbias, save_mean, save_inv_std), bias,
+                                            relu)
+        self._batch_norm_backward(mode, x, dy, dx, scale, dscale, dbias, eps, save_mean, save_inv_std, bias, relu,
+                                  communicator)
+
+    @abstractmethod
+    def _batch_norm_backward(self, mode: "BatchNormMode", x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
+                             save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
+        """``batch_norm_backward`` on the arguments it has checked."""

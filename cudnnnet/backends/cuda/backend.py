@@ -31,9 +31,9 @@ from ...engine import Engine
 from ...errors import ShapeError, UsageError
 from ...precision import Precision
 from ...tensor import Tensor, as_shape
-from ..arguments import check_fits, extent, same_shape, stored_shape
+from ..arguments import batch_norm_parameter_shape, check_fits, extent, stored_shape
 from ..base import Backend
-from ..descriptors import ActivationDescriptor, BatchNormMode, ConvolutionDescriptor, PoolingDescriptor
+from ..descriptors import ActivationDescriptor, ConvolutionDescriptor, PoolingDescriptor
 from .dropout import DropoutReserve, DropoutState
 from .array_protocols import ArrayProtocols
 from .bindings import cublas, cudnn, runtime
@@ -519,68 +519,46 @@ class CudaBackend(ArrayProtocols, Backend):
         cudnn.dropout_backward(self._cudnn, state.descriptor.handle, t, dy.data.ptr, t, dx.data.ptr,
                                reserve.buffer.ptr, reserve.nbytes)
 
-    def batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
-                                    eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
+    def _batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
+                                     eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
         """cudnnBatchNormalizationForwardTraining; in the fast engine our kernels (batch_norm.py), which
         also apply a ReLU to y where ``relu`` and sum the statistics over a ``communicator``'s ranks."""
-        same_shape("batch_norm_forward_training", x, y)
-        p = self._batch_norm_parameters("batch_norm_forward_training", mode, x, scale, bias, running_mean,
-                                        running_var, save_mean, save_inv_std)
         if self.engine.batch_norm_kernel:
             self._batch_norm.forward(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
                                      save_inv_std, relu, communicator)
             return
         _no_relu("batch_norm_forward_training", relu, communicator)
-        t = self._descriptors.tensor(x.shape).handle
+        t, p = self._descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
         cudnn.batch_normalization_forward_training(
             self._cudnn, int(mode), self.context.scalar(1.0), self.context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
             scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
             save_mean.data.ptr, save_inv_std.data.ptr)
 
-    def batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
+    def _batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
         """cudnnBatchNormalizationForwardInference."""
-        same_shape("batch_norm_forward_inference", x, y)
-        p = self._batch_norm_parameters("batch_norm_forward_inference", mode, x, scale, bias, mean, var)
-        t = self._descriptors.tensor(x.shape).handle
+        t, p = self._descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
         cudnn.batch_normalization_forward_inference(
             self._cudnn, int(mode), self.context.scalar(1.0), self.context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
             scale.data.ptr, bias.data.ptr, mean.data.ptr, var.data.ptr, float(eps))
 
-    def batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
-                            save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
+    def _batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
+                             save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
         """cudnnBatchNormalizationBackward; in the fast engine our kernels (batch_norm.py), which with
         ``relu`` take dy as the gradient after a ReLU applied by the forward pass (``bias`` given)."""
-        same_shape("batch_norm_backward", x, dy)
-        same_shape("batch_norm_backward", x, dx)
-        p = self._batch_norm_parameters("batch_norm_backward", mode, x, scale, dscale, dbias, save_mean,
-                                        save_inv_std, *(() if bias is None else (bias,)))
         if self.engine.batch_norm_kernel:
-            if relu and bias is None:
-                raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")
             self._batch_norm.backward(mode, x, dy, dx, scale, scale if bias is None else bias, dscale, dbias,
                                       save_mean, save_inv_std, relu, communicator)
             return
         _no_relu("batch_norm_backward", relu, communicator)
-        t = self._descriptors.tensor(x.shape).handle
+        t, p = self._descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
         one, zero = self.context.scalar(1.0), self.context.scalar(0.0)
         cudnn.batch_normalization_backward(
             self._cudnn, int(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
             scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)
 
-    def _batch_norm_parameters(self, call: str, mode, x, *parameters) -> int:
-        """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors,
-        each checked to hold that many values."""
-        if mode == BatchNormMode.SPATIAL:
-            shape = (1, x.c, 1, 1)
-        elif mode == BatchNormMode.PER_ACTIVATION:
-            shape = (1,) + x.shape[1:]
-        else:
-            raise UsageError(f"{call}: unknown mode {mode!r}; valid are PER_ACTIVATION (0) and SPATIAL (1)")
-        for tensor in parameters:
-            if tensor.size != shape[1] * shape[2] * shape[3]:
-                raise ShapeError(f"{call}: a parameter of shape {tensor.shape} does not fit x {x.shape} in mode "
-                                 f"{BatchNormMode(mode).name}; expected {shape}")
-        return self._descriptors.tensor(shape).handle
+    def _batch_norm_parameters(self, mode, x) -> int:
+        """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors."""
+        return self._descriptors.tensor(batch_norm_parameter_shape("batch normalisation", mode, x)).handle
 
 
 # ---- argument checks (cheap, host-side: a bad size must not become an out-of-bounds access) -----

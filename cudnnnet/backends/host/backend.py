@@ -29,7 +29,7 @@ from ...errors import ShapeError, UsageError
 from ...float_images import to_float_images
 from ...precision import PRECISIONS
 from ...tensor import Tensor
-from ..arguments import OP_N, same_shape
+from ..arguments import OP_N
 from ..base import Backend
 from ..descriptors import ActivationDescriptor, ActivationMode, ConvolutionDescriptor, PoolingDescriptor, PoolingMode
 from . import batch_norm
@@ -605,23 +605,19 @@ class HostBackend(Backend):
         """dx = dy·mask/(1 - rate), the mask of the last forward."""
         np.multiply(_nd(dy), reserve.reshape(dy.shape), out=_nd(dx))
 
-    def batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
-                                    eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
+    def _batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
+                                     eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
         """Batch statistics in float64 (batch_norm.py), over a ``communicator``'s ranks where given."""
         batch_norm.forward_training(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
                                     save_inv_std, relu, communicator)
 
-    def batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
+    def _batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
         """y = scale·(x - mean)/√(var + eps) + bias."""
         batch_norm.forward_inference(mode, x, y, scale, bias, mean, var, eps)
 
-    def batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
-                            save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
+    def _batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
+                             save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
         """dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale·inv_std/m·(m·dy - dbias - x̂·dscale) (batch_norm.py)."""
-        same_shape("batch_norm_backward", x, dy)
-        same_shape("batch_norm_backward", x, dx)
-        if relu and bias is None:
-            raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")
         batch_norm.backward(mode, x, dy, dx, scale, dscale, dbias, save_mean, save_inv_std, bias, relu, communicator)
 
 
