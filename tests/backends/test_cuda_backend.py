@@ -471,7 +471,7 @@ def by_forward_body(desc, choice):
         if b.name == "cuda":
             from cudnnnet.backends.cuda import convolution
 
-            flipped = convolution.flipped_filter(b._descriptors, desc, b.math, convolution.cudnn.FMA_MATH)
+            flipped = convolution.flipped_filter(b._descriptors, desc, b.precision, convolution.cudnn.FMA_MATH)
             found = convolution.by_forward_candidates(b._cudnn, plan.x, plan.y, flipped, b.workspace_limit,
                                                       convolution.cudnn.FMA_MATH)
             plan = dataclasses.replace(plan, backward_data=found[choice % len(found)], flipped=flipped)

@@ -21,6 +21,7 @@ from cudnnnet.backends.base import OP_N, OP_T
 from cudnnnet.backends.descriptors import ConvolutionDescriptor
 from cudnnnet.backends.host.backend import round_to_bf16, round_to_fp16
 from cudnnnet.errors import UsageError
+from cudnnnet.precision import get_precision
 from cudnnnet.tensor import Tensor
 from cudnnnet.train.trainer import build_network
 from run_helpers import math_mode
@@ -328,7 +329,8 @@ def forced_plan(backend, plan, algorithms: dict):
 
     chosen = {name: getattr(plan, name) for name in convolution.DIRECTION_NAMES} | algorithms
     forced = convolution.plan_with(backend._cudnn, backend._descriptors, plan.desc, plan.x_shape, plan.y_shape,
-                                   backend.math, cuda_backend.MATH_MODES[backend.math][1], backend.workspace_limit,
+                                   backend.precision, cuda_backend.MATH_MODES[backend.precision][1],
+                                   backend.workspace_limit,
                                    chosen)
     assert forced is not None, f"{algorithms} cannot run {plan}"
     backend.context.workspace(forced.workspace_bytes)
@@ -399,8 +401,8 @@ def test_16_bit_backward_data_as_a_flipped_forward_rounds_operands_and_result(ba
         if backend.name == "cuda":
             from cudnnnet.backends.cuda import backend as cuda_backend, bindings, convolution
 
-            math_type = cuda_backend.MATH_MODES[math][1]
-            flipped = convolution.flipped_filter(backend._descriptors, desc, math, math_type)
+            math_type = cuda_backend.MATH_MODES[backend.precision][1]
+            flipped = convolution.flipped_filter(backend._descriptors, desc, backend.precision, math_type)
             found = convolution.by_forward_candidates(backend._cudnn, plan.x, plan.y, flipped, backend.workspace_limit,
                                                       math_type)
             plan = forced_plan(backend, plan, {"backward_data": found[choice % len(found)]})
@@ -419,15 +421,16 @@ def test_an_untimed_batched_16_bit_gemm_runs_cublas_gemm_strided_batched_ex(cuda
     """A batched 16-bit GEMM problem without a timed plan (the heuristic search; a problem first met in a
     capture) runs cublasGemmStridedBatchedEx: Cᵢ = Aᵢ·B for three Aᵢ and a shared B (stride 0)."""
     from cudnnnet.backends.cuda import bindings
-    from cudnnnet.backends.cuda.low_precision import HALF_FORMATS
+    from cudnnnet.backends.cuda.low_precision import half_format
     from cudnnnet.backends.cuda.matmul import GemmProblem, alignment
 
     rounding, _ = HALF_ROUNDINGS[math]
     m, n, k, batch = 9, 7, 40, 3
     a, b = normal(rng, batch * m * k), normal(rng, k * n)
     A, B, C = Tensor.from_numpy(a, cuda), Tensor.from_numpy(b, cuda), Tensor.zeros((batch * m * n,), cuda)
-    a16, b16 = cuda.context.half.scratch.operands((A.data.ptr, A.size), (B.data.ptr, B.size), fmt=HALF_FORMATS[math])
-    problem = GemmProblem(OP_N, OP_N, m, n, k, m, k, m, batch, m * k, 0, m * n, math, alignment(a16, b16, C.data.ptr))
+    precision = get_precision(math)
+    a16, b16 = cuda.context.half.scratch.operands((A.data.ptr, A.size), (B.data.ptr, B.size), fmt=half_format(precision))
+    problem = GemmProblem(OP_N, OP_N, m, n, k, m, k, m, batch, m * k, 0, m * n, precision, alignment(a16, b16, C.data.ptr))
     bindings.reset_calls()
     cuda._gemm.run(problem, "heuristic", 1.0, a16, b16, 0.0, C.data.ptr)
     assert bindings.calls["cublasGemmStridedBatchedEx"] == 1

@@ -29,7 +29,7 @@ import numpy as np
 
 from ...engine import Engine
 from ...errors import ShapeError, UsageError
-from ...precision import Precision
+from ...precision import BF16, FP16, FP32, TF32, Precision
 from ...tensor import Tensor, as_shape
 from ..arguments import batch_norm_parameter_shape, check_fits, extent, stored_shape
 from ..base import Backend
@@ -46,18 +46,18 @@ from .convolution import BACKWARD_DATA, BACKWARD_FILTER, FORWARD, ConvolutionPla
 from .convolution_planner import ConvolutionPlanner, search_label
 from .gemm_convolution import INDEX_LIMIT
 from .kernel import blocks_for
-from .low_precision import HALF_FORMATS
+from .low_precision import half_format
 from . import pooling
 from .activation_kernels import ActivationKernels
 from .matmul import GemmEngine, GemmProblem, alignment
 from .optimisers import CudaOptimisers, check_device_scalar
 
-# mode: (cublasMath_t, cudnnMathType_t of convolutions)
+# precision: (cublasMath_t, cudnnMathType_t of convolutions)
 MATH_MODES = {
-    "fp32": (cublas.DEFAULT_MATH, cudnn.FMA_MATH),
-    "tf32": (cublas.TF32_TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION),
-    "bf16": (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
-    "fp16": (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
+    FP32: (cublas.DEFAULT_MATH, cudnn.FMA_MATH),
+    TF32: (cublas.TF32_TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION),
+    BF16: (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
+    FP16: (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
 }
 SOFTMAX_GROUP = 16  # lanes per sample in softmax_cross_entropy_backward (GROUP there)
 
@@ -67,7 +67,7 @@ class CudaBackend(ArrayProtocols, Backend):
 
     name = "cuda"
     plan_type = ConvolutionPlan  # what convolution_plan gives
-    maths = tuple(MATH_MODES)
+    maths = tuple(precision.name for precision in MATH_MODES)
 
     def __init__(self, device: int = 0, workspace_limit: int = 256 << 20, engine: "str | Engine" = "slides"):
         self.context = CudaContext(device)
@@ -82,7 +82,7 @@ class CudaBackend(ArrayProtocols, Backend):
         self._batch_norm = BatchNormKernels(self.context)  # the fast engine's batch normalisation in training
         self._optimisers = CudaOptimisers(self)  # SGD and Adam: cuBLAS paths, kernels, parameter tables
         self._activations = ActivationKernels(self.context)  # the fast engine's activation and bias kernels
-        self.set_math("fp32")  # the default; cuBLAS's math mode follows the precision in force (_use_precision)
+        self.set_math(FP32)  # the default; cuBLAS's math mode follows the precision in force (_use_precision)
 
     def __repr__(self) -> str:
         return (f"CudaBackend(device={self.context.device}, {self.device_name!r}, math={self.math!r}, "
@@ -108,7 +108,7 @@ class CudaBackend(ArrayProtocols, Backend):
         """cuBLAS's math mode is the handle's: set to ``precision``'s whenever the precision in force
         changes ("fp32" exact; "tf32" tensor cores, ~1e-3 relative error; "bf16" and "fp16" run on 16-bit
         copies, ~4e-3 and ~5e-4). A convolution's math type is set on its descriptor instead."""
-        cublas.set_math_mode(self._cublas, MATH_MODES[precision.name][0])
+        cublas.set_math_mode(self._cublas, MATH_MODES[precision][0])
 
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory (cudaMemGetInfo)."""
@@ -203,7 +203,7 @@ class CudaBackend(ArrayProtocols, Backend):
     # ---- cuBLAS -------------------------------------------------------------------------------
     def _sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
         a, b, c = A.data.ptr, B.data.ptr, C.data.ptr
-        if self.math in HALF_FORMATS:
+        if self.precision.half:
             self._gemm_bf16(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, c, ldc)
             return
         if not self.engine.gemm_plans:
@@ -212,8 +212,8 @@ class CudaBackend(ArrayProtocols, Backend):
             scalar = self.context.scalar
             cublas.sgemm(self._cublas, transa, transb, m, n, k, scalar(alpha), a, lda, b, ldb, scalar(beta), c, ldc)
             return
-        self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math=self.math, alignment=alignment(a, b, c)),
-                  alpha, a, b, beta, c)
+        self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, precision=self.precision,
+                              alignment=alignment(a, b, c)), alpha, a, b, beta, c)
 
     def _gemm_bf16(self, transa, transb, m, n, k, alpha, A: Tensor, lda: int, B: Tensor, ldb: int, beta, c: int,
                    ldc: int) -> None:
@@ -221,12 +221,13 @@ class CudaBackend(ArrayProtocols, Backend):
         and C: cublasGemmEx, or in the fast engine the problem's timed plan (cublasGemmEx or
         cublasLtMatmul, matmul.py)."""
         self.context.finish_warm_up()
-        fmt = HALF_FORMATS[self.math]
+        precision = self.precision
+        fmt = half_format(precision)
         a16, b16 = self.context.half.operands((A, extent(*stored_shape(transa, m, k, "A"), lda)),
                                               (B, extent(*stored_shape(transb, k, n, "B"), ldb)), fmt=fmt)
         if self.engine.gemm_plans:
-            self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math=self.math, alignment=alignment(a16, b16, c)),
-                      alpha, a16, b16, beta, c)
+            self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, precision=precision,
+                                  alignment=alignment(a16, b16, c)), alpha, a16, b16, beta, c)
             return
         # C = alpha·op(bf16(A))·op(bf16(B)) + beta·C      (fp16(A), fp16(B) under math "fp16")
         scalar = self.context.scalar
@@ -236,8 +237,9 @@ class CudaBackend(ArrayProtocols, Backend):
     def start_pass(self) -> None:
         """A network's forward and backward begin (Network.forward): under math "bf16" or "fp16", each
         GEMM and convolution operand is converted once, where first read, until ``end_pass``."""
-        if self.math in HALF_FORMATS:
-            self.context.half.copies.start(HALF_FORMATS[self.math])
+        fmt = half_format(self.precision)
+        if fmt is not None:
+            self.context.half.copies.start(fmt)
         else:
             self.context.half.copies.stop()
 
@@ -279,7 +281,7 @@ class CudaBackend(ArrayProtocols, Backend):
         """Where a kernel writing all of ``tensor`` also writes its bfloat16 copy (math "bf16", inside a
         pass, where it is a GEMM or convolution operand: low_precision.Bf16Copies.target), else None."""
         whole = tensor.size == tensor.data.size
-        return self.context.half.copies.target(tensor.data) if self.math == "bf16" and whole else None
+        return self.context.half.copies.target(tensor.data) if self.precision == BF16 and whole else None
 
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
     def _activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
@@ -317,7 +319,8 @@ class CudaBackend(ArrayProtocols, Backend):
     def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
         """The planner's plan (convolution_planner.py) for this (descriptor, input shape, math mode),
         chosen once and cached; the shared workspace grows to fit it."""
-        return self._convolutions.plan(desc, x_shape, y_shape, self.math, MATH_MODES[self.math][1], self.engine)
+        precision = self.precision
+        return self._convolutions.plan(desc, x_shape, y_shape, precision, MATH_MODES[precision][1], self.engine)
 
     def _convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
         # y = alpha·(x ⋆ w) + beta·y

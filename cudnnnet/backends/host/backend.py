@@ -27,7 +27,7 @@ from numpy.lib.stride_tricks import as_strided
 from ...augmentation import augment
 from ...errors import ShapeError, UsageError
 from ...float_images import to_float_images
-from ...precision import PRECISIONS
+from ...precision import FP32, PRECISIONS
 from ...tensor import Tensor
 from ..arguments import OP_N
 from ..base import Backend
@@ -68,7 +68,7 @@ def round_to_fp16(values) -> np.ndarray:
         return np.asarray(values, F32).astype(np.float16).astype(F32)
 
 
-_ROUNDINGS = {"bf16": round_to_bf16, "fp16": round_to_fp16}  # math mode -> the rounding of its 16-bit operands
+_ROUNDINGS = {"bfloat16": round_to_bf16, "float16": round_to_fp16}  # Precision.operand_dtype -> its rounding
 
 
 def _nd(tensor: Tensor) -> np.ndarray:
@@ -272,17 +272,17 @@ class HostBackend(Backend):
     maths = MATHS  # set_math and using take every precision; "tf32" computes in FP32
 
     def __repr__(self) -> str:
-        return f"HostBackend(math={self.math!r})" if self.math != "fp32" else "HostBackend()"
+        return f"HostBackend(math={self.math!r})" if self.precision != FP32 else "HostBackend()"
 
     def _operand(self, values: np.ndarray) -> np.ndarray:
         """A GEMM or convolution operand as the GPU reads it: rounded to bfloat16 under math "bf16",
         to half under "fp16"."""
-        rounding = _ROUNDINGS.get(self.math)
+        rounding = _ROUNDINGS.get(self.precision.operand_dtype)
         return rounding(values) if rounding is not None else values
 
     def _convolution_result(self, values: np.ndarray) -> np.ndarray:
         """A convolution's result as cuDNN writes it: rounded to bfloat16 under math "bf16", to half under "fp16"."""
-        rounding = _ROUNDINGS.get(self.math)
+        rounding = _ROUNDINGS.get(self.precision.operand_dtype)
         return rounding(values) if rounding is not None else values
 
     # ---- memory -------------------------------------------------------------------------------
