@@ -301,7 +301,7 @@ def _backward_data_by_forward_half(backend, plan: ConvolutionPlan, algorithm: Al
     copy, dx₁₆ = dy₁₆ ⋆ W′₁₆ (rounded by cuDNN), then dx = alpha·float(dx₁₆) + beta·dx."""
     flipped, fmt, context = plan.flipped, half_format(plan.precision), backend.context
     k, c, r, s = plan.desc.filter_shape
-    w16, dy16, dx16 = context.half.operands((w, w.size), (dy, dy.size), output=dx.size, fmt=half_format(backend.precision))
+    w16, dy16, dx16 = context.half.operands((w, w.size), (dy, dy.size), output=dx.size, fmt=fmt)
     # W′₁₆[c, k, r, s] = W₁₆[k, c, R−1−r, S−1−s]      (C, K, R, S)
     context.kernel("flip_filter_half").launch(blocks_for(k * c * r * s), context.stream.handle, workspace, w16, k, c,
                                               r * s)

@@ -176,8 +176,7 @@ class ConvolutionPlanner:
         if plan.precision.half:
             # out₁₆ = bf16(a) ⋆ bf16(b), then out = alpha·float(out₁₆) + beta·out   (fp16 under math "fp16")
             fmt = half_format(plan.precision)
-            a16, b16, out16 = context.half.operands((a, a.size), (b, b.size), output=out.size,
-                                                    fmt=half_format(backend.precision))
+            a16, b16, out16 = context.half.operands((a, a.size), (b, b.size), output=out.size, fmt=fmt)
             direction.run(context.cudnn.handle, context.scalar(1.0), a_desc, a16, b_desc, b16, conv, algorithm.algo,
                           workspace, algorithm.workspace_bytes, context.scalar(0.0), out_desc, out16)
             context.half.to_float(out.data.ptr, out16, alpha, beta, out.size, fmt=fmt)

@@ -174,7 +174,7 @@ def forward(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int, pre
     p, k, rows = shape.positions, shape.out_channels, shape.rows
     # yₙ = colₙ · W        (P × K) = (P × CRS) · (CRS × K), for each sample n
     _batched_gemm(backend, OP_N, OP_N, p, k, rows, alpha, col, p, rows * p, w.data.ptr, rows, 0, beta, y.data.ptr, p,
-                  k * p, shape.batch)
+                  k * p, shape.batch, precision)
 
 
 def _forward_half(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int, precision: Precision,
@@ -183,7 +183,7 @@ def _forward_half(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: in
     if beta == 0:
         product = y.data.ptr  # (N, K, P), rounded in place
     _im2col(backend, shape, x.data.ptr, col, 1, fmt)
-    (w16,) = backend.context.half.operands((w, w.size), fmt=half_format(backend.precision))  # (K, CRS)
+    (w16,) = backend.context.half.operands((w, w.size), fmt=fmt)  # (K, CRS)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
     # productₙ = col₁₆ₙ · W₁₆     (P × K) = (P × CRS) · (CRS × K), for each sample n; FP32 sums
     _batched_gemm(backend, OP_N, OP_N, p, k, rows, 1.0, col, p, rows * p, w16, rows, 0, 0.0, product, p, k * p,
@@ -212,11 +212,11 @@ def backward_filter(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace
     if groups == 1:
         # dW = alpha·colᵀ · dy + beta·dW        (CRS × K) = (CRS × S·P) · (S·P × K)
         _batched_gemm(backend, OP_T, OP_N, rows, k, s * p, alpha, col, s * p, 0, grouped_dy, s * p, 0, beta,
-                      dw.data.ptr, rows, 0, 1)
+                      dw.data.ptr, rows, 0, 1, precision)
         return
     # dW_g = col_gᵀ · dy_g    (CRS × K) = (CRS × S·P) · (S·P × K), for each group g
     _batched_gemm(backend, OP_T, OP_N, rows, k, s * p, 1.0, col, s * p, rows * s * p, grouped_dy, s * p, k * s * p,
-                  0.0, partials, rows, rows * k, groups)
+                  0.0, partials, rows, rows * k, groups, precision)
     # dW = Σ_g dW_g          (CRS·K) = (CRS·K × G) · 1_G
     context = backend.context
     cublas.sgemv(context.cublas.handle, OP_N, rows * k, groups, context.scalar(alpha), partials, rows * k, ones, 1,
@@ -232,7 +232,7 @@ def _backward_filter_half(backend, shape: GemmShape, alpha, x, dy, beta, dw, wor
     _im2col(backend, shape, x.data.ptr, col, s, fmt)
     if s == 1:
         # (N, K, P)
-        (grouped_dy,) = backend.context.half.operands((dy, dy.size), fmt=half_format(backend.precision))
+        (grouped_dy,) = backend.context.half.operands((dy, dy.size), fmt=fmt)
     else:
         _regroup(backend, shape, dy.data.ptr, grouped_dy, s, fmt)
     if groups == 1:
@@ -257,25 +257,25 @@ def backward_data(backend, shape: GemmShape, alpha, w, dy, beta, dx, workspace: 
     p, k, rows = shape.positions, shape.out_channels, shape.rows
     fmt = half_format(precision)
     if fmt is None:
-        w_ptr, dy_ptr, gemm_precision, rounding = w.data.ptr, dy.data.ptr, backend.precision, 0
+        w_ptr, dy_ptr, rounding = w.data.ptr, dy.data.ptr, 0
     else:
-        w_ptr, dy_ptr = backend.context.half.operands((w, w.size), (dy, dy.size), fmt=half_format(backend.precision))
-        gemm_precision, rounding = precision, fmt.kernel_code
+        w_ptr, dy_ptr = backend.context.half.operands((w, w.size), (dy, dy.size), fmt=fmt)
+        rounding = fmt.kernel_code
     # dcolₙ = dyₙ · Wᵀ     (P × CRS) = (P × K) · (K × CRS), for each sample n (16-bit dy₁₆ and W₁₆ under fmt)
     _batched_gemm(backend, OP_N, OP_T, p, rows, k, 1.0, dy_ptr, p, k * p, w_ptr, rows, 0, 0.0, dcol, p,
-                  rows * p, shape.batch, gemm_precision)
+                  rows * p, shape.batch, precision)
     # dx = alpha·col2im(dcol) + beta·dx          (col2im's sum rounded to fmt first)
     total = shape.batch * shape.channels * shape.height * shape.width
     _launch(backend, "col2im", total, dx.data.ptr, dcol, float(alpha), float(beta), *shape.geometry(), rounding)
 
 
 def _batched_gemm(backend, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
-                  batch, precision: Precision | None = None) -> None:
+                  batch, precision: Precision) -> None:
     """Cᵢ = alpha·op(Aᵢ)·op(Bᵢ) + beta·Cᵢ for i < batch (a stride of 0 shares one matrix), with the
     backend's timed GEMM plan (cublasLtMatmul or cublasSgemmStridedBatched, see matmul.py); A and B in
-    16 bits where ``precision`` is a 16-bit one (the backend's precision when not given)."""
+    16 bits where ``precision`` (the plan's) is a 16-bit one."""
     problem = GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, batch, stride_a, stride_b, stride_c,
-                          precision or backend.precision, alignment(a, b, c))
+                          precision, alignment(a, b, c))
     backend.gemm(problem, alpha, a, b, beta, c)
 
 

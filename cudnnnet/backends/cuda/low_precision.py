@@ -230,9 +230,10 @@ class HalfOperands:
 
     def operands(self, *operands, output: int = 0, fmt: HalfFormat = BF16) -> list[int]:
         """The 16-bit addresses of each (tensor, values read) of ``operands``: the pass's copies inside a
-        pass, else scratch slots converted now to ``fmt``; then, where ``output`` is non-zero, a scratch
-        slot for that many 16-bit results."""
-        pointers = [self.copies.pointer(tensor.data) for tensor, _ in operands]
+        pass in ``fmt``, else scratch slots converted now to ``fmt``; then, where ``output`` is non-zero,
+        a scratch slot for that many 16-bit results."""
+        in_pass = self.copies.format == fmt
+        pointers = [self.copies.pointer(tensor.data) if in_pass else None for tensor, _ in operands]
         missing = [(tensor.data.ptr, count) for (tensor, count), pointer in zip(operands, pointers) if pointer is None]
         slots = iter(self.scratch.operands(*missing, output=output, fmt=fmt))
         pointers = [next(slots) if pointer is None else pointer for pointer in pointers]
