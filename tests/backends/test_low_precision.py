@@ -331,7 +331,7 @@ def forced_plan(backend, plan, algorithms: dict):
     from cudnnnet.backends.cuda import backend as cuda_backend, convolution
 
     chosen = {name: getattr(plan, name) for name in convolution.DIRECTION_NAMES} | algorithms
-    forced = convolution.plan_with(backend._cudnn, backend._descriptors, plan.desc, plan.x_shape, plan.y_shape,
+    forced = convolution.plan_with(backend.context.cudnn.handle, backend.context.descriptors, plan.desc, plan.x_shape, plan.y_shape,
                                    backend.precision, cuda_backend.MATH_MODES[backend.precision][1],
                                    backend.workspace_limit,
                                    chosen)
@@ -405,8 +405,8 @@ def test_16_bit_backward_data_as_a_flipped_forward_rounds_operands_and_result(ba
             from cudnnnet.backends.cuda import backend as cuda_backend, bindings, convolution
 
             math_type = cuda_backend.MATH_MODES[backend.precision][1]
-            flipped = convolution.flipped_filter(backend._descriptors, desc, backend.precision, math_type)
-            found = convolution.by_forward_candidates(backend._cudnn, plan.x, plan.y, flipped, backend.workspace_limit,
+            flipped = convolution.flipped_filter(backend.context.descriptors, desc, backend.precision, math_type)
+            found = convolution.by_forward_candidates(backend.context.cudnn.handle, plan.x, plan.y, flipped, backend.workspace_limit,
                                                       math_type)
             plan = forced_plan(backend, plan, {"backward_data": found[choice % len(found)]})
             assert plan.backward_data.by_forward

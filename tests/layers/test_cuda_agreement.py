@@ -84,7 +84,7 @@ def forced_plans(cuda, convolution_engine: str):
     from cudnnnet.backends.cuda import backend as cuda_backend, convolution
 
     def plan(desc, x_shape, y_shape):
-        args = (cuda._cudnn, cuda._descriptors, desc, tuple(x_shape), tuple(y_shape), cuda.precision,
+        args = (cuda.context.cudnn.handle, cuda.context.descriptors, desc, tuple(x_shape), tuple(y_shape), cuda.precision,
                 cuda_backend.MATH_MODES[cuda.precision][1], cuda.workspace_limit)
         if convolution_engine == "cudnn":
             made = convolution.make_plan(*args, "heuristic", gemm_candidate=False)

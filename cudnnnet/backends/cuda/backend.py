@@ -76,7 +76,6 @@ class CudaBackend(ArrayProtocols, Backend):
         self._convolutions = ConvolutionPlanner(self, workspace_limit)  # convolution plans, their search and timing
         self._stream = self.context.stream.handle
         self._cublas = self.context.cublas.handle
-        self._descriptors = self.context.descriptors
         self._gemm = GemmEngine(self.context, self.context.scalar)  # sgemm's plans
         self._channel_sum = ChannelSum(self.context)  # convolution_backward_bias, with its scratch
         self._batch_norm = BatchNormKernels(self.context)  # the fast engine's batch normalisation in training
@@ -97,11 +96,6 @@ class CudaBackend(ArrayProtocols, Backend):
     def workspace_limit(self) -> int:
         """Bytes a convolution algorithm may use."""
         return self._convolutions.workspace_limit
-
-    @property
-    def _cudnn(self) -> int:
-        """The raw cuDNN handle, which the context creates on the first cuDNN call."""
-        return self.context.cudnn.handle
 
     # ---- configuration ------------------------------------------------------------------------
     def _use_precision(self, precision: Precision) -> None:
@@ -285,10 +279,10 @@ class CudaBackend(ArrayProtocols, Backend):
 
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
     def _activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
-        t = self._descriptors.tensor(x.shape).handle
-        scalar = self.context.scalar
-        cudnn.activation_forward(self._cudnn, self._descriptors.activation(desc).handle, scalar(alpha), t, x.data.ptr,
-                                 scalar(beta), t, y.data.ptr)
+        context = self.context
+        t, scalar = context.descriptors.tensor(x.shape).handle, context.scalar
+        cudnn.activation_forward(context.cudnn.handle, context.descriptors.activation(desc).handle, scalar(alpha), t,
+                                 x.data.ptr, scalar(beta), t, y.data.ptr)
 
     def _activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnActivationBackward; in the fast engine kernels/activation.cu, which under math "bf16"
@@ -297,23 +291,24 @@ class CudaBackend(ArrayProtocols, Backend):
             self._activations.backward(desc, float(alpha), y, dy, x, float(beta), dx, self._bf16_target(dx))
             return
         # dx = alpha·f'(x)·dy + beta·dx
-        t = self._descriptors.tensor(x.shape).handle
-        scalar = self.context.scalar
-        cudnn.activation_backward(self._cudnn, self._descriptors.activation(desc).handle, scalar(alpha), t, y.data.ptr,
-                                  t, dy.data.ptr, t, x.data.ptr, scalar(beta), t, dx.data.ptr)
+        context = self.context
+        t, scalar = context.descriptors.tensor(x.shape).handle, context.scalar
+        cudnn.activation_backward(context.cudnn.handle, context.descriptors.activation(desc).handle, scalar(alpha), t,
+                                  y.data.ptr, t, dy.data.ptr, t, x.data.ptr, scalar(beta), t, dx.data.ptr)
 
     def _softmax_forward(self, alpha, x, beta, y) -> None:
         """Over each sample's c·h·w values: MODE_CHANNEL on an (n, c·h·w, 1, 1) descriptor."""
-        t = self._descriptors.tensor((x.n, x.sample_size, 1, 1)).handle
-        scalar = self.context.scalar
-        cudnn.softmax_forward(self._cudnn, cudnn.SOFTMAX_ACCURATE, cudnn.SOFTMAX_MODE_CHANNEL, scalar(alpha), t,
+        context = self.context
+        t, scalar = context.descriptors.tensor((x.n, x.sample_size, 1, 1)).handle, context.scalar
+        cudnn.softmax_forward(context.cudnn.handle, cudnn.SOFTMAX_ACCURATE, cudnn.SOFTMAX_MODE_CHANNEL, scalar(alpha), t,
                               x.data.ptr, scalar(beta), t, y.data.ptr)
 
     def _add_tensor(self, alpha, bias, beta, y) -> None:
         """cudnnAddTensor."""
-        scalar = self.context.scalar
-        cudnn.add_tensor(self._cudnn, scalar(alpha), self._descriptors.tensor(bias.shape).handle, bias.data.ptr,
-                         scalar(beta), self._descriptors.tensor(y.shape).handle, y.data.ptr)
+        context = self.context
+        scalar, descriptors = context.scalar, context.descriptors
+        cudnn.add_tensor(context.cudnn.handle, scalar(alpha), descriptors.tensor(bias.shape).handle, bias.data.ptr,
+                         scalar(beta), descriptors.tensor(y.shape).handle, y.data.ptr)
 
     # ---- cuDNN: convolution -------------------------------------------------------------------
     def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
@@ -346,9 +341,11 @@ class CudaBackend(ArrayProtocols, Backend):
 
     # ---- cuDNN: pooling -----------------------------------------------------------------------
     def _pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
-        cudnn.pooling_forward(self._cudnn, self._descriptors.pooling(desc).handle, self.context.scalar(alpha),
-                              self._descriptors.tensor(x.shape).handle, x.data.ptr, self.context.scalar(beta),
-                              self._descriptors.tensor(y.shape).handle, y.data.ptr)
+        context = self.context
+        scalar, descriptors = context.scalar, context.descriptors
+        cudnn.pooling_forward(context.cudnn.handle, descriptors.pooling(desc).handle, scalar(alpha),
+                              descriptors.tensor(x.shape).handle, x.data.ptr, scalar(beta),
+                              descriptors.tensor(y.shape).handle, y.data.ptr)
 
     def _pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnPoolingBackward; in fast mode, max pooling without padding whose windows do not overlap
@@ -357,9 +354,10 @@ class CudaBackend(ArrayProtocols, Backend):
             pooling.max_backward(self, desc, alpha, dy, x, beta, dx)
             return
         # dx = alpha·pool'(x, y)·dy + beta·dx
-        ty, tx = self._descriptors.tensor(y.shape).handle, self._descriptors.tensor(x.shape).handle
-        scalar = self.context.scalar
-        cudnn.pooling_backward(self._cudnn, self._descriptors.pooling(desc).handle, scalar(alpha), ty, y.data.ptr, ty,
+        context = self.context
+        scalar, descriptors = context.scalar, context.descriptors
+        ty, tx = descriptors.tensor(y.shape).handle, descriptors.tensor(x.shape).handle
+        cudnn.pooling_backward(context.cudnn.handle, descriptors.pooling(desc).handle, scalar(alpha), ty, y.data.ptr, ty,
                                dy.data.ptr, tx, x.data.ptr, scalar(beta), tx, dx.data.ptr)
 
     # ---- our kernels --------------------------------------------------------------------------
@@ -507,19 +505,19 @@ class CudaBackend(ArrayProtocols, Backend):
     def dropout_reserve(self, state, x_shape) -> DropoutReserve:
         """cudnnDropoutGetReserveSpaceSize bytes for inputs of ``x_shape``."""
         x_shape = as_shape(x_shape)
-        nbytes = cudnn.dropout_get_reserve_space_size(self._descriptors.tensor(x_shape).handle)
+        nbytes = cudnn.dropout_get_reserve_space_size(self.context.descriptors.tensor(x_shape).handle)
         return DropoutReserve(x_shape, DeviceBuffer.allocate(max(nbytes, FLOAT32_BYTES)), nbytes)
 
     def _dropout_forward(self, state, reserve, x, y) -> None:
         """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask from the state's generator."""
-        t = self._descriptors.tensor(x.shape).handle
-        cudnn.dropout_forward(self._cudnn, state.descriptor.handle, t, x.data.ptr, t, y.data.ptr, reserve.buffer.ptr,
-                              reserve.nbytes)
+        t = self.context.descriptors.tensor(x.shape).handle
+        cudnn.dropout_forward(self.context.cudnn.handle, state.descriptor.handle, t, x.data.ptr, t, y.data.ptr,
+                              reserve.buffer.ptr, reserve.nbytes)
 
     def _dropout_backward(self, state, reserve, dy, dx) -> None:
         """cudnnDropoutBackward: dx = dy·mask/(1 - rate), the last forward's mask."""
-        t = self._descriptors.tensor(dy.shape).handle
-        cudnn.dropout_backward(self._cudnn, state.descriptor.handle, t, dy.data.ptr, t, dx.data.ptr,
+        t = self.context.descriptors.tensor(dy.shape).handle
+        cudnn.dropout_backward(self.context.cudnn.handle, state.descriptor.handle, t, dy.data.ptr, t, dx.data.ptr,
                                reserve.buffer.ptr, reserve.nbytes)
 
     def _batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
@@ -531,17 +529,19 @@ class CudaBackend(ArrayProtocols, Backend):
                                      save_inv_std, relu, communicator)
             return
         _no_relu("batch_norm_forward_training", relu, communicator)
-        t, p = self._descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
+        context = self.context
+        t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
         cudnn.batch_normalization_forward_training(
-            self._cudnn, int(mode), self.context.scalar(1.0), self.context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
+            context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
             scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
             save_mean.data.ptr, save_inv_std.data.ptr)
 
     def _batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
         """cudnnBatchNormalizationForwardInference."""
-        t, p = self._descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
+        context = self.context
+        t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
         cudnn.batch_normalization_forward_inference(
-            self._cudnn, int(mode), self.context.scalar(1.0), self.context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
+            context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
             scale.data.ptr, bias.data.ptr, mean.data.ptr, var.data.ptr, float(eps))
 
     def _batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
@@ -553,15 +553,16 @@ class CudaBackend(ArrayProtocols, Backend):
                                       save_mean, save_inv_std, relu, communicator)
             return
         _no_relu("batch_norm_backward", relu, communicator)
-        t, p = self._descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
-        one, zero = self.context.scalar(1.0), self.context.scalar(0.0)
+        context = self.context
+        t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
+        one, zero = context.scalar(1.0), context.scalar(0.0)
         cudnn.batch_normalization_backward(
-            self._cudnn, int(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
+            context.cudnn.handle, int(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
             scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)
 
     def _batch_norm_parameters(self, mode, x) -> int:
         """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors."""
-        return self._descriptors.tensor(batch_norm_parameter_shape("batch normalisation", mode, x)).handle
+        return self.context.descriptors.tensor(batch_norm_parameter_shape("batch normalisation", mode, x)).handle
 
 
 # ---- argument checks (cheap, host-side: a bad size must not become an out-of-bounds access) -----
