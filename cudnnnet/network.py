@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from .backends import get_backend
-from .config.reader import MAX_LAYERS
 from .engine import Engine, get_engine
 from .errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError
 from .interop import safetensors_file, torch_names
 from .io import checkpoint
 from .layers import LAYER_TYPES, Activation, BatchNorm, Dense, Dropout, Layer, LossLayer, Parameter, WeightBiasLayer
+from .limits import MAX_LAYERS
 from .precision import Precision, get_precision
 from .tensor import Tensor, as_shape, check_tensor_values, float32_values
 

@@ -14,7 +14,7 @@ from ..layers import LAYER_TYPES, LossLayer
 from ..layers.activation import MODES as ACTIVATION_MODES
 from ..layers.batchnorm import MODES as BATCH_NORM_MODES
 from ..layers.pooling import MODES as POOLING_MODES
-from .reader import MAX_LAYERS
+from ..limits import MAX_LAYERS
 from .section import _describe, _float32, _Section
 
 LOSS_LAYERS = tuple(name for name, layer in LAYER_TYPES.items() if issubclass(layer, LossLayer))
