@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from .backends import get_backend
-from .config.reader import MAX_LAYERS
 from .engine import Engine, get_engine
 from .errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeError, TensorSizeError
 from .interop import safetensors_file, torch_names
 from .io import checkpoint
 from .layers import LAYER_TYPES, Activation, BatchNorm, Dense, Dropout, Layer, LossLayer, Parameter, WeightBiasLayer
+from .limits import too_many_layers
 from .precision import Precision, get_precision
 from .tensor import Tensor, as_shape, check_tensor_values, float32_values
 
@@ -90,8 +90,9 @@ class Network:
             raise InvalidArgumentError(f"add_layer takes a Layer, got {type(layer).__name__}")
         if self.input_shape is not None:
             raise InvalidArgumentError(f"cannot add layer {layer.name!r}: the network is already built")
-        if len(self.layers) >= MAX_LAYERS:
-            raise InvalidArgumentError(f"cannot add layer {layer.name!r}: a network holds at most {MAX_LAYERS} layers")
+        problem = too_many_layers(len(self.layers) + 1)
+        if problem:
+            raise InvalidArgumentError(f"cannot add layer {layer.name!r}: {problem}")
         if layer.name in self._layer_names:
             raise InvalidArgumentError(f"a layer named {layer.name!r} is already in the network")
         if self.layers and self.layers[-1].is_loss:

@@ -534,12 +534,11 @@ def test_a_model_of_more_than_max_layers_is_refused_before_any_layer_is_read(tmp
     """10 001 layers in 60 KB of aliases (a config of 100 000 did not finish building in 90 s)."""
     path = write(tmp_path, "model: [&a {type: activation, mode: relu}" + ", *a" * 10_000 + "]\n"
                            "train: {optimizer: {lr: 0.1}}\n")
-    with pytest.raises(ConfigError, match=rf"^{path}: model: expected a non-empty list of layers \(mappings with a "
-                                          rf"type\), at most 10000, got 10001$"):
+    with pytest.raises(ConfigError, match=rf"^{path}: model: a model holds at most 10000 layers, got 10001$"):
         load_config(path)
     settings = minimal()
     settings["model"] = [{"type": "no such layer"}] * 10_001  # not read: the count is refused first
-    with pytest.raises(ConfigError, match="at most 10000, got 10001"):
+    with pytest.raises(ConfigError, match="model: a model holds at most 10000 layers, got 10001$"):
         parse_config(settings)
     settings["model"] = [{"type": "activation", "mode": "relu"}] * 9_999 + [{"type": "softmax"}]
     assert len(parse_config(settings).model) == 10_000

@@ -1,5 +1,6 @@
 """The package's layers, read from every import in its code (at the top of a module and inside
 functions alike): no module imports one that imports it back, and no room imports a room above it.
+No file of the package has more than 700 lines.
 
 The rooms, from the ground up (a room may import its own floor and those below):
 
@@ -146,3 +147,23 @@ def test_no_backend_imports_the_data_sets():
     below = {name: sorted(dep for dep in deps if dep.startswith("cudnnnet.data"))
              for name, deps in graph.items() if name.startswith("cudnnnet.backends")}
     assert {name: deps for name, deps in below.items() if deps} == {}
+
+
+MAX_MODULE_LINES = 700  # a room a reader takes in; a longer one is split by what it holds
+
+
+def long_modules(package: Path, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """The package's .py files of more than ``limit`` lines → their line counts."""
+    counts = {str(path.relative_to(package)): len(path.read_text().splitlines()) for path in package.rglob("*.py")}
+    return {name: count for name, count in counts.items() if count > limit}
+
+
+def test_no_package_file_is_over_700_lines():
+    assert long_modules(PACKAGE) == {}
+
+
+def test_the_length_check_finds_a_long_file(tmp_path):
+    (tmp_path / "rooms").mkdir()
+    (tmp_path / "rooms" / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    assert long_modules(tmp_path) == {"rooms/long.py": MAX_MODULE_LINES + 1}

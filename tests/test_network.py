@@ -11,6 +11,7 @@ from cudnnnet.errors import CheckpointError, InvalidArgumentError, ShapeError
 from cudnnnet.inference import training_normalize
 from cudnnnet.network import ModelSizeError, check_model_size
 from cudnnnet.layers import MSE, Activation, BatchNorm, Conv2D, Dense, Dropout, Pooling, Softmax
+from cudnnnet.limits import MAX_LAYERS
 
 
 def small_cnn(backend, seed=0):
@@ -102,13 +103,14 @@ def test_adding_a_layer_reads_no_name_of_the_layers_before_it():
 
 
 def test_a_network_holds_at_most_max_layers_layers():
+    """The config's model list says it in the same words (tests/test_config.py)."""
     network = Network()
-    for index in range(network_module.MAX_LAYERS):
+    for index in range(MAX_LAYERS):
         network.add_layer(Activation(f"a{index}", "relu"))
-    with pytest.raises(InvalidArgumentError, match=rf"cannot add layer 'one_more': a network holds at most "
-                                                   rf"{network_module.MAX_LAYERS} layers"):
+    with pytest.raises(InvalidArgumentError, match=r"^cannot add layer 'one_more': a model holds at most 10000 layers, "
+                                                   r"got 10001$"):
         network.add_layer(Activation("one_more", "relu"))
-    assert len(network.layers) == network_module.MAX_LAYERS == 10_000
+    assert len(network.layers) == MAX_LAYERS == 10_000
 
 
 def test_loading_a_checkpoint_lists_the_networks_arrays_once_not_once_per_array(tmp_path, monkeypatch):

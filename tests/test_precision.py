@@ -66,10 +66,28 @@ def test_the_benchmark_and_the_command_line_read_the_vocabulary():
 
 def test_the_backends_tables_cover_the_vocabulary_and_nothing_else():
     """Each backend's translation of a mode into its library's constants names modes of the vocabulary."""
-    assert tuple(cuda_backend.MATH_MODES) == PRECISION_NAMES
+    assert tuple(cuda_backend.MATH_MODES) == tuple(PRECISIONS.values())
+    assert cuda_backend.CudaBackend.maths == PRECISION_NAMES
     assert host_backend.MATHS == ("fp32", "bf16", "fp16")
-    assert set(low_precision.HALF_FORMATS) == set(HALF_PRECISIONS) == set(convolution.DATA_TYPES)
-    assert set(matmul.OPERAND_TYPES) == set(HALF_PRECISIONS) and tuple(matmul.COMPUTE_TYPES) == PRECISION_NAMES
+    operand_types = {PRECISIONS[name].operand_dtype for name in HALF_PRECISIONS}
+    assert set(low_precision.HALF_FORMATS) == operand_types == set(convolution.DATA_TYPES) == set(matmul.OPERAND_TYPES)
+
+
+def test_the_cuda_translations_are_read_from_the_precision_s_facts():
+    """Each precision's library constants follow from its typed facts, not from its name."""
+    assert [low_precision.half_format(precision) for precision in (FP32, TF32, BF16, FP16)] == \
+        [None, None, low_precision.BF16, low_precision.FP16]
+    assert [convolution.data_type(precision) for precision in (FP32, TF32, BF16, FP16)] == \
+        [convolution.cudnn.DATA_FLOAT, convolution.cudnn.DATA_FLOAT, convolution.cudnn.DATA_BFLOAT16,
+         convolution.cudnn.DATA_HALF]
+    assert [matmul.compute_type(precision) for precision in (FP32, TF32, BF16, FP16)] == \
+        [matmul.cublaslt.COMPUTE_32F, matmul.cublaslt.COMPUTE_32F_FAST_TF32, matmul.cublaslt.COMPUTE_32F,
+         matmul.cublaslt.COMPUTE_32F]
+    assert [matmul.operand_type_of(precision) for precision in (FP32, TF32, BF16, FP16)] == \
+        [matmul.cublas.R_32F, matmul.cublas.R_32F, matmul.cublas.R_16BF, matmul.cublas.R_16F]
+    half_tf32 = dataclasses.replace(TF32, name="tf32-half", operand_dtype="bfloat16")  # facts, not the name, decide
+    assert low_precision.half_format(half_tf32) is low_precision.BF16
+    assert matmul.compute_type(half_tf32) == matmul.cublaslt.COMPUTE_32F_FAST_TF32
 
 
 # ---- scoped, not global ---------------------------------------------------------------------------

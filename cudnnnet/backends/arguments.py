@@ -5,6 +5,7 @@ the problem. Cheap and host-side: a bad size must not become an out-of-bounds ac
 from __future__ import annotations
 
 from ..errors import InvalidArgumentError, ShapeError, UsageError
+from .descriptors import BatchNormMode
 
 OP_N = 0  # CUBLAS_OP_N
 OP_T = 1  # CUBLAS_OP_T
@@ -213,3 +214,32 @@ def check_dropout(call: str, reserve, x, y, what: str) -> None:
     """x and y of one shape, the shape ``reserve`` was made for (``what`` names x)."""
     same_shape(call, x, y)
     expect_shape(call, f"{what} (the reserve's shape)", x, reserve.shape)
+
+
+def batch_norm_parameter_shape(call: str, mode, x) -> tuple[int, int, int, int]:
+    """The shape of batch normalisation's parameters for x (N, C, H, W): (1, C, 1, 1) in mode SPATIAL,
+    (1, C, H, W) in PER_ACTIVATION; a UsageError for another mode."""
+    if mode == BatchNormMode.SPATIAL:
+        return (1, x.c, 1, 1)
+    if mode == BatchNormMode.PER_ACTIVATION:
+        return (1,) + x.shape[1:]
+    raise UsageError(f"{call}: unknown mode {mode!r}; valid are PER_ACTIVATION (0) and SPATIAL (1)")
+
+
+def check_batch_norm(call: str, mode, x, others, parameters) -> None:
+    """``others`` of x's shape, and each of ``parameters`` one value per parameter of ``mode``, else a
+    ShapeError (a UsageError for an unknown mode)."""
+    for other in others:
+        same_shape(call, x, other)
+    shape = batch_norm_parameter_shape(call, mode, x)
+    for tensor in parameters:
+        if tensor.size != shape[1] * shape[2] * shape[3]:
+            raise ShapeError(f"{call}: a parameter of shape {tensor.shape} does not fit x {x.shape} in mode "
+                             f"{BatchNormMode(mode).name}; expected {shape}")
+
+
+def check_batch_norm_backward(mode, x, dy, dx, parameters, bias, relu: bool) -> None:
+    """check_batch_norm's checks of the backward's tensors, and a UsageError for ``relu`` without ``bias``."""
+    check_batch_norm("batch_norm_backward", mode, x, (dy, dx), (*parameters, *(() if bias is None else (bias,))))
+    if relu and bias is None:
+        raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")

@@ -14,7 +14,7 @@ Conventions
   (n, c, h, w) read as a column-major matrix with ``ld = c·h·w`` has one sample per column.
 * cuDNN calls follow cuDNN: NCHW float32 tensors whose descriptors are derived from the tensors'
   shapes, ``y = alpha·op(x) + beta·y`` blending, cross-correlation convolution, softmax over
-  channels (mode CHANNEL, algorithm ACCURATE).
+  channels (mode CHANNEL, algorithm ACCURATE). Their modes and descriptors: descriptors.py.
 * ``alpha``/``beta`` are Python floats, except where a docstring says a one-element tensor is
   accepted (so that a learning rate can live in device memory and be changed under CUDA-graph
   replay).
@@ -24,111 +24,20 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from ..engine import SLIDES, Engine, get_engine
-from ..errors import InvalidArgumentError, ShapeError, UsageError
+from ..errors import UsageError
 from ..precision import FP32, PRECISION_NAMES, Precision, get_precision
 from . import arguments
 
 if TYPE_CHECKING:
     from ..tensor import Tensor
+    from .descriptors import ActivationDescriptor, BatchNormMode, ConvolutionDescriptor, PoolingDescriptor
 
 OP_N, OP_T = arguments.OP_N, arguments.OP_T  # the cuBLAS transpose flags, part of the call surface
-
-
-
-class ActivationMode(enum.IntEnum):
-    """cudnnActivationMode_t values."""
-
-    SIGMOID = 0
-    RELU = 1
-    TANH = 2
-    CLIPPED_RELU = 3
-    ELU = 4
-
-
-ACTIVATION_MODES = {
-    "sigmoid": ActivationMode.SIGMOID,
-    "relu": ActivationMode.RELU,
-    "tanh": ActivationMode.TANH,
-    "clipped_relu": ActivationMode.CLIPPED_RELU,
-    "elu": ActivationMode.ELU,
-}
-
-
-class PoolingMode(enum.IntEnum):
-    """cudnnPoolingMode_t values. ``AVERAGE`` counts padding, as cuDNN's and PyTorch's default."""
-
-    MAX = 0
-    AVERAGE = 1  # CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
-
-
-POOLING_MODES = {"max": PoolingMode.MAX, "average": PoolingMode.AVERAGE}
-
-
-class BatchNormMode(enum.IntEnum):
-    """cudnnBatchNormMode_t values: statistics per value of a sample, or per channel."""
-
-    PER_ACTIVATION = 0  # over N: parameters (1, C, H, W)
-    SPATIAL = 1  # over N, H, W: parameters (1, C, 1, 1)
-
-
-BATCH_NORM_MODES = {"per_activation": BatchNormMode.PER_ACTIVATION, "spatial": BatchNormMode.SPATIAL}
-
-
-@dataclass(frozen=True)
-class ActivationDescriptor:
-    """cudnnActivationDescriptor_t: the mode and ``coef`` (clipping threshold, or ELU's alpha)."""
-
-    mode: ActivationMode
-    coef: float = 0.0
-
-
-@dataclass(frozen=True)
-class ConvolutionDescriptor:
-    """cudnnConvolutionDescriptor_t (2-D cross-correlation) with the filter shape beside it."""
-
-    out_channels: int
-    in_channels: int
-    kernel_size: int
-    stride: int = 1
-    padding: int = 0
-    dilation: int = 1
-
-    @property
-    def filter_shape(self) -> tuple[int, int, int, int]:
-        """(K, C, R, S) = (out_channels, in_channels, kernel, kernel)."""
-        return (self.out_channels, self.in_channels, self.kernel_size, self.kernel_size)
-
-    def output_shape(self, input_shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
-        """cudnnGetConvolution2dForwardOutputDim: 1 + (H + 2p - ((k-1)d + 1)) // s."""
-        n, _, h, w = input_shape
-        span = (self.kernel_size - 1) * self.dilation + 1
-        out_h = (h + 2 * self.padding - span) // self.stride + 1
-        out_w = (w + 2 * self.padding - span) // self.stride + 1
-        return (n, self.out_channels, out_h, out_w)
-
-
-@dataclass(frozen=True)
-class PoolingDescriptor:
-    """cudnnPoolingDescriptor_t for square 2-D windows."""
-
-    mode: PoolingMode
-    window: int
-    padding: int = 0
-    stride: int = 1
-
-    def output_shape(self, input_shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
-        """cudnnGetPooling2dForwardOutputDim: 1 + (H + 2p - window) // s."""
-        n, c, h, w = input_shape
-        out_h = (h + 2 * self.padding - self.window) // self.stride + 1
-        out_w = (w + 2 * self.padding - self.window) // self.stride + 1
-        return (n, c, out_h, out_w)
-
 
 Scalar = Union[float, "Tensor"]  # a one-element Tensor where documented
 
@@ -734,7 +643,6 @@ class Backend(ABC):
     def _dropout_backward(self, state, reserve, dy, dx) -> None:
         """``dropout_backward`` on the arguments it has checked."""
 
-    @abstractmethod
     def batch_norm_forward_training(self, mode: "BatchNormMode", x, y, scale, bias, factor: float, running_mean,
                                     running_var, eps: float, save_mean, save_inv_std, relu: bool = False,
                                     communicator=None) -> None:
@@ -754,12 +662,26 @@ class Backend(ABC):
         (the backend's storage of them: a device address on CUDA, a NumPy array on the host) before
         normalising: μ, σ² and m are those of every rank's batch together.
         """
+        arguments.check_batch_norm("batch_norm_forward_training", mode, x, (y,),
+                                   (scale, bias, running_mean, running_var, save_mean, save_inv_std))
+        self._batch_norm_forward_training(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
+                                          save_inv_std, relu, communicator)
 
     @abstractmethod
+    def _batch_norm_forward_training(self, mode: "BatchNormMode", x, y, scale, bias, factor: float, running_mean,
+                                     running_var, eps: float, save_mean, save_inv_std, relu: bool = False,
+                                     communicator=None) -> None:
+        """``batch_norm_forward_training`` on the arguments it has checked."""
+
     def batch_norm_forward_inference(self, mode: "BatchNormMode", x, y, scale, bias, mean, var, eps: float) -> None:
         """cudnnBatchNormalizationForwardInference: y = scale·(x - mean)/√(var + eps) + bias."""
+        arguments.check_batch_norm("batch_norm_forward_inference", mode, x, (y,), (scale, bias, mean, var))
+        self._batch_norm_forward_inference(mode, x, y, scale, bias, mean, var, eps)
 
     @abstractmethod
+    def _batch_norm_forward_inference(self, mode: "BatchNormMode", x, y, scale, bias, mean, var, eps: float) -> None:
+        """``batch_norm_forward_inference`` on the arguments it has checked."""
+
     def batch_norm_backward(self, mode: "BatchNormMode", x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
                             save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
         """cudnnBatchNormalizationBackward (all alphas 1, betas 0), from the saved μ and 1/√(σ² + eps):
@@ -774,3 +696,12 @@ class Backend(ABC):
         ranks before dx is computed from them; dscale and dbias are this rank's sums (averaged over
         the ranks afterwards with every other gradient, they become the gradient of the mean loss).
         """
+        arguments.check_batch_norm_backward(mode, x, dy, dx, (scale, dscale, dbias, save_mean, save_inv_std), bias,
+                                            relu)
+        self._batch_norm_backward(mode, x, dy, dx, scale, dscale, dbias, eps, save_mean, save_inv_std, bias, relu,
+                                  communicator)
+
+    @abstractmethod
+    def _batch_norm_backward(self, mode: "BatchNormMode", x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
+                             save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
+        """``batch_norm_backward`` on the arguments it has checked."""

@@ -12,9 +12,10 @@ from .. import __version__
 from ..backends import get_backend
 from ..engine import ENGINES
 from ..errors import CudnnnetError
+from ..precision import FP32, Precision, get_precision
 from .original import measure_original, uncompiled_packages
 from .measuring import steady_last
-from .settings import (HALF_MATHS, MATHS, MICRO_FASTER_THAN_TORCH, MICRO_SIZE, SLIDES_TARGETS, STEADY_REPLAYS,
+from .settings import (MATHS, MICRO_FASTER_THAN_TORCH, MICRO_SIZE, SLIDES_TARGETS, STEADY_REPLAYS,
                        STEADY_SECONDS, TARGET_DEVICE, TARGETS, TORCH_SPEED_UPS, TRAINING_CONFIGS)
 from .torch_reference import compare_torch
 from .workloads import generated_data, measure
@@ -87,10 +88,10 @@ STEADY_LABEL = "graph, steady state"  # the micro graph rows' steady state (meas
 BF16_SPEED_UP = 1.5  # math bf16 or fp16: each engine's epoch target is PyTorch's captured autocast epoch over this
 
 
-def training_rows(name: str, sections: dict, torch_results, math: str = "fp32") -> list[dict]:
+def training_rows(name: str, sections: dict, torch_results, math: "str | Precision" = FP32) -> list[dict]:
     """Rows of ``name`` (mlp or cnn) from ``sections`` ({engine: its section}), trained in ``math``."""
-    rows = []
-    label = name if math == "fp32" else f"{name} {math}"
+    rows, precision = [], get_precision(math)
+    label = name if precision == FP32 else f"{name} {precision}"
     has_graph = any(section["graph"] is not None for section in sections.values())
     target_mode = "graph" if has_graph else "eager"
     for mode in ("graph", "eager"):
@@ -104,10 +105,10 @@ def training_rows(name: str, sections: dict, torch_results, math: str = "fp32") 
         if mode == target_mode and name in TORCH_SPEED_UPS:
             if mode == "graph" and torch_graph:
                 targets = {engine: torch_graph / TORCH_SPEED_UPS[name] for engine in ENGINES}
-        elif mode == target_mode and math == "fp32":
+        elif mode == target_mode and precision == FP32:
             targets = {"fast": TARGETS.get(f"{name}_epoch_ms"),
                        "slides": torch_graph or SLIDES_TARGETS.get(f"{name}_epoch_ms")}
-        elif mode == target_mode and math in HALF_MATHS and torch_graph:
+        elif mode == target_mode and precision.half and torch_graph:
             targets = {engine: torch_graph / BF16_SPEED_UP for engine in ENGINES}
         rows.append(_row(f"{label} epoch, {mode}", "ms", epochs, _in_column(mode, theirs, _get(pure, "epoch_ms")),
                          targets))
@@ -179,7 +180,7 @@ def table_rows(results: dict, torch_results, settings: dict) -> list[dict]:
 
     for name in TRAINING_CONFIGS:
         if sections(name):
-            section_rows = training_rows(name, sections(name), torch_results, settings.get("math", "fp32"))
+            section_rows = training_rows(name, sections(name), torch_results, settings.get("math", FP32))
             judge(section_rows, on_gpu and settings["limit_images"] is None)
             rows += section_rows
     if sections("micro"):

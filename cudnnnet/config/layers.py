@@ -14,7 +14,7 @@ from ..layers import LAYER_TYPES, LossLayer
 from ..layers.activation import MODES as ACTIVATION_MODES
 from ..layers.batchnorm import MODES as BATCH_NORM_MODES
 from ..layers.pooling import MODES as POOLING_MODES
-from .reader import MAX_LAYERS
+from ..limits import too_many_layers
 from .section import _describe, _float32, _Section
 
 LOSS_LAYERS = tuple(name for name, layer in LAYER_TYPES.items() if issubclass(layer, LossLayer))
@@ -115,9 +115,12 @@ def _parse_layer(value: Any, path: str, source: str, type_counts: Counter) -> La
 
 
 def parse_model(value: Any, source: str) -> tuple[LayerSpec, ...]:
-    if not isinstance(value, list) or not value or len(value) > MAX_LAYERS:  # refused before any layer is read
-        raise ConfigError(f"{source}: model: expected a non-empty list of layers (mappings with a type), at most "
-                          f"{MAX_LAYERS}, got {f'{len(value)}' if isinstance(value, list) and value else _describe(value)}")
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{source}: model: expected a non-empty list of layers (mappings with a type), "
+                          f"got {_describe(value)}")
+    problem = too_many_layers(len(value))
+    if problem:  # refused before any layer is read
+        raise ConfigError(f"{source}: model: {problem}")
     type_counts: Counter = Counter()
     layers = tuple(_parse_layer(item, f"model[{index}]", source, type_counts) for index, item in enumerate(value))
     _check_names(layers, source)

@@ -20,7 +20,6 @@ from .shipped import valid_configs
 MAX_CONFIG_BYTES = 1 << 20
 MAX_DEPTH = 32  # nesting of mappings and lists
 MAX_MERGED_KEYS = 10_000  # keys merges (``<<: *defaults``) may bring into one mapping
-MAX_LAYERS = 10_000  # layers of one model: a config's model list (a few aliases make thousands), Network.add_layer
 
 
 def read_yaml(path: str | Path, data: bytes | None = None) -> Any:

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..backends.base import BatchNormMode
+from ..backends.descriptors import BatchNormMode
 from ..errors import ExportError, MissingExtraError, WriteError
 from ..float_images import channel_values
 from ..inference import network_classes, training_normalize

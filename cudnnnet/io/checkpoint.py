@@ -46,7 +46,7 @@ _ZIP_SIGNATURE = b"PK\x03\x04"
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 MAX_METADATA_BYTES = 16 << 20  # the model, the training config and a history of up to ~100 000 epochs
 MAX_CHECKPOINT_BYTES = 4 << 30  # all arrays of a checkpoint read without the network's shapes
-# the entries of a checkpoint: those of config_file.MAX_LAYERS layers, at most 8 arrays a layer (BatchNorm's weight,
+# the entries of a checkpoint: those of limits.MAX_LAYERS layers, at most 8 arrays a layer (BatchNorm's weight,
 # bias, running statistics, Adam's two moments of each parameter), and the metadata
 MAX_CHECKPOINT_ENTRIES = 100_000
 # What a damaged archive makes zipfile and NumPy raise; a flipped header bit can claim an unknown compression

@@ -21,7 +21,7 @@ BatchNorm's backward applies f' itself.
 
 from __future__ import annotations
 
-from ..backends.base import ACTIVATION_MODES, ActivationDescriptor, ActivationMode
+from ..backends.descriptors import ACTIVATION_MODES, ActivationDescriptor, ActivationMode
 from ..errors import InvalidArgumentError
 from ..tensor import FLOAT32_MAX, Tensor, finite_real
 from .base import Layer

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numbers
 
-from ..backends.base import BATCH_NORM_MODES, BatchNormMode
+from ..backends.descriptors import BATCH_NORM_MODES, BatchNormMode
 from ..errors import CheckpointError, InvalidArgumentError
 from ..tensor import FLOAT32_MAX, Tensor, finite_real, float32_rounded
 from .base import Layer, Parameter

@@ -24,7 +24,7 @@ then runs as its own layer in both engines (the fast engine applies f in the bia
 
 from __future__ import annotations
 
-from ..backends.base import ConvolutionDescriptor
+from ..backends.descriptors import ConvolutionDescriptor
 from ..errors import InvalidArgumentError, ShapeError
 from ..tensor import Tensor
 from .base import WeightBiasLayer, he_uniform, positive_int

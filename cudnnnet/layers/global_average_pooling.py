@@ -9,7 +9,7 @@ padding), the Pooling layer's calls; planes must be square, as pooling windows a
 
 from __future__ import annotations
 
-from ..backends.base import PoolingDescriptor, PoolingMode
+from ..backends.descriptors import PoolingDescriptor, PoolingMode
 from ..errors import ShapeError
 from ..tensor import Tensor
 from .base import Layer

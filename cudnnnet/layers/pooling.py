@@ -13,7 +13,7 @@ can run).
 
 from __future__ import annotations
 
-from ..backends.base import POOLING_MODES, PoolingDescriptor, PoolingMode
+from ..backends.descriptors import POOLING_MODES, PoolingDescriptor, PoolingMode
 from ..errors import InvalidArgumentError, ShapeError
 from ..tensor import Tensor
 from .base import Layer, positive_int

@@ -9,8 +9,9 @@ import inspect
 import numpy as np
 import pytest
 
-from cudnnnet.backends.base import (OP_N, ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor,
-                                    PoolingDescriptor, PoolingMode)
+from cudnnnet.backends.base import OP_N, Backend
+from cudnnnet.backends.descriptors import (ActivationDescriptor, ActivationMode, BatchNormMode, ConvolutionDescriptor,
+                                           PoolingDescriptor, PoolingMode)
 from cudnnnet.backends.cuda.backend import CudaBackend
 from cudnnnet.backends.host import HostBackend
 from cudnnnet.errors import ShapeError, UsageError
@@ -23,7 +24,8 @@ CHECKED_VERBS = (
     "accuracy_count", "record_nonfinite", "gather_batch", "gather_augmented_batch", "sgd_update",
     "bias_activation_forward", "activation_bias_backward", "cross_entropy_backward", "softmax_cross_entropy_backward",
     "softmax_cross_entropy_metrics", "sgd_update_many", "adam_update_many", "find_nonfinite_gradients",
-    "update_loss_scale", "dropout_forward", "dropout_backward",
+    "update_loss_scale", "dropout_forward", "dropout_backward", "batch_norm_forward_training",
+    "batch_norm_forward_inference", "batch_norm_backward",
 )
 
 
@@ -44,6 +46,12 @@ def T(shape) -> Tensor:
 DESC = ConvolutionDescriptor(2, 1, 3)
 POOL = PoolingDescriptor(PoolingMode.MAX, 2, stride=2)
 RELU = ActivationDescriptor(ActivationMode.RELU)
+X = T((2, 4, 3, 3))  # a batch normalisation's input: SPATIAL parameters (1, 4, 1, 1)
+
+
+def CHANNELS(count: int) -> list[Tensor]:
+    """``count`` per-channel parameters of X in mode SPATIAL."""
+    return [T((1, 4, 1, 1)) for _ in range(count)]
 
 # (verb, arguments (made on the host backend), error type, the message's start)
 BAD_CALLS = [
@@ -73,6 +81,27 @@ BAD_CALLS = [
     ("dropout_backward", lambda b: (b.dropout_state(0.5, 0), b.dropout_reserve(None, (2, 3, 1, 1)), T((2, 4, 1, 1)),
                                     T((2, 4, 1, 1))), ShapeError,
      "dropout_backward: dy (the reserve's shape) must have shape (2, 3, 1, 1)"),
+    ("batch_norm_forward_training", lambda b: (BatchNormMode.SPATIAL, X, T((2, 4, 3, 2)), *CHANNELS(4), 0.1, *CHANNELS(2),
+                                               1e-5, *CHANNELS(2)), ShapeError,
+     "batch_norm_forward_training: tensors must have the same shape, got (2, 4, 3, 3) and (2, 4, 3, 2)"),
+    ("batch_norm_forward_training", lambda b: (BatchNormMode.SPATIAL, X, T(X.shape), *CHANNELS(2), 0.1, CHANNELS(1)[0],
+                                               T((1, 3, 1, 1)), 1e-5, *CHANNELS(2)), ShapeError,
+     "batch_norm_forward_training: a parameter of shape (1, 3, 1, 1) does not fit x (2, 4, 3, 3) in mode SPATIAL; "
+     "expected (1, 4, 1, 1)"),
+    ("batch_norm_forward_inference", lambda b: (7, X, T(X.shape), *CHANNELS(4), 1e-5), UsageError,
+     "batch_norm_forward_inference: unknown mode 7; valid are PER_ACTIVATION (0) and SPATIAL (1)"),
+    ("batch_norm_forward_inference", lambda b: (BatchNormMode.PER_ACTIVATION, X, T(X.shape), *CHANNELS(4), 1e-5),
+     ShapeError, "batch_norm_forward_inference: a parameter of shape (1, 4, 1, 1) does not fit x (2, 4, 3, 3) in mode "
+                 "PER_ACTIVATION; expected (1, 4, 3, 3)"),
+    ("batch_norm_backward", lambda b: (BatchNormMode.SPATIAL, X, T(X.shape), T((2, 4, 1, 1)), *CHANNELS(3), 1e-5,
+                                       *CHANNELS(2)), ShapeError,
+     "batch_norm_backward: tensors must have the same shape, got (2, 4, 3, 3) and (2, 4, 1, 1)"),
+    ("batch_norm_backward", lambda b: (BatchNormMode.SPATIAL, X, T(X.shape), T(X.shape), *CHANNELS(3), 1e-5,
+                                       *CHANNELS(2), None, True), UsageError,
+     "batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)"),
+    ("batch_norm_backward", lambda b: (BatchNormMode.SPATIAL, X, T(X.shape), T(X.shape), *CHANNELS(3), 1e-5,
+                                       *CHANNELS(2), T((1, 5, 1, 1)), True), ShapeError,
+     "batch_norm_backward: a parameter of shape (1, 5, 1, 1) does not fit x (2, 4, 3, 3) in mode SPATIAL"),
 ]
 
 

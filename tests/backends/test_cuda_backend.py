@@ -17,15 +17,9 @@ import pytest
 
 from cudnnnet.backends import cuda_available, get_backend
 from cudnnnet.engine import FAST
-from cudnnnet.backends.base import (
-    OP_N,
-    OP_T,
-    ActivationDescriptor,
-    ActivationMode,
-    ConvolutionDescriptor,
-    PoolingDescriptor,
-    PoolingMode,
-)
+from cudnnnet.backends.base import OP_N, OP_T
+from cudnnnet.backends.descriptors import (ActivationDescriptor, ActivationMode, ConvolutionDescriptor,
+                                           PoolingDescriptor, PoolingMode)
 from cudnnnet.errors import CublasError, CudnnError, DeviceError, NvrtcError, OutOfMemoryError, ShapeError, UsageError
 from cudnnnet.tensor import Tensor
 
@@ -477,8 +471,8 @@ def by_forward_body(desc, choice):
         if b.name == "cuda":
             from cudnnnet.backends.cuda import convolution
 
-            flipped = convolution.flipped_filter(b._descriptors, desc, b.math, convolution.cudnn.FMA_MATH)
-            found = convolution.by_forward_candidates(b._cudnn, plan.x, plan.y, flipped, b.workspace_limit,
+            flipped = convolution.flipped_filter(b.context.descriptors, desc, b.precision, convolution.cudnn.FMA_MATH)
+            found = convolution.by_forward_candidates(b.context.cudnn.handle, plan.x, plan.y, flipped, b.workspace_limit,
                                                       convolution.cudnn.FMA_MATH)
             plan = dataclasses.replace(plan, backward_data=found[choice % len(found)], flipped=flipped)
         b.convolution_backward_data(plan, 1.0, w, dy, 0.5, dx)  # dx = dy ⋆ᵀ w + dx/2

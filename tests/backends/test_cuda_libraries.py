@@ -13,7 +13,8 @@ import importlib.util
 
 import pytest
 
-from cudnnnet.backends.base import ActivationDescriptor, ActivationMode, ConvolutionDescriptor, PoolingDescriptor, PoolingMode
+from cudnnnet.backends.descriptors import (ActivationDescriptor, ActivationMode, ConvolutionDescriptor,
+                                           PoolingDescriptor, PoolingMode)
 from cudnnnet.backends.cuda.kernel import KERNEL_DIR
 from cudnnnet.errors import DeviceUnavailableError, NvrtcError
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from cudnnnet.backends import cuda_available, get_backend
-from cudnnnet.backends.base import ConvolutionDescriptor
+from cudnnnet.backends.descriptors import ConvolutionDescriptor
 from cudnnnet.backends.cuda.convolution import EXACT_ALGORITHMS
 from cudnnnet.backends.cuda.gemm_convolution import GEMM_ALGORITHM
 from cudnnnet.tensor import Tensor
@@ -123,7 +123,7 @@ def test_a_second_backend_takes_the_plan_from_disk_without_listing_or_timing(new
 SECOND_PROCESS = """
 import json, sys
 from cudnnnet.backends import get_backend
-from cudnnnet.backends.base import ConvolutionDescriptor
+from cudnnnet.backends.descriptors import ConvolutionDescriptor
 from cudnnnet.backends.cuda.convolution import EXACT_ALGORITHMS
 from cudnnnet.backends.cuda.gemm_convolution import GEMM_ALGORITHM
 from cudnnnet.backends.cuda import bindings

@@ -39,3 +39,12 @@ def test_the_check_finds_a_private_read():
     assert private_reads("def f(backend):\n    return backend._stream\n") == ["2: backend._stream"]
     assert private_reads("def f(self):\n    return self.backend._cudnn, self.backend.context.stream\n") == [
         "2: self.backend._cudnn"]
+
+
+def test_the_backend_names_the_cudnn_handle_and_descriptors_through_its_context_only():
+    """CudaBackend keeps no private aliases of ``context.cudnn`` and ``context.descriptors``: it and the
+    tests use the context's public surface, one spelling each."""
+    source = (CUDA_DIR / "backend.py").read_text()
+    aliases = {node.attr for node in ast.walk(ast.parse(source))
+               if isinstance(node, ast.Attribute) and node.attr in ("_cudnn", "_descriptors")}
+    assert aliases == set()

@@ -21,7 +21,7 @@ import pytest
 
 from cudnnnet import Network
 from cudnnnet.errors import DeviceError, InvalidArgumentError, ShapeError, UsageError
-from cudnnnet.backends.base import ACTIVATION_MODES, ActivationDescriptor, ActivationMode
+from cudnnnet.backends.descriptors import ACTIVATION_MODES, ActivationDescriptor, ActivationMode
 from cudnnnet.engine import FAST
 from cudnnnet.layers import MSE, Activation, Conv2D, Dense, Pooling, Softmax
 from cudnnnet.optim.optimizers import SGD

@@ -20,6 +20,7 @@ from cudnnnet.backends.cuda import matmul
 from cudnnnet.backends.cuda.bindings import cublas, cublaslt
 from cudnnnet.backends.cuda.matmul import GemmChoice, GemmEngine, GemmKey, GemmProblem
 from cudnnnet.errors import CublasError, OutOfMemoryError
+from cudnnnet.precision import TF32
 from hostile_files import plant, within
 
 PROBLEM = GemmProblem(OP_N, OP_N, 500, 256, 10, 500, 10, 500)  # the MLP's last dx: C = dy·W (NN)
@@ -55,6 +56,7 @@ def test_a_choice_round_trips_through_one_file_named_by_its_key(cache_dir, candi
     assert matmul.read_gemm_plan(KEY) == choice
     entry = json.loads(path.read_text())
     assert entry["key"]["problem"]["alignment"] == [256, 256, 256] and entry["key"]["search"] == "exhaustive"
+    assert entry["key"]["problem"]["math"] == "fp32" and "precision" not in entry["key"]["problem"]
     assert entry["choice"]["candidate"] == candidate and entry["choice"]["microseconds"] == choice.microseconds
     assert entry["choice"].get("algo") == (ALGO.hex() if candidate == "lt" else None)
 
@@ -84,7 +86,7 @@ PROBLEM_CHANGES = {
     "stride_a": 5000,
     "stride_b": 2560,
     "stride_c": 128000,
-    "math": "tf32",
+    "precision": TF32,
     "alignment": (4, 256, 256),
 }
 
@@ -418,7 +420,7 @@ def gemm_on_gpu(cuda):
     a, b = rng.standard_normal(m * k).astype(np.float32), rng.standard_normal(k * n).astype(np.float32)
     expected = a.reshape(k, m).T.astype(np.float64) @ b.reshape(n, k).T.astype(np.float64)  # (m × n)
     A, B, C = Tensor.from_numpy(a, cuda), Tensor.from_numpy(b, cuda), Tensor.zeros((m * n,), cuda)
-    problem = GemmProblem(OP_N, OP_N, m, n, k, m, k, m, math=cuda.math,
+    problem = GemmProblem(OP_N, OP_N, m, n, k, m, k, m, precision=cuda.precision,
                           alignment=alignment(A.data.ptr, B.data.ptr, C.data.ptr))
     return problem, (A, B, C), expected.T.ravel()
 

@@ -14,15 +14,9 @@ import numpy as np
 import pytest
 
 from cudnnnet.backends import get_backend
-from cudnnnet.backends.base import (
-    OP_N,
-    OP_T,
-    ActivationDescriptor,
-    ActivationMode,
-    ConvolutionDescriptor,
-    PoolingDescriptor,
-    PoolingMode,
-)
+from cudnnnet.backends.base import OP_N, OP_T
+from cudnnnet.backends.descriptors import (ActivationDescriptor, ActivationMode, ConvolutionDescriptor,
+                                           PoolingDescriptor, PoolingMode)
 from cudnnnet.backends.host import HostBackend
 from cudnnnet.errors import ShapeError, UsageError
 from cudnnnet.tensor import Tensor

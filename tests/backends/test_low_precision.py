@@ -13,13 +13,18 @@ match the rounded reference within the summation error.
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
-from cudnnnet.backends.base import OP_N, OP_T, ConvolutionDescriptor
+from cudnnnet.backends.base import OP_N, OP_T
+from cudnnnet.backends.descriptors import ConvolutionDescriptor
 from cudnnnet.backends.host.backend import round_to_bf16, round_to_fp16
 from cudnnnet.errors import UsageError
+from cudnnnet.precision import BF16, FP16, FP32, TF32, get_precision
 from cudnnnet.tensor import Tensor
 from cudnnnet.train.trainer import build_network
 from run_helpers import math_mode
@@ -326,8 +331,9 @@ def forced_plan(backend, plan, algorithms: dict):
     from cudnnnet.backends.cuda import backend as cuda_backend, convolution
 
     chosen = {name: getattr(plan, name) for name in convolution.DIRECTION_NAMES} | algorithms
-    forced = convolution.plan_with(backend._cudnn, backend._descriptors, plan.desc, plan.x_shape, plan.y_shape,
-                                   backend.math, cuda_backend.MATH_MODES[backend.math][1], backend.workspace_limit,
+    forced = convolution.plan_with(backend.context.cudnn.handle, backend.context.descriptors, plan.desc, plan.x_shape, plan.y_shape,
+                                   backend.precision, cuda_backend.MATH_MODES[backend.precision][1],
+                                   backend.workspace_limit,
                                    chosen)
     assert forced is not None, f"{algorithms} cannot run {plan}"
     backend.context.workspace(forced.workspace_bytes)
@@ -398,9 +404,9 @@ def test_16_bit_backward_data_as_a_flipped_forward_rounds_operands_and_result(ba
         if backend.name == "cuda":
             from cudnnnet.backends.cuda import backend as cuda_backend, bindings, convolution
 
-            math_type = cuda_backend.MATH_MODES[math][1]
-            flipped = convolution.flipped_filter(backend._descriptors, desc, math, math_type)
-            found = convolution.by_forward_candidates(backend._cudnn, plan.x, plan.y, flipped, backend.workspace_limit,
+            math_type = cuda_backend.MATH_MODES[backend.precision][1]
+            flipped = convolution.flipped_filter(backend.context.descriptors, desc, backend.precision, math_type)
+            found = convolution.by_forward_candidates(backend.context.cudnn.handle, plan.x, plan.y, flipped, backend.workspace_limit,
                                                       math_type)
             plan = forced_plan(backend, plan, {"backward_data": found[choice % len(found)]})
             assert plan.backward_data.by_forward
@@ -418,15 +424,16 @@ def test_an_untimed_batched_16_bit_gemm_runs_cublas_gemm_strided_batched_ex(cuda
     """A batched 16-bit GEMM problem without a timed plan (the heuristic search; a problem first met in a
     capture) runs cublasGemmStridedBatchedEx: Cᵢ = Aᵢ·B for three Aᵢ and a shared B (stride 0)."""
     from cudnnnet.backends.cuda import bindings
-    from cudnnnet.backends.cuda.low_precision import HALF_FORMATS
+    from cudnnnet.backends.cuda.low_precision import half_format
     from cudnnnet.backends.cuda.matmul import GemmProblem, alignment
 
     rounding, _ = HALF_ROUNDINGS[math]
     m, n, k, batch = 9, 7, 40, 3
     a, b = normal(rng, batch * m * k), normal(rng, k * n)
     A, B, C = Tensor.from_numpy(a, cuda), Tensor.from_numpy(b, cuda), Tensor.zeros((batch * m * n,), cuda)
-    a16, b16 = cuda.context.half.scratch.operands((A.data.ptr, A.size), (B.data.ptr, B.size), fmt=HALF_FORMATS[math])
-    problem = GemmProblem(OP_N, OP_N, m, n, k, m, k, m, batch, m * k, 0, m * n, math, alignment(a16, b16, C.data.ptr))
+    precision = get_precision(math)
+    a16, b16 = cuda.context.half.scratch.operands((A.data.ptr, A.size), (B.data.ptr, B.size), fmt=half_format(precision))
+    problem = GemmProblem(OP_N, OP_N, m, n, k, m, k, m, batch, m * k, 0, m * n, precision, alignment(a16, b16, C.data.ptr))
     bindings.reset_calls()
     cuda._gemm.run(problem, "heuristic", 1.0, a16, b16, 0.0, C.data.ptr)
     assert bindings.calls["cublasGemmStridedBatchedEx"] == 1
@@ -518,3 +525,110 @@ def test_an_fp16_step_with_loss_scaling_on_the_gpu_equals_the_hosts(name, engine
         assert max(relative_error(elsewhere[parameter], update) for parameter, update in on_host.items()) > tolerance
     assert cuda_loss == pytest.approx(host_loss, rel=1e-3)
     assert abs(cuda_hits - host_hits) <= 2
+
+
+# ---- the plan's precision, not the backend's: the middle tier on host-side fakes -------------------
+class FakeContext:
+    """The CUDA context's face the middle tier reads, recording the 16-bit formats asked of it."""
+
+    def __init__(self):
+        self.formats, self.kernels = [], []
+        self.half = SimpleNamespace(operands=self._operands, to_float=self._to_float)
+        self.stream, self.cudnn = SimpleNamespace(handle=0), SimpleNamespace(handle=0)
+
+    def _operands(self, *operands, output: int = 0, fmt):
+        self.formats.append(fmt)
+        return [0x1000 * (index + 1) for index in range(len(operands) + bool(output))]
+
+    def _to_float(self, out, source, alpha, beta, count, fmt):
+        self.formats.append(fmt)
+
+    def kernel(self, name: str):
+        return SimpleNamespace(launch=lambda *arguments: self.kernels.append(name))
+
+    def scalar(self, value):
+        return value
+
+    def workspace(self, nbytes: int) -> int:
+        return 0x100000
+
+    def ones(self, count: int) -> int:
+        return 0x200000
+
+
+def fake_backend_in(precision):
+    """A backend whose precision in force is ``precision``, its GEMM problems kept in ``problems``."""
+    problems = []
+    return SimpleNamespace(context=FakeContext(), precision=precision, problems=problems,
+                           gemm=lambda problem, *arguments: problems.append(problem))
+
+
+def fake_tensor(shape, address: int):
+    size = int(np.prod(shape))
+    return SimpleNamespace(shape=shape, size=size, data=SimpleNamespace(ptr=address, size=size))
+
+
+CONVOLUTION = ConvolutionDescriptor(4, 2, 3, padding=1)
+X_SHAPE = (1, 2, 5, 5)  # one sample: the weight gradient is one GEMM, no cuBLAS sum over groups
+
+
+@pytest.mark.parametrize("plan_precision, in_force", [(BF16, FP16), (BF16, FP32), (FP16, BF16)])
+@pytest.mark.parametrize("direction", ["forward", "backward_data", "backward_filter"])
+def test_the_gemm_convolution_converts_and_multiplies_in_its_plan_s_precision(direction, plan_precision, in_force):
+    from cudnnnet.backends.cuda import convolution
+    from cudnnnet.backends.cuda.gemm_convolution import GemmShape
+    from cudnnnet.backends.cuda.low_precision import half_format
+
+    backend = fake_backend_in(in_force)
+    shape = GemmShape.of(CONVOLUTION, X_SHAPE, CONVOLUTION.output_shape(X_SHAPE))
+    a, b, out = (fake_tensor(X_SHAPE, 0xA000), fake_tensor(CONVOLUTION.filter_shape, 0xB000),
+                 fake_tensor(CONVOLUTION.output_shape(X_SHAPE), 0xC000))
+    run = {"forward": convolution.FORWARD, "backward_data": convolution.BACKWARD_DATA,
+           "backward_filter": convolution.BACKWARD_FILTER}[direction].gemm
+    run(backend, shape, 1.0, a, b, 0.0, out, 0x100000, convolution.Algorithm(convolution.GEMM_ALGORITHM, 0),
+        plan_precision)
+    assert set(backend.context.formats) <= {half_format(plan_precision)}
+    assert backend.problems and {problem.precision for problem in backend.problems} == {plan_precision}
+
+
+@pytest.mark.parametrize("in_force", [BF16, TF32])
+def test_an_fp32_gemm_convolution_plan_multiplies_in_fp32_whatever_is_in_force(in_force):
+    from cudnnnet.backends.cuda import gemm_convolution
+
+    backend = fake_backend_in(in_force)
+    shape = gemm_convolution.GemmShape.of(CONVOLUTION, X_SHAPE, CONVOLUTION.output_shape(X_SHAPE))
+    x, w, y = (fake_tensor(X_SHAPE, 0xA000), fake_tensor(CONVOLUTION.filter_shape, 0xB000),
+               fake_tensor(CONVOLUTION.output_shape(X_SHAPE), 0xC000))
+    gemm_convolution.forward(backend, shape, 1.0, x, w, 0.0, y, 0x100000, FP32)
+    assert [problem.precision for problem in backend.problems] == [FP32] and backend.context.formats == []
+
+
+def test_a_16_bit_cudnn_plan_converts_its_operands_to_its_own_format():
+    """ConvolutionPlanner.run under a 16-bit plan: the operands, the result slot and the result's conversion
+    back all in the plan's format, while another precision is in force."""
+    from cudnnnet.backends.cuda import convolution
+    from cudnnnet.backends.cuda.convolution_planner import ConvolutionPlanner
+    from cudnnnet.backends.cuda.low_precision import half_format
+
+    backend, runs = fake_backend_in(FP16), []
+    direction = dataclasses.replace(convolution.FORWARD, run=lambda *arguments: runs.append(arguments))
+    descriptor = SimpleNamespace(handle=1)
+    plan = SimpleNamespace(forward=convolution.Algorithm(1, 0), precision=BF16, x=descriptor, w=descriptor,
+                           conv=descriptor, y=descriptor)
+    x, w, y = (fake_tensor(X_SHAPE, 0xA000), fake_tensor(CONVOLUTION.filter_shape, 0xB000),
+               fake_tensor(CONVOLUTION.output_shape(X_SHAPE), 0xC000))
+    ConvolutionPlanner(backend, 0).run(direction, plan, 1.0, x, w, 0.0, y)
+    assert len(runs) == 1 and backend.context.formats == [half_format(BF16)] * 2
+
+
+def test_inside_a_pass_an_operand_of_another_format_is_converted_into_scratch(monkeypatch):
+    """The pass's copies are in the pass's format: an operand asked for in another is converted now."""
+    from cudnnnet.backends.cuda import low_precision
+
+    half, asked = low_precision.HalfOperands(context=None), []
+    half.copies.start(low_precision.BF16)
+    monkeypatch.setattr(half.copies, "pointer", lambda source: 0xC0)  # the pass's bfloat16 copy
+    monkeypatch.setattr(half.scratch, "operands", lambda *pairs, output=0, fmt: asked.append(fmt) or [0x5C] * len(pairs))
+    tensor = fake_tensor((4,), 0xA0)
+    assert half.operands((tensor, 4), fmt=low_precision.BF16) == [0xC0]
+    assert half.operands((tensor, 4), fmt=low_precision.FP16) == [0x5C] and asked[-1] == low_precision.FP16

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from cudnnnet.io import cache
-from cudnnnet.backends.base import ConvolutionDescriptor
+from cudnnnet.backends.descriptors import ConvolutionDescriptor
 from cudnnnet.backends.cuda import convolution, plan_cache
 from cudnnnet.backends.cuda import convolution_planner as planner_module
 from cudnnnet.backends.cuda.backend import CudaBackend
@@ -24,6 +24,7 @@ from cudnnnet.backends.cuda.convolution_planner import ConvolutionPlanner
 from cudnnnet.backends.cuda.convolution import DIRECTION_NAMES, Algorithm
 from cudnnnet.backends.cuda.gemm_convolution import GEMM_ALGORITHM, GemmShape, workspace_bytes
 from cudnnnet.errors import CudnnError
+from cudnnnet.precision import BF16, FP32, TF32
 from hostile_files import plant, within
 
 DESC = ConvolutionDescriptor(20, 1, 5)
@@ -249,7 +250,7 @@ def fake_backend() -> CudaBackend:
 
 
 def plan_key(backend, x_shape, y_shape) -> plan_cache.PlanKey:
-    return backend._convolutions.plan_key(DESC, x_shape, y_shape, backend.math, backend.engine)
+    return backend._convolutions.plan_key(DESC, x_shape, y_shape, backend.precision, backend.engine)
 
 
 @pytest.fixture
@@ -335,11 +336,11 @@ def test_a_larger_plan_with_a_non_deterministic_algorithm_is_not_reused(fake_cud
 def test_plan_with_refuses_inexact_algorithms_in_fp32(fake_cudnn):
     algorithms = {name: Algorithm(GEMM_ALGORITHM, 0) for name in DIRECTION_NAMES}
     y_shape = DESC.output_shape(X_SHAPE)
-    assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, "fp32", 3, 1 << 30, algorithms)
+    assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, FP32, 3, 1 << 30, algorithms)
     algorithms["forward"] = Algorithm(6, 0)  # CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD
-    assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, "fp32", 3, 1 << 30, algorithms) is None
-    assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, "tf32", 2, 1 << 30, algorithms)
-    assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, "tf32", 2, 6000, algorithms) is None
+    assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, FP32, 3, 1 << 30, algorithms) is None
+    assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, TF32, 2, 1 << 30, algorithms)
+    assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, TF32, 2, 6000, algorithms) is None
 
 
 def test_plan_with_takes_only_deterministic_exact_algorithms_in_bf16(fake_cudnn):
@@ -347,17 +348,17 @@ def test_plan_with_takes_only_deterministic_exact_algorithms_in_bf16(fake_cudnn)
     output atomically (backward-data 0, backward-filter 0 and 3); its descriptors are bfloat16."""
     y_shape = DESC.output_shape(X_SHAPE)
     algorithms = {name: Algorithm(1, 0) for name in DIRECTION_NAMES}
-    plan = convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, "bf16", 1, 1 << 30, algorithms)
+    plan = convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, BF16, 1, 1 << 30, algorithms)
     assert plan and plan.x.handle == ("tensor", X_SHAPE, 9) and plan.w.handle[2] == 9  # CUDNN_DATA_BFLOAT16
     for name, algo in (("forward", 6), ("backward_data", 0), ("backward_filter", 0), ("backward_filter", 3)):
         refused = {**algorithms, name: Algorithm(algo, 0)}
-        assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, "bf16", 1, 1 << 30, refused) is None
-        assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, "tf32", 2, 1 << 30, refused)
+        assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, BF16, 1, 1 << 30, refused) is None
+        assert convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, y_shape, TF32, 2, 1 << 30, refused)
 
 
 def test_plan_with_asks_every_workspace_again(fake_cudnn):
     algorithms = {name: Algorithm(1, 123, deterministic=name != "forward") for name in DIRECTION_NAMES}
-    result = convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, DESC.output_shape(X_SHAPE), "fp32", 3,
+    result = convolution.plan_with(0, FakeDescriptors(), DESC, X_SHAPE, DESC.output_shape(X_SHAPE), FP32, 3,
                                    1 << 30, algorithms)
     assert [getattr(result, name) for name in DIRECTION_NAMES] == [
         Algorithm(1, 1256, deterministic=False), Algorithm(1, 1256), Algorithm(1, 1256)]

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from cudnnnet import Network, Tensor
-from cudnnnet.backends.base import BatchNormMode
+from cudnnnet.backends.descriptors import BatchNormMode
 from cudnnnet.config.schema import parse_config
 from cudnnnet.errors import CheckpointError, ConfigError, InvalidArgumentError
 from cudnnnet.layers import BatchNorm, Conv2D, Dense, Softmax

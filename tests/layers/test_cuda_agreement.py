@@ -84,8 +84,8 @@ def forced_plans(cuda, convolution_engine: str):
     from cudnnnet.backends.cuda import backend as cuda_backend, convolution
 
     def plan(desc, x_shape, y_shape):
-        args = (cuda._cudnn, cuda._descriptors, desc, tuple(x_shape), tuple(y_shape), cuda.math,
-                cuda_backend.MATH_MODES[cuda.math][1], cuda.workspace_limit)
+        args = (cuda.context.cudnn.handle, cuda.context.descriptors, desc, tuple(x_shape), tuple(y_shape), cuda.precision,
+                cuda_backend.MATH_MODES[cuda.precision][1], cuda.workspace_limit)
         if convolution_engine == "cudnn":
             made = convolution.make_plan(*args, "heuristic", gemm_candidate=False)
         else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import DeviceError
-from ..base import ActivationDescriptor
+from ..descriptors import ActivationDescriptor
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .kernel import BLOCK_SIZE, MAX_BLOCKS, MAX_ELEMENTWISE_BLOCKS, blocks_for
 from .low_precision import BF16_BYTES

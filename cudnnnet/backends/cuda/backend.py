@@ -29,11 +29,11 @@ import numpy as np
 
 from ...engine import Engine
 from ...errors import ShapeError, UsageError
-from ...precision import Precision
+from ...precision import BF16, FP16, FP32, TF32, Precision
 from ...tensor import Tensor, as_shape
-from ..arguments import check_fits, extent, same_shape, stored_shape
-from ..base import ActivationDescriptor, Backend, ConvolutionDescriptor, PoolingDescriptor
-from ..base import BatchNormMode
+from ..arguments import batch_norm_parameter_shape, check_fits, extent, stored_shape
+from ..base import Backend
+from ..descriptors import ActivationDescriptor, ConvolutionDescriptor, PoolingDescriptor
 from .dropout import DropoutReserve, DropoutState
 from .array_protocols import ArrayProtocols
 from .bindings import cublas, cudnn, runtime
@@ -46,18 +46,18 @@ from .convolution import BACKWARD_DATA, BACKWARD_FILTER, FORWARD, ConvolutionPla
 from .convolution_planner import ConvolutionPlanner, search_label
 from .gemm_convolution import INDEX_LIMIT
 from .kernel import blocks_for
-from .low_precision import HALF_FORMATS
+from .low_precision import half_format
 from . import pooling
 from .activation_kernels import ActivationKernels
 from .matmul import GemmEngine, GemmProblem, alignment
 from .optimisers import CudaOptimisers, check_device_scalar
 
-# mode: (cublasMath_t, cudnnMathType_t of convolutions)
+# precision: (cublasMath_t, cudnnMathType_t of convolutions)
 MATH_MODES = {
-    "fp32": (cublas.DEFAULT_MATH, cudnn.FMA_MATH),
-    "tf32": (cublas.TF32_TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION),
-    "bf16": (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
-    "fp16": (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
+    FP32: (cublas.DEFAULT_MATH, cudnn.FMA_MATH),
+    TF32: (cublas.TF32_TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION),
+    BF16: (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
+    FP16: (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
 }
 SOFTMAX_GROUP = 16  # lanes per sample in softmax_cross_entropy_backward (GROUP there)
 
@@ -67,7 +67,7 @@ class CudaBackend(ArrayProtocols, Backend):
 
     name = "cuda"
     plan_type = ConvolutionPlan  # what convolution_plan gives
-    maths = tuple(MATH_MODES)
+    maths = tuple(precision.name for precision in MATH_MODES)
 
     def __init__(self, device: int = 0, workspace_limit: int = 256 << 20, engine: "str | Engine" = "slides"):
         self.context = CudaContext(device)
@@ -76,13 +76,12 @@ class CudaBackend(ArrayProtocols, Backend):
         self._convolutions = ConvolutionPlanner(self, workspace_limit)  # convolution plans, their search and timing
         self._stream = self.context.stream.handle
         self._cublas = self.context.cublas.handle
-        self._descriptors = self.context.descriptors
         self._gemm = GemmEngine(self.context, self.context.scalar)  # sgemm's plans
         self._channel_sum = ChannelSum(self.context)  # convolution_backward_bias, with its scratch
         self._batch_norm = BatchNormKernels(self.context)  # the fast engine's batch normalisation in training
         self._optimisers = CudaOptimisers(self)  # SGD and Adam: cuBLAS paths, kernels, parameter tables
         self._activations = ActivationKernels(self.context)  # the fast engine's activation and bias kernels
-        self.set_math("fp32")  # the default; cuBLAS's math mode follows the precision in force (_use_precision)
+        self.set_math(FP32)  # the default; cuBLAS's math mode follows the precision in force (_use_precision)
 
     def __repr__(self) -> str:
         return (f"CudaBackend(device={self.context.device}, {self.device_name!r}, math={self.math!r}, "
@@ -98,17 +97,12 @@ class CudaBackend(ArrayProtocols, Backend):
         """Bytes a convolution algorithm may use."""
         return self._convolutions.workspace_limit
 
-    @property
-    def _cudnn(self) -> int:
-        """The raw cuDNN handle, which the context creates on the first cuDNN call."""
-        return self.context.cudnn.handle
-
     # ---- configuration ------------------------------------------------------------------------
     def _use_precision(self, precision: Precision) -> None:
         """cuBLAS's math mode is the handle's: set to ``precision``'s whenever the precision in force
         changes ("fp32" exact; "tf32" tensor cores, ~1e-3 relative error; "bf16" and "fp16" run on 16-bit
         copies, ~4e-3 and ~5e-4). A convolution's math type is set on its descriptor instead."""
-        cublas.set_math_mode(self._cublas, MATH_MODES[precision.name][0])
+        cublas.set_math_mode(self._cublas, MATH_MODES[precision][0])
 
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory (cudaMemGetInfo)."""
@@ -203,7 +197,7 @@ class CudaBackend(ArrayProtocols, Backend):
     # ---- cuBLAS -------------------------------------------------------------------------------
     def _sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
         a, b, c = A.data.ptr, B.data.ptr, C.data.ptr
-        if self.math in HALF_FORMATS:
+        if self.precision.half:
             self._gemm_bf16(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, c, ldc)
             return
         if not self.engine.gemm_plans:
@@ -212,8 +206,8 @@ class CudaBackend(ArrayProtocols, Backend):
             scalar = self.context.scalar
             cublas.sgemm(self._cublas, transa, transb, m, n, k, scalar(alpha), a, lda, b, ldb, scalar(beta), c, ldc)
             return
-        self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math=self.math, alignment=alignment(a, b, c)),
-                  alpha, a, b, beta, c)
+        self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, precision=self.precision,
+                              alignment=alignment(a, b, c)), alpha, a, b, beta, c)
 
     def _gemm_bf16(self, transa, transb, m, n, k, alpha, A: Tensor, lda: int, B: Tensor, ldb: int, beta, c: int,
                    ldc: int) -> None:
@@ -221,12 +215,13 @@ class CudaBackend(ArrayProtocols, Backend):
         and C: cublasGemmEx, or in the fast engine the problem's timed plan (cublasGemmEx or
         cublasLtMatmul, matmul.py)."""
         self.context.finish_warm_up()
-        fmt = HALF_FORMATS[self.math]
+        precision = self.precision
+        fmt = half_format(precision)
         a16, b16 = self.context.half.operands((A, extent(*stored_shape(transa, m, k, "A"), lda)),
                                               (B, extent(*stored_shape(transb, k, n, "B"), ldb)), fmt=fmt)
         if self.engine.gemm_plans:
-            self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, math=self.math, alignment=alignment(a16, b16, c)),
-                      alpha, a16, b16, beta, c)
+            self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, precision=precision,
+                                  alignment=alignment(a16, b16, c)), alpha, a16, b16, beta, c)
             return
         # C = alpha·op(bf16(A))·op(bf16(B)) + beta·C      (fp16(A), fp16(B) under math "fp16")
         scalar = self.context.scalar
@@ -236,8 +231,9 @@ class CudaBackend(ArrayProtocols, Backend):
     def start_pass(self) -> None:
         """A network's forward and backward begin (Network.forward): under math "bf16" or "fp16", each
         GEMM and convolution operand is converted once, where first read, until ``end_pass``."""
-        if self.math in HALF_FORMATS:
-            self.context.half.copies.start(HALF_FORMATS[self.math])
+        fmt = half_format(self.precision)
+        if fmt is not None:
+            self.context.half.copies.start(fmt)
         else:
             self.context.half.copies.stop()
 
@@ -279,14 +275,14 @@ class CudaBackend(ArrayProtocols, Backend):
         """Where a kernel writing all of ``tensor`` also writes its bfloat16 copy (math "bf16", inside a
         pass, where it is a GEMM or convolution operand: low_precision.Bf16Copies.target), else None."""
         whole = tensor.size == tensor.data.size
-        return self.context.half.copies.target(tensor.data) if self.math == "bf16" and whole else None
+        return self.context.half.copies.target(tensor.data) if self.precision == BF16 and whole else None
 
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
     def _activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
-        t = self._descriptors.tensor(x.shape).handle
-        scalar = self.context.scalar
-        cudnn.activation_forward(self._cudnn, self._descriptors.activation(desc).handle, scalar(alpha), t, x.data.ptr,
-                                 scalar(beta), t, y.data.ptr)
+        context = self.context
+        t, scalar = context.descriptors.tensor(x.shape).handle, context.scalar
+        cudnn.activation_forward(context.cudnn.handle, context.descriptors.activation(desc).handle, scalar(alpha), t,
+                                 x.data.ptr, scalar(beta), t, y.data.ptr)
 
     def _activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnActivationBackward; in the fast engine kernels/activation.cu, which under math "bf16"
@@ -295,29 +291,31 @@ class CudaBackend(ArrayProtocols, Backend):
             self._activations.backward(desc, float(alpha), y, dy, x, float(beta), dx, self._bf16_target(dx))
             return
         # dx = alpha·f'(x)·dy + beta·dx
-        t = self._descriptors.tensor(x.shape).handle
-        scalar = self.context.scalar
-        cudnn.activation_backward(self._cudnn, self._descriptors.activation(desc).handle, scalar(alpha), t, y.data.ptr,
-                                  t, dy.data.ptr, t, x.data.ptr, scalar(beta), t, dx.data.ptr)
+        context = self.context
+        t, scalar = context.descriptors.tensor(x.shape).handle, context.scalar
+        cudnn.activation_backward(context.cudnn.handle, context.descriptors.activation(desc).handle, scalar(alpha), t,
+                                  y.data.ptr, t, dy.data.ptr, t, x.data.ptr, scalar(beta), t, dx.data.ptr)
 
     def _softmax_forward(self, alpha, x, beta, y) -> None:
         """Over each sample's c·h·w values: MODE_CHANNEL on an (n, c·h·w, 1, 1) descriptor."""
-        t = self._descriptors.tensor((x.n, x.sample_size, 1, 1)).handle
-        scalar = self.context.scalar
-        cudnn.softmax_forward(self._cudnn, cudnn.SOFTMAX_ACCURATE, cudnn.SOFTMAX_MODE_CHANNEL, scalar(alpha), t,
+        context = self.context
+        t, scalar = context.descriptors.tensor((x.n, x.sample_size, 1, 1)).handle, context.scalar
+        cudnn.softmax_forward(context.cudnn.handle, cudnn.SOFTMAX_ACCURATE, cudnn.SOFTMAX_MODE_CHANNEL, scalar(alpha), t,
                               x.data.ptr, scalar(beta), t, y.data.ptr)
 
     def _add_tensor(self, alpha, bias, beta, y) -> None:
         """cudnnAddTensor."""
-        scalar = self.context.scalar
-        cudnn.add_tensor(self._cudnn, scalar(alpha), self._descriptors.tensor(bias.shape).handle, bias.data.ptr,
-                         scalar(beta), self._descriptors.tensor(y.shape).handle, y.data.ptr)
+        context = self.context
+        scalar, descriptors = context.scalar, context.descriptors
+        cudnn.add_tensor(context.cudnn.handle, scalar(alpha), descriptors.tensor(bias.shape).handle, bias.data.ptr,
+                         scalar(beta), descriptors.tensor(y.shape).handle, y.data.ptr)
 
     # ---- cuDNN: convolution -------------------------------------------------------------------
     def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
         """The planner's plan (convolution_planner.py) for this (descriptor, input shape, math mode),
         chosen once and cached; the shared workspace grows to fit it."""
-        return self._convolutions.plan(desc, x_shape, y_shape, self.math, MATH_MODES[self.math][1], self.engine)
+        precision = self.precision
+        return self._convolutions.plan(desc, x_shape, y_shape, precision, MATH_MODES[precision][1], self.engine)
 
     def _convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
         # y = alpha·(x ⋆ w) + beta·y
@@ -343,9 +341,11 @@ class CudaBackend(ArrayProtocols, Backend):
 
     # ---- cuDNN: pooling -----------------------------------------------------------------------
     def _pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
-        cudnn.pooling_forward(self._cudnn, self._descriptors.pooling(desc).handle, self.context.scalar(alpha),
-                              self._descriptors.tensor(x.shape).handle, x.data.ptr, self.context.scalar(beta),
-                              self._descriptors.tensor(y.shape).handle, y.data.ptr)
+        context = self.context
+        scalar, descriptors = context.scalar, context.descriptors
+        cudnn.pooling_forward(context.cudnn.handle, descriptors.pooling(desc).handle, scalar(alpha),
+                              descriptors.tensor(x.shape).handle, x.data.ptr, scalar(beta),
+                              descriptors.tensor(y.shape).handle, y.data.ptr)
 
     def _pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnPoolingBackward; in fast mode, max pooling without padding whose windows do not overlap
@@ -354,9 +354,10 @@ class CudaBackend(ArrayProtocols, Backend):
             pooling.max_backward(self, desc, alpha, dy, x, beta, dx)
             return
         # dx = alpha·pool'(x, y)·dy + beta·dx
-        ty, tx = self._descriptors.tensor(y.shape).handle, self._descriptors.tensor(x.shape).handle
-        scalar = self.context.scalar
-        cudnn.pooling_backward(self._cudnn, self._descriptors.pooling(desc).handle, scalar(alpha), ty, y.data.ptr, ty,
+        context = self.context
+        scalar, descriptors = context.scalar, context.descriptors
+        ty, tx = descriptors.tensor(y.shape).handle, descriptors.tensor(x.shape).handle
+        cudnn.pooling_backward(context.cudnn.handle, descriptors.pooling(desc).handle, scalar(alpha), ty, y.data.ptr, ty,
                                dy.data.ptr, tx, x.data.ptr, scalar(beta), tx, dx.data.ptr)
 
     # ---- our kernels --------------------------------------------------------------------------
@@ -504,83 +505,64 @@ class CudaBackend(ArrayProtocols, Backend):
     def dropout_reserve(self, state, x_shape) -> DropoutReserve:
         """cudnnDropoutGetReserveSpaceSize bytes for inputs of ``x_shape``."""
         x_shape = as_shape(x_shape)
-        nbytes = cudnn.dropout_get_reserve_space_size(self._descriptors.tensor(x_shape).handle)
+        nbytes = cudnn.dropout_get_reserve_space_size(self.context.descriptors.tensor(x_shape).handle)
         return DropoutReserve(x_shape, DeviceBuffer.allocate(max(nbytes, FLOAT32_BYTES)), nbytes)
 
     def _dropout_forward(self, state, reserve, x, y) -> None:
         """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask from the state's generator."""
-        t = self._descriptors.tensor(x.shape).handle
-        cudnn.dropout_forward(self._cudnn, state.descriptor.handle, t, x.data.ptr, t, y.data.ptr, reserve.buffer.ptr,
-                              reserve.nbytes)
+        t = self.context.descriptors.tensor(x.shape).handle
+        cudnn.dropout_forward(self.context.cudnn.handle, state.descriptor.handle, t, x.data.ptr, t, y.data.ptr,
+                              reserve.buffer.ptr, reserve.nbytes)
 
     def _dropout_backward(self, state, reserve, dy, dx) -> None:
         """cudnnDropoutBackward: dx = dy·mask/(1 - rate), the last forward's mask."""
-        t = self._descriptors.tensor(dy.shape).handle
-        cudnn.dropout_backward(self._cudnn, state.descriptor.handle, t, dy.data.ptr, t, dx.data.ptr,
+        t = self.context.descriptors.tensor(dy.shape).handle
+        cudnn.dropout_backward(self.context.cudnn.handle, state.descriptor.handle, t, dy.data.ptr, t, dx.data.ptr,
                                reserve.buffer.ptr, reserve.nbytes)
 
-    def batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
-                                    eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
+    def _batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
+                                     eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
         """cudnnBatchNormalizationForwardTraining; in the fast engine our kernels (batch_norm.py), which
         also apply a ReLU to y where ``relu`` and sum the statistics over a ``communicator``'s ranks."""
-        same_shape("batch_norm_forward_training", x, y)
-        p = self._batch_norm_parameters("batch_norm_forward_training", mode, x, scale, bias, running_mean,
-                                        running_var, save_mean, save_inv_std)
         if self.engine.batch_norm_kernel:
             self._batch_norm.forward(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
                                      save_inv_std, relu, communicator)
             return
         _no_relu("batch_norm_forward_training", relu, communicator)
-        t = self._descriptors.tensor(x.shape).handle
+        context = self.context
+        t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
         cudnn.batch_normalization_forward_training(
-            self._cudnn, int(mode), self.context.scalar(1.0), self.context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
+            context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
             scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
             save_mean.data.ptr, save_inv_std.data.ptr)
 
-    def batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
+    def _batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
         """cudnnBatchNormalizationForwardInference."""
-        same_shape("batch_norm_forward_inference", x, y)
-        p = self._batch_norm_parameters("batch_norm_forward_inference", mode, x, scale, bias, mean, var)
-        t = self._descriptors.tensor(x.shape).handle
+        context = self.context
+        t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
         cudnn.batch_normalization_forward_inference(
-            self._cudnn, int(mode), self.context.scalar(1.0), self.context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
+            context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
             scale.data.ptr, bias.data.ptr, mean.data.ptr, var.data.ptr, float(eps))
 
-    def batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
-                            save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
+    def _batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
+                             save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
         """cudnnBatchNormalizationBackward; in the fast engine our kernels (batch_norm.py), which with
         ``relu`` take dy as the gradient after a ReLU applied by the forward pass (``bias`` given)."""
-        same_shape("batch_norm_backward", x, dy)
-        same_shape("batch_norm_backward", x, dx)
-        p = self._batch_norm_parameters("batch_norm_backward", mode, x, scale, dscale, dbias, save_mean,
-                                        save_inv_std, *(() if bias is None else (bias,)))
         if self.engine.batch_norm_kernel:
-            if relu and bias is None:
-                raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")
             self._batch_norm.backward(mode, x, dy, dx, scale, scale if bias is None else bias, dscale, dbias,
                                       save_mean, save_inv_std, relu, communicator)
             return
         _no_relu("batch_norm_backward", relu, communicator)
-        t = self._descriptors.tensor(x.shape).handle
-        one, zero = self.context.scalar(1.0), self.context.scalar(0.0)
+        context = self.context
+        t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
+        one, zero = context.scalar(1.0), context.scalar(0.0)
         cudnn.batch_normalization_backward(
-            self._cudnn, int(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
+            context.cudnn.handle, int(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
             scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)
 
-    def _batch_norm_parameters(self, call: str, mode, x, *parameters) -> int:
-        """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors,
-        each checked to hold that many values."""
-        if mode == BatchNormMode.SPATIAL:
-            shape = (1, x.c, 1, 1)
-        elif mode == BatchNormMode.PER_ACTIVATION:
-            shape = (1,) + x.shape[1:]
-        else:
-            raise UsageError(f"{call}: unknown mode {mode!r}; valid are PER_ACTIVATION (0) and SPATIAL (1)")
-        for tensor in parameters:
-            if tensor.size != shape[1] * shape[2] * shape[3]:
-                raise ShapeError(f"{call}: a parameter of shape {tensor.shape} does not fit x {x.shape} in mode "
-                                 f"{BatchNormMode(mode).name}; expected {shape}")
-        return self._descriptors.tensor(shape).handle
+    def _batch_norm_parameters(self, mode, x) -> int:
+        """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors."""
+        return self.context.descriptors.tensor(batch_norm_parameter_shape("batch normalisation", mode, x)).handle
 
 
 # ---- argument checks (cheap, host-side: a bad size must not become an out-of-bounds access) -----

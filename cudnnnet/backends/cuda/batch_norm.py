@@ -24,7 +24,7 @@ freed, so that a CUDA graph captured with it stays valid.
 from __future__ import annotations
 
 from ...errors import DeviceError, ShapeError
-from ..base import BatchNormMode
+from ..descriptors import BatchNormMode
 from .buffer import DeviceBuffer
 from .gemm_convolution import INDEX_LIMIT
 from .kernel import BLOCK_SIZE, MAX_BLOCKS

@@ -41,14 +41,15 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from ...errors import CudnnError
-from ..base import ConvolutionDescriptor
+from ...precision import Precision
+from ..descriptors import ConvolutionDescriptor
 from . import gemm_convolution
 from .bindings import cudnn
 from .buffer import FLOAT32_BYTES
 from .descriptors import ConvolutionDescriptorHandle, DescriptorCache, FilterDescriptor, TensorDescriptor
 from .gemm_convolution import GEMM_ALGORITHM, GemmShape
 from .kernel import blocks_for
-from .low_precision import HALF_FORMATS
+from .low_precision import half_format
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class ConvolutionPlan:
     desc: ConvolutionDescriptor
     x_shape: tuple[int, int, int, int]
     y_shape: tuple[int, int, int, int]
-    math: str
+    precision: Precision
     x: TensorDescriptor  # (N, C, H, W)
     w: FilterDescriptor  # (K, C, R, S)
     conv: ConvolutionDescriptorHandle
@@ -111,7 +112,7 @@ class ConvolutionPlan:
 
     def __repr__(self) -> str:
         return (
-            f"ConvolutionPlan({self.desc}, x={self.x_shape}, y={self.y_shape}, math={self.math}, "
+            f"ConvolutionPlan({self.desc}, x={self.x_shape}, y={self.y_shape}, math={self.precision}, "
             f"algorithms=({self.forward.label}, {self.backward_data.label}, {self.backward_filter.label}), "
             f"workspace={self.workspace_bytes})"
         )
@@ -129,7 +130,7 @@ class Direction:
     operands: Callable
     run: Callable  # cudnnConvolution{Forward,BackwardData,BackwardFilter}(handle, alpha, a, b, conv, algo, ws, beta, out)
     gemm: Callable  # the explicit-GEMM engine's run(backend, gemm_shape, alpha, a, b, beta, out, workspace, algorithm,
-    #                 fmt): fmt the plan's 16-bit format, or None
+    #                 precision): precision the plan's
 
 
 FORWARD = Direction(
@@ -140,8 +141,8 @@ FORWARD = Direction(
     cudnn.get_convolution_forward_workspace_size,
     lambda x, w, conv, y: (x, w, conv, y),
     cudnn.convolution_forward,
-    lambda backend, shape, alpha, x, w, beta, y, workspace, algorithm, fmt: gemm_convolution.forward(
-        backend, shape, alpha, x, w, beta, y, workspace, fmt),
+    lambda backend, shape, alpha, x, w, beta, y, workspace, algorithm, precision: gemm_convolution.forward(
+        backend, shape, alpha, x, w, beta, y, workspace, precision),
 )
 BACKWARD_DATA = Direction(
     "backward_data",
@@ -151,8 +152,8 @@ BACKWARD_DATA = Direction(
     cudnn.get_convolution_backward_data_workspace_size,
     lambda x, w, conv, y: (w, y, conv, x),  # (w, dy, conv, dx)
     cudnn.convolution_backward_data,
-    lambda backend, shape, alpha, w, dy, beta, dx, workspace, algorithm, fmt: gemm_convolution.backward_data(
-        backend, shape, alpha, w, dy, beta, dx, workspace, fmt),
+    lambda backend, shape, alpha, w, dy, beta, dx, workspace, algorithm, precision: gemm_convolution.backward_data(
+        backend, shape, alpha, w, dy, beta, dx, workspace, precision),
 )
 BACKWARD_FILTER = Direction(
     "backward_filter",
@@ -162,9 +163,9 @@ BACKWARD_FILTER = Direction(
     cudnn.get_convolution_backward_filter_workspace_size,
     lambda x, w, conv, y: (x, y, conv, w),  # (x, dy, conv, dw)
     cudnn.convolution_backward_filter,
-    lambda backend, shape, alpha, x, dy, beta, dw, workspace, algorithm, fmt: gemm_convolution.backward_filter(
+    lambda backend, shape, alpha, x, dy, beta, dw, workspace, algorithm, precision: gemm_convolution.backward_filter(
         backend, shape, alpha, x, dy, beta, dw, workspace, backend.context.ones(shape.batch),
-        algorithm.samples_per_gemm, fmt),
+        algorithm.samples_per_gemm, precision),
 )
 DIRECTIONS = (FORWARD, BACKWARD_DATA, BACKWARD_FILTER)
 DIRECTION_NAMES = tuple(direction.name for direction in DIRECTIONS)
@@ -213,7 +214,7 @@ def cudnn_candidates(handle: int, direction: Direction, operands: tuple, limit: 
 
 
 def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape,
-              math: str, math_type: int, limit: int, search: str, gemm_candidate: bool = True,
+              precision: Precision, math_type: int, limit: int, search: str, gemm_candidate: bool = True,
               measure=None, deterministic: bool = True) -> ConvolutionPlan:
     """Descriptors from the cache, then one algorithm per direction.
 
@@ -223,8 +224,8 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     workspace fits and, at stride 1, backward data as cuDNN's forward algorithms over the flipped filter. With ``search="exhaustive"``, ``measure(plan, direction)`` (milliseconds of one
     run, timed by the backend) picks the fastest of them; otherwise cuDNN's first choice wins.
     """
-    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math, math_type)
-    flipped = flipped_filter(descriptors, desc, math, math_type) if gemm_candidate else None
+    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, precision, math_type)
+    flipped = flipped_filter(descriptors, desc, precision, math_type) if gemm_candidate else None
     handles = (x.handle, w.handle, conv.handle, y.handle)
     gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
     choices = {}
@@ -237,7 +238,7 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
             found = cudnn_candidates(handle, direction, operands, limit, math_type)
         candidates = [algorithm for algorithm in found if algorithm.deterministic or not deterministic]
         if gemm_candidate:
-            candidates += _gemm_candidates(direction.name, gemm_shape, limit, math in DATA_TYPES)
+            candidates += _gemm_candidates(direction.name, gemm_shape, limit, precision.half)
         if gemm_candidate and direction is BACKWARD_DATA and flipped is not None:
             candidates += [algorithm for algorithm in by_forward_candidates(handle, x, y, flipped, limit, math_type)
                            if algorithm.deterministic or not deterministic]
@@ -248,7 +249,7 @@ def make_plan(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
                 f"no convolution {direction.name} algorithm is supported with a workspace of at most {limit} bytes",
             )
         choices[direction.name] = candidates
-    plan = ConvolutionPlan(desc, x_shape, y_shape, math, x, w, conv, y, gemm_shape,
+    plan = ConvolutionPlan(desc, x_shape, y_shape, precision, x, w, conv, y, gemm_shape,
                            **{name: candidates[0] for name, candidates in choices.items()}, flipped=flipped)
     if search == "exhaustive" and measure is not None:
         plan = _fastest(plan, choices, measure)
@@ -280,7 +281,7 @@ def by_forward_candidates(handle: int, x: TensorDescriptor, y: TensorDescriptor,
 def backward_data_by_forward(backend, plan: ConvolutionPlan, algorithm: Algorithm, alpha, w, dy, beta, dx,
                              workspace: int) -> None:
     """dx = alpha·(dy ⋆ W′) + beta·dx by cudnnConvolutionForward, W′ flipped from w into the workspace."""
-    if plan.math in DATA_TYPES:
+    if plan.precision.half:
         _backward_data_by_forward_half(backend, plan, algorithm, alpha, w, dy, beta, dx, workspace)
         return
     flipped, context = plan.flipped, backend.context
@@ -298,9 +299,9 @@ def _backward_data_by_forward_half(backend, plan: ConvolutionPlan, algorithm: Al
                                    workspace: int) -> None:
     """The same in 16 bits (as ``ConvolutionPlanner.run`` runs cuDNN there): W′₁₆ flipped from W's 16-bit
     copy, dx₁₆ = dy₁₆ ⋆ W′₁₆ (rounded by cuDNN), then dx = alpha·float(dx₁₆) + beta·dx."""
-    flipped, fmt, context = plan.flipped, HALF_FORMATS[plan.math], backend.context
+    flipped, fmt, context = plan.flipped, half_format(plan.precision), backend.context
     k, c, r, s = plan.desc.filter_shape
-    w16, dy16, dx16 = context.half.operands((w, w.size), (dy, dy.size), output=dx.size, fmt=HALF_FORMATS[backend.math])
+    w16, dy16, dx16 = context.half.operands((w, w.size), (dy, dy.size), output=dx.size, fmt=fmt)
     # W′₁₆[c, k, r, s] = W₁₆[k, c, R−1−r, S−1−s]      (C, K, R, S)
     context.kernel("flip_filter_half").launch(blocks_for(k * c * r * s), context.stream.handle, workspace, w16, k, c,
                                               r * s)
@@ -313,8 +314,8 @@ def _backward_data_by_forward_half(backend, plan: ConvolutionPlan, algorithm: Al
     context.half.to_float(dx.data.ptr, dx16, alpha, beta, dx.size, fmt=fmt)
 
 
-def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, math: str,
-              math_type: int, limit: int, algorithms: dict[str, Algorithm]) -> ConvolutionPlan | None:
+def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape,
+              precision: Precision, math_type: int, limit: int, algorithms: dict[str, Algorithm]) -> ConvolutionPlan | None:
     """A plan running ``algorithms`` (by direction name) at these shapes, without listing or timing
     candidates; None where one of them cannot run here or needs more than ``limit`` bytes.
 
@@ -323,9 +324,9 @@ def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
     shapes. Under CUDNN_FMA_MATH and bf16's CUDNN_TENSOR_OP_MATH only exact algorithms are accepted, as
     ``make_plan`` does.
     """
-    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, math, math_type)
+    x, w, conv, y = _descriptors(descriptors, desc, x_shape, y_shape, precision, math_type)
     by_forward = any(algorithm.by_forward for algorithm in algorithms.values())
-    flipped = flipped_filter(descriptors, desc, math, math_type) if by_forward else None
+    flipped = flipped_filter(descriptors, desc, precision, math_type) if by_forward else None
     handles = (x.handle, w.handle, conv.handle, y.handle)
     gemm_shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
     chosen = {}
@@ -335,37 +336,42 @@ def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
             nbytes = _by_forward_bytes(handle, direction, x, y, flipped, algorithm, math_type)
         else:
             nbytes = _workspace_bytes(handle, direction, direction.operands(*handles), gemm_shape, algorithm, math_type,
-                                      math in DATA_TYPES)
+                                      precision.half)
         if nbytes is None or nbytes > limit:
             log.debug("convolution %s algorithm %d cannot run at %s within %d bytes (workspace %s)",
                       direction.name, algorithm.algo, x_shape, limit, nbytes)
             return None
         chosen[direction.name] = replace(algorithm, workspace_bytes=nbytes)
-    return ConvolutionPlan(desc, x_shape, y_shape, math, x, w, conv, y, gemm_shape, **chosen, flipped=flipped)
+    return ConvolutionPlan(desc, x_shape, y_shape, precision, x, w, conv, y, gemm_shape, **chosen, flipped=flipped)
 
 
-# math mode -> cudnnDataType_t of x, w and y (float32 otherwise); "fp16" is cuDNN's PSEUDO_HALF_CONFIG
-# (half tensors, FLOAT compute) and takes bf16's algorithms (the same CUDNN_TENSOR_OP_MATH list)
-DATA_TYPES = {"bf16": cudnn.DATA_BFLOAT16, "fp16": cudnn.DATA_HALF}
+# Precision.operand_dtype -> cudnnDataType_t of x, w and y (float32 otherwise); float16 is cuDNN's
+# PSEUDO_HALF_CONFIG (half tensors, FLOAT compute) and takes bf16's algorithms (the same CUDNN_TENSOR_OP_MATH list)
+DATA_TYPES = {"bfloat16": cudnn.DATA_BFLOAT16, "float16": cudnn.DATA_HALF}
 
 
-def _descriptors(descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, math: str,
+def data_type(precision: Precision) -> int:
+    """cudnnDataType_t of a convolution's x, w and y under ``precision``."""
+    return DATA_TYPES.get(precision.operand_dtype, cudnn.DATA_FLOAT)
+
+
+def _descriptors(descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape, precision: Precision,
                  math_type: int):
-    """(x, w, conv, y) descriptors from the cache, x, w and y of ``math``'s data type."""
-    data_type = DATA_TYPES.get(math, cudnn.DATA_FLOAT)
-    x, y = descriptors.tensor(x_shape, data_type), descriptors.tensor(y_shape, data_type)
-    return x, descriptors.filter(desc.filter_shape, data_type), descriptors.convolution(desc, math_type), y
+    """(x, w, conv, y) descriptors from the cache, x, w and y of ``precision``'s data type."""
+    values = data_type(precision)
+    x, y = descriptors.tensor(x_shape, values), descriptors.tensor(y_shape, values)
+    return x, descriptors.filter(desc.filter_shape, values), descriptors.convolution(desc, math_type), y
 
 
-def flipped_filter(descriptors: DescriptorCache, desc: ConvolutionDescriptor, math: str,
+def flipped_filter(descriptors: DescriptorCache, desc: ConvolutionDescriptor, precision: Precision,
                     math_type: int) -> FlippedFilter | None:
     """W′'s descriptors where backward data is a forward convolution: stride 1, padding p <= d·(R−1);
-    W′ of ``math``'s data type (float32, or the 16-bit one W′ is flipped from W's 16-bit copy in)."""
+    W′ of ``precision``'s data type (float32, or the 16-bit one W′ is flipped from W's 16-bit copy in)."""
     padding = desc.dilation * (desc.kernel_size - 1) - desc.padding
     if desc.stride != 1 or padding < 0:
         return None
     flipped = ConvolutionDescriptor(desc.in_channels, desc.out_channels, desc.kernel_size, 1, padding, desc.dilation)
-    return FlippedFilter(flipped, descriptors.filter(flipped.filter_shape, DATA_TYPES.get(math, cudnn.DATA_FLOAT)),
+    return FlippedFilter(flipped, descriptors.filter(flipped.filter_shape, data_type(precision)),
                          descriptors.convolution(flipped, math_type))
 
 

@@ -1,6 +1,6 @@
 """The convolution planner of one CUDA backend, as ``GemmEngine`` (matmul.py) is its GEMMs':
 
-- ``plan``: the plan (convolution.py) of a (descriptor, input shape, math, search), kept in an LRU
+- ``plan``: the plan (convolution.py) of a (descriptor, input shape, precision, search), kept in an LRU
   cache of PLAN_CACHE_SIZE; a new one comes from the disk cache (plan_cache.py) where it holds a
   valid one, else from the algorithms of a larger batch's plan, else from ``make_plan``'s search,
   whose candidates ``ConvolutionTimer`` times in an exhaustive search; the context's shared
@@ -16,14 +16,15 @@ from collections import OrderedDict
 
 from ...engine import Engine
 from ...errors import DeviceError, ShapeError
+from ...precision import Precision
 from ...tensor import Tensor, as_shape
-from ..base import ConvolutionDescriptor
+from ..descriptors import ConvolutionDescriptor
 from . import plan_cache
 from .backward_bias import scratch_bytes as bias_scratch_bytes
 from .convolution import DIRECTION_NAMES, ConvolutionPlan, Direction, backward_data_by_forward, make_plan, plan_with
 from .gemm_convolution import GEMM_ALGORITHM
 from .handles import Event
-from .low_precision import HALF_FORMATS
+from .low_precision import half_format
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class ConvolutionPlanner:
     def __init__(self, backend, workspace_limit: int):
         self.backend = backend  # what runs a direction (the GEMM engine, the 16-bit math) and times candidates
         self.workspace_limit = workspace_limit  # bytes a convolution algorithm may use
-        self.plans: OrderedDict = OrderedDict()  # (desc, x_shape, math, search) -> ConvolutionPlan
+        self.plans: OrderedDict = OrderedDict()  # (desc, x_shape, precision, search) -> ConvolutionPlan
 
     @property
     def context(self):
@@ -54,13 +55,13 @@ class ConvolutionPlanner:
         self.plans.clear()
 
     # ---- plans ---------------------------------------------------------------------------------
-    def plan(self, desc: ConvolutionDescriptor, x_shape, y_shape, math: str, math_type: int,
+    def plan(self, desc: ConvolutionDescriptor, x_shape, y_shape, precision: Precision, math_type: int,
              engine: Engine) -> ConvolutionPlan:
-        """Algorithms for this (descriptor, input shape, math mode), chosen once and cached; the
+        """Algorithms for this (descriptor, input shape, precision), chosen once and cached; the
         shared workspace grows to fit them and the two-pass bias gradient of ``y_shape`` now, so
         that no later call allocates."""
         x_shape, y_shape = as_shape(x_shape), as_shape(y_shape)
-        key = (desc, x_shape, math, search_label(engine))  # the search names the engine's choice
+        key = (desc, x_shape, precision, search_label(engine))  # the search names the engine's choice
         plan = self.plans.get(key)
         if plan is None:
             check_convolution_shapes(desc, x_shape, y_shape)
@@ -69,7 +70,7 @@ class ConvolutionPlanner:
                     f"convolution_plan for input {x_shape} was asked for during a CUDA graph capture; "
                     "run one forward pass at this batch size before capturing"
                 )
-            plan = self._new_plan(desc, x_shape, y_shape, math, math_type, engine)
+            plan = self._new_plan(desc, x_shape, y_shape, precision, math_type, engine)
             self.context.workspace(max(plan.workspace_bytes, bias_scratch_bytes(y_shape)))
             self.context.ones(x_shape[0])
             self.plans[key] = plan
@@ -80,17 +81,17 @@ class ConvolutionPlanner:
         self.plans.move_to_end(key)
         return plan
 
-    def _new_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape, math: str, math_type: int,
+    def _new_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape, precision: Precision, math_type: int,
                   engine: Engine) -> ConvolutionPlan:
         """The plan from the disk cache where it holds a valid one, else the algorithms of a larger
         batch's plan where they run at this one, else searched by ``make_plan`` and written to the
         disk cache."""
-        disk_key = self.plan_key(desc, x_shape, y_shape, math, engine)
-        plan = (self._plan_from_disk(disk_key, math_type)
-                or self._plan_from_larger_batch(desc, x_shape, y_shape, math, math_type, engine))
+        disk_key = self.plan_key(desc, x_shape, y_shape, precision, engine)
+        plan = (self._plan_from_disk(disk_key, precision, math_type)
+                or self._plan_from_larger_batch(desc, x_shape, y_shape, precision, math_type, engine))
         if plan is None:
             self.context.finish_warm_up()  # nothing else on the GPU while cuDNN (or our timer) measures
-            plan = make_plan(self.context.cudnn.handle, self.context.descriptors, desc, x_shape, y_shape, math,
+            plan = make_plan(self.context.cudnn.handle, self.context.descriptors, desc, x_shape, y_shape, precision,
                              math_type, self.workspace_limit, engine.convolution_search,
                              gemm_candidate=engine.gemm_convolution,
                              measure=self._timer(desc, x_shape, y_shape, engine),
@@ -98,20 +99,21 @@ class ConvolutionPlanner:
             plan_cache.write_plan(disk_key, {name: getattr(plan, name) for name in DIRECTION_NAMES})
         return plan
 
-    def plan_key(self, desc: ConvolutionDescriptor, x_shape, y_shape, math: str, engine: Engine) -> plan_cache.PlanKey:
-        """The disk cache's key of this convolution on this device and libraries."""
+    def plan_key(self, desc: ConvolutionDescriptor, x_shape, y_shape, precision: Precision,
+                 engine: Engine) -> plan_cache.PlanKey:
+        """The disk cache's key of this convolution on this device and libraries (the precision by name)."""
         context = self.context
         return plan_cache.PlanKey(context.device_name, context.compute_capability, context.cudnn_version,
-                                  context.cublas_version, desc, x_shape, y_shape, math, search_label(engine),
+                                  context.cublas_version, desc, x_shape, y_shape, precision.name, search_label(engine),
                                   self.workspace_limit)
 
-    def _plan_from_disk(self, key: plan_cache.PlanKey, math_type: int) -> ConvolutionPlan | None:
+    def _plan_from_disk(self, key: plan_cache.PlanKey, precision: Precision, math_type: int) -> ConvolutionPlan | None:
         """The stored plan of ``key`` when cuDNN still runs its algorithms with the stored workspaces."""
         stored = plan_cache.read_plan(key)
         if stored is None:
             return None
         plan = plan_with(self.context.cudnn.handle, self.context.descriptors, key.desc, key.x_shape, key.y_shape,
-                         key.math, math_type, self.workspace_limit, stored)
+                         precision, math_type, self.workspace_limit, stored)
         if plan is None or any(getattr(plan, name) != algorithm for name, algorithm in stored.items()):
             log.debug("the cached convolution plan for %s %s is no longer valid here: searching again", key.desc,
                       key.x_shape)
@@ -119,16 +121,16 @@ class ConvolutionPlanner:
         log.debug("convolution plan from the disk cache: %r", plan)
         return plan
 
-    def _plan_from_larger_batch(self, desc: ConvolutionDescriptor, x_shape, y_shape, math: str, math_type: int,
-                                engine: Engine) -> ConvolutionPlan | None:
+    def _plan_from_larger_batch(self, desc: ConvolutionDescriptor, x_shape, y_shape, precision: Precision,
+                                math_type: int, engine: Engine) -> ConvolutionPlan | None:
         """A plan with the algorithms of this convolution's plan at the nearest larger batch (same
-        sample shape, math and search), where cuDNN runs them at this batch within the workspace
+        sample shape, precision and search), where cuDNN runs them at this batch within the workspace
         limit; workspaces are asked again. Where the engine asks for deterministic algorithms, a larger
         plan holding a non-deterministic one is not reused: this batch may have a deterministic one
         within the limit."""
         label = search_label(engine)
-        larger = [plan for (other, shape, plan_math, search), plan in self.plans.items()
-                  if other == desc and plan_math == math and search == label
+        larger = [plan for (other, shape, plan_precision, search), plan in self.plans.items()
+                  if other == desc and plan_precision == precision and search == label
                   and shape[1:] == x_shape[1:] and shape[0] > x_shape[0]]
         if not larger:
             return None
@@ -136,8 +138,8 @@ class ConvolutionPlanner:
         algorithms = {name: getattr(source, name) for name in DIRECTION_NAMES}
         if engine.deterministic_convolution and not all(algorithm.deterministic for algorithm in algorithms.values()):
             return None
-        plan = plan_with(self.context.cudnn.handle, self.context.descriptors, desc, x_shape, y_shape, math, math_type,
-                         self.workspace_limit, algorithms)
+        plan = plan_with(self.context.cudnn.handle, self.context.descriptors, desc, x_shape, y_shape, precision,
+                         math_type, self.workspace_limit, algorithms)
         if plan is not None:
             log.debug("convolution plan from the plan at batch %d: %r", source.x_shape[0], plan)
         return plan
@@ -164,19 +166,17 @@ class ConvolutionPlanner:
         algorithm = getattr(plan, direction.name)
         workspace = context.workspace(algorithm.workspace_bytes)
         if algorithm.algo == GEMM_ALGORITHM:  # in 16 bits under a 16-bit math (gemm_convolution.py)
-            direction.gemm(backend, plan.gemm_shape, alpha, a, b, beta, out, workspace, algorithm,
-                           HALF_FORMATS.get(plan.math))
+            direction.gemm(backend, plan.gemm_shape, alpha, a, b, beta, out, workspace, algorithm, plan.precision)
             return
         if algorithm.by_forward:  # backward data as a forward convolution with the flipped filter
             backward_data_by_forward(backend, plan, algorithm, alpha, a, b, beta, out, workspace)
             return
         a_desc, b_desc, conv, out_desc = direction.operands(plan.x.handle, plan.w.handle, plan.conv.handle,
                                                             plan.y.handle)
-        if plan.math in HALF_FORMATS:
+        if plan.precision.half:
             # out₁₆ = bf16(a) ⋆ bf16(b), then out = alpha·float(out₁₆) + beta·out   (fp16 under math "fp16")
-            fmt = HALF_FORMATS[plan.math]
-            a16, b16, out16 = context.half.operands((a, a.size), (b, b.size), output=out.size,
-                                                    fmt=HALF_FORMATS[backend.math])
+            fmt = half_format(plan.precision)
+            a16, b16, out16 = context.half.operands((a, a.size), (b, b.size), output=out.size, fmt=fmt)
             direction.run(context.cudnn.handle, context.scalar(1.0), a_desc, a16, b_desc, b16, conv, algorithm.algo,
                           workspace, algorithm.workspace_bytes, context.scalar(0.0), out_desc, out16)
             context.half.to_float(out.data.ptr, out16, alpha, beta, out.size, fmt=fmt)

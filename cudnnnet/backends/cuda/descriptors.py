@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ..base import ActivationDescriptor, ConvolutionDescriptor, PoolingDescriptor
+from ..descriptors import ActivationDescriptor, ConvolutionDescriptor, PoolingDescriptor
 from .bindings import cudnn
 from .handles import Owned
 

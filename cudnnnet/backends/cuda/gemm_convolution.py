@@ -22,7 +22,7 @@ the backend's GEMM plan timed faster (matmul.py). Every step is deterministic. `
 times this engine against cuDNN's algorithms and a plan takes it (``GEMM_ALGORITHM``) where it is
 faster.
 
-Under a 16-bit math (``math: bf16`` or ``fp16``, a low_precision.HalfFormat) the GEMMs read 16-bit
+Under a 16-bit precision (``math: bf16`` or ``fp16``, its low_precision.HalfFormat) the GEMMs read 16-bit
 A and B, accumulate in FP32 and write FP32 C (matmul.py's plans: cublasLtMatmul, or
 cublasGemmStridedBatchedEx): im2col writes col in 16 bits (``im2col_half``: each value rounded as
 converting x first would; dy regrouped the same way), W and dy (S = 1) are the pass's 16-bit copies
@@ -41,11 +41,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...precision import FP32, Precision
 from ..base import OP_N, OP_T
 from .bindings import cublas
 from .buffer import FLOAT32_BYTES
 from .kernel import blocks_for
-from .low_precision import BF16_BYTES, HALF_FORMATS, HalfFormat
+from .low_precision import BF16_BYTES, HalfFormat, half_format
 from .matmul import GemmProblem, alignment
 
 GEMM_ALGORITHM = -1  # not a cuDNN enum value: a plan's marker for this engine
@@ -163,36 +164,40 @@ def _section_pointers(workspace: int, sections: tuple[int, ...]) -> list[int]:
     return pointers
 
 
-def forward(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int, fmt: HalfFormat | None = None) -> None:
+def forward(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int, precision: Precision = FP32) -> None:
+    fmt = half_format(precision)
     if fmt is not None:
-        _forward_half(backend, shape, alpha, x, w, beta, y, workspace, fmt)
+        _forward_half(backend, shape, alpha, x, w, beta, y, workspace, precision, fmt)
         return
     col = workspace  # (N, CRS, P)
     _im2col(backend, shape, x.data.ptr, col, 1)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
     # yₙ = colₙ · W        (P × K) = (P × CRS) · (CRS × K), for each sample n
     _batched_gemm(backend, OP_N, OP_N, p, k, rows, alpha, col, p, rows * p, w.data.ptr, rows, 0, beta, y.data.ptr, p,
-                  k * p, shape.batch)
+                  k * p, shape.batch, precision)
 
 
-def _forward_half(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int, fmt: HalfFormat) -> None:
+def _forward_half(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int, precision: Precision,
+                  fmt: HalfFormat) -> None:
     col, product = _section_pointers(workspace, half_sections("forward", shape))  # col₁₆ (N, CRS, P)
     if beta == 0:
         product = y.data.ptr  # (N, K, P), rounded in place
     _im2col(backend, shape, x.data.ptr, col, 1, fmt)
-    (w16,) = backend.context.half.operands((w, w.size), fmt=HALF_FORMATS[backend.math])  # (K, CRS)
+    (w16,) = backend.context.half.operands((w, w.size), fmt=fmt)  # (K, CRS)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
     # productₙ = col₁₆ₙ · W₁₆     (P × K) = (P × CRS) · (CRS × K), for each sample n; FP32 sums
     _batched_gemm(backend, OP_N, OP_N, p, k, rows, 1.0, col, p, rows * p, w16, rows, 0, 0.0, product, p, k * p,
-                  shape.batch, fmt.name)
+                  shape.batch, precision)
     # y = alpha·half(product) + beta·y
     _round_result(backend, fmt, y.data.ptr, product, alpha, beta, shape.batch * k * p)
 
 
 def backward_filter(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace: int, ones: int,
-                    samples_per_gemm: int = 1, fmt: HalfFormat | None = None) -> None:
+                    samples_per_gemm: int = 1, precision: Precision = FP32) -> None:
+    fmt = half_format(precision)
     if fmt is not None:
-        _backward_filter_half(backend, shape, alpha, x, dy, beta, dw, workspace, ones, samples_per_gemm, fmt)
+        _backward_filter_half(backend, shape, alpha, x, dy, beta, dw, workspace, ones, samples_per_gemm, precision,
+                              fmt)
         return
     s, groups = samples_per_gemm, shape.groups(samples_per_gemm)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
@@ -207,11 +212,11 @@ def backward_filter(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace
     if groups == 1:
         # dW = alpha·colᵀ · dy + beta·dW        (CRS × K) = (CRS × S·P) · (S·P × K)
         _batched_gemm(backend, OP_T, OP_N, rows, k, s * p, alpha, col, s * p, 0, grouped_dy, s * p, 0, beta,
-                      dw.data.ptr, rows, 0, 1)
+                      dw.data.ptr, rows, 0, 1, precision)
         return
     # dW_g = col_gᵀ · dy_g    (CRS × K) = (CRS × S·P) · (S·P × K), for each group g
     _batched_gemm(backend, OP_T, OP_N, rows, k, s * p, 1.0, col, s * p, rows * s * p, grouped_dy, s * p, k * s * p,
-                  0.0, partials, rows, rows * k, groups)
+                  0.0, partials, rows, rows * k, groups, precision)
     # dW = Σ_g dW_g          (CRS·K) = (CRS·K × G) · 1_G
     context = backend.context
     cublas.sgemv(context.cublas.handle, OP_N, rows * k, groups, context.scalar(alpha), partials, rows * k, ones, 1,
@@ -219,7 +224,7 @@ def backward_filter(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace
 
 
 def _backward_filter_half(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace: int, ones: int,
-                          samples_per_gemm: int, fmt: HalfFormat) -> None:
+                          samples_per_gemm: int, precision: Precision, fmt: HalfFormat) -> None:
     s, groups = samples_per_gemm, shape.groups(samples_per_gemm)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
     # col₁₆ (G, CRS, S, P), dy₁₆ (G, K, S, P), dW_g (G, K, CRS), their sum (K, CRS)
@@ -227,17 +232,17 @@ def _backward_filter_half(backend, shape: GemmShape, alpha, x, dy, beta, dw, wor
     _im2col(backend, shape, x.data.ptr, col, s, fmt)
     if s == 1:
         # (N, K, P)
-        (grouped_dy,) = backend.context.half.operands((dy, dy.size), fmt=HALF_FORMATS[backend.math])
+        (grouped_dy,) = backend.context.half.operands((dy, dy.size), fmt=fmt)
     else:
         _regroup(backend, shape, dy.data.ptr, grouped_dy, s, fmt)
     if groups == 1:
         # total = col₁₆ᵀ · dy₁₆        (CRS × K) = (CRS × S·P) · (S·P × K)
         _batched_gemm(backend, OP_T, OP_N, rows, k, s * p, 1.0, col, s * p, 0, grouped_dy, s * p, 0, 0.0, total, rows,
-                      0, 1, fmt.name)
+                      0, 1, precision)
     else:
         # dW_g = col₁₆_gᵀ · dy₁₆_g    (CRS × K) = (CRS × S·P) · (S·P × K), for each group g
         _batched_gemm(backend, OP_T, OP_N, rows, k, s * p, 1.0, col, s * p, rows * s * p, grouped_dy, s * p,
-                      k * s * p, 0.0, partials, rows, rows * k, groups, fmt.name)
+                      k * s * p, 0.0, partials, rows, rows * k, groups, precision)
         # total = Σ_g dW_g           (CRS·K) = (CRS·K × G) · 1_G
         context = backend.context
         cublas.sgemv(context.cublas.handle, OP_N, rows * k, groups, context.scalar(1.0), partials, rows * k, ones, 1,
@@ -247,29 +252,30 @@ def _backward_filter_half(backend, shape: GemmShape, alpha, x, dy, beta, dw, wor
 
 
 def backward_data(backend, shape: GemmShape, alpha, w, dy, beta, dx, workspace: int,
-                  fmt: HalfFormat | None = None) -> None:
+                  precision: Precision = FP32) -> None:
     dcol = workspace  # (N, CRS, P)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
+    fmt = half_format(precision)
     if fmt is None:
-        w_ptr, dy_ptr, math, rounding = w.data.ptr, dy.data.ptr, backend.math, 0
+        w_ptr, dy_ptr, rounding = w.data.ptr, dy.data.ptr, 0
     else:
-        w_ptr, dy_ptr = backend.context.half.operands((w, w.size), (dy, dy.size), fmt=HALF_FORMATS[backend.math])
-        math, rounding = fmt.name, fmt.kernel_code
+        w_ptr, dy_ptr = backend.context.half.operands((w, w.size), (dy, dy.size), fmt=fmt)
+        rounding = fmt.kernel_code
     # dcolₙ = dyₙ · Wᵀ     (P × CRS) = (P × K) · (K × CRS), for each sample n (16-bit dy₁₆ and W₁₆ under fmt)
     _batched_gemm(backend, OP_N, OP_T, p, rows, k, 1.0, dy_ptr, p, k * p, w_ptr, rows, 0, 0.0, dcol, p,
-                  rows * p, shape.batch, math)
+                  rows * p, shape.batch, precision)
     # dx = alpha·col2im(dcol) + beta·dx          (col2im's sum rounded to fmt first)
     total = shape.batch * shape.channels * shape.height * shape.width
     _launch(backend, "col2im", total, dx.data.ptr, dcol, float(alpha), float(beta), *shape.geometry(), rounding)
 
 
 def _batched_gemm(backend, transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
-                  batch, math: str | None = None) -> None:
+                  batch, precision: Precision) -> None:
     """Cᵢ = alpha·op(Aᵢ)·op(Bᵢ) + beta·Cᵢ for i < batch (a stride of 0 shares one matrix), with the
     backend's timed GEMM plan (cublasLtMatmul or cublasSgemmStridedBatched, see matmul.py); A and B in
-    16 bits where ``math`` is "bf16" or "fp16" (the backend's math when not given)."""
+    16 bits where ``precision`` (the plan's) is a 16-bit one."""
     problem = GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, batch, stride_a, stride_b, stride_c,
-                          math or backend.math, alignment(a, b, c))
+                          precision, alignment(a, b, c))
     backend.gemm(problem, alpha, a, b, beta, c)
 
 

@@ -43,6 +43,7 @@ import weakref
 from dataclasses import dataclass
 
 from ...errors import DeviceError
+from ...precision import Precision
 from .bindings import cublas, cudnn
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .kernel import BLOCK_SIZE
@@ -57,7 +58,7 @@ class HalfFormat:
     """A 16-bit operand format: its cudaDataType_t (cublasGemmEx), its cudnnDataType_t (x, w and y
     of a convolution) and the kernels converting float32 to it (one and four values a thread) and back."""
 
-    name: str  # the math mode that uses it
+    dtype: str  # the Precision.operand_dtype it holds
     cublas_type: int
     cudnn_type: int
     to_half: str
@@ -66,9 +67,14 @@ class HalfFormat:
     kernel_code: int  # the ``format`` argument of kernels/convolution.cu's 16-bit kernels
 
 
-BF16 = HalfFormat("bf16", cublas.R_16BF, cudnn.DATA_BFLOAT16, "to_bf16", "to_bf16_x4", "bf16_to_float", 1)
-FP16 = HalfFormat("fp16", cublas.R_16F, cudnn.DATA_HALF, "to_fp16", "to_fp16_x4", "fp16_to_float", 2)
-HALF_FORMATS = {fmt.name: fmt for fmt in (BF16, FP16)}  # math mode -> its 16-bit format
+BF16 = HalfFormat("bfloat16", cublas.R_16BF, cudnn.DATA_BFLOAT16, "to_bf16", "to_bf16_x4", "bf16_to_float", 1)
+FP16 = HalfFormat("float16", cublas.R_16F, cudnn.DATA_HALF, "to_fp16", "to_fp16_x4", "fp16_to_float", 2)
+HALF_FORMATS = {fmt.dtype: fmt for fmt in (BF16, FP16)}  # Precision.operand_dtype -> its 16-bit format
+
+
+def half_format(precision: Precision) -> HalfFormat | None:
+    """The 16-bit format of ``precision``'s GEMM and convolution operands; None where they are float32."""
+    return HALF_FORMATS.get(precision.operand_dtype)
 
 
 def _aligned_bytes(count: int) -> int:
@@ -224,9 +230,10 @@ class HalfOperands:
 
     def operands(self, *operands, output: int = 0, fmt: HalfFormat = BF16) -> list[int]:
         """The 16-bit addresses of each (tensor, values read) of ``operands``: the pass's copies inside a
-        pass, else scratch slots converted now to ``fmt``; then, where ``output`` is non-zero, a scratch
-        slot for that many 16-bit results."""
-        pointers = [self.copies.pointer(tensor.data) for tensor, _ in operands]
+        pass in ``fmt``, else scratch slots converted now to ``fmt``; then, where ``output`` is non-zero,
+        a scratch slot for that many 16-bit results."""
+        in_pass = self.copies.format == fmt
+        pointers = [self.copies.pointer(tensor.data) if in_pass else None for tensor, _ in operands]
         missing = [(tensor.data.ptr, count) for (tensor, count), pointer in zip(operands, pointers) if pointer is None]
         slots = iter(self.scratch.operands(*missing, output=output, fmt=fmt))
         pointers = [next(slots) if pointer is None else pointer for pointer in pointers]

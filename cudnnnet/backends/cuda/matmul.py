@@ -46,6 +46,7 @@ from pathlib import Path
 
 from ...errors import CublasError, OutOfMemoryError
 from ...io import cache
+from ...precision import FP32, Precision
 from ..base import OP_N, OP_T
 from .bindings import cublas, cublaslt
 from .buffer import FLOAT32_BYTES, DeviceBuffer
@@ -55,9 +56,7 @@ log = logging.getLogger(__name__)
 
 CANDIDATES = 16  # algorithms asked of the cuBLASLt heuristic
 MARGIN = 0.98  # a cuBLASLt algorithm replaces cublasSgemm when it takes under 98 % of its time
-COMPUTE_TYPES = {"fp32": cublaslt.COMPUTE_32F, "tf32": cublaslt.COMPUTE_32F_FAST_TF32, "bf16": cublaslt.COMPUTE_32F,
-                 "fp16": cublaslt.COMPUTE_32F}
-OPERAND_TYPES = {"bf16": cublas.R_16BF, "fp16": cublas.R_16F}  # cudaDataType_t of A and B by math mode (CUDA_R_32F otherwise)
+OPERAND_TYPES = {"bfloat16": cublas.R_16BF, "float16": cublas.R_16F}  # Precision.operand_dtype -> cudaDataType_t of A, B
 MAX_ALIGNMENT = 256  # bytes: cuBLASLt's default minimum alignment of every operand
 TRANSPOSE_LIMIT_BYTES = 1 << 30  # the most scratch the transposing candidate may take
 GEMM_PLAN_FORMAT = 1  # raise when what a plan file holds, or how a plan is chosen, changes
@@ -83,7 +82,7 @@ class GemmProblem:
     stride_a: int = 0
     stride_b: int = 0
     stride_c: int = 0
-    math: str = "fp32"
+    precision: Precision = FP32
     alignment: tuple = (MAX_ALIGNMENT,) * 3  # bytes that A, B and C's addresses are multiples of (≤ 256)
 
     @property
@@ -111,6 +110,23 @@ class GemmProblem:
         return self.stride_c * (self.batch - 1) + self.ldc * (self.n - 1) + self.m
 
 
+def compute_type(precision: Precision) -> int:
+    """cublasComputeType_t of ``precision``: FP32 sums, on TF32 tensor cores where it allows them."""
+    return cublaslt.COMPUTE_32F_FAST_TF32 if precision.tensor_cores else cublaslt.COMPUTE_32F
+
+
+def operand_type_of(precision: Precision) -> int:
+    """cudaDataType_t of A and B under ``precision``: its 16-bit type, else CUDA_R_32F."""
+    return OPERAND_TYPES.get(precision.operand_dtype, cublas.R_32F)
+
+
+def problem_json(problem: GemmProblem) -> dict:
+    """``problem`` as JSON values, its precision by name (a plan file's "math")."""
+    values = asdict(problem)
+    del values["precision"]
+    return {**values, "math": problem.precision.name, "alignment": list(problem.alignment)}
+
+
 def _aligned(values: int) -> int:
     return -(-values // ALIGNED_FLOATS) * ALIGNED_FLOATS
 
@@ -124,12 +140,12 @@ class LtMatmul:
     """The cuBLASLt descriptors of one problem: the operation and the layouts of A, B and C (= D)."""
 
     def __init__(self, problem: GemmProblem):
-        self.desc = cublaslt.matmul_desc_create(COMPUTE_TYPES[problem.math])
+        self.desc = cublaslt.matmul_desc_create(compute_type(problem.precision))
         self.layouts = []
         try:
             cublaslt.matmul_desc_set_int32(self.desc, cublaslt.DESC_TRANSA, problem.transa)
             cublaslt.matmul_desc_set_int32(self.desc, cublaslt.DESC_TRANSB, problem.transb)
-            operand_type = OPERAND_TYPES.get(problem.math, cublas.R_32F)
+            operand_type = operand_type_of(problem.precision)
             for (rows, cols), ld, stride, data_type in (
                     (problem.stored_a, problem.lda, problem.stride_a, operand_type),
                     (problem.stored_b, problem.ldb, problem.stride_b, operand_type),
@@ -240,16 +256,16 @@ class GemmEngine:
         """The slides' call: cublasSgemm (cublasSgemmStridedBatched for a batch); cublasGemmEx in bf16 and fp16
         (cublasGemmStridedBatchedEx for a batch)."""
         handle = self.context.cublas.handle
-        if p.math in OPERAND_TYPES and p.batch > 1:
+        if p.precision.half and p.batch > 1:
             # Cᵢ = alpha·op(A₁₆ᵢ)·op(B₁₆ᵢ) + beta·Cᵢ
-            operand_type = OPERAND_TYPES[p.math]
+            operand_type = operand_type_of(p.precision)
             cublas.gemm_strided_batched_ex(handle, p.transa, p.transb, p.m, p.n, p.k, alpha, a, operand_type, p.lda,
                                            p.stride_a, b, operand_type, p.ldb, p.stride_b, beta, c, cublas.R_32F, p.ldc,
                                            p.stride_c, p.batch, cublas.COMPUTE_32F, cublas.GEMM_DEFAULT)
             return
-        if p.math in OPERAND_TYPES:
+        if p.precision.half:
             # C = alpha·op(A₁₆)·op(B₁₆) + beta·C
-            operand_type = OPERAND_TYPES[p.math]
+            operand_type = operand_type_of(p.precision)
             cublas.gemm_ex(handle, p.transa, p.transb, p.m, p.n, p.k, alpha, a, operand_type, p.lda, b, operand_type,
                            p.ldb, beta, c, cublas.R_32F, p.ldc, cublas.COMPUTE_32F, cublas.GEMM_DEFAULT)
             return
@@ -408,7 +424,7 @@ def _transposable(problem: GemmProblem) -> bool:
     """Whether the transposing candidate applies: one float32 matrix, an operand to copy, at most
     TRANSPOSE_LIMIT_BYTES of scratch."""
     values = problem.transposed_values
-    return (problem.batch == 1 and problem.math not in OPERAND_TYPES and values > 0
+    return (problem.batch == 1 and not problem.precision.half and values > 0
             and FLOAT32_BYTES * values <= TRANSPOSE_LIMIT_BYTES)
 
 
@@ -483,7 +499,7 @@ class GemmKey:
             "compute_capability": list(self.compute_capability),
             "cublas_version": self.cublas_version,
             "cublaslt_version": self.cublaslt_version,
-            "problem": {**asdict(self.problem), "alignment": list(self.problem.alignment)},
+            "problem": problem_json(self.problem),
             "search": self.search,
             "workspace_bytes": self.workspace_bytes,
             "candidates": CANDIDATES,

@@ -24,7 +24,7 @@ import logging
 from pathlib import Path
 
 from ...io import cache
-from ..base import ConvolutionDescriptor
+from ..descriptors import ConvolutionDescriptor
 from .convolution import BF16_ALGORITHMS, DIRECTION_NAMES, EXACT_ALGORITHMS, Algorithm
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ...errors import UsageError
 from ...tensor import Tensor
-from ..base import PoolingDescriptor, PoolingMode
+from ..descriptors import PoolingDescriptor, PoolingMode
 from .gemm_convolution import INDEX_LIMIT
 from .kernel import BLOCK_SIZE, MAX_BLOCKS, blocks_for
 

@@ -27,11 +27,11 @@ from numpy.lib.stride_tricks import as_strided
 from ...augmentation import augment
 from ...errors import ShapeError, UsageError
 from ...float_images import to_float_images
-from ...precision import PRECISIONS
+from ...precision import FP32, PRECISIONS
 from ...tensor import Tensor
-from ..arguments import OP_N, same_shape
-from ..base import (ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor,
-                    PoolingDescriptor, PoolingMode)
+from ..arguments import OP_N
+from ..base import Backend
+from ..descriptors import ActivationDescriptor, ActivationMode, ConvolutionDescriptor, PoolingDescriptor, PoolingMode
 from . import batch_norm
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def round_to_fp16(values) -> np.ndarray:
         return np.asarray(values, F32).astype(np.float16).astype(F32)
 
 
-_ROUNDINGS = {"bf16": round_to_bf16, "fp16": round_to_fp16}  # math mode -> the rounding of its 16-bit operands
+_ROUNDINGS = {"bfloat16": round_to_bf16, "float16": round_to_fp16}  # Precision.operand_dtype -> its rounding
 
 
 def _nd(tensor: Tensor) -> np.ndarray:
@@ -272,17 +272,17 @@ class HostBackend(Backend):
     maths = MATHS  # set_math and using take every precision; "tf32" computes in FP32
 
     def __repr__(self) -> str:
-        return f"HostBackend(math={self.math!r})" if self.math != "fp32" else "HostBackend()"
+        return f"HostBackend(math={self.math!r})" if self.precision != FP32 else "HostBackend()"
 
     def _operand(self, values: np.ndarray) -> np.ndarray:
         """A GEMM or convolution operand as the GPU reads it: rounded to bfloat16 under math "bf16",
         to half under "fp16"."""
-        rounding = _ROUNDINGS.get(self.math)
+        rounding = _ROUNDINGS.get(self.precision.operand_dtype)
         return rounding(values) if rounding is not None else values
 
     def _convolution_result(self, values: np.ndarray) -> np.ndarray:
         """A convolution's result as cuDNN writes it: rounded to bfloat16 under math "bf16", to half under "fp16"."""
-        rounding = _ROUNDINGS.get(self.math)
+        rounding = _ROUNDINGS.get(self.precision.operand_dtype)
         return rounding(values) if rounding is not None else values
 
     # ---- memory -------------------------------------------------------------------------------
@@ -605,23 +605,19 @@ class HostBackend(Backend):
         """dx = dy·mask/(1 - rate), the mask of the last forward."""
         np.multiply(_nd(dy), reserve.reshape(dy.shape), out=_nd(dx))
 
-    def batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
-                                    eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
+    def _batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
+                                     eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
         """Batch statistics in float64 (batch_norm.py), over a ``communicator``'s ranks where given."""
         batch_norm.forward_training(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
                                     save_inv_std, relu, communicator)
 
-    def batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
+    def _batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
         """y = scale·(x - mean)/√(var + eps) + bias."""
         batch_norm.forward_inference(mode, x, y, scale, bias, mean, var, eps)
 
-    def batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
-                            save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
+    def _batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
+                             save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
         """dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale·inv_std/m·(m·dy - dbias - x̂·dscale) (batch_norm.py)."""
-        same_shape("batch_norm_backward", x, dy)
-        same_shape("batch_norm_backward", x, dx)
-        if relu and bias is None:
-            raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")
         batch_norm.backward(mode, x, dy, dx, scale, dscale, dbias, save_mean, save_inv_std, bias, relu, communicator)
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import ShapeError, UsageError
 from ...tensor import Tensor
-from ..base import BatchNormMode
+from ..arguments import batch_norm_parameter_shape
+from ..descriptors import BatchNormMode
 
 
 def _nd(tensor: Tensor) -> np.ndarray:
@@ -19,7 +19,7 @@ def forward_training(mode, x, y, scale, bias, factor: float, running_mean, runni
                      save_inv_std, relu: bool, communicator=None) -> None:
     """Batch statistics in float64 (over every rank's batch with a ``communicator``), cuDNN's running
     averages (unbiased variance); y = max(y, 0) where ``relu``."""
-    axes, shape = batch_norm_axes(mode, x, scale)
+    axes, shape = batch_norm_axes(mode, x)
     values = _nd(x).astype(np.float64)
     mean, variance, count = _statistics(values, axes, shape, communicator)
     inv_std = 1.0 / np.sqrt(variance + eps)
@@ -55,7 +55,7 @@ def _summed_over_ranks(a: np.ndarray, b: np.ndarray, count: int, communicator) -
 
 def forward_inference(mode, x, y, scale, bias, mean, var, eps: float) -> None:
     """y = scale·(x - mean)/√(var + eps) + bias."""
-    _, shape = batch_norm_axes(mode, x, scale)
+    _, shape = batch_norm_axes(mode, x)
     inv_std = 1.0 / np.sqrt(_nd(var).reshape(shape).astype(np.float64) + eps)
     _nd(y)[...] = _nd(scale).reshape(shape) * (_nd(x) - _nd(mean).reshape(shape)) * inv_std + _nd(bias).reshape(shape)
 
@@ -65,7 +65,7 @@ def backward(mode, x, dy, dx, scale, dscale, dbias, save_mean, save_inv_std, bia
     """dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale·inv_std/m·(m·dy - dbias - x̂·dscale); with ``relu``
     dy·[scale·x̂ + bias > 0] in place of dy (the gradient through the forward's ReLU). With a
     ``communicator`` dx takes the sums and m of every rank; dscale and dbias stay this rank's."""
-    axes, shape = batch_norm_axes(mode, x, scale)
+    axes, shape = batch_norm_axes(mode, x)
     inv_std = _nd(save_inv_std).reshape(shape).astype(np.float64)
     centred = _nd(x) - _nd(save_mean).reshape(shape)  # x - μ
     normalized = centred * inv_std  # x̂
@@ -84,15 +84,7 @@ def backward(mode, x, dy, dx, scale, dscale, dbias, save_mean, save_inv_std, bia
     _nd(dx)[...] = _nd(scale).reshape(shape) * inv_std / count * (count * grad - bias_grad - normalized * scale_grad)
 
 
-def batch_norm_axes(mode, x: Tensor, scale: Tensor) -> tuple[tuple[int, ...], tuple[int, int, int, int]]:
-    """(the axes statistics run over, the parameters' shape) for ``mode``; a ShapeError if ``scale`` does not fit."""
-    if mode == BatchNormMode.SPATIAL:
-        axes, shape = (0, 2, 3), (1, x.c, 1, 1)
-    elif mode == BatchNormMode.PER_ACTIVATION:
-        axes, shape = (0,), (1,) + x.shape[1:]
-    else:
-        raise UsageError(f"unknown batch normalisation mode {mode!r}; valid are PER_ACTIVATION (0) and SPATIAL (1)")
-    if scale.size != int(np.prod(shape)):
-        raise ShapeError(f"batch normalisation: parameters of shape {scale.shape} do not fit x {x.shape} in mode {mode!r}; "
-                         f"expected {shape}")
-    return axes, shape
+def batch_norm_axes(mode, x: Tensor) -> tuple[tuple[int, ...], tuple[int, int, int, int]]:
+    """(the axes statistics run over, the parameters' shape) for ``mode``, which the verb has checked."""
+    axes = (0, 2, 3) if mode == BatchNormMode.SPATIAL else (0,)
+    return axes, batch_norm_parameter_shape("batch normalisation", mode, x)
