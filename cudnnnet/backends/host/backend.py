@@ -32,6 +32,7 @@ from ...tensor import Tensor
 from ..arguments import OP_N, same_shape
 from ..base import (ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor,
                     PoolingDescriptor, PoolingMode)
+from ..rounding import round_to_bf16, round_to_fp16
 from . import batch_norm
 
 log = logging.getLogger(__name__)
@@ -43,31 +44,9 @@ _ITEM = np.dtype(F32).itemsize
 MATHS = tuple(name for name, precision in PRECISIONS.items() if not precision.tensor_cores)  # computed as the GPU does
 # the loss-scaling state's slots (kernels/loss_scale.cu)
 SCALE, FOUND, SKIP, UNSCALE, CLEAN, SKIPPED = range(6)
-_BF16_LOW = np.uint32(0x7FFF)
-_BF16_KEEP = np.uint32(0xFFFF0000)
-_QUIET_NAN = np.uint32(0x00400000)
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-def round_to_bf16(values) -> np.ndarray:
-    """float32 ``values`` rounded to the nearest bfloat16, ties to even, as float32 (a new array):
-    kernels/bf16.cu's to_bf16. A NaN stays a quiet NaN; values past the largest bfloat16 become ±inf."""
-    bits = np.ascontiguousarray(values, F32).view(np.uint32)
-    rounded = (bits + _BF16_LOW + ((bits >> np.uint32(16)) & np.uint32(1))) & _BF16_KEEP
-    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    if nan.any():
-        rounded = np.where(nan, (bits | _QUIET_NAN) & _BF16_KEEP, rounded)
-    return rounded.view(F32)
-
-
-def round_to_fp16(values) -> np.ndarray:
-    """float32 ``values`` rounded to the nearest IEEE half, ties to even, as float32 (a new array):
-    kernels/fp16.cu's to_fp16 (cvt.rn.f16.f32). Values past the largest half (65504) become ±inf,
-    small ones keep the half's subnormals, a NaN stays a NaN."""
-    with np.errstate(over="ignore"):
-        return np.asarray(values, F32).astype(np.float16).astype(F32)
-
-
 _ROUNDINGS = {"bf16": round_to_bf16, "fp16": round_to_fp16}  # math mode -> the rounding of its 16-bit operands
 
 
