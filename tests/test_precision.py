@@ -22,14 +22,14 @@ from cudnnnet.layers import Activation, Dense, Softmax
 from cudnnnet.network import Network
 from cudnnnet.optim.optimizers import SGD
 from cudnnnet.errors import ConfigError, UsageError
-from cudnnnet.precision import (BF16, DEFAULT_PRECISION, FP16, FP32, HALF_PRECISIONS, PRECISION_NAMES, PRECISIONS,
-                                TF32, Precision, get_precision)
+from cudnnnet.precision import (BF16, BFLOAT16, DEFAULT_PRECISION, FLOAT16, FP16, FP32, HALF_PRECISIONS,
+                                PRECISION_NAMES, PRECISIONS, TF32, Precision, get_precision)
 from run_helpers import REPO_ROOT
 
 
 def test_the_vocabulary_and_its_facts():
     assert PRECISION_NAMES == ("fp32", "tf32", "bf16", "fp16") and DEFAULT_PRECISION == "fp32"
-    assert [precision.operand_dtype for precision in (FP32, TF32, BF16, FP16)] == [None, None, "bfloat16", "float16"]
+    assert [precision.operand_dtype for precision in (FP32, TF32, BF16, FP16)] == [None, None, BFLOAT16, FLOAT16]
     assert HALF_PRECISIONS == ("bf16", "fp16") and BF16.half and not TF32.half
     assert [name for name, precision in PRECISIONS.items() if precision.loss_scaling] == ["fp16"]
     assert [name for name, precision in PRECISIONS.items() if precision.tensor_cores] == ["tf32"]

@@ -1,9 +1,18 @@
 """The device's roundings of float32 values to 16 bits, computed with NumPy: what kernels/half.cuh's
-bf16_bits and fp16_bits give, so that the host backend rounds where the CUDA backend does."""
+bf16_bits and fp16_bits give, so that the host backend rounds where the CUDA backend does; and the
+host's storage of each tensor dtype (cudnnnet.precision.DType), which the CUDA backend's uploads and
+downloads copy as it is:
+
+    float32   float32 values
+    bfloat16  uint16: the high 16 bits of the float32 it rounds to (NumPy has no bfloat16)
+    float16   float16 (IEEE half)
+"""
 
 from __future__ import annotations
 
 import numpy as np
+
+from ..precision import BFLOAT16, FLOAT16, FLOAT32, DType
 
 F32 = np.float32
 _BF16_LOW = np.uint32(0x7FFF)
@@ -28,3 +37,28 @@ def round_to_fp16(values) -> np.ndarray:
     small ones keep the half's subnormals, a NaN stays a NaN."""
     with np.errstate(over="ignore"):
         return np.asarray(values, F32).astype(np.float16).astype(F32)
+
+
+_ROUNDINGS = {FLOAT32.name: lambda values: np.array(values, F32), BFLOAT16.name: round_to_bf16,
+              FLOAT16.name: round_to_fp16}
+
+
+def round_to(dtype: DType, values) -> np.ndarray:
+    """float32 ``values`` rounded to ``dtype`` as the device rounds (nearest, ties to even), as a new
+    float32 array: what a tensor of ``dtype`` holds after they are written into it."""
+    return _ROUNDINGS[dtype.name](values)
+
+
+def to_storage(dtype: DType, values) -> np.ndarray:
+    """float32 ``values`` rounded to ``dtype``, in the host's storage of that dtype (a new flat array)."""
+    rounded = round_to(dtype, values).reshape(-1)
+    if dtype is BFLOAT16:
+        return (rounded.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    return rounded.astype(dtype.storage)
+
+
+def from_storage(storage: np.ndarray) -> np.ndarray:
+    """The float32 values of a host storage array (a new array; every 16-bit value is exact in float32)."""
+    if storage.dtype == np.uint16:
+        return (storage.astype(np.uint32) << np.uint32(16)).view(F32)
+    return storage.astype(F32)

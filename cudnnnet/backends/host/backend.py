@@ -25,14 +25,14 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...augmentation import augment
-from ...errors import ShapeError, UsageError
+from ...errors import DTypeError, ShapeError, UsageError
 from ...float_images import to_float_images
-from ...precision import PRECISIONS
-from ...tensor import Tensor
-from ..arguments import OP_N, same_shape
+from ...precision import BFLOAT16, FLOAT16, FLOAT32, PRECISIONS, DType
+from ...tensor import Tensor, storage_dtype
+from ..arguments import OP_N, check_same_dtype, same_shape
 from ..base import (ActivationDescriptor, ActivationMode, Backend, ConvolutionDescriptor,
                     PoolingDescriptor, PoolingMode)
-from ..rounding import round_to_bf16, round_to_fp16
+from ..rounding import from_storage, round_to_bf16, round_to_fp16, to_storage
 from . import batch_norm
 
 log = logging.getLogger(__name__)
@@ -264,34 +264,39 @@ class HostBackend(Backend):
         rounding = _ROUNDINGS.get(self.math)
         return rounding(values) if rounding is not None else values
 
-    # ---- memory -------------------------------------------------------------------------------
-    def empty(self, size: int) -> np.ndarray:
-        """Uninitialised flat float32 storage."""
-        return np.empty(int(size), F32)
+    # ---- memory: storage of a tensor dtype as backends/rounding.py lays it out ------------------
+    def empty(self, size: int, dtype: DType = FLOAT32) -> np.ndarray:
+        """Uninitialised flat storage of ``dtype``."""
+        return np.empty(int(size), dtype.storage)
 
-    def upload(self, array) -> np.ndarray:
-        """A flat float32 copy of ``array``."""
-        return np.array(array, dtype=F32, copy=True).reshape(-1)
+    def upload(self, array, dtype: DType = FLOAT32) -> np.ndarray:
+        """A flat copy of the float32 ``array``, rounded to ``dtype``."""
+        return to_storage(dtype, array)
 
     def upload_pixels(self, pixels, pad: int, mean: float, std: float) -> np.ndarray:
         """to_float_images(pixels, (mean, std), pad), flat."""
         return to_float_images(pixels, (mean, std), pad).reshape(-1)
 
     def download(self, storage, size: int) -> np.ndarray:
-        """A copy of the first ``size`` values."""
-        return storage[:size].copy()
+        """A float32 copy of the first ``size`` values."""
+        return from_storage(storage[:size])
 
     def write(self, storage, array) -> None:
-        """storage[:array.size] = array, in place."""
-        np.copyto(storage[: array.size], array.reshape(-1))
+        """storage[:array.size] = array rounded to the storage's dtype, in place."""
+        np.copyto(storage[: array.size], to_storage(storage_dtype(storage), array))
 
     def copy(self, src, dst, size: int) -> None:
-        """dst[:size] = src[:size]."""
+        """dst[:size] = src[:size], storage of one dtype."""
+        check_same_dtype("copy", src, dst)
         np.copyto(dst[:size], src[:size])
 
+    def convert(self, src, dst, size: int) -> None:
+        """dst[:size] = src[:size] rounded to dst's dtype."""
+        np.copyto(dst[:size], to_storage(storage_dtype(dst), from_storage(src[:size])))
+
     def fill(self, storage, value: float, size: int) -> None:
-        """storage[:size] = value."""
-        storage[:size] = value
+        """storage[:size] = value rounded to the storage's dtype."""
+        storage[:size] = to_storage(storage_dtype(storage), [value])[0]
 
     def view(self, storage, offset: int, size: int) -> np.ndarray:
         """A slice sharing memory with ``storage``."""
@@ -523,7 +528,11 @@ class HostBackend(Backend):
 
     # ---- DLPack -------------------------------------------------------------------------------
     def dlpack(self, tensor: Tensor, stream=None, **kwargs):
-        """The DLPack capsule of the (n, c, h, w) NumPy view of the tensor's storage."""
+        """The DLPack capsule of the (n, c, h, w) NumPy view of the tensor's storage (float32 or float16;
+        NumPy cannot export bfloat16)."""
+        if tensor.dtype is BFLOAT16:
+            raise DTypeError("a bfloat16 tensor on the host cannot be exported through DLPack (NumPy has no "
+                             "bfloat16); export tensor.to('float32'), or use numpy()")
         return _nd(tensor).__dlpack__(stream=stream, **kwargs)
 
     def dlpack_device(self) -> tuple[int, int]:
@@ -532,7 +541,8 @@ class HostBackend(Backend):
 
     def from_dlpack(self, cls, external):
         """A host tensor holding a copy of a CPU DLPack producer's values."""
-        return cls.from_numpy(np.from_dlpack(external), self)
+        array = np.from_dlpack(external)
+        return cls.from_numpy(array, self, FLOAT16 if array.dtype == np.float16 else FLOAT32)
 
     # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
     def _adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,
