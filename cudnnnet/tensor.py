@@ -79,10 +79,10 @@ def storage_dtype(storage) -> DType:
     if isinstance(dtype, DType):
         return dtype
     try:
-        return DTYPES_BY_STORAGE[np.dtype(dtype).name]
+        return DTYPES_BY_STORAGE[dtype.name]
     except KeyError:
         raise UsageError(f"a tensor's host storage holds float32, float16 or uint16 (bfloat16's bits), got "
-                         f"{np.dtype(dtype).name}") from None
+                         f"{dtype.name}") from None
 
 
 class Tensor:

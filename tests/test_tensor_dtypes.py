@@ -355,3 +355,10 @@ def test_every_verb_checked_in_the_base_template_is_tried():
     from cudnnnet.backends.base import Backend
 
     assert {name[1:] for name in Backend.__abstractmethods__ if name.startswith("_")} == set(VERBS)
+
+
+def test_storage_of_another_type_or_a_dtype_it_does_not_hold_is_refused(host):
+    with pytest.raises(UsageError, match="host storage holds float32, float16 or uint16 .* got float64"):
+        Tensor((2,), host, np.zeros(2))
+    with pytest.raises(UsageError, match="storage of float16 values cannot make a bfloat16 tensor"):
+        Tensor((2,), host, np.zeros(2, np.float16), dtype=BFLOAT16)

@@ -50,7 +50,11 @@ def round_to(dtype: DType, values) -> np.ndarray:
 
 
 def to_storage(dtype: DType, values) -> np.ndarray:
-    """float32 ``values`` rounded to ``dtype``, in the host's storage of that dtype (a new flat array)."""
+    """float32 ``values`` rounded to ``dtype``, in the host's storage of that dtype, flat: a new array for
+    a 16-bit dtype; for float32 the values themselves where they are a contiguous float32 array."""
+    if dtype is FLOAT32:
+        with np.errstate(over="ignore"):  # a float beyond float32's range is ±inf, as the device holds it
+            return np.ascontiguousarray(values, F32).reshape(-1)
     rounded = round_to(dtype, values).reshape(-1)
     if dtype is BFLOAT16:
         return (rounded.view(np.uint32) >> np.uint32(16)).astype(np.uint16)

@@ -271,7 +271,7 @@ class HostBackend(Backend):
 
     def upload(self, array, dtype: DType = FLOAT32) -> np.ndarray:
         """A flat copy of the float32 ``array``, rounded to ``dtype``."""
-        return to_storage(dtype, array)
+        return np.array(array, dtype=F32, copy=True).reshape(-1) if dtype is FLOAT32 else to_storage(dtype, array)
 
     def upload_pixels(self, pixels, pad: int, mean: float, std: float) -> np.ndarray:
         """to_float_images(pixels, (mean, std), pad), flat."""
