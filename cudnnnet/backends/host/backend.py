@@ -1,6 +1,8 @@
 """The host backend: the call surface of ``base.Backend`` computed with NumPy, float32 throughout.
 
-Storage is a flat, C-contiguous float32 ``numpy.ndarray``. BLAS calls read column-major matrices
+Storage is a flat, C-contiguous ``numpy.ndarray``: float32, or a 16-bit tensor's (float16, bfloat16
+as uint16 bits: backends/rounding.py), which only the memory calls take, rounding every value they
+write to nearest even as the GPU does. BLAS calls read column-major matrices
 out of those flat buffers through strided views, so leading dimensions, transposes and in-place
 ``beta`` blending behave as in cuBLAS. Convolution is im2col + one GEMM per call, with images
 held batch-innermost (C, H, W, N) inside the plan and the column buffer laid out
