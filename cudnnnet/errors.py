@@ -58,6 +58,11 @@ class WriteError(CudnnnetError):
     """A file could not be written (a full disk, a lost permission): a runtime failure, not bad input."""
 
 
+class DTypeError(UsageError, TypeError):
+    """A tensor's dtype is not one a call takes (a 16-bit tensor given to a float32-only verb); the message
+    names the call, the dtype and what would be valid."""
+
+
 class TensorSizeError(ShapeError):
     """A tensor, or a model's tensors together, would be larger than the libraries or the machine can hold."""
 

@@ -333,7 +333,8 @@ class Network:
         return {name: value for layer in self.layers for name, value in layer.buffers().items()}
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Every parameter and buffer as a host array, by qualified name (``fc1.weight``, ``bn1.running_mean``)."""
+        """Every parameter and buffer as a float32 host array (a 16-bit tensor's values too), by qualified name
+        (``fc1.weight``, ``bn1.running_mean``): what checkpoints hold, the float32 master weights."""
         return {name: value.numpy() for name, value in {**self.parameters(), **self.buffers()}.items()}
 
     def load_state_dict(self, arrays: dict) -> None:

@@ -13,6 +13,9 @@ name is ``backend.math``), set as its default with ``backend.set_math`` or for a
 
 Activations, weights, optimiser state and the loss stay float32 in every mode (llm.c's recipe):
 only the 16-bit copies a GEMM or convolution reads are rounded.
+
+A tensor's values are of one ``DType`` (defined here too, as ``DTYPES``): float32 (the default),
+bfloat16 or float16, 2 bytes a value for the 16-bit ones.
 """
 
 from __future__ import annotations
@@ -23,11 +26,49 @@ from .errors import UsageError
 
 
 @dataclass(frozen=True)
+class DType:
+    """The type of a tensor's values and the facts its storage and exchange formats act on."""
+
+    name: str
+    itemsize: int  # bytes a value
+    storage: str  # the NumPy dtype of the host's storage: bfloat16 as its uint16 bit patterns (NumPy has none)
+    dlpack_code: int  # DLDataTypeCode: kDLFloat (2) or kDLBfloat (4); DLPack's bits are 8·itemsize
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"DType({self.name!r})"
+
+    @property
+    def half(self) -> bool:
+        """Whether the values are 16-bit."""
+        return self.itemsize == 2
+
+
+FLOAT32 = DType("float32", itemsize=4, storage="float32", dlpack_code=2)
+BFLOAT16 = DType("bfloat16", itemsize=2, storage="uint16", dlpack_code=4)
+FLOAT16 = DType("float16", itemsize=2, storage="float16", dlpack_code=2)
+DTYPES = {dtype.name: dtype for dtype in (FLOAT32, BFLOAT16, FLOAT16)}
+DTYPE_NAMES = tuple(DTYPES)
+DTYPES_BY_STORAGE = {dtype.storage: dtype for dtype in DTYPES.values()}  # the host's NumPy dtype name -> DType
+
+
+def get_dtype(dtype: "str | DType") -> DType:
+    """The dtype called ``dtype`` (float32, bfloat16 or float16), or ``dtype`` itself if a DType."""
+    if isinstance(dtype, DType):
+        return dtype
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise UsageError(f"invalid tensor dtype {dtype!r}; valid are {', '.join(DTYPE_NAMES)}")
+    return DTYPES[dtype]
+
+
+@dataclass(frozen=True)
 class Precision:
     """One math mode and the facts its callers act on."""
 
     name: str
-    operand_dtype: str | None  # "bfloat16" / "float16": the 16-bit type GEMM and convolution operands are rounded to
+    operand_dtype: DType | None  # BFLOAT16 / FLOAT16: the 16-bit type GEMM and convolution operands are rounded to
     tensor_cores: bool  # FP32 operands on tensor cores (TF32): the GPU rounds inside the multiply, the host cannot
     loss_scaling: bool  # the loss is scaled on the device (loss_scaling.py): the operand type's range is too small
 
@@ -42,8 +83,8 @@ class Precision:
 
 FP32 = Precision("fp32", operand_dtype=None, tensor_cores=False, loss_scaling=False)
 TF32 = Precision("tf32", operand_dtype=None, tensor_cores=True, loss_scaling=False)
-BF16 = Precision("bf16", operand_dtype="bfloat16", tensor_cores=False, loss_scaling=False)
-FP16 = Precision("fp16", operand_dtype="float16", tensor_cores=False, loss_scaling=True)
+BF16 = Precision("bf16", operand_dtype=BFLOAT16, tensor_cores=False, loss_scaling=False)
+FP16 = Precision("fp16", operand_dtype=FLOAT16, tensor_cores=False, loss_scaling=True)
 PRECISIONS = {precision.name: precision for precision in (FP32, TF32, BF16, FP16)}
 PRECISION_NAMES = tuple(PRECISIONS)  # the config's ``math`` values and ``--math``'s choices
 HALF_PRECISIONS = tuple(name for name, precision in PRECISIONS.items() if precision.half)

@@ -1,8 +1,11 @@
-"""Tensor: the Blob of the C++ design. NCHW float32 values held by one backend.
+"""Tensor: the Blob of the C++ design. NCHW values of one dtype held by one backend.
 
-On the host the storage is a flat float32 NumPy array; on CUDA it is a DeviceBuffer owning device
-memory (freed when the last tensor using it goes). ``to()`` moves values between backends,
-``numpy()`` returns a host copy shaped (n, c, h, w).
+The dtype (cudnnnet.precision.DType) is float32, the default, or bfloat16 or float16, 2 bytes a
+value. On the host the storage is a flat NumPy array (float32, float16, or bfloat16 as its uint16
+bit patterns); on CUDA it is a DeviceBuffer owning device memory of that type (freed when the last
+tensor using it goes). Values written into a 16-bit tensor are rounded to nearest, ties to even, as
+the device rounds. ``to()`` moves values between backends or converts them to another dtype;
+``numpy()`` returns a float32 host copy shaped (n, c, h, w) whatever the dtype.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from typing import Iterable
 import numpy as np
 
 from .backend_lookup import backend_named
-from .errors import InvalidArgumentError, ShapeError, TensorSizeError
+from .errors import DeviceError, InvalidArgumentError, ShapeError, TensorSizeError, UsageError
+from .precision import DTYPE_NAMES, DTYPES, DTYPES_BY_STORAGE, FLOAT32, DType, get_dtype
 
 
 # cuBLAS and cuDNN take sizes, leading dimensions and strides as 32-bit ints: no tensor may hold more values.
@@ -69,15 +73,35 @@ def _resolve(backend):
     return backend_named(backend) if backend is None or isinstance(backend, str) else backend
 
 
+def storage_dtype(storage) -> DType:
+    """The DType of a backend's storage: a DeviceBuffer's own, or that of a host array's NumPy dtype."""
+    dtype = storage.dtype
+    if isinstance(dtype, DType):
+        return dtype
+    try:
+        return DTYPES_BY_STORAGE[dtype.name]
+    except KeyError:
+        raise UsageError(f"a tensor's host storage holds float32, float16 or uint16 (bfloat16's bits), got "
+                         f"{dtype.name}") from None
+
+
 class Tensor:
-    """A float32 NCHW tensor on one backend."""
+    """An NCHW tensor of float32 (the default), bfloat16 or float16 values on one backend."""
 
-    __slots__ = ("shape", "backend", "data", "__weakref__")
+    __slots__ = ("shape", "backend", "data", "dtype", "__weakref__")
 
-    def __init__(self, shape, backend=None, data=None):
+    def __init__(self, shape, backend=None, data=None, dtype=None):
+        """New storage of ``dtype`` (default float32), or ``data``, the backend's storage, whose type the
+        tensor takes (``dtype``, where given, must be it)."""
         self.shape = as_shape(shape)
         self.backend = _resolve(backend)
-        self.data = self.backend.empty(self.size) if data is None else data
+        if data is None:
+            self.dtype = FLOAT32 if dtype is None else get_dtype(dtype)
+            self.data = self.backend.empty(self.size, self.dtype)
+            return
+        self.data, self.dtype = data, storage_dtype(data)
+        if dtype is not None and get_dtype(dtype) is not self.dtype:
+            raise UsageError(f"storage of {self.dtype} values cannot make a {get_dtype(dtype)} tensor")
 
     # ---- sizes -----------------------------------------------------------------------------
     n = property(lambda self: self.shape[0])
@@ -96,62 +120,84 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        return 4 * self.size
+        return self.dtype.itemsize * self.size
 
     def __len__(self) -> int:
         return self.size
 
     def __repr__(self) -> str:
-        return f"Tensor(shape={self.shape}, backend={self.backend.name!r})"
+        dtype = "" if self.dtype is FLOAT32 else f", dtype={self.dtype.name!r}"
+        return f"Tensor(shape={self.shape}, backend={self.backend.name!r}{dtype})"
 
     # ---- construction ----------------------------------------------------------------------
     @classmethod
-    def zeros(cls, shape, backend=None) -> "Tensor":
-        tensor = cls(shape, backend)
+    def zeros(cls, shape, backend=None, dtype=None) -> "Tensor":
+        """A tensor of zeros of ``dtype`` (default float32)."""
+        tensor = cls(shape, backend, dtype=dtype)
         tensor.fill_(0.0)
         return tensor
 
     @classmethod
-    def from_numpy(cls, array, backend=None) -> "Tensor":
-        """A tensor holding a float32 copy of ``array`` (1 to 4 dimensions, read as n, c, h, w; real
-        numbers or booleans)."""
+    def from_numpy(cls, array, backend=None, dtype=None) -> "Tensor":
+        """A tensor holding a copy of ``array`` (1 to 4 dimensions, read as n, c, h, w; real numbers or
+        booleans) as ``dtype`` (default float32): each value as float32, then, for a 16-bit dtype, rounded
+        to the nearest value of that type, ties to even (past its range ±inf), as the device rounds."""
+        dtype = FLOAT32 if dtype is None else get_dtype(dtype)
         array = float32_values(array)
         if array.ndim == 0:
             array = array.reshape(1)
         shape = as_shape(array.shape)
         flat = array.reshape(-1)
         backend = _resolve(backend)
-        return cls(shape, backend, backend.upload(flat))
+        return cls(shape, backend, backend.upload(flat, dtype))
 
     # ---- movement --------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
-        """A host copy shaped (n, c, h, w)."""
+        """A float32 host copy shaped (n, c, h, w), whatever the dtype (16-bit values are exact in float32)."""
         return self.backend.download(self.data, self.size).reshape(self.shape)
 
     def item(self) -> float:
         """The first value, as a Python float (synchronises a GPU)."""
         return float(self.backend.download(self.data, 1)[0])
 
-    def to(self, backend) -> "Tensor":
-        """This tensor on ``backend``: itself when already there, else a copy."""
-        backend = _resolve(backend)
+    def to(self, target) -> "Tensor":
+        """A dtype (a DType, or "float32", "bfloat16", "float16"): a new tensor of those values on this
+        backend, rounded to nearest even where the new type is narrower. A backend ("host", "cuda",
+        "auto" or a Backend): this tensor there, of its dtype; itself when already there, else a copy."""
+        if isinstance(target, DType) or (isinstance(target, str) and target in DTYPES):
+            return self._converted(get_dtype(target))
+        try:
+            backend = _resolve(target)
+        except UsageError as error:
+            if isinstance(error, DeviceError):  # a device, but none usable here
+                raise
+            raise UsageError(f"Tensor.to: {error}; or a dtype: {', '.join(DTYPE_NAMES)}") from None
         if backend is self.backend:
             return self
-        return Tensor(self.shape, backend, backend.upload(self.backend.download(self.data, self.size)))
+        return Tensor(self.shape, backend, backend.upload(self.backend.download(self.data, self.size), self.dtype))
+
+    def _converted(self, dtype: DType) -> "Tensor":
+        tensor = Tensor(self.shape, self.backend, dtype=dtype)
+        self.backend.convert(self.data, tensor.data, self.size)
+        return tensor
 
     def copy_(self, source: "Tensor") -> "Tensor":
-        """Overwrite this tensor's values with ``source``'s (same size; either backend), in place: the
-        storage keeps its address (a view, or a captured graph, still sees the new values)."""
+        """Overwrite this tensor's values with ``source``'s (same size; either backend; rounded to this
+        tensor's dtype), in place: the storage keeps its address (a view, or a captured graph, still sees
+        the new values)."""
         if source.size != self.size:
             raise ShapeError(f"cannot copy a tensor of shape {source.shape} into one of shape {self.shape}")
-        if source.backend is self.backend:
+        if source.backend is not self.backend:
+            self.backend.write(self.data, source.backend.download(source.data, source.size))
+        elif source.dtype is self.dtype:
             self.backend.copy(source.data, self.data, self.size)
         else:
-            self.backend.write(self.data, source.backend.download(source.data, source.size))
+            self.backend.convert(source.data, self.data, self.size)
         return self
 
     def write_(self, array) -> "Tensor":
-        """Overwrite the values in place from a host array of the same size (no new storage)."""
+        """Overwrite the values in place from a host array of the same size (no new storage), each value
+        as float32, then rounded to this tensor's dtype."""
         flat = float32_values(array, "Tensor.write_").reshape(-1)
         if flat.size != self.size:
             raise ShapeError(f"cannot write {flat.size} values into a tensor of shape {self.shape}")
@@ -159,6 +205,7 @@ class Tensor:
         return self
 
     def fill_(self, value: float) -> "Tensor":
+        """Every value ``value``, rounded to this tensor's dtype."""
         self.backend.fill(self.data, float(value), self.size)
         return self
 

@@ -6,7 +6,7 @@ import pytest
 
 from cudnnnet import Tensor
 from cudnnnet.backends.cuda.array_protocols import array_interface
-from cudnnnet.errors import InvalidArgumentError
+from cudnnnet.errors import DTypeError
 
 
 def test_a_host_tensor_has_no_cuda_array_interface():
@@ -27,8 +27,9 @@ def test_the_default_stream_is_written_as_1_never_0():
     assert array_interface(0x1000, (4,), "float32", 0)["stream"] == 1
 
 
-def test_a_dtype_the_protocol_cannot_name_is_refused():
-    with pytest.raises(InvalidArgumentError, match=r"no typestr for 'bfloat16'; it describes float32, float16"):
+def test_a_dtype_the_protocol_cannot_name_is_refused_pointing_to_dlpack():
+    with pytest.raises(DTypeError, match=r"no typestr for bfloat16 \(it describes float32, float16\); export a "
+                                         r"bfloat16 tensor through DLPack"):
         array_interface(0x1000, (4,), "bfloat16", 1)
 
 

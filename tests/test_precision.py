@@ -22,14 +22,14 @@ from cudnnnet.layers import Activation, Dense, Softmax
 from cudnnnet.network import Network
 from cudnnnet.optim.optimizers import SGD
 from cudnnnet.errors import ConfigError, UsageError
-from cudnnnet.precision import (BF16, DEFAULT_PRECISION, FP16, FP32, HALF_PRECISIONS, PRECISION_NAMES, PRECISIONS,
-                                TF32, Precision, get_precision)
+from cudnnnet.precision import (BF16, BFLOAT16, DEFAULT_PRECISION, FLOAT16, FP16, FP32, HALF_PRECISIONS,
+                                PRECISION_NAMES, PRECISIONS, TF32, Precision, get_precision)
 from run_helpers import REPO_ROOT
 
 
 def test_the_vocabulary_and_its_facts():
     assert PRECISION_NAMES == ("fp32", "tf32", "bf16", "fp16") and DEFAULT_PRECISION == "fp32"
-    assert [precision.operand_dtype for precision in (FP32, TF32, BF16, FP16)] == [None, None, "bfloat16", "float16"]
+    assert [precision.operand_dtype for precision in (FP32, TF32, BF16, FP16)] == [None, None, BFLOAT16, FLOAT16]
     assert HALF_PRECISIONS == ("bf16", "fp16") and BF16.half and not TF32.half
     assert [name for name, precision in PRECISIONS.items() if precision.loss_scaling] == ["fp16"]
     assert [name for name, precision in PRECISIONS.items() if precision.tensor_cores] == ["tf32"]
@@ -85,7 +85,7 @@ def test_the_cuda_translations_are_read_from_the_precision_s_facts():
          matmul.cublaslt.COMPUTE_32F]
     assert [matmul.operand_type_of(precision) for precision in (FP32, TF32, BF16, FP16)] == \
         [matmul.cublas.R_32F, matmul.cublas.R_32F, matmul.cublas.R_16BF, matmul.cublas.R_16F]
-    half_tf32 = dataclasses.replace(TF32, name="tf32-half", operand_dtype="bfloat16")  # facts, not the name, decide
+    half_tf32 = dataclasses.replace(TF32, name="tf32-half", operand_dtype=BFLOAT16)  # facts, not the name, decide
     assert low_precision.half_format(half_tf32) is low_precision.BF16
     assert matmul.compute_type(half_tf32) == matmul.cublaslt.COMPUTE_32F_FAST_TF32
 

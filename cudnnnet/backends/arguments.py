@@ -1,27 +1,56 @@
 """The arguments of the call surface (base.py): the cuBLAS transpose flags, and the checks of the
 arguments every backend's verbs share, each raising a ShapeError or UsageError that names the call and
-the problem. Cheap and host-side: a bad size must not become an out-of-bounds access on a GPU."""
+the problem. Cheap and host-side: a bad size must not become an out-of-bounds access on a GPU.
+
+The computing verbs take float32 tensors only: each verb's check refuses a 16-bit tensor among its
+operands (``float32_only``, a DTypeError naming the verb and the dtype) rather than misread its bytes."""
 
 from __future__ import annotations
 
-from ..errors import InvalidArgumentError, ShapeError, UsageError
+from ..errors import DTypeError, InvalidArgumentError, ShapeError, UsageError
+from ..precision import FLOAT32, DType
 from .descriptors import BatchNormMode
 
 OP_N = 0  # CUBLAS_OP_N
 OP_T = 1  # CUBLAS_OP_T
 
 
+def float32_only(call: str, *operands) -> None:
+    """A DTypeError unless every tensor among ``operands`` holds float32 values (an operand without a
+    DType, a float or None, is passed over): ``call`` computes in float32 and would misread 16-bit storage."""
+    for operand in operands:
+        dtype = getattr(operand, "dtype", FLOAT32)
+        if dtype is not FLOAT32 and isinstance(dtype, DType):
+            raise DTypeError(f"{call} takes float32 tensors only, got a {dtype} tensor of shape {operand.shape}; "
+                             f"convert it with tensor.to('float32')")
+
+
+def check_same_dtype(call: str, source, target) -> None:
+    """A DTypeError unless the storages ``source`` and ``target`` hold values of one type."""
+    if source.dtype != target.dtype:
+        from ..tensor import storage_dtype  # tensor.py imports NumPy, which the backends' import defers
+
+        raise DTypeError(f"{call}: storage of {storage_dtype(source)} values cannot be copied into storage of "
+                         f"{storage_dtype(target)} values; convert them (Tensor.copy_, Tensor.to)")
+
+
+def check_elementwise(call: str, x, *others) -> None:
+    """float32 tensors of ``x``'s shape, else a DTypeError or ShapeError naming ``call``."""
+    float32_only(call, x, *others)
+    for other in others:
+        same_shape(call, x, other)
+
+
 def check_bias(call: str, bias, y) -> None:
-    """A ShapeError unless ``bias`` holds one value per channel of ``y`` (N, C, H, W)."""
+    """A ShapeError unless ``bias`` holds one value per channel of ``y`` (N, C, H, W); float32 both."""
+    float32_only(call, bias, y)
     if bias.size != y.c:
         raise ShapeError(f"{call}: the bias must hold one value per channel of y {y.shape} ({y.c}), got shape {bias.shape}")
 
 
 def check_activation_bias(call: str, y, dy, dx, db) -> None:
-    """A ShapeError unless y, dy and dx share one (N, C, 1, 1) shape and db holds C values."""
-    for other in (dy, dx):
-        if other.shape != y.shape:
-            raise ShapeError(f"{call}: tensors must have the same shape, got {y.shape} and {other.shape}")
+    """A ShapeError unless y, dy and dx share one (N, C, 1, 1) shape and db holds C values; float32 all."""
+    check_elementwise(call, y, dy, dx)
     if y.h * y.w != 1:
         raise ShapeError(f"{call}: y must be a Dense layer's output (N, C, 1, 1), got {y.shape}")
     check_bias(call, db, y)
@@ -31,14 +60,23 @@ LOSS_SCALE_VALUES = 6  # [S, found, skip, unscale, clean steps, skipped steps]: 
 
 
 def check_loss_scale(call: str, loss_scale) -> None:
-    """A loss-scaling state holds LOSS_SCALE_VALUES values: [S, found, skip, 1/S, clean, skipped], else a ShapeError."""
+    """A loss-scaling state holds LOSS_SCALE_VALUES float32 values: [S, found, skip, 1/S, clean, skipped], else a
+    ShapeError (a DTypeError)."""
+    float32_only(call, loss_scale)
     if loss_scale.size != LOSS_SCALE_VALUES:
         raise ShapeError(f"{call}: the loss-scaling state must hold {LOSS_SCALE_VALUES} values "
                          f"(S, found, skip, unscale, clean, skipped), got shape {loss_scale.shape}")
 
 
+def check_nonfinite_gradients(grads, loss_scale) -> None:
+    """find_nonfinite_gradients' float32 ``grads`` and loss-scaling state."""
+    float32_only("find_nonfinite_gradients", grads)
+    check_loss_scale("find_nonfinite_gradients", loss_scale)
+
+
 def check_nonfinite_operands(watch, loss) -> None:
     """record_nonfinite's operands: a two-count ``watch`` and a one-value ``loss``, else a ShapeError."""
+    float32_only("record_nonfinite", watch, loss)
     if watch.size != 2 or loss.size != 1:
         raise ShapeError(f"record_nonfinite: watch must hold 2 values and loss 1, got shapes {watch.shape} and {loss.shape}")
 
@@ -48,6 +86,7 @@ def check_augmented_gather(images, counter, x, padding: int, seed: int) -> None:
     InvalidArgumentError naming the problem."""
     from ..augmentation import MAX_CROP_PADDING  # augmentation.py imports NumPy, which the backends' import defers
 
+    float32_only("gather_augmented_batch", counter)
     if counter.size != 2:
         raise ShapeError(f"gather_augmented_batch: counter must hold 2 values [step, 0], got shape {counter.shape}")
     if x.shape[1:] != images.shape[1:]:
@@ -109,7 +148,8 @@ def expect_shape(call: str, what: str, tensor, shape) -> None:
 
 def check_plan(call: str, backend, plan, x, w, y) -> None:
     """A UsageError unless ``plan`` is one of ``backend.convolution_plan``'s, a ShapeError unless x, w and y
-    have its shapes (the input, filter and output of the convolution, whichever direction runs)."""
+    have its shapes (the input, filter and output of the convolution, whichever direction runs); float32 all."""
+    float32_only(call, x, w, y)
     if not isinstance(plan, backend.plan_type):
         raise UsageError(f"{call}: expected a plan from {type(backend).__name__}.convolution_plan, "
                          f"got {type(plan).__name__}")
@@ -119,7 +159,8 @@ def check_plan(call: str, backend, plan, x, w, y) -> None:
 
 
 def check_gather(images, labels, order, cursor, x, target) -> None:
-    """The shapes gather_batch needs, else a ShapeError naming the argument."""
+    """The shapes gather_batch needs, else a ShapeError naming the argument; float32 all."""
+    float32_only("gather_batch", images, labels, order, cursor, x, target)
     if x.shape[1:] != images.shape[1:] or target.n != x.n or labels.size != images.n or order.size != images.n:
         raise ShapeError(f"gather_batch: images {images.shape}, labels {labels.shape}, order {order.shape}, "
                          f"x {x.shape}, target {target.shape} do not fit together")
@@ -128,14 +169,16 @@ def check_gather(images, labels, order, cursor, x, target) -> None:
 
 
 def check_sgemm(transa, transb, m: int, n: int, k: int, A, lda: int, B, ldb: int, C, ldc: int) -> None:
-    """sgemm's flags and matrices: op(A) m×k, op(B) k×n, C m×n inside their storage."""
+    """sgemm's flags and float32 matrices: op(A) m×k, op(B) k×n, C m×n inside their storage."""
+    float32_only("sgemm", A, B, C)
     check_matrix("sgemm", "A", A, *stored_shape(transa, m, k, "A"), lda)
     check_matrix("sgemm", "B", B, *stored_shape(transb, k, n, "B"), ldb)
     check_matrix("sgemm", "C", C, m, n, ldc)
 
 
 def check_sgemv(trans, m: int, n: int, A, lda: int, x, incx: int, y, incy: int) -> None:
-    """sgemv's flag, its m×n matrix A and its vectors: x of op(A)'s columns, y of its rows."""
+    """sgemv's flag, its m×n matrix A and its vectors: x of op(A)'s columns, y of its rows; float32 all."""
+    float32_only("sgemv", A, x, y)
     stored_shape(trans, m, n, "A")
     rows, cols = (m, n) if trans == OP_N else (n, m)  # op(A) is rows×cols; A is stored m×n
     check_matrix("sgemv", "A", A, m, n, lda)
@@ -143,47 +186,90 @@ def check_sgemv(trans, m: int, n: int, A, lda: int, x, incx: int, y, incy: int) 
     check_vector("sgemv", "y", y, rows, incy)
 
 
+def check_saxpy(n: int, alpha, x, incx: int, y, incy: int) -> None:
+    """saxpy's float32 vectors (and ``alpha``, where a tensor): x and y of n values at their strides."""
+    float32_only("saxpy", alpha, x, y)
+    check_vector("saxpy", "x", x, n, incx)
+    check_vector("saxpy", "y", y, n, incy)
+
+
+def check_sscal(n: int, alpha, x, incx: int) -> None:
+    """sscal's float32 vector (and ``alpha``, where a tensor): x of n values at its stride."""
+    float32_only("sscal", alpha, x)
+    check_vector("sscal", "x", x, n, incx)
+
+
+def check_scopy(n: int, x, incx: int, y, incy: int) -> None:
+    """scopy's float32 vectors: x and y of n values at their strides."""
+    float32_only("scopy", x, y)
+    check_vector("scopy", "x", x, n, incx)
+    check_vector("scopy", "y", y, n, incy)
+
+
 def check_broadcast(call: str, bias, y) -> None:
-    """A ShapeError unless each dimension of ``bias`` is 1 or that of ``y``."""
+    """A ShapeError unless each dimension of ``bias`` is 1 or that of ``y``; float32 both."""
+    float32_only(call, bias, y)
     if any(b not in (1, s) for b, s in zip(bias.shape, y.shape)):
         raise ShapeError(f"{call}: bias of shape {bias.shape} does not broadcast to {y.shape}")
 
 
+def check_backward_bias(dy, db) -> None:
+    """convolution_backward_bias's float32 dy and db, one value per channel of dy."""
+    float32_only("convolution_backward_bias", dy, db)
+    expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
+
+
+def check_pooling_forward(desc, x, y) -> None:
+    """float32 x and y, y of the pooling of x by ``desc``."""
+    float32_only("pooling_forward", x, y)
+    expect_shape("pooling_forward", "y", y, desc.output_shape(x.shape))
+
+
 def check_pooling_backward(desc, y, dy, x, dx) -> None:
-    """dy and y of the pooling of x by ``desc``, dx of x's shape."""
+    """dy and y of the pooling of x by ``desc``, dx of x's shape; float32 all."""
+    float32_only("pooling_backward", y, dy, x, dx)
     expect_shape("pooling_backward", "dy", dy, desc.output_shape(x.shape))
     expect_shape("pooling_backward", "y", y, dy.shape)
     expect_shape("pooling_backward", "dx", dx, x.shape)
 
 
+def check_metric(call: str, predict, target, out) -> None:
+    """float32 predict and target of one shape, and ``out`` (a loss or a count) of one value at least."""
+    check_elementwise(call, predict, target)
+    float32_only(call, out)
+    check_fits(call, out.data, 0, 1)
+
+
 def check_metric_outputs(call: str, loss, count) -> None:
-    """A loss and a count each one value at least, else a ShapeError."""
+    """A loss and a count each one float32 value at least, else a ShapeError (a DTypeError)."""
+    float32_only(call, loss, count)
     check_fits(call, loss.data, 0, 1)
     check_fits(call, count.data, 0, 1)
 
 
 def check_cross_entropy_backward(call: str, predict, target, grad, loss, count) -> None:
-    """predict, target and grad of one shape; loss and count one value each."""
-    same_shape(call, predict, target)
-    same_shape(call, predict, grad)
+    """predict, target and grad of one shape; loss and count one value each; float32 all."""
+    check_elementwise(call, predict, target, grad)
     check_metric_outputs(call, loss, count)
 
 
 def check_softmax_cross_entropy(call: str, logits, target, loss, count, *outputs) -> None:
-    """``outputs`` (predict, grad), then target, of the logits' shape; loss and count one value each."""
-    for other in (*outputs, target):
-        same_shape(call, logits, other)
+    """``outputs`` (predict, grad), then target, of the logits' shape; loss and count one value each; float32 all."""
+    check_elementwise(call, logits, *outputs, target)
     check_metric_outputs(call, loss, count)
 
 
-def check_sgd_update(param, grad, velocity, momentum: float) -> None:
-    """sgd_update's grad, and with a non-zero momentum its velocity, of param's shape."""
+def check_sgd_update(param, grad, velocity, lr, momentum: float) -> None:
+    """sgd_update's grad, and with a non-zero momentum its velocity, of param's shape; float32 all, and ``lr``
+    where a tensor."""
+    float32_only("sgd_update", lr)
     _check_sgd_parameter("sgd_update", param, grad, velocity, momentum, "no velocity tensor was given")
 
 
 def _check_sgd_parameter(call: str, param, grad, velocity, momentum: float, no_velocity: str) -> None:
     """grad, and with a non-zero momentum a velocity (a UsageError saying ``no_velocity`` where there is
-    none), of param's shape."""
+    none), of param's shape; float32 all."""
+    float32_only(call, param, grad, velocity)
     same_shape(call, param, grad)
     if momentum:
         if velocity is None:
@@ -191,28 +277,31 @@ def _check_sgd_parameter(call: str, param, grad, velocity, momentum: float, no_v
         same_shape(call, param, velocity)
 
 
-def check_sgd_many(groups, momentum: float, loss_scale) -> None:
-    """sgd_update_many's loss-scaling state (where given) and each (param, grad, velocity) of ``groups``."""
+def check_sgd_many(groups, lr, momentum: float, loss_scale) -> None:
+    """sgd_update_many's loss-scaling state (where given) and each (param, grad, velocity) of ``groups``;
+    float32 all, and ``lr`` where a tensor."""
+    float32_only("sgd_update_many", lr)
     if loss_scale is not None:
         check_loss_scale("sgd_update_many", loss_scale)
     for param, grad, velocity in groups:
         _check_sgd_parameter("sgd_update_many", param, grad, velocity, momentum, "a parameter has no velocity tensor")
 
 
-def check_adam_many(groups, counter, loss_scale) -> None:
-    """adam_update_many's (2,) counter, its loss-scaling state (where given) and each (param, grad, m, v)."""
+def check_adam_many(groups, lr, counter, loss_scale) -> None:
+    """adam_update_many's (2,) counter, its loss-scaling state (where given) and each (param, grad, m, v);
+    float32 all, and ``lr`` where a tensor."""
+    float32_only("adam_update_many", lr, counter)
     if counter.size != 2:
         raise ShapeError(f"adam_update_many: counter must hold 2 values (steps, 0), got shape {counter.shape}")
     if loss_scale is not None:
         check_loss_scale("adam_update_many", loss_scale)
     for param, *state in groups:
-        for other in state:
-            same_shape("adam_update_many", param, other)
+        check_elementwise("adam_update_many", param, *state)
 
 
 def check_dropout(call: str, reserve, x, y, what: str) -> None:
-    """x and y of one shape, the shape ``reserve`` was made for (``what`` names x)."""
-    same_shape(call, x, y)
+    """x and y of one shape, the shape ``reserve`` was made for (``what`` names x); float32 both."""
+    check_elementwise(call, x, y)
     expect_shape(call, f"{what} (the reserve's shape)", x, reserve.shape)
 
 
@@ -228,7 +317,8 @@ def batch_norm_parameter_shape(call: str, mode, x) -> tuple[int, int, int, int]:
 
 def check_batch_norm(call: str, mode, x, others, parameters) -> None:
     """``others`` of x's shape, and each of ``parameters`` one value per parameter of ``mode``, else a
-    ShapeError (a UsageError for an unknown mode)."""
+    ShapeError (a UsageError for an unknown mode); float32 all."""
+    float32_only(call, x, *others, *parameters)
     for other in others:
         same_shape(call, x, other)
     shape = batch_norm_parameter_shape(call, mode, x)

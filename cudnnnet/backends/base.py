@@ -6,9 +6,9 @@ the oracle the GPU is tested against.
 
 Conventions
 -----------
-* Arguments called ``x, y, dx, dy, w, dw, bias, A, B, C ...`` are :class:`cudnnnet.tensor.Tensor`
-  objects whose ``backend`` is this backend. Their ``data`` is the backend's storage: a flat
-  float32 ``numpy.ndarray`` on the host, a :class:`DeviceBuffer` on CUDA.
+* Arguments called ``x, y, dx, dy, w, dw, bias, A, B, C ...`` are float32 Tensors on this backend
+  (16-bit ones are refused: arguments.float32_only). Their ``data`` is the backend's storage (of any
+  dtype in the memory calls): a flat ``numpy.ndarray`` on the host, a :class:`DeviceBuffer` on CUDA.
 * BLAS calls follow cuBLAS exactly: column-major matrices inside flat buffers, leading dimensions,
   ``OP_N``/``OP_T`` transpose flags, ``C = alpha·op(A)·op(B) + beta·C``. A tensor of shape
   (n, c, h, w) read as a column-major matrix with ``ld = c·h·w`` has one sample per column.
@@ -23,15 +23,14 @@ Conventions
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from ..engine import SLIDES, Engine, get_engine
 from ..errors import UsageError
-from ..precision import FP32, PRECISION_NAMES, Precision, get_precision
+from ..precision import FLOAT32, FP32, PRECISION_NAMES, DType, Precision, get_precision
 from . import arguments
+from .scoping import IN_FORCE, UNSET, Settings, Using
 
 if TYPE_CHECKING:
     from ..tensor import Tensor
@@ -40,48 +39,6 @@ if TYPE_CHECKING:
 OP_N, OP_T = arguments.OP_N, arguments.OP_T  # the cuBLAS transpose flags, part of the call surface
 
 Scalar = Union[float, "Tensor"]  # a one-element Tensor where documented
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The policies ``using`` blocks put in force on one backend: which calls run (cudnnnet.engine), in
-    which arithmetic (cudnnnet.precision); None where no block sets it (the backend's default applies)."""
-
-    engine: Engine | None = None
-    precision: Precision | None = None
-
-
-# id(backend) -> the Settings of the innermost ``Backend.using`` block around this thread's (or task's)
-# calls on it. A block puts a new mapping in force and puts back the one it found when it ends, so
-# one network's settings never reach another's calls, and nothing is saved and restored by hand.
-_IN_FORCE: contextvars.ContextVar = contextvars.ContextVar("cudnnnet_backend_settings", default={})
-_UNSET = Settings()
-
-
-class _Using:
-    """The block ``Backend.using`` returns: ``settings`` in force on ``backend`` for its body (a class,
-    not a generator: a network enters one around each of its calls)."""
-
-    __slots__ = ("backend", "settings", "token")
-
-    def __init__(self, backend: "Backend", settings: Settings):
-        self.backend, self.settings, self.token = backend, settings, None
-
-    def __enter__(self) -> "Backend":
-        backend = self.backend
-        before = backend.precision
-        self.token = _IN_FORCE.set({**_IN_FORCE.get(), id(backend): self.settings})
-        if backend.precision is not before:
-            backend._use_precision(backend.precision)
-        return backend
-
-    def __exit__(self, *exception) -> bool:
-        backend = self.backend
-        inside = backend.precision
-        _IN_FORCE.reset(self.token)
-        if backend.precision is not inside:
-            backend._use_precision(backend.precision)
-        return False
 
 
 class Backend(ABC):
@@ -101,15 +58,15 @@ class Backend(ABC):
     @property
     def engine(self) -> Engine:
         """The engine in force: the innermost ``using`` block's, else the default (``set_engine``)."""
-        in_force = _IN_FORCE.get()
-        engine = in_force.get(id(self), _UNSET).engine if in_force else None
+        in_force = IN_FORCE.get()
+        engine = in_force.get(id(self), UNSET).engine if in_force else None
         return self._default_engine if engine is None else engine
 
     @property
     def precision(self) -> Precision:
         """The precision in force: the innermost ``using`` block's, else the default (``set_math``)."""
-        in_force = _IN_FORCE.get()
-        precision = in_force.get(id(self), _UNSET).precision if in_force else None
+        in_force = IN_FORCE.get()
+        precision = in_force.get(id(self), UNSET).precision if in_force else None
         return self._default_precision if precision is None else precision
 
     @property
@@ -132,12 +89,12 @@ class Backend(ABC):
         task (None: the enclosing block's, else the default, which ``set_engine`` / ``set_math`` may change
         meanwhile); what was in force before it afterwards (Chainer's ``using_config``). Inside a block
         that already sets both to the same, it changes nothing (a network's calls inside its Trainer's)."""
-        outer = _IN_FORCE.get().get(id(self), _UNSET)
+        outer = IN_FORCE.get().get(id(self), UNSET)
         settings = Settings(outer.engine if engine is None else get_engine(engine),
                             outer.precision if math is None else get_precision(math))
         if settings.engine is outer.engine and settings.precision is outer.precision:
             return contextlib.nullcontext(self)
-        return _Using(self, settings)
+        return Using(self, settings)
 
     def using_engine(self, engine: "str | Engine"):
         """``using(engine=engine)``: ``engine`` inside the block, the one in force before it afterwards."""
@@ -148,12 +105,12 @@ class Backend(ABC):
 
     # ---- memory ---------------------------------------------------------------------------
     @abstractmethod
-    def empty(self, size: int) -> Any:
-        """Storage for ``size`` float32 values, contents undefined."""
+    def empty(self, size: int, dtype: DType = FLOAT32) -> Any:
+        """Storage for ``size`` values of ``dtype``, contents undefined."""
 
     @abstractmethod
-    def upload(self, array) -> Any:
-        """New storage holding a copy of a flat, C-contiguous float32 NumPy array."""
+    def upload(self, array, dtype: DType = FLOAT32) -> Any:
+        """New storage of ``dtype`` holding a flat float32 NumPy array's values, rounded to nearest even."""
 
     @abstractmethod
     def upload_pixels(self, pixels, pad: int, mean: float, std: float) -> Any:
@@ -163,19 +120,23 @@ class Backend(ABC):
 
     @abstractmethod
     def download(self, storage, size: int):
-        """A new flat float32 NumPy array with the first ``size`` values of ``storage``."""
+        """A new flat float32 NumPy array with the first ``size`` values of ``storage`` (of any dtype)."""
 
+    @abstractmethod
     def write(self, storage, array) -> None:
-        """storage[:array.size] = array, from a flat float32 host array, into existing storage."""
-        self.copy(self.upload(array), storage, array.size)
+        """storage[:array.size] = array (a flat float32 host array, rounded to the storage's dtype)."""
 
     @abstractmethod
     def copy(self, src, dst, size: int) -> None:
-        """dst[:size] = src[:size], both this backend's storage (cudaMemcpyAsync D2D)."""
+        """dst[:size] = src[:size], this backend's storage of one dtype (cudaMemcpyAsync D2D)."""
+
+    @abstractmethod
+    def convert(self, src, dst, size: int) -> None:
+        """dst[:size] = src[:size] rounded to nearest even to dst's dtype (storage of any two dtypes)."""
 
     @abstractmethod
     def fill(self, storage, value: float, size: int) -> None:
-        """storage[:size] = value."""
+        """storage[:size] = value, rounded to the storage's dtype."""
 
     @abstractmethod
     def view(self, storage, offset: int, size: int) -> Any:
@@ -219,8 +180,7 @@ class Backend(ABC):
 
     def saxpy(self, n, alpha: Scalar, x, incx, y, incy) -> None:
         """cublasSaxpy: y = alpha·x + y. ``alpha`` may be a one-element tensor (device pointer mode)."""
-        arguments.check_vector("saxpy", "x", x, n, incx)
-        arguments.check_vector("saxpy", "y", y, n, incy)
+        arguments.check_saxpy(n, alpha, x, incx, y, incy)
         self._saxpy(n, alpha, x, incx, y, incy)
 
     @abstractmethod
@@ -229,7 +189,7 @@ class Backend(ABC):
 
     def sscal(self, n, alpha: Scalar, x, incx) -> None:
         """cublasSscal: x = alpha·x. ``alpha`` may be a one-element tensor."""
-        arguments.check_vector("sscal", "x", x, n, incx)
+        arguments.check_sscal(n, alpha, x, incx)
         self._sscal(n, alpha, x, incx)
 
     @abstractmethod
@@ -238,8 +198,7 @@ class Backend(ABC):
 
     def scopy(self, n, x, incx, y, incy) -> None:
         """cublasScopy: y = x."""
-        arguments.check_vector("scopy", "x", x, n, incx)
-        arguments.check_vector("scopy", "y", y, n, incy)
+        arguments.check_scopy(n, x, incx, y, incy)
         self._scopy(n, x, incx, y, incy)
 
     @abstractmethod
@@ -249,7 +208,7 @@ class Backend(ABC):
     # ---- cuDNN ------------------------------------------------------------------------------
     def activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
         """cudnnActivationForward: y = alpha·f(x) + beta·y."""
-        arguments.same_shape("activation_forward", x, y)
+        arguments.check_elementwise("activation_forward", x, y)
         self._activation_forward(desc, alpha, x, beta, y)
 
     @abstractmethod
@@ -258,8 +217,7 @@ class Backend(ABC):
 
     def activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnActivationBackward: dx = alpha·f'(x)·dy + beta·dx (f' may be computed from y)."""
-        for other in (y, dy, dx):
-            arguments.same_shape("activation_backward", x, other)
+        arguments.check_elementwise("activation_backward", x, y, dy, dx)
         self._activation_backward(desc, alpha, y, dy, x, beta, dx)
 
     @abstractmethod
@@ -271,7 +229,7 @@ class Backend(ABC):
 
         cuDNN's MODE_INSTANCE does this; the slides' MODE_CHANNEL is the same for (N, C, 1, 1).
         """
-        arguments.same_shape("softmax_forward", x, y)
+        arguments.check_elementwise("softmax_forward", x, y)
         self._softmax_forward(alpha, x, beta, y)
 
     @abstractmethod
@@ -325,7 +283,7 @@ class Backend(ABC):
     def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
         """cudnnConvolutionBackwardBias: db(1, K, 1, 1) = alpha·Σ_{n,h,w} dy + beta·db (beta == 0: db is
         overwritten, never read). Deterministic: the same bits on every call with the same dy."""
-        arguments.expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
+        arguments.check_backward_bias(dy, db)
         self._convolution_backward_bias(alpha, dy, beta, db)
 
     @abstractmethod
@@ -334,7 +292,7 @@ class Backend(ABC):
 
     def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
         """cudnnPoolingForward."""
-        arguments.expect_shape("pooling_forward", "y", y, desc.output_shape(x.shape))
+        arguments.check_pooling_forward(desc, x, y)
         self._pooling_forward(desc, alpha, x, beta, y)
 
     @abstractmethod
@@ -379,7 +337,7 @@ class Backend(ABC):
     # ---- our own kernels (NVRTC on CUDA) -------------------------------------------------------
     def cross_entropy_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         """loss[0] (+)= -(1/N)·Σₙ Σ_c target·log(max(predict, 1e-7)). Reads N from predict.shape."""
-        arguments.same_shape("cross_entropy_loss", predict, target)
+        arguments.check_metric("cross_entropy_loss", predict, target, loss)
         self._cross_entropy_loss(predict, target, loss, accumulate)
 
     @abstractmethod
@@ -388,7 +346,7 @@ class Backend(ABC):
 
     def squared_error_loss(self, predict, target, loss, accumulate: bool = False) -> None:
         """loss[0] (+)= (1/N)·Σₙ ½‖predictₙ - targetₙ‖²."""
-        arguments.same_shape("squared_error_loss", predict, target)
+        arguments.check_metric("squared_error_loss", predict, target, loss)
         self._squared_error_loss(predict, target, loss, accumulate)
 
     @abstractmethod
@@ -397,7 +355,7 @@ class Backend(ABC):
 
     def accuracy_count(self, predict, target, count, accumulate: bool = False) -> None:
         """count[0] (+)= number of samples whose argmax(predict) equals argmax(target)."""
-        arguments.same_shape("accuracy_count", predict, target)
+        arguments.check_metric("accuracy_count", predict, target, count)
         self._accuracy_count(predict, target, count, accumulate)
 
     @abstractmethod
@@ -454,7 +412,7 @@ class Backend(ABC):
         g = grad + weight_decay·param;  v = momentum·v + g  (skipped when momentum == 0, and
         ``velocity`` may then be None);  param = param - lr·v.  ``lr`` may be a one-element tensor.
         """
-        arguments.check_sgd_update(param, grad, velocity, momentum)
+        arguments.check_sgd_update(param, grad, velocity, lr, momentum)
         self._sgd_update(param, grad, velocity, lr, momentum, weight_decay)
 
     @abstractmethod
@@ -554,7 +512,7 @@ class Backend(ABC):
         and uploaded on the first call with a given list: that first call must not be made inside
         a CUDA graph capture (DeviceError).
         """
-        arguments.check_sgd_many(groups, momentum, loss_scale)
+        arguments.check_sgd_many(groups, lr, momentum, loss_scale)
         self._sgd_update_many(groups, lr, momentum, weight_decay, loss_scale)
 
     @abstractmethod
@@ -579,7 +537,7 @@ class Backend(ABC):
         must not be made inside a capture. With ``loss_scale`` (as there) g = grad·unscale first, and a
         skipped step changes nothing: parameters, moments and counter[0] keep their values.
         """
-        arguments.check_adam_many(groups, counter, loss_scale)
+        arguments.check_adam_many(groups, lr, counter, loss_scale)
         self._adam_update_many(groups, lr, counter, beta1, beta2, eps, weight_decay, decoupled, loss_scale)
 
     @abstractmethod
@@ -592,7 +550,7 @@ class Backend(ABC):
         """One pass over the flat ``grads``: where any value is inf or NaN, loss_scale[FOUND] = 1 and
         those values become 0 (the step is skipped; a cuBLAS update with coefficient 0 then adds 0).
         ``loss_scale`` is the (6,) state named in ``check_loss_scale``; FOUND must be 0 before."""
-        arguments.check_loss_scale("find_nonfinite_gradients", loss_scale)
+        arguments.check_nonfinite_gradients(grads, loss_scale)
         self._find_nonfinite_gradients(grads, loss_scale)
 
     @abstractmethod

@@ -239,7 +239,7 @@ def autocast_type(torch, math: str):
     """The type PyTorch's autocast computes ``math`` in (bf16, fp16), or None for FP32 and TF32. fp16 runs without
     a GradScaler: its overflow check reads the device back, which no CUDA graph can hold."""
     dtype = get_precision(math).operand_dtype
-    return None if dtype is None else getattr(torch, dtype)
+    return None if dtype is None else getattr(torch, dtype.name)
 
 
 def torch_training(torch, name: str, config: Config, epochs: int, limit: int | None, device: str) -> dict:

@@ -12,7 +12,7 @@ A mixin of CudaBackend, which provides ``context`` (its device and stream).
 
 from __future__ import annotations
 
-from ...errors import InvalidArgumentError, UsageError
+from ...errors import DTypeError, UsageError
 from ...tensor import Tensor
 from . import dlpack
 
@@ -25,8 +25,8 @@ def array_interface(pointer: int, shape: tuple[int, ...], dtype: str, stream: in
     """The version-3 CUDA Array Interface of C-contiguous ``dtype`` values at device ``pointer``, written
     by work queued on ``stream`` (a raw stream handle, never 0: the protocol reserves it)."""
     if dtype not in TYPESTRS:
-        raise InvalidArgumentError(f"__cuda_array_interface__: no typestr for {dtype!r}; it describes "
-                                   f"{', '.join(TYPESTRS)}")
+        raise DTypeError(f"__cuda_array_interface__ has no typestr for {dtype} (it describes {', '.join(TYPESTRS)}); "
+                         f"export a {dtype} tensor through DLPack (__dlpack__), or convert it with tensor.to('float32')")
     return {"shape": tuple(shape), "typestr": TYPESTRS[dtype], "data": (int(pointer), False), "strides": None,
             "version": CUDA_ARRAY_INTERFACE_VERSION, "stream": int(stream) or 1}
 
@@ -63,5 +63,6 @@ class ArrayProtocols:
 
     # ---- CUDA Array Interface -----------------------------------------------------------------
     def cuda_array_interface(self, tensor: Tensor) -> dict:
-        """The tensor's float32 memory, version 3, with the context stream as ``stream``."""
-        return array_interface(tensor.data.ptr, tensor.shape, "float32", self.context.stream.address)
+        """The tensor's memory ("<f4" float32, "<f2" float16; a bfloat16 one is refused), version 3, with
+        the context stream as ``stream``."""
+        return array_interface(tensor.data.ptr, tensor.shape, tensor.dtype.name, self.context.stream.address)

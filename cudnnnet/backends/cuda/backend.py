@@ -23,17 +23,16 @@ their math type.
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 
 from ...engine import Engine
 from ...errors import ShapeError, UsageError
-from ...precision import BF16, FP16, FP32, TF32, Precision
+from ...precision import BF16, FLOAT32, FP16, FP32, TF32, DType, Precision
 from ...tensor import Tensor, as_shape
-from ..arguments import batch_norm_parameter_shape, check_fits, extent, stored_shape
+from ..arguments import batch_norm_parameter_shape, check_fits, check_same_dtype, extent, stored_shape
 from ..base import Backend
 from ..descriptors import ActivationDescriptor, ConvolutionDescriptor, PoolingDescriptor
+from ..rounding import from_storage, to_storage
 from .dropout import DropoutReserve, DropoutState
 from .array_protocols import ArrayProtocols
 from .bindings import cublas, cudnn, runtime
@@ -46,6 +45,7 @@ from .convolution import BACKWARD_DATA, BACKWARD_FILTER, FORWARD, ConvolutionPla
 from .convolution_planner import ConvolutionPlanner, search_label
 from .gemm_convolution import INDEX_LIMIT
 from .kernel import blocks_for
+from .conversion import convert_storage
 from .low_precision import half_format
 from . import pooling
 from .activation_kernels import ActivationKernels
@@ -118,14 +118,14 @@ class CudaBackend(ArrayProtocols, Backend):
         self._batch_norm.close()
         self._activations.close()
 
-    # ---- memory -------------------------------------------------------------------------------
-    def empty(self, size: int) -> DeviceBuffer:
-        return DeviceBuffer.allocate(FLOAT32_BYTES * int(size))
+    # ---- memory: 16-bit values are rounded on the host (backends/rounding.py) and their bits copied -----
+    def empty(self, size: int, dtype: DType = FLOAT32) -> DeviceBuffer:
+        return DeviceBuffer.allocate(dtype.itemsize * int(size), dtype)
 
-    def upload(self, array) -> DeviceBuffer:
-        """cudaMemcpyAsync H2D (pageable memory is staged before the call returns)."""
-        flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
-        buffer = DeviceBuffer.allocate(flat.nbytes)
+    def upload(self, array, dtype: DType = FLOAT32) -> DeviceBuffer:
+        """cudaMemcpyAsync H2D of the values rounded to ``dtype`` (pageable memory is staged before the call returns)."""
+        flat = to_storage(dtype, array)
+        buffer = DeviceBuffer.allocate(flat.nbytes, dtype)
         if flat.nbytes:
             runtime.memcpy_async(buffer.ptr, flat.ctypes.data, flat.nbytes, runtime.MEMCPY_HOST_TO_DEVICE, self._stream)
         return buffer
@@ -150,40 +150,57 @@ class CudaBackend(ArrayProtocols, Backend):
         return images
 
     def write(self, storage: DeviceBuffer, array) -> None:
-        """cudaMemcpyAsync H2D into existing memory (its address stays, as a captured graph needs)."""
-        flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        """cudaMemcpyAsync H2D into existing memory (its address stays, as a captured graph needs), the
+        values rounded to the storage's dtype."""
+        flat = to_storage(storage.dtype, array)
         check_fits("write", storage, 0, flat.size)
         if flat.nbytes:
             runtime.memcpy_async(storage.ptr, flat.ctypes.data, flat.nbytes, runtime.MEMCPY_HOST_TO_DEVICE, self._stream)
 
     def download(self, storage: DeviceBuffer, size: int) -> np.ndarray:
-        """cudaMemcpyAsync D2H, then cudaStreamSynchronize."""
+        """cudaMemcpyAsync D2H, then cudaStreamSynchronize; float32 values whatever the storage's dtype."""
         check_fits("download", storage, 0, size)
-        array = np.empty(int(size), np.float32)
+        array = np.empty(int(size), storage.dtype.storage)
         if array.nbytes:
             runtime.memcpy_async(array.ctypes.data, storage.ptr, array.nbytes, runtime.MEMCPY_DEVICE_TO_HOST, self._stream)
         self.synchronize()
-        return array
+        return array if storage.dtype is FLOAT32 else from_storage(array)
 
     def copy(self, src: DeviceBuffer, dst: DeviceBuffer, size: int) -> None:
-        """cudaMemcpyAsync D2D."""
+        """cudaMemcpyAsync D2D, storage of one dtype."""
+        check_same_dtype("copy", src, dst)
         check_fits("copy", src, 0, size)
         check_fits("copy", dst, 0, size)
         if size:
-            runtime.memcpy_async(dst.ptr, src.ptr, FLOAT32_BYTES * size, runtime.MEMCPY_DEVICE_TO_DEVICE, self._stream)
+            runtime.memcpy_async(dst.ptr, src.ptr, src.dtype.itemsize * size, runtime.MEMCPY_DEVICE_TO_DEVICE,
+                                 self._stream)
+
+    def convert(self, src: DeviceBuffer, dst: DeviceBuffer, size: int) -> None:
+        """dst[:size] = src[:size] rounded to dst's dtype: kernels/bf16.cu and fp16.cu (low_precision.py),
+        through float32 scratch between two 16-bit types."""
+        check_fits("convert", src, 0, size)
+        check_fits("convert", dst, 0, size)
+        if src.dtype is dst.dtype:
+            self.copy(src, dst, size)
+        elif size:
+            convert_storage(self.context, src, dst, size)
 
     def fill(self, storage: DeviceBuffer, value: float, size: int) -> None:
-        """cudaMemsetAsync for +0.0, cuMemsetD32Async with the float's bit pattern otherwise."""
+        """cudaMemsetAsync for +0.0, else cuMemsetD32Async (float32) or cuMemsetD16Async (16-bit) with
+        the bit pattern of ``value`` rounded to the storage's dtype."""
         check_fits("fill", storage, 0, size)
-        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        bits = int(to_storage(storage.dtype, [value]).view(f"<u{storage.dtype.itemsize}")[0])
         if bits == 0:
-            runtime.memset_async(storage.ptr, 0, FLOAT32_BYTES * size, self._stream)
-        elif size:
+            runtime.memset_async(storage.ptr, 0, storage.dtype.itemsize * size, self._stream)
+        elif size and storage.dtype is FLOAT32:
             runtime.memset_d32_async(storage.ptr, bits, size, self._stream)
+        elif size:
+            runtime.memset_d16_async(storage.ptr, bits, size, self._stream)
 
     def view(self, storage: DeviceBuffer, offset: int, size: int) -> DeviceBuffer:
+        """``size`` values of the storage's dtype from value ``offset``."""
         check_fits("view", storage, offset, size)
-        return storage.view(FLOAT32_BYTES * offset, FLOAT32_BYTES * size)
+        return storage.view(storage.dtype.itemsize * offset, storage.dtype.itemsize * size)
 
     def synchronize(self) -> None:
         self.context.synchronize()

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from ...errors import CudnnError
-from ...precision import Precision
+from ...precision import BFLOAT16, FLOAT16, Precision
 from ..descriptors import ConvolutionDescriptor
 from . import gemm_convolution
 from .bindings import cudnn
@@ -347,7 +347,7 @@ def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescri
 
 # Precision.operand_dtype -> cudnnDataType_t of x, w and y (float32 otherwise); float16 is cuDNN's
 # PSEUDO_HALF_CONFIG (half tensors, FLOAT compute) and takes bf16's algorithms (the same CUDNN_TENSOR_OP_MATH list)
-DATA_TYPES = {"bfloat16": cudnn.DATA_BFLOAT16, "float16": cudnn.DATA_HALF}
+DATA_TYPES = {BFLOAT16: cudnn.DATA_BFLOAT16, FLOAT16: cudnn.DATA_HALF}
 
 
 def data_type(precision: Precision) -> int:

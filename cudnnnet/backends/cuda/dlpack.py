@@ -13,10 +13,14 @@ from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_uint8, c_uint16
 from math import prod
 
 from ...errors import ShapeError, UsageError
-from .buffer import FLOAT32_BYTES, DeviceBuffer
+from ...precision import DTYPES, DType
+from .buffer import DeviceBuffer
 
 KDL_CUDA = 2  # DLDeviceType kDLCUDA
 KDL_FLOAT = 2  # DLDataTypeCode kDLFloat
+KDL_BFLOAT = 4  # DLDataTypeCode kDLBfloat
+# (code, bits, lanes) -> the tensor dtype: kDLFloat 32 and 16, kDLBfloat 16
+DTYPES_BY_DLPACK = {(dtype.dlpack_code, 8 * dtype.itemsize, 1): dtype for dtype in DTYPES.values()}
 DLTENSOR = b"dltensor"
 USED_DLTENSOR = b"used_dltensor"
 
@@ -79,8 +83,13 @@ def _destroy_unconsumed_capsule(capsule_address):
         _release_export(_raw_capsule_get_pointer(capsule_address, DLTENSOR))
 
 
+def dlpack_type(dtype: DType) -> tuple[int, int, int]:
+    """DLPack's (code, bits, lanes) of ``dtype``: float32 (2, 32, 1), float16 (2, 16, 1), bfloat16 (4, 16, 1)."""
+    return (dtype.dlpack_code, 8 * dtype.itemsize, 1)
+
+
 def export(buffer: DeviceBuffer, shape: tuple[int, ...], device_id: int):
-    """A "dltensor" capsule of a C-contiguous float32 CUDA array of ``shape`` at ``buffer.ptr``."""
+    """A "dltensor" capsule of a C-contiguous CUDA array of ``shape`` at ``buffer.ptr``, of the buffer's dtype."""
     ndim = len(shape)
     shape_array = (c_int64 * ndim)(*shape)
     strides_array = (c_int64 * ndim)(*(prod(shape[axis + 1:]) for axis in range(ndim)))
@@ -88,7 +97,7 @@ def export(buffer: DeviceBuffer, shape: tuple[int, ...], device_id: int):
     managed.dl_tensor.data = buffer.ptr
     managed.dl_tensor.device = DLDevice(KDL_CUDA, device_id)
     managed.dl_tensor.ndim = ndim
-    managed.dl_tensor.dtype = DLDataType(KDL_FLOAT, 32, 1)
+    managed.dl_tensor.dtype = DLDataType(*dlpack_type(buffer.dtype))
     managed.dl_tensor.shape = ctypes.cast(shape_array, POINTER(c_int64))
     managed.dl_tensor.strides = ctypes.cast(strides_array, POINTER(c_int64))
     managed.dl_tensor.byte_offset = 0
@@ -104,8 +113,9 @@ def exported_count() -> int:
 
 
 def consume(capsule, device_id: int) -> tuple[tuple[int, ...], DeviceBuffer]:
-    """(shape, buffer) of a producer's "dltensor" capsule: float32, CUDA ``device_id``, C-contiguous,
-    at most 4 dimensions. The buffer borrows the memory and calls the producer's deleter when freed."""
+    """(shape, buffer) of a producer's "dltensor" capsule: float32, bfloat16 or float16 (the buffer's
+    dtype), CUDA ``device_id``, C-contiguous, at most 4 dimensions. The buffer borrows the memory and
+    calls the producer's deleter when freed."""
     try:
         address = _capsule_get_pointer(capsule, DLTENSOR)
     except ValueError:
@@ -113,9 +123,10 @@ def consume(capsule, device_id: int) -> tuple[tuple[int, ...], DeviceBuffer]:
     managed = DLManagedTensor.from_address(address)
     tensor = managed.dl_tensor
     shape = _checked_shape(tensor, device_id)
+    dtype = DTYPES_BY_DLPACK[(tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes)]
     _capsule_set_name(capsule, USED_DLTENSOR)
-    nbytes = prod(shape) * FLOAT32_BYTES
-    return shape, DeviceBuffer(tensor.data + tensor.byte_offset, nbytes, release=_deleter_caller(address))
+    nbytes = prod(shape) * dtype.itemsize
+    return shape, DeviceBuffer(tensor.data + tensor.byte_offset, nbytes, release=_deleter_caller(address), dtype=dtype)
 
 
 def _checked_shape(tensor: DLTensor, device_id: int) -> tuple[int, ...]:
@@ -123,8 +134,9 @@ def _checked_shape(tensor: DLTensor, device_id: int) -> tuple[int, ...]:
     if device != (KDL_CUDA, device_id):
         raise UsageError(f"from_dlpack: the array is on DLPack device {device}, this backend on {(KDL_CUDA, device_id)}")
     dtype = (tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes)
-    if dtype != (KDL_FLOAT, 32, 1):
-        raise UsageError(f"from_dlpack: the array's dtype (code, bits, lanes) is {dtype}; only float32 {(KDL_FLOAT, 32, 1)} is accepted")
+    if dtype not in DTYPES_BY_DLPACK:
+        accepted = ", ".join(f"{name} {key}" for key, name in DTYPES_BY_DLPACK.items())
+        raise UsageError(f"from_dlpack: the array's dtype (code, bits, lanes) is {dtype}; accepted are {accepted}")
     if not 0 <= tensor.ndim <= 4:
         raise ShapeError(f"from_dlpack: a tensor has at most 4 dimensions (n, c, h, w), got {tensor.ndim}")
     shape = tuple(tensor.shape[axis] for axis in range(tensor.ndim)) or (1,)

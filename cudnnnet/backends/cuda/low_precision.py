@@ -43,7 +43,7 @@ import weakref
 from dataclasses import dataclass
 
 from ...errors import DeviceError
-from ...precision import Precision
+from ...precision import BFLOAT16, FLOAT16, DType, Precision
 from .bindings import cublas, cudnn
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .kernel import BLOCK_SIZE
@@ -58,7 +58,7 @@ class HalfFormat:
     """A 16-bit operand format: its cudaDataType_t (cublasGemmEx), its cudnnDataType_t (x, w and y
     of a convolution) and the kernels converting float32 to it (one and four values a thread) and back."""
 
-    dtype: str  # the Precision.operand_dtype it holds
+    dtype: DType  # the Precision.operand_dtype it holds
     cublas_type: int
     cudnn_type: int
     to_half: str
@@ -67,8 +67,8 @@ class HalfFormat:
     kernel_code: int  # the ``format`` argument of kernels/convolution.cu's 16-bit kernels
 
 
-BF16 = HalfFormat("bfloat16", cublas.R_16BF, cudnn.DATA_BFLOAT16, "to_bf16", "to_bf16_x4", "bf16_to_float", 1)
-FP16 = HalfFormat("float16", cublas.R_16F, cudnn.DATA_HALF, "to_fp16", "to_fp16_x4", "fp16_to_float", 2)
+BF16 = HalfFormat(BFLOAT16, cublas.R_16BF, cudnn.DATA_BFLOAT16, "to_bf16", "to_bf16_x4", "bf16_to_float", 1)
+FP16 = HalfFormat(FLOAT16, cublas.R_16F, cudnn.DATA_HALF, "to_fp16", "to_fp16_x4", "fp16_to_float", 2)
 HALF_FORMATS = {fmt.dtype: fmt for fmt in (BF16, FP16)}  # Precision.operand_dtype -> its 16-bit format
 
 

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from ...errors import CublasError, OutOfMemoryError
 from ...io import cache
-from ...precision import FP32, Precision
+from ...precision import BFLOAT16, FLOAT16, FP32, Precision
 from ..base import OP_N, OP_T
 from .bindings import cublas, cublaslt
 from .buffer import FLOAT32_BYTES, DeviceBuffer
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 CANDIDATES = 16  # algorithms asked of the cuBLASLt heuristic
 MARGIN = 0.98  # a cuBLASLt algorithm replaces cublasSgemm when it takes under 98 % of its time
-OPERAND_TYPES = {"bfloat16": cublas.R_16BF, "float16": cublas.R_16F}  # Precision.operand_dtype -> cudaDataType_t of A, B
+OPERAND_TYPES = {BFLOAT16: cublas.R_16BF, FLOAT16: cublas.R_16F}  # Precision.operand_dtype -> cudaDataType_t of A, B
 MAX_ALIGNMENT = 256  # bytes: cuBLASLt's default minimum alignment of every operand
 TRANSPOSE_LIMIT_BYTES = 1 << 30  # the most scratch the transposing candidate may take
 GEMM_PLAN_FORMAT = 1  # raise when what a plan file holds, or how a plan is chosen, changes

@@ -1,6 +1,8 @@
 """The host backend: the call surface of ``base.Backend`` computed with NumPy, float32 throughout.
 
-Storage is a flat, C-contiguous float32 ``numpy.ndarray``. BLAS calls read column-major matrices
+Storage is a flat, C-contiguous ``numpy.ndarray``: float32, or a 16-bit tensor's (float16, bfloat16
+as uint16 bits: backends/rounding.py), which only the memory calls take, rounding every value they
+write to nearest even as the GPU does. BLAS calls read column-major matrices
 out of those flat buffers through strided views, so leading dimensions, transposes and in-place
 ``beta`` blending behave as in cuBLAS. Convolution is im2col + one GEMM per call, with images
 held batch-innermost (C, H, W, N) inside the plan and the column buffer laid out
@@ -25,13 +27,14 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...augmentation import augment
-from ...errors import ShapeError, UsageError
+from ...errors import DTypeError, ShapeError, UsageError
 from ...float_images import to_float_images
-from ...precision import FP32, PRECISIONS
-from ...tensor import Tensor
-from ..arguments import OP_N
+from ...precision import BFLOAT16, FLOAT16, FLOAT32, FP32, PRECISIONS, DType
+from ...tensor import Tensor, storage_dtype
+from ..arguments import OP_N, check_same_dtype
 from ..base import Backend
 from ..descriptors import ActivationDescriptor, ActivationMode, ConvolutionDescriptor, PoolingDescriptor, PoolingMode
+from ..rounding import from_storage, round_to_bf16, round_to_fp16, to_storage
 from . import batch_norm
 
 log = logging.getLogger(__name__)
@@ -43,32 +46,10 @@ _ITEM = np.dtype(F32).itemsize
 MATHS = tuple(name for name, precision in PRECISIONS.items() if not precision.tensor_cores)  # computed as the GPU does
 # the loss-scaling state's slots (kernels/loss_scale.cu)
 SCALE, FOUND, SKIP, UNSCALE, CLEAN, SKIPPED = range(6)
-_BF16_LOW = np.uint32(0x7FFF)
-_BF16_KEEP = np.uint32(0xFFFF0000)
-_QUIET_NAN = np.uint32(0x00400000)
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-def round_to_bf16(values) -> np.ndarray:
-    """float32 ``values`` rounded to the nearest bfloat16, ties to even, as float32 (a new array):
-    kernels/bf16.cu's to_bf16. A NaN stays a quiet NaN; values past the largest bfloat16 become ±inf."""
-    bits = np.ascontiguousarray(values, F32).view(np.uint32)
-    rounded = (bits + _BF16_LOW + ((bits >> np.uint32(16)) & np.uint32(1))) & _BF16_KEEP
-    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    if nan.any():
-        rounded = np.where(nan, (bits | _QUIET_NAN) & _BF16_KEEP, rounded)
-    return rounded.view(F32)
-
-
-def round_to_fp16(values) -> np.ndarray:
-    """float32 ``values`` rounded to the nearest IEEE half, ties to even, as float32 (a new array):
-    kernels/fp16.cu's to_fp16 (cvt.rn.f16.f32). Values past the largest half (65504) become ±inf,
-    small ones keep the half's subnormals, a NaN stays a NaN."""
-    with np.errstate(over="ignore"):
-        return np.asarray(values, F32).astype(np.float16).astype(F32)
-
-
-_ROUNDINGS = {"bfloat16": round_to_bf16, "float16": round_to_fp16}  # Precision.operand_dtype -> its rounding
+_ROUNDINGS = {BFLOAT16: round_to_bf16, FLOAT16: round_to_fp16}  # Precision.operand_dtype -> its rounding
 
 
 def _nd(tensor: Tensor) -> np.ndarray:
@@ -285,34 +266,39 @@ class HostBackend(Backend):
         rounding = _ROUNDINGS.get(self.precision.operand_dtype)
         return rounding(values) if rounding is not None else values
 
-    # ---- memory -------------------------------------------------------------------------------
-    def empty(self, size: int) -> np.ndarray:
-        """Uninitialised flat float32 storage."""
-        return np.empty(int(size), F32)
+    # ---- memory: storage of a tensor dtype as backends/rounding.py lays it out ------------------
+    def empty(self, size: int, dtype: DType = FLOAT32) -> np.ndarray:
+        """Uninitialised flat storage of ``dtype``."""
+        return np.empty(int(size), dtype.storage)
 
-    def upload(self, array) -> np.ndarray:
-        """A flat float32 copy of ``array``."""
-        return np.array(array, dtype=F32, copy=True).reshape(-1)
+    def upload(self, array, dtype: DType = FLOAT32) -> np.ndarray:
+        """A flat copy of the float32 ``array``, rounded to ``dtype``."""
+        return np.array(array, dtype=F32, copy=True).reshape(-1) if dtype is FLOAT32 else to_storage(dtype, array)
 
     def upload_pixels(self, pixels, pad: int, mean: float, std: float) -> np.ndarray:
         """to_float_images(pixels, (mean, std), pad), flat."""
         return to_float_images(pixels, (mean, std), pad).reshape(-1)
 
     def download(self, storage, size: int) -> np.ndarray:
-        """A copy of the first ``size`` values."""
-        return storage[:size].copy()
+        """A float32 copy of the first ``size`` values."""
+        return from_storage(storage[:size])
 
     def write(self, storage, array) -> None:
-        """storage[:array.size] = array, in place."""
-        np.copyto(storage[: array.size], array.reshape(-1))
+        """storage[:array.size] = array rounded to the storage's dtype, in place."""
+        np.copyto(storage[: array.size], to_storage(storage_dtype(storage), array))
 
     def copy(self, src, dst, size: int) -> None:
-        """dst[:size] = src[:size]."""
+        """dst[:size] = src[:size], storage of one dtype."""
+        check_same_dtype("copy", src, dst)
         np.copyto(dst[:size], src[:size])
 
+    def convert(self, src, dst, size: int) -> None:
+        """dst[:size] = src[:size] rounded to dst's dtype."""
+        np.copyto(dst[:size], to_storage(storage_dtype(dst), from_storage(src[:size])))
+
     def fill(self, storage, value: float, size: int) -> None:
-        """storage[:size] = value."""
-        storage[:size] = value
+        """storage[:size] = value rounded to the storage's dtype."""
+        storage[:size] = to_storage(storage_dtype(storage), [value])[0]
 
     def view(self, storage, offset: int, size: int) -> np.ndarray:
         """A slice sharing memory with ``storage``."""
@@ -544,7 +530,11 @@ class HostBackend(Backend):
 
     # ---- DLPack -------------------------------------------------------------------------------
     def dlpack(self, tensor: Tensor, stream=None, **kwargs):
-        """The DLPack capsule of the (n, c, h, w) NumPy view of the tensor's storage."""
+        """The DLPack capsule of the (n, c, h, w) NumPy view of the tensor's storage (float32 or float16;
+        NumPy cannot export bfloat16)."""
+        if tensor.dtype is BFLOAT16:
+            raise DTypeError("a bfloat16 tensor on the host cannot be exported through DLPack (NumPy has no "
+                             "bfloat16); export tensor.to('float32'), or use numpy()")
         return _nd(tensor).__dlpack__(stream=stream, **kwargs)
 
     def dlpack_device(self) -> tuple[int, int]:
@@ -553,7 +543,8 @@ class HostBackend(Backend):
 
     def from_dlpack(self, cls, external):
         """A host tensor holding a copy of a CPU DLPack producer's values."""
-        return cls.from_numpy(np.from_dlpack(external), self)
+        array = np.from_dlpack(external)
+        return cls.from_numpy(array, self, FLOAT16 if array.dtype == np.float16 else FLOAT32)
 
     # ---- layers and optimisers of issue 18: Adam, dropout, batch normalisation -------------------
     def _adam_update_many(self, groups, lr, counter, beta1: float, beta2: float, eps: float, weight_decay: float,

@@ -108,6 +108,11 @@ def memset_d32_async(pointer: int, bits: int, count: int, stream) -> None:
     _check("cuMemsetD32Async", _driver.cuMemsetD32Async(pointer, bits, count, stream))
 
 
+def memset_d16_async(pointer: int, bits: int, count: int, stream) -> None:
+    """cuMemsetD16Async: ``count`` 16-bit words set to ``bits`` (a bfloat16's or a half's bit pattern)."""
+    _check("cuMemsetD16Async", _driver.cuMemsetD16Async(pointer, bits, count, stream))
+
+
 # ---- streams and events ----------------------------------------------------------------------
 def stream_create_with_flags(flags: int):
     return _check("cudaStreamCreateWithFlags", _runtime.cudaStreamCreateWithFlags(flags))
