@@ -84,6 +84,7 @@ class Conv2D(WeightBiasLayer):
     def forward(self, input: Tensor) -> Tensor:
         self.prepare(input)
         b = self.backend
+        self._plan_in_force()
         # y = x ⋆ w
         b.convolution_forward(self.plan, 1.0, input, self.weight, 0.0, self.output)
         if not self.has_bias:
@@ -95,6 +96,14 @@ class Conv2D(WeightBiasLayer):
             # y = 1·b + 1·y  (bias (1, K, 1, 1) broadcast over N, H, W)
             b.add_tensor(1.0, self.bias, 1.0, self.output)
         return self.output
+
+    def _plan_in_force(self) -> None:
+        """A plan computes in the precision it was made under (CUDA's carry one; the host's do not):
+        where another precision is now in force (``Network.set_math`` after training), plan anew."""
+        planned = getattr(self.plan, "precision", None)
+        if planned is not None and planned is not self.backend.precision:
+            self.plan = self._buffers[self.input.shape]["plan"] = self.backend.convolution_plan(
+                self.descriptor, self.input.shape, self.output.shape)
 
     def backward(self, grad_output: Tensor) -> Tensor:
         b, dy = self.backend, grad_output

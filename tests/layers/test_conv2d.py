@@ -147,3 +147,20 @@ def bias_gradient_calls(cuda, host, bias_calls: dict, bias_launches: dict) -> No
         f"backward launched {dict(launches)}, its convolutions {dict(convolution_launches)}"
     assert calls - convolution_only == collections.Counter(bias_calls) and not convolution_only - calls, \
         f"backward called {dict(calls)}, its convolutions {dict(convolution_only)}: the bias must add only its own calls"
+
+
+@pytest.mark.gpu
+def test_cuda_a_layer_planned_in_bf16_computes_in_the_precision_in_force_later(cuda):
+    """A convolution planned under bf16 (a model trained in bf16) runs in fp32 once fp32 is in force
+    (evaluating it in fp32): its plan is made anew, and y matches the direct convolution within fp32's error."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((8, 3, 9, 9)).astype(np.float32)
+    layer = build(Conv2D("conv", 16, 3), (3, 9, 9), cuda)
+    with cuda.using(math="bf16"):
+        layer.forward(Tensor.from_numpy(x, cuda))
+        assert layer.plan.precision.name == "bf16"
+    with cuda.using(math="fp32"):
+        y = layer.forward(Tensor.from_numpy(x, cuda)).numpy()
+        assert layer.plan.precision.name == "fp32"
+    expected = direct_convolution(x, layer.weight.numpy(), layer.bias.numpy(), 1, 0, 1)
+    assert relative_error(y, expected) < 1e-5  # bf16 operands would leave ~1e-3

@@ -394,8 +394,9 @@ def _exit_stuck(rank: int, timeout: float, exit_code: int) -> None:
 
 def _bf16_staging(values: int):
     from ...backends.cuda.buffer import DeviceBuffer
+    from ...precision import BFLOAT16
 
-    return DeviceBuffer.allocate(BF16_BYTES * values)
+    return DeviceBuffer.allocate(BF16_BYTES * values, BFLOAT16)  # (values,) bfloat16
 
 
 def _scalar(backend):
