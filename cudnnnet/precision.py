@@ -37,6 +37,12 @@ class DType:
     def __str__(self) -> str:
         return self.name
 
+    def __reduce__(self):
+        """A copy or pickle of a dtype of the vocabulary is that dtype itself (callers compare with ``is``)."""
+        if DTYPES.get(self.name) == self:
+            return (get_dtype, (self.name,))
+        return (DType, (self.name, self.itemsize, self.storage, self.dlpack_code))
+
     def __repr__(self) -> str:
         return f"DType({self.name!r})"
 
@@ -74,6 +80,12 @@ class Precision:
 
     def __str__(self) -> str:
         return self.name
+
+    def __reduce__(self):
+        """A copy or pickle of a precision of the vocabulary is that precision itself (callers compare with ``is``)."""
+        if PRECISIONS.get(self.name) == self:
+            return (get_precision, (self.name,))
+        return (Precision, (self.name, self.operand_dtype, self.tensor_cores, self.loss_scaling))
 
     @property
     def half(self) -> bool:

@@ -209,3 +209,19 @@ def _recording(forward, backend, seen: list):
         seen.append((backend.engine.name, backend.math))
         return forward(x)
     return recorded
+
+
+def test_copies_and_pickles_of_the_vocabulary_are_its_own_objects():
+    """Callers compare dtypes and precisions with ``is``: a copy, a deep copy or a pickle round trip of
+    one of the vocabulary gives back that object; one with other facts stays its own."""
+    import copy
+    import pickle
+
+    from cudnnnet.precision import DTYPES
+
+    for value in (*DTYPES.values(), *PRECISIONS.values()):
+        assert copy.copy(value) is value and copy.deepcopy(value) is value
+        assert pickle.loads(pickle.dumps(value)) is value
+    other = dataclasses.replace(TF32, name="tf32-half", operand_dtype=BFLOAT16)
+    restored = pickle.loads(pickle.dumps(other))
+    assert restored == other and restored is not other and restored.operand_dtype is BFLOAT16
