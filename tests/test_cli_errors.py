@@ -969,3 +969,17 @@ def test_quiet_mentions_a_progress_bar_only_where_there_is_one(tool_name, progre
     module = importlib.import_module(f"cudnnnet.cli.{tool_name}")
     quiet = next(action for action in module.build_parser()._actions if "--quiet" in action.option_strings)
     assert ("progress bar" in quiet.help) == progress_bar and "warnings and errors" in quiet.help
+
+
+def test_evaluate_s_confusion_matrix_keeps_its_columns_with_names_that_print_escaped():
+    """A class name holding a control character prints escaped (longer); the columns are as wide as
+    what is printed, so every row of the matrix has the header's length."""
+    import numpy as np
+
+    from cudnnnet.cli.evaluate import format_matrix
+    from cudnnnet.util.printable import one_line
+
+    text = format_matrix(np.array([[5, 1], [0, 7]]), ["a\x1bb\x07c", "dog"])
+    lines = [one_line(line) for line in text.split("\n")]
+    assert len({len(line) for line in lines}) == 1, lines
+    assert "\\x1b" in lines[0] and "\x1b" not in text

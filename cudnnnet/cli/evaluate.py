@@ -21,6 +21,7 @@ from ..inference import network_classes, training_normalize
 from ..network import Network
 from ..train.outputs import checkpoint_to_resume
 from ..train.trainer import evaluate
+from ..util.printable import one_line
 from .common import ArgumentParser, add_common_arguments, add_engine_argument, path_argument, run
 from .train import positive_int
 
@@ -48,8 +49,8 @@ def confusion_matrix(labels: np.ndarray, predictions: np.ndarray, classes: int =
 
 def format_matrix(matrix: np.ndarray, classes=None) -> str:
     """The matrix as text, rows the true class, columns the predicted one, each labelled with its name
-    (cut to 12 characters)."""
-    names = [str(name)[:12] for name in (classes or range(matrix.shape[1]))]
+    (cut to 12 characters, then escaped as every line the tools write is, so the widths are the printed ones)."""
+    names = [one_line(str(name)[:12]) for name in (classes or range(matrix.shape[1]))]
     width = max(5, *(len(name) for name in names))
     label = max(9, *(len(name) for name in names))
     header = "true\\pred".ljust(label) + " " + " ".join(f"{name:>{width}}" for name in names)
