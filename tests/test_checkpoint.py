@@ -425,6 +425,56 @@ def test_more_entries_than_a_checkpoint_holds_are_refused_from_the_zip_directory
     assert opened == []
 
 
+
+def declaring_entries(path, count: int, comment: bytes = b"", zip64: bool = False):
+    """A valid checkpoint of one array whose end record (with ``zip64``, a ZIP64 record before it) declares
+    ``count`` entries; the directory itself is unchanged, so zipfile would find the one entry and the metadata."""
+    save_npz(path, {"fc.weight": np.ones((2, 2), np.float32)}, {"epoch": 1})
+    data = path.read_bytes()
+    end = data.rindex(b"PK\x05\x06")
+    signature, disk, directory_disk, _, _, size, offset, _ = struct.unpack("<4s4H2LH", data[end:end + 22])
+    if zip64:
+        record = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count, size, offset)
+        locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, end, 1)
+        record_count, size, offset = 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF
+        body = data[:end] + record + locator
+    else:
+        record_count, body = count, data[:end]
+    eocd = struct.pack("<4s4H2LH", signature, disk, directory_disk, record_count, record_count, size, offset,
+                       len(comment))
+    path.write_bytes(body + eocd + comment)
+    return path
+
+
+@pytest.mark.parametrize("zip64, comment", [(False, b""), (False, b"a comment"), (True, b"")])
+def test_more_entries_than_a_checkpoint_holds_are_refused_from_the_end_record_before_zipfile_reads_them(
+        tmp_path, monkeypatch, zip64, comment):
+    """zipfile reads the whole directory as it opens an archive (a second for 200 000 entries): the count
+    the end record, or its ZIP64 record, declares is refused before zipfile is asked."""
+    count = 200_000 if zip64 else 60_000  # a plain end record counts in 16 bits: the limit is lowered for it
+    if not zip64:
+        monkeypatch.setattr(checkpoint, "MAX_CHECKPOINT_ENTRIES", 50_000)
+    path = declaring_entries(tmp_path / "claims.npz", count, comment, zip64)
+    with zipfile.ZipFile(path) as archive:  # the directory holds two entries: only the declared count is large
+        assert len(archive.infolist()) == 2
+
+    def unreachable(*args, **kwargs):
+        raise AssertionError("zipfile.ZipFile opened an archive that declares too many entries")
+
+    monkeypatch.setattr(zipfile, "ZipFile", unreachable)
+    for load in (load_npz, checkpoint.load_npz_metadata):
+        with pytest.raises(CheckpointError, match=rf"claims\.npz: {count} entries, more than the "
+                                                  rf"{checkpoint.MAX_CHECKPOINT_ENTRIES} a checkpoint may hold"):
+            load(path)
+
+
+@pytest.mark.parametrize("zip64, comment", [(False, b"a comment"), (True, b"")])
+def test_an_end_record_declaring_few_enough_entries_loads(tmp_path, zip64, comment):
+    path = declaring_entries(tmp_path / "fine.npz", 2, comment, zip64)
+    arrays, metadata = load_npz(path)
+    assert metadata == {"epoch": 1} and list(arrays) == ["fc.weight"]
+
+
 def test_an_entry_held_twice_is_refused_from_the_zip_directory(tmp_path):
     path = tmp_path / "twice.npz"
     write_zip(path, {"w.npy": Entry(npy_header((1,)) + bytes(4)), "__metadata__.npy": metadata_entry()})

@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import CheckpointError, WriteError
 from ..tensor import MAX_TENSOR_VALUES
 from .files import atomic_write
+from .zip_directory import declared_directory
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +170,7 @@ def _open_archive(path: Path) -> Iterator[zipfile.ZipFile]:
     """The checkpoint's zip archive; every error reading it becomes a CheckpointError naming the file."""
     _check_zip_signature(path)
     try:
+        _check_declared_entries(path)
         with zipfile.ZipFile(path) as archive:
             yield archive
     except CheckpointError:
@@ -191,6 +193,19 @@ def _check_zip_signature(path: Path) -> None:
         raise CheckpointError(f"{path}: not an .npz checkpoint (not a zip archive; starts with {head!r})")
 
 
+def _check_declared_entries(path: Path) -> None:
+    """Refuse more than MAX_CHECKPOINT_ENTRIES entries from the count the zip's end records declare, before
+    zipfile reads the whole directory (``_directory`` counts again what zipfile found)."""
+    with open(path, "rb") as file:
+        directory = declared_directory(file)
+    if directory is not None and directory.entries > MAX_CHECKPOINT_ENTRIES:
+        raise CheckpointError(_too_many_entries(path, directory.entries))
+
+
+def _too_many_entries(path: Path, count: int) -> str:
+    return f"{path}: {count} entries, more than the {MAX_CHECKPOINT_ENTRIES} a checkpoint may hold"
+
+
 class _Entry(NamedTuple):
     """One ``NAME.npy`` entry of the archive, as its zip and .npy headers declare it."""
 
@@ -205,8 +220,7 @@ def _directory(path: Path, archive: zipfile.ZipFile, shapes) -> dict[str, zipfil
     a use for."""
     infos = archive.infolist()
     if len(infos) > MAX_CHECKPOINT_ENTRIES:
-        raise CheckpointError(f"{path}: {len(infos)} entries, more than the {MAX_CHECKPOINT_ENTRIES} a checkpoint "
-                              f"may hold")
+        raise CheckpointError(_too_many_entries(path, len(infos)))
     directory = {}
     for info in infos:
         if not info.filename.endswith(".npy") or info.is_dir():
