@@ -430,6 +430,11 @@ def declaring_entries(path, count: int, comment: bytes = b"", zip64: bool = Fals
     """A valid checkpoint of one array whose end record (with ``zip64``, a ZIP64 record before it) declares
     ``count`` entries; the directory itself is unchanged, so zipfile would find the one entry and the metadata."""
     save_npz(path, {"fc.weight": np.ones((2, 2), np.float32)}, {"epoch": 1})
+    return redeclared(path, count, comment, zip64)
+
+
+def redeclared(path, count: int, comment: bytes = b"", zip64: bool = False):
+    """The archive at ``path`` with its end record rewritten to declare ``count`` entries (see declaring_entries)."""
     data = path.read_bytes()
     end = data.rindex(b"PK\x05\x06")
     signature, disk, directory_disk, _, _, size, offset, _ = struct.unpack("<4s4H2LH", data[end:end + 22])
@@ -457,16 +462,35 @@ def test_more_entries_than_a_checkpoint_holds_are_refused_from_the_end_record_be
     path = declaring_entries(tmp_path / "claims.npz", count, comment, zip64)
     with zipfile.ZipFile(path) as archive:  # the directory holds two entries: only the declared count is large
         assert len(archive.infolist()) == 2
-
-    def unreachable(*args, **kwargs):
-        raise AssertionError("zipfile.ZipFile opened an archive that declares too many entries")
-
-    monkeypatch.setattr(zipfile, "ZipFile", unreachable)
+    refuse_zipfile(monkeypatch)
     for load in (load_npz, checkpoint.load_npz_metadata):
         with pytest.raises(CheckpointError, match=rf"claims\.npz: {count} entries, more than the "
                                                   rf"{checkpoint.MAX_CHECKPOINT_ENTRIES} a checkpoint may hold"):
             load(path)
 
+
+
+def refuse_zipfile(monkeypatch):
+    """From now on, zipfile.ZipFile fails the test if it is asked to open anything."""
+    def unreachable(*args, **kwargs):
+        raise AssertionError("zipfile.ZipFile opened an archive that holds too many entries")
+
+    monkeypatch.setattr(zipfile, "ZipFile", unreachable)
+
+
+@pytest.mark.parametrize("zip64", [False, True])
+def test_a_directory_of_more_entries_than_its_end_record_declares_is_refused_before_zipfile_reads_it(
+        tmp_path, monkeypatch, zip64):
+    """zipfile reads as many entries as the directory's size holds, whatever count the end record declares:
+    the entries are counted from their signatures in the directory before zipfile is asked."""
+    monkeypatch.setattr(checkpoint, "MAX_CHECKPOINT_ENTRIES", 100)
+    path = redeclared(with_empty_extras(tmp_path / "hidden.npz", 99), 2, zip64=zip64)
+    with zipfile.ZipFile(path) as archive:
+        assert len(archive.infolist()) == 101
+    refuse_zipfile(monkeypatch)
+    for load in (load_npz, checkpoint.load_npz_metadata):
+        with pytest.raises(CheckpointError, match=r"hidden\.npz: 101 entries, more than the 100 a checkpoint may hold"):
+            load(path)
 
 @pytest.mark.parametrize("zip64, comment", [(False, b"a comment"), (True, b"")])
 def test_an_end_record_declaring_few_enough_entries_loads(tmp_path, zip64, comment):

@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import CheckpointError, WriteError
 from ..tensor import MAX_TENSOR_VALUES
 from .files import atomic_write
-from .zip_directory import declared_directory
+from .zip_directory import declared_directory, entries_at_most
 
 log = logging.getLogger(__name__)
 
@@ -194,12 +194,18 @@ def _check_zip_signature(path: Path) -> None:
 
 
 def _check_declared_entries(path: Path) -> None:
-    """Refuse more than MAX_CHECKPOINT_ENTRIES entries from the count the zip's end records declare, before
-    zipfile reads the whole directory (``_directory`` counts again what zipfile found)."""
+    """Refuse more than MAX_CHECKPOINT_ENTRIES entries from the count the zip's end records declare, or the
+    entry signatures in the directory they point at where that is more, before zipfile reads the whole
+    directory (``_directory`` counts again what zipfile found)."""
     with open(path, "rb") as file:
         directory = declared_directory(file)
-    if directory is not None and directory.entries > MAX_CHECKPOINT_ENTRIES:
-        raise CheckpointError(_too_many_entries(path, directory.entries))
+        if directory is None:
+            return
+        count = directory.entries
+        if count <= MAX_CHECKPOINT_ENTRIES:
+            count = max(count, entries_at_most(file, directory))
+    if count > MAX_CHECKPOINT_ENTRIES:
+        raise CheckpointError(_too_many_entries(path, count))
 
 
 def _too_many_entries(path: Path, count: int) -> str:

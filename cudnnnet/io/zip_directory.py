@@ -24,6 +24,8 @@ _LOCATOR_SIGNATURE = b"PK\x06\x07"
 # entries, directory bytes, its offset
 _END64 = struct.Struct("<4sQ2H2L4Q")
 _END64_SIGNATURE = b"PK\x06\x06"
+_ENTRY_SIGNATURE = b"PK\x01\x02"  # each entry of the central directory starts with it
+_CHUNK_BYTES = 1 << 20
 
 
 class Directory(NamedTuple):
@@ -65,3 +67,20 @@ def _zip64_directory(file: BinaryIO, end: int) -> Directory | None:
     if fields[0] != _END64_SIGNATURE:
         return None
     return Directory(entries=fields[7], size=fields[8], end=record_start)
+
+
+def entries_at_most(file: BinaryIO, directory: Directory) -> int:
+    """How many entries zipfile can find in ``directory`` (the ``size`` bytes before ``end`` it reads): the
+    entry signatures there, counted without parsing, so an end record cannot hide a directory of millions."""
+    start = max(0, directory.end - directory.size)
+    file.seek(start)
+    remaining, count, carried = directory.end - start, 0, b""
+    while remaining > 0:
+        chunk = file.read(min(_CHUNK_BYTES, remaining))
+        if not chunk:
+            break
+        remaining -= len(chunk)
+        window = carried + chunk
+        count += window.count(_ENTRY_SIGNATURE)
+        carried = window[-(len(_ENTRY_SIGNATURE) - 1):]  # a signature split between chunks is counted once
+    return count
