@@ -245,3 +245,18 @@ def test_the_cluster_launchers_reach_the_weights_of_gpus_2(two_gpus, mnist_dir, 
     assert expected.keys() == reached.keys()
     for name, value in expected.items():
         np.testing.assert_allclose(reached[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_early_stopping_on_two_gpus_ends_every_rank_after_the_same_epoch(two_gpus, mnist_dir, tmp_path):
+    """Patience 1 and a min_delta no loss can beat: rank 0's monitor stops the run after epoch 2, and both
+    ranks leave the loop there, exit 0 and publish that epoch."""
+    output = tmp_path / "run"
+    run = Run(*_train(mnist_dir, output, "--epochs", "4", "--batch-size", "256",
+                      "--set", "train.early_stopping={patience: 1, min_delta: 10}"))
+    code, out, err, _ = run.finish(timeout=300)
+    assert code == 0, err[-4000:]
+    metrics = _metrics(output)
+    assert metrics["gpus"] == 2 and metrics["epochs"] == 2
+    assert metrics["early_stopping"]["stopped"] and metrics["early_stopping"]["stopped_epoch"] == 2
+    history = (checkpoint_to_resume(output).parent / "history.csv").read_text().splitlines()
+    assert len(history) == 1 + 2, history

@@ -171,18 +171,50 @@ def test_early_stopping_ends_the_run_after_patience_epochs_without_improvement(s
     assert np.isfinite(metrics["test_loss"])
 
 
-def test_early_stopping_is_refused_across_several_gpus(small_npz, tmp_path):
-    from cudnnnet.train.trainer import Trainer as Made
+class RankStandIn:
+    """The Replicas of one rank of two, without a GPU: the epoch totals already averaged, no signal, and
+    ``agreed`` answering from ``decisions`` (rank 0's early stops, one an epoch) or, on rank 0, its own flag."""
 
-    class Launch:
-        rank, world_size = 0, 2
+    def __init__(self, rank, decisions=None):
+        self.rank, self.decisions, self.flags = rank, decisions, []
 
-    class Group:
-        launch = Launch()
+    writes = property(lambda self: self.rank == 0)
 
-    config = parse_config(settings(small_npz, early_stopping={"patience": 2}))
-    with pytest.raises(ConfigError, match="train.early_stopping: not available when training on several GPUs"):
-        Made(config, tmp_path / "run", progress=False, group=Group())
+    world_size = 2
+
+    def average(self, tensor):
+        pass
+
+    def layer_done(self, layer):
+        pass
+
+    def average_gradients(self):
+        pass
+
+    def agreed_stop(self, signum):
+        return None
+
+    def agreed(self, flag):
+        self.flags.append(flag)
+        return flag if self.decisions is None else self.decisions[len(self.flags) - 1]
+
+    def finish(self, graphs=(), exit_code=0):
+        pass
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_on_several_ranks_every_rank_stops_after_the_epoch_rank_0_s_monitor_stops_at(small_npz, tmp_path,
+                                                                                     monkeypatch, rank):
+    """Rank 0 evaluates and counts the patience; each epoch its decision goes to every rank (``agreed``),
+    so rank 1, whose monitor never sees a figure, stops after the same epoch."""
+    scripted(monkeypatch, [1.0, 0.9, 0.95, 0.96, 0.97, 0.98])
+    config = parse_config(settings(small_npz, epochs=6, early_stopping={"patience": 2}))
+    trainer = Trainer(config, tmp_path / "run", progress=False)
+    trainer.replicas = RankStandIn(rank, None if rank == 0 else [False, False, False, True, False, False])
+    trainer.run()
+    assert trainer.position.step == 4 * 4 and trainer.position.epoch == 4
+    assert trainer.replicas.flags == ([False, False, False, True] if rank == 0 else [False] * 4)
+    assert trainer.monitor.should_stop == (rank == 0)
 
 
 # ---- resuming -----------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from ..data.resident import BatchFeed, ResidentData, ResidentTestSet, resident_i
 from ..data.sources import class_names  # noqa: F401 (re-exported)
 from ..data.streamed import StreamedData, choose_placement
 from ..data.validation import epoch_fields
-from ..errors import CheckpointError, ConfigError, TrainingError
+from ..errors import CheckpointError, TrainingError
 from ..io import checkpoint
 from ..limits import MAX_INTEGER
 from ..network import OPTIMIZER_PREFIX
@@ -155,10 +155,8 @@ class Trainer:
         self.images_trained = 0
         self.replicas = None
         self.monitor = Monitor(monitored(config), train.early_stopping)  # best.npz and early stopping
+        self.ranks_stop_early = False  # several ranks: rank 0's monitor stopped the run, agreed by every rank
         self.final_test: Evaluation | None = None  # with a validation set: the test set's, evaluated at the end
-        if group is not None and train.early_stopping is not None:
-            raise ConfigError(f"{config.source}: train.early_stopping: not available when training on several GPUs; "
-                              f"remove it (best.npz is still written)")
         if group is not None:
             self.replicas = Replicas(group, self.network, self.optimizer, train, self.loader.steps_per_epoch)
         if resume is not None:
@@ -248,7 +246,7 @@ class Trainer:
                      self.backend.device_name, self.total_steps, min(self.loader.batch_size, self.loader.num_samples),
                      self.total_epochs, ", each step replayed as a CUDA graph" if self.use_graph else "")
             self.watch.start(self.position.step)
-            while self.position.step < self.total_steps and not self.monitor.should_stop:
+            while self.position.step < self.total_steps and not self.stopped_early:
                 self._run_epoch()
             if self.validating:
                 self.final_test = self._evaluate()
@@ -267,6 +265,12 @@ class Trainer:
         if self.replicas is not None:
             graphs, self.graphs = list(self.graphs.values()), {}
             self.replicas.finish(graphs=graphs, exit_code=exit_code)
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether early stopping ends the run: the monitor's count reached the patience; on several
+        ranks, rank 0's (which evaluates), agreed by every rank after each epoch."""
+        return self.monitor.should_stop or self.ranks_stop_early
 
     @property
     def writes(self) -> bool:
@@ -369,12 +373,14 @@ class Trainer:
         if self.writes and self.monitor.update(row, self.network.state_dict):
             log.info("epoch %d is the best so far by %s (%.4f)", row["epoch"], self.monitor.metric,
                      row[self.monitor.metric])
+        if self.replicas is not None and self.monitor.early_stopping is not None:
+            self.ranks_stop_early = self.replicas.agreed(self.monitor.should_stop)
         if completed:
             self.position.epoch += 1
             self.position.batch = 0
         every = self.config.train.checkpoint_every
         if (completed and every and self.position.epoch % every == 0 and self.position.step < self.total_steps
-                and not self.monitor.should_stop):  # else the run ends here and publishes then
+                and not self.stopped_early):  # else the run ends here and publishes then
             self._publish(finished=False)
 
     def _loss_scale_text(self) -> str:

@@ -301,6 +301,12 @@ class Replicas:
         agreed = int(self.flag.numpy().reshape(-1)[0])
         return agreed or None
 
+    def agreed(self, flag: bool) -> bool:
+        """Whether any rank raised ``flag`` (rank 0's early stop, which only it evaluates); a synchronisation."""
+        self.flag.fill_(float(bool(flag)))
+        self.communicator.all_reduce_max(self.flag)
+        return bool(self.flag.numpy().reshape(-1)[0])
+
     def finish(self, graphs=(), exit_code: int = 0) -> None:
         """After the last step, in NCCL's order: the CUDA ``graphs`` that captured collectives are
         destroyed (NCCL waits for them), the heartbeats end with a goodbye, the communicator is
