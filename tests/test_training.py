@@ -290,20 +290,22 @@ def test_a_signal_publishes_a_consistent_set_that_resumes_from_the_folder(mnist_
 @pytest.mark.gpu
 @pytest.mark.parametrize("config, engine", [("mnist_mlp", "slides"), ("mnist_mlp", "fast"), ("mnist_cnn", "fast")])
 def test_graph_replay_gives_the_same_weights_as_eager_steps(cuda, mnist_dir, tmp_path, config, engine):
-    """60 steps (one of them the short last batch of an epoch) with the step captured as a CUDA graph
-    and replayed, and with every call made eagerly, end with the same weights. (The slides engine's
+    """115 steps (two epochs of 55, each ending in a short batch of 600, then 5) with the steps captured
+    as CUDA graphs and replayed — the full batch's from step 2, the short batch's in the second epoch —
+    and with every call made eagerly, end with the same weights. (The slides engine's
     convolutions take cuDNN's fastest algorithms, non-deterministic ones included: its CNN is not
     bit-reproducible, so its two runs would differ by their rounding, amplified over 60 steps.)"""
     finals = []
     for graph in (True, False):
         settings = load_config(REPO_ROOT / "configs" / f"{config}.yaml").to_dict()
-        settings["train"].update(graph=graph, batch_size=1100, steps=60)
+        settings["train"].update(graph=graph, batch_size=1100, steps=115)
         settings["device"], settings["data"]["dir"], settings["engine"] = "cuda", str(mnist_dir), engine
         from cudnnnet.config.schema import parse_config
 
         run = Trainer(parse_config(settings), tmp_path / str(graph), progress=False)
         run.run()
         assert (run.graph is not None) == graph
+        assert sorted(run.graphs) == ([600, 1100] if graph else [])
         finals.append(run.network.state_dict())
     for name, value in finals[0].items():
         assert np.allclose(finals[1][name], value, rtol=1e-4, atol=1e-6), name
@@ -319,7 +321,7 @@ def test_device_memory_does_not_grow_over_2000_training_steps(cuda, mnist_dir, t
     run = Trainer(parse_config(settings), tmp_path, progress=False)
     run.data.start_epoch(run.loader.permutation(0))
     last = run.loader.steps_per_epoch - 1  # the epoch's short last batch: buffers and plans of its own
-    for index in list(range(200)) + [last]:  # warm up: every buffer, plan and the graph exist afterwards
+    for index in list(range(200)) + [last, last]:  # warm up: every buffer, plan and both graphs exist afterwards
         run.train_batch(index)
     cuda.synchronize()
     free_before, _ = cuda.memory_info()

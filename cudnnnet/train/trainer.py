@@ -145,7 +145,7 @@ class Trainer:
             self.validation_set = None if not self.validating else ResidentTestSet(
                 self.backend, *self.validation, self.loader.classes)
         self.use_graph = train.graph and self.backend.supports_graphs
-        self.graphs = {}  # batch size -> the captured training step of that size (the full batch)
+        self.graphs = {}  # batch size -> the captured training step of that size (the full and the last batch)
         self._eager_sizes = set()  # batch sizes stepped once eagerly: allocated, planned, ready to capture
         self.totals = Accumulator(self.backend)
         self.watch = NonFiniteWatch(self.backend)
@@ -204,16 +204,16 @@ class Trainer:
 
     def train_batch(self, index: int) -> int:
         """Train on batch ``index`` of the current epoch; returns its size. With graphs enabled, the
-        second full step is captured as a CUDA graph and later full steps replay it: the first has
-        allocated every buffer, planned every convolution and compiled every kernel. The epoch's
-        shorter last batch runs eagerly."""
+        second step of each batch size (the full batch; the epoch's shorter last batch, in the second
+        epoch) is captured as a CUDA graph and later steps of that size replay it: the first has
+        allocated every buffer, planned every convolution and compiled every kernel."""
         x, target = self.data.select(index)
         self.optimizer.set_lr(self.position.epoch)
         graph = self.graphs.get(x.n)
         if graph is not None:
             graph.launch()
             self.optimizer.step_count += 1  # what optimizer.step() counts; the replay ran its kernels
-        elif self.use_graph and x.n in self._eager_sizes and x.n == self.data.batch_size:
+        elif self.use_graph and x.n in self._eager_sizes:
             with self.backend.capture() as graph:
                 self._step(x, target)
             self.graphs[x.n] = graph
