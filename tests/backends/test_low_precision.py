@@ -24,7 +24,7 @@ from cudnnnet.backends.base import OP_N, OP_T
 from cudnnnet.backends.descriptors import ConvolutionDescriptor
 from cudnnnet.backends.host.backend import round_to_bf16, round_to_fp16
 from cudnnnet.errors import UsageError
-from cudnnnet.precision import BF16, FP16, FP32, TF32, get_precision
+from cudnnnet.precision import BF16, BFLOAT16, FLOAT16, FLOAT32, FP16, FP32, TF32, get_precision
 from cudnnnet.tensor import Tensor
 from cudnnnet.train.trainer import build_network
 from run_helpers import math_mode
@@ -563,9 +563,9 @@ def fake_backend_in(precision):
                            gemm=lambda problem, *arguments: problems.append(problem))
 
 
-def fake_tensor(shape, address: int):
+def fake_tensor(shape, address: int, dtype=FLOAT32):
     size = int(np.prod(shape))
-    return SimpleNamespace(shape=shape, size=size, data=SimpleNamespace(ptr=address, size=size))
+    return SimpleNamespace(shape=shape, size=size, dtype=dtype, data=SimpleNamespace(ptr=address, size=size))
 
 
 CONVOLUTION = ConvolutionDescriptor(4, 2, 3, padding=1)
@@ -632,3 +632,17 @@ def test_inside_a_pass_an_operand_of_another_format_is_converted_into_scratch(mo
     tensor = fake_tensor((4,), 0xA0)
     assert half.operands((tensor, 4), fmt=low_precision.BF16) == [0xC0]
     assert half.operands((tensor, 4), fmt=low_precision.FP16) == [0x5C] and asked[-1] == low_precision.FP16
+
+
+def test_a_16_bit_operand_of_the_formats_type_is_read_as_it_is(monkeypatch):
+    """A 16-bit MLP's activation is a GEMM operand itself: no copy, no scratch; one of the other 16-bit
+    type is converted as a float32 one would be."""
+    from cudnnnet.backends.cuda import low_precision
+
+    half, asked = low_precision.HalfOperands(context=None), []
+    half.copies.start(low_precision.BF16)
+    monkeypatch.setattr(half.copies, "pointer", lambda source: asked.append("copy") or 0xC0)
+    monkeypatch.setattr(half.scratch, "operands", lambda *pairs, output=0, fmt: asked.extend(pairs) or [0x5C] * len(pairs))
+    activation = fake_tensor((4,), 0xA0, BFLOAT16)
+    assert half.operands((activation, 4), fmt=low_precision.BF16) == [0xA0] and asked == []
+    assert half.operands((fake_tensor((4,), 0xB0, FLOAT16), 4), fmt=low_precision.BF16) == [0xC0]
