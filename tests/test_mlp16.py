@@ -127,6 +127,25 @@ def test_a_16_bit_c_is_the_float32_product_rounded_once(backend, rng=np.random.d
     assert np.mean(apart == 0) > 0.95
 
 
+@pytest.mark.parametrize("trans, incx, incy", [(OP_N, 1, 1), (OP_T, 1, 1), (OP_N, 2, 3), (OP_T, 3, 2)])
+def test_the_gemm_a_16_bit_sgemv_runs_on_cuda_is_the_sgemv(host, trans, incx, incy):
+    """cublasSgemv reads float32 only: CUDA runs a 16-bit sgemv as the GEMM yᵀ = xᵀ·op(A)ᵀ
+    (cuda.backend.sgemv_as_gemm); on the host oracle that GEMM gives the sgemv's values."""
+    from cudnnnet.backends.cuda.backend import sgemv_as_gemm
+
+    rng = np.random.default_rng(7)
+    m, n, lda = 5, 7, 6
+    rows, cols = (m, n) if trans == OP_N else (n, m)
+    A = Tensor.from_numpy(rng.standard_normal(lda * n).astype(np.float32), host)
+    x = Tensor.from_numpy(rng.standard_normal(incx * cols).astype(np.float32), host)
+    start = rng.standard_normal(incy * rows).astype(np.float32)
+    by_sgemv, by_gemm = Tensor.from_numpy(start, host), Tensor.from_numpy(start, host)
+    host.sgemv(trans, m, n, 0.5, A, lda, x, incx, 2.0, by_sgemv, incy)
+    transa, transb, gemm_m, gemm_n, k = sgemv_as_gemm(trans, m, n, incx, incy)
+    host.sgemm(transa, transb, gemm_m, gemm_n, k, 0.5, x, incx, A, lda, 2.0, by_gemm, incy)
+    np.testing.assert_allclose(by_gemm.numpy(), by_sgemv.numpy(), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("mode", ["relu", "sigmoid", "tanh", "elu"])
 @pytest.mark.parametrize("math", list(HALF_MATHS))
 def test_a_16_bit_activation_rounds_f_and_its_gradient_once(backend, engine, math, mode):

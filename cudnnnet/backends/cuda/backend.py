@@ -20,9 +20,9 @@ with FP32 accumulation (low_precision.py); "fp16" does the same on IEEE half cop
 cuDNN's PSEUDO_HALF_CONFIG); the other calls stay float32. A 16-bit multilayer perceptron's
 activations are 16-bit tensors: its GEMMs read them as they are and write a 16-bit C (cublasGemmEx or
 cuBLASLt, rounded once from the FP32 sum), sgemv becomes that GEMM, cuDNN's activation calls take
-16-bit descriptors, the softmax converts its 16-bit logits to float32 first, and the fast engine's
-kernels have 16-bit twins (``*16``). Plans made before ``set_math`` keep
-their math type.
+16-bit descriptors, the softmax converts its 16-bit logits to float32 (in the cuDNN workspace)
+first, and the fast engine's kernels have 16-bit twins (``*16``). Plans made before ``set_math``
+keep their math type.
 """
 
 from __future__ import annotations
@@ -273,12 +273,9 @@ class CudaBackend(ArrayProtocols, Backend):
         yᵀ(1 × rows) = alpha·xᵀ(1 × cols)·op(A)ᵀ + beta·yᵀ of ``_gemm_bf16`` (cublasGemmEx, the other
         operand converted to 16 bits as any GEMM operand is, FP32 sums)."""
         if A.dtype.half or x.dtype.half:
-            if incx < 0 or incy < 0:
-                raise UsageError(f"sgemv: a 16-bit A or x takes positive increments, got incx={incx}, incy={incy}")
-            rows, cols = (m, n) if trans == OP_N else (n, m)
+            transa, transb, gemm_m, gemm_n, k = sgemv_as_gemm(trans, m, n, incx, incy)
             # yᵀ = alpha·xᵀ·op(A)ᵀ + beta·yᵀ      (1 × rows) = (1 × cols) · (cols × rows)
-            self._gemm_bf16(OP_N, OP_T if trans == OP_N else OP_N, 1, rows, cols, alpha, x, incx, A, lda, beta, y,
-                            incy)
+            self._gemm_bf16(transa, transb, gemm_m, gemm_n, k, alpha, x, incx, A, lda, beta, y, incy)
             return
         cublas.sgemv(self._cublas, trans, m, n, self.context.scalar(alpha), A.data.ptr, lda, x.data.ptr, incx,
                      self.context.scalar(beta), y.data.ptr, incy)
@@ -337,21 +334,18 @@ class CudaBackend(ArrayProtocols, Backend):
 
     def _softmax_forward(self, alpha, x, beta, y) -> None:
         """Over each sample's c·h·w values: MODE_CHANNEL on an (n, c·h·w, 1, 1) descriptor. 16-bit x (a
-        16-bit MLP's logits; y is float32): x's values are converted into y first (exact), and the
-        softmax runs in float32 in place, which takes beta 0 only."""
+        16-bit MLP's logits; y is float32): its values are converted into the cuDNN workspace first
+        (exact, kernels/bf16.cu or fp16.cu), and the softmax runs in float32 from there."""
         context = self.context
         t, scalar = context.descriptors.tensor((x.n, x.sample_size, 1, 1)).handle, context.scalar
-        source = x
+        source = x.data.ptr
         if x.dtype.half:
-            if beta != 0:
-                raise UsageError(f"softmax_forward: a 16-bit x takes beta 0 on CUDA (its values are converted into y "
-                                 f"first), got beta={beta!r}")
-            # y = float(x₁₆)
-            self.convert(x.data, y.data, x.size)
-            source = y
+            source = context.workspace(FLOAT32_BYTES * x.size)
+            # x₃₂ = float(x₁₆)
+            context.half.to_float(source, x.data.ptr, 1.0, 0.0, x.size, HALF_FORMATS[x.dtype])
         # y = alpha·softmax(x) + beta·y
         cudnn.softmax_forward(context.cudnn.handle, cudnn.SOFTMAX_ACCURATE, cudnn.SOFTMAX_MODE_CHANNEL, scalar(alpha), t,
-                              source.data.ptr, scalar(beta), t, y.data.ptr)
+                              source, scalar(beta), t, y.data.ptr)
 
     def _add_tensor(self, alpha, bias, beta, y) -> None:
         """cudnnAddTensor."""
@@ -617,6 +611,16 @@ class CudaBackend(ArrayProtocols, Backend):
     def _batch_norm_parameters(self, mode, x) -> int:
         """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors."""
         return self.context.descriptors.tensor(batch_norm_parameter_shape("batch normalisation", mode, x)).handle
+
+
+def sgemv_as_gemm(trans, m: int, n: int, incx: int, incy: int) -> tuple[int, int, int, int, int]:
+    """(transa, transb, m, n, k) of the GEMM yᵀ(1 × rows) = alpha·xᵀ(1 × cols)·op(A)ᵀ + beta·yᵀ that computes
+    sgemv(trans, m, n, alpha, A, lda, x, incx, beta, y, incy), its A being x (a 1 × cols matrix of leading
+    dimension incx), its B the sgemv's A (leading dimension lda), its C y (leading dimension incy)."""
+    if incx < 0 or incy < 0:
+        raise UsageError(f"sgemv: a 16-bit A or x takes positive increments, got incx={incx}, incy={incy}")
+    rows, cols = (m, n) if trans == OP_N else (n, m)
+    return OP_N, OP_T if trans == OP_N else OP_N, 1, rows, cols
 
 
 # ---- argument checks (cheap, host-side: a bad size must not become an out-of-bounds access) -----
