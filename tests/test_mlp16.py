@@ -4,6 +4,8 @@ weights, their gradients and the loss stay float32; any other network keeps floa
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -213,3 +215,59 @@ def test_a_bf16_mlp_learns_mnist_on_the_host(host, mnist_dir):
     assert network.layers[0].output.dtype is BFLOAT16
     predicted = network.predict(test_images).numpy().reshape(2000, 10).argmax(axis=1)
     assert np.mean(predicted == test_labels) > 0.91
+
+
+# ---- the CUDA launches of the 16-bit kernels, on host-side fakes ---------------------------------------------
+class LaunchRecorder:
+    """The face of a CUDA context the activation kernels and the fused softmax read: each launch is kept."""
+
+    def __init__(self):
+        self.launches = []
+        self.stream = SimpleNamespace(handle=0)
+
+    def kernel(self, name: str):
+        return SimpleNamespace(launch=lambda blocks, stream, *arguments: self.launches.append((name, arguments)))
+
+    def is_capturing(self) -> bool:
+        return False
+
+
+def fake16(shape, address: int, dtype=BFLOAT16):
+    size = int(np.prod(shape))
+    n, c, h, w = shape
+    return SimpleNamespace(shape=shape, n=n, c=c, h=h, w=w, size=size, sample_size=c * h * w, dtype=dtype,
+                           data=SimpleNamespace(ptr=address, size=size))
+
+
+@pytest.mark.parametrize("dtype, code", [(BFLOAT16, 1), (FLOAT16, 2)])
+def test_the_16_bit_kernels_are_launched_with_their_declared_arguments_and_format(dtype, code):
+    """Each 16-bit twin gets as many arguments as kernel.KERNELS declares for it (test_kernel_signatures
+    checks those against the .cu files), the last its format: 1 bfloat16, 2 IEEE half."""
+    from ctypes import c_float, c_int, c_longlong, c_void_p
+
+    from cudnnnet.backends.cuda.activation_kernels import ActivationKernels
+    from cudnnnet.backends.cuda.backend import CudaBackend
+    from cudnnnet.backends.cuda.kernel import KERNELS
+
+    context = LaunchRecorder()
+    kernels = ActivationKernels(context)
+    relu = ActivationDescriptor(ActivationMode(ACTIVATION_MODES["relu"]), 0.0)
+    y, dy, dx = (fake16((4, 24, 1, 1), address, dtype) for address in (0x1000, 0x2000, 0x3000))
+    bias = fake16((24, 1, 1, 1), 0x4000, FLOAT32)
+    kernels.bias_forward(relu, bias, y, None)
+    kernels.backward(relu, 1.0, y, dy, y, 0.0, dx, None)
+    kernels.bias_backward(relu, y, dy, dx, bias, None)
+    backend = object.__new__(CudaBackend)
+    backend.context, backend._stream = context, 0
+    logits, target, scalars = fake16((4, 10, 1, 1), 0x5000, dtype), fake16((4, 10, 1, 1), 0x6000, FLOAT32), \
+        fake16((1, 1, 1, 1), 0x7000, FLOAT32)
+    backend._softmax_cross_entropy(logits, target, 0x8000, 0x9000, scalars, scalars, 0.25, 0.25)
+    names = [name for name, _ in context.launches]
+    assert names == ["bias_activation_forward16", "activation_backward16", "activation_bias_backward16",
+                     "softmax_cross_entropy_backward16"]
+    python_types = {c_void_p: (int, type(None)), c_int: int, c_longlong: int, c_float: float}
+    for name, arguments in context.launches:
+        declared = KERNELS[name][1]
+        assert len(arguments) == len(declared), name
+        assert all(isinstance(value, python_types[kind]) for value, kind in zip(arguments, declared)), name
+        assert arguments[-1] == code, name
