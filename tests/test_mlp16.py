@@ -13,6 +13,7 @@ from cudnnnet import Network, Tensor
 from cudnnnet.backends.base import OP_N, OP_T
 from cudnnnet.backends.descriptors import ACTIVATION_MODES, ActivationDescriptor, ActivationMode
 from cudnnnet.backends.rounding import round_to
+from cudnnnet.engine import get_engine
 from cudnnnet.errors import DTypeError
 from cudnnnet.layers import MSE, Activation, Conv2D, Dense, Softmax
 from cudnnnet.precision import BFLOAT16, FLOAT16, FLOAT32, get_precision
@@ -271,3 +272,80 @@ def test_the_16_bit_kernels_are_launched_with_their_declared_arguments_and_forma
         assert len(arguments) == len(declared), name
         assert all(isinstance(value, python_types[kind]) for value, kind in zip(arguments, declared)), name
         assert arguments[-1] == code, name
+
+
+class SlidesContext(LaunchRecorder):
+    """A CUDA context's face for the slides engine's library calls: descriptors name their data type,
+    16-bit operands and conversions are recorded."""
+
+    def __init__(self):
+        super().__init__()
+        self.descriptor_types, self.conversions = [], []
+        self.cudnn = SimpleNamespace(handle=0)
+        self.descriptors = SimpleNamespace(tensor=self._tensor, activation=lambda desc: SimpleNamespace(handle=0))
+        self.half = SimpleNamespace(operands=self._operands, to_float=self._to_float)
+
+    def _tensor(self, shape, data_type=None):
+        from cudnnnet.backends.cuda.bindings import cudnn
+
+        self.descriptor_types.append(cudnn.DATA_FLOAT if data_type is None else data_type)
+        return SimpleNamespace(handle=0)
+
+    def _operands(self, *operands, output: int = 0, fmt):
+        return [tensor.data.ptr if tensor.dtype is fmt.dtype else 0xC0 for tensor, _ in operands]
+
+    def _to_float(self, out, source, alpha, beta, count, fmt):
+        self.conversions.append((out, source, count, fmt.dtype))
+
+    def finish_warm_up(self) -> None:
+        pass
+
+    def scalar(self, value):
+        return value
+
+    def workspace(self, nbytes: int) -> int:
+        return 0xF000
+
+
+def slides_backend(precision: str):
+    from cudnnnet.backends.cuda.backend import CudaBackend
+
+    backend = object.__new__(CudaBackend)
+    backend.context, backend._stream, backend._cublas = SlidesContext(), 0, 0
+    backend._default_precision, backend._default_engine = get_precision(precision), get_engine("slides")
+    return backend
+
+
+@pytest.mark.parametrize("math", list(HALF_MATHS))
+def test_the_slides_engine_gives_cublas_and_cudnn_the_16_bit_types(monkeypatch, math):
+    """A 16-bit C is cublasGemmEx's C of that type; a 16-bit sgemv is a cublasGemmEx with a float32 C;
+    cuDNN's activation calls get 16-bit descriptors; the softmax converts 16-bit logits into its
+    workspace and reads them there."""
+    from cudnnnet.backends.cuda import backend as cuda_backend
+    from cudnnnet.backends.cuda.bindings import cublas, cudnn
+    from cudnnnet.backends.cuda.low_precision import HALF_FORMATS
+
+    dtype = HALF_MATHS[math]
+    fmt = HALF_FORMATS[dtype]
+    calls = []
+    monkeypatch.setattr(cuda_backend.cublas, "gemm_ex", lambda *arguments: calls.append(("gemm_ex", arguments)))
+    monkeypatch.setattr(cuda_backend.cudnn, "activation_forward", lambda *arguments: calls.append(("act", arguments)))
+    monkeypatch.setattr(cuda_backend.cudnn, "softmax_forward", lambda *arguments: calls.append(("softmax", arguments)))
+    backend = slides_backend(math)
+    w, ones, bias = fake16((10, 24, 1, 1), 0x100, FLOAT32), fake16((4, 1, 1, 1), 0x200, FLOAT32), \
+        fake16((10, 1, 1, 1), 0x300, FLOAT32)
+    x, y, dy = fake16((4, 24, 1, 1), 0x400, dtype), fake16((4, 10, 1, 1), 0x500, dtype), \
+        fake16((4, 10, 1, 1), 0x600, dtype)
+    probabilities = fake16((4, 10, 1, 1), 0x700, FLOAT32)
+    backend._sgemm(OP_T, OP_N, 10, 4, 24, 1.0, w, 24, x, 24, 0.0, y, 10)
+    backend._sgemv(OP_N, 10, 4, 1.0, dy, 10, ones, 1, 0.0, bias, 1)
+    backend._activation_forward(ActivationDescriptor(ActivationMode(ACTIVATION_MODES["relu"]), 0.0), 1.0, y, 0.0, y)
+    backend._softmax_forward(1.0, y, 0.0, probabilities)
+    (_, product), (_, bias_sum), (_, activation), (_, softmax) = calls
+    # (handle, transa, transb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c, c_type, ldc, compute, algo)
+    assert product[7:9] == (0xC0, fmt.cublas_type) and product[10:12] == (0x400, fmt.cublas_type)
+    assert product[14:16] == (0x500, fmt.cublas_type)
+    assert bias_sum[1:6] == (OP_N, OP_T, 1, 10, 4) and bias_sum[10] == 0x600 and bias_sum[14:16] == (0x300, cublas.R_32F)
+    assert backend.context.descriptor_types[0] == fmt.cudnn_type and activation[4] == activation[7] == 0x500
+    assert backend.context.conversions == [(0xF000, 0x500, 40, dtype)]
+    assert backend.context.descriptor_types[-1] == cudnn.DATA_FLOAT and softmax[5] == 0xF000 and softmax[8] == 0x700
