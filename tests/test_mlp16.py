@@ -349,3 +349,37 @@ def test_the_slides_engine_gives_cublas_and_cudnn_the_16_bit_types(monkeypatch, 
     assert backend.context.descriptor_types[0] == fmt.cudnn_type and activation[4] == activation[7] == 0x500
     assert backend.context.conversions == [(0xF000, 0x500, 40, dtype)]
     assert backend.context.descriptor_types[-1] == cudnn.DATA_FLOAT and softmax[5] == 0xF000 and softmax[8] == 0x700
+
+
+# ---- GPU == host: the micro network (tanh, sigmoid, MSE) in 16 bits -----------------------------------------
+def micro_updates(backend, engine: str, math: str, size: int = 256) -> tuple[dict, set]:
+    """What two SGD steps of the benchmark's micro network (x in its activations' dtype) change in each
+    parameter, and the dtypes its activations were stored in."""
+    from cudnnnet.benchmark import workloads
+
+    network = workloads.build_micro_network(size, backend).set_engine(engine).set_math(math)
+    start = network.state_dict()
+    inputs, targets = workloads.micro_data(size)
+    x = workloads.micro_input(network, Tensor.from_numpy(inputs.reshape(size, size, 1, 1), backend))
+    step = workloads.micro_step(network, x, Tensor.from_numpy(targets, backend))
+    step()
+    step()
+    stored = {layer.output.dtype for layer in network.layers[:-1]}
+    return {name: value - start[name] for name, value in network.state_dict().items()}, stored
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["slides", "fast"])
+@pytest.mark.parametrize("math, tolerance", [("bf16", 1e-2), ("fp16", 5e-3)])
+def test_a_16_bit_micro_step_on_the_gpu_equals_the_hosts(cuda, host, engine, math, tolerance):
+    """Both backends store the micro MLP's activations in 16 bits and round alike: each parameter's update
+    over two steps agrees within ``tolerance`` (relative, in norm); only values near a rounding boundary
+    may take the other neighbour, or a tanh or sigmoid computed in float32's last bits otherwise."""
+    from test_engine import relative_error
+
+    on_host, host_stored = micro_updates(host, engine, math)
+    on_cuda, cuda_stored = micro_updates(cuda, engine, math)
+    assert host_stored == cuda_stored == {HALF_MATHS[math]}
+    for name, update in on_host.items():
+        error = relative_error(on_cuda[name], update)
+        assert error <= tolerance, f"{name}: relative error {error:.3g}"
