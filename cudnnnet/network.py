@@ -8,6 +8,10 @@
 A network owns its engine and precision (``Network(engine="fast", math="bf16")``, ``set_engine``,
 ``set_math``; None: the backend's defaults). Its calls enter them on its backend for their own
 duration (``Backend.using``), so two networks in one process compute each in its own settings.
+
+Under math bf16 or fp16 a network of Dense, Activation and a loss layer keeps its activations and their
+gradients in 16 bits (``activation_dtype``); its input is converted once into a buffer of its own,
+a 16-bit input of that dtype read as it is.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from .errors import CheckpointError, ConfigError, InvalidArgumentError, ShapeErr
 from .interop import safetensors_file, torch_names
 from .io import checkpoint
 from .layers import LAYER_TYPES, Activation, BatchNorm, Dense, Dropout, Layer, LossLayer, Parameter, WeightBiasLayer
+from .layers.base import activation_dtype
 from .limits import too_many_layers
-from .precision import Precision, get_precision
+from .precision import DType, Precision, get_precision
 from .tensor import Tensor, as_shape, check_tensor_values, float32_values
 
 log = logging.getLogger(__name__)
@@ -63,6 +68,7 @@ class Network:
         self.checkpoint_metadata: dict | None = None  # set by Network.load
         self.training_config = None  # the validated Config in that checkpoint's metadata, if it has one
         self._checked_batch = None  # the batch size check_batch last passed for forward
+        self._inputs: dict = {}  # (shape, dtype) -> the buffer an input of another dtype is converted into
         for layer in layers:
             self.add_layer(layer)
         if input_shape is not None:
@@ -173,7 +179,25 @@ class Network:
         if x.n != self._checked_batch:
             self.check_batch(x.n)
             self._checked_batch = x.n
-        return x.to(self.backend)
+        return self._stored_input(x.to(self.backend))
+
+    @property
+    def activation_dtype(self) -> DType:
+        """The dtype of the activations and their gradients in the precision in force on the backend
+        (inside this network's calls, its own): layers.base.activation_dtype."""
+        return activation_dtype(self.layers, self.backend.precision)
+
+    def _stored_input(self, x: Tensor) -> Tensor:
+        """``x`` where it holds the activations' dtype, else its values converted into this network's
+        buffer of its shape and that dtype (one per pair, so a captured graph reads a fixed address)."""
+        dtype = self.activation_dtype
+        if x.dtype is dtype:
+            return x
+        key = (x.shape, dtype)
+        if key not in self._inputs:
+            self._inputs[key] = Tensor(x.shape, self.backend, dtype=dtype)
+        # x₁₆ = x rounded to nearest even (or a 16-bit x in float32)
+        return self._inputs[key].copy_(x)
 
     def _as_target(self, target) -> Tensor:
         """The one-hot ``target`` as a tensor on this backend: a Tensor, or an array-like converted as
@@ -229,10 +253,8 @@ class Network:
         self.backend.start_pass()
         for layer in self.layers[:-1]:
             output = layer.forward(output)
-        grad = self.loss_layer.forward_backward_with_metrics(output, target.to(self.backend), loss, count)
-        if loss_scale is not None:
-            # dJ/dŷ = S·dJ/dŷ      S read from device memory
-            self.backend.sscal(grad.size, loss_scale, grad, 1)
+        # dJ/dŷ, times S read from device memory where given, then in the activations' dtype
+        grad = self.loss_layer.forward_backward_with_metrics(output, target.to(self.backend), loss, count, loss_scale)
         for layer in reversed(self.layers[:-1]):
             grad = layer.backward(grad)
             if after_backward is not None:
@@ -326,6 +348,7 @@ class Network:
         for layer in self.layers:
             layer.to(self.backend)
         self._scalars = None
+        self._inputs = {}
         return self
 
     def buffers(self) -> dict[str, Tensor]:

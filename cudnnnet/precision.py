@@ -11,8 +11,11 @@ name is ``backend.math``), set as its default with ``backend.set_math`` or for a
     bf16  GEMM and convolution operands rounded to bfloat16, FP32 accumulation, weights and loss
     fp16  the same on IEEE half operands, with dynamic loss scaling (loss_scaling.py) for half's range
 
-Activations, weights, optimiser state and the loss stay float32 in every mode (llm.c's recipe):
-only the 16-bit copies a GEMM or convolution reads are rounded.
+Weights, their gradients, optimiser state and the loss stay float32 in every mode (llm.c's recipe).
+Under bf16 and fp16 a network whose every layer can store 16 bits (Dense, Activation and the loss
+layers: ``layers.base.activation_dtype``) keeps its activations and their gradients in
+``Precision.activation_dtype`` (bfloat16, or float16); any other network keeps them float32, and only
+the 16-bit copies a GEMM or convolution reads are rounded.
 
 A tensor's values are of one ``DType`` (defined here too, as ``DTYPES``): float32 (the default),
 bfloat16 or float16, 2 bytes a value for the 16-bit ones.
@@ -91,6 +94,12 @@ class Precision:
     def half(self) -> bool:
         """Whether GEMM and convolution operands are 16-bit copies of the float32 tensors."""
         return self.operand_dtype is not None
+
+    @property
+    def activation_dtype(self) -> DType:
+        """The type a network that can store 16 bits keeps its activations and their gradients in: the
+        operand type under bf16 and fp16, else float32."""
+        return self.operand_dtype or FLOAT32
 
 
 FP32 = Precision("fp32", operand_dtype=None, tensor_cores=False, loss_scaling=False)

@@ -73,6 +73,56 @@ def test_micro_on_the_host_reports_each_step(tmp_path, capsys):
     assert lines[-1].startswith("micro bf16 step (64), eager")
 
 
+@pytest.mark.parametrize("math, dtype", [("fp32", "float32"), ("tf32", "float32"), ("bf16", "bfloat16"),
+                                         ("fp16", "float16")])
+def test_micro_hands_its_network_x_in_the_dtype_of_its_activations(host, math, dtype):
+    """Under bf16 and fp16 the micro MLP stores 16-bit activations and is handed a 16-bit x, read as it is
+    (PyTorch's pure-bfloat16 column is handed bfloat16 too)."""
+    from cudnnnet import Tensor
+
+    network = bench_workloads.build_micro_network(16, host).set_math(math)
+    inputs, targets = bench_workloads.micro_data(16)
+    x = bench_workloads.micro_input(network, Tensor.from_numpy(inputs.reshape(16, 16, 1, 1), host))
+    bench_workloads.micro_step(network, x, Tensor.from_numpy(targets, host))()
+    assert x.dtype.name == dtype and network.layers[0].input is x
+    assert {layer.output.dtype.name for layer in network.layers[:-1]} == {dtype}
+
+
+def micro_peak_mib(cuda, math: str, size: int) -> float:
+    """The device memory a micro network of ``size`` takes over two slides steps in ``math`` (x made in
+    the dtype of its activations), above what was in use before it was built."""
+    import gc
+
+    from cudnnnet import Tensor
+    from cudnnnet.benchmark.measuring import DeviceMemory
+    from cudnnnet.precision import get_precision
+
+    gc.collect()
+    memory = DeviceMemory(cuda)
+    network = bench_workloads.build_micro_network(size, cuda).set_math(math)
+    inputs, targets = bench_workloads.micro_data(size)
+    x = Tensor.from_numpy(inputs.reshape(size, size, 1, 1), cuda, dtype=get_precision(math).activation_dtype)
+    step = bench_workloads.micro_step(network, x, Tensor.from_numpy(targets, cuda))
+    for _ in range(2):
+        step()
+        memory.sample()
+    del network, x, step
+    gc.collect()
+    return memory.peak_mib
+
+
+@pytest.mark.gpu
+def test_the_micro_networks_peak_device_memory_in_bf16_is_below_fp32s(cuda):
+    """Activations, their gradients and x in bfloat16 take half the bytes: more than the weights'
+    bfloat16 copies add (8000 → 4000 → 800 → 10: about 540 MiB of float32 activations, gradients and x
+    against 70 MiB of copies)."""
+    for math in ("fp32", "bf16"):  # handles, kernels and workspaces made before anything is measured
+        micro_peak_mib(cuda, math, 64)
+    fp32 = micro_peak_mib(cuda, "fp32", 8000)
+    bf16 = micro_peak_mib(cuda, "bf16", 8000)
+    assert bf16 < 0.85 * fp32, f"bf16 {bf16:.0f} MiB, fp32 {fp32:.0f} MiB"
+
+
 def fake_micro_section(graph_ms: float, eager_ms: float, steady_ms: float | None = None) -> dict:
     def mode(ms):
         return None if ms is None else {"step_ms": ms, "step_ms_all": [ms]}

@@ -2,13 +2,16 @@
 arguments every backend's verbs share, each raising a ShapeError or UsageError that names the call and
 the problem. Cheap and host-side: a bad size must not become an out-of-bounds access on a GPU.
 
-The computing verbs take float32 tensors only: each verb's check refuses a 16-bit tensor among its
-operands (``float32_only``, a DTypeError naming the verb and the dtype) rather than misread its bytes."""
+The computing verbs take float32 tensors, each verb's check refusing a 16-bit tensor among its
+operands (``float32_only``, a DTypeError naming the verb and the dtype) rather than misread its bytes;
+the verbs of a 16-bit multilayer perceptron (GEMMs, activations, the softmax's input, the fused bias
+and loss calls) also take, for the operands that hold activations or their gradients, 16-bit tensors
+of the precision in force (``activations``: its ``activation_dtype``)."""
 
 from __future__ import annotations
 
 from ..errors import DTypeError, InvalidArgumentError, ShapeError, UsageError
-from ..precision import FLOAT32, DType
+from ..precision import FLOAT32, DType, Precision
 from .descriptors import BatchNormMode
 
 OP_N = 0  # CUBLAS_OP_N
@@ -23,6 +26,43 @@ def float32_only(call: str, *operands) -> None:
         if dtype is not FLOAT32 and isinstance(dtype, DType):
             raise DTypeError(f"{call} takes float32 tensors only, got a {dtype} tensor of shape {operand.shape}; "
                              f"convert it with tensor.to('float32')")
+
+
+def activations(call: str, precision: Precision, *operands) -> None:
+    """A DTypeError unless every tensor among ``operands`` holds float32 values or the 16-bit values of
+    ``precision`` (its activation_dtype: bfloat16 under bf16, float16 under fp16)."""
+    allowed = precision.activation_dtype
+    for operand in operands:
+        dtype = getattr(operand, "dtype", FLOAT32)
+        if isinstance(dtype, DType) and dtype is not FLOAT32 and dtype is not allowed:
+            valid = "float32 tensors only" if allowed is FLOAT32 else f"float32 or {allowed} tensors"
+            raise DTypeError(f"{call} takes {valid} under math {precision}, got a {dtype} tensor of shape "
+                             f"{operand.shape}; its 16-bit tensors are bfloat16 under math bf16 and float16 under "
+                             f"fp16, or convert it with tensor.to('float32')")
+
+
+def same_dtype(call: str, *operands) -> None:
+    """A DTypeError unless the tensors ``operands`` hold values of one dtype."""
+    dtypes = {operand.dtype for operand in operands}
+    if len(dtypes) > 1:
+        raise DTypeError(f"{call}: its tensors must hold values of one dtype, got "
+                         f"{', '.join(f'{operand.dtype} {operand.shape}' for operand in operands)}")
+
+
+def check_activations(call: str, precision: Precision, x, *others) -> None:
+    """Tensors of ``x``'s shape and dtype, float32 or the 16 bits of ``precision``, else a ShapeError or
+    DTypeError naming ``call``."""
+    activations(call, precision, x, *others)
+    same_dtype(call, x, *others)
+    for other in others:
+        same_shape(call, x, other)
+
+
+def check_softmax(precision: Precision, x, y) -> None:
+    """softmax_forward's x (float32, or the 16 bits of ``precision``) and float32 y, of one shape."""
+    activations("softmax_forward", precision, x)
+    float32_only("softmax_forward", y)
+    same_shape("softmax_forward", x, y)
 
 
 def check_same_dtype(call: str, source, target) -> None:
@@ -41,19 +81,23 @@ def check_elementwise(call: str, x, *others) -> None:
         same_shape(call, x, other)
 
 
-def check_bias(call: str, bias, y) -> None:
-    """A ShapeError unless ``bias`` holds one value per channel of ``y`` (N, C, H, W); float32 both."""
-    float32_only(call, bias, y)
+def check_bias(call: str, bias, y, precision: Precision | None = None) -> None:
+    """A ShapeError unless ``bias`` holds one value per channel of ``y`` (N, C, H, W); float32 both, or
+    with ``precision`` y of its 16 bits too."""
+    float32_only(call, bias, *(() if precision else (y,)))
+    if precision is not None:
+        activations(call, precision, y)
     if bias.size != y.c:
         raise ShapeError(f"{call}: the bias must hold one value per channel of y {y.shape} ({y.c}), got shape {bias.shape}")
 
 
-def check_activation_bias(call: str, y, dy, dx, db) -> None:
-    """A ShapeError unless y, dy and dx share one (N, C, 1, 1) shape and db holds C values; float32 all."""
-    check_elementwise(call, y, dy, dx)
+def check_activation_bias(call: str, precision: Precision, y, dy, dx, db) -> None:
+    """A ShapeError unless y, dy and dx share one (N, C, 1, 1) shape and db holds C values; y, dy and dx
+    of one dtype, float32 or the 16 bits of ``precision``; db float32."""
+    check_activations(call, precision, y, dy, dx)
     if y.h * y.w != 1:
         raise ShapeError(f"{call}: y must be a Dense layer's output (N, C, 1, 1), got {y.shape}")
-    check_bias(call, db, y)
+    check_bias(call, db, y, precision)
 
 
 LOSS_SCALE_VALUES = 6  # [S, found, skip, unscale, clean steps, skipped steps]: kernels/loss_scale.cu
@@ -168,17 +212,21 @@ def check_gather(images, labels, order, cursor, x, target) -> None:
         raise ShapeError(f"gather_batch: cursor must hold one value, got shape {cursor.shape}")
 
 
-def check_sgemm(transa, transb, m: int, n: int, k: int, A, lda: int, B, ldb: int, C, ldc: int) -> None:
-    """sgemm's flags and float32 matrices: op(A) m×k, op(B) k×n, C m×n inside their storage."""
-    float32_only("sgemm", A, B, C)
+def check_sgemm(precision: Precision, transa, transb, m: int, n: int, k: int, A, lda: int, B, ldb: int, C, ldc: int
+                ) -> None:
+    """sgemm's flags and matrices, float32 or the 16 bits of ``precision``: op(A) m×k, op(B) k×n, C m×n
+    inside their storage."""
+    activations("sgemm", precision, A, B, C)
     check_matrix("sgemm", "A", A, *stored_shape(transa, m, k, "A"), lda)
     check_matrix("sgemm", "B", B, *stored_shape(transb, k, n, "B"), ldb)
     check_matrix("sgemm", "C", C, m, n, ldc)
 
 
-def check_sgemv(trans, m: int, n: int, A, lda: int, x, incx: int, y, incy: int) -> None:
-    """sgemv's flag, its m×n matrix A and its vectors: x of op(A)'s columns, y of its rows; float32 all."""
-    float32_only("sgemv", A, x, y)
+def check_sgemv(precision: Precision, trans, m: int, n: int, A, lda: int, x, incx: int, y, incy: int) -> None:
+    """sgemv's flag, its m×n matrix A and its vectors: x of op(A)'s columns, y of its rows; A and x float32
+    or the 16 bits of ``precision``, y float32."""
+    activations("sgemv", precision, A, x)
+    float32_only("sgemv", y)
     stored_shape(trans, m, n, "A")
     rows, cols = (m, n) if trans == OP_N else (n, m)  # op(A) is rows×cols; A is stored m×n
     check_matrix("sgemv", "A", A, m, n, lda)
@@ -253,9 +301,13 @@ def check_cross_entropy_backward(call: str, predict, target, grad, loss, count) 
     check_metric_outputs(call, loss, count)
 
 
-def check_softmax_cross_entropy(call: str, logits, target, loss, count, *outputs) -> None:
-    """``outputs`` (predict, grad), then target, of the logits' shape; loss and count one value each; float32 all."""
-    check_elementwise(call, logits, *outputs, target)
+def check_softmax_cross_entropy(call: str, precision: Precision, logits, target, loss, count, *outputs) -> None:
+    """``outputs`` (predict, grad), then target, of the logits' shape; loss and count one value each; float32
+    all but the logits, which may hold the 16 bits of ``precision``."""
+    activations(call, precision, logits)
+    float32_only(call, *outputs, target)
+    for other in (*outputs, target):
+        same_shape(call, logits, other)
     check_metric_outputs(call, loss, count)
 
 

@@ -7,8 +7,12 @@ the oracle the GPU is tested against.
 Conventions
 -----------
 * Arguments called ``x, y, dx, dy, w, dw, bias, A, B, C ...`` are float32 Tensors on this backend
-  (16-bit ones are refused: arguments.float32_only). Their ``data`` is the backend's storage (of any
-  dtype in the memory calls): a flat ``numpy.ndarray`` on the host, a :class:`DeviceBuffer` on CUDA.
+  (16-bit ones are refused: arguments.float32_only), except the activations and their gradients of
+  the verbs a 16-bit multilayer perceptron calls, which may also hold the 16 bits of the precision in
+  force (arguments.activations; each verb says which): those verbs compute in float32 from the stored
+  values and round what they store in a 16-bit tensor to nearest even, once. Their ``data`` is the
+  backend's storage (of any dtype in the memory calls): a flat ``numpy.ndarray`` on the host, a
+  :class:`DeviceBuffer` on CUDA.
 * BLAS calls follow cuBLAS exactly: column-major matrices inside flat buffers, leading dimensions,
   ``OP_N``/``OP_T`` transpose flags, ``C = alpha·op(A)·op(B) + beta·C``. A tensor of shape
   (n, c, h, w) read as a column-major matrix with ``ld = c·h·w`` has one sample per column.
@@ -161,8 +165,8 @@ class Backend(ABC):
 
     # ---- cuBLAS -----------------------------------------------------------------------------
     def sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
-        """cublasSgemm: C(m×n) = alpha·op(A)(m×k)·op(B)(k×n) + beta·C, column-major."""
-        arguments.check_sgemm(transa, transb, m, n, k, A, lda, B, ldb, C, ldc)
+        """cublasSgemm: C(m×n) = alpha·op(A)(m×k)·op(B)(k×n) + beta·C, column-major. A, B and C may be 16-bit."""
+        arguments.check_sgemm(self.precision, transa, transb, m, n, k, A, lda, B, ldb, C, ldc)
         self._sgemm(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
 
     @abstractmethod
@@ -170,8 +174,8 @@ class Backend(ABC):
         """``sgemm`` on the arguments it has checked."""
 
     def sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
-        """cublasSgemv: y = alpha·op(A)·x + beta·y with A m×n column-major."""
-        arguments.check_sgemv(trans, m, n, A, lda, x, incx, y, incy)
+        """cublasSgemv: y = alpha·op(A)·x + beta·y with A m×n column-major. A and x may be 16-bit."""
+        arguments.check_sgemv(self.precision, trans, m, n, A, lda, x, incx, y, incy)
         self._sgemv(trans, m, n, alpha, A, lda, x, incx, beta, y, incy)
 
     @abstractmethod
@@ -207,8 +211,8 @@ class Backend(ABC):
 
     # ---- cuDNN ------------------------------------------------------------------------------
     def activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
-        """cudnnActivationForward: y = alpha·f(x) + beta·y."""
-        arguments.check_elementwise("activation_forward", x, y)
+        """cudnnActivationForward: y = alpha·f(x) + beta·y. x and y of one dtype, which may be 16-bit."""
+        arguments.check_activations("activation_forward", self.precision, x, y)
         self._activation_forward(desc, alpha, x, beta, y)
 
     @abstractmethod
@@ -216,8 +220,9 @@ class Backend(ABC):
         """``activation_forward`` on the arguments it has checked."""
 
     def activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
-        """cudnnActivationBackward: dx = alpha·f'(x)·dy + beta·dx (f' may be computed from y)."""
-        arguments.check_elementwise("activation_backward", x, y, dy, dx)
+        """cudnnActivationBackward: dx = alpha·f'(x)·dy + beta·dx (f' may be computed from y). x, y, dy and dx
+        of one dtype, which may be 16-bit."""
+        arguments.check_activations("activation_backward", self.precision, x, y, dy, dx)
         self._activation_backward(desc, alpha, y, dy, x, beta, dx)
 
     @abstractmethod
@@ -228,8 +233,9 @@ class Backend(ABC):
         """cudnnSoftmaxForward (ACCURATE): softmax over the c·h·w values of each sample.
 
         cuDNN's MODE_INSTANCE does this; the slides' MODE_CHANNEL is the same for (N, C, 1, 1).
+        x may be 16-bit; y (the probabilities) is float32.
         """
-        arguments.check_elementwise("softmax_forward", x, y)
+        arguments.check_softmax(self.precision, x, y)
         self._softmax_forward(alpha, x, beta, y)
 
     @abstractmethod
@@ -423,8 +429,8 @@ class Backend(ABC):
     def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
         """y = f(y + b) in place: ``bias`` (C values) broadcast over N, H, W of y (N, C, H, W), then
         the activation ``desc`` (None: no activation). The same as ``add_tensor(1, bias, 1, y)``
-        followed by ``activation_forward(desc, 1, y, 0, y)``."""
-        arguments.check_bias("bias_activation_forward", bias, y)
+        followed by ``activation_forward(desc, 1, y, 0, y)``. y may be 16-bit (rounded once), the bias is float32."""
+        arguments.check_bias("bias_activation_forward", bias, y, self.precision)
         self._bias_activation_forward(desc, bias, y)
 
     @abstractmethod
@@ -439,8 +445,8 @@ class Backend(ABC):
             db = Σₙ dx
 
         The same as ``activation_backward(desc, 1, y, dy, y, 0, dx)`` followed by the Dense layer's
-        ``sgemv`` of dx with a vector of ones."""
-        arguments.check_activation_bias("activation_bias_backward", y, dy, dx, db)
+        ``sgemv`` of dx with a vector of ones. y, dy, dx may be 16-bit (db sums dx before its rounding)."""
+        arguments.check_activation_bias("activation_bias_backward", self.precision, y, dy, dx, db)
         self._activation_bias_backward(desc, y, dy, dx, db)
 
     @abstractmethod
@@ -468,10 +474,11 @@ class Backend(ABC):
         """The Softmax layer's forward and ``cross_entropy_backward`` in one call, from ``logits``
         (N, C, 1, 1): ``predict = softmax(logits)``, then grad, loss and count from ``predict`` as
         ``cross_entropy_backward`` computes them. The same as ``softmax_forward(1, logits, 0,
-        predict)`` followed by ``cross_entropy_backward(predict, target, grad, loss, count)``.
+        predict)`` followed by ``cross_entropy_backward(predict, target, grad, loss, count)``. The logits may
+        be 16-bit; predict and grad are float32.
         """
-        arguments.check_softmax_cross_entropy("softmax_cross_entropy_backward", logits, target, loss, count, predict,
-                                              grad)
+        arguments.check_softmax_cross_entropy("softmax_cross_entropy_backward", self.precision, logits, target, loss,
+                                              count, predict, grad)
         self._softmax_cross_entropy_backward(logits, target, predict, grad, loss, count)
 
     @abstractmethod
@@ -486,11 +493,13 @@ class Backend(ABC):
             loss[0]  += loss_scale·Σₙ (-Σ_c target·log(max(ŷ, 1e-7)))
             count[0] += #{n : argmax ŷₙ == argmax targetₙ}   (the first maximum wins ties)
 
-        ``loss`` and ``count`` are always added to and nothing else is written (ŷ is not kept).
+        ``loss`` and ``count`` are always added to and nothing else is written (ŷ is not kept). The logits
+        may be 16-bit.
         With ``loss_scale = 1/N`` the loss added is the batch mean ``cross_entropy_loss`` computes;
         a NaN logit makes the loss NaN, as there. One launch on CUDA, no cudnnSoftmaxForward.
         """
-        arguments.check_softmax_cross_entropy("softmax_cross_entropy_metrics", logits, target, loss, count)
+        arguments.check_softmax_cross_entropy("softmax_cross_entropy_metrics", self.precision, logits, target, loss,
+                                              count)
         self._softmax_cross_entropy_metrics(logits, target, loss, count, loss_scale)
 
     @abstractmethod

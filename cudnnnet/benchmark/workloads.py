@@ -187,19 +187,17 @@ def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides",
     """Median ms of one forward + backward + update step in each math mode the backend has: eager
     (each call made from Python) and, where the backend has CUDA graphs, replayed as one captured
     graph (as PyTorch's step is timed too), that graph also at steady state (``steady``: seconds of
-    untimed replays, timed replays; ``steady_state``)."""
+    untimed replays, timed replays; ``steady_state``). Under bf16 and fp16 the network stores 16-bit
+    activations and is handed x in that dtype (``micro_input``)."""
     network = build_micro_network(size, backend).set_engine(engine)
     inputs, targets = micro_data(size)
     x = Tensor.from_numpy(inputs.reshape(size, size, 1, 1), backend)  # (N, features, 1, 1)
     target = Tensor.from_numpy(targets, backend)  # (N, 10)
-
-    def step():
-        network.train_step(x, target, MICRO_LEARNING_RATE)
-
     section = {"size": size, "layers": list(micro_layer_sizes(size)), "repeat": repeat,
                **{math: None for math in MATHS}}
     for math in micro_maths(backend):
         network.set_math(math)
+        step = micro_step(network, micro_input(network, x), target)
         found = {"eager": step_summary(timed_calls(step, repeat, backend.synchronize, MICRO_WARMUP,
                                                    _warmup_seconds(backend))),
                  "graph": None, "graph_steady": None}
@@ -210,6 +208,21 @@ def benchmark_micro(backend, size: int, repeat: int, engine: str = "slides",
                  "" if found["graph"] is None else f", {found['graph']['step_ms']:.2f} ms as a graph, "
                  f"{found['graph_steady']['step_ms']:.2f} ms at steady state", size, size)
     return section
+
+
+def micro_input(network: Network, x: Tensor) -> Tensor:
+    """x in the dtype of the network's activations in its math: a 16-bit MLP is handed 16-bit inputs, as
+    PyTorch's pure-bfloat16 column is (the float32 ones would be converted at every step)."""
+    with network.settings():
+        dtype = network.activation_dtype
+    return x if x.dtype is dtype else x.to(dtype)
+
+
+def micro_step(network: Network, x: Tensor, target: Tensor):
+    """One forward + backward + SGD update of the micro network on ``x``."""
+    def step():
+        network.train_step(x, target, MICRO_LEARNING_RATE)
+    return step
 
 
 def captured_steps(backend, step, repeat: int, steady: tuple[float, int]) -> tuple[dict, dict]:

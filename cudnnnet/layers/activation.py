@@ -31,6 +31,8 @@ MODES = ("relu", "sigmoid", "tanh", "clipped_relu", "elu")
 
 
 class Activation(Layer):
+    stores_16_bits = True  # f and f' computed in float32 from 16-bit x, y and dy, stored rounded
+
     def __init__(self, name: str, mode: str = "relu", coef: float = 0.0):
         super().__init__(name)
         if mode not in MODES:

@@ -1,7 +1,8 @@
 """Layer: what every layer shares. Shapes are inferred from the input on first forward.
 
-A layer owns its output and grad_input buffers and re-allocates them only when the batch size
-changes, so a training step allocates nothing after its first run (which CUDA graphs need).
+A layer owns its output and grad_input buffers, of its input's dtype, and allocates them once per
+(batch shape, dtype), so a training step allocates nothing after its first run (which CUDA graphs
+need). Which dtype a network's activations take is decided once, by ``activation_dtype``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import InvalidArgumentError, ShapeError
+from ..precision import FLOAT32, DType, Precision
 from ..tensor import Tensor
 
 SampleShape = tuple[int, int, int]  # (c, h, w) of one sample
@@ -39,10 +41,20 @@ def he_uniform(rng: np.random.Generator, shape, fan_in: int) -> np.ndarray:
     return rng.uniform(-bound, bound, size=shape).astype(np.float32)
 
 
+def activation_dtype(layers, precision: Precision) -> DType:
+    """The dtype of a network's activations and their gradients: ``precision.activation_dtype`` (16 bits
+    under bf16 and fp16) where every layer stores 16 bits, else float32 (any other layer computes in
+    float32 and reads 16-bit copies only where it multiplies)."""
+    if all(layer.stores_16_bits for layer in layers):
+        return precision.activation_dtype
+    return FLOAT32
+
+
 class Layer:
     """Base class. Subclasses implement ``output_sample_shape``, ``forward`` and ``backward``."""
 
     is_loss = False
+    stores_16_bits = False  # whether its forward and backward take 16-bit inputs and gradients (activation_dtype)
     training = True  # False in evaluation (Network.eval): Dropout is the identity, BatchNorm uses its running statistics
 
     def __init__(self, name: str):
@@ -107,14 +119,14 @@ class Layer:
         for attribute in self._parameter_attributes():
             setattr(self, attribute, getattr(self, attribute).to(backend))
         self.input = self.output = self.grad_input = None
-        self._batch_shape = self._buffers = None
+        self._batch_key = self._buffers = None
 
     def _parameter_attributes(self) -> tuple[str, ...]:
         return ()
 
     # ---- buffers ---------------------------------------------------------------------------
-    _batch_shape = None
-    _buffers = None  # batch shape -> {attribute: buffer}; kept so pointers stay fixed per shape
+    _batch_key = None  # (shape, dtype) of the input whose buffers are in use
+    _buffers = None  # (batch shape, dtype) -> {attribute: buffer}; kept so pointers stay fixed per key
 
     def check_input(self, input: Tensor) -> None:
         """Raise a ShapeError naming this layer and both shapes if ``input`` does not fit."""
@@ -125,27 +137,36 @@ class Layer:
             )
 
     def prepare(self, input: Tensor) -> None:
-        """Check ``input`` and switch to the buffers of its batch shape, allocating them the first time.
+        """Check ``input`` and switch to the buffers of its batch shape and dtype, allocating them the
+        first time.
 
-        Buffers of every batch shape seen are kept, so alternating between the training batch, the
-        epoch's last short batch and the evaluation batch allocates nothing after the first pass
-        (and a captured CUDA graph's pointers stay valid).
+        Buffers of every (batch shape, dtype) seen are kept, so alternating between the training batch,
+        the epoch's last short batch and the evaluation batch, or between a 16-bit and a float32 pass,
+        allocates nothing after the first (and a captured CUDA graph's pointers stay valid).
         """
         self.check_input(input)
         self.input = input
-        if input.shape == self._batch_shape:
+        key = (input.shape, input.dtype)
+        if key == self._batch_key:
             return
         if self._buffers is None:
             self._buffers = {}
-        if input.shape not in self._buffers:
-            self._buffers[input.shape] = self._allocate_buffers(input)
-        self._batch_shape = input.shape
-        for attribute, buffer in self._buffers[input.shape].items():
+        if key not in self._buffers:
+            self._buffers[key] = self._allocate_buffers(input)
+        self._batch_key = key
+        for attribute, buffer in self._buffers[key].items():
             setattr(self, attribute, buffer)
 
+    @property
+    def _batch_buffers(self) -> dict:
+        """The buffers of the input in use (``prepare``)."""
+        return self._buffers[self._batch_key]
+
     def _allocate_buffers(self, input: Tensor) -> dict:
+        """output and grad_input of the input's dtype (both activations), then ``allocate``'s."""
         out_shape = (input.n,) + self.output_sample_shape(self.input_sample_shape)
-        buffers = {"output": Tensor(out_shape, self.backend), "grad_input": Tensor(input.shape, self.backend)}
+        buffers = {"output": Tensor(out_shape, self.backend, dtype=input.dtype),
+                   "grad_input": Tensor(input.shape, self.backend, dtype=input.dtype)}
         buffers.update(self.allocate(input.shape, out_shape))
         return buffers
 

@@ -102,7 +102,7 @@ class Conv2D(WeightBiasLayer):
         where another precision is now in force (``Network.set_math`` after training), plan anew."""
         planned = getattr(self.plan, "precision", None)
         if planned is not None and planned is not self.backend.precision:
-            self.plan = self._buffers[self.input.shape]["plan"] = self.backend.convolution_plan(
+            self.plan = self._batch_buffers["plan"] = self.backend.convolution_plan(
                 self.descriptor, self.input.shape, self.output.shape)
 
     def backward(self, grad_output: Tensor) -> Tensor:

@@ -16,6 +16,9 @@ matrices with one sample per column: x (in_size × N), y (out_size × N).
     in Network.train_step (plain SGD at rate lr), the fast engine's weight gradient is the update:
               W  = W − lr·x·dyᵀ                                 the dW GEMM with alpha = −lr, beta = 1 and
                                                                 C = W, after dx has read the W of the forward
+
+Under math bf16 or fp16 in a network that stores 16 bits (layers.base.activation_dtype), x, y, dy and dx
+are 16-bit tensors: y and dx are the GEMMs' float32 sums rounded once, W, b, dW and db stay float32.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from .base import WeightBiasLayer, he_uniform, positive_int
 
 
 class Dense(WeightBiasLayer):
+    stores_16_bits = True  # x, y, dy and dx may be 16-bit: the GEMMs read them and store y and dx rounded
+
     def __init__(self, name: str, out_size: int):
         super().__init__(name)
         self.out_size = positive_int(name, "out_size", out_size)

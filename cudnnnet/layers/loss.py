@@ -1,8 +1,14 @@
-"""What the two loss layers (Softmax with cross-entropy, MSE) share."""
+"""What the two loss layers (Softmax with cross-entropy, MSE) share.
+
+The loss computes in float32 whatever its input's dtype: its output ŷ (the probabilities, or MSE's copy
+of x) and the gradient dJ/dx (``loss_gradient``) are float32; a 16-bit input gets its gradient back in
+16 bits (``grad_input``), rounded once from dJ/dx after any loss scale has multiplied it (``hand_back``).
+"""
 
 from __future__ import annotations
 
 from ..errors import InvalidArgumentError, ShapeError
+from ..precision import FLOAT32
 from ..tensor import Tensor
 from .base import Layer
 
@@ -11,6 +17,30 @@ class LossLayer(Layer):
     """A last layer that takes the target in ``backward`` and can report its loss."""
 
     is_loss = True
+    stores_16_bits = True  # reads 16-bit logits, hands back a 16-bit gradient; computes in float32
+    loss_gradient: Tensor | None = None  # dJ/dx in float32 (grad_input itself where the input is float32)
+
+    def _allocate_buffers(self, input: Tensor) -> dict:
+        """ŷ and dJ/dx float32, grad_input of the input's dtype."""
+        buffers = super()._allocate_buffers(input)
+        if input.dtype is not FLOAT32:
+            buffers["output"] = Tensor(buffers["output"].shape, self.backend)
+            buffers["loss_gradient"] = Tensor(input.shape, self.backend)
+        else:
+            buffers["loss_gradient"] = buffers["grad_input"]
+        return buffers
+
+    def hand_back(self, loss_scale: Tensor | None = None) -> Tensor:
+        """The gradient for the layer before: dJ/dx, times the loss scale S (a one-element tensor) where
+        given, in the input's dtype."""
+        grad = self.loss_gradient
+        if loss_scale is not None:
+            # dJ/dx = S·dJ/dx      S read from device memory, before any rounding to 16 bits
+            self.backend.sscal(grad.size, loss_scale, grad, 1)
+        if grad is not self.grad_input:
+            # dx₁₆ = dJ/dx rounded to nearest even
+            self.grad_input.copy_(grad)
+        return self.grad_input
 
     def check_target(self, target: Tensor) -> None:
         if self.output is None:
@@ -21,30 +51,37 @@ class LossLayer(Layer):
 
     def backward(self, target: Tensor) -> Tensor:
         """dx = (ŷ - y) / N — the gradient of both cross-entropy over softmax and ½‖ŷ - y‖²."""
-        self.check_target(target)
-        b, size = self.backend, self.output.size
-        # dx = ŷ
-        b.copy(self.output.data, self.grad_input.data, size)
-        # dx = -1·y + dx
-        b.saxpy(size, -1.0, target, 1, self.grad_input, 1)
-        # dx = (1/N)·dx
-        b.sscal(size, 1.0 / target.n, self.grad_input, 1)
-        return self.grad_input
+        self._loss_gradient(target)
+        return self.hand_back()
 
-    def backward_with_metrics(self, target: Tensor, loss: Tensor, count: Tensor) -> Tensor:
+    def _loss_gradient(self, target: Tensor) -> None:
+        """dJ/dx = (ŷ - y) / N into ``loss_gradient``."""
+        self.check_target(target)
+        b, size, grad = self.backend, self.output.size, self.loss_gradient
+        # dx = ŷ
+        b.copy(self.output.data, grad.data, size)
+        # dx = -1·y + dx
+        b.saxpy(size, -1.0, target, 1, grad, 1)
+        # dx = (1/N)·dx
+        b.sscal(size, 1.0 / target.n, grad, 1)
+
+    def backward_with_metrics(self, target: Tensor, loss: Tensor, count: Tensor,
+                              loss_scale: Tensor | None = None) -> Tensor:
         """The training step's last layer: ``backward(target)``, then loss[0] += the batch's mean loss
-        and count[0] += its samples whose argmax matches the target's (both always added to).
+        and count[0] += its samples whose argmax matches the target's (both always added to); the
+        gradient handed back carries ``loss_scale`` where given (``hand_back``).
         Here through the unfused calls; Softmax in the fast engine does it in one fused call."""
-        grad = self.backward(target)
+        self._loss_gradient(target)
         self.loss(target, loss, accumulate=True)
         self.correct(target, count, accumulate=True)
-        return grad
+        return self.hand_back(loss_scale)
 
-    def forward_backward_with_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor) -> Tensor:
+    def forward_backward_with_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor,
+                                      loss_scale: Tensor | None = None) -> Tensor:
         """``forward(input)`` then ``backward_with_metrics``: the training step at the loss layer.
         Here through the two calls; Softmax in the fast engine does both in one fused call."""
         self.forward(input)
-        return self.backward_with_metrics(target, loss, count)
+        return self.backward_with_metrics(target, loss, count, loss_scale)
 
     def forward_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor, loss_scale: float) -> None:
         """An evaluation batch at the loss layer: ``forward(input)``, then loss[0] += loss_scale·N·(the

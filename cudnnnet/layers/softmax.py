@@ -3,6 +3,7 @@
     forward   ŷ  = softmax(x)                        cudnnSoftmaxForward (ACCURATE, CHANNEL)
     loss      J  = -(1/N) Σₙ Σ_c y·log ŷ             our NVRTC kernel (kernels/loss.cu)
     backward  dx = (ŷ - y) / N                       cudaMemcpyAsync + cublasSaxpy + cublasSscal
+                                                     (float32; rounded once into a 16-bit grad_input)
     hits      #{n : argmax ŷₙ == argmax yₙ}         our accuracy_count kernel (kernels/loss.cu)
 
 The slides engine runs those calls in turn in training and evaluation (LossLayer). The fast engine
@@ -32,24 +33,26 @@ class Softmax(LossLayer):
         self.backend.cross_entropy_loss(self.output, target, out, accumulate)
         return out
 
-    def backward_with_metrics(self, target: Tensor, loss: Tensor, count: Tensor) -> Tensor:
+    def backward_with_metrics(self, target: Tensor, loss: Tensor, count: Tensor,
+                              loss_scale: Tensor | None = None) -> Tensor:
         """backward, loss and correct: in turn (slides), or in one fused call (fast; one launch on CUDA)."""
         if not self.backend.engine.fuse_loss:
-            return super().backward_with_metrics(target, loss, count)
+            return super().backward_with_metrics(target, loss, count, loss_scale)
         self.check_target(target)
         # dx = (ŷ - y) / N;  J += -(1/N) Σ y·log(max(ŷ, 1e-7));  hits += #{n : argmax ŷₙ == argmax yₙ}
-        self.backend.cross_entropy_backward(self.output, target, self.grad_input, loss, count)
-        return self.grad_input
+        self.backend.cross_entropy_backward(self.output, target, self.loss_gradient, loss, count)
+        return self.hand_back(loss_scale)
 
-    def forward_backward_with_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor) -> Tensor:
+    def forward_backward_with_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor,
+                                      loss_scale: Tensor | None = None) -> Tensor:
         """forward and backward_with_metrics: in turn (slides), or in one fused call (fast; one launch on CUDA)."""
         if not self.backend.engine.fuse_loss:
-            return super().forward_backward_with_metrics(input, target, loss, count)
+            return super().forward_backward_with_metrics(input, target, loss, count, loss_scale)
         self.prepare(input)
         self.check_target(target)
         # ŷ = softmax(x);  dx = (ŷ - y) / N;  J += -(1/N) Σ y·log(max(ŷ, 1e-7));  hits += #{n : argmax ŷₙ == argmax yₙ}
-        self.backend.softmax_cross_entropy_backward(input, target, self.output, self.grad_input, loss, count)
-        return self.grad_input
+        self.backend.softmax_cross_entropy_backward(input, target, self.output, self.loss_gradient, loss, count)
+        return self.hand_back(loss_scale)
 
     def forward_metrics(self, input: Tensor, target: Tensor, loss: Tensor, count: Tensor, loss_scale: float) -> None:
         """An evaluation batch: forward, loss and correct in turn (slides), or one fused call (fast;

@@ -88,6 +88,7 @@ PROBLEM_CHANGES = {
     "stride_c": 128000,
     "precision": TF32,
     "alignment": (4, 256, 256),
+    "c_half": True,  # a 16-bit MLP's activation as C
 }
 
 

@@ -24,7 +24,7 @@ from cudnnnet.backends.base import OP_N, OP_T
 from cudnnnet.backends.descriptors import ConvolutionDescriptor
 from cudnnnet.backends.host.backend import round_to_bf16, round_to_fp16
 from cudnnnet.errors import UsageError
-from cudnnnet.precision import BF16, FP16, FP32, TF32, get_precision
+from cudnnnet.precision import BF16, BFLOAT16, FLOAT16, FLOAT32, FP16, FP32, TF32, get_precision
 from cudnnnet.tensor import Tensor
 from cudnnnet.train.trainer import build_network
 from run_helpers import math_mode
@@ -199,11 +199,23 @@ def test_bf16_convolution_rounds_operands_and_result(backend, rng, engine):
 
 
 # ---- a training step, GPU == host ----------------------------------------------------------------
-def parameter_updates(config, backend, engine: str, start: dict, math: str) -> tuple[dict, tuple]:
-    """What two SGD steps (test_engine.step_and_evaluation) change in each parameter, and the metrics."""
+def stored_dtypes(network) -> set:
+    """The dtypes of the hidden layers' outputs and of every layer's input gradient."""
+    return {layer.output.dtype for layer in network.layers[:-1]} | {layer.grad_input.dtype for layer in network.layers}
+
+
+# the activations' dtype of each config in math bf16, fp16: an MLP's are 16-bit (test_mlp16.py)
+ACTIVATIONS = {("mnist_mlp", "bf16"): BFLOAT16, ("mnist_mlp", "fp16"): FLOAT16, ("mnist_cnn", "bf16"): FLOAT32,
+               ("mnist_cnn", "fp16"): FLOAT32}
+
+
+def parameter_updates(config, backend, engine: str, start: dict, math: str) -> tuple[dict, tuple, set]:
+    """What two SGD steps (test_engine.step_and_evaluation) change in each parameter, the metrics, and the
+    dtypes the activations were stored in."""
     with math_mode(backend, math):
         network, totals = step_and_evaluation(config, backend, engine)
-    return {name: value - start[name] for name, value in network.state_dict().items()}, totals.read()
+    return ({name: value - start[name] for name, value in network.state_dict().items()}, totals.read(),
+            stored_dtypes(network))
 
 
 @pytest.mark.gpu
@@ -216,9 +228,10 @@ def test_a_bf16_step_on_the_gpu_equals_the_hosts(name, engine, cuda, host):
     from its bf16 ones, so the test tells the two apart."""
     config = config_of(name)
     start = build_network(config, host).state_dict()
-    on_host, (host_loss, host_hits) = parameter_updates(config, host, engine, start, "bf16")
-    on_cuda, (cuda_loss, cuda_hits) = parameter_updates(config, cuda, engine, start, "bf16")
-    in_fp32, _ = parameter_updates(config, host, engine, start, "fp32")
+    on_host, (host_loss, host_hits), host_stored = parameter_updates(config, host, engine, start, "bf16")
+    on_cuda, (cuda_loss, cuda_hits), cuda_stored = parameter_updates(config, cuda, engine, start, "bf16")
+    in_fp32, _, _ = parameter_updates(config, host, engine, start, "fp32")
+    assert host_stored == cuda_stored == {ACTIVATIONS[name, "bf16"]}
     for parameter, update in on_host.items():
         error = relative_error(on_cuda[parameter], update)
         assert error <= 1e-2, f"{parameter}: relative error {error:.3g}"
@@ -445,8 +458,9 @@ def test_an_untimed_batched_16_bit_gemm_runs_cublas_gemm_strided_batched_ex(cuda
         assert np.all(np.abs(result - a_matrix @ b_matrix) <= bound)
 
 
-def scaled_updates(config, backend, engine: str, start: dict, math: str) -> tuple[dict, tuple]:
-    """What two loss-scaled SGD steps (S = 2^12) change in each parameter, and the metrics."""
+def scaled_updates(config, backend, engine: str, start: dict, math: str) -> tuple[dict, tuple, set]:
+    """What two loss-scaled SGD steps (S = 2^12) change in each parameter, the metrics, and the dtypes
+    the activations were stored in."""
     from cudnnnet.optim.loss_scaling import LossScaler
     from cudnnnet.optim.optimizers import SGD
     from cudnnnet.train.trainer import Accumulator
@@ -468,7 +482,8 @@ def scaled_updates(config, backend, engine: str, start: dict, math: str) -> tupl
             scaler.check()
             optimizer.step()
         assert scaler.read().skipped_steps == 0
-    return {name: value - start[name] for name, value in network.state_dict().items()}, totals.read()
+    return ({name: value - start[name] for name, value in network.state_dict().items()}, totals.read(),
+            stored_dtypes(network))
 
 
 @pytest.mark.gpu
@@ -515,13 +530,14 @@ def test_an_fp16_step_with_loss_scaling_on_the_gpu_equals_the_hosts(name, engine
     tolerance = {"mnist_mlp": 5e-3, "mnist_cnn": 1e-2}[name]
     config = config_of(name)
     start = build_network(config, host).state_dict()
-    on_host, (host_loss, host_hits) = scaled_updates(config, host, engine, start, "fp16")
-    on_cuda, (cuda_loss, cuda_hits) = scaled_updates(config, cuda, engine, start, "fp16")
+    on_host, (host_loss, host_hits), host_stored = scaled_updates(config, host, engine, start, "fp16")
+    on_cuda, (cuda_loss, cuda_hits), cuda_stored = scaled_updates(config, cuda, engine, start, "fp16")
+    assert host_stored == cuda_stored == {ACTIVATIONS[name, "fp16"]}
     for parameter, update in on_host.items():
         error = relative_error(on_cuda[parameter], update)
         assert error <= tolerance, f"{parameter}: relative error {error:.3g}"
     for other in ("fp32", "bf16"):
-        elsewhere, _ = scaled_updates(config, host, engine, start, other)
+        elsewhere, _, _ = scaled_updates(config, host, engine, start, other)
         assert max(relative_error(elsewhere[parameter], update) for parameter, update in on_host.items()) > tolerance
     assert cuda_loss == pytest.approx(host_loss, rel=1e-3)
     assert abs(cuda_hits - host_hits) <= 2
@@ -563,9 +579,9 @@ def fake_backend_in(precision):
                            gemm=lambda problem, *arguments: problems.append(problem))
 
 
-def fake_tensor(shape, address: int):
+def fake_tensor(shape, address: int, dtype=FLOAT32):
     size = int(np.prod(shape))
-    return SimpleNamespace(shape=shape, size=size, data=SimpleNamespace(ptr=address, size=size))
+    return SimpleNamespace(shape=shape, size=size, dtype=dtype, data=SimpleNamespace(ptr=address, size=size))
 
 
 CONVOLUTION = ConvolutionDescriptor(4, 2, 3, padding=1)
@@ -632,3 +648,17 @@ def test_inside_a_pass_an_operand_of_another_format_is_converted_into_scratch(mo
     tensor = fake_tensor((4,), 0xA0)
     assert half.operands((tensor, 4), fmt=low_precision.BF16) == [0xC0]
     assert half.operands((tensor, 4), fmt=low_precision.FP16) == [0x5C] and asked[-1] == low_precision.FP16
+
+
+def test_a_16_bit_operand_of_the_formats_type_is_read_as_it_is(monkeypatch):
+    """A 16-bit MLP's activation is a GEMM operand itself: no copy, no scratch; one of the other 16-bit
+    type is converted as a float32 one would be."""
+    from cudnnnet.backends.cuda import low_precision
+
+    half, asked = low_precision.HalfOperands(context=None), []
+    half.copies.start(low_precision.BF16)
+    monkeypatch.setattr(half.copies, "pointer", lambda source: asked.append("copy") or 0xC0)
+    monkeypatch.setattr(half.scratch, "operands", lambda *pairs, output=0, fmt: asked.extend(pairs) or [0x5C] * len(pairs))
+    activation = fake_tensor((4,), 0xA0, BFLOAT16)
+    assert half.operands((activation, 4), fmt=low_precision.BF16) == [0xA0] and asked == []
+    assert half.operands((fake_tensor((4,), 0xB0, FLOAT16), 4), fmt=low_precision.BF16) == [0xC0]

@@ -1,7 +1,9 @@
 """The fast engine's activation kernels (kernels/activation.cu, kernels/bias_activation.cu): the
 activation's backward pass, the bias and activation after a GEMM or convolution in one launch, and the
 activation's backward pass with the Dense layer's bias gradient. Under math "bf16" each also writes the
-bfloat16 copy of its output where the backend passes that copy's address (``*16``, None otherwise)."""
+bfloat16 copy of its output where the backend passes that copy's address (``*16``, None otherwise).
+A 16-bit multilayer perceptron's activations (16-bit y, dy, dx) take the ``*16`` kernels: computed in
+float from the stored values, one value a thread, each store rounded once."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from ...errors import DeviceError
 from ..descriptors import ActivationDescriptor
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .kernel import BLOCK_SIZE, MAX_BLOCKS, MAX_ELEMENTWISE_BLOCKS, blocks_for
-from .low_precision import BF16_BYTES
+from .low_precision import BF16_BYTES, HALF_FORMATS
 
 ACTIVATION_PARTIALS = 1 << 20  # floats of activation_bias_backward's slab sums (4 MiB)
 MIN_SLAB_ROWS = 4  # samples a block of activation_bias_backward sums at least (ROWS_AHEAD in activation.cu)
@@ -60,6 +62,11 @@ class ActivationKernels:
         stream = self.context.stream.handle
         count, mode, coef = x.size, int(desc.mode), float(desc.coef)
         pointers = (dx.data.ptr, x.data.ptr, y.data.ptr, dy.data.ptr)
+        if dx.dtype.half:
+            # dx₁₆ = alpha·f'·dy + beta·dx     from 16-bit x, y, dy (and dx)
+            self.context.kernel("activation_backward16").launch(blocks_for(count), stream, *pointers, mode, coef,
+                                                                alpha, beta, count, _format(dx))
+            return
         vectors = count // 4 if all(pointer % 16 == 0 for pointer in pointers) else 0
         if vectors:
             # dx = alpha·f'·dy + beta·dx      float4s
@@ -78,6 +85,12 @@ class ActivationKernels:
         """kernels/bias_activation.cu: y = f(y + bias) in one launch, y read and written once."""
         stream = self.context.stream.handle
         mode, coef = (-1, 0.0) if desc is None else (int(desc.mode), float(desc.coef))
+        if y.dtype.half:
+            # y₁₆ = f(y₁₆ + bias)
+            self.context.kernel("bias_activation_forward16").launch(blocks_for(y.size), stream, y.data.ptr,
+                                                                    bias.data.ptr, y.size, y.c, y.h * y.w, mode, coef,
+                                                                    _format(y))
+            return
         if y.h * y.w == 1 and y.c % 4 == 0 and (y.data.ptr | bias.data.ptr) % 16 == 0:
             # Dense layers' y as float4s: y (N, C) with C a multiple of 4, 16-byte aligned
             count4 = y.size // 4
@@ -94,14 +107,21 @@ class ActivationKernels:
         where C is a multiple of 4 and every float32 operand is 16-byte aligned, else one."""
         stream = self.context.stream.handle
         samples, channels = y.n, y.c
-        width = 4 if channels % 4 == 0 and all(t.data.ptr % 16 == 0 for t in (y, dy, dx, db)) else 1
+        aligned = channels % 4 == 0 and all(t.data.ptr % 16 == 0 for t in (y, dy, dx, db))
+        width = 4 if aligned and not dx.dtype.half else 1
         cut = activation_slabs(samples, channels, width)
         partial = db.data.ptr if cut.slabs == 1 else self._partials().ptr
-        kernel = "activation_bias_backward_x4" if width == 4 else "activation_bias_backward"
-        # dx = f'(y)·dy,  partial[s] = Σ_{n in slab s} dx[n]      blocks (channels / (width·BLOCK_SIZE), slabs)
-        self.context.kernel(kernel).launch(cut.blocks, stream, dx.data.ptr, y.data.ptr, dy.data.ptr,
-                                           int(desc.mode), float(desc.coef), samples, channels // width,
-                                           cut.slab_rows, partial, dx16)
+        pointers = (dx.data.ptr, y.data.ptr, dy.data.ptr)
+        if dx.dtype.half:
+            # dx₁₆ = f'(y₁₆)·dy₁₆,  partial[s] = Σ_{n in slab s} dx[n] (before rounding)
+            self.context.kernel("activation_bias_backward16").launch(cut.blocks, stream, *pointers, int(desc.mode),
+                                                                     float(desc.coef), samples, channels,
+                                                                     cut.slab_rows, partial, _format(dx))
+        else:
+            kernel = "activation_bias_backward_x4" if width == 4 else "activation_bias_backward"
+            # dx = f'(y)·dy,  partial[s] = Σ_{n in slab s} dx[n]      blocks (channels / (width·BLOCK_SIZE), slabs)
+            self.context.kernel(kernel).launch(cut.blocks, stream, *pointers, int(desc.mode), float(desc.coef),
+                                               samples, channels // width, cut.slab_rows, partial, dx16)
         if cut.slabs > 1:
             # db = Σ_s partial[s]
             self.context.kernel("activation_bias_sums").launch(-(-channels // SUM_CHANNELS), stream,
@@ -116,3 +136,8 @@ class ActivationKernels:
                                   "scratch is allocated on that call: run one step before capturing")
             self._partial_sums = DeviceBuffer.allocate(FLOAT32_BYTES * ACTIVATION_PARTIALS)
         return self._partial_sums
+
+
+def _format(tensor) -> int:
+    """The ``format`` argument of the 16-bit kernels for ``tensor``'s dtype (1 bfloat16, 2 IEEE half)."""
+    return HALF_FORMATS[tensor.dtype].kernel_code

@@ -17,8 +17,12 @@ switches cuBLAS to CUBLAS_TF32_TENSOR_OP_MATH and convolutions to
 CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION; "bf16" runs every GEMM as cublasGemmEx and every convolution
 in cuDNN's BFLOAT16_CONFIG with CUDNN_TENSOR_OP_MATH, on bfloat16 copies of the float32 operands
 with FP32 accumulation (low_precision.py); "fp16" does the same on IEEE half copies (CUDA_R_16F,
-cuDNN's PSEUDO_HALF_CONFIG); the other calls stay float32. Plans made before ``set_math`` keep
-their math type.
+cuDNN's PSEUDO_HALF_CONFIG); the other calls stay float32. A 16-bit multilayer perceptron's
+activations are 16-bit tensors: its GEMMs read them as they are and write a 16-bit C (cublasGemmEx or
+cuBLASLt, rounded once from the FP32 sum), sgemv becomes that GEMM, cuDNN's activation calls take
+16-bit descriptors, the softmax converts its 16-bit logits to float32 (in the cuDNN workspace)
+first, and the fast engine's kernels have 16-bit twins (``*16``). Plans made before ``set_math``
+keep their math type.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from ...engine import Engine
 from ...errors import ShapeError, UsageError
 from ...precision import BF16, FLOAT32, FP16, FP32, TF32, DType, Precision
 from ...tensor import Tensor, as_shape
-from ..arguments import batch_norm_parameter_shape, check_fits, check_same_dtype, extent, stored_shape
+from ..arguments import OP_N, OP_T, batch_norm_parameter_shape, check_fits, check_same_dtype, extent, stored_shape
 from ..base import Backend
 from ..descriptors import ActivationDescriptor, ConvolutionDescriptor, PoolingDescriptor
 from ..rounding import from_storage, to_storage
@@ -46,7 +50,7 @@ from .convolution_planner import ConvolutionPlanner, search_label
 from .gemm_convolution import INDEX_LIMIT
 from .kernel import blocks_for
 from .conversion import convert_storage
-from .low_precision import half_format
+from .low_precision import HALF_FORMATS, half_format
 from . import pooling
 from .activation_kernels import ActivationKernels
 from .matmul import GemmEngine, GemmProblem, alignment
@@ -215,7 +219,7 @@ class CudaBackend(ArrayProtocols, Backend):
     def _sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
         a, b, c = A.data.ptr, B.data.ptr, C.data.ptr
         if self.precision.half:
-            self._gemm_bf16(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, c, ldc)
+            self._gemm_bf16(transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc)
             return
         if not self.engine.gemm_plans:
             self.context.finish_warm_up()  # the first GEMM waits for the cuBLAS warm-up thread, as a plan does
@@ -226,24 +230,25 @@ class CudaBackend(ArrayProtocols, Backend):
         self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, precision=self.precision,
                               alignment=alignment(a, b, c)), alpha, a, b, beta, c)
 
-    def _gemm_bf16(self, transa, transb, m, n, k, alpha, A: Tensor, lda: int, B: Tensor, ldb: int, beta, c: int,
+    def _gemm_bf16(self, transa, transb, m, n, k, alpha, A: Tensor, lda: int, B: Tensor, ldb: int, beta, C: Tensor,
                    ldc: int) -> None:
-        """C = alpha·op(bf16(A))·op(bf16(B)) + beta·C (fp16 copies under math "fp16"), FP32 accumulation
-        and C: cublasGemmEx, or in the fast engine the problem's timed plan (cublasGemmEx or
-        cublasLtMatmul, matmul.py)."""
+        """C = alpha·op(bf16(A))·op(bf16(B)) + beta·C (fp16 copies under math "fp16"; a 16-bit A or B read
+        as it is), FP32 accumulation, C float32 or 16-bit (rounded once): cublasGemmEx, or in the fast
+        engine the problem's timed plan (cublasGemmEx or cublasLtMatmul, matmul.py)."""
         self.context.finish_warm_up()
-        precision = self.precision
+        precision, c = self.precision, C.data.ptr
         fmt = half_format(precision)
         a16, b16 = self.context.half.operands((A, extent(*stored_shape(transa, m, k, "A"), lda)),
                                               (B, extent(*stored_shape(transb, k, n, "B"), ldb)), fmt=fmt)
         if self.engine.gemm_plans:
             self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, precision=precision,
-                                  alignment=alignment(a16, b16, c)), alpha, a16, b16, beta, c)
+                                  alignment=alignment(a16, b16, c), c_half=C.dtype.half), alpha, a16, b16, beta, c)
             return
         # C = alpha·op(bf16(A))·op(bf16(B)) + beta·C      (fp16(A), fp16(B) under math "fp16")
         scalar = self.context.scalar
+        c_type = fmt.cublas_type if C.dtype.half else cublas.R_32F
         cublas.gemm_ex(self._cublas, transa, transb, m, n, k, scalar(alpha), a16, fmt.cublas_type, lda, b16,
-                       fmt.cublas_type, ldb, scalar(beta), c, cublas.R_32F, ldc, cublas.COMPUTE_32F, cublas.GEMM_DEFAULT)
+                       fmt.cublas_type, ldb, scalar(beta), c, c_type, ldc, cublas.COMPUTE_32F, cublas.GEMM_DEFAULT)
 
     def start_pass(self) -> None:
         """A network's forward and backward begin (Network.forward): under math "bf16" or "fp16", each
@@ -264,6 +269,14 @@ class CudaBackend(ArrayProtocols, Backend):
         self._gemm.run(problem, "exhaustive", alpha, a, b, beta, c)
 
     def _sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
+        """cublasSgemv; with a 16-bit A or x (a 16-bit MLP's dy), which cublasSgemv cannot read, the GEMM
+        yᵀ(1 × rows) = alpha·xᵀ(1 × cols)·op(A)ᵀ + beta·yᵀ of ``_gemm_bf16`` (cublasGemmEx, the other
+        operand converted to 16 bits as any GEMM operand is, FP32 sums)."""
+        if A.dtype.half or x.dtype.half:
+            transa, transb, gemm_m, gemm_n, k = sgemv_as_gemm(trans, m, n, incx, incy)
+            # yᵀ = alpha·xᵀ·op(A)ᵀ + beta·yᵀ      (1 × rows) = (1 × cols) · (cols × rows)
+            self._gemm_bf16(transa, transb, gemm_m, gemm_n, k, alpha, x, incx, A, lda, beta, y, incy)
+            return
         cublas.sgemv(self._cublas, trans, m, n, self.context.scalar(alpha), A.data.ptr, lda, x.data.ptr, incx,
                      self.context.scalar(beta), y.data.ptr, incy)
 
@@ -295,9 +308,15 @@ class CudaBackend(ArrayProtocols, Backend):
         return self.context.half.copies.target(tensor.data) if self.precision == BF16 and whole else None
 
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
+    def _tensor_descriptor(self, tensor, shape=None) -> int:
+        """The cuDNN descriptor of ``tensor`` (of ``shape``, default its own): CUDNN_DATA_FLOAT, or
+        CUDNN_DATA_BFLOAT16 / CUDNN_DATA_HALF for a 16-bit multilayer perceptron's activations."""
+        data_type = HALF_FORMATS[tensor.dtype].cudnn_type if tensor.dtype.half else cudnn.DATA_FLOAT
+        return self.context.descriptors.tensor(tensor.shape if shape is None else shape, data_type).handle
+
     def _activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
         context = self.context
-        t, scalar = context.descriptors.tensor(x.shape).handle, context.scalar
+        t, scalar = self._tensor_descriptor(x), context.scalar
         cudnn.activation_forward(context.cudnn.handle, context.descriptors.activation(desc).handle, scalar(alpha), t,
                                  x.data.ptr, scalar(beta), t, y.data.ptr)
 
@@ -309,16 +328,24 @@ class CudaBackend(ArrayProtocols, Backend):
             return
         # dx = alpha·f'(x)·dy + beta·dx
         context = self.context
-        t, scalar = context.descriptors.tensor(x.shape).handle, context.scalar
+        t, scalar = self._tensor_descriptor(x), context.scalar
         cudnn.activation_backward(context.cudnn.handle, context.descriptors.activation(desc).handle, scalar(alpha), t,
                                   y.data.ptr, t, dy.data.ptr, t, x.data.ptr, scalar(beta), t, dx.data.ptr)
 
     def _softmax_forward(self, alpha, x, beta, y) -> None:
-        """Over each sample's c·h·w values: MODE_CHANNEL on an (n, c·h·w, 1, 1) descriptor."""
+        """Over each sample's c·h·w values: MODE_CHANNEL on an (n, c·h·w, 1, 1) descriptor. 16-bit x (a
+        16-bit MLP's logits; y is float32): its values are converted into the cuDNN workspace first
+        (exact, kernels/bf16.cu or fp16.cu), and the softmax runs in float32 from there."""
         context = self.context
         t, scalar = context.descriptors.tensor((x.n, x.sample_size, 1, 1)).handle, context.scalar
+        source = x.data.ptr
+        if x.dtype.half:
+            source = context.workspace(FLOAT32_BYTES * x.size)
+            # x₃₂ = float(x₁₆)
+            context.half.to_float(source, x.data.ptr, 1.0, 0.0, x.size, HALF_FORMATS[x.dtype])
+        # y = alpha·softmax(x) + beta·y
         cudnn.softmax_forward(context.cudnn.handle, cudnn.SOFTMAX_ACCURATE, cudnn.SOFTMAX_MODE_CHANNEL, scalar(alpha), t,
-                              x.data.ptr, scalar(beta), t, y.data.ptr)
+                              source, scalar(beta), t, y.data.ptr)
 
     def _add_tensor(self, alpha, bias, beta, y) -> None:
         """cudnnAddTensor."""
@@ -482,10 +509,14 @@ class CudaBackend(ArrayProtocols, Backend):
 
     def _softmax_cross_entropy(self, logits, target, predict_ptr: int, grad_ptr: int, loss, count, grad_scale: float,
                                loss_scale: float) -> None:
-        """One launch of softmax_cross_entropy_backward; a null (0) predict or grad pointer is not written."""
-        self.context.kernel("softmax_cross_entropy_backward").launch(
-            blocks_for(logits.n * SOFTMAX_GROUP), self._stream, predict_ptr, grad_ptr, loss.data.ptr, count.data.ptr,
-            logits.data.ptr, target.data.ptr, logits.n, logits.sample_size, grad_scale, loss_scale)
+        """One launch of softmax_cross_entropy_backward (its 16-bit twin for a 16-bit MLP's logits); a null (0)
+        predict or grad pointer is not written."""
+        half = logits.dtype.half
+        arguments = (predict_ptr, grad_ptr, loss.data.ptr, count.data.ptr, logits.data.ptr, target.data.ptr, logits.n,
+                     logits.sample_size, grad_scale, loss_scale) + ((HALF_FORMATS[logits.dtype].kernel_code,) if half
+                                                                    else ())
+        kernel = "softmax_cross_entropy_backward16" if half else "softmax_cross_entropy_backward"
+        self.context.kernel(kernel).launch(blocks_for(logits.n * SOFTMAX_GROUP), self._stream, *arguments)
 
     def _sgd_update_many(self, groups, lr, momentum: float, weight_decay: float, loss_scale=None) -> None:
         """The slides' cuBLAS calls on every parameter (optimisers.py: ``sgd_cublas``, or
@@ -580,6 +611,16 @@ class CudaBackend(ArrayProtocols, Backend):
     def _batch_norm_parameters(self, mode, x) -> int:
         """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors."""
         return self.context.descriptors.tensor(batch_norm_parameter_shape("batch normalisation", mode, x)).handle
+
+
+def sgemv_as_gemm(trans, m: int, n: int, incx: int, incy: int) -> tuple[int, int, int, int, int]:
+    """(transa, transb, m, n, k) of the GEMM yᵀ(1 × rows) = alpha·xᵀ(1 × cols)·op(A)ᵀ + beta·yᵀ that computes
+    sgemv(trans, m, n, alpha, A, lda, x, incx, beta, y, incy), its A being x (a 1 × cols matrix of leading
+    dimension incx), its B the sgemv's A (leading dimension lda), its C y (leading dimension incy)."""
+    if incx < 0 or incy < 0:
+        raise UsageError(f"sgemv: a 16-bit A or x takes positive increments, got incx={incx}, incy={incy}")
+    rows, cols = (m, n) if trans == OP_N else (n, m)
+    return OP_N, OP_T if trans == OP_N else OP_N, 1, rows, cols
 
 
 # ---- argument checks (cheap, host-side: a bad size must not become an out-of-bounds access) -----

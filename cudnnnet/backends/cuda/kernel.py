@@ -74,6 +74,15 @@ KERNELS = {
     "activation_bias_backward_x4": ("activation.cu", (c_void_p,) * 3 + (c_int, c_float, c_int, c_int, c_int,
                                                                         c_void_p, c_void_p)),
     "activation_bias_sums": ("activation.cu", (c_void_p, c_void_p, c_int, c_int)),
+    # a 16-bit multilayer perceptron's activations (issue 29): format 1 bfloat16, 2 IEEE half
+    "bias_activation_forward16": ("bias_activation.cu", (c_void_p, c_void_p, c_int, c_int, c_int, c_int, c_float,
+                                                         c_int)),
+    "activation_backward16": ("activation.cu", (c_void_p,) * 4 + (c_int, c_float, c_float, c_float, c_longlong,
+                                                                  c_int)),
+    "activation_bias_backward16": ("activation.cu", (c_void_p,) * 3 + (c_int, c_float, c_int, c_int, c_int,
+                                                                       c_void_p, c_int)),
+    "softmax_cross_entropy_backward16": ("cross_entropy_backward.cu", (c_void_p,) * 6 + (c_longlong, c_int, c_float,
+                                                                                         c_float, c_int)),
     # layers, optimisers and the bf16 math of issue 18
     "to_bf16": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),
     "to_bf16_x4": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),

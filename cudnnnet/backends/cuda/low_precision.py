@@ -1,6 +1,7 @@
-"""The bfloat16 operands of ``math: bf16``: every tensor stays float32 (activations, weights,
-gradients, optimiser state); a GEMM or a convolution reads bfloat16 copies of its inputs, made by
-kernels/bf16.cu, and accumulates in FP32:
+"""The bfloat16 operands of ``math: bf16``: weights, their gradients and optimiser state stay float32,
+and so do the activations of any network but a multilayer perceptron (whose activations are bfloat16
+tensors, read by the GEMMs as they are: ``HalfOperands.operands``); a GEMM or a convolution reads
+bfloat16 copies of its float32 inputs, made by kernels/bf16.cu, and accumulates in FP32:
 
     GEMM         A₁₆ = bf16(A), B₁₆ = bf16(B)          to_bf16
                  C = alpha·op(A₁₆)·op(B₁₆) + beta·C    cublasGemmEx or cublasLtMatmul (A, B CUDA_R_16BF;
@@ -229,11 +230,13 @@ class HalfOperands:
         self.scratch = Bf16Scratch(context)
 
     def operands(self, *operands, output: int = 0, fmt: HalfFormat = BF16) -> list[int]:
-        """The 16-bit addresses of each (tensor, values read) of ``operands``: the pass's copies inside a
-        pass in ``fmt``, else scratch slots converted now to ``fmt``; then, where ``output`` is non-zero,
-        a scratch slot for that many 16-bit results."""
+        """The 16-bit addresses of each (tensor, values read) of ``operands``: a tensor of ``fmt``'s type
+        itself (a 16-bit MLP's activation), else the pass's copy inside a pass in ``fmt``, else a scratch
+        slot converted now to ``fmt``; then, where ``output`` is non-zero, a scratch slot for that many
+        16-bit results."""
         in_pass = self.copies.format == fmt
-        pointers = [self.copies.pointer(tensor.data) if in_pass else None for tensor, _ in operands]
+        pointers = [tensor.data.ptr if tensor.dtype is fmt.dtype else self.copies.pointer(tensor.data) if in_pass
+                    else None for tensor, _ in operands]
         missing = [(tensor.data.ptr, count) for (tensor, count), pointer in zip(operands, pointers) if pointer is None]
         slots = iter(self.scratch.operands(*missing, output=output, fmt=fmt))
         pointers = [next(slots) if pointer is None else pointer for pointer in pointers]

@@ -22,7 +22,8 @@ dimension. The search "heuristic", and a problem first met during a CUDA-graph c
 can be timed there), take cublasSgemm without timing. Every candidate computes the same FP32 (or
 TF32) GEMM, deterministically; they differ in tiling and in how K is split.
 
-Under math "bf16" A and B are bfloat16 (the copies of low_precision.py), C float32, FP32
+Under math "bf16" A and B are bfloat16 (the copies of low_precision.py, or a 16-bit MLP's activations),
+C float32 or, for a 16-bit activation (``c_half``), bfloat16 rounded once from the FP32 sum, FP32
 accumulation: the untimed candidate is cublasGemmEx (cublasGemmStridedBatchedEx for a batch: the
 GEMM convolution's; CUDA_R_16BF operands, CUBLAS_COMPUTE_32F), the cuBLASLt layouts of A and B are
 CUDA_R_16BF, and there is no transposing candidate (cublasSgeam copies float32 only). Math "fp16"
@@ -84,6 +85,12 @@ class GemmProblem:
     stride_c: int = 0
     precision: Precision = FP32
     alignment: tuple = (MAX_ALIGNMENT,) * 3  # bytes that A, B and C's addresses are multiples of (≤ 256)
+    c_half: bool = False  # C holds the operands' 16-bit type (a 16-bit activation), not float32
+
+    @property
+    def c_type(self) -> int:
+        """cudaDataType_t of C: the operands' 16-bit type where ``c_half``, else CUDA_R_32F."""
+        return operand_type_of(self.precision) if self.c_half else cublas.R_32F
 
     @property
     def stored_a(self) -> tuple[int, int]:
@@ -124,6 +131,8 @@ def problem_json(problem: GemmProblem) -> dict:
     """``problem`` as JSON values, its precision by name (a plan file's "math")."""
     values = asdict(problem)
     del values["precision"]
+    if not problem.c_half:  # a float32 C: the key plans stored before 16-bit Cs had
+        del values["c_half"]
     return {**values, "math": problem.precision.name, "alignment": list(problem.alignment)}
 
 
@@ -149,7 +158,7 @@ class LtMatmul:
             for (rows, cols), ld, stride, data_type in (
                     (problem.stored_a, problem.lda, problem.stride_a, operand_type),
                     (problem.stored_b, problem.ldb, problem.stride_b, operand_type),
-                    ((problem.m, problem.n), problem.ldc, problem.stride_c, cublas.R_32F)):
+                    ((problem.m, problem.n), problem.ldc, problem.stride_c, problem.c_type)):
                 self.layouts.append(cublaslt.matrix_layout_create(rows, cols, ld, data_type))
                 if problem.batch > 1:
                     cublaslt.matrix_layout_set_batch(self.layouts[-1], problem.batch, stride)
@@ -260,14 +269,14 @@ class GemmEngine:
             # Cᵢ = alpha·op(A₁₆ᵢ)·op(B₁₆ᵢ) + beta·Cᵢ
             operand_type = operand_type_of(p.precision)
             cublas.gemm_strided_batched_ex(handle, p.transa, p.transb, p.m, p.n, p.k, alpha, a, operand_type, p.lda,
-                                           p.stride_a, b, operand_type, p.ldb, p.stride_b, beta, c, cublas.R_32F, p.ldc,
+                                           p.stride_a, b, operand_type, p.ldb, p.stride_b, beta, c, p.c_type, p.ldc,
                                            p.stride_c, p.batch, cublas.COMPUTE_32F, cublas.GEMM_DEFAULT)
             return
         if p.precision.half:
             # C = alpha·op(A₁₆)·op(B₁₆) + beta·C
             operand_type = operand_type_of(p.precision)
             cublas.gemm_ex(handle, p.transa, p.transb, p.m, p.n, p.k, alpha, a, operand_type, p.lda, b, operand_type,
-                           p.ldb, beta, c, cublas.R_32F, p.ldc, cublas.COMPUTE_32F, cublas.GEMM_DEFAULT)
+                           p.ldb, beta, c, p.c_type, p.ldc, cublas.COMPUTE_32F, cublas.GEMM_DEFAULT)
             return
         if p.batch == 1:
             cublas.sgemm(handle, p.transa, p.transb, p.m, p.n, p.k, alpha, a, p.lda, b, p.ldb, beta, c, p.ldc)

@@ -1,7 +1,8 @@
 """The host backend: the call surface of ``base.Backend`` computed with NumPy, float32 throughout.
 
 Storage is a flat, C-contiguous ``numpy.ndarray``: float32, or a 16-bit tensor's (float16, bfloat16
-as uint16 bits: backends/rounding.py), which only the memory calls take, rounding every value they
+as uint16 bits: backends/rounding.py), which the memory calls and the verbs of a 16-bit multilayer
+perceptron take (widening.py: computed in float32 from the stored values), rounding every value they
 write to nearest even as the GPU does. BLAS calls read column-major matrices
 out of those flat buffers through strided views, so leading dimensions, transposes and in-place
 ``beta`` blending behave as in cuBLAS. Convolution is im2col + one GEMM per call, with images
@@ -36,6 +37,7 @@ from ..base import Backend
 from ..descriptors import ActivationDescriptor, ActivationMode, ConvolutionDescriptor, PoolingDescriptor, PoolingMode
 from ..rounding import from_storage, round_to_bf16, round_to_fp16, to_storage
 from . import batch_norm
+from .widening import widened
 
 log = logging.getLogger(__name__)
 
@@ -307,12 +309,14 @@ class HostBackend(Backend):
         return storage[offset : offset + size]
 
     # ---- cuBLAS -------------------------------------------------------------------------------
+    @widened
     def _sgemm(self, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc) -> None:
         """C(m×n) = alpha·op(A)(m×k)·op(B)(k×n) + beta·C, column-major with leading dimensions."""
         op_a = self._operand(_op_matrix(A.data, transa, m, k, lda))
         op_b = self._operand(_op_matrix(B.data, transb, k, n, ldb))
         _blend(_matrix(C.data, m, n, ldc), op_a @ op_b, _scalar(alpha), _scalar(beta))
 
+    @widened
     def _sgemv(self, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) -> None:
         """y = alpha·op(A)·x + beta·y, A m×n column-major; len(x), len(y) = (n, m) or (m, n) if OP_T."""
         rows, cols = (m, n) if trans == OP_N else (n, m)  # op(A), stored m×n either way
@@ -333,15 +337,18 @@ class HostBackend(Backend):
         _vector(y.data, n, incy)[...] = _vector(x.data, n, incx)
 
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
+    @widened
     def _activation_forward(self, desc: ActivationDescriptor, alpha, x, beta, y) -> None:
         """y = alpha·f(x) + beta·y."""
         _blend(_nd(y), _lookup(_ACTIVATIONS, desc.mode, "activation")(_nd(x), desc.coef), alpha, beta)
 
+    @widened
     def _activation_backward(self, desc: ActivationDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """dx = alpha·f'(x)·dy + beta·dx."""
         gradient = _lookup(_GRADIENTS, desc.mode, "activation")
         _blend(_nd(dx), gradient(_nd(x), _nd(y), _nd(dy), desc.coef), alpha, beta)
 
+    @widened
     def _softmax_forward(self, alpha, x, beta, y) -> None:
         """y = alpha·softmax(x over each sample's c·h·w values) + beta·y, shifted by the max."""
         _blend(_rows(y), _softmax_rows(_rows(x)), alpha, beta)
@@ -463,12 +470,14 @@ class HostBackend(Backend):
         p -= F32(_scalar(lr)) * g
 
     # ---- fused calls: on the host, the unfused formulas in one call -------------------------------
+    @widened
     def _bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
         values = _nd(y)
         values += _nd(bias).reshape(1, y.c, 1, 1)
         if desc is not None:
             values[...] = _lookup(_ACTIVATIONS, desc.mode, "activation")(values, desc.coef)
 
+    @widened
     def _activation_bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db) -> None:
         self.activation_backward(desc, 1.0, y, dy, y, 0.0, dx)
         db.data[: db.size] = _nd(dx).reshape(dx.n, dx.c).sum(axis=0, dtype=F32)
@@ -481,11 +490,13 @@ class HostBackend(Backend):
         self.cross_entropy_loss(predict, target, loss, accumulate=True)
         self.accuracy_count(predict, target, count, accumulate=True)
 
+    @widened
     def _softmax_cross_entropy_backward(self, logits, target, predict, grad, loss, count) -> None:
         """predict = softmax(logits), then ``cross_entropy_backward`` from it."""
         self.softmax_forward(1.0, logits, 0.0, predict)
         self.cross_entropy_backward(predict, target, grad, loss, count)
 
+    @widened
     def _softmax_cross_entropy_metrics(self, logits, target, loss, count, loss_scale) -> None:
         """ŷ = softmax(logits) (not kept);  loss[0] += loss_scale·(-Σ target·log(max(ŷ, 1e-7)));  count[0] += hits."""
         predict, y = _softmax_rows(_rows(logits)), _rows(target)

@@ -72,6 +72,33 @@ __device__ void backward_x4(float4* dx, const float4* __restrict__ x, const floa
     }
 }
 
+// activation_backward16: x, y, dy and dx 16-bit (a 16-bit multilayer perceptron's, format 1 bfloat16
+// or 2 IEEE half), g computed in float from their stored values and dx rounded once; one value a thread.
+template <int MODE>
+__device__ void backward16(unsigned short* dx, const unsigned short* __restrict__ x,
+                           const unsigned short* __restrict__ y, const unsigned short* __restrict__ dy, float coef,
+                           float alpha, float beta, long long count, int format) {
+    for (long long i = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x; i < count; i += (long long)gridDim.x * BLOCK_SIZE) {
+        const float value = blended<MODE>(reads_x(MODE) ? half_value(x[i], format) : 0.f,
+                                          reads_y(MODE) ? half_value(y[i], format) : 0.f, half_value(dy[i], format),
+                                          beta == 0.f ? 0.f : half_value(dx[i], format), coef, alpha, beta);
+        dx[i] = half_bits(value, format);
+    }
+}
+
+extern "C" __global__ void activation_backward16(unsigned short* dx, const unsigned short* __restrict__ x,
+                                                 const unsigned short* __restrict__ y,
+                                                 const unsigned short* __restrict__ dy, int mode, float coef,
+                                                 float alpha, float beta, long long count, int format) {
+    switch (mode) {
+        case 0: backward16<0>(dx, x, y, dy, coef, alpha, beta, count, format); break;
+        case 1: backward16<1>(dx, x, y, dy, coef, alpha, beta, count, format); break;
+        case 2: backward16<2>(dx, x, y, dy, coef, alpha, beta, count, format); break;
+        case 3: backward16<3>(dx, x, y, dy, coef, alpha, beta, count, format); break;
+        default: backward16<4>(dx, x, y, dy, coef, alpha, beta, count, format); break;
+    }
+}
+
 extern "C" __global__ void activation_backward(float* dx, const float* __restrict__ x, const float* __restrict__ y,
                                                const float* __restrict__ dy, int mode, float coef, float alpha,
                                                float beta, long long count, unsigned short* dx16) {
@@ -187,6 +214,51 @@ extern "C" __global__ void activation_bias_backward_x4(float4* dx, const float4*
                                                        int samples, int columns, int slab_rows, float4* partial,
                                                        uint2* dx16) {
     SUMMED_MODES(float4, uint2, make_float4(0.f, 0.f, 0.f, 0.f))
+}
+
+// activation_bias_backward16: y, dy and dx 16-bit (format 1 bfloat16, 2 IEEE half), one channel a
+// thread, as above: dx = f'(y)·dy computed in float and stored rounded once; the partial sums add
+// the float values before their rounding, as the host's oracle does.
+template <int MODE>
+__device__ void backward_summed16(unsigned short* __restrict__ dx, const unsigned short* __restrict__ y,
+                                  const unsigned short* __restrict__ dy, float coef, int samples, int columns,
+                                  int slab_rows, float* __restrict__ partial, int format) {
+    const int column_blocks = (columns + BLOCK_SIZE - 1) / BLOCK_SIZE;
+    const int c = (blockIdx.x % column_blocks) * BLOCK_SIZE + threadIdx.x;
+    const int slab = blockIdx.x / column_blocks;
+    if (c >= columns) return;
+    const int first = slab * slab_rows, last = min(samples, first + slab_rows);
+    float sum = 0.f;
+    for (int n = first; n < last; n += ROWS_AHEAD) {
+        unsigned short ys[ROWS_AHEAD], gs[ROWS_AHEAD];
+#pragma unroll
+        for (int k = 0; k < ROWS_AHEAD; ++k) {
+            const long long i = (long long)(n + k) * columns + c;
+            ys[k] = n + k < last ? y[i] : 0;
+            gs[k] = n + k < last ? dy[i] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < ROWS_AHEAD; ++k) {
+            if (n + k >= last) break;
+            const float value = grad<MODE>(half_value(ys[k], format), half_value(gs[k], format), coef);
+            dx[(long long)(n + k) * columns + c] = half_bits(value, format);
+            sum = __fadd_rn(sum, value);
+        }
+    }
+    partial[(long long)slab * columns + c] = sum;
+}
+
+extern "C" __global__ void activation_bias_backward16(unsigned short* dx, const unsigned short* __restrict__ y,
+                                                      const unsigned short* __restrict__ dy, int mode, float coef,
+                                                      int samples, int columns, int slab_rows, float* partial,
+                                                      int format) {
+    switch (mode) {
+        case 0: backward_summed16<0>(dx, y, dy, coef, samples, columns, slab_rows, partial, format); break;
+        case 1: backward_summed16<1>(dx, y, dy, coef, samples, columns, slab_rows, partial, format); break;
+        case 2: backward_summed16<2>(dx, y, dy, coef, samples, columns, slab_rows, partial, format); break;
+        case 3: backward_summed16<3>(dx, y, dy, coef, samples, columns, slab_rows, partial, format); break;
+        default: backward_summed16<4>(dx, y, dy, coef, samples, columns, slab_rows, partial, format); break;
+    }
 }
 
 // db[c] = Σ_s partial[s][c]. A block takes 32 channels (a warp's run of a row) with BLOCK_SIZE / 32

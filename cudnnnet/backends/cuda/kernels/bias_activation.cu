@@ -8,6 +8,8 @@
 // GEMM or convolution reads y, y16 (else null) receives bf16(y) too, rounded as kernels/bf16.cu's
 // to_bf16 rounds, so that no conversion pass reads y again.
 //   y (N, C, H, W), b (C), positions = H·W, y16 like y
+// bias_activation_forward16 takes a 16-bit y (a 16-bit multilayer perceptron's activation, format 1
+// bfloat16 or 2 IEEE half): f(y + b) computed in float from y's stored value, rounded once.
 
 #include "half.cuh"  // bf16_bits: the rounding of bf16.cu's to_bf16
 
@@ -79,5 +81,13 @@ extern "C" __global__ void bias_activation_forward_dense4(float4* y, const float
             y16[i] = make_uint2(bf16_bits(value.x) | (bf16_bits(value.y) << 16),
                                 bf16_bits(value.z) | (bf16_bits(value.w) << 16));
         }
+    }
+}
+
+extern "C" __global__ void bias_activation_forward16(unsigned short* y, const float* b, int count, int channels,
+                                                     int positions, int mode, float coef, int format) {
+    for (int i = blockIdx.x * BLOCK_SIZE + threadIdx.x; i < count; i += gridDim.x * BLOCK_SIZE) {
+        const float value = half_value(y[i], format) + b[(i / positions) % channels];
+        y[i] = half_bits(activation(value, mode, coef), format);
     }
 }

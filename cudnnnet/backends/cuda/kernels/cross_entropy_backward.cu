@@ -83,7 +83,10 @@ extern "C" __global__ void cross_entropy_backward(float* grad, float* loss, floa
 // within the group. A warp takes WARP / GROUP samples at a time and its lanes loop together (the
 // shuffles need them all), lanes past the batch holding no classes. The block partials and atomics
 // are those of cross_entropy_backward. A NaN logit makes its row NaN (its sum is NaN), and so the
-// loss, as in the unfused path; such a row's hit may count differently.
+// loss, as in the unfused path; such a row's hit may count differently. softmax_cross_entropy_backward16
+// reads 16-bit logits (a 16-bit multilayer perceptron's) and computes in float from their values.
+
+#include "half.cuh"  // half_value: a 16-bit logit's float
 
 #define WARP 32
 #define GROUP 16  // lanes per sample: MNIST's 10 classes in one load each
@@ -113,10 +116,17 @@ __device__ int group_argmax(float value, int index) {
     return index;
 }
 
-extern "C" __global__ void softmax_cross_entropy_backward(float* __restrict__ predict, float* __restrict__ grad,
-                                                          float* loss, float* count, const float* __restrict__ logits,
-                                                          const float* __restrict__ target, long long batch,
-                                                          int classes, float grad_scale, float loss_scale) {
+// The logit at i: float32 (FORMAT 0), or a 16-bit multilayer perceptron's (1 bfloat16, 2 IEEE half), exact.
+template <int FORMAT>
+__device__ __forceinline__ float logit_at(const void* __restrict__ logits, long long i) {
+    if (FORMAT == 0) return static_cast<const float*>(logits)[i];
+    return half_value(static_cast<const unsigned short*>(logits)[i], FORMAT);
+}
+
+template <int FORMAT>
+__device__ void softmax_cross_entropy(float* __restrict__ predict, float* __restrict__ grad, float* loss, float* count,
+                                      const void* __restrict__ logits, const float* __restrict__ target,
+                                      long long batch, int classes, float grad_scale, float loss_scale) {
     const float minus_infinity = __int_as_float(0xff800000);
     const int lane = threadIdx.x % GROUP, group_in_warp = (threadIdx.x % WARP) / GROUP;
     const long long warp = first_index() / WARP, warps = grid_stride() / WARP;
@@ -124,18 +134,18 @@ extern "C" __global__ void softmax_cross_entropy_backward(float* __restrict__ pr
     for (long long first = warp * (WARP / GROUP); first < batch; first += warps * (WARP / GROUP)) {
         const long long n = first + group_in_warp;
         const int own = n < batch ? classes : 0;  // past the batch: no classes, but the shuffles still run
-        const float* x = logits + n * classes;
-        const float* t = target + n * classes;
+        const long long row = n * classes;
+        const float* t = target + row;
         float top = minus_infinity;
-        for (int c = lane; c < own; c += GROUP) top = fmaxf(top, x[c]);
+        for (int c = lane; c < own; c += GROUP) top = fmaxf(top, logit_at<FORMAT>(logits, row + c));
         top = group_max(top);
         float total = 0.f;
-        for (int c = lane; c < own; c += GROUP) total += expf(x[c] - top);
+        for (int c = lane; c < own; c += GROUP) total += expf(logit_at<FORMAT>(logits, row + c) - top);
         total = group_sum(total);
         float best_p = minus_infinity, best_t = minus_infinity;
         int best_p_class = classes, best_t_class = classes;
         for (int c = lane; c < own; c += GROUP) {
-            const float p = expf(x[c] - top) / total;
+            const float p = expf(logit_at<FORMAT>(logits, row + c) - top) / total;
             if (predict) predict[n * classes + c] = p;
             if (grad) grad[n * classes + c] = (p - t[c]) * grad_scale;
             sums.loss += t[c] * log_at_least(p, 1e-7f);
@@ -156,4 +166,24 @@ extern "C" __global__ void softmax_cross_entropy_backward(float* __restrict__ pr
         atomicAdd(loss, -loss_scale * block_total.loss);
         atomicAdd(count, block_total.hits);
     }
+}
+
+extern "C" __global__ void softmax_cross_entropy_backward(float* __restrict__ predict, float* __restrict__ grad,
+                                                          float* loss, float* count, const float* __restrict__ logits,
+                                                          const float* __restrict__ target, long long batch,
+                                                          int classes, float grad_scale, float loss_scale) {
+    softmax_cross_entropy<0>(predict, grad, loss, count, logits, target, batch, classes, grad_scale, loss_scale);
+}
+
+// The same from 16-bit logits of ``format`` (1 bfloat16, 2 IEEE half); predict and grad float32.
+extern "C" __global__ void softmax_cross_entropy_backward16(float* __restrict__ predict, float* __restrict__ grad,
+                                                            float* loss, float* count,
+                                                            const unsigned short* __restrict__ logits,
+                                                            const float* __restrict__ target, long long batch,
+                                                            int classes, float grad_scale, float loss_scale,
+                                                            int format) {
+    if (format == 1)
+        softmax_cross_entropy<1>(predict, grad, loss, count, logits, target, batch, classes, grad_scale, loss_scale);
+    else
+        softmax_cross_entropy<2>(predict, grad, loss, count, logits, target, batch, classes, grad_scale, loss_scale);
 }

@@ -9,6 +9,8 @@
 //   fp16_bits:   the nearest IEEE half, ties to even (PTX cvt.rn.f16.f32): past 65504 (rounding up
 //                from 65520) ±infinity, subnormal halves kept, a NaN stays a NaN.
 //   fp16_value:  the float of a half's bits (cvt.f32.f16), exact.
+//   half_value, half_bits: a 16-bit activation's value and rounding by its format (HalfFormat.kernel_code
+//                in low_precision.py): 1 bfloat16, 2 IEEE half.
 
 __device__ __forceinline__ unsigned int bf16_bits(float value) {
     const unsigned int bits = __float_as_uint(value);
@@ -26,4 +28,12 @@ __device__ __forceinline__ float fp16_value(unsigned short half) {
     float value;
     asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(half));
     return value;
+}
+
+__device__ __forceinline__ float half_value(unsigned short bits, int format) {
+    return format == 1 ? __uint_as_float((unsigned int)bits << 16) : fp16_value(bits);
+}
+
+__device__ __forceinline__ unsigned short half_bits(float value, int format) {
+    return (unsigned short)(format == 1 ? bf16_bits(value) : fp16_bits(value));
 }
