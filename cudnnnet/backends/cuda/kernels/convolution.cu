@@ -17,12 +17,7 @@ __device__ int grid_stride() { return gridDim.x * BLOCK_SIZE; }
 #define FORMAT_BF16 1
 #define FORMAT_FP16 2
 
-#include "half.cuh"  // bf16_bits, fp16_bits, fp16_value: the roundings of bf16.cu and fp16.cu
-
-// The 16 bits of ``value`` in ``format`` (1 or 2).
-__device__ __forceinline__ unsigned short half_bits(float value, int format) {
-    return (unsigned short)(format == FORMAT_BF16 ? bf16_bits(value) : fp16_bits(value));
-}
+#include "half.cuh"  // bf16_bits, fp16_bits, fp16_value, half_bits: the roundings of bf16.cu and fp16.cu
 
 // ``value`` rounded to ``format`` (0: unchanged), as a float.
 __device__ __forceinline__ float rounded(float value, int format) {
