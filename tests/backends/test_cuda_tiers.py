@@ -48,3 +48,33 @@ def test_the_backend_names_the_cudnn_handle_and_descriptors_through_its_context_
     aliases = {node.attr for node in ast.walk(ast.parse(source))
                if isinstance(node, ast.Attribute) and node.attr in ("_cudnn", "_descriptors")}
     assert aliases == set()
+
+
+# ---- releases held back during a capture ------------------------------------------------------------
+def test_a_release_asked_for_inside_releases_held_back_is_made_at_the_outermost_block_s_end():
+    from cudnnnet.backends.cuda.handles import Owned, releases_held_back
+
+    released = []
+    with releases_held_back():
+        owned = Owned(7, released.append)
+        del owned  # its last reference: the finalizer asks for the release now
+        with releases_held_back():
+            Owned(8, released.append).close()
+        assert released == []
+    assert released == [7, 8]
+    Owned(9, released.append).close()
+    assert released == [7, 8, 9]
+
+
+def test_a_release_held_back_that_fails_leaves_the_others_to_run():
+    from cudnnnet.backends.cuda.handles import Owned, releases_held_back
+
+    released = []
+
+    def broken(handle):
+        raise RuntimeError("library unloaded")
+
+    with releases_held_back():
+        Owned(1, broken).close()
+        Owned(2, released.append).close()
+    assert released == [2]

@@ -28,7 +28,7 @@ from .bindings import cublas, cublaslt, cudnn, nvrtc, runtime
 from .bindings.loader import load_library
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .descriptors import DescriptorCache
-from .handles import CublasHandle, CublasLtHandle, CudaGraph, CudnnHandle, Event, Stream
+from .handles import CublasHandle, CublasLtHandle, CudaGraph, CudnnHandle, Event, Stream, releases_held_back
 from .kernel import KERNELS, Kernel, load_module
 from .low_precision import HalfOperands
 
@@ -252,20 +252,22 @@ class CudaContext:
 
         Plans, workspaces and kernels must exist before (run one step first): nothing may be
         allocated or freed during a capture, so Python's cycle collector (which could free a
-        buffer) is paused for the block.
+        buffer) is paused for the block, and a buffer or handle whose last reference goes inside it
+        is released at its end (``releases_held_back``).
         """
         self.finish_warm_up()
         graph = CudaGraph(self.stream)
         collecting = gc.isenabled()
         gc.disable()
         try:
-            graph.begin()
-            try:
-                yield graph
-            except BaseException:
-                graph.abandon()
-                raise
-            graph.end()
+            with releases_held_back():
+                graph.begin()
+                try:
+                    yield graph
+                except BaseException:
+                    graph.abandon()
+                    raise
+                graph.end()
         finally:
             if collecting:
                 gc.enable()

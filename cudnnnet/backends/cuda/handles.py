@@ -7,6 +7,7 @@ then, and the libraries may already be unloading) and never raise.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 
@@ -23,7 +24,32 @@ def release_when_collected(owner, release, *args) -> weakref.finalize:
     return finalizer
 
 
+_held_back: list | None = None  # the releases asked for inside ``releases_held_back``, made at its end
+
+
+@contextlib.contextmanager
+def releases_held_back():
+    """Make every release asked for in this block (a buffer's cudaFree, a handle's destroy) at its end
+    instead: a CUDA graph capture is invalidated by such a call, yet an object's last reference may
+    go inside one (a layer's ``input`` replaced, and with it the last evaluation batch's view, whose
+    bfloat16 copy then goes too). Nested blocks release at the outermost one's end."""
+    global _held_back
+    if _held_back is not None:
+        yield
+        return
+    _held_back = []
+    try:
+        yield
+    finally:
+        held, _held_back = _held_back, None
+        for release, args in held:
+            _release_quietly(release, *args)
+
+
 def _release_quietly(release, *args) -> None:
+    if _held_back is not None:
+        _held_back.append((release, args))
+        return
     try:
         release(*args)
     except Exception as error:  # a library unloading at shutdown, or a context already torn down
