@@ -20,7 +20,7 @@ from cudnnnet.backends.cuda import matmul
 from cudnnnet.backends.cuda.bindings import cublas, cublaslt
 from cudnnnet.backends.cuda.matmul import GemmChoice, GemmEngine, GemmKey, GemmProblem
 from cudnnnet.errors import CublasError, OutOfMemoryError
-from cudnnnet.precision import TF32
+from cudnnnet.precision import BF16, TF32
 from hostile_files import plant, within
 
 PROBLEM = GemmProblem(OP_N, OP_N, 500, 256, 10, 500, 10, 500)  # the MLP's last dx: C = dy·W (NN)
@@ -483,3 +483,18 @@ def test_a_stored_cublaslt_algorithm_runs_on_the_gpu_without_a_search(cuda, cach
     assert bindings.calls["cublasLtMatmulAlgoGetHeuristic"] == 0
     assert cached == (False, algo, 1.0) and bindings.calls["cublasLtMatmul"] == 1
     assert_close(from_disk, expected, cuda.math)
+
+
+@pytest.mark.parametrize("c_half, masked", [(True, True), (False, False)])
+def test_the_heuristic_of_a_16_bit_c_is_asked_for_no_split_k_summed_in_16_bits(monkeypatch, c_half, masked):
+    """cuBLASLt may sum a split K in C's type (CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE); for a 16-bit C
+    that rounds every partial sum, which the host's oracle does not: only INPLACE and COMPUTE_TYPE."""
+    attributes = {}
+    monkeypatch.setattr(cublaslt, "preference_create", lambda *args: 0x100)
+    monkeypatch.setattr(cublaslt, "preference_destroy", lambda *args: None)
+    monkeypatch.setattr(cublaslt, "preference_set_uint32", lambda pref, attribute, value: attributes.update({attribute: value}))
+    monkeypatch.setattr(cublaslt, "algo_get_heuristic", lambda *args: [])
+    problem = matmul.GemmProblem(OP_T, OP_N, 8, 8, 4096, 4096, 4096, 8, precision=BF16, c_half=c_half)
+    lt = SimpleNamespace(desc=0x1, layouts=[0x2, 0x3, 0x4])
+    matmul.LtMatmul.algorithms(lt, 0x5, 1 << 20, problem)
+    assert attributes.get(cublaslt.PREF_REDUCTION_SCHEME_MASK) == (0x3 if masked else None)

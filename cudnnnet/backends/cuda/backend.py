@@ -19,7 +19,9 @@ in cuDNN's BFLOAT16_CONFIG with CUDNN_TENSOR_OP_MATH, on bfloat16 copies of the 
 with FP32 accumulation (low_precision.py); "fp16" does the same on IEEE half copies (CUDA_R_16F,
 cuDNN's PSEUDO_HALF_CONFIG); the other calls stay float32. A 16-bit multilayer perceptron's
 activations are 16-bit tensors: its GEMMs read them as they are and write a 16-bit C (cublasGemmEx or
-cuBLASLt, rounded once from the FP32 sum), sgemv becomes that GEMM, cuDNN's activation calls take
+cuBLASLt, rounded once from the FP32 sum: under bf16 and fp16 cuBLAS runs with
+CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION, and cuBLASLt's algorithms of a 16-bit C are asked
+for without the reduction scheme that sums a split K in C's type), sgemv becomes that GEMM, cuDNN's activation calls take
 16-bit descriptors, the softmax converts its 16-bit logits to float32 (in the cuDNN workspace)
 first, and the fast engine's kernels have 16-bit twins (``*16``). Plans made before ``set_math``
 keep their math type.
@@ -60,8 +62,8 @@ from .optimisers import CudaOptimisers, check_device_scalar
 MATH_MODES = {
     FP32: (cublas.DEFAULT_MATH, cudnn.FMA_MATH),
     TF32: (cublas.TF32_TENSOR_OP_MATH, cudnn.TENSOR_OP_MATH_ALLOW_CONVERSION),
-    BF16: (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
-    FP16: (cublas.DEFAULT_MATH, cudnn.TENSOR_OP_MATH),
+    BF16: (cublas.DEFAULT_MATH | cublas.DISALLOW_REDUCED_PRECISION_REDUCTION, cudnn.TENSOR_OP_MATH),
+    FP16: (cublas.DEFAULT_MATH | cublas.DISALLOW_REDUCED_PRECISION_REDUCTION, cudnn.TENSOR_OP_MATH),
 }
 SOFTMAX_GROUP = 16  # lanes per sample in softmax_cross_entropy_backward (GROUP there)
 

@@ -60,7 +60,7 @@ MARGIN = 0.98  # a cuBLASLt algorithm replaces cublasSgemm when it takes under 9
 OPERAND_TYPES = {BFLOAT16: cublas.R_16BF, FLOAT16: cublas.R_16F}  # Precision.operand_dtype -> cudaDataType_t of A, B
 MAX_ALIGNMENT = 256  # bytes: cuBLASLt's default minimum alignment of every operand
 TRANSPOSE_LIMIT_BYTES = 1 << 30  # the most scratch the transposing candidate may take
-GEMM_PLAN_FORMAT = 1  # raise when what a plan file holds, or how a plan is chosen, changes
+GEMM_PLAN_FORMAT = 2  # raise when what a plan file holds, or how a plan is chosen, changes
 GEMM_FIELDS = {"sgemm": {"candidate", "microseconds"}, "transposed": {"candidate", "microseconds"},
                "lt": {"candidate", "microseconds", "algo"}}  # what a plan file's choice holds, by candidate
 ALGO_BYTES = ctypes.sizeof(cublaslt.MatmulAlgo)  # cublasLtMatmulAlgo_t: 64 opaque bytes
@@ -172,6 +172,9 @@ class LtMatmul:
         try:
             for attribute, value in zip(cublaslt.PREF_MIN_ALIGNMENT, (*problem.alignment, problem.alignment[2])):
                 cublaslt.preference_set_uint32(preference, attribute, value)
+            if problem.c_half:  # a split K is summed in FP32, as the host's oracle sums, never in C's 16 bits
+                cublaslt.preference_set_uint32(preference, cublaslt.PREF_REDUCTION_SCHEME_MASK,
+                                               cublaslt.REDUCTION_SCHEMES_IN_COMPUTE_TYPE)
             a, b, c = self.layouts
             return cublaslt.algo_get_heuristic(handle, self.desc, a, b, c, c, preference, CANDIDATES)
         finally:

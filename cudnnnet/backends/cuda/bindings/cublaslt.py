@@ -26,6 +26,8 @@ LAYOUT_BATCH_COUNT = 5
 LAYOUT_STRIDED_BATCH_OFFSET = 6
 # cublasLtMatmulPreferenceAttributes_t
 PREF_MAX_WORKSPACE_BYTES = 1
+PREF_REDUCTION_SCHEME_MASK = 3
+REDUCTION_SCHEMES_IN_COMPUTE_TYPE = 0x3  # INPLACE | COMPUTE_TYPE: never a split-K sum in a 16-bit output type
 PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # of A, B, C and D, in bytes
 
 
