@@ -2,7 +2,6 @@
 ``--gpus 1``) and two or more (skipped below that)."""
 
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from cudnnnet.config.schema import load_config
 from cudnnnet.train.outputs import checkpoint_to_resume
 from cudnnnet.config.shipped import resolve_config
 from cudnnnet.train.trainer import Trainer
+from rank_processes import run_ranks
 from run_helpers import REPO_ROOT
 
 pytestmark = pytest.mark.gpu
@@ -93,7 +93,7 @@ def test_gpus_1_trains_end_to_end(one_gpu, mnist_dir, tmp_path):
 BATCH = 32
 
 
-def _rank_weights(rank, port, mnist_dir, output, results):
+def _rank_weights(rank, port, mnist_dir, output):
     """One step of batch BATCH on GPU ``rank`` of two, over the first 2·BATCH images; rank 0 sends its weights."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
     os.environ["NCCL_NVLS_ENABLE"] = "0"
@@ -105,22 +105,14 @@ def _rank_weights(rank, port, mnist_dir, output, results):
     group = distributed.join(distributed.Launch(rank, 2, 0, "127.0.0.1", port, "torchrun"), config)
     trainer = Trainer(config, output, progress=False, image_limit=2 * BATCH, group=group)
     trainer.run()
-    results.put((rank, _weights(trainer)))
+    return _weights(trainer)
 
 
 def test_one_step_on_two_gpus_equals_one_step_of_the_double_batch_on_one(mnist_dir, tmp_path):
     two_gpus()
     from cudnnnet.train.distributed.launcher import free_port
 
-    context = multiprocessing.get_context("spawn")
-    results, port = context.Queue(), free_port()
-    processes = [context.Process(target=_rank_weights, args=(rank, port, mnist_dir, tmp_path / "two", results))
-                 for rank in range(2)]
-    for process in processes:
-        process.start()
-    weights = dict(results.get(timeout=600) for _ in processes)
-    for process in processes:
-        process.join(60)
+    weights = run_ranks(_rank_weights, 2, (free_port(), mnist_dir, tmp_path / "two"))
     single = Trainer(_config("mnist_cnn", mnist_dir, steps=1, batch_size=2 * BATCH), tmp_path / "one",
                      progress=False, image_limit=2 * BATCH)
     single.run()

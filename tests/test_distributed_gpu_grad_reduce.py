@@ -1,7 +1,6 @@
 """train.grad_reduce: bf16 on two GPUs: the gradient buckets averaged in bfloat16 (inside the captured
 step) reach weights close to, and not the same as, the float32 reduction's."""
 
-import multiprocessing
 import os
 
 import numpy as np
@@ -10,6 +9,7 @@ import pytest
 from cudnnnet.train.distributed import replicas as distributed
 from cudnnnet.config.schema import parse_config
 from cudnnnet.train.trainer import Trainer
+from rank_processes import run_ranks
 from test_distributed_gpu import _config, _weights, gpu_count
 
 pytestmark = pytest.mark.gpu
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 BATCH, STEPS = 64, 6  # the steps after the first two replay the captured graph
 
 
-def _rank_weights(rank, port, mnist_dir, output, grad_reduce, results):
+def _rank_weights(rank, port, mnist_dir, output, grad_reduce):
     os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     raw = _config("mnist_cnn", mnist_dir, steps=STEPS, batch_size=BATCH, engine="fast").to_dict()
@@ -26,21 +26,13 @@ def _rank_weights(rank, port, mnist_dir, output, grad_reduce, results):
     group = distributed.join(distributed.Launch(rank, 2, 0, "127.0.0.1", port, "torchrun"), config)
     trainer = Trainer(config, output, progress=False, image_limit=2 * BATCH * STEPS, group=group)
     trainer.run()
-    results.put((rank, _weights(trainer)))
+    return _weights(trainer)
 
 
 def _two_gpu_weights(mnist_dir, output, grad_reduce):
     from cudnnnet.train.distributed.launcher import free_port
 
-    context = multiprocessing.get_context("spawn")
-    results, port = context.Queue(), free_port()
-    processes = [context.Process(target=_rank_weights, args=(rank, port, mnist_dir, output, grad_reduce, results))
-                 for rank in range(2)]
-    for process in processes:
-        process.start()
-    weights = dict(results.get(timeout=600) for _ in processes)
-    for process in processes:
-        process.join(60)
+    weights = run_ranks(_rank_weights, 2, (free_port(), mnist_dir, output, grad_reduce))
     for name, value in weights[0].items():
         np.testing.assert_array_equal(weights[1][name], value, err_msg=name)  # every rank updates alike
     return weights[0]

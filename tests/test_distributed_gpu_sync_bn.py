@@ -2,7 +2,6 @@
 oracle (the other rank's sums replayed from a host run of two ranks), and two GPUs through NCCL,
 whose steps of batch B each equal steps of 2B on one GPU."""
 
-import multiprocessing
 import os
 
 import numpy as np
@@ -12,6 +11,7 @@ from cudnnnet import Network
 from cudnnnet.train.distributed import replicas as distributed
 from cudnnnet.config.schema import parse_config
 from cudnnnet.train.trainer import Trainer
+from rank_processes import run_ranks
 from test_distributed_gpu import _config, _weights, gpu_count
 from test_distributed_sync_bn import BATCH, INPUT_SHAPE, ThreadRanks, batch, bn_cnn_model, gradients_and_buffers, network
 
@@ -109,7 +109,7 @@ def _sync_bn_config(mnist_dir, batch_size):
     return parse_config(raw)
 
 
-def _rank_state(rank, port, mnist_dir, output, results):
+def _rank_state(rank, port, mnist_dir, output):
     os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     config = _sync_bn_config(mnist_dir, BATCH)
@@ -117,7 +117,7 @@ def _rank_state(rank, port, mnist_dir, output, results):
     trainer = Trainer(config, output, progress=False, image_limit=2 * BATCH, group=group)
     trainer.run()
     buffers = {name: value.numpy().copy() for name, value in trainer.network.buffers().items()}
-    results.put((rank, {**_weights(trainer), **buffers}))
+    return {**_weights(trainer), **buffers}
 
 
 def test_steps_of_b_on_two_gpus_equal_steps_of_2b_on_one(mnist_dir, tmp_path):
@@ -125,15 +125,7 @@ def test_steps_of_b_on_two_gpus_equal_steps_of_2b_on_one(mnist_dir, tmp_path):
         pytest.skip("needs 2 GPUs of one host")
     from cudnnnet.train.distributed.launcher import free_port
 
-    context = multiprocessing.get_context("spawn")
-    results, port = context.Queue(), free_port()
-    processes = [context.Process(target=_rank_state, args=(rank, port, mnist_dir, tmp_path / "two", results))
-                 for rank in range(2)]
-    for process in processes:
-        process.start()
-    states = dict(results.get(timeout=600) for _ in processes)
-    for process in processes:
-        process.join(60)
+    states = run_ranks(_rank_state, 2, (free_port(), mnist_dir, tmp_path / "two"))
     single = Trainer(_sync_bn_config(mnist_dir, 2 * BATCH), tmp_path / "one", progress=False, image_limit=2 * BATCH)
     single.run()
     expected = {**_weights(single), **{name: value.numpy() for name, value in single.network.buffers().items()}}
