@@ -149,6 +149,16 @@ def test_the_slides_engine_refuses_sync_in_one_line_naming_the_choices():
     assert synchronised_batch_norms(network(sync=False, engine="slides")) == []
 
 
+def test_the_engine_that_counts_is_the_network_s_own():
+    """The Trainer sets the config's engine on the network, not on the backend (whose default stays slides)."""
+    backend = HostBackend()
+    fast = Network.from_spec(bn_cnn_model(sync=True), INPUT_SHAPE, backend=backend, seed=3).set_engine("fast")
+    assert [layer.name for layer in synchronised_batch_norms(fast)] == ["bn1", "bn2", "bn3", "bn4", "bn5"]
+    backend.set_engine("fast")
+    with pytest.raises(ConfigError, match="'bn1'"):
+        synchronised_batch_norms(fast.set_engine("slides"))
+
+
 def test_sync_is_a_config_key_kept_in_the_checkpoint_and_the_model_still_exports(tmp_path):
     config = with_model(bn_cnn_model(sync=True))
     assert all(spec.params.get("sync") is True for spec in config.model if spec.type == "batchnorm")

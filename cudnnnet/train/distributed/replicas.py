@@ -345,7 +345,9 @@ def synchronised_batch_norms(network) -> list:
     from ...layers import BatchNorm
 
     layers = [layer for layer in network.layers if isinstance(layer, BatchNorm) and layer.sync]
-    if layers and not network.backend.engine.batch_norm_kernel:
+    with network.settings():  # the network's own engine, else the backend's in force
+        kernels = network.backend.engine.batch_norm_kernel
+    if layers and not kernels:
         raise ConfigError(f"layer {layers[0].name!r}: sync: true on several GPUs needs engine: fast (the slides "
                           f"engine's cuDNN calls normalise each GPU's batch alone); set engine: fast or sync: false")
     return layers
