@@ -171,6 +171,34 @@ def test_a_16_bit_activation_rounds_f_and_its_gradient_once(backend, engine, mat
     np.testing.assert_allclose(DX.numpy(), round_to(dtype, DX32.numpy()), rtol=tolerance, atol=tolerance * 1e-3)
 
 
+@pytest.mark.parametrize("channels", [24, 12])  # 24: eight values a thread on CUDA (16-byte loads), 12: one
+@pytest.mark.parametrize("mode", ["sigmoid", "tanh"])
+@pytest.mark.parametrize("math", list(HALF_MATHS))
+def test_the_fused_16_bit_bias_activation_and_bias_gradient_are_the_float32_ones_rounded(backend, math, mode,
+                                                                                          channels):
+    """y = f(y + b) and dx = f'(y)·dy of 16-bit y, dy are the float32 calls' results on the same stored
+    values, rounded once; db (float32) sums dx before its rounding, in the float32 call's order."""
+    dtype = HALF_MATHS[math]
+    rng = np.random.default_rng(6)
+    before, dy = (round_to(dtype, rng.standard_normal((37, channels, 1, 1)).astype(np.float32)) for _ in range(2))
+    bias = Tensor.from_numpy(rng.standard_normal((1, channels, 1, 1)).astype(np.float32), backend)
+    desc = ActivationDescriptor(ActivationMode(ACTIVATION_MODES[mode]), 0.0)
+    with backend.using(math=math):
+        y, DY = (Tensor.from_numpy(v, backend, dtype=dtype) for v in (before, dy))
+        dx, db = Tensor(y.shape, backend, dtype=dtype), Tensor(bias.shape, backend)
+        backend.bias_activation_forward(desc, bias, y)
+        backend.activation_bias_backward(desc, y, DY, dx, db)
+    with backend.using(math="fp32"):
+        y32 = Tensor.from_numpy(before, backend)
+        backend.bias_activation_forward(desc, bias, y32)
+        stored_y = Tensor.from_numpy(y.numpy(), backend)
+        dx32, db32 = Tensor(y.shape, backend), Tensor(bias.shape, backend)
+        backend.activation_bias_backward(desc, stored_y, Tensor.from_numpy(dy, backend), dx32, db32)
+    np.testing.assert_array_equal(y.numpy(), round_to(dtype, y32.numpy()))
+    np.testing.assert_array_equal(dx.numpy(), round_to(dtype, dx32.numpy()))
+    np.testing.assert_array_equal(db.numpy(), db32.numpy())
+
+
 # ---- the refusals that remain ---------------------------------------------------------------------------------
 def test_16_bit_tensors_are_refused_where_a_verb_takes_float32_or_another_type(backend):
     x16 = Tensor.from_numpy(np.ones((4, 3, 1, 1), np.float32), backend, dtype=BFLOAT16)
@@ -240,10 +268,15 @@ def fake16(shape, address: int, dtype=BFLOAT16):
                            data=SimpleNamespace(ptr=address, size=size))
 
 
+@pytest.mark.parametrize("channels, forward, summed", [
+    (24, "bias_activation_forward16_dense8", "activation_bias_backward16_x8"),  # C a multiple of 8: 16-byte loads
+    (12, "bias_activation_forward16", "activation_bias_backward16")])
 @pytest.mark.parametrize("dtype, code", [(BFLOAT16, 1), (FLOAT16, 2)])
-def test_the_16_bit_kernels_are_launched_with_their_declared_arguments_and_format(dtype, code):
+def test_the_16_bit_kernels_are_launched_with_their_declared_arguments_and_format(dtype, code, channels, forward,
+                                                                                  summed):
     """Each 16-bit twin gets as many arguments as kernel.KERNELS declares for it (test_kernel_signatures
-    checks those against the .cu files), the last its format: 1 bfloat16, 2 IEEE half."""
+    checks those against the .cu files), the last its format: 1 bfloat16, 2 IEEE half; eight values a
+    thread where C is a multiple of 8."""
     from ctypes import c_float, c_int, c_longlong, c_void_p
 
     from cudnnnet.backends.cuda.activation_kernels import ActivationKernels
@@ -253,8 +286,8 @@ def test_the_16_bit_kernels_are_launched_with_their_declared_arguments_and_forma
     context = LaunchRecorder()
     kernels = ActivationKernels(context)
     relu = ActivationDescriptor(ActivationMode(ACTIVATION_MODES["relu"]), 0.0)
-    y, dy, dx = (fake16((4, 24, 1, 1), address, dtype) for address in (0x1000, 0x2000, 0x3000))
-    bias = fake16((24, 1, 1, 1), 0x4000, FLOAT32)
+    y, dy, dx = (fake16((4, channels, 1, 1), address, dtype) for address in (0x1000, 0x2000, 0x3000))
+    bias = fake16((channels, 1, 1, 1), 0x4000, FLOAT32)
     kernels.bias_forward(relu, bias, y, None)
     kernels.backward(relu, 1.0, y, dy, y, 0.0, dx, None)
     kernels.bias_backward(relu, y, dy, dx, bias, None)
@@ -264,8 +297,7 @@ def test_the_16_bit_kernels_are_launched_with_their_declared_arguments_and_forma
         fake16((1, 1, 1, 1), 0x7000, FLOAT32)
     backend._softmax_cross_entropy(logits, target, 0x8000, 0x9000, scalars, scalars, 0.25, 0.25)
     names = [name for name, _ in context.launches]
-    assert names == ["bias_activation_forward16", "activation_backward16", "activation_bias_backward16",
-                     "softmax_cross_entropy_backward16"]
+    assert names == [forward, "activation_backward16", summed, "softmax_cross_entropy_backward16"]
     python_types = {c_void_p: (int, type(None)), c_int: int, c_longlong: int, c_float: float}
     for name, arguments in context.launches:
         declared = KERNELS[name][1]

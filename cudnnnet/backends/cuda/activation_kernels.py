@@ -3,7 +3,8 @@ activation's backward pass, the bias and activation after a GEMM or convolution 
 activation's backward pass with the Dense layer's bias gradient. Under math "bf16" each also writes the
 bfloat16 copy of its output where the backend passes that copy's address (``*16``, None otherwise).
 A 16-bit multilayer perceptron's activations (16-bit y, dy, dx) take the ``*16`` kernels: computed in
-float from the stored values, one value a thread, each store rounded once."""
+float from the stored values, each store rounded once; eight values a thread (16-byte loads and stores)
+where a Dense layer's C is a multiple of 8 and the operands 16-byte aligned, else one."""
 
 from __future__ import annotations
 
@@ -85,6 +86,13 @@ class ActivationKernels:
         """kernels/bias_activation.cu: y = f(y + bias) in one launch, y read and written once."""
         stream = self.context.stream.handle
         mode, coef = (-1, 0.0) if desc is None else (int(desc.mode), float(desc.coef))
+        if y.dtype.half and y.h * y.w == 1 and y.c % 8 == 0 and (y.data.ptr | bias.data.ptr) % 16 == 0:
+            # y₁₆ = f(y₁₆ + bias)      a Dense layer's y (N, C), eight values a thread (16-byte loads)
+            count8 = y.size // 8
+            blocks = min(-(-count8 // BLOCK_SIZE), MAX_ELEMENTWISE_BLOCKS)
+            self.context.kernel("bias_activation_forward16_dense8").launch(blocks, stream, y.data.ptr, bias.data.ptr,
+                                                                           count8, y.c // 8, mode, coef, _format(y))
+            return
         if y.dtype.half:
             # y₁₆ = f(y₁₆ + bias)
             self.context.kernel("bias_activation_forward16").launch(blocks_for(y.size), stream, y.data.ptr,
@@ -104,15 +112,21 @@ class ActivationKernels:
     def bias_backward(self, desc: ActivationDescriptor, y, dy, dx, db, dx16: int | None) -> None:
         """kernels/activation.cu: dx = f'(y)·dy and each slab of samples' partial sums of dx in one pass
         (with one slab, db itself), then one launch adding the slabs in order. Four channels a thread
-        where C is a multiple of 4 and every float32 operand is 16-byte aligned, else one."""
+        where C is a multiple of 4 and every operand is 16-byte aligned, eight for 16-bit ones where C is a
+        multiple of 8 (``_summed_width``), else one."""
         stream = self.context.stream.handle
         samples, channels = y.n, y.c
-        aligned = channels % 4 == 0 and all(t.data.ptr % 16 == 0 for t in (y, dy, dx, db))
-        width = 4 if aligned and not dx.dtype.half else 1
+        aligned = all(t.data.ptr % 16 == 0 for t in (y, dy, dx, db))
+        width = _summed_width(channels, aligned, dx.dtype.half)
         cut = activation_slabs(samples, channels, width)
         partial = db.data.ptr if cut.slabs == 1 else self._partials().ptr
         pointers = (dx.data.ptr, y.data.ptr, dy.data.ptr)
-        if dx.dtype.half:
+        if width == 8:
+            # dx₁₆ = f'(y₁₆)·dy₁₆,  partial[s] = Σ_{n in slab s} dx[n]      eight channels a thread (16-byte loads)
+            self.context.kernel("activation_bias_backward16_x8").launch(cut.blocks, stream, *pointers, int(desc.mode),
+                                                                        float(desc.coef), samples, channels // 8,
+                                                                        cut.slab_rows, partial, _format(dx))
+        elif dx.dtype.half:
             # dx₁₆ = f'(y₁₆)·dy₁₆,  partial[s] = Σ_{n in slab s} dx[n] (before rounding)
             self.context.kernel("activation_bias_backward16").launch(cut.blocks, stream, *pointers, int(desc.mode),
                                                                      float(desc.coef), samples, channels,
@@ -141,3 +155,11 @@ class ActivationKernels:
 def _format(tensor) -> int:
     """The ``format`` argument of the 16-bit kernels for ``tensor``'s dtype (1 bfloat16, 2 IEEE half)."""
     return HALF_FORMATS[tensor.dtype].kernel_code
+
+
+def _summed_width(channels: int, aligned: bool, half: bool) -> int:
+    """The channels a thread of activation_bias_backward takes: 8 (16-bit, 16-byte loads) or 4 (float4s)
+    where C is a multiple of that and every operand 16-byte aligned, else 1. Each channel is summed in
+    sample order whatever the width, so db has the same bits."""
+    width = 8 if half else 4
+    return width if aligned and channels % width == 0 else 1

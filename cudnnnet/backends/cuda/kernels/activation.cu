@@ -280,3 +280,65 @@ extern "C" __global__ void activation_bias_sums(float* __restrict__ db, const fl
         db[c] = total;
     }
 }
+
+// activation_bias_backward16_x8: as activation_bias_backward16, eight channels a thread (C a multiple
+// of 8; dx, y, dy and partial 16-byte aligned): one 16-byte load of y and of dy and one store of dx a
+// row, eight running sums, each channel's in sample order as in the one-channel kernel (the same bits).
+template <int MODE>
+__device__ __forceinline__ unsigned int gradient_pair(unsigned int y, unsigned int dy, float coef, int format,
+                                                      float& sum_low, float& sum_high) {
+    const float low = grad<MODE>(half_value((unsigned short)(y & 0xffffu), format),
+                                 half_value((unsigned short)(dy & 0xffffu), format), coef);
+    const float high = grad<MODE>(half_value((unsigned short)(y >> 16), format),
+                                  half_value((unsigned short)(dy >> 16), format), coef);
+    sum_low = __fadd_rn(sum_low, low);
+    sum_high = __fadd_rn(sum_high, high);
+    return (unsigned int)half_bits(low, format) | ((unsigned int)half_bits(high, format) << 16);
+}
+
+template <int MODE>
+__device__ void backward_summed16_x8(uint4* __restrict__ dx, const uint4* __restrict__ y,
+                                     const uint4* __restrict__ dy, float coef, int samples, int columns8,
+                                     int slab_rows, float4* __restrict__ partial, int format) {
+    const int column_blocks = (columns8 + BLOCK_SIZE - 1) / BLOCK_SIZE;
+    const int c = (blockIdx.x % column_blocks) * BLOCK_SIZE + threadIdx.x;
+    const int slab = blockIdx.x / column_blocks;
+    if (c >= columns8) return;
+    const int first = slab * slab_rows, last = min(samples, first + slab_rows);
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int n = first; n < last; n += ROWS_AHEAD) {
+        uint4 ys[ROWS_AHEAD], gs[ROWS_AHEAD];
+#pragma unroll
+        for (int k = 0; k < ROWS_AHEAD; ++k) {
+            const long long i = (long long)(n + k) * columns8 + c;
+            ys[k] = n + k < last ? y[i] : zero;
+            gs[k] = n + k < last ? dy[i] : zero;
+        }
+#pragma unroll
+        for (int k = 0; k < ROWS_AHEAD; ++k) {
+            if (n + k >= last) break;
+            dx[(long long)(n + k) * columns8 + c] = make_uint4(
+                gradient_pair<MODE>(ys[k].x, gs[k].x, coef, format, sum[0], sum[1]),
+                gradient_pair<MODE>(ys[k].y, gs[k].y, coef, format, sum[2], sum[3]),
+                gradient_pair<MODE>(ys[k].z, gs[k].z, coef, format, sum[4], sum[5]),
+                gradient_pair<MODE>(ys[k].w, gs[k].w, coef, format, sum[6], sum[7]));
+        }
+    }
+    const long long at = (long long)slab * 2 * columns8 + 2 * c;  // float4s: slab · C / 4 + channel 8c / 4
+    partial[at] = make_float4(sum[0], sum[1], sum[2], sum[3]);
+    partial[at + 1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
+}
+
+extern "C" __global__ void activation_bias_backward16_x8(uint4* dx, const uint4* __restrict__ y,
+                                                         const uint4* __restrict__ dy, int mode, float coef,
+                                                         int samples, int columns8, int slab_rows, float4* partial,
+                                                         int format) {
+    switch (mode) {
+        case 0: backward_summed16_x8<0>(dx, y, dy, coef, samples, columns8, slab_rows, partial, format); break;
+        case 1: backward_summed16_x8<1>(dx, y, dy, coef, samples, columns8, slab_rows, partial, format); break;
+        case 2: backward_summed16_x8<2>(dx, y, dy, coef, samples, columns8, slab_rows, partial, format); break;
+        case 3: backward_summed16_x8<3>(dx, y, dy, coef, samples, columns8, slab_rows, partial, format); break;
+        default: backward_summed16_x8<4>(dx, y, dy, coef, samples, columns8, slab_rows, partial, format); break;
+    }
+}
