@@ -312,7 +312,7 @@ class CudaBackend(ArrayProtocols, Backend):
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
     def _tensor_descriptor(self, tensor, shape=None) -> int:
         """The cuDNN descriptor of ``tensor`` (of ``shape``, default its own): CUDNN_DATA_FLOAT, or
-        CUDNN_DATA_BFLOAT16 / CUDNN_DATA_HALF for a 16-bit multilayer perceptron's activations."""
+        CUDNN_DATA_BFLOAT16 / CUDNN_DATA_HALF for a 16-bit network's activations."""
         data_type = HALF_FORMATS[tensor.dtype].cudnn_type if tensor.dtype.half else cudnn.DATA_FLOAT
         return self.context.descriptors.tensor(tensor.shape if shape is None else shape, data_type).handle
 
@@ -350,11 +350,13 @@ class CudaBackend(ArrayProtocols, Backend):
                               source, scalar(beta), t, y.data.ptr)
 
     def _add_tensor(self, alpha, bias, beta, y) -> None:
-        """cudnnAddTensor."""
+        """cudnnAddTensor; a 16-bit y (a 16-bit CNN's) with the bias's 16-bit copy, as cuDNN takes one data type."""
         context = self.context
-        scalar, descriptors = context.scalar, context.descriptors
-        cudnn.add_tensor(context.cudnn.handle, scalar(alpha), descriptors.tensor(bias.shape).handle, bias.data.ptr,
-                         scalar(beta), descriptors.tensor(y.shape).handle, y.data.ptr)
+        bias_ptr = bias.data.ptr
+        if y.dtype.half:
+            (bias_ptr,) = context.half.operands((bias, bias.size), fmt=HALF_FORMATS[y.dtype])
+        cudnn.add_tensor(context.cudnn.handle, context.scalar(alpha), self._tensor_descriptor(y, bias.shape), bias_ptr,
+                         context.scalar(beta), self._tensor_descriptor(y), y.data.ptr)
 
     # ---- cuDNN: convolution -------------------------------------------------------------------
     def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
@@ -377,9 +379,9 @@ class CudaBackend(ArrayProtocols, Backend):
 
     def _convolution_backward_bias(self, alpha, dy, beta, db) -> None:
         """cudnnConvolutionBackwardBias, in two passes over reshaped views of dy from 32 samples on
-        (see backward_bias.py); in fast mode kernels/channel_sum.cu (see channel_sum.py): one launch,
-        deterministic, no library call."""
-        if self.engine.channel_sum:
+        (see backward_bias.py); in fast mode, and for a 16-bit dy in both, kernels/channel_sum.cu (see
+        channel_sum.py): one launch, deterministic, no library call."""
+        if self.engine.channel_sum or dy.dtype.half:  # cuDNN's takes one data type; db stays float32
             self._channel_sum(alpha, dy, beta, db)
             return
         # db = alpha·Σ_{n,h,w} dy + beta·db      in one call, or two on reshaped views of dy
@@ -390,8 +392,8 @@ class CudaBackend(ArrayProtocols, Backend):
         context = self.context
         scalar, descriptors = context.scalar, context.descriptors
         cudnn.pooling_forward(context.cudnn.handle, descriptors.pooling(desc).handle, scalar(alpha),
-                              descriptors.tensor(x.shape).handle, x.data.ptr, scalar(beta),
-                              descriptors.tensor(y.shape).handle, y.data.ptr)
+                              self._tensor_descriptor(x), x.data.ptr, scalar(beta), self._tensor_descriptor(y),
+                              y.data.ptr)
 
     def _pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnPoolingBackward; in fast mode, max pooling without padding whose windows do not overlap
@@ -402,7 +404,7 @@ class CudaBackend(ArrayProtocols, Backend):
         # dx = alpha·pool'(x, y)·dy + beta·dx
         context = self.context
         scalar, descriptors = context.scalar, context.descriptors
-        ty, tx = descriptors.tensor(y.shape).handle, descriptors.tensor(x.shape).handle
+        ty, tx = self._tensor_descriptor(y), self._tensor_descriptor(x)
         cudnn.pooling_backward(context.cudnn.handle, descriptors.pooling(desc).handle, scalar(alpha), ty, y.data.ptr, ty,
                                dy.data.ptr, tx, x.data.ptr, scalar(beta), tx, dx.data.ptr)
 
