@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from cudnnnet import Network, Tensor
+from cudnnnet.layers import Activation, Conv2D, Dense, GlobalAveragePooling, Pooling, Softmax
+from cudnnnet.precision import BFLOAT16, FLOAT32, get_precision
 from cudnnnet.backends.descriptors import ConvolutionDescriptor, PoolingDescriptor, PoolingMode
 from cudnnnet.backends.rounding import round_to
 from cudnnnet.errors import UsageError
@@ -122,3 +124,129 @@ def test_a_16_bit_convolution_result_takes_no_blend(backend):
             backend.convolution_backward_data(plan, 0.5, w, y, 0.0, x)
     np.testing.assert_array_equal(y.numpy(), 3.0)
     np.testing.assert_array_equal(x.numpy(), 1.0)
+
+
+# ---- networks: which dtype each buffer holds -----------------------------------------------------------------
+def cnn(backend, engine: str, math: str | None, pooling: str = "max") -> Network:
+    """mnist_cnn's layer types (conv, ReLU, pooling, dense, softmax), small, and a global average pooling."""
+    return Network([Conv2D("conv1", 4, 3), Activation("relu1", "relu"), Pooling("pool1", 2, mode=pooling),
+                    Conv2D("conv2", 6, 3, padding=1), GlobalAveragePooling("gap"), Dense("fc", 10),
+                    Softmax("softmax")], backend=backend, engine=engine, math=math)
+
+
+def images(backend, n: int = 8, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 1, 10, 10)).astype(np.float32)
+    target = np.eye(10, dtype=np.float32)[rng.integers(0, 10, n)].reshape(n, 10, 1, 1)
+    return x, Tensor.from_numpy(target, backend)
+
+
+@pytest.mark.parametrize("pooling", ["max", "average"])
+@pytest.mark.parametrize("math", list(HALF_MATHS))
+def test_a_cnn_stores_activations_and_gradients_in_the_maths_16_bits(backend, engine, math, pooling):
+    network = cnn(backend, engine, math, pooling)
+    x, target = images(backend)
+    network.train_step(x, target, 0.1)
+    half = HALF_MATHS[math]
+    assert [(layer.name, layer.output.dtype, layer.grad_input.dtype) for layer in network.layers] == [
+        (layer.name, FLOAT32 if layer.is_loss else half, half) for layer in network.layers]
+    for parameter in network.parameter_list():
+        assert parameter.value.dtype is FLOAT32 and parameter.grad.dtype is FLOAT32
+
+
+def test_the_cnn_activations_take_2_bytes_a_value(host):
+    """A bf16 CNN's activation buffers are half the bytes of the fp32 CNN's."""
+    nbytes = {}
+    for math in ("fp32", "bf16"):
+        network = cnn(host, "slides", math)
+        x, target = images(host, n=16)
+        network.train_step(x, target, 0.1)
+        hidden = network.layers[:-1]
+        assert {layer.output.dtype for layer in hidden} == {get_precision(math).activation_dtype}
+        nbytes[math] = sum(layer.output.nbytes + layer.grad_input.nbytes for layer in hidden)
+    assert nbytes["bf16"] * 2 == nbytes["fp32"]
+
+
+def test_switching_the_math_gives_a_cnn_float32_buffers_back(backend, engine):
+    """fp32 → bf16 → fp32: float32 buffers (the same objects as before) and a plan of the math in force."""
+    network = cnn(backend, engine, "fp32")
+    x, target = images(backend)
+    seen = {}
+    for math in ("fp32", "bf16", "fp32"):
+        network.set_math(math)
+        network.train_step(x, target, 0.1)
+        buffers = [(layer.output, layer.grad_input) for layer in network.layers[:-1]]
+        assert {tensor.dtype for pair in buffers for tensor in pair} == {get_precision(math).activation_dtype}
+        if math in seen:
+            assert all(a is b for pair, earlier in zip(buffers, seen[math]) for a, b in zip(pair, earlier))
+        seen[math] = buffers
+
+
+def test_a_cnn_trained_in_bf16_checkpoints_float32_and_predicts_in_fp32(host, tmp_path):
+    network = cnn(host, "fast", "bf16")
+    x, target = images(host)
+    for _ in range(3):
+        network.train_step(x, target, 0.1)
+    in_bf16 = network.predict(x).numpy()
+    path = network.save(tmp_path / "cnn16.cudnnnet")
+    loaded = Network.load(path, backend=host)
+    assert {value.dtype for value in loaded.state_dict().values()} == {np.dtype(np.float32)}
+    in_fp32 = loaded.set_math("fp32").predict(x).numpy()
+    assert loaded.layers[0].output.dtype is FLOAT32
+    np.testing.assert_allclose(in_fp32, in_bf16, atol=5e-2)
+    assert np.mean(in_fp32.argmax(axis=1) == in_bf16.argmax(axis=1)) >= 0.75
+
+
+def test_a_bf16_cnn_learns_mnist_on_the_host(host, mnist_dir):
+    """300 SGD steps of mnist_cnn (conv 20 5×5, ReLU, max pool, conv 50 5×5, ReLU, max pool, dense 500,
+    ReLU, dense 10) in bf16, every activation bfloat16: over 90 % of 1000 test images right."""
+    from cudnnnet.data.mnist import read_images, read_labels
+    from cudnnnet.train.trainer import build_network
+    from test_engine import config_of
+
+    def split(prefix: str, count: int):
+        pixels = read_images(mnist_dir / f"{prefix}-images-idx3-ubyte.gz")[:count].astype(np.float32) / 255.0
+        return ((pixels - 0.1307) / 0.3081).reshape(count, 1, 28, 28), read_labels(
+            mnist_dir / f"{prefix}-labels-idx1-ubyte.gz")[:count]
+
+    steps, size = 300, 32
+    train_images, labels = split("train", steps * size)
+    test_images, test_labels = split("t10k", 1000)
+    network = build_network(config_of("mnist_cnn"), host).set_engine("fast").set_math("bf16")
+    for step in range(steps):
+        chunk = slice(size * step, size * step + size)
+        network.train_step(train_images[chunk], np.eye(10, dtype=np.float32)[labels[chunk]].reshape(size, 10, 1, 1),
+                           0.05)
+    assert {layer.output.dtype for layer in network.layers[:-1]} == {BFLOAT16}
+    predicted = network.predict(test_images).numpy().reshape(1000, 10).argmax(axis=1)
+    assert np.mean(predicted == test_labels) > 0.9
+
+
+@pytest.mark.gpu
+def test_the_cnns_peak_device_memory_in_bf16_is_below_fp32s(cuda):
+    """mnist_cnn at a batch of 2048: activations and their gradients in bfloat16 take half the bytes
+    (about 150 of fp32's 300 MiB), more than the bfloat16 copies of its weights (2 MiB) add. Each math
+    runs once first, so the convolution workspaces and plans are made before anything is measured."""
+    import gc
+
+    from cudnnnet.benchmark.measuring import DeviceMemory
+    from cudnnnet.train.trainer import build_network
+    from test_engine import config_of
+
+    def peak_mib(math: str) -> float:
+        gc.collect()
+        memory = DeviceMemory(cuda)
+        network = build_network(config_of("mnist_cnn"), cuda).set_engine("fast").set_math(math)
+        x, target = np.zeros((2048, 1, 28, 28), np.float32), np.zeros((2048, 10, 1, 1), np.float32)
+        target[:, 0] = 1.0
+        for _ in range(2):
+            network.train_step(x, Tensor.from_numpy(target, cuda), 0.01)
+            memory.sample()
+        del network
+        gc.collect()
+        return memory.peak_mib
+
+    for math in ("fp32", "bf16"):
+        peak_mib(math)
+    fp32, bf16 = peak_mib("fp32"), peak_mib("bf16")
+    assert bf16 < 0.8 * fp32, f"bf16 {bf16:.0f} MiB, fp32 {fp32:.0f} MiB"

@@ -204,9 +204,10 @@ def stored_dtypes(network) -> set:
     return {layer.output.dtype for layer in network.layers[:-1]} | {layer.grad_input.dtype for layer in network.layers}
 
 
-# the activations' dtype of each config in math bf16, fp16: an MLP's are 16-bit (test_mlp16.py)
-ACTIVATIONS = {("mnist_mlp", "bf16"): BFLOAT16, ("mnist_mlp", "fp16"): FLOAT16, ("mnist_cnn", "bf16"): FLOAT32,
-               ("mnist_cnn", "fp16"): FLOAT32}
+# the activations' dtype of each config in math bf16, fp16: an MLP's and a CNN's of Conv2D and Pooling are
+# 16-bit (test_mlp16.py, test_cnn16.py)
+ACTIVATIONS = {("mnist_mlp", "bf16"): BFLOAT16, ("mnist_mlp", "fp16"): FLOAT16, ("mnist_cnn", "bf16"): BFLOAT16,
+               ("mnist_cnn", "fp16"): FLOAT16}
 
 
 def parameter_updates(config, backend, engine: str, start: dict, math: str) -> tuple[dict, tuple, set]:
