@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -250,3 +252,134 @@ def test_the_cnns_peak_device_memory_in_bf16_is_below_fp32s(cuda):
         peak_mib(math)
     fp32, bf16 = peak_mib("fp32"), peak_mib("bf16")
     assert bf16 < 0.8 * fp32, f"bf16 {bf16:.0f} MiB, fp32 {fp32:.0f} MiB"
+
+
+# ---- the CUDA launches of the 16-bit CNN, on host-side fakes ---------------------------------------------------
+class RecordingContext:
+    """The face of a CUDA context the GEMM convolution, pooling and channel-sum launches read: each launch and
+    each 16-bit operand asked for is kept; a 16-bit tensor of the format is its own operand."""
+
+    def __init__(self):
+        self.launches, self.conversions = [], []
+        self.stream, self.cudnn = SimpleNamespace(handle=0), SimpleNamespace(handle=0)
+        self.half = SimpleNamespace(operands=self._operands, to_float=self._to_float)
+
+    def kernel(self, name: str):
+        return SimpleNamespace(launch=lambda blocks, stream, *arguments: self.launches.append((name, arguments)))
+
+    def _operands(self, *operands, output: int = 0, fmt):
+        pointers = [tensor.data.ptr if tensor.dtype is fmt.dtype else 0xC0 for tensor, _ in operands]
+        return pointers + ([0x5C] if output else [])
+
+    def _to_float(self, out, source, alpha, beta, count, fmt):
+        self.conversions.append((out, source))
+
+    def scalar(self, value):
+        return value
+
+    def workspace(self, nbytes: int) -> int:
+        return 0x100000
+
+
+def fake(shape, address: int, dtype=FLOAT32):
+    n, c, h, w = shape
+    size = n * c * h * w
+    return SimpleNamespace(shape=shape, n=n, c=c, h=h, w=w, size=size, dtype=dtype,
+                           data=SimpleNamespace(ptr=address, size=size))
+
+
+def check_declared(launches, code: int) -> None:
+    """Each launch passes as many arguments, of the kinds, as kernel.KERNELS declares; a 16-bit twin its format."""
+    from ctypes import c_float, c_int, c_longlong, c_void_p
+
+    from cudnnnet.backends.cuda.kernel import KERNELS
+
+    python_types = {c_void_p: (int, type(None)), c_int: int, c_longlong: int, c_float: float}
+    for name, arguments in launches:
+        declared = KERNELS[name][1]
+        assert len(arguments) == len(declared), name
+        assert all(isinstance(value, python_types[kind]) for value, kind in zip(arguments, declared)), name
+        if name.endswith("16"):
+            assert code in arguments, name
+
+
+@pytest.mark.parametrize("math", list(HALF_MATHS))
+def test_the_gemm_convolution_reads_and_writes_16_bit_activations_as_they_are(math):
+    """16-bit x and dy go into im2col_half16 as they are (no float32 read), y and dx come from round_result16
+    and col2im16 (the FP32 product in the workspace, never in y), dw stays a float32 round_result."""
+    from cudnnnet.backends.cuda import gemm_convolution
+    from cudnnnet.backends.cuda.low_precision import HALF_FORMATS
+
+    dtype = HALF_MATHS[math]
+    precision, code = get_precision(math), HALF_FORMATS[dtype].kernel_code
+    desc = ConvolutionDescriptor(4, 2, 3, padding=1)
+    x_shape = (2, 2, 5, 5)
+    y_shape = desc.output_shape(x_shape)
+    shape = gemm_convolution.GemmShape.of(desc, x_shape, y_shape)
+    x, y, dy, dx = fake(x_shape, 0xA000, dtype), fake(y_shape, 0xB000, dtype), fake(y_shape, 0xD000, dtype), \
+        fake(x_shape, 0xE000, dtype)
+    w, dw = fake(desc.filter_shape, 0xF000), fake(desc.filter_shape, 0xF800)
+    runs = {}
+    for direction, run in {"forward": lambda b: gemm_convolution.forward(b, shape, 1.0, x, w, 0.0, y, 0x100000,
+                                                                         precision),
+                           "backward_data": lambda b: gemm_convolution.backward_data(b, shape, 1.0, w, dy, 0.0, dx,
+                                                                                     0x100000, precision),
+                           "backward_filter": lambda b: gemm_convolution.backward_filter(b, shape, 1.0, x, dy, 0.0,
+                                                                                         dw, 0x100000, 0x200000, 2,
+                                                                                         precision)}.items():
+        backend = SimpleNamespace(context=RecordingContext(), gemm=lambda problem, *arguments: None)
+        run(backend)
+        runs[direction] = backend.context.launches
+        check_declared(backend.context.launches, code)
+    assert [name for name, _ in runs["forward"]] == ["im2col_half16", "round_result16"]
+    (_, im2col), (_, rounding) = runs["forward"]
+    assert im2col[1] == 0xA000 and rounding[0] == 0xB000 and rounding[1] != 0xB000
+    assert [name for name, _ in runs["backward_data"]] == ["col2im16"] and runs["backward_data"][0][1][0] == 0xE000
+    assert [name for name, _ in runs["backward_filter"]] == ["im2col_half16", "im2col_half16", "round_result"]
+    assert runs["backward_filter"][1][1][1] == 0xD000 and runs["backward_filter"][2][1][0] == 0xF800
+
+
+@pytest.mark.parametrize("math", list(HALF_MATHS))
+def test_cudnn_writes_a_16_bit_result_into_the_tensor_itself(math):
+    """ConvolutionPlanner.run with a 16-bit y: cuDNN's output pointer is y's, nothing converted back; with a
+    float32 dw: a scratch slot, converted into dw."""
+    import dataclasses
+
+    from cudnnnet.backends.cuda import convolution
+    from cudnnnet.backends.cuda.convolution_planner import ConvolutionPlanner
+
+    dtype, precision = HALF_MATHS[math], get_precision(math)
+    backend = SimpleNamespace(context=RecordingContext(), precision=precision)
+    runs = []
+    descriptor = SimpleNamespace(handle=1)
+    plan = SimpleNamespace(forward=convolution.Algorithm(1, 0), backward_filter=convolution.Algorithm(1, 0),
+                           precision=precision, x=descriptor, w=descriptor, conv=descriptor, y=descriptor)
+    x, y = fake((1, 2, 5, 5), 0xA000, dtype), fake((1, 4, 5, 5), 0xB000, dtype)
+    w, dw = fake((4, 2, 3, 3), 0xF000), fake((4, 2, 3, 3), 0xF800)
+    planner = ConvolutionPlanner(backend, 0)
+    for direction, (a, b, out) in ((convolution.FORWARD, (x, w, y)), (convolution.BACKWARD_FILTER, (x, y, dw))):
+        recording = dataclasses.replace(direction, run=lambda *arguments: runs.append(arguments))
+        planner.run(recording, plan, 1.0, a, b, 0.0, out)
+    # (handle, alpha, a_desc, a, b_desc, b, conv, algo, workspace, workspace bytes, beta, out_desc, out)
+    assert runs[0][3] == 0xA000 and runs[0][5] == 0xC0 and runs[0][-1] == 0xB000
+    assert runs[1][3] == 0xA000 and runs[1][5] == 0xB000 and runs[1][-1] == 0x5C
+    assert backend.context.conversions == [(0xF800, 0x5C)]
+
+
+@pytest.mark.parametrize("math", list(HALF_MATHS))
+def test_the_pooling_and_bias_gradient_kernels_take_their_16_bit_twins(math):
+    from cudnnnet.backends.cuda import pooling
+    from cudnnnet.backends.cuda.channel_sum import ChannelSum
+    from cudnnnet.backends.cuda.low_precision import HALF_FORMATS
+
+    dtype = HALF_MATHS[math]
+    context = RecordingContext()
+    x, dx, dy = fake((2, 3, 4, 4), 0xA000, dtype), fake((2, 3, 4, 4), 0xB000, dtype), fake((2, 3, 2, 2), 0xC000, dtype)
+    pooling.max_backward(SimpleNamespace(context=context), PoolingDescriptor(PoolingMode.MAX, 2, 0, 2), 1.0, dy, x,
+                         0.0, dx)
+    channel_sum = object.__new__(ChannelSum)
+    channel_sum.context, channel_sum.scratch, channel_sum.counter = context, SimpleNamespace(ptr=0x9000), 0x9F00
+    channel_sum(1.0, dy, 0.0, fake((1, 3, 1, 1), 0xD000))
+    assert [name for name, _ in context.launches] == ["max_pooling_backward16", "channel_sum16"]
+    check_declared(context.launches, HALF_FORMATS[dtype].kernel_code)
+    assert context.launches[0][1][-1] == context.launches[1][1][-1] == HALF_FORMATS[dtype].kernel_code
