@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cudnnnet import Network, Tensor
-from cudnnnet.layers import Activation, Conv2D, Dense, GlobalAveragePooling, Pooling, Softmax
+from cudnnnet.layers import Activation, Conv2D, Dense, Dropout, GlobalAveragePooling, Pooling, Softmax
 from cudnnnet.precision import BFLOAT16, FLOAT32, get_precision
 from cudnnnet.backends.descriptors import ConvolutionDescriptor, PoolingDescriptor, PoolingMode
 from cudnnnet.backends.rounding import round_to
@@ -29,8 +29,10 @@ def steps_apart(dtype, a: np.ndarray, b: np.ndarray) -> int:
     """The most 16-bit steps between a and b (both of ``dtype``'s values)."""
     if dtype is HALF_MATHS["bf16"]:
         return int(bf16_steps_apart(a, b).max())
-    return int(np.abs(a.astype(np.float16).view(np.int16).astype(np.int64)
-                      - b.astype(np.float16).view(np.int16).astype(np.int64)).max())
+    def ordered(values):  # sign and magnitude to one integer line: -0 and +0 coincide
+        bits = values.astype(np.float16).view(np.int16).astype(np.int64)
+        return np.where(bits < 0, -(bits & 0x7FFF), bits)
+    return int(np.abs(ordered(a) - ordered(b)).max())
 
 
 # ---- the verbs: a 16-bit result is the float32 one rounded once ------------------------------------------
@@ -110,6 +112,30 @@ def test_add_tensor_into_a_16_bit_y_reads_the_bias_rounded_to_its_16_bits(backen
     assert steps_apart(dtype, Y.numpy(), expected) <= MAX_STEPS_APART[backend.name]
 
 
+@pytest.mark.parametrize("math", list(HALF_MATHS))
+def test_16_bit_dropout_stores_the_kept_values_scaled_and_rounded_once(backend, math):
+    """y = h(x·mask/(1 - rate)) and dx = h(dy·mask/(1 - rate)) with the forward's mask: with dy = 1, dx is
+    the scale where a value was kept and 0 elsewhere, and y is x times that scale, rounded once."""
+    dtype, rate = HALF_MATHS[math], 0.3
+    rng = np.random.default_rng(14)
+    x = values(rng, dtype, 16, 8, 4, 4)
+    x[x == 0] = 1.0
+    with backend.using(math=math):
+        state = backend.dropout_state(rate, 7)
+        reserve = backend.dropout_reserve(state, x.shape)
+        X, Y = Tensor.from_numpy(x, backend, dtype=dtype), Tensor(x.shape, backend, dtype=dtype)
+        DY, DX = Tensor.from_numpy(np.ones_like(x), backend, dtype=dtype), Tensor(x.shape, backend, dtype=dtype)
+        backend.dropout_forward(state, reserve, X, Y)
+        backend.dropout_backward(state, reserve, DY, DX)
+    y, dx = Y.numpy(), DX.numpy()
+    kept = y != 0
+    scale = np.float32(1.0) / np.float32(1.0 - rate)
+    assert 0.6 < kept.mean() < 0.8
+    np.testing.assert_array_equal(dx, np.where(kept, round_to(dtype, np.full_like(x, scale)), 0))
+    expected = np.where(kept, round_to(dtype, x * scale), 0)
+    assert steps_apart(dtype, y, expected) <= MAX_STEPS_APART[backend.name]
+
+
 def test_a_16_bit_convolution_result_takes_no_blend(backend):
     """A 16-bit y or dx is the product rounded once: alpha other than 1 or beta other than 0 is refused
     before anything is written."""
@@ -130,10 +156,11 @@ def test_a_16_bit_convolution_result_takes_no_blend(backend):
 
 # ---- networks: which dtype each buffer holds -----------------------------------------------------------------
 def cnn(backend, engine: str, math: str | None, pooling: str = "max") -> Network:
-    """mnist_cnn's layer types (conv, ReLU, pooling, dense, softmax), small, and a global average pooling."""
+    """mnist_cnn's layer types (conv, ReLU, pooling, dense, softmax), small, with a global average pooling and
+    a dropout."""
     return Network([Conv2D("conv1", 4, 3), Activation("relu1", "relu"), Pooling("pool1", 2, mode=pooling),
-                    Conv2D("conv2", 6, 3, padding=1), GlobalAveragePooling("gap"), Dense("fc", 10),
-                    Softmax("softmax")], backend=backend, engine=engine, math=math)
+                    Conv2D("conv2", 6, 3, padding=1), GlobalAveragePooling("gap"), Dropout("drop", 0.25),
+                    Dense("fc", 10), Softmax("softmax")], backend=backend, engine=engine, math=math)
 
 
 def images(backend, n: int = 8, seed: int = 0):

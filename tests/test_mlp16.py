@@ -15,7 +15,7 @@ from cudnnnet.backends.descriptors import ACTIVATION_MODES, ActivationDescriptor
 from cudnnnet.backends.rounding import round_to
 from cudnnnet.engine import get_engine
 from cudnnnet.errors import DTypeError
-from cudnnnet.layers import MSE, Activation, Dense, Dropout, Softmax
+from cudnnnet.layers import MSE, Activation, BatchNorm, Dense, Softmax
 from cudnnnet.precision import BFLOAT16, FLOAT16, FLOAT32, get_precision
 
 HALF_MATHS = {"bf16": BFLOAT16, "fp16": FLOAT16}
@@ -53,7 +53,7 @@ def test_an_mlp_stores_activations_and_gradients_in_the_maths_16_bits(backend, e
 
 
 def test_a_network_with_another_layer_keeps_float32_activations(backend):
-    network = Network([Dense("fc1", 12), Dropout("drop", 0.5), Dense("fc", 10), Softmax("softmax")],
+    network = Network([Dense("fc1", 12), BatchNorm("bn"), Dense("fc", 10), Softmax("softmax")],
                       backend=backend, math="bf16")
     x, target = batch(backend)
     network.forward(x)

@@ -5,7 +5,7 @@ the problem. Cheap and host-side: a bad size must not become an out-of-bounds ac
 The computing verbs take float32 tensors, each verb's check refusing a 16-bit tensor among its
 operands (``float32_only``, a DTypeError naming the verb and the dtype) rather than misread its bytes;
 the verbs of a 16-bit multilayer perceptron or convolutional network (GEMMs, activations, the softmax's
-input, the fused bias and loss calls, convolutions, their bias, pooling) also take, for the operands that hold activations or their gradients, 16-bit tensors
+input, the fused bias and loss calls, convolutions, their bias, pooling, dropout) also take, for the operands that hold activations or their gradients, 16-bit tensors
 of the precision in force (``activations``: its ``activation_dtype``)."""
 
 from __future__ import annotations
@@ -370,9 +370,10 @@ def check_adam_many(groups, lr, counter, loss_scale) -> None:
         check_elementwise("adam_update_many", param, *state)
 
 
-def check_dropout(call: str, reserve, x, y, what: str) -> None:
-    """x and y of one shape, the shape ``reserve`` was made for (``what`` names x); float32 both."""
-    check_elementwise(call, x, y)
+def check_dropout(call: str, precision: Precision, reserve, x, y, what: str) -> None:
+    """x and y of one shape, the shape ``reserve`` was made for (``what`` names x); of one dtype, float32 or
+    the 16 bits of ``precision``."""
+    check_activations(call, precision, x, y)
     expect_shape(call, f"{what} (the reserve's shape)", x, reserve.shape)
 
 

@@ -594,8 +594,9 @@ class Backend(ABC):
 
     def dropout_forward(self, state, reserve, x, y) -> None:
         """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask (each value kept with probability
-        1 - rate) drawn from ``state`` at every call, even a replayed graph's, and kept in ``reserve``."""
-        arguments.check_dropout("dropout_forward", reserve, x, y, "the input")
+        1 - rate) drawn from ``state`` at every call, even a replayed graph's, and kept in ``reserve``. x and y
+        of one dtype, which may be 16-bit (y rounded once)."""
+        arguments.check_dropout("dropout_forward", self.precision, reserve, x, y, "the input")
         self._dropout_forward(state, reserve, x, y)
 
     @abstractmethod
@@ -603,8 +604,9 @@ class Backend(ABC):
         """``dropout_forward`` on the arguments it has checked."""
 
     def dropout_backward(self, state, reserve, dy, dx) -> None:
-        """cudnnDropoutBackward: dx = dy·mask/(1 - rate), with the mask of the last dropout_forward."""
-        arguments.check_dropout("dropout_backward", reserve, dy, dx, "dy")
+        """cudnnDropoutBackward: dx = dy·mask/(1 - rate), with the mask of the last dropout_forward; dy and dx
+        may be 16-bit."""
+        arguments.check_dropout("dropout_backward", self.precision, reserve, dy, dx, "dy")
         self._dropout_backward(state, reserve, dy, dx)
 
     @abstractmethod

@@ -39,7 +39,7 @@ from ..arguments import OP_N, OP_T, batch_norm_parameter_shape, check_fits, chec
 from ..base import Backend
 from ..descriptors import ActivationDescriptor, ConvolutionDescriptor, PoolingDescriptor
 from ..rounding import from_storage, to_storage
-from .dropout import DropoutReserve, DropoutState
+from .dropout import DropoutReserve, DropoutState, through_float32
 from .array_protocols import ArrayProtocols
 from .bindings import cublas, cudnn, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
@@ -561,16 +561,30 @@ class CudaBackend(ArrayProtocols, Backend):
         return DropoutReserve(x_shape, DeviceBuffer.allocate(max(nbytes, FLOAT32_BYTES)), nbytes)
 
     def _dropout_forward(self, state, reserve, x, y) -> None:
-        """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask from the state's generator."""
+        """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask from the state's generator (16-bit x and y
+        through float32 copies: dropout.through_float32)."""
         t = self.context.descriptors.tensor(x.shape).handle
-        cudnn.dropout_forward(self.context.cudnn.handle, state.descriptor.handle, t, x.data.ptr, t, y.data.ptr,
-                              reserve.buffer.ptr, reserve.nbytes)
+
+        def run(source: int, target: int) -> None:
+            cudnn.dropout_forward(self.context.cudnn.handle, state.descriptor.handle, t, source, t, target,
+                                  reserve.buffer.ptr, reserve.nbytes)
+        if x.dtype.half:
+            through_float32(self.context, x, y, run)
+        else:
+            run(x.data.ptr, y.data.ptr)
 
     def _dropout_backward(self, state, reserve, dy, dx) -> None:
-        """cudnnDropoutBackward: dx = dy·mask/(1 - rate), the last forward's mask."""
+        """cudnnDropoutBackward: dx = dy·mask/(1 - rate), the last forward's mask (16-bit dy and dx through
+        float32 copies: dropout.through_float32)."""
         t = self.context.descriptors.tensor(dy.shape).handle
-        cudnn.dropout_backward(self.context.cudnn.handle, state.descriptor.handle, t, dy.data.ptr, t, dx.data.ptr,
-                               reserve.buffer.ptr, reserve.nbytes)
+
+        def run(source: int, target: int) -> None:
+            cudnn.dropout_backward(self.context.cudnn.handle, state.descriptor.handle, t, source, t, target,
+                                   reserve.buffer.ptr, reserve.nbytes)
+        if dy.dtype.half:
+            through_float32(self.context, dy, dx, run)
+        else:
+            run(dy.data.ptr, dx.data.ptr)
 
     def _batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
                                      eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:

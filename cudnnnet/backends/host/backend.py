@@ -2,7 +2,7 @@
 
 Storage is a flat, C-contiguous ``numpy.ndarray``: float32, or a 16-bit tensor's (float16, bfloat16
 as uint16 bits: backends/rounding.py), which the memory calls and the verbs of a 16-bit multilayer
-perceptron or convolutional network take (widening.py: computed in float32 from the stored values), rounding every value they
+perceptron or convolutional network (with dropout) take (widening.py: computed in float32 from the stored values), rounding every value they
 write to nearest even as the GPU does. BLAS calls read column-major matrices
 out of those flat buffers through strided views, so leading dimensions, transposes and in-place
 ``beta`` blending behave as in cuBLAS. Convolution is im2col + one GEMM per call, with images
@@ -608,12 +608,14 @@ class HostBackend(Backend):
         """The scaled mask mask/(1 - rate) as float32 of ``x_shape``."""
         return np.zeros(tuple(x_shape), F32)
 
+    @widened
     def _dropout_forward(self, state, reserve, x, y) -> None:
         """mask ~ Bernoulli(1 - rate) from the layer's generator; y = x·mask/(1 - rate)."""
         keep = state.generator.random(x.shape, dtype=F32) >= F32(state.rate)
         np.multiply(keep, F32(1.0 / (1.0 - state.rate)), out=reserve)
         np.multiply(_nd(x), reserve, out=_nd(y))
 
+    @widened
     def _dropout_backward(self, state, reserve, dy, dx) -> None:
         """dx = dy·mask/(1 - rate), the mask of the last forward."""
         np.multiply(_nd(dy), reserve.reshape(dy.shape), out=_nd(dx))
