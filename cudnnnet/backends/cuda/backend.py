@@ -39,7 +39,7 @@ from ..arguments import OP_N, OP_T, batch_norm_parameter_shape, check_fits, chec
 from ..base import Backend
 from ..descriptors import ActivationDescriptor, ConvolutionDescriptor, PoolingDescriptor
 from ..rounding import from_storage, to_storage
-from .dropout import DropoutReserve, DropoutState, through_float32
+from .dropout import DropoutReserve, DropoutState
 from .array_protocols import ArrayProtocols
 from .bindings import cublas, cudnn, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
@@ -52,7 +52,7 @@ from .convolution_planner import ConvolutionPlanner, search_label
 from .gemm_convolution import INDEX_LIMIT
 from .kernel import blocks_for
 from .conversion import convert_storage
-from .low_precision import HALF_FORMATS, half_format
+from .low_precision import HALF_FORMATS, half_format, through_float32
 from . import pooling
 from .activation_kernels import ActivationKernels
 from .matmul import GemmEngine, GemmProblem, alignment
@@ -562,7 +562,7 @@ class CudaBackend(ArrayProtocols, Backend):
 
     def _dropout_forward(self, state, reserve, x, y) -> None:
         """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask from the state's generator (16-bit x and y
-        through float32 copies: dropout.through_float32)."""
+        through float32 copies: low_precision.through_float32)."""
         t = self.context.descriptors.tensor(x.shape).handle
 
         def run(source: int, target: int) -> None:
@@ -575,7 +575,7 @@ class CudaBackend(ArrayProtocols, Backend):
 
     def _dropout_backward(self, state, reserve, dy, dx) -> None:
         """cudnnDropoutBackward: dx = dy·mask/(1 - rate), the last forward's mask (16-bit dy and dx through
-        float32 copies: dropout.through_float32)."""
+        float32 copies: low_precision.through_float32)."""
         t = self.context.descriptors.tensor(dy.shape).handle
 
         def run(source: int, target: int) -> None:

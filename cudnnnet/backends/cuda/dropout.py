@@ -5,9 +5,9 @@ draws its mask from those states and advances them in place, so a CUDA graph tha
 call draws a new mask at every replay. The mask is kept in the reserve space for the backward pass.
 
 A 16-bit network's x and y (dy and dx) go through float32 copies in the cuDNN workspace
-(``through_float32``): cuDNN's dropout calls are documented for float, double and half tensors, not
-bfloat16, and this way both formats draw the float32 path's masks; y = h(float(x)·mask/(1 - rate)) is
-rounded once, as the host computes it.
+(low_precision.through_float32): cuDNN's dropout calls are documented for float, double and half
+tensors, not bfloat16, and this way both formats draw the float32 path's masks;
+y = h(float(x)·mask/(1 - rate)) is rounded once, as the host computes it.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 from ...errors import DeviceError
 from .bindings import cudnn
-from .buffer import FLOAT32_BYTES, DeviceBuffer
+from .buffer import DeviceBuffer
 from .handles import Owned
-from .low_precision import HALF_FORMATS, convert_to_bf16
 
 
 class DropoutDescriptorHandle(Owned):
@@ -54,15 +53,3 @@ class DropoutReserve:
     buffer: DeviceBuffer
     nbytes: int
 
-
-def through_float32(context, x, y, run) -> None:
-    """``run(x32, y32)`` (a cuDNN dropout call on float32 pointers) on float32 copies of the 16-bit x in the
-    workspace, then y = h(y32) in x's 16 bits: x32 = float(x) (exact), y32 beside it."""
-    fmt = HALF_FORMATS[x.dtype]
-    x32 = context.workspace(2 * FLOAT32_BYTES * x.size)  # x32 (size), y32 (size)
-    y32 = x32 + FLOAT32_BYTES * x.size
-    # x32 = float(x₁₆)
-    context.half.to_float(x32, x.data.ptr, 1.0, 0.0, x.size, fmt)
-    run(x32, y32)
-    # y₁₆ = h(y32)
-    convert_to_bf16(context, y.data.ptr, y32, y.size, fmt)

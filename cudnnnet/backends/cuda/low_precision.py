@@ -250,3 +250,16 @@ class HalfOperands:
     def close(self) -> None:
         self.copies.close()
         self.scratch.close()
+
+
+def through_float32(context, x, y, run) -> None:
+    """``run(x32, y32)`` (a cuDNN dropout call on float32 pointers) on float32 copies of the 16-bit x in the
+    workspace, then y = h(y32) in x's 16 bits: x32 = float(x) (exact), y32 beside it."""
+    fmt = HALF_FORMATS[x.dtype]
+    x32 = context.workspace(2 * FLOAT32_BYTES * x.size)  # x32 (size), y32 (size)
+    y32 = x32 + FLOAT32_BYTES * x.size
+    # x32 = float(x₁₆)
+    context.half.to_float(x32, x.data.ptr, 1.0, 0.0, x.size, fmt)
+    run(x32, y32)
+    # y₁₆ = h(y32)
+    convert_to_bf16(context, y.data.ptr, y32, y.size, fmt)
