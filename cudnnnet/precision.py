@@ -13,7 +13,8 @@ name is ``backend.math``), set as its default with ``backend.set_math`` or for a
 
 Weights, their gradients, optimiser state and the loss stay float32 in every mode (llm.c's recipe).
 Under bf16 and fp16 a network whose every layer can store 16 bits (Dense, Activation, Conv2D, Pooling,
-GlobalAveragePooling and the loss layers: ``layers.base.activation_dtype``) keeps its activations and their gradients in
+GlobalAveragePooling, Dropout, BatchNorm and the loss layers: ``layers.base.activation_dtype``; every
+layer type today) keeps its activations and their gradients in
 ``Precision.activation_dtype`` (bfloat16, or float16); any other network keeps them float32, and only
 the 16-bit copies a GEMM or convolution reads are rounded.
 

@@ -1,6 +1,7 @@
 """Convolutional networks under math bf16 and fp16 keep their activations and their gradients in 16 bits
-(issue 29, item 2): Conv2D and Pooling (max, average, global average) store bfloat16 (bf16) or float16
-(fp16) as Dense and Activation do (test_mlp16.py); the weights, their gradients and every sum stay float32."""
+(issue 29, item 2): Conv2D, Pooling (max, average, global average), Dropout and BatchNorm store bfloat16
+(bf16) or float16 (fp16) as Dense and Activation do (test_mlp16.py); the weights, their gradients, the
+statistics and every sum stay float32."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import numpy as np
 import pytest
 
 from cudnnnet import Network, Tensor
-from cudnnnet.layers import Activation, Conv2D, Dense, Dropout, GlobalAveragePooling, Pooling, Softmax
+from cudnnnet.layers import Activation, BatchNorm, Conv2D, Dense, Dropout, GlobalAveragePooling, Pooling, Softmax
 from cudnnnet.precision import BFLOAT16, FLOAT32, get_precision
-from cudnnnet.backends.descriptors import ConvolutionDescriptor, PoolingDescriptor, PoolingMode
+from cudnnnet.backends.descriptors import BatchNormMode, ConvolutionDescriptor, PoolingDescriptor, PoolingMode
 from cudnnnet.backends.rounding import round_to
 from cudnnnet.errors import UsageError
 from test_mlp16 import HALF_MATHS, bf16_steps_apart
@@ -136,6 +137,38 @@ def test_16_bit_dropout_stores_the_kept_values_scaled_and_rounded_once(backend, 
     assert steps_apart(dtype, y, expected) <= MAX_STEPS_APART[backend.name]
 
 
+@pytest.mark.parametrize("mode", [BatchNormMode.SPATIAL, BatchNormMode.PER_ACTIVATION])
+@pytest.mark.parametrize("math", list(HALF_MATHS))
+def test_16_bit_batch_normalisation_stores_its_float32_result_rounded_once(backend, engine, math, mode):
+    """x, dy 16-bit: y (training and evaluation) and dx are the float32 call's, rounded once; the saved and
+    running statistics and the parameters' gradients are float32 and the float32 call's."""
+    dtype = HALF_MATHS[math]
+    rng = np.random.default_rng(15)
+    x, dy = round_to(dtype, values(rng, dtype, 6, 3, 4, 4) * 2 + 1), values(rng, dtype, 6, 3, 4, 4)
+    shape = (1, 3, 1, 1) if mode == BatchNormMode.SPATIAL else (1, 3, 4, 4)
+    scale, bias = (rng.uniform(0.5, 1.5, shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32))
+    results = {}
+    with backend.using(engine=engine, math=math):
+        for stored in (dtype, "float32"):
+            X, DY = Tensor.from_numpy(x, backend, dtype=stored), Tensor.from_numpy(dy, backend, dtype=stored)
+            Y, DX, Y_EVAL = (Tensor(x.shape, backend, dtype=stored) for _ in range(3))
+            SCALE, BIAS = Tensor.from_numpy(scale, backend), Tensor.from_numpy(bias, backend)
+            MEAN, VAR = Tensor.zeros(shape, backend), Tensor.from_numpy(np.ones(shape, np.float32), backend)
+            SAVED_MEAN, SAVED_INV_STD, DSCALE, DBIAS = (Tensor(shape, backend) for _ in range(4))
+            backend.batch_norm_forward_training(mode, X, Y, SCALE, BIAS, 0.1, MEAN, VAR, 1e-5, SAVED_MEAN,
+                                                SAVED_INV_STD)
+            backend.batch_norm_backward(mode, X, DY, DX, SCALE, DSCALE, DBIAS, 1e-5, SAVED_MEAN, SAVED_INV_STD)
+            backend.batch_norm_forward_inference(mode, X, Y_EVAL, SCALE, BIAS, MEAN, VAR, 1e-5)
+            results[stored] = [tensor.numpy() for tensor in (Y, DX, Y_EVAL, MEAN, VAR, SAVED_MEAN, SAVED_INV_STD,
+                                                             DSCALE, DBIAS)]
+    (y16, dx16, eval16, *statistics16), (y32, dx32, eval32, *statistics32) = results[dtype], results["float32"]
+    limit = MAX_STEPS_APART[backend.name]
+    for name, half, full in (("y", y16, y32), ("dx", dx16, dx32), ("evaluation y", eval16, eval32)):
+        assert steps_apart(dtype, half, round_to(dtype, full)) <= limit, name
+    for half, full in zip(statistics16, statistics32):
+        np.testing.assert_allclose(half, full, rtol=1e-5, atol=1e-6)
+
+
 def test_a_16_bit_convolution_result_takes_no_blend(backend):
     """A 16-bit y or dx is the product rounded once: alpha other than 1 or beta other than 0 is refused
     before anything is written."""
@@ -156,11 +189,12 @@ def test_a_16_bit_convolution_result_takes_no_blend(backend):
 
 # ---- networks: which dtype each buffer holds -----------------------------------------------------------------
 def cnn(backend, engine: str, math: str | None, pooling: str = "max") -> Network:
-    """mnist_cnn's layer types (conv, ReLU, pooling, dense, softmax), small, with a global average pooling and
-    a dropout."""
+    """mnist_cnn's layer types (conv, ReLU, pooling, dense, softmax), small, with a batch normalisation (and
+    its ReLU, which the fast engine fuses), a global average pooling and a dropout."""
     return Network([Conv2D("conv1", 4, 3), Activation("relu1", "relu"), Pooling("pool1", 2, mode=pooling),
-                    Conv2D("conv2", 6, 3, padding=1), GlobalAveragePooling("gap"), Dropout("drop", 0.25),
-                    Dense("fc", 10), Softmax("softmax")], backend=backend, engine=engine, math=math)
+                    Conv2D("conv2", 6, 3, padding=1, bias=False), BatchNorm("bn2"), Activation("relu2", "relu"),
+                    GlobalAveragePooling("gap"), Dropout("drop", 0.25), Dense("fc", 10), Softmax("softmax")],
+                   backend=backend, engine=engine, math=math)
 
 
 def images(backend, n: int = 8, seed: int = 0):
@@ -410,3 +444,43 @@ def test_the_pooling_and_bias_gradient_kernels_take_their_16_bit_twins(math):
     assert [name for name, _ in context.launches] == ["max_pooling_backward16", "channel_sum16"]
     check_declared(context.launches, HALF_FORMATS[dtype].kernel_code)
     assert context.launches[0][1][-1] == context.launches[1][1][-1] == HALF_FORMATS[dtype].kernel_code
+
+
+@pytest.mark.parametrize("math", list(HALF_MATHS))
+def test_the_fast_batch_normalisation_takes_its_16_bit_twins(monkeypatch, math):
+    from cudnnnet.backends.cuda.batch_norm import BatchNormKernels
+    from cudnnnet.backends.cuda.low_precision import HALF_FORMATS
+
+    dtype = HALF_MATHS[math]
+    kernels = BatchNormKernels(RecordingContext())
+    monkeypatch.setattr(kernels, "_partials", lambda count: 0x9000)
+    x, y, dy, dx = (fake((4, 3, 2, 2), address, dtype) for address in (0xA000, 0xB000, 0xC000, 0xD000))
+    scale, bias, mean, var, saved_mean, saved_inv_std, dscale, dbias = (
+        fake((1, 3, 1, 1), 0x100 * (index + 1)) for index in range(8))
+    kernels.forward(BatchNormMode.SPATIAL, x, y, scale, bias, 0.1, mean, var, 1e-5, saved_mean, saved_inv_std, True)
+    kernels.backward(BatchNormMode.SPATIAL, x, dy, dx, scale, bias, dscale, dbias, saved_mean, saved_inv_std, True)
+    launches = kernels.context.launches
+    assert [name for name, _ in launches] == ["batch_norm_sums16", "batch_norm_forward_apply16",
+                                              "batch_norm_gradient_sums16", "batch_norm_backward_apply16"]
+    code = HALF_FORMATS[dtype].kernel_code
+    check_declared(launches, code)
+    assert all(arguments[-1] == code for _, arguments in launches)
+
+
+@pytest.mark.parametrize("math", list(HALF_MATHS))
+def test_a_cudnn_call_on_16_bit_tensors_runs_on_float32_copies_rounded_once(math):
+    """low_precision.through_float32 (cuDNN's dropout and batch normalisation in a 16-bit network): each input
+    converted exactly into the workspace, the call on those float32 copies, its float32 result rounded into
+    the 16-bit output."""
+    from cudnnnet.backends.cuda.low_precision import HALF_FORMATS, through_float32
+
+    dtype = HALF_MATHS[math]
+    fmt = HALF_FORMATS[dtype]
+    context, runs = RecordingContext(), []
+    x, dy, dx = (fake((4, 3, 2, 2), address, dtype) for address in (0xA000, 0xB000, 0xC000))
+    through_float32(context, (x, dy), dx, lambda *pointers: runs.append(pointers))
+    copies = (0x100000, 0x100000 + 4 * 48, 0x100000 + 8 * 48)
+    assert context.conversions == [(copies[0], 0xA000), (copies[1], 0xB000)]
+    assert runs == [copies]
+    assert [name for name, _ in context.launches] == [fmt.to_half_x4]
+    assert context.launches[0][1][:2] == (0xC000, copies[2])

@@ -5,7 +5,7 @@ the problem. Cheap and host-side: a bad size must not become an out-of-bounds ac
 The computing verbs take float32 tensors, each verb's check refusing a 16-bit tensor among its
 operands (``float32_only``, a DTypeError naming the verb and the dtype) rather than misread its bytes;
 the verbs of a 16-bit multilayer perceptron or convolutional network (GEMMs, activations, the softmax's
-input, the fused bias and loss calls, convolutions, their bias, pooling, dropout) also take, for the operands that hold activations or their gradients, 16-bit tensors
+input, the fused bias and loss calls, convolutions, their bias, pooling, dropout, batch normalisation) also take, for the operands that hold activations or their gradients, 16-bit tensors
 of the precision in force (``activations``: its ``activation_dtype``)."""
 
 from __future__ import annotations
@@ -387,12 +387,12 @@ def batch_norm_parameter_shape(call: str, mode, x) -> tuple[int, int, int, int]:
     raise UsageError(f"{call}: unknown mode {mode!r}; valid are PER_ACTIVATION (0) and SPATIAL (1)")
 
 
-def check_batch_norm(call: str, mode, x, others, parameters) -> None:
-    """``others`` of x's shape, and each of ``parameters`` one value per parameter of ``mode``, else a
-    ShapeError (a UsageError for an unknown mode); float32 all."""
-    float32_only(call, x, *others, *parameters)
-    for other in others:
-        same_shape(call, x, other)
+def check_batch_norm(call: str, precision: Precision, mode, x, others, parameters) -> None:
+    """``others`` of x's shape and dtype (float32 or the 16 bits of ``precision``), and each of ``parameters``
+    (float32) one value per parameter of ``mode``, else a ShapeError or DTypeError (a UsageError for an
+    unknown mode)."""
+    check_activations(call, precision, x, *others)
+    float32_only(call, *parameters)
     shape = batch_norm_parameter_shape(call, mode, x)
     for tensor in parameters:
         if tensor.size != shape[1] * shape[2] * shape[3]:
@@ -400,8 +400,9 @@ def check_batch_norm(call: str, mode, x, others, parameters) -> None:
                              f"{BatchNormMode(mode).name}; expected {shape}")
 
 
-def check_batch_norm_backward(mode, x, dy, dx, parameters, bias, relu: bool) -> None:
+def check_batch_norm_backward(precision: Precision, mode, x, dy, dx, parameters, bias, relu: bool) -> None:
     """check_batch_norm's checks of the backward's tensors, and a UsageError for ``relu`` without ``bias``."""
-    check_batch_norm("batch_norm_backward", mode, x, (dy, dx), (*parameters, *(() if bias is None else (bias,))))
+    check_batch_norm("batch_norm_backward", precision, mode, x, (dy, dx),
+                     (*parameters, *(() if bias is None else (bias,))))
     if relu and bias is None:
         raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")

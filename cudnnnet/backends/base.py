@@ -8,8 +8,8 @@ Conventions
 -----------
 * Arguments called ``x, y, dx, dy, w, dw, bias, A, B, C ...`` are float32 Tensors on this backend
   (16-bit ones are refused: arguments.float32_only), except the activations and their gradients of
-  the verbs a 16-bit MLP or CNN calls, which may also hold the 16 bits of the precision in
-  force (arguments.activations; each verb says which): those verbs compute in float32 from the stored
+  the verbs a 16-bit MLP or CNN calls, which may also hold the 16 bits of the precision in force
+  (arguments.activations; each verb says which): those verbs compute in float32 from the stored
   values and round what they store in a 16-bit tensor to nearest even, once. Their ``data`` is the
   backend's storage (of any dtype in the memory calls): a flat ``numpy.ndarray`` on the host, a
   :class:`DeviceBuffer` on CUDA.
@@ -624,7 +624,7 @@ class Backend(ABC):
             running_var  = (1 - factor)·running_var  + factor·σ²·m/(m - 1)
             save_mean = μ;  save_inv_std = 1/√(σ² + eps)
 
-        ``relu`` (the fast engine only): y = max(y, 0) in the same pass.
+        ``relu`` (the fast engine only): y = max(y, 0) in the same pass. x and y may be 16-bit (y rounded once).
 
         ``communicator`` (synchronised batch normalisation; the fast engine only on CUDA): the
         per-channel totals (Σ x, Σ x²) and m, laid out as 2C + 1 float64 [(Σ x, Σ x²) per channel,
@@ -632,7 +632,7 @@ class Backend(ABC):
         (the backend's storage of them: a device address on CUDA, a NumPy array on the host) before
         normalising: μ, σ² and m are those of every rank's batch together.
         """
-        arguments.check_batch_norm("batch_norm_forward_training", mode, x, (y,),
+        arguments.check_batch_norm("batch_norm_forward_training", self.precision, mode, x, (y,),
                                    (scale, bias, running_mean, running_var, save_mean, save_inv_std))
         self._batch_norm_forward_training(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
                                           save_inv_std, relu, communicator)
@@ -644,8 +644,9 @@ class Backend(ABC):
         """``batch_norm_forward_training`` on the arguments it has checked."""
 
     def batch_norm_forward_inference(self, mode: "BatchNormMode", x, y, scale, bias, mean, var, eps: float) -> None:
-        """cudnnBatchNormalizationForwardInference: y = scale·(x - mean)/√(var + eps) + bias."""
-        arguments.check_batch_norm("batch_norm_forward_inference", mode, x, (y,), (scale, bias, mean, var))
+        """cudnnBatchNormalizationForwardInference: y = scale·(x - mean)/√(var + eps) + bias; x, y may be 16-bit."""
+        arguments.check_batch_norm("batch_norm_forward_inference", self.precision, mode, x, (y,),
+                                   (scale, bias, mean, var))
         self._batch_norm_forward_inference(mode, x, y, scale, bias, mean, var, eps)
 
     @abstractmethod
@@ -654,7 +655,8 @@ class Backend(ABC):
 
     def batch_norm_backward(self, mode: "BatchNormMode", x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
                             save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
-        """cudnnBatchNormalizationBackward (all alphas 1, betas 0), from the saved μ and 1/√(σ² + eps):
+        """cudnnBatchNormalizationBackward (all alphas 1, betas 0), from the saved μ and 1/√(σ² + eps); x, dy, dx
+        may be 16-bit:
 
             x̂ = (x - μ)/√(σ² + eps);  dbias = Σ dy;  dscale = Σ dy·x̂
             dx = scale/(m·√(σ² + eps))·(m·dy - dbias - x̂·dscale)
@@ -666,8 +668,8 @@ class Backend(ABC):
         ranks before dx is computed from them; dscale and dbias are this rank's sums (averaged over
         the ranks afterwards with every other gradient, they become the gradient of the mean loss).
         """
-        arguments.check_batch_norm_backward(mode, x, dy, dx, (scale, dscale, dbias, save_mean, save_inv_std), bias,
-                                            relu)
+        arguments.check_batch_norm_backward(self.precision, mode, x, dy, dx,
+                                            (scale, dscale, dbias, save_mean, save_inv_std), bias, relu)
         self._batch_norm_backward(mode, x, dy, dx, scale, dscale, dbias, eps, save_mean, save_inv_std, bias, relu,
                                   communicator)
 

@@ -569,7 +569,7 @@ class CudaBackend(ArrayProtocols, Backend):
             cudnn.dropout_forward(self.context.cudnn.handle, state.descriptor.handle, t, source, t, target,
                                   reserve.buffer.ptr, reserve.nbytes)
         if x.dtype.half:
-            through_float32(self.context, x, y, run)
+            through_float32(self.context, (x,), y, run)
         else:
             run(x.data.ptr, y.data.ptr)
 
@@ -582,7 +582,7 @@ class CudaBackend(ArrayProtocols, Backend):
             cudnn.dropout_backward(self.context.cudnn.handle, state.descriptor.handle, t, source, t, target,
                                    reserve.buffer.ptr, reserve.nbytes)
         if dy.dtype.half:
-            through_float32(self.context, dy, dx, run)
+            through_float32(self.context, (dy,), dx, run)
         else:
             run(dy.data.ptr, dx.data.ptr)
 
@@ -597,18 +597,24 @@ class CudaBackend(ArrayProtocols, Backend):
         _no_relu("batch_norm_forward_training", relu, communicator)
         context = self.context
         t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
-        cudnn.batch_normalization_forward_training(
-            context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
-            scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
-            save_mean.data.ptr, save_inv_std.data.ptr)
+
+        def run(source: int, target: int) -> None:
+            cudnn.batch_normalization_forward_training(
+                context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, source, t, target, p,
+                scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
+                save_mean.data.ptr, save_inv_std.data.ptr)
+        self._on_float32((x,), y, run)
 
     def _batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
-        """cudnnBatchNormalizationForwardInference."""
+        """cudnnBatchNormalizationForwardInference (16-bit x and y through float32 copies, as in training)."""
         context = self.context
         t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
-        cudnn.batch_normalization_forward_inference(
-            context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
-            scale.data.ptr, bias.data.ptr, mean.data.ptr, var.data.ptr, float(eps))
+
+        def run(source: int, target: int) -> None:
+            cudnn.batch_normalization_forward_inference(
+                context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, source, t, target, p,
+                scale.data.ptr, bias.data.ptr, mean.data.ptr, var.data.ptr, float(eps))
+        self._on_float32((x,), y, run)
 
     def _batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
                              save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
@@ -622,9 +628,21 @@ class CudaBackend(ArrayProtocols, Backend):
         context = self.context
         t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
         one, zero = context.scalar(1.0), context.scalar(0.0)
-        cudnn.batch_normalization_backward(
-            context.cudnn.handle, int(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
-            scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)
+
+        def run(x_values: int, dy_values: int, target: int) -> None:
+            cudnn.batch_normalization_backward(
+                context.cudnn.handle, int(mode), one, zero, one, zero, t, x_values, t, dy_values, t, target, p,
+                scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)
+        self._on_float32((x, dy), dx, run)
+
+    def _on_float32(self, inputs, output, run) -> None:
+        """``run`` (a cuDNN batch normalisation call) on the tensors' pointers, or for a 16-bit network's on
+        float32 copies of them (low_precision.through_float32: cuDNN documents float scale, bias and
+        statistics with half x, not bfloat16, and so both formats compute as float32 does, rounded once)."""
+        if output.dtype.half:
+            through_float32(self.context, inputs, output, run)
+        else:
+            run(*(tensor.data.ptr for tensor in (*inputs, output)))
 
     def _batch_norm_parameters(self, mode, x) -> int:
         """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors."""

@@ -89,6 +89,11 @@ KERNELS = {
     "col2im16": ("convolution.cu", (c_void_p, c_void_p) + (c_int,) * 11),
     "max_pooling_backward16": ("pooling.cu", (c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 8),
     "channel_sum16": ("channel_sum.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 6),
+    "batch_norm_sums16": ("batch_norm.cu", (c_void_p, c_void_p) + (c_int,) * 6),
+    "batch_norm_forward_apply16": ("batch_norm.cu", (c_void_p, c_void_p, c_void_p, c_int) + (c_void_p,) * 7
+                                   + (c_float, c_float) + (c_int,) * 7),
+    "batch_norm_gradient_sums16": ("batch_norm.cu", (c_void_p,) * 7 + (c_int,) * 7),
+    "batch_norm_backward_apply16": ("batch_norm.cu", (c_void_p,) * 4 + (c_int,) + (c_void_p,) * 7 + (c_int,) * 7),
     # layers, optimisers and the bf16 math of issue 18
     "to_bf16": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),
     "to_bf16_x4": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),

@@ -252,14 +252,16 @@ class HalfOperands:
         self.scratch.close()
 
 
-def through_float32(context, x, y, run) -> None:
-    """``run(x32, y32)`` (a cuDNN dropout call on float32 pointers) on float32 copies of the 16-bit x in the
-    workspace, then y = h(y32) in x's 16 bits: x32 = float(x) (exact), y32 beside it."""
-    fmt = HALF_FORMATS[x.dtype]
-    x32 = context.workspace(2 * FLOAT32_BYTES * x.size)  # x32 (size), y32 (size)
-    y32 = x32 + FLOAT32_BYTES * x.size
-    # x32 = float(x₁₆)
-    context.half.to_float(x32, x.data.ptr, 1.0, 0.0, x.size, fmt)
-    run(x32, y32)
-    # y₁₆ = h(y32)
-    convert_to_bf16(context, y.data.ptr, y32, y.size, fmt)
+def through_float32(context, inputs, output, run) -> None:
+    """``run(*inputs32, output32)`` (a cuDNN call on float32 pointers: dropout, batch normalisation) on
+    float32 copies of the 16-bit tensors ``inputs`` (each of output's size) in the workspace, one after
+    another, then output = h(output32) in output's 16 bits: each copy exact, output rounded once."""
+    fmt, nbytes = HALF_FORMATS[output.dtype], FLOAT32_BYTES * output.size
+    first = context.workspace(nbytes * (len(inputs) + 1))  # inputs32 …, output32
+    pointers = [first + nbytes * index for index in range(len(inputs) + 1)]
+    for tensor, pointer in zip(inputs, pointers):
+        # copy = float(tensor₁₆)
+        context.half.to_float(pointer, tensor.data.ptr, 1.0, 0.0, tensor.size, fmt)
+    run(*pointers)
+    # output₁₆ = h(output32)
+    convert_to_bf16(context, output.data.ptr, pointers[-1], output.size, fmt)

@@ -2,7 +2,7 @@
 
 Storage is a flat, C-contiguous ``numpy.ndarray``: float32, or a 16-bit tensor's (float16, bfloat16
 as uint16 bits: backends/rounding.py), which the memory calls and the verbs of a 16-bit multilayer
-perceptron or convolutional network (with dropout) take (widening.py: computed in float32 from the stored values), rounding every value they
+perceptron or convolutional network (dropout and batch normalisation too) take (widening.py: computed in float32 from the stored values), rounding every value they
 write to nearest even as the GPU does. BLAS calls read column-major matrices
 out of those flat buffers through strided views, so leading dimensions, transposes and in-place
 ``beta`` blending behave as in cuBLAS. Convolution is im2col + one GEMM per call, with images
@@ -620,16 +620,19 @@ class HostBackend(Backend):
         """dx = dy·mask/(1 - rate), the mask of the last forward."""
         np.multiply(_nd(dy), reserve.reshape(dy.shape), out=_nd(dx))
 
+    @widened
     def _batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
                                      eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
         """Batch statistics in float64 (batch_norm.py), over a ``communicator``'s ranks where given."""
         batch_norm.forward_training(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
                                     save_inv_std, relu, communicator)
 
+    @widened
     def _batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
         """y = scale·(x - mean)/√(var + eps) + bias."""
         batch_norm.forward_inference(mode, x, y, scale, bias, mean, var, eps)
 
+    @widened
     def _batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
                              save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
         """dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale·inv_std/m·(m·dy - dbias - x̂·dscale) (batch_norm.py)."""
