@@ -65,6 +65,7 @@ SLIDES_KERNELS = frozenset({
     "find_nonfinite_gradients",
     "update_loss_scale",
     "sgd_scaled_coefficients",
+    "channel_sum16",  # a 16-bit dy's float32 bias gradient: cudnnConvolutionBackwardBias takes one data type
 })
 
 CONVOLUTION_SEARCHES = ("find", "exhaustive", "heuristic")

@@ -12,8 +12,9 @@ name is ``backend.math``), set as its default with ``backend.set_math`` or for a
     fp16  the same on IEEE half operands, with dynamic loss scaling (loss_scaling.py) for half's range
 
 Weights, their gradients, optimiser state and the loss stay float32 in every mode (llm.c's recipe).
-Under bf16 and fp16 a network whose every layer can store 16 bits (Dense, Activation and the loss
-layers: ``layers.base.activation_dtype``) keeps its activations and their gradients in
+Under bf16 and fp16 a network whose every layer can store 16 bits (Dense, Activation, Conv2D, Pooling,
+GlobalAveragePooling, Dropout, BatchNorm and the loss layers: ``layers.base.activation_dtype``; every
+layer type today) keeps its activations and their gradients in
 ``Precision.activation_dtype`` (bfloat16, or float16); any other network keeps them float32, and only
 the 16-bit copies a GEMM or convolution reads are rounded.
 

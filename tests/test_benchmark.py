@@ -328,6 +328,29 @@ def test_workload_config_is_batch_256_fp32_with_the_graph_setting():
     assert config.engine == "slides" and bench_workloads.workload_config("mlp", "host", None, 1, False, "fast").engine == "fast"
 
 
+@pytest.mark.parametrize("name", ["cnn", "bn_cnn", "cifar10"])
+def test_the_cnn_workloads_activations_in_bf16_take_2_bytes_a_value(host, name):
+    """The benchmark's convolutional workloads store every activation and gradient in bfloat16 under
+    bf16 (issue 29): half the bytes of their fp32 buffers, the peak memory rows' largest part."""
+    import numpy as np
+
+    from cudnnnet import Tensor
+
+    nbytes = {}
+    for math in ("fp32", "bf16"):
+        config = bench_workloads.workload_config(name, "host", None, 1, graph=False, math=math)
+        network = build_network(config, host).set_math(math)
+        shape = input_shape(config)
+        x = np.random.default_rng(0).standard_normal((4, *shape)).astype(np.float32)
+        target = np.zeros((4, 10, 1, 1), np.float32)
+        target[:, 0] = 1.0
+        network.train_step(x, Tensor.from_numpy(target, host), 0.01)
+        hidden = network.layers[:-1]
+        assert {layer.output.dtype.name for layer in hidden} == {"float32" if math == "fp32" else "bfloat16"}
+        nbytes[math] = sum(layer.output.nbytes + layer.grad_input.nbytes for layer in hidden)
+    assert nbytes["bf16"] * 2 == nbytes["fp32"]
+
+
 def test_math_fp16_trains_the_workloads_in_fp16_with_loss_scaling(tmp_path, capsys, mnist_dir, monkeypatch):
     maths = []
     run_epoch = bench_workloads.train_epoch

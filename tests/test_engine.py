@@ -59,7 +59,7 @@ def test_slides_kernels_are_the_loss_and_what_no_library_does():
                                                 "record_nonfinite", "to_bf16", "to_bf16_x4",
                                                 "bf16_to_float", "to_fp16", "to_fp16_x4", "fp16_to_float",
                                                 "find_nonfinite_gradients", "update_loss_scale",
-                                                "sgd_scaled_coefficients"}
+                                                "sgd_scaled_coefficients", "channel_sum16"}
     assert SLIDES.allows_kernel("gather_batch") and SLIDES.allows_kernel("gather_augmented_batch")
     assert not SLIDES.allows_kernel("bias_activation_forward")
     assert FAST.allows_kernel("sgd_update_many")

@@ -15,7 +15,7 @@ from cudnnnet.backends.descriptors import ACTIVATION_MODES, ActivationDescriptor
 from cudnnnet.backends.rounding import round_to
 from cudnnnet.engine import get_engine
 from cudnnnet.errors import DTypeError
-from cudnnnet.layers import MSE, Activation, Conv2D, Dense, Softmax
+from cudnnnet.layers import MSE, Activation, Dense, Softmax
 from cudnnnet.precision import BFLOAT16, FLOAT16, FLOAT32, get_precision
 
 HALF_MATHS = {"bf16": BFLOAT16, "fp16": FLOAT16}
@@ -52,8 +52,14 @@ def test_an_mlp_stores_activations_and_gradients_in_the_maths_16_bits(backend, e
         assert parameter.value.dtype is FLOAT32 and parameter.grad.dtype is FLOAT32
 
 
-def test_a_network_with_another_layer_keeps_float32_activations(backend):
-    network = Network([Conv2D("conv", 2, 3), Activation("relu", "relu"), Dense("fc", 10), Softmax("softmax")],
+class Float32Activation(Activation):
+    """A layer that does not store 16 bits (every layer type of the package does now)."""
+
+    stores_16_bits = False
+
+
+def test_a_network_with_a_layer_that_does_not_store_16_bits_keeps_float32_activations(backend):
+    network = Network([Dense("fc1", 12), Float32Activation("relu", "relu"), Dense("fc", 10), Softmax("softmax")],
                       backend=backend, math="bf16")
     x, target = batch(backend)
     network.forward(x)

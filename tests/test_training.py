@@ -61,7 +61,7 @@ def test_ten_cuda_epochs_reach_the_accuracy_target(cuda, mnist_dir, tmp_path, co
 @pytest.mark.parametrize("config, target", [("mnist_mlp", 0.982), ("mnist_cnn", 0.992), ("mnist_bn_cnn", 0.994)])
 def test_ten_cuda_epochs_in_bf16_reach_the_accuracy_target(cuda, mnist_dir, tmp_path, config, target, engine):
     """``math: bf16`` (16-bit GEMM and convolution operands, FP32 weights, optimiser, softmax and
-    loss; the MLP's activations and gradients in bfloat16) keeps the FP32 targets of the MLP (98.2 %),
+    loss; every network's activations and gradients in bfloat16) keeps the FP32 targets of the MLP (98.2 %),
     the CNN (99.2 %) and the BatchNorm CNN (99.4 %)."""
     config_file = tmp_path / f"{config}_bf16.yaml"
     config_file.write_text((REPO_ROOT / "configs" / f"{config}.yaml").read_text() + "math: bf16\n")

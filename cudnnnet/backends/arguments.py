@@ -4,11 +4,13 @@ the problem. Cheap and host-side: a bad size must not become an out-of-bounds ac
 
 The computing verbs take float32 tensors, each verb's check refusing a 16-bit tensor among its
 operands (``float32_only``, a DTypeError naming the verb and the dtype) rather than misread its bytes;
-the verbs of a 16-bit multilayer perceptron (GEMMs, activations, the softmax's input, the fused bias
-and loss calls) also take, for the operands that hold activations or their gradients, 16-bit tensors
+the verbs of a 16-bit multilayer perceptron or convolutional network (GEMMs, activations, the softmax's
+input, the fused bias and loss calls, convolutions, their bias, pooling, dropout, batch normalisation) also take, for the operands that hold activations or their gradients, 16-bit tensors
 of the precision in force (``activations``: its ``activation_dtype``)."""
 
 from __future__ import annotations
+
+import numbers
 
 from ..errors import DTypeError, InvalidArgumentError, ShapeError, UsageError
 from ..precision import FLOAT32, DType, Precision
@@ -190,10 +192,19 @@ def expect_shape(call: str, what: str, tensor, shape) -> None:
         raise ShapeError(f"{call}: {what} must have shape {tuple(shape)}, got {tensor.shape}")
 
 
-def check_plan(call: str, backend, plan, x, w, y) -> None:
+def check_plan(call: str, backend, plan, x, w, y, result=None) -> None:
     """A UsageError unless ``plan`` is one of ``backend.convolution_plan``'s, a ShapeError unless x, w and y
-    have its shapes (the input, filter and output of the convolution, whichever direction runs); float32 all."""
-    float32_only(call, x, w, y)
+    have its shapes (the input, filter and output of the convolution, whichever direction runs); w float32,
+    x and y of one dtype, float32 or the 16 bits of the backend's precision. ``result``: (out, alpha, beta)
+    of a direction writing x or y, a 16-bit out written with alpha 1 and beta 0 only (its product rounded once)."""
+    activations(call, backend.precision, x, y)
+    same_dtype(call, x, y)
+    float32_only(call, w)
+    out, alpha, beta = result or (w, 1.0, 0.0)
+    plain = all(isinstance(value, numbers.Real) for value in (alpha, beta)) and (alpha, beta) == (1.0, 0.0)
+    if out.dtype.half and not plain:
+        raise UsageError(f"{call}: a {out.dtype} result takes alpha 1 and beta 0 (it is the product rounded once), "
+                         f"got alpha {alpha!r} and beta {beta!r}; blend into a float32 tensor instead")
     if not isinstance(plan, backend.plan_type):
         raise UsageError(f"{call}: expected a plan from {type(backend).__name__}.convolution_plan, "
                          f"got {type(plan).__name__}")
@@ -254,28 +265,36 @@ def check_scopy(n: int, x, incx: int, y, incy: int) -> None:
     check_vector("scopy", "y", y, n, incy)
 
 
-def check_broadcast(call: str, bias, y) -> None:
-    """A ShapeError unless each dimension of ``bias`` is 1 or that of ``y``; float32 both."""
-    float32_only(call, bias, y)
+def check_broadcast(call: str, bias, y, precision: Precision | None = None) -> None:
+    """A ShapeError unless each dimension of ``bias`` is 1 or that of ``y``; float32 both, or with
+    ``precision`` y of its 16 bits too."""
+    float32_only(call, bias, *(() if precision else (y,)))
+    if precision is not None:
+        activations(call, precision, y)
     if any(b not in (1, s) for b, s in zip(bias.shape, y.shape)):
         raise ShapeError(f"{call}: bias of shape {bias.shape} does not broadcast to {y.shape}")
 
 
-def check_backward_bias(dy, db) -> None:
-    """convolution_backward_bias's float32 dy and db, one value per channel of dy."""
-    float32_only("convolution_backward_bias", dy, db)
+def check_backward_bias(precision: Precision, dy, db) -> None:
+    """convolution_backward_bias's dy (float32 or the 16 bits of ``precision``) and float32 db, one value
+    per channel of dy."""
+    activations("convolution_backward_bias", precision, dy)
+    float32_only("convolution_backward_bias", db)
     expect_shape("convolution_backward_bias", "db", db, (1, dy.c, 1, 1))
 
 
-def check_pooling_forward(desc, x, y) -> None:
-    """float32 x and y, y of the pooling of x by ``desc``."""
-    float32_only("pooling_forward", x, y)
+def check_pooling_forward(precision: Precision, desc, x, y) -> None:
+    """x and y of one dtype (float32 or the 16 bits of ``precision``), y of the pooling of x by ``desc``."""
+    activations("pooling_forward", precision, x, y)
+    same_dtype("pooling_forward", x, y)
     expect_shape("pooling_forward", "y", y, desc.output_shape(x.shape))
 
 
-def check_pooling_backward(desc, y, dy, x, dx) -> None:
-    """dy and y of the pooling of x by ``desc``, dx of x's shape; float32 all."""
-    float32_only("pooling_backward", y, dy, x, dx)
+def check_pooling_backward(precision: Precision, desc, y, dy, x, dx) -> None:
+    """dy and y of the pooling of x by ``desc``, dx of x's shape; of one dtype, float32 or the 16 bits of
+    ``precision``."""
+    activations("pooling_backward", precision, y, dy, x, dx)
+    same_dtype("pooling_backward", y, dy, x, dx)
     expect_shape("pooling_backward", "dy", dy, desc.output_shape(x.shape))
     expect_shape("pooling_backward", "y", y, dy.shape)
     expect_shape("pooling_backward", "dx", dx, x.shape)
@@ -351,9 +370,10 @@ def check_adam_many(groups, lr, counter, loss_scale) -> None:
         check_elementwise("adam_update_many", param, *state)
 
 
-def check_dropout(call: str, reserve, x, y, what: str) -> None:
-    """x and y of one shape, the shape ``reserve`` was made for (``what`` names x); float32 both."""
-    check_elementwise(call, x, y)
+def check_dropout(call: str, precision: Precision, reserve, x, y, what: str) -> None:
+    """x and y of one shape, the shape ``reserve`` was made for (``what`` names x); of one dtype, float32 or
+    the 16 bits of ``precision``."""
+    check_activations(call, precision, x, y)
     expect_shape(call, f"{what} (the reserve's shape)", x, reserve.shape)
 
 
@@ -367,12 +387,12 @@ def batch_norm_parameter_shape(call: str, mode, x) -> tuple[int, int, int, int]:
     raise UsageError(f"{call}: unknown mode {mode!r}; valid are PER_ACTIVATION (0) and SPATIAL (1)")
 
 
-def check_batch_norm(call: str, mode, x, others, parameters) -> None:
-    """``others`` of x's shape, and each of ``parameters`` one value per parameter of ``mode``, else a
-    ShapeError (a UsageError for an unknown mode); float32 all."""
-    float32_only(call, x, *others, *parameters)
-    for other in others:
-        same_shape(call, x, other)
+def check_batch_norm(call: str, precision: Precision, mode, x, others, parameters) -> None:
+    """``others`` of x's shape and dtype (float32 or the 16 bits of ``precision``), and each of ``parameters``
+    (float32) one value per parameter of ``mode``, else a ShapeError or DTypeError (a UsageError for an
+    unknown mode)."""
+    check_activations(call, precision, x, *others)
+    float32_only(call, *parameters)
     shape = batch_norm_parameter_shape(call, mode, x)
     for tensor in parameters:
         if tensor.size != shape[1] * shape[2] * shape[3]:
@@ -380,8 +400,9 @@ def check_batch_norm(call: str, mode, x, others, parameters) -> None:
                              f"{BatchNormMode(mode).name}; expected {shape}")
 
 
-def check_batch_norm_backward(mode, x, dy, dx, parameters, bias, relu: bool) -> None:
+def check_batch_norm_backward(precision: Precision, mode, x, dy, dx, parameters, bias, relu: bool) -> None:
     """check_batch_norm's checks of the backward's tensors, and a UsageError for ``relu`` without ``bias``."""
-    check_batch_norm("batch_norm_backward", mode, x, (dy, dx), (*parameters, *(() if bias is None else (bias,))))
+    check_batch_norm("batch_norm_backward", precision, mode, x, (dy, dx),
+                     (*parameters, *(() if bias is None else (bias,))))
     if relu and bias is None:
         raise UsageError("batch_norm_backward: relu needs the bias (the forward's ReLU is recomputed from x)")

@@ -8,8 +8,8 @@ Conventions
 -----------
 * Arguments called ``x, y, dx, dy, w, dw, bias, A, B, C ...`` are float32 Tensors on this backend
   (16-bit ones are refused: arguments.float32_only), except the activations and their gradients of
-  the verbs a 16-bit multilayer perceptron calls, which may also hold the 16 bits of the precision in
-  force (arguments.activations; each verb says which): those verbs compute in float32 from the stored
+  the verbs a 16-bit MLP or CNN calls, which may also hold the 16 bits of the precision in force
+  (arguments.activations; each verb says which): those verbs compute in float32 from the stored
   values and round what they store in a 16-bit tensor to nearest even, once. Their ``data`` is the
   backend's storage (of any dtype in the memory calls): a flat ``numpy.ndarray`` on the host, a
   :class:`DeviceBuffer` on CUDA.
@@ -243,8 +243,9 @@ class Backend(ABC):
         """``softmax_forward`` on the arguments it has checked."""
 
     def add_tensor(self, alpha, bias, beta, y) -> None:
-        """cudnnAddTensor: y = alpha·bias + beta·y, bias (1, C, 1, 1) broadcast over N, H, W."""
-        arguments.check_broadcast("add_tensor", bias, y)
+        """cudnnAddTensor: y = alpha·bias + beta·y, bias (1, C, 1, 1) broadcast over N, H, W. A 16-bit y reads
+        the bias rounded to its 16 bits (cuDNN takes one data type), then the sum is rounded once."""
+        arguments.check_broadcast("add_tensor", bias, y, self.precision)
         self._add_tensor(alpha, bias, beta, y)
 
     @abstractmethod
@@ -260,8 +261,8 @@ class Backend(ABC):
         """
 
     def convolution_forward(self, plan, alpha, x, w, beta, y) -> None:
-        """cudnnConvolutionForward: y = alpha·(x ⋆ w) + beta·y."""
-        arguments.check_plan("convolution_forward", self, plan, x=x, w=w, y=y)
+        """cudnnConvolutionForward: y = alpha·(x ⋆ w) + beta·y. x and y may be 16-bit (w is float32)."""
+        arguments.check_plan("convolution_forward", self, plan, x=x, w=w, y=y, result=(y, alpha, beta))
         self._convolution_forward(plan, alpha, x, w, beta, y)
 
     @abstractmethod
@@ -269,8 +270,8 @@ class Backend(ABC):
         """``convolution_forward`` on the arguments it has checked."""
 
     def convolution_backward_data(self, plan, alpha, w, dy, beta, dx) -> None:
-        """cudnnConvolutionBackwardData: dx = alpha·(dy ⋆ᵀ w) + beta·dx."""
-        arguments.check_plan("convolution_backward_data", self, plan, x=dx, w=w, y=dy)
+        """cudnnConvolutionBackwardData: dx = alpha·(dy ⋆ᵀ w) + beta·dx. dy and dx may be 16-bit."""
+        arguments.check_plan("convolution_backward_data", self, plan, x=dx, w=w, y=dy, result=(dx, alpha, beta))
         self._convolution_backward_data(plan, alpha, w, dy, beta, dx)
 
     @abstractmethod
@@ -278,7 +279,7 @@ class Backend(ABC):
         """``convolution_backward_data`` on the arguments it has checked."""
 
     def convolution_backward_filter(self, plan, alpha, x, dy, beta, dw) -> None:
-        """cudnnConvolutionBackwardFilter: dw = alpha·Σₙ (xₙ ⋆ dyₙ) + beta·dw."""
+        """cudnnConvolutionBackwardFilter: dw = alpha·Σₙ (xₙ ⋆ dyₙ) + beta·dw. x and dy may be 16-bit (dw float32)."""
         arguments.check_plan("convolution_backward_filter", self, plan, x=x, w=dw, y=dy)
         self._convolution_backward_filter(plan, alpha, x, dy, beta, dw)
 
@@ -288,8 +289,8 @@ class Backend(ABC):
 
     def convolution_backward_bias(self, alpha, dy, beta, db) -> None:
         """cudnnConvolutionBackwardBias: db(1, K, 1, 1) = alpha·Σ_{n,h,w} dy + beta·db (beta == 0: db is
-        overwritten, never read). Deterministic: the same bits on every call with the same dy."""
-        arguments.check_backward_bias(dy, db)
+        overwritten, never read). Deterministic: the same bits on every call with the same dy. dy may be 16-bit."""
+        arguments.check_backward_bias(self.precision, dy, db)
         self._convolution_backward_bias(alpha, dy, beta, db)
 
     @abstractmethod
@@ -297,8 +298,8 @@ class Backend(ABC):
         """``convolution_backward_bias`` on the arguments it has checked."""
 
     def pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
-        """cudnnPoolingForward."""
-        arguments.check_pooling_forward(desc, x, y)
+        """cudnnPoolingForward. x and y of one dtype, which may be 16-bit."""
+        arguments.check_pooling_forward(self.precision, desc, x, y)
         self._pooling_forward(desc, alpha, x, beta, y)
 
     @abstractmethod
@@ -312,9 +313,9 @@ class Backend(ABC):
         maximum, and nothing to its other cells; a window holding a NaN routes its dy nowhere.
         Average pooling spreads dy / window² over the window, padding included. ``y`` must be what
         pooling_forward(desc, 1, x, 0, y) gave: cuDNN may read the maxima from it, the host backend
-        and our CUDA kernel recompute them from x.
+        and our CUDA kernel recompute them from x. y, dy, x and dx of one dtype, which may be 16-bit.
         """
-        arguments.check_pooling_backward(desc, y, dy, x, dx)
+        arguments.check_pooling_backward(self.precision, desc, y, dy, x, dx)
         self._pooling_backward(desc, alpha, y, dy, x, beta, dx)
 
     @abstractmethod
@@ -593,8 +594,9 @@ class Backend(ABC):
 
     def dropout_forward(self, state, reserve, x, y) -> None:
         """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask (each value kept with probability
-        1 - rate) drawn from ``state`` at every call, even a replayed graph's, and kept in ``reserve``."""
-        arguments.check_dropout("dropout_forward", reserve, x, y, "the input")
+        1 - rate) drawn from ``state`` at every call, even a replayed graph's, and kept in ``reserve``. x and y
+        of one dtype, which may be 16-bit (y rounded once)."""
+        arguments.check_dropout("dropout_forward", self.precision, reserve, x, y, "the input")
         self._dropout_forward(state, reserve, x, y)
 
     @abstractmethod
@@ -602,8 +604,9 @@ class Backend(ABC):
         """``dropout_forward`` on the arguments it has checked."""
 
     def dropout_backward(self, state, reserve, dy, dx) -> None:
-        """cudnnDropoutBackward: dx = dy·mask/(1 - rate), with the mask of the last dropout_forward."""
-        arguments.check_dropout("dropout_backward", reserve, dy, dx, "dy")
+        """cudnnDropoutBackward: dx = dy·mask/(1 - rate), with the mask of the last dropout_forward; dy and dx
+        may be 16-bit."""
+        arguments.check_dropout("dropout_backward", self.precision, reserve, dy, dx, "dy")
         self._dropout_backward(state, reserve, dy, dx)
 
     @abstractmethod
@@ -621,7 +624,7 @@ class Backend(ABC):
             running_var  = (1 - factor)·running_var  + factor·σ²·m/(m - 1)
             save_mean = μ;  save_inv_std = 1/√(σ² + eps)
 
-        ``relu`` (the fast engine only): y = max(y, 0) in the same pass.
+        ``relu`` (the fast engine only): y = max(y, 0) in the same pass. x and y may be 16-bit (y rounded once).
 
         ``communicator`` (synchronised batch normalisation; the fast engine only on CUDA): the
         per-channel totals (Σ x, Σ x²) and m, laid out as 2C + 1 float64 [(Σ x, Σ x²) per channel,
@@ -629,7 +632,7 @@ class Backend(ABC):
         (the backend's storage of them: a device address on CUDA, a NumPy array on the host) before
         normalising: μ, σ² and m are those of every rank's batch together.
         """
-        arguments.check_batch_norm("batch_norm_forward_training", mode, x, (y,),
+        arguments.check_batch_norm("batch_norm_forward_training", self.precision, mode, x, (y,),
                                    (scale, bias, running_mean, running_var, save_mean, save_inv_std))
         self._batch_norm_forward_training(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
                                           save_inv_std, relu, communicator)
@@ -641,8 +644,9 @@ class Backend(ABC):
         """``batch_norm_forward_training`` on the arguments it has checked."""
 
     def batch_norm_forward_inference(self, mode: "BatchNormMode", x, y, scale, bias, mean, var, eps: float) -> None:
-        """cudnnBatchNormalizationForwardInference: y = scale·(x - mean)/√(var + eps) + bias."""
-        arguments.check_batch_norm("batch_norm_forward_inference", mode, x, (y,), (scale, bias, mean, var))
+        """cudnnBatchNormalizationForwardInference: y = scale·(x - mean)/√(var + eps) + bias; x, y may be 16-bit."""
+        arguments.check_batch_norm("batch_norm_forward_inference", self.precision, mode, x, (y,),
+                                   (scale, bias, mean, var))
         self._batch_norm_forward_inference(mode, x, y, scale, bias, mean, var, eps)
 
     @abstractmethod
@@ -651,7 +655,8 @@ class Backend(ABC):
 
     def batch_norm_backward(self, mode: "BatchNormMode", x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
                             save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
-        """cudnnBatchNormalizationBackward (all alphas 1, betas 0), from the saved μ and 1/√(σ² + eps):
+        """cudnnBatchNormalizationBackward (all alphas 1, betas 0), from the saved μ and 1/√(σ² + eps); x, dy, dx
+        may be 16-bit:
 
             x̂ = (x - μ)/√(σ² + eps);  dbias = Σ dy;  dscale = Σ dy·x̂
             dx = scale/(m·√(σ² + eps))·(m·dy - dbias - x̂·dscale)
@@ -663,8 +668,8 @@ class Backend(ABC):
         ranks before dx is computed from them; dscale and dbias are this rank's sums (averaged over
         the ranks afterwards with every other gradient, they become the gradient of the mean loss).
         """
-        arguments.check_batch_norm_backward(mode, x, dy, dx, (scale, dscale, dbias, save_mean, save_inv_std), bias,
-                                            relu)
+        arguments.check_batch_norm_backward(self.precision, mode, x, dy, dx,
+                                            (scale, dscale, dbias, save_mean, save_inv_std), bias, relu)
         self._batch_norm_backward(mode, x, dy, dx, scale, dscale, dbias, eps, save_mean, save_inv_std, bias, relu,
                                   communicator)
 

@@ -18,6 +18,13 @@ buffers, not parameters: saved in checkpoints beside the weights, never touched 
 In the fast engine training runs our kernels (backends/cuda/batch_norm.py) in place of cuDNN's
 calls, and a ReLU layer right after (``activation``, set by Network) is applied in them: y = max(y, 0)
 in the forward pass, dy·[y > 0] in the backward pass; in evaluation it runs on y in place.
+
+Under math bf16 or fp16 in a network that stores 16 bits (layers.base.activation_dtype), x, y, dy and dx
+are 16-bit tensors; γ, β, their gradients, the running statistics and the saved μ and 1/√(σ² + eps) stay
+float32, every sum float32 or float64, y and dx rounded once. The fast engine's kernels read and write
+16 bits (their ``*16`` twins); cuDNN's calls in the slides engine, and in evaluation, run on float32
+copies of x (and dy), y (dx) rounded from their float32 result (cuda/low_precision.through_float32).
+Synchronised statistics are summed over the ranks as in float32.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ MIN_EPS = 1e-5  # CUDNN_BN_MIN_EPSILON
 
 
 class BatchNorm(Layer):
+    stores_16_bits = True  # x, y, dy and dx may be 16-bit: statistics and sums in float32/float64, y and dx rounded once
+
     def __init__(self, name: str, mode: str = "auto", momentum: float = 0.1, eps: float = 1e-5, sync: bool = False):
         super().__init__(name)
         if not isinstance(sync, bool):

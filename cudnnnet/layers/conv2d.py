@@ -20,6 +20,19 @@ cuDNN's algorithms and our explicit-GEMM convolution as the backend timed them.
 ``bias=False`` leaves b out (no parameter, no bias call, no db): right before a BatchNorm a bias
 changes nothing, as the normalisation subtracts the batch mean it shifts. A following activation
 then runs as its own layer in both engines (the fast engine applies f in the bias kernel).
+
+Under math bf16 or fp16 in a network that stores 16 bits (layers.base.activation_dtype), x, y, dy and dx
+are 16-bit tensors (h: the rounding to the format, nearest even; w₁₆ = h(w), the pass's copy), w, b, dw
+and db float32, every sum float32. Each engine's convolutions store their product rounded once, cuDNN's
+16-bit output and the GEMM convolution's alike, so the two engines differ in the bias add only:
+
+    slides  y  = h(h(x ⋆ w₁₆) + h(b))          cudnnAddTensor takes one data type: b's 16-bit copy
+    fast    y  = h(f(h(x ⋆ w₁₆) + b))          bias_activation_forward16, b read in float32
+    both    db = Σₙ Σ_{h,w} dy                 float32 sum of the 16-bit values (channel_sum16: the
+                                               slides engine's too, cuDNN's takes one data type)
+            dw = h(Σₙ xₙ ⋆ dyₙ)                float32 tensor, rounded once as the float32-activation
+                                               path does
+            dx = h(dy ⋆ᵀ w₁₆)
 """
 
 from __future__ import annotations
@@ -31,6 +44,8 @@ from .base import WeightBiasLayer, he_uniform, positive_int
 
 
 class Conv2D(WeightBiasLayer):
+    stores_16_bits = True  # x, y, dy and dx may be 16-bit: the convolutions read them and store y and dx rounded
+
     def __init__(self, name: str, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0,
                  dilation: int = 1, bias: bool = True):
         super().__init__(name)

@@ -8,7 +8,8 @@ The mask stream is seeded from the network's seed and the layer's position, so a
 reproducible. On CUDA the random-number states live in a buffer that cudnnSetDropoutDescriptor
 fills once and every cudnnDropoutForward advances, so each replay of a captured training step
 draws a new mask; the mask is kept in a reserve space per batch shape for the backward pass.
-The host draws its masks with a seeded NumPy generator (not cuDNN's stream).
+The host draws its masks with a seeded NumPy generator (not cuDNN's stream). Under math bf16 or
+fp16 in a network that stores 16 bits, x, y, dy and dx are 16-bit tensors, y and dx rounded once.
 
 A resumed training run calls ``skip_masks`` with the batch sizes trained before the checkpoint:
 the generator then draws, and drops, the masks those steps drew, so the run goes on with the masks
@@ -28,6 +29,8 @@ SEED_LIMIT = 2**63  # the layer's seed is drawn below this (cuDNN takes an unsig
 
 
 class Dropout(Layer):
+    stores_16_bits = True  # x, y, dy and dx may be 16-bit: x·mask/(1 - rate) rounded once, the mask as it is
+
     def __init__(self, name: str, rate: float = 0.5):
         super().__init__(name)
         if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0 <= rate < 1:

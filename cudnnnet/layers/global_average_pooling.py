@@ -16,6 +16,8 @@ from .base import Layer
 
 
 class GlobalAveragePooling(Layer):
+    stores_16_bits = True  # x, y, dy and dx may be 16-bit: the float32 mean and dx rounded once
+
     def __init__(self, name: str):
         super().__init__(name)
         self.descriptor = None  # average pooling over the whole plane, set at build

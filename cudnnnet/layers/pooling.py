@@ -8,7 +8,8 @@
                          0     otherwise (every cell of a window holding a NaN, cells of no window)
 
 The host backend computes the same with NumPy (backends/cuda/pooling.py decides where the kernel
-can run).
+can run). Under math bf16 or fp16 in a network that stores 16 bits, x, y, dy and dx are 16-bit tensors:
+the maximum of 16-bit values is one of them, the average (float32) and dx are rounded once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ MODES = tuple(POOLING_MODES)  # a config's modes, each a cudnnPoolingMode_t
 
 
 class Pooling(Layer):
+    stores_16_bits = True  # x, y, dy and dx may be 16-bit: max exact, the average and dx rounded once
+
     def __init__(self, name: str, kernel_size: int, padding: int = 0, stride: int | None = None,
                  mode: str = "max"):
         super().__init__(name)

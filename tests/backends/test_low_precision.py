@@ -204,9 +204,16 @@ def stored_dtypes(network) -> set:
     return {layer.output.dtype for layer in network.layers[:-1]} | {layer.grad_input.dtype for layer in network.layers}
 
 
-# the activations' dtype of each config in math bf16, fp16: an MLP's are 16-bit (test_mlp16.py)
-ACTIVATIONS = {("mnist_mlp", "bf16"): BFLOAT16, ("mnist_mlp", "fp16"): FLOAT16, ("mnist_cnn", "bf16"): FLOAT32,
-               ("mnist_cnn", "fp16"): FLOAT32}
+# the activations' dtype of each config in math bf16, fp16: an MLP's and a CNN's of Conv2D and Pooling are
+# 16-bit (test_mlp16.py, test_cnn16.py)
+ACTIVATIONS = {("mnist_mlp", "bf16"): BFLOAT16, ("mnist_mlp", "fp16"): FLOAT16, ("mnist_cnn", "bf16"): BFLOAT16,
+               ("mnist_cnn", "fp16"): FLOAT16, ("mnist_bn_cnn", "bf16"): BFLOAT16, ("mnist_bn_cnn", "fp16"): FLOAT16}
+NOISE = 1e-6  # an update below this norm in FP32 is rounding noise: a bias right before a BatchNorm has no gradient
+
+
+def moving(in_fp32: dict) -> list[str]:
+    """The parameters whose FP32 update is more than rounding noise (those the GPU == host tests compare)."""
+    return [name for name, update in in_fp32.items() if np.linalg.norm(update) > NOISE]
 
 
 def parameter_updates(config, backend, engine: str, start: dict, math: str) -> tuple[dict, tuple, set]:
@@ -220,22 +227,24 @@ def parameter_updates(config, backend, engine: str, start: dict, math: str) -> t
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("engine", ["slides", "fast"])
-@pytest.mark.parametrize("name", ["mnist_mlp", "mnist_cnn"])
+@pytest.mark.parametrize("name", ["mnist_mlp", "mnist_cnn", "mnist_bn_cnn"])
 def test_a_bf16_step_on_the_gpu_equals_the_hosts(name, engine, cuda, host):
     """Each parameter's update over two steps agrees within 1e-2 (relative, in norm): the operands are
     rounded alike, and only values near a bfloat16 rounding boundary may round to the other neighbour
-    (one step, 2⁻⁸), a difference the later layers carry on. The host's FP32 updates are 2 to 10 %
-    from its bf16 ones, so the test tells the two apart."""
+    (one step, 2⁻⁸), a difference the later layers carry on. The host's FP32 updates are 2 to 20 %
+    from its bf16 ones (10 % in mnist_cnn, 20 % in mnist_bn_cnn), so the test tells the two apart (a bias before a BatchNorm, whose update is
+    rounding noise, is not compared)."""
     config = config_of(name)
     start = build_network(config, host).state_dict()
     on_host, (host_loss, host_hits), host_stored = parameter_updates(config, host, engine, start, "bf16")
     on_cuda, (cuda_loss, cuda_hits), cuda_stored = parameter_updates(config, cuda, engine, start, "bf16")
     in_fp32, _, _ = parameter_updates(config, host, engine, start, "fp32")
     assert host_stored == cuda_stored == {ACTIVATIONS[name, "bf16"]}
-    for parameter, update in on_host.items():
-        error = relative_error(on_cuda[parameter], update)
+    compared = moving(in_fp32)
+    for parameter in compared:
+        error = relative_error(on_cuda[parameter], on_host[parameter])
         assert error <= 1e-2, f"{parameter}: relative error {error:.3g}"
-    assert max(relative_error(in_fp32[parameter], update) for parameter, update in on_host.items()) > 2e-2
+    assert max(relative_error(in_fp32[parameter], on_host[parameter]) for parameter in compared) > 2e-2
     assert cuda_loss == pytest.approx(host_loss, rel=1e-3)
     assert abs(cuda_hits - host_hits) <= 2
 
@@ -521,24 +530,26 @@ def test_a_bf16_step_converts_each_operand_once(name, engine, cuda, monkeypatch)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("engine", ["slides", "fast"])
-@pytest.mark.parametrize("name", ["mnist_mlp", "mnist_cnn"])
+@pytest.mark.parametrize("name", ["mnist_mlp", "mnist_cnn", "mnist_bn_cnn"])
 def test_an_fp16_step_with_loss_scaling_on_the_gpu_equals_the_hosts(name, engine, cuda, host):
     """Two loss-scaled steps: each parameter's update agrees within ``tolerance`` (relative, in norm);
     only values near a half rounding boundary may take the other neighbour (2⁻¹¹), a difference the
-    later layers carry on (more of them in the CNN). The host's FP32 updates are 0.9 % (MLP) to 4 %
-    (CNN) from its fp16 ones and its bf16 ones 5 to 10 %, so the test tells the three apart."""
-    tolerance = {"mnist_mlp": 5e-3, "mnist_cnn": 1e-2}[name]
+    later layers carry on (more of them in the CNNs). The host's FP32 updates are 0.9 % (MLP) to 7 %
+    (BN net) from its fp16 ones and its bf16 ones 5 to 21 %, so the test tells the three apart (a bias
+    before a BatchNorm, whose update is rounding noise, is not compared)."""
+    tolerance = {"mnist_mlp": 5e-3, "mnist_cnn": 1e-2, "mnist_bn_cnn": 1e-2}[name]
     config = config_of(name)
     start = build_network(config, host).state_dict()
     on_host, (host_loss, host_hits), host_stored = scaled_updates(config, host, engine, start, "fp16")
     on_cuda, (cuda_loss, cuda_hits), cuda_stored = scaled_updates(config, cuda, engine, start, "fp16")
     assert host_stored == cuda_stored == {ACTIVATIONS[name, "fp16"]}
-    for parameter, update in on_host.items():
-        error = relative_error(on_cuda[parameter], update)
+    compared = moving(scaled_updates(config, host, engine, start, "fp32")[0])
+    for parameter in compared:
+        error = relative_error(on_cuda[parameter], on_host[parameter])
         assert error <= tolerance, f"{parameter}: relative error {error:.3g}"
     for other in ("fp32", "bf16"):
         elsewhere, _, _ = scaled_updates(config, host, engine, start, other)
-        assert max(relative_error(elsewhere[parameter], update) for parameter, update in on_host.items()) > tolerance
+        assert max(relative_error(elsewhere[parameter], on_host[parameter]) for parameter in compared) > tolerance
     assert cuda_loss == pytest.approx(host_loss, rel=1e-3)
     assert abs(cuda_hits - host_hits) <= 2
 

@@ -52,7 +52,7 @@ from .convolution_planner import ConvolutionPlanner, search_label
 from .gemm_convolution import INDEX_LIMIT
 from .kernel import blocks_for
 from .conversion import convert_storage
-from .low_precision import HALF_FORMATS, half_format
+from .low_precision import HALF_FORMATS, half_format, through_float32
 from . import pooling
 from .activation_kernels import ActivationKernels
 from .matmul import GemmEngine, GemmProblem, alignment
@@ -312,7 +312,7 @@ class CudaBackend(ArrayProtocols, Backend):
     # ---- cuDNN: pointwise ---------------------------------------------------------------------
     def _tensor_descriptor(self, tensor, shape=None) -> int:
         """The cuDNN descriptor of ``tensor`` (of ``shape``, default its own): CUDNN_DATA_FLOAT, or
-        CUDNN_DATA_BFLOAT16 / CUDNN_DATA_HALF for a 16-bit multilayer perceptron's activations."""
+        CUDNN_DATA_BFLOAT16 / CUDNN_DATA_HALF for a 16-bit network's activations."""
         data_type = HALF_FORMATS[tensor.dtype].cudnn_type if tensor.dtype.half else cudnn.DATA_FLOAT
         return self.context.descriptors.tensor(tensor.shape if shape is None else shape, data_type).handle
 
@@ -350,11 +350,13 @@ class CudaBackend(ArrayProtocols, Backend):
                               source, scalar(beta), t, y.data.ptr)
 
     def _add_tensor(self, alpha, bias, beta, y) -> None:
-        """cudnnAddTensor."""
+        """cudnnAddTensor; a 16-bit y (a 16-bit CNN's) with the bias's 16-bit copy, as cuDNN takes one data type."""
         context = self.context
-        scalar, descriptors = context.scalar, context.descriptors
-        cudnn.add_tensor(context.cudnn.handle, scalar(alpha), descriptors.tensor(bias.shape).handle, bias.data.ptr,
-                         scalar(beta), descriptors.tensor(y.shape).handle, y.data.ptr)
+        bias_ptr = bias.data.ptr
+        if y.dtype.half:
+            (bias_ptr,) = context.half.operands((bias, bias.size), fmt=HALF_FORMATS[y.dtype])
+        cudnn.add_tensor(context.cudnn.handle, context.scalar(alpha), self._tensor_descriptor(y, bias.shape), bias_ptr,
+                         context.scalar(beta), self._tensor_descriptor(y), y.data.ptr)
 
     # ---- cuDNN: convolution -------------------------------------------------------------------
     def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
@@ -377,9 +379,9 @@ class CudaBackend(ArrayProtocols, Backend):
 
     def _convolution_backward_bias(self, alpha, dy, beta, db) -> None:
         """cudnnConvolutionBackwardBias, in two passes over reshaped views of dy from 32 samples on
-        (see backward_bias.py); in fast mode kernels/channel_sum.cu (see channel_sum.py): one launch,
-        deterministic, no library call."""
-        if self.engine.channel_sum:
+        (see backward_bias.py); in fast mode, and for a 16-bit dy in both, kernels/channel_sum.cu (see
+        channel_sum.py): one launch, deterministic, no library call."""
+        if self.engine.channel_sum or dy.dtype.half:  # cuDNN's takes one data type; db stays float32
             self._channel_sum(alpha, dy, beta, db)
             return
         # db = alpha·Σ_{n,h,w} dy + beta·db      in one call, or two on reshaped views of dy
@@ -390,8 +392,8 @@ class CudaBackend(ArrayProtocols, Backend):
         context = self.context
         scalar, descriptors = context.scalar, context.descriptors
         cudnn.pooling_forward(context.cudnn.handle, descriptors.pooling(desc).handle, scalar(alpha),
-                              descriptors.tensor(x.shape).handle, x.data.ptr, scalar(beta),
-                              descriptors.tensor(y.shape).handle, y.data.ptr)
+                              self._tensor_descriptor(x), x.data.ptr, scalar(beta), self._tensor_descriptor(y),
+                              y.data.ptr)
 
     def _pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnPoolingBackward; in fast mode, max pooling without padding whose windows do not overlap
@@ -402,7 +404,7 @@ class CudaBackend(ArrayProtocols, Backend):
         # dx = alpha·pool'(x, y)·dy + beta·dx
         context = self.context
         scalar, descriptors = context.scalar, context.descriptors
-        ty, tx = descriptors.tensor(y.shape).handle, descriptors.tensor(x.shape).handle
+        ty, tx = self._tensor_descriptor(y), self._tensor_descriptor(x)
         cudnn.pooling_backward(context.cudnn.handle, descriptors.pooling(desc).handle, scalar(alpha), ty, y.data.ptr, ty,
                                dy.data.ptr, tx, x.data.ptr, scalar(beta), tx, dx.data.ptr)
 
@@ -559,16 +561,30 @@ class CudaBackend(ArrayProtocols, Backend):
         return DropoutReserve(x_shape, DeviceBuffer.allocate(max(nbytes, FLOAT32_BYTES)), nbytes)
 
     def _dropout_forward(self, state, reserve, x, y) -> None:
-        """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask from the state's generator."""
+        """cudnnDropoutForward: y = x·mask/(1 - rate), a new mask from the state's generator (16-bit x and y
+        through float32 copies: low_precision.through_float32)."""
         t = self.context.descriptors.tensor(x.shape).handle
-        cudnn.dropout_forward(self.context.cudnn.handle, state.descriptor.handle, t, x.data.ptr, t, y.data.ptr,
-                              reserve.buffer.ptr, reserve.nbytes)
+
+        def run(source: int, target: int) -> None:
+            cudnn.dropout_forward(self.context.cudnn.handle, state.descriptor.handle, t, source, t, target,
+                                  reserve.buffer.ptr, reserve.nbytes)
+        if x.dtype.half:
+            through_float32(self.context, (x,), y, run)
+        else:
+            run(x.data.ptr, y.data.ptr)
 
     def _dropout_backward(self, state, reserve, dy, dx) -> None:
-        """cudnnDropoutBackward: dx = dy·mask/(1 - rate), the last forward's mask."""
+        """cudnnDropoutBackward: dx = dy·mask/(1 - rate), the last forward's mask (16-bit dy and dx through
+        float32 copies: low_precision.through_float32)."""
         t = self.context.descriptors.tensor(dy.shape).handle
-        cudnn.dropout_backward(self.context.cudnn.handle, state.descriptor.handle, t, dy.data.ptr, t, dx.data.ptr,
-                               reserve.buffer.ptr, reserve.nbytes)
+
+        def run(source: int, target: int) -> None:
+            cudnn.dropout_backward(self.context.cudnn.handle, state.descriptor.handle, t, source, t, target,
+                                   reserve.buffer.ptr, reserve.nbytes)
+        if dy.dtype.half:
+            through_float32(self.context, (dy,), dx, run)
+        else:
+            run(dy.data.ptr, dx.data.ptr)
 
     def _batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
                                      eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
@@ -581,18 +597,24 @@ class CudaBackend(ArrayProtocols, Backend):
         _no_relu("batch_norm_forward_training", relu, communicator)
         context = self.context
         t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
-        cudnn.batch_normalization_forward_training(
-            context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
-            scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
-            save_mean.data.ptr, save_inv_std.data.ptr)
+
+        def run(source: int, target: int) -> None:
+            cudnn.batch_normalization_forward_training(
+                context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, source, t, target, p,
+                scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
+                save_mean.data.ptr, save_inv_std.data.ptr)
+        self._on_float32((x,), y, run)
 
     def _batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
-        """cudnnBatchNormalizationForwardInference."""
+        """cudnnBatchNormalizationForwardInference (16-bit x and y through float32 copies, as in training)."""
         context = self.context
         t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
-        cudnn.batch_normalization_forward_inference(
-            context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
-            scale.data.ptr, bias.data.ptr, mean.data.ptr, var.data.ptr, float(eps))
+
+        def run(source: int, target: int) -> None:
+            cudnn.batch_normalization_forward_inference(
+                context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, source, t, target, p,
+                scale.data.ptr, bias.data.ptr, mean.data.ptr, var.data.ptr, float(eps))
+        self._on_float32((x,), y, run)
 
     def _batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
                              save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
@@ -606,9 +628,21 @@ class CudaBackend(ArrayProtocols, Backend):
         context = self.context
         t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
         one, zero = context.scalar(1.0), context.scalar(0.0)
-        cudnn.batch_normalization_backward(
-            context.cudnn.handle, int(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
-            scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)
+
+        def run(x_values: int, dy_values: int, target: int) -> None:
+            cudnn.batch_normalization_backward(
+                context.cudnn.handle, int(mode), one, zero, one, zero, t, x_values, t, dy_values, t, target, p,
+                scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)
+        self._on_float32((x, dy), dx, run)
+
+    def _on_float32(self, inputs, output, run) -> None:
+        """``run`` (a cuDNN batch normalisation call) on the tensors' pointers, or for a 16-bit network's on
+        float32 copies of them (low_precision.through_float32: cuDNN documents float scale, bias and
+        statistics with half x, not bfloat16, and so both formats compute as float32 does, rounded once)."""
+        if output.dtype.half:
+            through_float32(self.context, inputs, output, run)
+        else:
+            run(*(tensor.data.ptr for tensor in (*inputs, output)))
 
     def _batch_norm_parameters(self, mode, x) -> int:
         """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors."""

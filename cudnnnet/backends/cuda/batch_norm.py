@@ -17,6 +17,9 @@ the ranks on the backend's stream (inside a captured step too) before the elemen
 μ and σ² are those of every rank's batch together, dx takes every rank's Σ dy' and Σ dy'·x̂, while
 dscale and dbias stay this rank's (the gradient all-reduce averages them as every other gradient).
 
+A 16-bit network's x, y, dy and dx (bfloat16 or float16) take the kernels' 16-bit twins (``*16``):
+each value read exactly, y and dx rounded once; the statistics, sums and parameters as in float32.
+
 The scratch grows (outside a capture) to the largest launch seen; a buffer it outgrows is kept, not
 freed, so that a CUDA graph captured with it stays valid.
 """
@@ -28,6 +31,7 @@ from ..descriptors import BatchNormMode
 from .buffer import DeviceBuffer
 from .gemm_convolution import INDEX_LIMIT
 from .kernel import BLOCK_SIZE, MAX_BLOCKS
+from .low_precision import HALF_FORMATS
 
 FLOAT64_BYTES = 8
 TARGET_BLOCKS = MAX_BLOCKS  # about one wave of 256-thread blocks on a large GPU
@@ -37,6 +41,11 @@ def geometry(mode, shape) -> tuple[int, int, int]:
     """(samples N, channels, positions P) of x (N, C, H, W): spatial mode (C, H·W), per-activation (C·H·W, 1)."""
     n, c, h, w = shape
     return (n, c, h * w) if mode == BatchNormMode.SPATIAL else (n, c * h * w, 1)
+
+
+def _twin(x) -> tuple[str, tuple[int, ...]]:
+    """The kernel names' suffix and the trailing format argument for x's dtype: the 16-bit twins for a 16-bit x."""
+    return ("16", (HALF_FORMATS[x.dtype].kernel_code,)) if x.dtype.half else ("", ())
 
 
 def split(samples: int, channels: int) -> tuple[int, int]:
@@ -103,31 +112,33 @@ class BatchNormKernels:
                 save_inv_std, relu: bool, communicator=None) -> None:
         blocks, shape = self._launch_shape("batch_norm_forward_training", mode, x)
         partials, stream = self._partials(blocks), self.context.stream.handle
+        suffix, half = _twin(x)
         # partials[c, g] = (Σ x, Σ x²) over group g of channel c
-        self.context.kernel("batch_norm_sums").launch(blocks, stream, partials, x.data.ptr, *shape)
+        self.context.kernel("batch_norm_sums" + suffix).launch(blocks, stream, partials, x.data.ptr, *shape, *half)
         sums, sum_groups, count = self._summed_over_ranks(partials, shape, communicator)
         # y = f(scale·(x - μ)/√(σ² + eps) + bias); save_mean, save_inv_std, running averages
-        self.context.kernel("batch_norm_forward_apply").launch(
+        self.context.kernel("batch_norm_forward_apply" + suffix).launch(
             blocks, stream, y.data.ptr, x.data.ptr, sums, sum_groups, count, scale.data.ptr, bias.data.ptr,
             running_mean.data.ptr, running_var.data.ptr, save_mean.data.ptr, save_inv_std.data.ptr, float(factor),
-            float(eps), int(relu), *shape)
+            float(eps), int(relu), *shape, *half)
 
     def backward(self, mode, x, dy, dx, scale, bias, dscale, dbias, save_mean, save_inv_std, relu: bool,
                  communicator=None) -> None:
         blocks, shape = self._launch_shape("batch_norm_backward", mode, x)
         partials, stream = self._partials(blocks), self.context.stream.handle
+        suffix, half = _twin(x)
         # partials[c, g] = (Σ dy', Σ dy'·(x - μ)) over group g of channel c, dy' = dy·f'(y)
-        self.context.kernel("batch_norm_gradient_sums").launch(
+        self.context.kernel("batch_norm_gradient_sums" + suffix).launch(
             blocks, stream, partials, x.data.ptr, dy.data.ptr, scale.data.ptr, bias.data.ptr, save_mean.data.ptr,
-            save_inv_std.data.ptr, int(relu), *shape)
+            save_inv_std.data.ptr, int(relu), *shape, *half)
         sums, sum_groups, count = self._summed_over_ranks(partials, shape, communicator,
                                                           (dscale, dbias, save_inv_std))
         written_here = communicator is None  # else batch_norm_totals wrote this rank's dscale and dbias
         # dbias = Σ dy';  dscale = Σ dy'·x̂;  dx = scale/(m·√(σ² + eps))·(m·dy' - dbias - x̂·dscale)
-        self.context.kernel("batch_norm_backward_apply").launch(
+        self.context.kernel("batch_norm_backward_apply" + suffix).launch(
             blocks, stream, dx.data.ptr, x.data.ptr, dy.data.ptr, sums, sum_groups, count, scale.data.ptr,
             bias.data.ptr, dscale.data.ptr if written_here else 0, dbias.data.ptr if written_here else 0,
-            save_mean.data.ptr, save_inv_std.data.ptr, int(relu), *shape)
+            save_mean.data.ptr, save_inv_std.data.ptr, int(relu), *shape, *half)
 
     def close(self) -> None:
         for buffer in [*self.outgrown, *(b for b in (self.scratch, self.totals) if b is not None)]:

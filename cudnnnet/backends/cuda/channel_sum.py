@@ -12,6 +12,9 @@ The partial sums and the block counter live in one scratch buffer of fixed size,
 the backend (never during a capture) and shared by every launch on the backend's one stream: a
 launch needs at most MAX_PARTIALS partials (``split`` keeps channels·chunks within it, or uses
 one chunk per channel, which needs none).
+
+A 16-bit CNN's dy (bfloat16 or float16) takes the kernel's 16-bit twin (channel_sum16), in both engines:
+cudnnConvolutionBackwardBias takes one data type for dy and db, and db stays float32.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from .bindings import runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .gemm_convolution import INDEX_LIMIT
 from .kernel import BLOCK_SIZE, MAX_BLOCKS
+from .low_precision import HALF_FORMATS
 
 KERNEL = "channel_sum"
 UNROLL = 4  # values a thread loads before adding them (kernels/channel_sum.cu: UNROLL)
@@ -75,11 +79,12 @@ class ChannelSum:
                              f"indexes fewer than 2^31 (less {UNROLL * BLOCK_SIZE + dy.h * dy.w} per channel)")
         positions = dy.h * dy.w
         cut = split(dy.c, dy.n * positions)
-        # db = alpha·Σₙ Σₚ dy + beta·db      dy (N, C, P), blocks (C, chunks)
-        self.context.kernel(KERNEL).launch(
+        half = (HALF_FORMATS[dy.dtype].kernel_code,) if dy.dtype.half else ()
+        # db = alpha·Σₙ Σₚ dy + beta·db      dy (N, C, P), blocks (C, chunks); a 16-bit dy read exactly
+        self.context.kernel(KERNEL + "16" if half else KERNEL).launch(
             dy.c * cut.chunks, self.context.stream.handle, db.data.ptr, dy.data.ptr, self.scratch.ptr, self.counter,
             _host_float("alpha", alpha), _host_float("beta", beta), dy.c, positions, dy.n * positions,
-            cut.chunk_length, cut.chunks)
+            cut.chunk_length, cut.chunks, *half)
 
     def close(self) -> None:
         self.scratch.free()

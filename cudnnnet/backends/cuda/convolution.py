@@ -18,7 +18,8 @@ The search is the engine's (cudnnnet.engine):
 
 Under ``math: bf16`` the x, w and y descriptors are CUDNN_DATA_BFLOAT16 (cuDNN's BFLOAT16_CONFIG:
 bfloat16 tensors, FLOAT compute, CUDNN_TENSOR_OP_MATH); the backend converts the float32 operands
-into bfloat16 scratch and the bfloat16 result back (low_precision.py); only the GEMM and direct
+into bfloat16 scratch and the bfloat16 result back (low_precision.py), or, in a 16-bit CNN, reads its
+bfloat16 x and dy and writes its bfloat16 y and dx as they are (the weight's gradient stays float32); only the GEMM and direct
 algorithms are eligible there, as in FP32 (FFT and Winograd ones transform the operands in 16 bits and
 miss the FP32 sum of the rounded products by far more than its rounding), and of those only the
 deterministic ones (the others add partial sums atomically into the output, here in bfloat16). The GEMM
@@ -298,10 +299,13 @@ def backward_data_by_forward(backend, plan: ConvolutionPlan, algorithm: Algorith
 def _backward_data_by_forward_half(backend, plan: ConvolutionPlan, algorithm: Algorithm, alpha, w, dy, beta, dx,
                                    workspace: int) -> None:
     """The same in 16 bits (as ``ConvolutionPlanner.run`` runs cuDNN there): W′₁₆ flipped from W's 16-bit
-    copy, dx₁₆ = dy₁₆ ⋆ W′₁₆ (rounded by cuDNN), then dx = alpha·float(dx₁₆) + beta·dx."""
+    copy, dx₁₆ = dy₁₆ ⋆ W′₁₆ (rounded by cuDNN), then dx = alpha·float(dx₁₆) + beta·dx; a 16-bit dx (a
+    16-bit CNN's, alpha 1 and beta 0) is cuDNN's output itself."""
     flipped, fmt, context = plan.flipped, half_format(plan.precision), backend.context
     k, c, r, s = plan.desc.filter_shape
-    w16, dy16, dx16 = context.half.operands((w, w.size), (dy, dy.size), output=dx.size, fmt=fmt)
+    direct = dx.dtype is fmt.dtype
+    w16, dy16, *slot = context.half.operands((w, w.size), (dy, dy.size), output=0 if direct else dx.size, fmt=fmt)
+    dx16 = dx.data.ptr if direct else slot[0]
     # W′₁₆[c, k, r, s] = W₁₆[k, c, R−1−r, S−1−s]      (C, K, R, S)
     context.kernel("flip_filter_half").launch(blocks_for(k * c * r * s), context.stream.handle, workspace, w16, k, c,
                                               r * s)
@@ -310,8 +314,9 @@ def _backward_data_by_forward_half(backend, plan: ConvolutionPlan, algorithm: Al
                               workspace, flipped.conv.handle, algorithm.algo, workspace + flipped.filter_bytes,
                               algorithm.workspace_bytes - flipped.filter_bytes, context.scalar(0.0), plan.x.handle,
                               dx16)
-    # dx = alpha·float(dx₁₆) + beta·dx
-    context.half.to_float(dx.data.ptr, dx16, alpha, beta, dx.size, fmt=fmt)
+    if not direct:
+        # dx = alpha·float(dx₁₆) + beta·dx
+        context.half.to_float(dx.data.ptr, dx16, alpha, beta, dx.size, fmt=fmt)
 
 
 def plan_with(handle: int, descriptors: DescriptorCache, desc: ConvolutionDescriptor, x_shape, y_shape,

@@ -174,12 +174,16 @@ class ConvolutionPlanner:
         a_desc, b_desc, conv, out_desc = direction.operands(plan.x.handle, plan.w.handle, plan.conv.handle,
                                                             plan.y.handle)
         if plan.precision.half:
-            # out₁₆ = bf16(a) ⋆ bf16(b), then out = alpha·float(out₁₆) + beta·out   (fp16 under math "fp16")
+            # out₁₆ = bf16(a) ⋆ bf16(b), then out = alpha·float(out₁₆) + beta·out   (fp16 under math "fp16");
+            # a 16-bit out (a 16-bit CNN's y or dx, alpha 1 and beta 0: arguments.check_plan) written as it is
             fmt = half_format(plan.precision)
-            a16, b16, out16 = context.half.operands((a, a.size), (b, b.size), output=out.size, fmt=fmt)
+            direct = out.dtype is fmt.dtype
+            a16, b16, *slot = context.half.operands((a, a.size), (b, b.size), output=0 if direct else out.size, fmt=fmt)
+            out16 = out.data.ptr if direct else slot[0]
             direction.run(context.cudnn.handle, context.scalar(1.0), a_desc, a16, b_desc, b16, conv, algorithm.algo,
                           workspace, algorithm.workspace_bytes, context.scalar(0.0), out_desc, out16)
-            context.half.to_float(out.data.ptr, out16, alpha, beta, out.size, fmt=fmt)
+            if not direct:
+                context.half.to_float(out.data.ptr, out16, alpha, beta, out.size, fmt=fmt)
             return
         direction.run(context.cudnn.handle, context.scalar(alpha), a_desc, a.data.ptr, b_desc, b.data.ptr, conv,
                       algorithm.algo, workspace, algorithm.workspace_bytes, context.scalar(beta), out_desc,

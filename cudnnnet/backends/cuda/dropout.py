@@ -3,6 +3,11 @@
 cudnnSetDropoutDescriptor fills the states buffer from the seed once; every cudnnDropoutForward
 draws its mask from those states and advances them in place, so a CUDA graph that captured the
 call draws a new mask at every replay. The mask is kept in the reserve space for the backward pass.
+
+A 16-bit network's x and y (dy and dx) go through float32 copies in the cuDNN workspace
+(low_precision.through_float32): cuDNN's dropout calls are documented for float, double and half
+tensors, not bfloat16, and this way both formats draw the float32 path's masks;
+y = h(float(x)·mask/(1 - rate)) is rounded once, as the host computes it.
 """
 
 from __future__ import annotations
@@ -47,3 +52,4 @@ class DropoutReserve:
     shape: tuple[int, int, int, int]
     buffer: DeviceBuffer
     nbytes: int
+

@@ -35,6 +35,10 @@ both):
                                                                 where beta = 0, else in the workspace)
     backward data    dx = alpha·half(col2im(dy₁₆ · W₁₆ᵀ)) + beta·dx     col2im rounds its sum
     backward filter  dW = alpha·half(Σ_g col₁₆ᵀ · dy₁₆) + beta·dW       round_result after the GEMV
+
+A 16-bit CNN's x, dy, y and dx are 16-bit tensors of the format themselves: im2col_half16 reads x (and
+dy, regrouped) as they are, and y and dx (alpha 1, beta 0) are stored rounded once by round_result16 and
+col2im16, the FP32 product kept in the workspace; dW stays float32 as above.
 """
 
 from __future__ import annotations
@@ -170,7 +174,7 @@ def forward(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int, pre
         _forward_half(backend, shape, alpha, x, w, beta, y, workspace, precision, fmt)
         return
     col = workspace  # (N, CRS, P)
-    _im2col(backend, shape, x.data.ptr, col, 1)
+    _im2col(backend, shape, x, col, 1)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
     # yₙ = colₙ · W        (P × K) = (P × CRS) · (CRS × K), for each sample n
     _batched_gemm(backend, OP_N, OP_N, p, k, rows, alpha, col, p, rows * p, w.data.ptr, rows, 0, beta, y.data.ptr, p,
@@ -180,16 +184,16 @@ def forward(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int, pre
 def _forward_half(backend, shape: GemmShape, alpha, x, w, beta, y, workspace: int, precision: Precision,
                   fmt: HalfFormat) -> None:
     col, product = _section_pointers(workspace, half_sections("forward", shape))  # col₁₆ (N, CRS, P)
-    if beta == 0:
+    if beta == 0 and not y.dtype.half:
         product = y.data.ptr  # (N, K, P), rounded in place
-    _im2col(backend, shape, x.data.ptr, col, 1, fmt)
+    _im2col(backend, shape, x, col, 1, fmt)
     (w16,) = backend.context.half.operands((w, w.size), fmt=fmt)  # (K, CRS)
     p, k, rows = shape.positions, shape.out_channels, shape.rows
     # productₙ = col₁₆ₙ · W₁₆     (P × K) = (P × CRS) · (CRS × K), for each sample n; FP32 sums
     _batched_gemm(backend, OP_N, OP_N, p, k, rows, 1.0, col, p, rows * p, w16, rows, 0, 0.0, product, p, k * p,
                   shape.batch, precision)
-    # y = alpha·half(product) + beta·y
-    _round_result(backend, fmt, y.data.ptr, product, alpha, beta, shape.batch * k * p)
+    # y = alpha·half(product) + beta·y      (a 16-bit y: y₁₆ = half(product), alpha 1 and beta 0)
+    _round_result(backend, fmt, y, product, alpha, beta, shape.batch * k * p)
 
 
 def backward_filter(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace: int, ones: int,
@@ -204,11 +208,11 @@ def backward_filter(backend, shape: GemmShape, alpha, x, dy, beta, dw, workspace
     col = workspace  # (G, CRS, S, P)
     grouped_dy = col + FLOAT32_BYTES * shape.grouped_col_size(s)  # (G, K, S, P); dy itself for S = 1
     partials = grouped_dy + FLOAT32_BYTES * shape.grouped_dy_size(s)  # (G, K, CRS): dW_g per group
-    _im2col(backend, shape, x.data.ptr, col, s)
+    _im2col(backend, shape, x, col, s)
     if s == 1:
         grouped_dy = dy.data.ptr
     else:
-        _regroup(backend, shape, dy.data.ptr, grouped_dy, s)
+        _regroup(backend, shape, dy, grouped_dy, s)
     if groups == 1:
         # dW = alpha·colᵀ · dy + beta·dW        (CRS × K) = (CRS × S·P) · (S·P × K)
         _batched_gemm(backend, OP_T, OP_N, rows, k, s * p, alpha, col, s * p, 0, grouped_dy, s * p, 0, beta,
@@ -229,12 +233,12 @@ def _backward_filter_half(backend, shape: GemmShape, alpha, x, dy, beta, dw, wor
     p, k, rows = shape.positions, shape.out_channels, shape.rows
     # col₁₆ (G, CRS, S, P), dy₁₆ (G, K, S, P), dW_g (G, K, CRS), their sum (K, CRS)
     col, grouped_dy, partials, total = _section_pointers(workspace, half_sections("backward_filter", shape, s))
-    _im2col(backend, shape, x.data.ptr, col, s, fmt)
+    _im2col(backend, shape, x, col, s, fmt)
     if s == 1:
         # (N, K, P)
         (grouped_dy,) = backend.context.half.operands((dy, dy.size), fmt=fmt)
     else:
-        _regroup(backend, shape, dy.data.ptr, grouped_dy, s, fmt)
+        _regroup(backend, shape, dy, grouped_dy, s, fmt)
     if groups == 1:
         # total = col₁₆ᵀ · dy₁₆        (CRS × K) = (CRS × S·P) · (S·P × K)
         _batched_gemm(backend, OP_T, OP_N, rows, k, s * p, 1.0, col, s * p, 0, grouped_dy, s * p, 0, 0.0, total, rows,
@@ -248,7 +252,7 @@ def _backward_filter_half(backend, shape: GemmShape, alpha, x, dy, beta, dw, wor
         cublas.sgemv(context.cublas.handle, OP_N, rows * k, groups, context.scalar(1.0), partials, rows * k, ones, 1,
                      context.scalar(0.0), total, 1)
     # dW = alpha·half(total) + beta·dW
-    _round_result(backend, fmt, dw.data.ptr, total, alpha, beta, rows * k)
+    _round_result(backend, fmt, dw, total, alpha, beta, rows * k)
 
 
 def backward_data(backend, shape: GemmShape, alpha, w, dy, beta, dx, workspace: int,
@@ -264,8 +268,12 @@ def backward_data(backend, shape: GemmShape, alpha, w, dy, beta, dx, workspace: 
     # dcolₙ = dyₙ · Wᵀ     (P × CRS) = (P × K) · (K × CRS), for each sample n (16-bit dy₁₆ and W₁₆ under fmt)
     _batched_gemm(backend, OP_N, OP_T, p, rows, k, 1.0, dy_ptr, p, k * p, w_ptr, rows, 0, 0.0, dcol, p,
                   rows * p, shape.batch, precision)
-    # dx = alpha·col2im(dcol) + beta·dx          (col2im's sum rounded to fmt first)
     total = shape.batch * shape.channels * shape.height * shape.width
+    if dx.dtype.half:
+        # dx₁₆ = half(col2im(dcol))      (a 16-bit CNN's dx, alpha 1 and beta 0)
+        _launch(backend, "col2im16", total, dx.data.ptr, dcol, *shape.geometry(), rounding)
+        return
+    # dx = alpha·col2im(dcol) + beta·dx          (col2im's sum rounded to fmt first)
     _launch(backend, "col2im", total, dx.data.ptr, dcol, float(alpha), float(beta), *shape.geometry(), rounding)
 
 
@@ -279,31 +287,38 @@ def _batched_gemm(backend, transa, transb, m, n, k, alpha, a, lda, stride_a, b, 
     backend.gemm(problem, alpha, a, b, beta, c)
 
 
-def _im2col(backend, shape: GemmShape, x: int, col: int, samples_per_gemm: int, fmt: HalfFormat | None = None) -> None:
-    """col (G, CRS, S, P) from x (N, C, H, W), zeros for the samples past N; in ``fmt``'s 16 bits where given."""
+def _im2col(backend, shape: GemmShape, x, col: int, samples_per_gemm: int, fmt: HalfFormat | None = None) -> None:
+    """col (G, CRS, S, P) from the tensor x (N, C, H, W), zeros for the samples past N; in ``fmt``'s 16 bits
+    where given (from a 16-bit x of that format as it is)."""
     threads = shape.groups(samples_per_gemm) * samples_per_gemm * shape.channels * shape.positions
     if fmt is None:
-        _launch(backend, "im2col", threads, col, x, *shape.geometry(), samples_per_gemm)
+        _launch(backend, "im2col", threads, col, x.data.ptr, *shape.geometry(), samples_per_gemm)
     else:
-        _launch(backend, "im2col_half", threads, col, x, *shape.geometry(), samples_per_gemm, fmt.kernel_code)
+        kernel = "im2col_half16" if x.dtype is fmt.dtype else "im2col_half"
+        _launch(backend, kernel, threads, col, x.data.ptr, *shape.geometry(), samples_per_gemm, fmt.kernel_code)
 
 
-def _regroup(backend, shape: GemmShape, dy: int, grouped: int, samples_per_gemm: int,
+def _regroup(backend, shape: GemmShape, dy, grouped: int, samples_per_gemm: int,
              fmt: HalfFormat | None = None) -> None:
-    """dy (N, K, P) -> (G, K, S, P), zeros for the samples past N: im2col of a 1×1 kernel (into
-    ``fmt``'s 16 bits where given)."""
+    """The tensor dy (N, K, P) -> (G, K, S, P), zeros for the samples past N: im2col of a 1×1 kernel (into
+    ``fmt``'s 16 bits where given, from a 16-bit dy of that format as it is)."""
     k, oh, ow = shape.out_channels, shape.out_height, shape.out_width
     threads = shape.groups(samples_per_gemm) * samples_per_gemm * k * shape.positions
     geometry = (shape.batch, k, oh, ow, 1, 1, 0, 1, oh, ow, samples_per_gemm)
     if fmt is None:
-        _launch(backend, "im2col", threads, grouped, dy, *geometry)
+        _launch(backend, "im2col", threads, grouped, dy.data.ptr, *geometry)
     else:
-        _launch(backend, "im2col_half", threads, grouped, dy, *geometry, fmt.kernel_code)
+        kernel = "im2col_half16" if dy.dtype is fmt.dtype else "im2col_half"
+        _launch(backend, kernel, threads, grouped, dy.data.ptr, *geometry, fmt.kernel_code)
 
 
-def _round_result(backend, fmt: HalfFormat, out: int, product: int, alpha, beta, count: int) -> None:
-    """out = alpha·half(product) + beta·out over ``count`` floats (``product`` may be ``out``)."""
-    _launch(backend, "round_result", count, out, product, float(alpha), float(beta), fmt.kernel_code, count)
+def _round_result(backend, fmt: HalfFormat, out, product: int, alpha, beta, count: int) -> None:
+    """The tensor out = alpha·half(product) + beta·out over ``count`` floats (``product`` may be out's storage);
+    a 16-bit out (alpha 1, beta 0) takes half(product) itself."""
+    if out.dtype.half:
+        _launch(backend, "round_result16", count, out.data.ptr, product, fmt.kernel_code, count)
+        return
+    _launch(backend, "round_result", count, out.data.ptr, product, float(alpha), float(beta), fmt.kernel_code, count)
 
 
 def _launch(backend, kernel: str, threads: int, *arguments) -> None:

@@ -87,6 +87,17 @@ KERNELS = {
                                                                           c_void_p, c_int)),
     "softmax_cross_entropy_backward16": ("cross_entropy_backward.cu", (c_void_p,) * 6 + (c_longlong, c_int, c_float,
                                                                                          c_float, c_int)),
+    # a 16-bit convolutional network's activations (issue 29)
+    "im2col_half16": ("convolution.cu", (c_void_p, c_void_p) + (c_int,) * 12),
+    "round_result16": ("convolution.cu", (c_void_p, c_void_p, c_int, c_longlong)),
+    "col2im16": ("convolution.cu", (c_void_p, c_void_p) + (c_int,) * 11),
+    "max_pooling_backward16": ("pooling.cu", (c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 8),
+    "channel_sum16": ("channel_sum.cu", (c_void_p, c_void_p, c_void_p, c_void_p, c_float, c_float) + (c_int,) * 6),
+    "batch_norm_sums16": ("batch_norm.cu", (c_void_p, c_void_p) + (c_int,) * 6),
+    "batch_norm_forward_apply16": ("batch_norm.cu", (c_void_p, c_void_p, c_void_p, c_int) + (c_void_p,) * 7
+                                   + (c_float, c_float) + (c_int,) * 7),
+    "batch_norm_gradient_sums16": ("batch_norm.cu", (c_void_p,) * 7 + (c_int,) * 7),
+    "batch_norm_backward_apply16": ("batch_norm.cu", (c_void_p,) * 4 + (c_int,) + (c_void_p,) * 7 + (c_int,) * 7),
     # layers, optimisers and the bf16 math of issue 18
     "to_bf16": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),
     "to_bf16_x4": ("bf16.cu", (c_void_p, c_void_p, c_longlong)),

@@ -1,6 +1,7 @@
 """The bfloat16 operands of ``math: bf16``: weights, their gradients and optimiser state stay float32,
-and so do the activations of any network but a multilayer perceptron (whose activations are bfloat16
-tensors, read by the GEMMs as they are: ``HalfOperands.operands``); a GEMM or a convolution reads
+and so do the activations of any network whose layers do not all store 16 bits (a multilayer
+perceptron's and a CNN's of Conv2D and Pooling are bfloat16 tensors, read by the GEMMs and convolutions
+as they are: ``HalfOperands.operands``, and written by cuDNN as they are); a GEMM or a convolution reads
 bfloat16 copies of its float32 inputs, made by kernels/bf16.cu, and accumulates in FP32:
 
     GEMM         A₁₆ = bf16(A), B₁₆ = bf16(B)          to_bf16
@@ -249,3 +250,18 @@ class HalfOperands:
     def close(self) -> None:
         self.copies.close()
         self.scratch.close()
+
+
+def through_float32(context, inputs, output, run) -> None:
+    """``run(*inputs32, output32)`` (a cuDNN call on float32 pointers: dropout, batch normalisation) on
+    float32 copies of the 16-bit tensors ``inputs`` (each of output's size) in the workspace, one after
+    another, then output = h(output32) in output's 16 bits: each copy exact, output rounded once."""
+    fmt, nbytes = HALF_FORMATS[output.dtype], FLOAT32_BYTES * output.size
+    first = context.workspace(nbytes * (len(inputs) + 1))  # inputs32 …, output32
+    pointers = [first + nbytes * index for index in range(len(inputs) + 1)]
+    for tensor, pointer in zip(inputs, pointers):
+        # copy = float(tensor₁₆)
+        context.half.to_float(pointer, tensor.data.ptr, 1.0, 0.0, tensor.size, fmt)
+    run(*pointers)
+    # output₁₆ = h(output32)
+    convert_to_bf16(context, output.data.ptr, pointers[-1], output.size, fmt)

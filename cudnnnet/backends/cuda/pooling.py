@@ -7,7 +7,8 @@ the fast engine (the slides engine calls cudnnPoolingBackward):
 cudnnPoolingBackward reads y as well as x and dy. With no padding and stride ≥ window, every input cell lies in at most one window, so one thread per window can find
 its maximum in x and write every dx value of its tile: x and dy are read once, dx written once,
 without atomics, in a fixed order. The kernel allocates nothing and never synchronises, so it can
-be captured in a CUDA graph. Average pooling and any other max pooling keep calling cuDNN
+be captured in a CUDA graph. A 16-bit CNN's x, dy and dx take its 16-bit twin (max_pooling_backward16:
+the same routing, dx rounded once). Average pooling and any other max pooling keep calling cuDNN
 (CudaBackend.pooling_backward decides with ``supports``).
 """
 
@@ -18,6 +19,7 @@ from ...tensor import Tensor
 from ..descriptors import PoolingDescriptor, PoolingMode
 from .gemm_convolution import INDEX_LIMIT
 from .kernel import BLOCK_SIZE, MAX_BLOCKS, blocks_for
+from .low_precision import HALF_FORMATS
 
 KERNEL = "max_pooling_backward"
 GRID_THREADS = MAX_BLOCKS * BLOCK_SIZE  # the most a grid-stride index can pass the last value by
@@ -36,11 +38,12 @@ def supports(desc: PoolingDescriptor, x_shape) -> bool:
 def max_backward(backend, desc: PoolingDescriptor, alpha, dy, x, beta, dx) -> None:
     """kernels/pooling.cu on the backend's stream, one thread per window. The caller has checked the
     shapes and ``supports(desc, x.shape)``."""
-    # dx = alpha·route(dy) + beta·dx      x, dx (N·C, H, W), dy (N·C, OH, OW)
+    # dx = alpha·route(dy) + beta·dx      x, dx (N·C, H, W), dy (N·C, OH, OW); 16-bit ones rounded once
     context = backend.context
-    context.kernel(KERNEL).launch(blocks_for(dy.size), context.stream.handle, dx.data.ptr, x.data.ptr, dy.data.ptr,
-                                  _host_float("alpha", alpha), _host_float("beta", beta), x.n * x.c, x.h, x.w,
-                                  desc.window, desc.stride, dy.h, dy.w)
+    half = (HALF_FORMATS[x.dtype].kernel_code,) if x.dtype.half else ()
+    context.kernel(KERNEL + "16" if half else KERNEL).launch(
+        blocks_for(dy.size), context.stream.handle, dx.data.ptr, x.data.ptr, dy.data.ptr, _host_float("alpha", alpha),
+        _host_float("beta", beta), x.n * x.c, x.h, x.w, desc.window, desc.stride, dy.h, dy.w, *half)
 
 
 def _host_float(name: str, value) -> float:

@@ -2,7 +2,7 @@
 
 Storage is a flat, C-contiguous ``numpy.ndarray``: float32, or a 16-bit tensor's (float16, bfloat16
 as uint16 bits: backends/rounding.py), which the memory calls and the verbs of a 16-bit multilayer
-perceptron take (widening.py: computed in float32 from the stored values), rounding every value they
+perceptron or convolutional network (dropout and batch normalisation too) take (widening.py: computed in float32 from the stored values), rounding every value they
 write to nearest even as the GPU does. BLAS calls read column-major matrices
 out of those flat buffers through strided views, so leading dimensions, transposes and in-place
 ``beta`` blending behave as in cuBLAS. Convolution is im2col + one GEMM per call, with images
@@ -35,7 +35,7 @@ from ...tensor import Tensor, storage_dtype
 from ..arguments import OP_N, check_same_dtype
 from ..base import Backend
 from ..descriptors import ActivationDescriptor, ActivationMode, ConvolutionDescriptor, PoolingDescriptor, PoolingMode
-from ..rounding import from_storage, round_to_bf16, round_to_fp16, to_storage
+from ..rounding import from_storage, round_to, round_to_bf16, round_to_fp16, to_storage
 from . import batch_norm
 from .widening import widened
 
@@ -354,8 +354,13 @@ class HostBackend(Backend):
         _blend(_rows(y), _softmax_rows(_rows(x)), alpha, beta)
 
     def _add_tensor(self, alpha, bias, beta, y) -> None:
-        """y = alpha·bias + beta·y, bias broadcast over every dimension where its size is 1."""
-        _blend(_nd(y), _nd(bias), alpha, beta)
+        """y = alpha·bias + beta·y, bias broadcast over every dimension where its size is 1; a 16-bit y reads
+        the bias rounded to its 16 bits, as cuDNN (one data type for both) does."""
+        self._add_values(alpha, round_to(y.dtype, _nd(bias)) if y.dtype.half else _nd(bias), beta, y)
+
+    @widened
+    def _add_values(self, alpha, values: np.ndarray, beta, y) -> None:
+        _blend(_nd(y), values, alpha, beta)
 
     # ---- cuDNN: convolution -------------------------------------------------------------------
     def convolution_plan(self, desc: ConvolutionDescriptor, x_shape, y_shape) -> ConvolutionPlan:
@@ -373,33 +378,39 @@ class HostBackend(Backend):
         log.debug("%r: column buffer %s", plan, plan.cols.shape)
         return plan
 
+    @widened
     def _convolution_forward(self, plan: ConvolutionPlan, alpha, x, w, beta, y) -> None:
         """y = alpha·(x ⋆ w) + beta·y: W(K, CRS) @ cols(CRS, OH·OW·N), then back to NCHW."""
         np.matmul(self._operand(_nd(w)).reshape(plan.desc.out_channels, plan.crs), plan.im2col(self._operand(_nd(x))),
                   out=plan.product)
         _blend(_nd(y), self._convolution_result(plan.product_nchw), alpha, beta)
 
+    @widened
     def _convolution_backward_data(self, plan: ConvolutionPlan, alpha, w, dy, beta, dx) -> None:
         """dx = alpha·col2im(Wᵀ(CRS, K) @ dy(K, OH·OW·N)) + beta·dx."""
         dcols = (self._operand(_nd(w)).reshape(plan.desc.out_channels, plan.crs).T
                  @ plan.dy_by_channel(self._operand(_nd(dy))))
         _blend(_nd(dx), self._convolution_result(plan.col2im(dcols)), alpha, beta)
 
+    @widened
     def _convolution_backward_filter(self, plan: ConvolutionPlan, alpha, x, dy, beta, dw) -> None:
         """dw = alpha·dy(K, OH·OW·N) @ colsᵀ(OH·OW·N, CRS) + beta·dw."""
         grad = plan.dy_by_channel(self._operand(_nd(dy))) @ plan.im2col(self._operand(_nd(x))).T
         _blend(_nd(dw).reshape(grad.shape), self._convolution_result(grad), alpha, beta)
 
+    @widened
     def _convolution_backward_bias(self, alpha, dy, beta, db) -> None:
         """db(1, K, 1, 1) = alpha·Σ_{n,h,w} dy + beta·db."""
         _blend(_nd(db), _nd(dy).sum(axis=(0, 2, 3), keepdims=True), alpha, beta)
 
     # ---- cuDNN: pooling -----------------------------------------------------------------------
+    @widened
     def _pooling_forward(self, desc: PoolingDescriptor, alpha, x, beta, y) -> None:
         """y = alpha·(max or padding-inclusive mean of each window) + beta·y."""
         xp, offsets = _pool_windows(desc, _nd(x), y.shape)
         _blend(_nd(y), _pool_reduce(desc, xp, offsets), alpha, beta)
 
+    @widened
     def _pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """dx = alpha·(dy routed to each window's first maximum, or spread evenly) + beta·dx."""
         xp, offsets = _pool_windows(desc, _nd(x), dy.shape)
@@ -597,26 +608,31 @@ class HostBackend(Backend):
         """The scaled mask mask/(1 - rate) as float32 of ``x_shape``."""
         return np.zeros(tuple(x_shape), F32)
 
+    @widened
     def _dropout_forward(self, state, reserve, x, y) -> None:
         """mask ~ Bernoulli(1 - rate) from the layer's generator; y = x·mask/(1 - rate)."""
         keep = state.generator.random(x.shape, dtype=F32) >= F32(state.rate)
         np.multiply(keep, F32(1.0 / (1.0 - state.rate)), out=reserve)
         np.multiply(_nd(x), reserve, out=_nd(y))
 
+    @widened
     def _dropout_backward(self, state, reserve, dy, dx) -> None:
         """dx = dy·mask/(1 - rate), the mask of the last forward."""
         np.multiply(_nd(dy), reserve.reshape(dy.shape), out=_nd(dx))
 
+    @widened
     def _batch_norm_forward_training(self, mode, x, y, scale, bias, factor: float, running_mean, running_var,
                                      eps: float, save_mean, save_inv_std, relu: bool = False, communicator=None) -> None:
         """Batch statistics in float64 (batch_norm.py), over a ``communicator``'s ranks where given."""
         batch_norm.forward_training(mode, x, y, scale, bias, factor, running_mean, running_var, eps, save_mean,
                                     save_inv_std, relu, communicator)
 
+    @widened
     def _batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
         """y = scale·(x - mean)/√(var + eps) + bias."""
         batch_norm.forward_inference(mode, x, y, scale, bias, mean, var, eps)
 
+    @widened
     def _batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
                              save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
         """dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale·inv_std/m·(m·dy - dbias - x̂·dscale) (batch_norm.py)."""

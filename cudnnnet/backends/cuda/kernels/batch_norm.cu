@@ -23,12 +23,24 @@
 // backward also writes dbias, dscale from this rank's totals), the totals are summed over the ranks
 // (batch_norm.py), and the apply kernel reads them (sum_groups 1, m from count) in place of the partials.
 //
+// Each kernel has a 16-bit twin (``*16``, its last argument the format: 1 bfloat16, 2 IEEE half) for a
+// 16-bit network's x, y, dy and dx: each value read exactly as a float, y and dx rounded once; the
+// statistics, the parameters and their gradients stay float32 (the sums float64), as in float32.
+//
 // Deterministic: every sum is taken in a fixed order (each thread its values in increasing order,
 // a fixed shuffle tree, the partials in increasing g), so the result has the same bits on every
 // launch. Offsets are 32-bit: batch_norm.py checks that N·C·P < 2^31.
 
 #define WARP 32
 #define WARPS (BLOCK_SIZE / WARP)
+
+#include "half.cuh"  // half_value, half_bits: a 16-bit network's x, y, dy and dx (the *16 kernels)
+
+// A stored value as a float, and a float stored: float32 as it is, 16 bits of ``format`` rounded once.
+__device__ __forceinline__ float load(float value, int) { return value; }
+__device__ __forceinline__ float load(unsigned short bits, int format) { return half_value(bits, format); }
+__device__ __forceinline__ void store(float* out, float value, int) { *out = value; }
+__device__ __forceinline__ void store(unsigned short* out, float value, int format) { *out = half_bits(value, format); }
 
 static_assert(BLOCK_SIZE % WARP == 0 && BLOCK_SIZE <= 1024, "BLOCK_SIZE must be a multiple of 32, at most 1024");
 
@@ -101,12 +113,13 @@ __device__ double values_per_statistic(const double* count, int samples, int pos
 
 __device__ float pre_activation(float x, float2 ab) { return __fmaf_rn(x, ab.x, ab.y); }
 
-extern "C" __global__ void batch_norm_sums(double* partials, const float* __restrict__ x, int channels,
-                                           int positions, int samples, int group_samples, int groups) {
+template <typename T>
+__device__ void sums_of(double* partials, const T* __restrict__ x, int channels, int positions, int samples,
+                        int group_samples, int groups, int format) {
     const Group at(channels, positions, samples, group_samples, groups);
     double sum = 0.0, squares = 0.0;
     for (int j = threadIdx.x; j < at.count; j += BLOCK_SIZE) {
-        const double value = x[at.offset(j)];
+        const double value = load(x[at.offset(j)], format);
         sum += value;
         squares += value * value;
     }
@@ -117,12 +130,12 @@ extern "C" __global__ void batch_norm_sums(double* partials, const float* __rest
     }
 }
 
-extern "C" __global__ void batch_norm_forward_apply(float* y, const float* __restrict__ x, const double* partials,
-                                                    int sum_groups, const double* count, const float* scale,
-                                                    const float* bias, float* running_mean, float* running_var,
-                                                    float* save_mean, float* save_inv_std, float factor, float eps,
-                                                    int relu, int channels, int positions, int samples,
-                                                    int group_samples, int groups) {
+template <typename T>
+__device__ void forward_apply(T* y, const T* __restrict__ x, const double* partials, int sum_groups,
+                              const double* count, const float* scale, const float* bias, float* running_mean,
+                              float* running_var, float* save_mean, float* save_inv_std, float factor, float eps,
+                              int relu, int channels, int positions, int samples, int group_samples, int groups,
+                              int format) {
     const Group at(channels, positions, samples, group_samples, groups);
     __shared__ float2 shared_ab;
     if (threadIdx.x == 0) {
@@ -146,24 +159,24 @@ extern "C" __global__ void batch_norm_forward_apply(float* y, const float* __res
     const float2 ab = shared_ab;
     for (int j = threadIdx.x; j < at.count; j += BLOCK_SIZE) {
         const int o = at.offset(j);
-        const float value = pre_activation(x[o], ab);
-        y[o] = relu && !(value > 0.f) ? 0.f : value;
+        const float value = pre_activation(load(x[o], format), ab);
+        store(y + o, relu && !(value > 0.f) ? 0.f : value, format);
     }
 }
 
-extern "C" __global__ void batch_norm_gradient_sums(double* partials, const float* __restrict__ x,
-                                                    const float* __restrict__ dy, const float* scale,
-                                                    const float* bias, const float* save_mean,
-                                                    const float* save_inv_std, int relu, int channels,
-                                                    int positions, int samples, int group_samples, int groups) {
+template <typename T>
+__device__ void gradient_sums(double* partials, const T* __restrict__ x, const T* __restrict__ dy,
+                              const float* scale, const float* bias, const float* save_mean,
+                              const float* save_inv_std, int relu, int channels, int positions, int samples,
+                              int group_samples, int groups, int format) {
     const Group at(channels, positions, samples, group_samples, groups);
     const float mean = save_mean[at.channel];
     const float2 ab = affine(scale[at.channel], bias[at.channel], mean, save_inv_std[at.channel]);
     double sum = 0.0, products = 0.0;
     for (int j = threadIdx.x; j < at.count; j += BLOCK_SIZE) {
         const int o = at.offset(j);
-        const float value = x[o];
-        const double grad = relu && !(pre_activation(value, ab) > 0.f) ? 0.0 : (double)dy[o];
+        const float value = load(x[o], format);
+        const double grad = relu && !(pre_activation(value, ab) > 0.f) ? 0.0 : (double)load(dy[o], format);
         sum += grad;
         products += grad * ((double)value - mean);
     }
@@ -174,13 +187,12 @@ extern "C" __global__ void batch_norm_gradient_sums(double* partials, const floa
     }
 }
 
-extern "C" __global__ void batch_norm_backward_apply(float* dx, const float* __restrict__ x,
-                                                     const float* __restrict__ dy, const double* partials,
-                                                     int sum_groups, const double* count,
-                                                     const float* scale, const float* bias, float* dscale,
-                                                     float* dbias, const float* save_mean, const float* save_inv_std,
-                                                     int relu, int channels, int positions, int samples,
-                                                     int group_samples, int groups) {
+template <typename T>
+__device__ void backward_apply(T* dx, const T* __restrict__ x, const T* __restrict__ dy, const double* partials,
+                               int sum_groups, const double* count, const float* scale, const float* bias,
+                               float* dscale, float* dbias, const float* save_mean, const float* save_inv_std,
+                               int relu, int channels, int positions, int samples, int group_samples, int groups,
+                               int format) {
     const Group at(channels, positions, samples, group_samples, groups);
     const int c = at.channel;
     const float mean = save_mean[c], inv_std = save_inv_std[c];
@@ -203,10 +215,81 @@ extern "C" __global__ void batch_norm_backward_apply(float* dx, const float* __r
     const float3 k = shared_k;
     for (int j = threadIdx.x; j < at.count; j += BLOCK_SIZE) {
         const int o = at.offset(j);
-        const float value = x[o];
-        const float grad = relu && !(pre_activation(value, ab) > 0.f) ? 0.f : dy[o];
-        dx[o] = k.x * grad - k.y - k.z * (value - mean);
+        const float value = load(x[o], format);
+        const float grad = relu && !(pre_activation(value, ab) > 0.f) ? 0.f : load(dy[o], format);
+        store(dx + o, k.x * grad - k.y - k.z * (value - mean), format);
     }
+}
+
+extern "C" __global__ void batch_norm_sums(double* partials, const float* __restrict__ x, int channels,
+                                           int positions, int samples, int group_samples, int groups) {
+    sums_of(partials, x, channels, positions, samples, group_samples, groups, 0);
+}
+
+extern "C" __global__ void batch_norm_sums16(double* partials, const unsigned short* __restrict__ x, int channels,
+                                             int positions, int samples, int group_samples, int groups, int format) {
+    sums_of(partials, x, channels, positions, samples, group_samples, groups, format);
+}
+
+extern "C" __global__ void batch_norm_forward_apply(float* y, const float* __restrict__ x, const double* partials,
+                                                    int sum_groups, const double* count, const float* scale,
+                                                    const float* bias, float* running_mean, float* running_var,
+                                                    float* save_mean, float* save_inv_std, float factor, float eps,
+                                                    int relu, int channels, int positions, int samples,
+                                                    int group_samples, int groups) {
+    forward_apply(y, x, partials, sum_groups, count, scale, bias, running_mean, running_var, save_mean, save_inv_std,
+                  factor, eps, relu, channels, positions, samples, group_samples, groups, 0);
+}
+
+extern "C" __global__ void batch_norm_forward_apply16(unsigned short* y, const unsigned short* __restrict__ x,
+                                                      const double* partials, int sum_groups, const double* count,
+                                                      const float* scale, const float* bias, float* running_mean,
+                                                      float* running_var, float* save_mean, float* save_inv_std,
+                                                      float factor, float eps, int relu, int channels, int positions,
+                                                      int samples, int group_samples, int groups, int format) {
+    forward_apply(y, x, partials, sum_groups, count, scale, bias, running_mean, running_var, save_mean, save_inv_std,
+                  factor, eps, relu, channels, positions, samples, group_samples, groups, format);
+}
+
+extern "C" __global__ void batch_norm_gradient_sums(double* partials, const float* __restrict__ x,
+                                                    const float* __restrict__ dy, const float* scale,
+                                                    const float* bias, const float* save_mean,
+                                                    const float* save_inv_std, int relu, int channels,
+                                                    int positions, int samples, int group_samples, int groups) {
+    gradient_sums(partials, x, dy, scale, bias, save_mean, save_inv_std, relu, channels, positions, samples,
+                  group_samples, groups, 0);
+}
+
+extern "C" __global__ void batch_norm_gradient_sums16(double* partials, const unsigned short* __restrict__ x,
+                                                      const unsigned short* __restrict__ dy, const float* scale,
+                                                      const float* bias, const float* save_mean,
+                                                      const float* save_inv_std, int relu, int channels,
+                                                      int positions, int samples, int group_samples, int groups,
+                                                      int format) {
+    gradient_sums(partials, x, dy, scale, bias, save_mean, save_inv_std, relu, channels, positions, samples,
+                  group_samples, groups, format);
+}
+
+extern "C" __global__ void batch_norm_backward_apply(float* dx, const float* __restrict__ x,
+                                                     const float* __restrict__ dy, const double* partials,
+                                                     int sum_groups, const double* count,
+                                                     const float* scale, const float* bias, float* dscale,
+                                                     float* dbias, const float* save_mean, const float* save_inv_std,
+                                                     int relu, int channels, int positions, int samples,
+                                                     int group_samples, int groups) {
+    backward_apply(dx, x, dy, partials, sum_groups, count, scale, bias, dscale, dbias, save_mean, save_inv_std, relu,
+                   channels, positions, samples, group_samples, groups, 0);
+}
+
+extern "C" __global__ void batch_norm_backward_apply16(unsigned short* dx, const unsigned short* __restrict__ x,
+                                                       const unsigned short* __restrict__ dy, const double* partials,
+                                                       int sum_groups, const double* count, const float* scale,
+                                                       const float* bias, float* dscale, float* dbias,
+                                                       const float* save_mean, const float* save_inv_std, int relu,
+                                                       int channels, int positions, int samples, int group_samples,
+                                                       int groups, int format) {
+    backward_apply(dx, x, dy, partials, sum_groups, count, scale, bias, dscale, dbias, save_mean, save_inv_std, relu,
+                   channels, positions, samples, group_samples, groups, format);
 }
 
 extern "C" __global__ void batch_norm_totals(double* totals, const double* partials, int channels, int groups,

@@ -22,6 +22,11 @@
 #define WARPS (BLOCK_SIZE / WARP)
 #define UNROLL 4  // values each thread loads before adding them (channel_sum.py: UNROLL)
 
+#include "half.cuh"  // half_value: a 16-bit CNN's dy (channel_sum16)
+
+__device__ __forceinline__ float load(float value, int) { return value; }
+__device__ __forceinline__ float load(unsigned short bits, int format) { return half_value(bits, format); }
+
 static_assert(BLOCK_SIZE % WARP == 0 && BLOCK_SIZE <= 1024, "BLOCK_SIZE must be a multiple of 32, at most 1024");
 
 // The sum over the warp's lanes in a fixed order (a shuffle tree); valid in lane 0.
@@ -45,8 +50,9 @@ __device__ float block_sum(float value) {
 // This thread's share of Σ dy[n, channel, p] over j = n·positions + p in [begin, end): the values
 // j = begin + threadIdx.x + k·BLOCK_SIZE, added in increasing k. The offset of the next value is
 // stepped without a division: BLOCK_SIZE values on is q samples and r positions on.
-__device__ float chunk_sum(const float* __restrict__ dy, int channel, int channels, int positions, int begin,
-                           int end) {
+template <typename T>
+__device__ float chunk_sum(const T* __restrict__ dy, int channel, int channels, int positions, int begin, int end,
+                           int format) {
     const int sample_stride = channels * positions;
     const int q = BLOCK_SIZE / positions, r = BLOCK_SIZE - q * positions;
     const int step = q * sample_stride + r;
@@ -59,7 +65,7 @@ __device__ float chunk_sum(const float* __restrict__ dy, int channel, int channe
         float loaded[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            loaded[u] = j + u * BLOCK_SIZE < end ? dy[offset] : 0.f;
+            loaded[u] = j + u * BLOCK_SIZE < end ? load(dy[offset], format) : 0.f;
             offset += step;
             p += r;
             if (p >= positions) {  // past the sample's last position: on to the next sample
@@ -94,13 +100,14 @@ __device__ void sum_partials(float* db, const volatile float* partials, float al
 
 // Launched with channels·chunks blocks of BLOCK_SIZE threads; partials holds at least that many
 // floats; *counter is 0 before the launch and is left 0 after it.
-extern "C" __global__ void channel_sum(float* db, const float* __restrict__ dy, float* partials,
-                                       unsigned int* counter, float alpha, float beta, int channels, int positions,
-                                       int per_channel, int chunk_length, int chunks) {
+template <typename T>
+__device__ void channel_sum_of(float* db, const T* __restrict__ dy, float* partials, unsigned int* counter,
+                               float alpha, float beta, int channels, int positions, int per_channel,
+                               int chunk_length, int chunks, int format) {
     const int channel = blockIdx.x / chunks;
     const int begin = (blockIdx.x - channel * chunks) * chunk_length;
     const int end = min(per_channel, begin + chunk_length);
-    const float sum = block_sum(chunk_sum(dy, channel, channels, positions, begin, end));
+    const float sum = block_sum(chunk_sum(dy, channel, channels, positions, begin, end, format));
     if (chunks == 1) {
         if (threadIdx.x == 0) blend(db + channel, alpha, sum, beta);
         return;
@@ -116,4 +123,18 @@ extern "C" __global__ void channel_sum(float* db, const float* __restrict__ dy, 
     if (!last) return;
     sum_partials(db, partials, alpha, beta, channels, chunks);
     if (threadIdx.x == 0) *counter = 0;  // every block has counted: ready for the next launch
+}
+
+extern "C" __global__ void channel_sum(float* db, const float* __restrict__ dy, float* partials,
+                                       unsigned int* counter, float alpha, float beta, int channels, int positions,
+                                       int per_channel, int chunk_length, int chunks) {
+    channel_sum_of(db, dy, partials, counter, alpha, beta, channels, positions, per_channel, chunk_length, chunks, 0);
+}
+
+// The same from a 16-bit CNN's dy of ``format`` (1 bfloat16, 2 IEEE half), each value exact in float; db float32.
+extern "C" __global__ void channel_sum16(float* db, const unsigned short* __restrict__ dy, float* partials,
+                                         unsigned int* counter, float alpha, float beta, int channels, int positions,
+                                         int per_channel, int chunk_length, int chunks, int format) {
+    channel_sum_of(db, dy, partials, counter, alpha, beta, channels, positions, per_channel, chunk_length, chunks,
+                   format);
 }

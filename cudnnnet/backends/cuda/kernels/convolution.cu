@@ -5,6 +5,9 @@
 // (0 where that falls in the padding). R = S = kernel. Indices are 32-bit: the backend checks
 // that col and x hold fewer than 2^31 values (integer division is several times cheaper so).
 //
+// A 16-bit CNN's x, y and dx are 16-bit tensors themselves: im2col_half16 reads x in 16 bits,
+// round_result16 and col2im16 store y and dx rounded once.
+//
 // Under a 16-bit math (``format`` 1: bfloat16, 2: IEEE half; 0: float32 kept) im2col_half writes
 // col in 16 bits, each value rounded as converting x first would (the roundings of bf16.cu's
 // to_bf16 and fp16.cu's to_fp16, repeated here: each file is compiled alone), and the FP32 results
@@ -26,6 +29,17 @@ __device__ __forceinline__ float rounded(float value, int format) {
     return value;
 }
 
+// The value im2col reads: x's float itself, or the value of its 16 bits in ``format`` (a 16-bit CNN's x).
+struct LoadFloat {
+    const float* x;
+    __device__ float operator()(int i) const { return x[i]; }
+};
+struct LoadHalf {
+    const unsigned short* x;
+    int format;
+    __device__ float operator()(int i) const { return half_value(x[i], format); }
+};
+
 // The value im2col stores: x's float itself, or its 16 bits in ``format``.
 struct StoreFloat {
     typedef float Value;
@@ -43,8 +57,8 @@ struct StoreHalf {
 // that a group's S·P positions of one row are contiguous; samples from ``batch`` up to the last
 // group's end are zeros. S = 1 is the per-sample layout col[n, (c, r, s), p].
 //   col (⌈batch/S⌉, channels·kernel², S, out_height·out_width), x (batch, channels, height, width)
-template <typename Store>
-__device__ void im2col_into(typename Store::Value* col, const float* x, int batch, int channels, int height,
+template <typename Load, typename Store>
+__device__ void im2col_into(typename Store::Value* col, Load x, int batch, int channels, int height,
                             int width, int kernel, int stride, int padding, int dilation, int out_height,
                             int out_width, int group, Store store) {
     typedef typename Store::Value Value;
@@ -63,13 +77,13 @@ __device__ void im2col_into(typename Store::Value* col, const float* x, int batc
             continue;
         }
         const int top = (p / out_width) * stride - padding, left = (p % out_width) * stride - padding;
-        const float* image = x + sample_channel * height * width;  // x[n, c]
+        const int image = sample_channel * height * width;  // x[n, c]
         for (int r = 0; r < kernel; ++r) {
             const int h = top + r * dilation;
             for (int s = 0; s < kernel; ++s) {
                 const int w = left + s * dilation;
                 const bool inside = h >= 0 && h < height && w >= 0 && w < width;
-                out[(r * kernel + s) * tap_step] = store(inside ? image[h * width + w] : 0.f);
+                out[(r * kernel + s) * tap_step] = store(inside ? x(image + h * width + w) : 0.f);
             }
         }
     }
@@ -78,7 +92,8 @@ __device__ void im2col_into(typename Store::Value* col, const float* x, int batc
 extern "C" __global__ void im2col(float* col, const float* x, int batch, int channels, int height, int width,
                                   int kernel, int stride, int padding, int dilation, int out_height, int out_width,
                                   int group) {
-    im2col_into(col, x, batch, channels, height, width, kernel, stride, padding, dilation, out_height, out_width,
+    LoadFloat load = {x};
+    im2col_into(col, load, batch, channels, height, width, kernel, stride, padding, dilation, out_height, out_width,
                 group, StoreFloat());
 }
 
@@ -88,7 +103,19 @@ extern "C" __global__ void im2col_half(unsigned short* col, const float* x, int 
                                        int out_width, int group, int format) {
     StoreHalf store;
     store.format = format;
-    im2col_into(col, x, batch, channels, height, width, kernel, stride, padding, dilation, out_height, out_width,
+    LoadFloat load = {x};
+    im2col_into(col, load, batch, channels, height, width, kernel, stride, padding, dilation, out_height, out_width,
+                group, store);
+}
+
+// im2col of a 16-bit x (a 16-bit CNN's activation) into a 16-bit col of its ``format``: the bits copied.
+extern "C" __global__ void im2col_half16(unsigned short* col, const unsigned short* x, int batch, int channels,
+                                         int height, int width, int kernel, int stride, int padding, int dilation,
+                                         int out_height, int out_width, int group, int format) {
+    StoreHalf store;
+    store.format = format;
+    LoadHalf load = {x, format};
+    im2col_into(col, load, batch, channels, height, width, kernel, stride, padding, dilation, out_height, out_width,
                 group, store);
 }
 
@@ -99,6 +126,13 @@ extern "C" __global__ void round_result(float* out, const float* in, float alpha
     for (long long i = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x; i < count; i += (long long)gridDim.x * BLOCK_SIZE) {
         const float value = __fmul_rn(alpha, rounded(in[i], format));
         out[i] = beta == 0.f ? value : __fadd_rn(__fmul_rn(beta, out[i]), value);
+    }
+}
+
+// out₁₆ = half(in): a GEMM's FP32 result stored in a 16-bit tensor of ``format``, rounded once.
+extern "C" __global__ void round_result16(unsigned short* out, const float* in, int format, long long count) {
+    for (long long i = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x; i < count; i += (long long)gridDim.x * BLOCK_SIZE) {
+        out[i] = half_bits(in[i], format);
     }
 }
 
@@ -136,35 +170,53 @@ __device__ int output_index(int offset, int stride, int count) {
     return offset < count ? offset : -1;
 }
 
+// The sum of the dcol entries im2col copied pixel i of x to (no atomics: a fixed order).
+//   dcol (batch, channels·kernel², out_height·out_width), i indexes x (batch, channels, height, width)
+__device__ float col2im_sum(const float* dcol, int i, int height, int width, int kernel, int stride, int padding,
+                            int dilation, int out_height, int out_width) {
+    const int positions = out_height * out_width;
+    const int w = i % width;
+    const int h = (i / width) % height;
+    const int sample_channel = i / (width * height);  // n·C + c
+    const float* rows = dcol + (long long)sample_channel * kernel * kernel * positions;  // rows (c, ·, ·) of sample n
+    float sum = 0.f;
+    for (int r = 0; r < kernel; ++r) {
+        const int oh = output_index(h + padding - r * dilation, stride, out_height);
+        if (oh < 0) continue;
+        const float* row = rows + r * kernel * positions + oh * out_width;
+        for (int s = 0; s < kernel; ++s) {
+            const int ow = output_index(w + padding - s * dilation, stride, out_width);
+            if (ow >= 0) sum += row[s * positions + ow];
+        }
+    }
+    return sum;
+}
+
 // dx = alpha·rounded(col2im(dcol), format) + beta·dx: each pixel gathers the col entries im2col
-// copied it to (no atomics: the sum runs in a fixed order), rounded to ``format`` (0: not rounded).
-// With beta == 0, dx is not read.
+// copied it to, rounded to ``format`` (0: not rounded). With beta == 0, dx is not read.
 //   dx (batch, channels, height, width), dcol (batch, channels·kernel², out_height·out_width)
 extern "C" __global__ void col2im(float* dx, const float* dcol, float alpha, float beta, int batch, int channels,
                                   int height, int width, int kernel, int stride, int padding, int dilation,
                                   int out_height, int out_width, int format) {
-    const int positions = out_height * out_width;
     const int total = batch * channels * height * width;
     for (int i = first_index(); i < total; i += grid_stride()) {
-        const int w = i % width;
-        const int h = (i / width) % height;
-        const int sample_channel = i / (width * height);  // n·C + c
-        const float* rows = dcol + (long long)sample_channel * kernel * kernel * positions;  // rows (c, ·, ·) of sample n
-        float sum = 0.f;
-        for (int r = 0; r < kernel; ++r) {
-            const int oh = output_index(h + padding - r * dilation, stride, out_height);
-            if (oh < 0) continue;
-            const float* row = rows + r * kernel * positions + oh * out_width;
-            for (int s = 0; s < kernel; ++s) {
-                const int ow = output_index(w + padding - s * dilation, stride, out_width);
-                if (ow >= 0) sum += row[s * positions + ow];
-            }
-        }
+        const float sum = col2im_sum(dcol, i, height, width, kernel, stride, padding, dilation, out_height, out_width);
         if (format == 0) {
             dx[i] = beta == 0.f ? alpha * sum : alpha * sum + beta * dx[i];
         } else {
             const float value = __fmul_rn(alpha, rounded(sum, format));
             dx[i] = beta == 0.f ? value : __fadd_rn(__fmul_rn(beta, dx[i]), value);
         }
+    }
+}
+
+// dx₁₆ = half(col2im(dcol)): a 16-bit CNN's input gradient, of ``format``, rounded once.
+extern "C" __global__ void col2im16(unsigned short* dx, const float* dcol, int batch, int channels, int height,
+                                    int width, int kernel, int stride, int padding, int dilation, int out_height,
+                                    int out_width, int format) {
+    const int total = batch * channels * height * width;
+    for (int i = first_index(); i < total; i += grid_stride()) {
+        dx[i] = half_bits(col2im_sum(dcol, i, height, width, kernel, stride, padding, dilation, out_height, out_width),
+                          format);
     }
 }
