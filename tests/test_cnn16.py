@@ -477,9 +477,10 @@ def test_a_cudnn_call_on_16_bit_tensors_runs_on_float32_copies_rounded_once(math
     dtype = HALF_MATHS[math]
     fmt = HALF_FORMATS[dtype]
     context, runs = RecordingContext(), []
-    x, dy, dx = (fake((4, 3, 2, 2), address, dtype) for address in (0xA000, 0xB000, 0xC000))
+    x, dy, dx = (fake(shape, address, dtype) for shape, address in
+                 (((4, 3, 2, 2), 0xA000), ((4, 3, 9, 9), 0xB000), ((4, 3, 2, 2), 0xC000)))
     through_float32(context, (x, dy), dx, lambda *pointers: runs.append(pointers))
-    copies = (0x100000, 0x100000 + 4 * 48, 0x100000 + 8 * 48)
+    copies = (0x100000, 0x100000 + 256, 0x100000 + 256 + 4 * 1024)  # each at its size, in 256-byte slots
     assert context.conversions == [(copies[0], 0xA000), (copies[1], 0xB000)]
     assert runs == [copies]
     assert [name for name, _ in context.launches] == [fmt.to_half_x4]

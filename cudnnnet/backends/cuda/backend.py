@@ -397,13 +397,17 @@ class CudaBackend(ArrayProtocols, Backend):
 
     def _pooling_backward(self, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
         """cudnnPoolingBackward; in fast mode, max pooling without padding whose windows do not overlap
-        (stride ≥ window) runs kernels/pooling.cu (see pooling.py), y not read."""
+        (stride ≥ window) runs kernels/pooling.cu (see pooling.py), y not read. A 16-bit dx of windows
+        that overlap is computed on float32 copies (cuDNN sums a cell's windows in dx's type)."""
         if self.engine.max_pooling_kernel and pooling.supports(desc, x.shape):
             pooling.max_backward(self, desc, alpha, dy, x, beta, dx)
             return
-        # dx = alpha·pool'(x, y)·dy + beta·dx
         context = self.context
         scalar, descriptors = context.scalar, context.descriptors
+        if dx.dtype.half and pooling.windows_overlap(desc):
+            pooling.backward_through_float32(self, desc, alpha, y, dy, x, beta, dx)
+            return
+        # dx = alpha·pool'(x, y)·dy + beta·dx
         ty, tx = self._tensor_descriptor(y), self._tensor_descriptor(x)
         cudnn.pooling_backward(context.cudnn.handle, descriptors.pooling(desc).handle, scalar(alpha), ty, y.data.ptr, ty,
                                dy.data.ptr, tx, x.data.ptr, scalar(beta), tx, dx.data.ptr)

@@ -253,12 +253,15 @@ class HalfOperands:
 
 
 def through_float32(context, inputs, output, run) -> None:
-    """``run(*inputs32, output32)`` (a cuDNN call on float32 pointers: dropout, batch normalisation) on
-    float32 copies of the 16-bit tensors ``inputs`` (each of output's size) in the workspace, one after
-    another, then output = h(output32) in output's 16 bits: each copy exact, output rounded once."""
-    fmt, nbytes = HALF_FORMATS[output.dtype], FLOAT32_BYTES * output.size
-    first = context.workspace(nbytes * (len(inputs) + 1))  # inputs32 …, output32
-    pointers = [first + nbytes * index for index in range(len(inputs) + 1)]
+    """``run(*inputs32, output32)`` (a cuDNN call on float32 pointers: dropout, batch normalisation,
+    pooling's backward) on float32 copies of the 16-bit tensors ``inputs`` in the workspace, each at
+    its own size and SLOT_ALIGNMENT-aligned, one after another, then output = h(output32) in output's
+    16 bits: each copy exact, output rounded once."""
+    fmt = HALF_FORMATS[output.dtype]
+    sizes = [tensor.size for tensor in inputs] + [output.size]
+    slots = [-(-FLOAT32_BYTES * size // SLOT_ALIGNMENT) * SLOT_ALIGNMENT for size in sizes]
+    first = context.workspace(sum(slots))  # inputs32 …, output32
+    pointers = [first + sum(slots[:index]) for index in range(len(slots))]
     for tensor, pointer in zip(inputs, pointers):
         # copy = float(tensor₁₆)
         context.half.to_float(pointer, tensor.data.ptr, 1.0, 0.0, tensor.size, fmt)

@@ -9,7 +9,8 @@ its maximum in x and write every dx value of its tile: x and dy are read once, d
 without atomics, in a fixed order. The kernel allocates nothing and never synchronises, so it can
 be captured in a CUDA graph. A 16-bit CNN's x, dy and dx take its 16-bit twin (max_pooling_backward16:
 the same routing, dx rounded once). Average pooling and any other max pooling keep calling cuDNN
-(CudaBackend.pooling_backward decides with ``supports``).
+(CudaBackend.pooling_backward decides with ``supports``); where windows overlap, a 16-bit dx is
+computed on float32 copies (``backward_through_float32``): cuDNN sums a cell's windows in dx's type.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from ...tensor import Tensor
 from ..descriptors import PoolingDescriptor, PoolingMode
 from .gemm_convolution import INDEX_LIMIT
 from .kernel import BLOCK_SIZE, MAX_BLOCKS, blocks_for
-from .low_precision import HALF_FORMATS
+from .bindings import cudnn, runtime
+from .buffer import FLOAT32_BYTES
+from .low_precision import HALF_FORMATS, through_float32
 
 KERNEL = "max_pooling_backward"
 GRID_THREADS = MAX_BLOCKS * BLOCK_SIZE  # the most a grid-stride index can pass the last value by
@@ -35,6 +38,12 @@ def supports(desc: PoolingDescriptor, x_shape) -> bool:
             and min(out_h, out_w) >= 1 and n * c * h * w + GRID_THREADS < INDEX_LIMIT)
 
 
+def windows_overlap(desc: PoolingDescriptor) -> bool:
+    """Whether an input cell may lie in several windows (stride < window): cuDNN then sums their
+    gradients in dx's type, rounding a 16-bit dx at every addition."""
+    return desc.stride < desc.window
+
+
 def max_backward(backend, desc: PoolingDescriptor, alpha, dy, x, beta, dx) -> None:
     """kernels/pooling.cu on the backend's stream, one thread per window. The caller has checked the
     shapes and ``supports(desc, x.shape)``."""
@@ -44,6 +53,24 @@ def max_backward(backend, desc: PoolingDescriptor, alpha, dy, x, beta, dx) -> No
     context.kernel(KERNEL + "16" if half else KERNEL).launch(
         blocks_for(dy.size), context.stream.handle, dx.data.ptr, x.data.ptr, dy.data.ptr, _host_float("alpha", alpha),
         _host_float("beta", beta), x.n * x.c, x.h, x.w, desc.window, desc.stride, dy.h, dy.w, *half)
+
+
+def backward_through_float32(backend, desc: PoolingDescriptor, alpha, y, dy, x, beta, dx) -> None:
+    """cudnnPoolingBackward of 16-bit tensors on float32 copies (low_precision.through_float32), dx
+    rounded once: where windows overlap, cuDNN would sum a cell's gradients in dx's 16 bits."""
+    context = backend.context
+    scalar, descriptors = context.scalar, context.descriptors
+    ty, tx = descriptors.tensor(y.shape).handle, descriptors.tensor(x.shape).handle
+    accumulates = float(beta) != 0.0  # then dx's values are read too
+
+    def run(y32, dy32, x32, *dx32s):
+        if accumulates:  # dx32 = float(dx)
+            runtime.memcpy_async(dx32s[1], dx32s[0], FLOAT32_BYTES * dx.size, runtime.MEMCPY_DEVICE_TO_DEVICE,
+                                 context.stream.handle)
+        # dx = alpha·pool'(x, y)·dy + beta·dx
+        cudnn.pooling_backward(context.cudnn.handle, descriptors.pooling(desc).handle, scalar(alpha), ty, y32, ty,
+                               dy32, tx, x32, scalar(beta), tx, dx32s[-1])
+    through_float32(context, (y, dy, x) + ((dx,) if accumulates else ()), dx, run)
 
 
 def _host_float(name: str, value) -> float:
