@@ -207,18 +207,12 @@ def stored_dtypes(network) -> set:
 # the activations' dtype of each config in math bf16, fp16: an MLP's and a CNN's of Conv2D and Pooling are
 # 16-bit (test_mlp16.py, test_cnn16.py)
 ACTIVATIONS = {("mnist_mlp", "bf16"): BFLOAT16, ("mnist_mlp", "fp16"): FLOAT16, ("mnist_cnn", "bf16"): BFLOAT16,
-               ("mnist_cnn", "fp16"): FLOAT16, ("mnist_bn_cnn", "bf16"): BFLOAT16, ("mnist_bn_cnn", "fp16"): FLOAT16}
+               ("mnist_cnn", "fp16"): FLOAT16}
 NOISE = 1e-6  # an update below this norm in FP32 is rounding noise: a bias right before a BatchNorm has no gradient
-
-
-def without_dropout(name: str):
-    """Config ``name`` without its dropout layers: each backend draws masks of its own, so a step
-    through them differs between the GPU and the host whatever the arithmetic."""
-    from cudnnnet.config.schema import parse_config
-
-    raw = config_of(name).to_dict()
-    raw["model"] = [entry for entry in raw["model"] if entry["type"] != "dropout"]
-    return parse_config(raw)
+# Not mnist_bn_cnn: its 16-bit step is chaotic under rounding. On the host alone, moving 1 % of the inputs
+# by one bfloat16 step changes fc2's input gradient by 0.46 %, bn5's by 6.4 % and conv1's weight gradient
+# by 11 %: each BatchNorm's dx = k·(m·dy − Σdy − x̂·Σdy·x̂) cancels most of dy, so a value rounded to
+# the other neighbour grows about 14× at each. Its layers are compared one at a time (test_cnn16.py).
 
 
 def moving(in_fp32: dict) -> list[str]:
@@ -237,14 +231,13 @@ def parameter_updates(config, backend, engine: str, start: dict, math: str) -> t
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("engine", ["slides", "fast"])
-@pytest.mark.parametrize("name", ["mnist_mlp", "mnist_cnn", "mnist_bn_cnn"])
+@pytest.mark.parametrize("name", ["mnist_mlp", "mnist_cnn"])  # not mnist_bn_cnn (above)
 def test_a_bf16_step_on_the_gpu_equals_the_hosts(name, engine, cuda, host):
     """Each parameter's update over two steps agrees within 1e-2 (relative, in norm): the operands are
     rounded alike, and only values near a bfloat16 rounding boundary may round to the other neighbour
     (one step, 2⁻⁸), a difference the later layers carry on. The host's FP32 updates are 2 to 20 %
-    from its bf16 ones (10 % in mnist_cnn, 20 % in mnist_bn_cnn), so the test tells the two apart (a bias before a BatchNorm, whose update is
-    rounding noise, is not compared)."""
-    config = without_dropout(name)
+    from its bf16 ones (10 % in mnist_cnn), so the test tells the two apart."""
+    config = config_of(name)
     start = build_network(config, host).state_dict()
     on_host, (host_loss, host_hits), host_stored = parameter_updates(config, host, engine, start, "bf16")
     on_cuda, (cuda_loss, cuda_hits), cuda_stored = parameter_updates(config, cuda, engine, start, "bf16")
@@ -540,15 +533,14 @@ def test_a_bf16_step_converts_each_operand_once(name, engine, cuda, monkeypatch)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("engine", ["slides", "fast"])
-@pytest.mark.parametrize("name", ["mnist_mlp", "mnist_cnn", "mnist_bn_cnn"])
+@pytest.mark.parametrize("name", ["mnist_mlp", "mnist_cnn"])  # not mnist_bn_cnn (above)
 def test_an_fp16_step_with_loss_scaling_on_the_gpu_equals_the_hosts(name, engine, cuda, host):
     """Two loss-scaled steps: each parameter's update agrees within ``tolerance`` (relative, in norm);
     only values near a half rounding boundary may take the other neighbour (2⁻¹¹), a difference the
-    later layers carry on (more of them in the CNNs). The host's FP32 updates are 0.9 % (MLP) to 7 %
-    (BN net) from its fp16 ones and its bf16 ones 5 to 21 %, so the test tells the three apart (a bias
-    before a BatchNorm, whose update is rounding noise, is not compared)."""
-    tolerance = {"mnist_mlp": 5e-3, "mnist_cnn": 1e-2, "mnist_bn_cnn": 1e-2}[name]
-    config = without_dropout(name)
+    later layers carry on (more of them in the CNN). The host's FP32 updates are 0.9 % (MLP) and more
+    (CNN) from its fp16 ones, its bf16 ones further, so the test tells the three apart."""
+    tolerance = {"mnist_mlp": 5e-3, "mnist_cnn": 1e-2}[name]
+    config = config_of(name)
     start = build_network(config, host).state_dict()
     on_host, (host_loss, host_hits), host_stored = scaled_updates(config, host, engine, start, "fp16")
     on_cuda, (cuda_loss, cuda_hits), cuda_stored = scaled_updates(config, cuda, engine, start, "fp16")
