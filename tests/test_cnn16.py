@@ -485,3 +485,34 @@ def test_a_cudnn_call_on_16_bit_tensors_runs_on_float32_copies_rounded_once(math
     assert runs == [copies]
     assert [name for name, _ in context.launches] == [fmt.to_half_x4]
     assert context.launches[0][1][:2] == (0xC000, copies[2])
+
+
+@pytest.mark.parametrize("math, stored", [("bf16", BFLOAT16), ("fp32", FLOAT32)])
+def test_the_convolution_timer_times_the_activation_dtype_a_network_stores(monkeypatch, host, math, stored):
+    """The exhaustive search times each candidate on x, dx and dy of the precision's activation dtype (a
+    16-bit network's convolutions read and write 16 bits, which its algorithms' times depend on), w and
+    dw float32."""
+    from cudnnnet.backends.cuda import convolution_planner
+    from cudnnnet.engine import get_engine
+
+    made = []
+
+    class Timer(convolution_planner.ConvolutionTimer):
+        def __init__(self, *arguments):
+            monkeypatch.setattr(convolution_planner, "Event", lambda: None)
+            super().__init__(*arguments)
+            made.append(self)
+
+        def measure(self, plan, direction):
+            return 1.0
+
+    monkeypatch.setattr(convolution_planner, "ConvolutionTimer", Timer)
+    desc = ConvolutionDescriptor(4, 3, 3)
+    planner = SimpleNamespace(backend=host)
+    measure = convolution_planner.ConvolutionPlanner._timer(planner, desc, (2, 3, 8, 8), (2, 4, 6, 6),
+                                                           get_engine("fast"), get_precision(math))
+    measure(None, "forward")
+    timer = made[0]
+    assert (timer.x.dtype, timer.dx.dtype, timer.dy.dtype) == (stored,) * 3
+    assert (timer.w.dtype, timer.dw.dtype) == (FLOAT32, FLOAT32)
+    assert timer.w.shape == (4, 3, 3, 3) and timer.dy.shape == (2, 4, 6, 6)

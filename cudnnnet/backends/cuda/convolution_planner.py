@@ -94,7 +94,7 @@ class ConvolutionPlanner:
             plan = make_plan(self.context.cudnn.handle, self.context.descriptors, desc, x_shape, y_shape, precision,
                              math_type, self.workspace_limit, engine.convolution_search,
                              gemm_candidate=engine.gemm_convolution,
-                             measure=self._timer(desc, x_shape, y_shape, engine),
+                             measure=self._timer(desc, x_shape, y_shape, engine, precision),
                              deterministic=engine.deterministic_convolution)
             plan_cache.write_plan(disk_key, {name: getattr(plan, name) for name in DIRECTION_NAMES})
         return plan
@@ -144,16 +144,19 @@ class ConvolutionPlanner:
             log.debug("convolution plan from the plan at batch %d: %r", source.x_shape[0], plan)
         return plan
 
-    def _timer(self, desc: ConvolutionDescriptor, x_shape, y_shape, engine: Engine):
+    def _timer(self, desc: ConvolutionDescriptor, x_shape, y_shape, engine: Engine, precision: Precision):
         """What times the candidates of an exhaustive search (None for a heuristic one); its scratch
-        tensors are allocated at the first measurement (none where every direction has one candidate)."""
+        tensors are allocated at the first measurement (none where every direction has one candidate),
+        their activations in ``precision``'s activation dtype (16 bits under bf16 and fp16), as a
+        network's are."""
         if engine.convolution_search != "exhaustive":
             return None
         timers: list[ConvolutionTimer] = []
 
         def measure(plan: ConvolutionPlan, direction: str) -> float:
             if not timers:
-                timers.append(ConvolutionTimer(self.backend, x_shape, desc.filter_shape, y_shape))
+                timers.append(ConvolutionTimer(self.backend, x_shape, desc.filter_shape, y_shape,
+                                              precision.activation_dtype))
             return timers[0].measure(plan, direction)
 
         return measure
@@ -192,17 +195,19 @@ class ConvolutionPlanner:
 
 class ConvolutionTimer:
     """Times one run of a convolution direction with a candidate plan, on scratch tensors of the
-    plan's shapes (zeros), with CUDA events: one warm-up run, then the fastest of three, each queued
-    behind the ``spin`` kernel (kernels/timing.cu) so that host launch overhead is not timed."""
+    plan's shapes (zeros; x, dx and dy of the network's activation dtype, w and dw float32), with CUDA
+    events: one warm-up run, then the fastest of three, each queued behind the ``spin`` kernel
+    (kernels/timing.cu) so that host launch overhead is not timed."""
 
     RUNS = 3
     SPIN_NS = 300_000  # more than the host needs to queue one run of a direction
 
-    def __init__(self, backend, x_shape, w_shape, y_shape):
+    def __init__(self, backend, x_shape, w_shape, y_shape, activation_dtype=None):
         self.backend = backend
-        self.x, self.dx = Tensor.zeros(x_shape, backend), Tensor.zeros(x_shape, backend)  # (N, C, H, W)
+        self.x = Tensor.zeros(x_shape, backend, dtype=activation_dtype)  # (N, C, H, W)
+        self.dx = Tensor.zeros(x_shape, backend, dtype=activation_dtype)
         self.w, self.dw = Tensor.zeros(w_shape, backend), Tensor.zeros(w_shape, backend)  # (K, C, R, S)
-        self.dy = Tensor.zeros(y_shape, backend)  # (N, K, OH, OW)
+        self.dy = Tensor.zeros(y_shape, backend, dtype=activation_dtype)  # (N, K, OH, OW)
         self.start, self.end = Event(), Event()
 
     def run(self, plan: ConvolutionPlan, direction: str) -> None:

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 NO_CACHE_ENV = cache.NO_CACHE_ENV
 
-PLAN_FORMAT = 4  # raise when what a file holds, or how a plan is chosen, changes
+PLAN_FORMAT = 5  # raise when what a file holds, or how a plan is chosen, changes
 
 
 @dataclasses.dataclass(frozen=True)
