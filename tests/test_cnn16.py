@@ -469,9 +469,9 @@ def test_the_fast_batch_normalisation_takes_its_16_bit_twins(monkeypatch, math):
 
 @pytest.mark.parametrize("math", list(HALF_MATHS))
 def test_a_cudnn_call_on_16_bit_tensors_runs_on_float32_copies_rounded_once(math):
-    """low_precision.through_float32 (cuDNN's dropout and batch normalisation in a 16-bit network): each input
-    converted exactly into the workspace, the call on those float32 copies, its float32 result rounded into
-    the 16-bit output."""
+    """low_precision.through_float32 (cuDNN's dropout, and pooling's backward where windows overlap, in a
+    16-bit network): each input converted exactly into the workspace, the call on those float32 copies,
+    its float32 result rounded into the 16-bit output."""
     from cudnnnet.backends.cuda.low_precision import HALF_FORMATS, through_float32
 
     dtype = HALF_MATHS[math]

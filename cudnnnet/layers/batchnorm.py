@@ -22,8 +22,9 @@ in the forward pass, dy·[y > 0] in the backward pass; in evaluation it runs on 
 Under math bf16 or fp16 in a network that stores 16 bits (layers.base.activation_dtype), x, y, dy and dx
 are 16-bit tensors; γ, β, their gradients, the running statistics and the saved μ and 1/√(σ² + eps) stay
 float32, every sum float32 or float64, y and dx rounded once. The fast engine's kernels read and write
-16 bits (their ``*16`` twins); cuDNN's calls in the slides engine, and in evaluation, run on float32
-copies of x (and dy), y (dx) rounded from their float32 result (cuda/low_precision.through_float32).
+16 bits (their ``*16`` twins); cuDNN's calls in the slides engine, and in evaluation, take 16-bit x, y,
+dy and dx descriptors (CUDNN_DATA_BFLOAT16 / CUDNN_DATA_HALF) with float32 parameter descriptors, and
+compute in float32 inside, y and dx rounded once.
 Synchronised statistics are summed over the ranks as in float32.
 """
 

@@ -600,25 +600,21 @@ class CudaBackend(ArrayProtocols, Backend):
             return
         _no_relu("batch_norm_forward_training", relu, communicator)
         context = self.context
-        t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
-
-        def run(source: int, target: int) -> None:
-            cudnn.batch_normalization_forward_training(
-                context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, source, t, target, p,
-                scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
-                save_mean.data.ptr, save_inv_std.data.ptr)
-        self._on_float32((x,), y, run)
+        t, p = self._tensor_descriptor(x), self._batch_norm_parameters(mode, x)
+        # y = scale·(x - μ)/√(σ² + eps) + bias;  running averages, saved μ and 1/√(σ² + eps)
+        cudnn.batch_normalization_forward_training(
+            context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
+            scale.data.ptr, bias.data.ptr, float(factor), running_mean.data.ptr, running_var.data.ptr, float(eps),
+            save_mean.data.ptr, save_inv_std.data.ptr)
 
     def _batch_norm_forward_inference(self, mode, x, y, scale, bias, mean, var, eps: float) -> None:
-        """cudnnBatchNormalizationForwardInference (16-bit x and y through float32 copies, as in training)."""
+        """cudnnBatchNormalizationForwardInference (16-bit x and y as they are, as in training)."""
         context = self.context
-        t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
-
-        def run(source: int, target: int) -> None:
-            cudnn.batch_normalization_forward_inference(
-                context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, source, t, target, p,
-                scale.data.ptr, bias.data.ptr, mean.data.ptr, var.data.ptr, float(eps))
-        self._on_float32((x,), y, run)
+        t, p = self._tensor_descriptor(x), self._batch_norm_parameters(mode, x)
+        # y = scale·(x - mean)/√(var + eps) + bias
+        cudnn.batch_normalization_forward_inference(
+            context.cudnn.handle, int(mode), context.scalar(1.0), context.scalar(0.0), t, x.data.ptr, t, y.data.ptr, p,
+            scale.data.ptr, bias.data.ptr, mean.data.ptr, var.data.ptr, float(eps))
 
     def _batch_norm_backward(self, mode, x, dy, dx, scale, dscale, dbias, eps: float, save_mean,
                              save_inv_std, bias=None, relu: bool = False, communicator=None) -> None:
@@ -630,23 +626,12 @@ class CudaBackend(ArrayProtocols, Backend):
             return
         _no_relu("batch_norm_backward", relu, communicator)
         context = self.context
-        t, p = context.descriptors.tensor(x.shape).handle, self._batch_norm_parameters(mode, x)
+        t, p = self._tensor_descriptor(x), self._batch_norm_parameters(mode, x)
         one, zero = context.scalar(1.0), context.scalar(0.0)
-
-        def run(x_values: int, dy_values: int, target: int) -> None:
-            cudnn.batch_normalization_backward(
-                context.cudnn.handle, int(mode), one, zero, one, zero, t, x_values, t, dy_values, t, target, p,
-                scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)
-        self._on_float32((x, dy), dx, run)
-
-    def _on_float32(self, inputs, output, run) -> None:
-        """``run`` (a cuDNN batch normalisation call) on the tensors' pointers, or for a 16-bit network's on
-        float32 copies of them (low_precision.through_float32: cuDNN documents float scale, bias and
-        statistics with half x, not bfloat16, and so both formats compute as float32 does, rounded once)."""
-        if output.dtype.half:
-            through_float32(self.context, inputs, output, run)
-        else:
-            run(*(tensor.data.ptr for tensor in (*inputs, output)))
+        # dbias = Σ dy;  dscale = Σ dy·x̂;  dx = scale/(m·√(σ² + eps))·(m·dy - dbias - x̂·dscale)
+        cudnn.batch_normalization_backward(
+            context.cudnn.handle, int(mode), one, zero, one, zero, t, x.data.ptr, t, dy.data.ptr, t, dx.data.ptr, p,
+            scale.data.ptr, dscale.data.ptr, dbias.data.ptr, float(eps), save_mean.data.ptr, save_inv_std.data.ptr)
 
     def _batch_norm_parameters(self, mode, x) -> int:
         """The descriptor of the per-channel (SPATIAL) or per-value (PER_ACTIVATION) parameter tensors."""

@@ -253,8 +253,8 @@ class HalfOperands:
 
 
 def through_float32(context, inputs, output, run) -> None:
-    """``run(*inputs32, output32)`` (a cuDNN call on float32 pointers: dropout, batch normalisation,
-    pooling's backward) on float32 copies of the 16-bit tensors ``inputs`` in the workspace, each at
+    """``run(*inputs32, output32)`` (a cuDNN call on float32 pointers: dropout, pooling's backward
+    where windows overlap) on float32 copies of the 16-bit tensors ``inputs`` in the workspace, each at
     its own size and SLOT_ALIGNMENT-aligned, one after another, then output = h(output32) in output's
     16 bits: each copy exact, output rounded once."""
     fmt = HALF_FORMATS[output.dtype]
