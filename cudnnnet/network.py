@@ -10,8 +10,9 @@ A network owns its engine and precision (``Network(engine="fast", math="bf16")``
 duration (``Backend.using``), so two networks in one process compute each in its own settings.
 
 Under math bf16 or fp16 a network whose layers all store 16 bits (every layer type today:
-layers.base.activation_dtype) keeps its activations and their gradients in 16 bits (``activation_dtype``); its input is converted once into a buffer of its own,
-a 16-bit input of that dtype read as it is.
+layers.base.activation_dtype) keeps its activations and their gradients in 16 bits
+(``activation_dtype``); its input is converted once into a buffer of its own, a 16-bit input of that
+dtype read as it is.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The bfloat16 operands of ``math: bf16``: weights, their gradients and optimiser state stay float32,
-and so do the activations of any network whose layers do not all store 16 bits (a multilayer
-perceptron's and a CNN's of Conv2D and Pooling are bfloat16 tensors, read by the GEMMs and convolutions
-as they are: ``HalfOperands.operands``, and written by cuDNN as they are); a GEMM or a convolution reads
+and so do the activations of any network whose layers do not all store 16 bits (every layer type of
+the package does, so every shipped network's activations are bfloat16 tensors, read by the GEMMs and
+convolutions as they are: ``HalfOperands.operands``, and written by cuDNN as they are); a GEMM or a
+convolution reads
 bfloat16 copies of its float32 inputs, made by kernels/bf16.cu, and accumulates in FP32:
 
     GEMM         A₁₆ = bf16(A), B₁₆ = bf16(B)          to_bf16
