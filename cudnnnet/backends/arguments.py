@@ -5,8 +5,9 @@ the problem. Cheap and host-side: a bad size must not become an out-of-bounds ac
 The computing verbs take float32 tensors, each verb's check refusing a 16-bit tensor among its
 operands (``float32_only``, a DTypeError naming the verb and the dtype) rather than misread its bytes;
 the verbs of a 16-bit multilayer perceptron or convolutional network (GEMMs, activations, the softmax's
-input, the fused bias and loss calls, convolutions, their bias, pooling, dropout, batch normalisation) also take, for the operands that hold activations or their gradients, 16-bit tensors
-of the precision in force (``activations``: its ``activation_dtype``)."""
+input, the fused bias and loss calls, convolutions, their bias, pooling, dropout, batch normalisation)
+also take, for the operands that hold activations or their gradients, 16-bit tensors of the precision
+in force (``activations``: its ``activation_dtype``)."""
 
 from __future__ import annotations
 

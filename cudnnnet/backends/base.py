@@ -279,7 +279,8 @@ class Backend(ABC):
         """``convolution_backward_data`` on the arguments it has checked."""
 
     def convolution_backward_filter(self, plan, alpha, x, dy, beta, dw) -> None:
-        """cudnnConvolutionBackwardFilter: dw = alpha·Σₙ (xₙ ⋆ dyₙ) + beta·dw. x and dy may be 16-bit (dw float32)."""
+        """cudnnConvolutionBackwardFilter: dw = alpha·Σₙ (xₙ ⋆ dyₙ) + beta·dw. x and dy may be 16-bit
+        (dw float32)."""
         arguments.check_plan("convolution_backward_filter", self, plan, x=x, w=dw, y=dy)
         self._convolution_backward_filter(plan, alpha, x, dy, beta, dw)
 

@@ -122,7 +122,7 @@ class ActivationKernels:
         partial = db.data.ptr if cut.slabs == 1 else self._partials().ptr
         pointers = (dx.data.ptr, y.data.ptr, dy.data.ptr)
         if width == 8:
-            # dx₁₆ = f'(y₁₆)·dy₁₆,  partial[s] = Σ_{n in slab s} dx[n]      eight channels a thread (16-byte loads)
+            # dx₁₆ = f'(y₁₆)·dy₁₆,  partial[s] = Σ_{n in slab s} dx[n]      eight channels a thread
             self.context.kernel("activation_bias_backward16_x8").launch(cut.blocks, stream, *pointers, int(desc.mode),
                                                                         float(desc.coef), samples, channels // 8,
                                                                         cut.slab_rows, partial, _format(dx))
