@@ -516,3 +516,46 @@ def test_the_convolution_timer_times_the_activation_dtype_a_network_stores(monke
     assert (timer.x.dtype, timer.dx.dtype, timer.dy.dtype) == (stored,) * 3
     assert (timer.w.dtype, timer.dw.dtype) == (FLOAT32, FLOAT32)
     assert timer.w.shape == (4, 3, 3, 3) and timer.dy.shape == (2, 4, 6, 6)
+
+
+@pytest.mark.parametrize("plane", [(4, 4), (3, 3)])  # H·W 16: eight values a thread on CUDA; 9: one
+@pytest.mark.parametrize("mode", ["relu", "tanh"])
+@pytest.mark.parametrize("math", list(HALF_MATHS))
+def test_a_convolutions_16_bit_bias_and_activation_is_the_float32_ones_rounded(backend, math, mode, plane):
+    """y = f(y + b) of a 16-bit (N, C, H, W) y, b per channel: the float32 call's result on the same
+    stored values, rounded once."""
+    from cudnnnet.backends.descriptors import ACTIVATION_MODES, ActivationDescriptor, ActivationMode
+
+    dtype = HALF_MATHS[math]
+    rng = np.random.default_rng(8)
+    before = values(rng, dtype, 3, 5, *plane)
+    bias = Tensor.from_numpy(rng.standard_normal((1, 5, 1, 1)).astype(np.float32), backend)
+    desc = ActivationDescriptor(ActivationMode(ACTIVATION_MODES[mode]), 0.0)
+    with backend.using(math=math):
+        y = Tensor.from_numpy(before, backend, dtype=dtype)
+        backend.bias_activation_forward(desc, bias, y)
+    with backend.using(math="fp32"):
+        y32 = Tensor.from_numpy(before, backend)
+        backend.bias_activation_forward(desc, bias, y32)
+    np.testing.assert_array_equal(y.numpy(), round_to(dtype, y32.numpy()))
+
+
+@pytest.mark.parametrize("plane, kernel", [((4, 4), "bias_activation_forward16_spatial8"),
+                                           ((3, 3), "bias_activation_forward16")])
+def test_a_convolutions_16_bit_bias_kernel_takes_its_declared_arguments(plane, kernel):
+    from ctypes import c_float, c_int, c_longlong, c_void_p
+
+    from cudnnnet.backends.cuda.activation_kernels import ActivationKernels
+    from cudnnnet.backends.cuda.kernel import KERNELS
+    from cudnnnet.backends.descriptors import ACTIVATION_MODES, ActivationDescriptor, ActivationMode
+    from test_mlp16 import LaunchRecorder, fake16
+
+    context = LaunchRecorder()
+    relu = ActivationDescriptor(ActivationMode(ACTIVATION_MODES["relu"]), 0.0)
+    y = fake16((2, 3) + plane, 0x1000)
+    ActivationKernels(context).bias_forward(relu, fake16((1, 3, 1, 1), 0x2000, FLOAT32), y, None)
+    (name, arguments), = context.launches
+    python_types = {c_void_p: (int, type(None)), c_int: int, c_longlong: int, c_float: float}
+    assert name == kernel and len(arguments) == len(KERNELS[name][1])
+    assert all(isinstance(value, python_types[kind]) for value, kind in zip(arguments, KERNELS[name][1]))
+    assert arguments[-1] == 1  # bfloat16

@@ -4,7 +4,8 @@ activation's backward pass with the Dense layer's bias gradient. Under math "bf1
 bfloat16 copy of its output where the backend passes that copy's address (``*16``, None otherwise).
 A 16-bit multilayer perceptron's activations (16-bit y, dy, dx) take the ``*16`` kernels: computed in
 float from the stored values, each store rounded once; eight values a thread (16-byte loads and stores)
-where a Dense layer's C is a multiple of 8 and the operands 16-byte aligned, else one."""
+where a Dense layer's C, or a convolution's H·W, is a multiple of 8 and the operands 16-byte aligned,
+else one."""
 
 from __future__ import annotations
 
@@ -92,6 +93,13 @@ class ActivationKernels:
             blocks = min(-(-count8 // BLOCK_SIZE), MAX_ELEMENTWISE_BLOCKS)
             self.context.kernel("bias_activation_forward16_dense8").launch(blocks, stream, y.data.ptr, bias.data.ptr,
                                                                            count8, y.c // 8, mode, coef, _format(y))
+            return
+        if y.dtype.half and y.h * y.w % 8 == 0 and y.data.ptr % 16 == 0:
+            # y₁₆ = f(y₁₆ + bias)      a convolution's y (N, C, H, W), eight values of one channel a thread
+            count8 = y.size // 8
+            blocks = min(-(-count8 // BLOCK_SIZE), MAX_ELEMENTWISE_BLOCKS)
+            self.context.kernel("bias_activation_forward16_spatial8").launch(
+                blocks, stream, y.data.ptr, bias.data.ptr, count8, y.c, y.h * y.w // 8, mode, coef, _format(y))
             return
         if y.dtype.half:
             # y₁₆ = f(y₁₆ + bias)

@@ -83,6 +83,8 @@ KERNELS = {
                                                                        c_void_p, c_int)),
     "bias_activation_forward16_dense8": ("bias_activation.cu", (c_void_p, c_void_p, c_longlong, c_int, c_int, c_float,
                                                                 c_int)),
+    "bias_activation_forward16_spatial8": ("bias_activation.cu", (c_void_p, c_void_p, c_longlong, c_int, c_int, c_int,
+                                                                  c_float, c_int)),
     "activation_bias_backward16_x8": ("activation.cu", (c_void_p,) * 3 + (c_int, c_float, c_int, c_int, c_int,
                                                                           c_void_p, c_int)),
     "softmax_cross_entropy_backward16": ("cross_entropy_backward.cu", (c_void_p,) * 6 + (c_longlong, c_int, c_float,

@@ -115,3 +115,20 @@ extern "C" __global__ void bias_activation_forward16_dense8(uint4* y, const floa
                           bias_activation_pair(packed.w, high.z, high.w, mode, coef, format));
     }
 }
+
+// bias_activation_forward16_spatial8: a convolution's 16-bit y (N, C, H, W) with H·W a multiple of 8,
+// y 16-byte aligned: eight values of one channel a thread (one 16-byte load and store, one bias value,
+// one division for the eight). The same arithmetic as bias_activation_forward16.
+extern "C" __global__ void bias_activation_forward16_spatial8(uint4* y, const float* __restrict__ b,
+                                                              long long count8, int channels, int positions8,
+                                                              int mode, float coef, int format) {
+    for (long long i = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x; i < count8;
+         i += (long long)gridDim.x * BLOCK_SIZE) {
+        const uint4 packed = y[i];
+        const float bias = b[(i / positions8) % channels];
+        y[i] = make_uint4(bias_activation_pair(packed.x, bias, bias, mode, coef, format),
+                          bias_activation_pair(packed.y, bias, bias, mode, coef, format),
+                          bias_activation_pair(packed.z, bias, bias, mode, coef, format),
+                          bias_activation_pair(packed.w, bias, bias, mode, coef, format));
+    }
+}
