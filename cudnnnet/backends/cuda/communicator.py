@@ -7,6 +7,7 @@ NVLink multicast (NVLS) is left off: ``NCCL_NVLS_ENABLE=0`` unless the environme
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import os
@@ -15,6 +16,7 @@ from ...errors import DistributedError, NcclError
 from ...tensor import Tensor
 from .bindings import nccl, runtime
 from .bindings.loader import load_library
+from .buffer import DeviceBuffer
 from .handles import Event, Stream
 from .kernel import BLOCK_SIZE, MAX_BLOCKS
 
@@ -66,6 +68,26 @@ class Communicator:
     def broadcast(self, tensor: Tensor, root: int = 0) -> None:
         """Every rank's ``tensor`` takes rank ``root``'s values."""
         nccl.broadcast(tensor.data.ptr, tensor.data.ptr, tensor.size, nccl.FLOAT32, root, self._live(), self.stream)
+
+    def all_gather_bytes(self, record: bytes) -> list[bytes]:
+        """Every rank's ``record`` (as long on every rank), in rank order; a synchronisation."""
+        size, stream = len(record), self.backend.context.stream
+        staging = DeviceBuffer.allocate(size * (self.world_size + 1))
+        mine, gathered = ctypes.create_string_buffer(record, size), ctypes.create_string_buffer(size * self.world_size)
+        try:
+            runtime.memcpy_async(staging.ptr, ctypes.addressof(mine), size, runtime.MEMCPY_HOST_TO_DEVICE,
+                                 stream.handle)
+            nccl.all_gather(staging.ptr, staging.ptr + size, size, nccl.UINT8, self._live(), stream.address)
+            runtime.memcpy_async(ctypes.addressof(gathered), staging.ptr + size, size * self.world_size,
+                                 runtime.MEMCPY_DEVICE_TO_HOST, stream.handle)
+            stream.synchronize()
+        finally:
+            staging.free()
+        return [gathered.raw[rank * size:(rank + 1) * size] for rank in range(self.world_size)]
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank; a synchronisation."""
+        return any(record[0] for record in self.all_gather_bytes(bytes([bool(flag)])))
 
     def reduce_async(self, pointer: int, count: int, staging: int | None = None) -> None:
         """x = (1/world_size)·Σ_ranks x over ``count`` floats at ``pointer``, in place, on the side

@@ -16,7 +16,7 @@ from ....errors import DeviceUnavailableError, NcclError
 from . import calls
 
 UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
-FLOAT32, FLOAT64, BFLOAT16 = 7, 8, 9  # ncclFloat32, ncclFloat64, ncclBfloat16 (NCCL >= 2.10)
+UINT8, FLOAT32, FLOAT64, BFLOAT16 = 1, 7, 8, 9  # ncclUint8, ncclFloat32, ncclFloat64, ncclBfloat16 (NCCL >= 2.10)
 SUM, AVG, MAX = 0, 4, 2  # ncclSum, ncclAvg (NCCL >= 2.10), ncclMax
 SUCCESS, IN_PROGRESS = 0, 7  # ncclSuccess, ncclInProgress
 
@@ -50,6 +50,7 @@ SIGNATURES = {
     "ncclCommGetAsyncError": (_P, POINTER(c_int)),
     "ncclAllReduce": (_P, _P, c_size_t, c_int, c_int, _P, _P),
     "ncclBroadcast": (_P, _P, c_size_t, c_int, c_int, _P, _P),
+    "ncclAllGather": (_P, _P, c_size_t, c_int, _P, _P),
     "ncclGroupStart": (),
     "ncclGroupEnd": (),
 }
@@ -153,6 +154,11 @@ def all_reduce(send: int, recv: int, count: int, datatype: int, op: int, comm: i
 
 def broadcast(send: int, recv: int, count: int, datatype: int, root: int, comm: int, stream: int) -> None:
     _call("ncclBroadcast", send, recv, count, datatype, root, comm, stream, comm=comm)
+
+
+def all_gather(send: int, recv: int, count: int, datatype: int, comm: int, stream: int) -> None:
+    """recv holds every rank's ``count`` values of send, in rank order."""
+    _call("ncclAllGather", send, recv, count, datatype, comm, stream, comm=comm)
 
 
 def group_start() -> None:

@@ -85,6 +85,24 @@ def free(pointer: int) -> None:
     _check("cudaFree", _runtime.cudaFree(pointer))
 
 
+def ipc_get_mem_handle(pointer: int) -> bytes:
+    """cudaIpcGetMemHandle: the 64 bytes another process of this host opens to map ``pointer``'s allocation."""
+    return bytes(_check("cudaIpcGetMemHandle", _runtime.cudaIpcGetMemHandle(pointer)).reserved)
+
+
+def ipc_open_mem_handle(handle: bytes) -> int:
+    """cudaIpcOpenMemHandle (peer access enabled lazily): another process's allocation, mapped here."""
+    ipc_handle = _runtime.cudaIpcMemHandle_t()
+    ipc_handle.reserved = handle
+    flags = _runtime.cudaIpcMemLazyEnablePeerAccess
+    return int(_check("cudaIpcOpenMemHandle", _runtime.cudaIpcOpenMemHandle(ipc_handle, flags)))
+
+
+def ipc_close_mem_handle(pointer: int) -> None:
+    """cudaIpcCloseMemHandle: unmap what ipc_open_mem_handle mapped."""
+    _check("cudaIpcCloseMemHandle", _runtime.cudaIpcCloseMemHandle(pointer))
+
+
 def malloc_host(nbytes: int) -> int:
     """cudaMallocHost: a pointer to ``nbytes`` of page-locked host memory (copies from it can be asynchronous)."""
     return int(_check("cudaMallocHost", _runtime.cudaMallocHost(nbytes)))
