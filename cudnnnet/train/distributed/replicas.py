@@ -13,9 +13,11 @@
   own contiguous part; the set is padded to a multiple of the world size with its first samples, so
   every rank runs the same number of steps (the collectives stay matched) and each epoch covers the
   set once (with ``world_size - 1`` repeats at most).
-- ``Replicas``: the trainer's side: the communicator, one all-reduce (ncclAvg) over the flat gradient
-  buffer per step (in buckets; in bfloat16 with train.grad_reduce: bf16), the broadcast of rank 0's weights, the learning-rate rule, stop agreement; the
-  communicator is handed to the ``sync: true`` BatchNorm layers too (their statistics summed over the ranks).
+- ``Replicas``: the trainer's side: the communicator, one average of the flat gradient buffer per step
+  (NCCL's all-reduce in buckets; in bfloat16 with train.grad_reduce: bf16; or, for small gradients on
+  one host, through the peers' mapped memory: ``backends/cuda/peer_reduce``), the broadcast of rank
+  0's weights, the learning-rate rule, stop agreement; the communicator is handed to the ``sync:
+  true`` BatchNorm layers too (their statistics summed over the ranks).
 
 Importing this module starts no CUDA: ``pin_device`` must run before the driver starts.
 """
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 1.0
 HEARTBEAT_TIMEOUT = 60.0  # s of silence after which a peer is taken for lost (CUDNNNET_HEARTBEAT_TIMEOUT overrides)
 BUCKET_VALUES = 1 << 18  # floats (1 MiB) of gradients reduced together while the backward pass goes on
+PEER_WAIT_MARGIN = 60.0  # s a step waits for a peer's gradients beyond the heartbeat timeout before it traps
 TEARDOWN_TIMEOUT = 30.0  # s for freeing the communicator after the last step (CUDNNNET_TEARDOWN_TIMEOUT overrides)
 HEARTBEAT, GOODBYE = b"h", b"b"
 BF16_BYTES = 2
@@ -251,12 +254,23 @@ class Replicas:
         self.gradients = optimizer.flat_gradients()  # the optimiser's one buffer (the loss scaler checks it too)
         self.staging = _bf16_staging(self.gradients.size) if train_config.grad_reduce == "bf16" and \
             self.world_size > 1 else None  # the gradients rounded to bfloat16 for the all-reduce
-        self.buckets = _buckets_if_packed(network, self.gradients)
+        self.peers = self._connect_peers(train_config.grad_reduce, group.link.timeout)
+        self.buckets = {} if self.peers is not None else _buckets_if_packed(network, self.gradients)
         self._reducing = False  # whether reduce_async queued a bucket this step
         warmup_steps = train_config.lr_warmup_epochs * steps_per_epoch
         optimizer.lr_factor = lambda step: lr_factor(train_config.lr_scaling, self.world_size, warmup_steps, step)
         self.flag = _scalar(backend)  # the stop agreement: the largest signal number any rank received
         group.link.on_failure, group.link.poll = self._fail, self.communicator.check
+
+    def _connect_peers(self, grad_reduce: str, heartbeat_timeout: float):
+        """The mailboxes' gradient average (``peer_reduce``) where the config wants it and every rank can
+        map every other's memory; else None (NCCL's buckets). Collective where the config wants it."""
+        from ...backends.cuda import peer_reduce
+
+        gradients = self.gradients
+        if not peer_reduce.wanted(self.world_size, 4 * gradients.size, grad_reduce) or gradients.data.ptr % 16:
+            return None
+        return peer_reduce.connect(self.communicator, gradients.size, heartbeat_timeout + PEER_WAIT_MARGIN)
 
     @property
     def writes(self) -> bool:
@@ -280,7 +294,9 @@ class Replicas:
     def average_gradients(self) -> None:
         """dW = (1/R)·Σ_r dW_r over the one flat gradient buffer (queued; captured with the step): the
         buckets reduced during the backward pass are joined, or the whole buffer is reduced now."""
-        if self._reducing:
+        if self.peers is not None:
+            self.peers.average(self.gradients.data.ptr, self.gradients.size)
+        elif self._reducing:
             self.communicator.join()
             self._reducing = False
         else:
@@ -323,6 +339,8 @@ class Replicas:
         watchdog.start()
         try:
             self.communicator.close()
+            if self.peers is not None:
+                self.peers.close()
         finally:
             watchdog.cancel()
         if self.staging is not None:

@@ -1,0 +1,134 @@
+// The gradient average between the GPUs of one host, through memory the peers map into each other
+// (CUDA IPC over NVLink or PCIe), compiled with NVRTC. peer_reduce.py sets it up; each step queues
+// peer_push, then peer_average, on the step's own stream (so a captured step replays both).
+//
+// Every rank r exports a mailbox:  flags[R] (u64, written by the peers) | inbox[2][R][stride] floats
+// and keeps a PeerState. With s = state.step (the steps averaged so far, the same on every rank) and
+// slot = s mod 2:
+//
+//   peer_push:     inbox_q[slot][r] = g_r             for every peer q   (stores through the mapping,
+//                                                     a group of blocks for each peer)
+//                  flags_q[r] = s + 1                 once every block's stores are visible system-wide
+//   peer_average:  wait until flags_r[q] >= s + 1     for every peer q
+//                  g_r = scale · Σ_{q=0..R-1} (q == r ? g_r : inbox_r[slot][q])    in rank order, so
+//                  every rank computes the same sum bit for bit
+//                  state.step = s + 1                 by the last block
+//
+// Two slots: a peer that has gone on to the next step writes the other slot; to reach this slot again
+// it must first pass its own peer_average of the next step, which waits for this rank's next push, which
+// this rank's stream queues after this peer_average. A wait that outlasts timeout_ns (a lost peer the
+// heartbeat has not ended) traps: the next CUDA call fails instead of the step hanging for ever.
+
+struct PeerState {
+    unsigned long long step;  // steps averaged so far
+    unsigned int pushed;      // blocks of this step's peer_push that are done
+    unsigned int averaged;    // blocks of this step's peer_average that are done
+};
+
+#define FLAG_BYTES 256  // the flags' room at the start of a mailbox (32 ranks)
+
+__device__ unsigned long long global_timer_ns() {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    return now;
+}
+
+// Message passing between GPUs: a release fence after the data, an acquire load of the flag before it.
+__device__ void fence_release_system() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
+__device__ void store_release_system(unsigned long long* address, unsigned long long value) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(address), "l"(value) : "memory");
+}
+
+__device__ unsigned long long load_acquire_system(const unsigned long long* address) {
+    unsigned long long value;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
+    return value;
+}
+
+__device__ float* inbox_of(unsigned long long mailbox, long long slot, int source, int world, long long stride) {
+    return reinterpret_cast<float*>(mailbox + FLAG_BYTES) + (slot * world + source) * stride;
+}
+
+// Every block waits (its thread 0 polling) until flags_r[q] >= s + 1 for every peer q; a wait past
+// timeout_ns traps.
+__device__ void wait_for_peers(unsigned long long mailbox, int rank, int world, unsigned long long step,
+                               long long timeout_ns) {
+    if (threadIdx.x == 0) {
+        const unsigned long long* flags = reinterpret_cast<const unsigned long long*>(mailbox);
+        const unsigned long long start = global_timer_ns();
+        for (int peer = 0; peer < world; ++peer) {
+            while (peer != rank && load_acquire_system(flags + peer) < step + 1) {
+                if (global_timer_ns() - start > (unsigned long long)timeout_ns) __trap();
+                __nanosleep(32);
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// The grid (a multiple of world - 1 blocks) in world - 1 groups, block b in group b mod (world - 1),
+// each group streaming the whole buffer to one peer; the last block to arrive raises the flags once
+// every block's stores are visible system-wide.
+extern "C" __global__ void peer_push(const float* __restrict__ gradients, long long count, long long stride,
+                                     const unsigned long long* mailboxes, int rank, int world, PeerState* state) {
+    const unsigned long long step = state->step;
+    const int groups = world - 1, group = blockIdx.x % groups, peer = group < rank ? group : group + 1;
+    const long long slot = (long long)(step & 1ull), vectors = count / 4;
+    const long long first = (long long)(blockIdx.x / groups) * BLOCK_SIZE + threadIdx.x;
+    const long long stride_group = (long long)(gridDim.x / groups) * BLOCK_SIZE;
+    float* inbox = inbox_of(mailboxes[peer], slot, rank, world, stride);
+    // inbox_q[slot][r] = g_r
+    for (long long i = first; i < vectors; i += stride_group) {
+        reinterpret_cast<float4*>(inbox)[i] = reinterpret_cast<const float4*>(gradients)[i];
+    }
+    for (long long i = 4 * vectors + first; i < count; i += stride_group) inbox[i] = gradients[i];
+    fence_release_system();
+    __syncthreads();
+    if (threadIdx.x != 0 || atomicAdd(&state->pushed, 1u) != gridDim.x - 1) return;
+    state->pushed = 0;
+    fence_release_system();
+    for (int other = 0; other < world; ++other) {
+        if (other == rank) continue;
+        // flags_q[r] = s + 1
+        store_release_system(reinterpret_cast<unsigned long long*>(mailboxes[other]) + rank, step + 1);
+    }
+}
+
+// Once every peer's flag is up: g_r = scale · Σ_q g_q in rank order, float4s then the tail; the last
+// block to finish sets state.step = s + 1.
+extern "C" __global__ void peer_average(float* gradients, long long count, long long stride,
+                                        unsigned long long mailbox, int rank, int world, float scale,
+                                        PeerState* state, long long timeout_ns) {
+    const unsigned long long step = state->step;
+    wait_for_peers(mailbox, rank, world, step, timeout_ns);
+    const float* inbox = inbox_of(mailbox, (long long)(step & 1ull), 0, world, stride);
+    const long long vectors = count / 4, first = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x;
+    const long long stride_grid = (long long)gridDim.x * BLOCK_SIZE;
+    for (long long i = first; i < vectors; i += stride_grid) {
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int source = 0; source < world; ++source) {
+            const float4 v = source == rank ? reinterpret_cast<const float4*>(gradients)[i]
+                                            : __ldcg(reinterpret_cast<const float4*>(inbox + source * stride) + i);
+            sum.x = __fadd_rn(sum.x, v.x), sum.y = __fadd_rn(sum.y, v.y);
+            sum.z = __fadd_rn(sum.z, v.z), sum.w = __fadd_rn(sum.w, v.w);
+        }
+        // g_r = scale · Σ_q g_q
+        reinterpret_cast<float4*>(gradients)[i] = make_float4(__fmul_rn(scale, sum.x), __fmul_rn(scale, sum.y),
+                                                              __fmul_rn(scale, sum.z), __fmul_rn(scale, sum.w));
+    }
+    for (long long i = 4 * vectors + first; i < count; i += stride_grid) {
+        float sum = 0.f;
+        for (int source = 0; source < world; ++source) {
+            sum = __fadd_rn(sum, source == rank ? gradients[i] : __ldcg(inbox + source * stride + i));
+        }
+        gradients[i] = __fmul_rn(scale, sum);
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    __threadfence();
+    if (atomicAdd(&state->averaged, 1u) == gridDim.x - 1) {
+        state->averaged = 0;
+        state->step = step + 1;
+    }
+}

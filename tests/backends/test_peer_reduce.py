@@ -1,0 +1,126 @@
+"""The gradient average through the peers' mapped memory (backends/cuda/peer_reduce.py): when it is
+chosen and what the ranks tell each other (on the host), and its two kernels on one GPU, with the ranks
+emulated by mailboxes of one device (the kernels do not care whose memory a pointer maps): every rank
+ends with the same average, summed in rank order, over several steps (both inbox slots) and replays."""
+
+import numpy as np
+import pytest
+
+from cudnnnet.backends.cuda import peer_reduce
+from cudnnnet.backends.cuda.peer_reduce import (PEER_REDUCE_ENV, PEER_REDUCE_MAX_BYTES, decode_record, encode_record,
+                                                inbox_stride, mailbox_bytes, wanted, why_not_usable, willing)
+
+HANDLE = bytes(range(64))
+
+
+def test_it_is_wanted_for_a_small_float32_average_over_several_ranks():
+    assert wanted(2, 1_725_184, "fp32") and wanted(8, PEER_REDUCE_MAX_BYTES, "fp32")
+    assert not wanted(1, 1_725_184, "fp32")  # nothing to average
+    assert not wanted(2, 1_725_184, "bf16")  # averaged in bfloat16 by NCCL
+    assert not wanted(2, PEER_REDUCE_MAX_BYTES + 4, "fp32")  # NCCL's ring and overlap
+    assert not wanted(33, 1024, "fp32")  # more ranks than a mailbox has flags
+
+
+@pytest.mark.parametrize("value, expected", [(None, True), ("1", True), ("0", False), (" 0 ", False)])
+def test_cudnnnet_peer_reduce_0_makes_a_rank_unwilling(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv(PEER_REDUCE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(PEER_REDUCE_ENV, value)
+    assert willing() is expected
+
+
+def test_a_record_carries_the_handle_the_host_and_the_willingness():
+    record = encode_record(HANDLE, bytes(32 * [7]), True)
+    assert len(record) == peer_reduce.RECORD_BYTES
+    assert decode_record(record) == (HANDLE, bytes(32 * [7]), True)
+    assert decode_record(encode_record(HANDLE, bytes(32), False))[2] is False
+
+
+def test_the_host_digest_is_stable():
+    assert peer_reduce.host_digest() == peer_reduce.host_digest() and len(peer_reduce.host_digest()) == 32
+
+
+def test_every_rank_willing_on_one_host_is_usable_and_anything_else_says_why():
+    here, there = bytes(32 * [1]), bytes(32 * [2])
+    assert why_not_usable([encode_record(HANDLE, here, True)] * 3) is None
+    unwilling = [encode_record(HANDLE, here, True), encode_record(HANDLE, here, False)]
+    assert why_not_usable(unwilling) == f"{PEER_REDUCE_ENV}=0 on rank 1"
+    assert why_not_usable([encode_record(HANDLE, here, True), encode_record(HANDLE, there, True)]) == \
+        "the ranks are on more than one host"
+
+
+def test_inboxes_are_256_byte_aligned_and_the_mailbox_holds_two_slots_per_rank():
+    assert inbox_stride(1) == 64 and inbox_stride(64) == 64 and inbox_stride(65) == 128
+    assert mailbox_bytes(2, 100) == peer_reduce.FLAG_BYTES + 2 * 2 * 128 * 4
+
+
+def _emulated_ranks(cuda, world, count):
+    from cudnnnet.backends.cuda.buffer import DeviceBuffer
+    from cudnnnet.backends.cuda.bindings import runtime
+
+    context = cuda.context
+    mailboxes = [DeviceBuffer.allocate(mailbox_bytes(world, count)) for _ in range(world)]
+    for mailbox in mailboxes:
+        runtime.memset_async(mailbox.ptr, 0, mailbox.nbytes, context.stream.handle)
+    return [peer_reduce.PeerReduce(context, rank, world, count, mailboxes[rank], [m.ptr for m in mailboxes],
+                                   timeout_s=10.0) for rank in range(world)]
+
+
+def _expected(values):
+    total = np.zeros_like(values[0])
+    for value in values:  # in rank order, each sum rounded to float32
+        total = (total + value).astype(np.float32)
+    return (total * np.float32(1.0 / len(values))).astype(np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world, count", [(2, 4096), (3, 1001), (4, 7)])
+def test_every_rank_ends_with_the_rank_order_average_step_after_step(cuda, world, count):
+    from cudnnnet.tensor import Tensor
+
+    ranks = _emulated_ranks(cuda, world, count)
+    generator = np.random.default_rng(world)
+    try:
+        for _ in range(3):  # slots 0, 1, 0
+            values = [generator.standard_normal(count).astype(np.float32) for _ in range(world)]
+            gradients = [Tensor.from_numpy(value, cuda) for value in values]
+            for rank, gradient in zip(ranks, gradients):
+                rank.push(gradient.data.ptr, count)
+            for rank, gradient in zip(ranks, gradients):
+                rank.combine(gradient.data.ptr, count)
+            for gradient in gradients:
+                np.testing.assert_array_equal(gradient.numpy().reshape(-1), _expected(values))
+    finally:
+        cuda.synchronize()
+        for rank in ranks:
+            rank.close()
+
+
+@pytest.mark.gpu
+def test_a_captured_push_and_average_replay_with_the_step_counter_on_the_device(cuda):
+    from cudnnnet.backends.cuda.handles import CudaGraph
+    from cudnnnet.tensor import Tensor
+
+    world, count = 2, 2050
+    ranks = _emulated_ranks(cuda, world, count)
+    generator = np.random.default_rng(3)
+    values = [generator.standard_normal(count).astype(np.float32) for _ in range(world)]
+    gradients = [Tensor.from_numpy(value, cuda) for value in values]
+    graph = CudaGraph(cuda.context.stream)
+    try:
+        graph.begin()
+        for rank, gradient in zip(ranks, gradients):
+            rank.push(gradient.data.ptr, count)
+        for rank, gradient in zip(ranks, gradients):
+            rank.combine(gradient.data.ptr, count)
+        graph.end()
+        for _ in range(3):  # the first replay averages the values; the next ones average equal values
+            graph.launch()
+        for gradient in gradients:
+            np.testing.assert_array_equal(gradient.numpy().reshape(-1), _expected(values))
+    finally:
+        cuda.synchronize()
+        graph.release()
+        for rank in ranks:
+            rank.close()
