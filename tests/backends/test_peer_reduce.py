@@ -7,17 +7,19 @@ import numpy as np
 import pytest
 
 from cudnnnet.backends.cuda import peer_reduce
-from cudnnnet.backends.cuda.peer_reduce import (PEER_REDUCE_ENV, PEER_REDUCE_MAX_BYTES, decode_record, encode_record,
+from cudnnnet.backends.cuda.peer_reduce import (PEER_PUSH_MAX_BYTES, PEER_REDUCE_ENV, decode_record, encode_record,
                                                 inbox_stride, mailbox_bytes, wanted, why_not_usable, willing)
 
 HANDLE = bytes(range(64))
 
 
-def test_it_is_wanted_for_a_small_float32_average_over_several_ranks():
-    assert wanted(2, 1_725_184, "fp32") and wanted(8, PEER_REDUCE_MAX_BYTES, "fp32")
+def test_it_is_wanted_where_each_gpu_pushes_little_in_float32():
+    assert wanted(2, 1_725_184, "fp32") and wanted(4, 1_725_184, "fp32")  # the LeNet CNN's gradients
+    assert wanted(2, PEER_PUSH_MAX_BYTES, "fp32") and wanted(5, PEER_PUSH_MAX_BYTES // 4, "fp32")
+    assert not wanted(3, PEER_PUSH_MAX_BYTES // 2 + 4, "fp32")  # pushed twice: NCCL's ring and overlap
     assert not wanted(1, 1_725_184, "fp32")  # nothing to average
     assert not wanted(2, 1_725_184, "bf16")  # averaged in bfloat16 by NCCL
-    assert not wanted(2, PEER_REDUCE_MAX_BYTES + 4, "fp32")  # NCCL's ring and overlap
+    assert not wanted(2, PEER_PUSH_MAX_BYTES + 4, "fp32")
     assert not wanted(33, 1024, "fp32")  # more ranks than a mailbox has flags
 
 
