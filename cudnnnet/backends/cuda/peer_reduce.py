@@ -83,7 +83,7 @@ def why_not_usable(records: list[bytes]) -> str | None:
     decoded = [decode_record(record) for record in records]
     unwilling = [rank for rank, (_, _, is_willing) in enumerate(decoded) if not is_willing]
     if unwilling:
-        return f"{PEER_REDUCE_ENV}=0 on rank {unwilling[0]}"
+        return f"rank {unwilling[0]} declined ({PEER_REDUCE_ENV}=0, or its gradients are not 16-byte aligned)"
     if len({digest for _, digest, _ in decoded}) > 1:
         return "the ranks are on more than one host"
     return None
@@ -154,14 +154,15 @@ class PeerReduce:
             buffer.free()
 
 
-def connect(communicator, count: int, timeout_s: float) -> PeerReduce | None:
+def connect(communicator, count: int, timeout_s: float, usable_here: bool = True) -> PeerReduce | None:
     """Every rank's mailbox mapped by every other (collective: every rank calls it once, in step), or
-    None on every rank (logged why) where one is unwilling, the ranks span hosts, or a mapping fails."""
+    None on every rank (logged why) where one is unwilling (``CUDNNNET_PEER_REDUCE=0``, or not
+    ``usable_here``), the ranks span hosts, or a mapping fails."""
     context, rank, world_size = communicator.backend.context, communicator.rank, communicator.world_size
     mailbox = DeviceBuffer.allocate(mailbox_bytes(world_size, count))
     runtime.memset_async(mailbox.ptr, 0, FLAG_BYTES, context.stream.handle)
     context.stream.synchronize()
-    record = encode_record(runtime.ipc_get_mem_handle(mailbox.ptr), host_digest(), willing())
+    record = encode_record(runtime.ipc_get_mem_handle(mailbox.ptr), host_digest(), willing() and usable_here)
     records = communicator.all_gather_bytes(record)
     reason = why_not_usable(records)
     if reason is not None:

@@ -268,9 +268,10 @@ class Replicas:
         from ...backends.cuda import peer_reduce
 
         gradients = self.gradients
-        if not peer_reduce.wanted(self.world_size, 4 * gradients.size, grad_reduce) or gradients.data.ptr % 16:
+        if not peer_reduce.wanted(self.world_size, 4 * gradients.size, grad_reduce):
             return None
-        return peer_reduce.connect(self.communicator, gradients.size, heartbeat_timeout + PEER_WAIT_MARGIN)
+        return peer_reduce.connect(self.communicator, gradients.size, heartbeat_timeout + PEER_WAIT_MARGIN,
+                                   usable_here=gradients.data.ptr % 16 == 0)  # the kernels move float4s
 
     @property
     def writes(self) -> bool:
