@@ -293,8 +293,9 @@ class Replicas:
             self._reducing = True
 
     def average_gradients(self) -> None:
-        """dW = (1/R)·Σ_r dW_r over the one flat gradient buffer (queued; captured with the step): the
-        buckets reduced during the backward pass are joined, or the whole buffer is reduced now."""
+        """dW = (1/R)·Σ_r dW_r over the one flat gradient buffer (queued; captured with the step): pushed
+        to the peers and averaged, or the buckets reduced during the backward pass are joined, or the
+        whole buffer is reduced now."""
         if self.peers is not None:
             self.peers.average(self.gradients.data.ptr, self.gradients.size)
         elif self._reducing:
