@@ -65,8 +65,8 @@ def _emulated_ranks(cuda, world, count):
     mailboxes = [DeviceBuffer.allocate(mailbox_bytes(world, count)) for _ in range(world)]
     for mailbox in mailboxes:
         runtime.memset_async(mailbox.ptr, 0, mailbox.nbytes, context.stream.handle)
-    return [peer_reduce.PeerReduce(context, rank, world, count, mailboxes[rank], [m.ptr for m in mailboxes],
-                                   timeout_s=10.0) for rank in range(world)]
+    return [peer_reduce.PeerReduce(context, rank, world, count, mailboxes[rank], [m.ptr for m in mailboxes])
+            for rank in range(world)]
 
 
 def _expected(values):

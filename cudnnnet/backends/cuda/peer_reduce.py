@@ -104,11 +104,10 @@ class PeerReduce:
     own at ``rank``), ``count`` floats averaged a step. ``mapped`` are the mappings to close at the end."""
 
     def __init__(self, context, rank: int, world_size: int, count: int, mailbox: DeviceBuffer,
-                 mailboxes: list[int], timeout_s: float, mapped: tuple[int, ...] = ()):
+                 mailboxes: list[int], mapped: tuple[int, ...] = ()):
         self.context, self.rank, self.world_size, self.count = context, rank, world_size, count
         self.stride = inbox_stride(count)
         self.mailbox, self.mapped = mailbox, list(mapped)
-        self.timeout_ns = int(timeout_s * 1e9)
         self.state = DeviceBuffer.allocate(STATE_BYTES)
         self.table = DeviceBuffer.allocate(8 * world_size)  # mailboxes[R] as u64, what peer_push reads
         table = (ctypes.c_uint64 * world_size)(*mailboxes)
@@ -138,7 +137,7 @@ class PeerReduce:
         # g_r = (1/R)·Σ_q g_q   once flags_r[q] = s + 1 for every peer q
         self.context.kernel("peer_average").launch(blocks, stream, gradients, count, self.stride, self.mailbox.ptr,
                                                    self.rank, self.world_size, 1.0 / self.world_size,
-                                                   self.state.ptr, self.timeout_ns)
+                                                   self.state.ptr)
 
     def _blocks(self, count: int) -> int:
         if count != self.count:
@@ -154,7 +153,7 @@ class PeerReduce:
             buffer.free()
 
 
-def connect(communicator, count: int, timeout_s: float, usable_here: bool = True) -> PeerReduce | None:
+def connect(communicator, count: int, usable_here: bool = True) -> PeerReduce | None:
     """Every rank's mailbox mapped by every other (collective: every rank calls it once, in step), or
     None on every rank (logged why) where one is unwilling (``CUDNNNET_PEER_REDUCE=0``, or not
     ``usable_here``), the ranks span hosts, or a mapping fails."""
@@ -187,4 +186,4 @@ def connect(communicator, count: int, timeout_s: float, usable_here: bool = True
         mailbox.free()
         return None
     log.info("gradients averaged through the peers' mapped memory (%d floats, %d ranks)", count, world_size)
-    return PeerReduce(context, rank, world_size, count, mailbox, mailboxes, timeout_s, tuple(mapped))
+    return PeerReduce(context, rank, world_size, count, mailbox, mailboxes, tuple(mapped))

@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 1.0
 HEARTBEAT_TIMEOUT = 60.0  # s of silence after which a peer is taken for lost (CUDNNNET_HEARTBEAT_TIMEOUT overrides)
 BUCKET_VALUES = 1 << 18  # floats (1 MiB) of gradients reduced together while the backward pass goes on
-PEER_WAIT_MARGIN = 60.0  # s a step waits for a peer's gradients beyond the heartbeat timeout before it traps
 TEARDOWN_TIMEOUT = 30.0  # s for freeing the communicator after the last step (CUDNNNET_TEARDOWN_TIMEOUT overrides)
 HEARTBEAT, GOODBYE = b"h", b"b"
 BF16_BYTES = 2
@@ -254,7 +253,7 @@ class Replicas:
         self.gradients = optimizer.flat_gradients()  # the optimiser's one buffer (the loss scaler checks it too)
         self.staging = _bf16_staging(self.gradients.size) if train_config.grad_reduce == "bf16" and \
             self.world_size > 1 else None  # the gradients rounded to bfloat16 for the all-reduce
-        self.peers = self._connect_peers(train_config.grad_reduce, group.link.timeout)
+        self.peers = self._connect_peers(train_config.grad_reduce)
         self.buckets = {} if self.peers is not None else _buckets_if_packed(network, self.gradients)
         self._reducing = False  # whether reduce_async queued a bucket this step
         warmup_steps = train_config.lr_warmup_epochs * steps_per_epoch
@@ -262,7 +261,7 @@ class Replicas:
         self.flag = _scalar(backend)  # the stop agreement: the largest signal number any rank received
         group.link.on_failure, group.link.poll = self._fail, self.communicator.check
 
-    def _connect_peers(self, grad_reduce: str, heartbeat_timeout: float):
+    def _connect_peers(self, grad_reduce: str):
         """The mailboxes' gradient average (``peer_reduce``) where the config wants it and every rank can
         map every other's memory; else None (NCCL's buckets). Collective where the config wants it."""
         from ...backends.cuda import peer_reduce
@@ -270,7 +269,7 @@ class Replicas:
         gradients = self.gradients
         if not peer_reduce.wanted(self.world_size, 4 * gradients.size, grad_reduce):
             return None
-        return peer_reduce.connect(self.communicator, gradients.size, heartbeat_timeout + PEER_WAIT_MARGIN,
+        return peer_reduce.connect(self.communicator, gradients.size,
                                    usable_here=gradients.data.ptr % 16 == 0)  # the kernels move float4s
 
     @property

@@ -16,8 +16,9 @@
 //
 // Two slots: a peer that has gone on to the next step writes the other slot; to reach this slot again
 // it must first pass its own peer_average of the next step, which waits for this rank's next push, which
-// this rank's stream queues after this peer_average. A wait that outlasts timeout_ns (a lost peer the
-// heartbeat has not ended) traps: the next CUDA call fails instead of the step hanging for ever.
+// this rank's stream queues after this peer_average. A peer that is slow (rank 0 evaluating) is waited
+// for as long as it takes, as NCCL would; one that is lost is the heartbeat's to notice: it ends the
+// process, and the waiting kernel with it.
 
 struct PeerState {
     unsigned long long step;  // steps averaged so far
@@ -26,12 +27,6 @@ struct PeerState {
 };
 
 #define FLAG_BYTES 256  // the flags' room at the start of a mailbox (32 ranks)
-
-__device__ unsigned long long global_timer_ns() {
-    unsigned long long now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    return now;
-}
 
 // Message passing between GPUs: a release fence after the data, an acquire load of the flag before it.
 __device__ void fence_release_system() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
@@ -50,18 +45,12 @@ __device__ float* inbox_of(unsigned long long mailbox, long long slot, int sourc
     return reinterpret_cast<float*>(mailbox + FLAG_BYTES) + (slot * world + source) * stride;
 }
 
-// Every block waits (its thread 0 polling) until flags_r[q] >= s + 1 for every peer q; a wait past
-// timeout_ns traps.
-__device__ void wait_for_peers(unsigned long long mailbox, int rank, int world, unsigned long long step,
-                               long long timeout_ns) {
+// Every block waits (its thread 0 polling) until flags_r[q] >= s + 1 for every peer q.
+__device__ void wait_for_peers(unsigned long long mailbox, int rank, int world, unsigned long long step) {
     if (threadIdx.x == 0) {
         const unsigned long long* flags = reinterpret_cast<const unsigned long long*>(mailbox);
-        const unsigned long long start = global_timer_ns();
         for (int peer = 0; peer < world; ++peer) {
-            while (peer != rank && load_acquire_system(flags + peer) < step + 1) {
-                if (global_timer_ns() - start > (unsigned long long)timeout_ns) __trap();
-                __nanosleep(32);
-            }
+            while (peer != rank && load_acquire_system(flags + peer) < step + 1) __nanosleep(32);
         }
     }
     __syncthreads();
@@ -99,9 +88,9 @@ extern "C" __global__ void peer_push(const float* __restrict__ gradients, long l
 // block to finish sets state.step = s + 1.
 extern "C" __global__ void peer_average(float* gradients, long long count, long long stride,
                                         unsigned long long mailbox, int rank, int world, float scale,
-                                        PeerState* state, long long timeout_ns) {
+                                        PeerState* state) {
     const unsigned long long step = state->step;
-    wait_for_peers(mailbox, rank, world, step, timeout_ns);
+    wait_for_peers(mailbox, rank, world, step);
     const float* inbox = inbox_of(mailbox, (long long)(step & 1ull), 0, world, stride);
     const long long vectors = count / 4, first = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x;
     const long long stride_grid = (long long)gridDim.x * BLOCK_SIZE;
