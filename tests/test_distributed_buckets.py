@@ -2,7 +2,7 @@
 
 import pytest
 
-from cudnnnet.train.distributed.replicas import gradient_buckets
+from cudnnnet.train.distributed.replicas import gradient_buckets, timed_weight_blocks, weight_blocks
 from cudnnnet.optim.optimizers import PACK_ALIGNMENT, packed_offsets
 
 
@@ -42,3 +42,38 @@ def test_the_buckets_cover_the_buffer_once_each_closed_by_a_layer_whose_gradient
             assert start == offsets[owners.index(layer)]  # the closing layer's gradients open the bucket
     assert len(buckets) == (1 if bucket_values > total else len(buckets))
     assert id(layers[0]) in buckets  # the first layer with parameters always closes the last bucket
+
+
+def test_a_large_dense_weight_gradient_opening_its_bucket_is_reduced_in_blocks():
+    """The micro step's fc1 (5 000 × 10 000 weights) opens the last bucket: its weight gradient is
+    computed and reduced in blocks, the bucket keeps its bias and what follows; fc2's weight gradient,
+    also large but not at its bucket's start, and small ones stay whole."""
+    fc1, fc2, fc3 = (Layer(name) for name in ("fc1", "fc2", "fc3"))
+    buckets = {id(fc1): (0, 50_005_000), id(fc2): (50_005_000, 5_011_010)}
+    weights = {id(fc1): (0, 50_000_000), id(fc2): (50_005_064, 5_000_000), id(fc3): (55_010_064, 10_000)}
+    left, blocks = weight_blocks(buckets, weights, block_values=1 << 23)
+    assert blocks == {id(fc1): 6}
+    assert left == {id(fc1): (50_000_000, 5_000), id(fc2): (50_005_000, 5_011_010)}
+    assert weight_blocks(buckets, weights, block_values=1 << 30) == (buckets, {})
+
+
+def test_a_blocked_weight_gradient_alone_in_its_bucket_leaves_it_empty():
+    fc = Layer("fc")
+    left, blocks = weight_blocks({id(fc): (0, 1000)}, {id(fc): (0, 1000)}, block_values=300)
+    assert blocks == {id(fc): 4} and left == {id(fc): (1000, 0)}
+
+
+def _two_dense_network():
+    from cudnnnet.backends import get_backend
+    from cudnnnet.layers import MSE, Dense
+    from cudnnnet.network import Network
+
+    layers = [Dense("fc1", 300), Dense("fc2", 10), MSE("quadratic")]
+    return Network(layers, backend=get_backend("host"), seed=0, input_shape=(40, 1, 1))
+
+
+@pytest.mark.parametrize("tolerance, expected", [(float("inf"), 5), (0.0, 1)])
+def test_a_weight_gradient_takes_the_most_blocks_no_slower_than_its_one_gemm(tolerance, expected):
+    """Timed on the layer's shapes: any split fits an infinite tolerance (the most blocks), none fits 0."""
+    network = _two_dense_network()
+    assert timed_weight_blocks(network, network.layers[0], 16, max_blocks=5, tolerance=tolerance) == expected

@@ -1,9 +1,11 @@
 """The micro workload on N GPUs (``cudnnnet-benchmark --gpus N``): the series' step (samples × features
 10 000 × 10 000 → 5 000 → 1 000 → 10, tanh and sigmoids, MSE, SGD) with the one batch split among
 the ranks (strong scaling, as PyTorch DDP's figure of the series: N GPUs share the 10 000 samples),
-each rank's gradients averaged by NCCL in buckets during the backward pass, inside the captured
-step, as the Trainer's step does. One GPU runs the same step on all the samples without the
-all-reduce. Figures are per step (ms), the step replayed as a CUDA graph.
+each rank's gradients averaged during the backward pass, inside the captured step, as the Trainer's
+step does (on 2 GPUs of one host copied to the peer as they are written, the first layer's weight
+gradient in blocks: ``backends/cuda/peer_reduce.py``; else by NCCL in buckets). One GPU runs the
+same step on all the samples without the all-reduce. Figures are per step (ms), the step replayed as
+a CUDA graph.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from .workloads import build_micro_network, micro_data, micro_layer_sizes
 log = logging.getLogger(__name__)
 
 
-def micro_config(size: int) -> Config:
-    """The micro step as a config: what every rank's rendezvous compares, and the SGD the step runs."""
+def micro_config(size: int, world_size: int = 1) -> Config:
+    """The micro step as a config: what every rank's rendezvous compares, and the SGD the step runs
+    (its batch: a rank's part of the ``size`` samples)."""
     _, hidden1, hidden2, outputs = micro_layer_sizes(size)
     model = [{"type": "dense", "name": "fc1", "out_size": hidden1}, {"type": "activation", "name": "tanh1", "mode": "tanh"},
              {"type": "dense", "name": "fc2", "out_size": hidden2},
@@ -33,7 +36,8 @@ def micro_config(size: int) -> Config:
              {"type": "dense", "name": "fc3", "out_size": outputs},
              {"type": "activation", "name": "sigmoid3", "mode": "sigmoid"}, {"type": "mse", "name": "quadratic"}]
     return parse_config({"model": model, "data": {}, "device": "cuda", "train": {
-        "batch_size": size, "optimizer": {"name": "sgd", "lr": MICRO_LEARNING_RATE}, "lr_scaling": "none"}})
+        "batch_size": len(micro_part(size, 0, world_size)),
+        "optimizer": {"name": "sgd", "lr": MICRO_LEARNING_RATE}, "lr_scaling": "none"}})
 
 
 def micro_part(size: int, rank: int, world_size: int) -> np.ndarray:
@@ -49,7 +53,7 @@ def micro_steps(engine: str, settings: dict, launch) -> dict:
     optimizer = SGD(network, MICRO_LEARNING_RATE)
     replicas = None
     if launch is not None:
-        config = micro_config(size)
+        config = micro_config(size, launch.world_size)
         replicas = distributed.Replicas(distributed.join(launch, config), network, optimizer, config.train, 1)
         replicas.broadcast_weights()
     inputs, targets = micro_data(size)

@@ -12,6 +12,8 @@ matrices with one sample per column: x (in_size × N), y (out_size × N).
                                                                 backward kernel, where f runs in the bias
                                                                 kernel; else cublasSgemv
               dW = x·dyᵀ       cublasSgemm                      timed GEMM plan
+                               (2 GPUs: a large dW in blocks of columns, each sent
+                                to the peer while the next one is computed)
               dx = W·dy        cublasSgemm                      timed GEMM plan
     in Network.train_step (plain SGD at rate lr), the fast engine's weight gradient is the update:
               W  = W − lr·x·dyᵀ                                 the dW GEMM with alpha = −lr, beta = 1 and
@@ -40,6 +42,8 @@ class Dense(WeightBiasLayer):
         self.ones = None  # (N,) of 1.0: broadcasts the bias, sums its gradient over the batch
         self.next_activation = None  # the Activation after it (set by Network): its backward may sum db
         self.sgd_rate = None  # lr while Network.train_step has the weight-gradient GEMM apply SGD to W
+        self.grad_weight_blocks = 1  # dW computed in this many blocks of columns (output units), one GEMM each
+        self.grad_weight_ready = None  # called with each block of dW (a view) once its GEMM is queued
 
     def config(self):
         return {"out_size": self.out_size}
@@ -81,10 +85,12 @@ class Dense(WeightBiasLayer):
         if self.next_activation is None or not self.next_activation.sums_bias_gradient:
             # db = dy·1       (out_size) = (out_size × N) · (N)
             b.sgemv(OP_N, self.out_size, n, 1.0, dy, self.out_size, self.ones, 1, 0.0, self.grad_bias, 1)
-        if self.sgd_rate is None:
+        if self.sgd_rate is None and self.grad_weight_blocks == 1:
             # dW = x·dyᵀ      (in_size × out_size) = (in_size × N) · (N × out_size)
             b.sgemm(OP_N, OP_T, self.in_size, self.out_size, n,
                     1.0, self.input, self.in_size, dy, self.out_size, 0.0, self.grad_weight, self.in_size)
+        elif self.sgd_rate is None:
+            self._weight_gradient_in_blocks(dy)
         if not self.gradient_stop:
             # dx = W·dy       (in_size × N) = (in_size × out_size) · (out_size × N)
             b.sgemm(OP_N, OP_N, self.in_size, n, self.out_size,
@@ -94,3 +100,32 @@ class Dense(WeightBiasLayer):
             b.sgemm(OP_N, OP_T, self.in_size, self.out_size, n,
                     -self.sgd_rate, self.input, self.in_size, dy, self.out_size, 1.0, self.weight, self.in_size)
         return self.grad_input
+
+    def _weight_gradient_in_blocks(self, dy: Tensor) -> None:
+        """dW = x·dyᵀ in ``grad_weight_blocks`` blocks of columns, each handed to ``grad_weight_ready``
+        once queued: 2 GPUs send a block to each other while the next one's GEMM runs."""
+        weight_gradient_in_blocks(self.backend, self.input, dy, self.grad_weight, self.in_size, self.out_size, dy.n,
+                                  self.grad_weight_blocks, self.grad_weight_ready)
+
+
+def weight_gradient_in_blocks(backend, x: Tensor, dy: Tensor, grad_weight: Tensor, in_size: int, out_size: int,
+                              n: int, blocks: int, ready=None) -> None:
+    """dW = x·dyᵀ one block of columns j ∈ [first, first + count) at a time (column-major dW: each block is
+    contiguous), each (a view of dW) handed to ``ready`` once its GEMM is queued."""
+    for first, count in column_blocks(out_size, blocks):
+        block = grad_weight.view((count * in_size,), first * in_size)  # dW[:, first:first+count]
+        dy_rows = dy.view((dy.size - first,), first)  # dy[first:first+count, :], leading dimension out_size
+        # dW[:, j] = x·dy[j, :]ᵀ   (in_size × count) = (in_size × N) · (N × count)
+        backend.sgemm(OP_N, OP_T, in_size, count, n, 1.0, x, in_size, dy_rows, out_size, 0.0, block, in_size)
+        if ready is not None:
+            ready(block)
+
+
+COLUMN_ALIGNMENT = 64  # a block's first column: its dy rows start 256-byte aligned (float32), 128 (16 bits)
+
+
+def column_blocks(columns: int, blocks: int) -> list[tuple[int, int]]:
+    """[(first, count)]: ``columns`` in at most ``blocks`` consecutive blocks as even as multiples of
+    COLUMN_ALIGNMENT allow (the last takes the rest)."""
+    size = -(-columns // (blocks * COLUMN_ALIGNMENT)) * COLUMN_ALIGNMENT
+    return [(first, min(size, columns - first)) for first in range(0, columns, size)]

@@ -1,26 +1,31 @@
 """The gradient average through the peers' mapped memory (backends/cuda/peer_reduce.py): when it is
-chosen and what the ranks tell each other (on the host), and its two kernels on one GPU, with the ranks
-emulated by mailboxes of one device (the kernels do not care whose memory a pointer maps): every rank
-ends with the same average, summed in rank order, over several steps (both inbox slots) and replays."""
+chosen and what the ranks tell each other (on the host), and its kernels and copies on one GPU, with
+the ranks emulated by mailboxes of one device (neither the kernels nor the copies care whose memory a
+pointer maps): every rank ends with the same average, summed in rank order, over several steps (both
+inbox slots of the push; the one inbox and its acks of the copies) and replays."""
 
 import numpy as np
 import pytest
 
 from cudnnnet.backends.cuda import peer_reduce
-from cudnnnet.backends.cuda.peer_reduce import (PEER_PUSH_MAX_BYTES, PEER_REDUCE_ENV, decode_record, encode_record,
-                                                inbox_stride, mailbox_bytes, wanted, why_not_usable, willing)
+from cudnnnet.backends.cuda.peer_reduce import (COPY, COPY_MIN_BYTES, PEER_PUSH_MAX_BYTES, PEER_REDUCE_ENV, PUSH,
+                                                decode_record, encode_record, inbox_stride, mailbox_bytes, wanted,
+                                                why_not_usable, willing)
 
 HANDLE = bytes(range(64))
 
 
-def test_it_is_wanted_where_each_gpu_pushes_little_in_float32():
-    assert wanted(2, 1_725_184, "fp32") and wanted(4, 1_725_184, "fp32")  # the LeNet CNN's gradients
-    assert wanted(2, PEER_PUSH_MAX_BYTES, "fp32") and wanted(5, PEER_PUSH_MAX_BYTES // 4, "fp32")
-    assert not wanted(3, PEER_PUSH_MAX_BYTES // 2 + 4, "fp32")  # pushed twice: NCCL's ring and overlap
-    assert not wanted(1, 1_725_184, "fp32")  # nothing to average
-    assert not wanted(2, 1_725_184, "bf16")  # averaged in bfloat16 by NCCL
-    assert not wanted(2, PEER_PUSH_MAX_BYTES + 4, "fp32")
-    assert not wanted(33, 1024, "fp32")  # more ranks than a mailbox has flags
+def test_the_push_is_wanted_where_each_gpu_pushes_little_and_the_copies_where_two_gpus_have_large_gradients():
+    assert wanted(2, 1_725_184, "fp32") == PUSH and wanted(4, 1_725_184, "fp32") == PUSH  # the LeNet CNN's
+    assert wanted(2, PEER_PUSH_MAX_BYTES, "fp32") == PUSH and wanted(5, PEER_PUSH_MAX_BYTES // 4, "fp32") == PUSH
+    assert wanted(3, PEER_PUSH_MAX_BYTES // 2 + 4, "fp32") is None  # pushed twice: NCCL's ring and overlap
+    assert wanted(2, PEER_PUSH_MAX_BYTES + 4, "fp32") is None
+    assert wanted(2, COPY_MIN_BYTES - 4, "fp32") is None
+    assert wanted(2, COPY_MIN_BYTES, "fp32") == COPY and wanted(2, 220_064_768, "fp32") == COPY  # micro's
+    assert wanted(3, COPY_MIN_BYTES, "fp32") is None and wanted(4, 220_064_768, "fp32") is None  # sent R - 1 times
+    assert wanted(1, 1_725_184, "fp32") is None and wanted(1, COPY_MIN_BYTES, "fp32") is None  # nothing to average
+    assert wanted(2, 1_725_184, "bf16") is None and wanted(2, COPY_MIN_BYTES, "bf16") is None  # NCCL in bfloat16
+    assert wanted(33, 1024, "fp32") is None and wanted(33, COPY_MIN_BYTES, "fp32") is None  # more ranks than flags
 
 
 @pytest.mark.parametrize("value, expected", [(None, True), ("1", True), ("0", False), (" 0 ", False)])
@@ -52,20 +57,22 @@ def test_every_rank_willing_on_one_host_is_usable_and_anything_else_says_why():
         "the ranks are on more than one host"
 
 
-def test_inboxes_are_256_byte_aligned_and_the_mailbox_holds_two_slots_per_rank():
+def test_inboxes_are_256_byte_aligned_and_the_mailbox_holds_two_slots_per_rank_to_push_one_to_copy():
     assert inbox_stride(1) == 64 and inbox_stride(64) == 64 and inbox_stride(65) == 128
-    assert mailbox_bytes(2, 100) == peer_reduce.FLAG_BYTES + 2 * 2 * 128 * 4
+    assert mailbox_bytes(2, 100) == mailbox_bytes(2, 100, PUSH) == peer_reduce.HEADER_BYTES + 2 * 2 * 128 * 4
+    assert mailbox_bytes(3, 100, COPY) == peer_reduce.HEADER_BYTES + 1 * 3 * 128 * 4
+    assert peer_reduce.HEADER_BYTES == 2 * peer_reduce.FLAG_BYTES == 8 * 2 * peer_reduce.MAX_RANKS
 
 
-def _emulated_ranks(cuda, world, count):
+def _emulated_ranks(cuda, world, count, mode=PUSH):
     from cudnnnet.backends.cuda.buffer import DeviceBuffer
     from cudnnnet.backends.cuda.bindings import runtime
 
     context = cuda.context
-    mailboxes = [DeviceBuffer.allocate(mailbox_bytes(world, count)) for _ in range(world)]
+    mailboxes = [DeviceBuffer.allocate(mailbox_bytes(world, count, mode)) for _ in range(world)]
     for mailbox in mailboxes:
         runtime.memset_async(mailbox.ptr, 0, mailbox.nbytes, context.stream.handle)
-    return [peer_reduce.PeerReduce(context, rank, world, count, mailboxes[rank], [m.ptr for m in mailboxes])
+    return [peer_reduce.PeerReduce(context, rank, world, count, mailboxes[rank], [m.ptr for m in mailboxes], mode=mode)
             for rank in range(world)]
 
 
@@ -116,6 +123,88 @@ def test_a_captured_push_and_average_replay_with_the_step_counter_on_the_device(
             rank.push(gradient.data.ptr, count)
         for rank, gradient in zip(ranks, gradients):
             rank.combine(gradient.data.ptr, count)
+        graph.end()
+        for _ in range(3):  # the first replay averages the values; the next ones average equal values
+            graph.launch()
+        for gradient in gradients:
+            np.testing.assert_array_equal(gradient.numpy().reshape(-1), _expected(values))
+    finally:
+        cuda.synchronize()
+        graph.release()
+        for rank in ranks:
+            rank.close()
+
+
+def _copy_in_parts(ranks, gradients, count, parts):
+    """Every rank copies its gradients in ``parts`` consecutive ranges (as a backward pass's buckets and
+    blocks), then every rank averages (``average``: its flags, then the average of what arrived)."""
+    bounds = np.linspace(0, count, parts + 1).astype(int)
+    for rank, gradient in zip(ranks, gradients):
+        for first, last in zip(bounds[:-1], bounds[1:]):
+            rank.copy(gradient.data.ptr, int(first), int(last - first))
+    for rank, gradient in zip(ranks, gradients):
+        rank.average(gradient.data.ptr, count)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world, count, parts", [(2, 4096, 3), (3, 1001, 1), (4, 7, 2)])
+def test_the_copies_give_every_rank_the_rank_order_average_step_after_step(cuda, world, count, parts):
+    from cudnnnet.tensor import Tensor
+
+    ranks = _emulated_ranks(cuda, world, count, COPY)
+    generator = np.random.default_rng(world)
+    try:
+        for _ in range(3):  # the one inbox, written again once its receiver has acked the step before
+            values = [generator.standard_normal(count).astype(np.float32) for _ in range(world)]
+            gradients = [Tensor.from_numpy(value, cuda) for value in values]
+            _copy_in_parts(ranks, gradients, count, parts)
+            for gradient in gradients:
+                np.testing.assert_array_equal(gradient.numpy().reshape(-1), _expected(values))
+    finally:
+        cuda.synchronize()
+        for rank in ranks:
+            rank.close()
+
+
+@pytest.mark.gpu
+def test_a_step_with_no_copy_queued_copies_everything_when_it_averages(cuda):
+    from cudnnnet.tensor import Tensor
+
+    world, count = 2, 300
+    ranks = _emulated_ranks(cuda, world, count, COPY)
+    values = [np.random.default_rng(rank).standard_normal(count).astype(np.float32) for rank in range(world)]
+    gradients = [Tensor.from_numpy(value, cuda) for value in values]
+    try:
+        # emulated on one stream, rank 0's average would hold up rank 1's copy queued after it: rank 1 copies
+        # first (as a peer on its own GPU may), then rank 0 averages with none queued, then rank 1 averages
+        ranks[1].copy(gradients[1].data.ptr, 0, count)
+        ranks[0].average(gradients[0].data.ptr, count)
+        ranks[1].average(gradients[1].data.ptr, count)
+        for gradient in gradients:
+            np.testing.assert_array_equal(gradient.numpy().reshape(-1), _expected(values))
+        ranks[0].copy(gradients[0].data.ptr, 0, 100)
+        with pytest.raises(ValueError, match="100 of 300 gradients were copied"):
+            ranks[0].average(gradients[0].data.ptr, count)
+    finally:
+        cuda.synchronize()
+        for rank in ranks:
+            rank.close()
+
+
+@pytest.mark.gpu
+def test_captured_copies_and_average_replay_with_the_step_counter_and_acks_on_the_device(cuda):
+    from cudnnnet.backends.cuda.handles import CudaGraph
+    from cudnnnet.tensor import Tensor
+
+    world, count = 2, 2050
+    ranks = _emulated_ranks(cuda, world, count, COPY)
+    generator = np.random.default_rng(5)
+    values = [generator.standard_normal(count).astype(np.float32) for _ in range(world)]
+    gradients = [Tensor.from_numpy(value, cuda) for value in values]
+    graph = CudaGraph(cuda.context.stream)
+    try:
+        graph.begin()
+        _copy_in_parts(ranks, gradients, count, 2)
         graph.end()
         for _ in range(3):  # the first replay averages the values; the next ones average equal values
             graph.launch()

@@ -4,6 +4,7 @@ import pytest
 from cudnnnet import Tensor
 from cudnnnet.errors import InvalidArgumentError, ShapeError
 from cudnnnet.layers import Dense
+from cudnnnet.layers.dense import column_blocks
 from layer_checks import build, check_layer_gradients, relative_error
 
 
@@ -60,3 +61,30 @@ def test_wrong_input_shape_names_the_layer_and_both_shapes(backend):
 def test_invalid_out_size_is_refused(size):
     with pytest.raises(InvalidArgumentError, match="out_size"):
         Dense("fc", size)
+
+
+@pytest.mark.parametrize("columns, blocks, expected", [
+    (150, 3, [(0, 64), (64, 64), (128, 22)]), (150, 1, [(0, 150)]), (64, 4, [(0, 64)]),
+    (200, 2, [(0, 128), (128, 72)])])
+def test_column_blocks_cover_the_columns_once_in_aligned_blocks(columns, blocks, expected):
+    assert column_blocks(columns, blocks) == expected
+
+
+def test_the_weight_gradient_in_column_blocks_is_the_whole_gradient(backend):
+    """dW computed one block of output columns at a time (several GPUs average each block meanwhile)
+    equals the one GEMM's, and each block is handed over once, in order, as a view of dW."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((9, 20, 1, 1)).astype(np.float32)
+    dy = rng.standard_normal((9, 150, 1, 1)).astype(np.float32)
+    whole, blocked = (build(Dense("fc", 150), (20, 1, 1), backend, seed=4) for _ in range(2))
+    handed = []
+    blocked.grad_weight_blocks, blocked.grad_weight_ready = 3, lambda block: handed.append(block.numpy().copy())
+    for layer in (whole, blocked):
+        layer.forward(Tensor.from_numpy(x, backend))
+        layer.backward(Tensor.from_numpy(dy, backend))
+    expected = whole.grad_weight.numpy()
+    np.testing.assert_allclose(blocked.grad_weight.numpy(), expected, rtol=1e-6, atol=1e-6)
+    assert relative_error(expected.reshape(150, 20), dy.reshape(9, 150).T @ x.reshape(9, 20)) < 1e-5
+    assert [block.size for block in handed] == [64 * 20, 64 * 20, 22 * 20]
+    np.testing.assert_array_equal(np.concatenate([block.reshape(-1) for block in handed]),
+                                  blocked.grad_weight.numpy().reshape(-1))

@@ -1,24 +1,38 @@
 """The gradient average between the GPUs of one host, without NCCL's collective kernels.
 
-Each rank exports a mailbox (CUDA IPC); every other rank of the host maps it. After the backward pass
-two of our kernels (``kernels/peer_reduce.cu``) run on the step's own stream, so a captured step
-replays them: ``peer_push`` writes this rank's gradients into every peer's mailbox through the
-mapping (NVLink or PCIe) and raises a flag there; ``peer_average`` waits for every peer's flag and
-averages, in rank order, what arrived with this rank's own gradients, in place.
+Each rank exports a mailbox (CUDA IPC); every other rank of the host maps it. Each rank's gradients
+reach every peer's mailbox in one of two ways (``kernels/peer_reduce.cu``), then ``peer_average``
+waits for every peer's flag and averages, in rank order, what arrived with this rank's own
+gradients, in place, on the step's own stream (so a captured step replays it all):
 
-Why: a small network's step is short (the LeNet CNN's, batch 256: 355 µs on an H200). Overlapping
-NCCL's all-reduce of its 1.7 MB of gradients with the backward pass, on a second stream, costs about
-as much in gaps between the step's kernels as it hides; on the step's own stream the all-reduce takes
-27 µs. The push and the average are two more kernels on that stream: 13.7 µs for the same 1.7 MB on
-2 H200s (each captured, back to back).
+- **push** (``PUSH``, small gradients): after the backward pass ``peer_push`` writes this rank's
+  gradients into every peer's mailbox through the mapping (NVLink or PCIe) and raises a flag there.
+  Why: a small network's step is short (the LeNet CNN's, batch 256: 355 µs on an H200). Overlapping
+  NCCL's all-reduce of its 1.7 MB of gradients with the backward pass, on a second stream, costs about
+  as much in gaps between the step's kernels as it hides; on the step's own stream the all-reduce
+  takes 27 µs. The push and the average are two more kernels on that stream: 13.7 µs for the same
+  1.7 MB on 2 H200s (each captured, back to back).
+- **copies** (``COPY``, large gradients on 2 GPUs): as soon as the backward pass has written a bucket
+  of them (or a block of a large weight gradient, ``layers.dense``), ``cudaMemcpyAsync`` copies it
+  into the peer's mailbox on a side stream: the copy engines move it while the SMs go on with the
+  backward pass, where NCCL's kernels would take SMs from its GEMMs. ``peer_signal`` raises the flag
+  after the last copy. A copy's address is fixed in a captured step, so the mailbox has one inbox per
+  peer and a rank's first copy of a step waits (``peer_wait_acks``) until the peer has averaged the
+  step before. Why: the micro step's first layer writes its 200 MB weight gradient last, so NCCL's
+  all-reduce of it cannot overlap the backward pass. On 2 H200s (fast engine, float32, 100 replays of
+  the captured step, median, one machine): two GPUs exchanging nothing 22.85 ms, NCCL's buckets
+  23.90 ms, the copies 23.59 ms (one GPU: 44.81 ms); a 183 MB copy beside that layer's GEMM cost
+  0.09 ms. On 4 H200s each GPU would copy its gradients to 3 peers: 15.4 ms against NCCL's 12.9 ms,
+  so 3 or more GPUs keep NCCL.
 
-Used (``wanted``) for float32 averaging (``train.grad_reduce: fp32``) where each GPU pushes at most
-``PEER_PUSH_MAX_BYTES`` a step (its gradients to each of the others), every rank is willing
-(``CUDNNNET_PEER_REDUCE`` is not ``0``), and every rank is on one host and maps every other's mailbox
-(``connect``). Otherwise the ranks keep NCCL's buckets, overlapped with the backward pass: for more
-bytes NCCL's ring (each GPU sends about twice its gradients whatever the number of GPUs) and the
-overlap matter more than the latency. On 4 H200s, 6.9 MB of gradients took 75 µs to push and average
-against NCCL's 50 µs; 1.7 MB took 26 µs against 25, and the CNN's step was shorter with the push.
+Used (``wanted``) for float32 averaging (``train.grad_reduce: fp32``) where every rank is willing
+(``CUDNNNET_PEER_REDUCE`` is not ``0``) and on one host and maps every other's mailbox (``connect``):
+the copies where 2 GPUs' gradients take at least ``COPY_MIN_BYTES`` each, the push where each GPU
+pushes at most ``PEER_PUSH_MAX_BYTES`` a step (its gradients to each of the others). Otherwise the
+ranks keep NCCL's buckets, overlapped with the backward pass: there NCCL's ring (each GPU sends about
+twice its gradients whatever the number of GPUs) and the overlap matter more than the latency. On 4
+H200s, 6.9 MB of gradients took 75 µs to push and average against NCCL's 50 µs; 1.7 MB took 26 µs
+against 25, and the CNN's step was shorter with the push.
 """
 
 from __future__ import annotations
@@ -33,25 +47,33 @@ from pathlib import Path
 from ...errors import CudaError
 from .bindings import runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
+from .handles import Event, Stream
 from .kernel import blocks_for
 
 log = logging.getLogger(__name__)
 
+PUSH, COPY = "push", "copy"  # how the gradients reach the peers' mailboxes
 PEER_PUSH_MAX_BYTES = 8 << 20  # what each GPU may push a step: (ranks - 1) × the gradients' bytes
+COPY_MIN_BYTES = 32 << 20  # the gradients from which 2 GPUs' copy engines move them
 PEER_REDUCE_ENV = "CUDNNNET_PEER_REDUCE"  # 0: NCCL's buckets always
-FLAG_BYTES = 256  # a mailbox's flags (one u64 per rank), before its inboxes; as in peer_reduce.cu
+FLAG_BYTES = 256  # a mailbox's flags (one u64 per rank), then as many acks; as in peer_reduce.cu
+HEADER_BYTES = 2 * FLAG_BYTES  # the flags and the acks, before the inboxes
 MAX_RANKS = FLAG_BYTES // 8
-SLOTS = 2  # inboxes per source rank: a peer one step ahead writes the other one
+SLOTS = {PUSH: 2, COPY: 1}  # inboxes per source rank: a pushing peer one step ahead writes the other one
 STRIDE_FLOATS = 64  # each inbox starts 256-byte aligned
 HANDLE_BYTES, DIGEST_BYTES = 64, 32
 RECORD_BYTES = 128  # what each rank tells the others: its mailbox's IPC handle | host digest | willing
 STATE_BYTES = 16  # PeerState: step (u64), pushed (u32), averaged (u32)
 
 
-def wanted(world_size: int, gradient_bytes: int, grad_reduce: str) -> bool:
-    """Whether the config asks for the mailboxes' average (the same answer on every rank)."""
-    pushed = (world_size - 1) * gradient_bytes
-    return 2 <= world_size <= MAX_RANKS and grad_reduce == "fp32" and 0 < pushed <= PEER_PUSH_MAX_BYTES
+def wanted(world_size: int, gradient_bytes: int, grad_reduce: str) -> str | None:
+    """How the config asks the mailboxes to be filled (``COPY`` or ``PUSH``), or None for NCCL's buckets
+    (the same answer on every rank)."""
+    if not (2 <= world_size <= MAX_RANKS and grad_reduce == "fp32" and gradient_bytes > 0):
+        return None
+    if world_size == 2 and gradient_bytes >= COPY_MIN_BYTES:
+        return COPY
+    return PUSH if (world_size - 1) * gradient_bytes <= PEER_PUSH_MAX_BYTES else None
 
 
 def willing() -> bool:
@@ -94,20 +116,24 @@ def inbox_stride(count: int) -> int:
     return -(-count // STRIDE_FLOATS) * STRIDE_FLOATS
 
 
-def mailbox_bytes(world_size: int, count: int) -> int:
-    """flags, then SLOTS × world_size inboxes of ``inbox_stride(count)`` floats."""
-    return FLAG_BYTES + SLOTS * world_size * inbox_stride(count) * FLOAT32_BYTES
+def mailbox_bytes(world_size: int, count: int, mode: str = PUSH) -> int:
+    """flags and acks, then SLOTS[mode] × world_size inboxes of ``inbox_stride(count)`` floats."""
+    return HEADER_BYTES + SLOTS[mode] * world_size * inbox_stride(count) * FLOAT32_BYTES
 
 
 class PeerReduce:
     """Rank ``rank`` of ``world_size``: ``mailboxes[q]`` is rank q's mailbox as mapped here (this rank's
-    own at ``rank``), ``count`` floats averaged a step. ``mapped`` are the mappings to close at the end."""
+    own at ``rank``), ``count`` floats averaged a step, filled by ``mode`` (``PUSH`` or ``COPY``).
+    ``mapped`` are the mappings to close at the end."""
 
     def __init__(self, context, rank: int, world_size: int, count: int, mailbox: DeviceBuffer,
-                 mailboxes: list[int], mapped: tuple[int, ...] = ()):
+                 mailboxes: list[int], mapped: tuple[int, ...] = (), mode: str = PUSH):
         self.context, self.rank, self.world_size, self.count = context, rank, world_size, count
-        self.stride = inbox_stride(count)
-        self.mailbox, self.mapped = mailbox, list(mapped)
+        self.stride, self.mode, self.slots = inbox_stride(count), mode, SLOTS[mode]
+        self.mailbox, self.mailboxes, self.mapped = mailbox, list(mailboxes), list(mapped)
+        self.side_stream = Stream() if mode == COPY else None  # the copies, beside the backward pass
+        self._forked, self._joined = (Event(timing=False), Event(timing=False)) if mode == COPY else (None, None)
+        self._copied = 0  # floats copied to the peers so far this step
         self.state = DeviceBuffer.allocate(STATE_BYTES)
         self.table = DeviceBuffer.allocate(8 * world_size)  # mailboxes[R] as u64, what peer_push reads
         table = (ctypes.c_uint64 * world_size)(*mailboxes)
@@ -117,11 +143,57 @@ class PeerReduce:
                              stream)
         context.stream.synchronize()
 
+    @property
+    def copies(self) -> bool:
+        """Whether the gradients reach the peers by ``copy`` as the backward pass writes them."""
+        return self.mode == COPY
+
     def average(self, gradients: int, count: int) -> None:
         """g = (1/R)·Σ_ranks g over ``count`` floats at ``gradients`` (16-byte aligned), in place,
-        queued on the context's stream: this rank's push, then the average once every peer's push is in."""
-        self.push(gradients, count)
+        queued on the context's stream: this rank's push (or, after its copies, its flags), then the
+        average once every peer's gradients are in."""
+        if self.copies:
+            self.finish_copies(gradients, count)
+        else:
+            self.push(gradients, count)
         self.combine(gradients, count)
+
+    def copy(self, gradients: int, offset: int, count: int) -> None:
+        """Queue copies of floats [offset, offset + count) of this rank's gradients into every peer's
+        inbox, on the side stream once what the step's stream has queued so far is done; the step's
+        first copy first waits for every peer's ack of the step before."""
+        side = self.side_stream.handle
+        self._forked.record(self.context.stream)
+        runtime.stream_wait_event(side, self._forked.handle)
+        if self._copied == 0:
+            # wait until acks_r[q] >= s for every peer q
+            self.context.kernel("peer_wait_acks").launch(1, side, self.table.ptr, self.rank, self.world_size,
+                                                         self.state.ptr)
+        for peer, mailbox in enumerate(self.mailboxes):
+            if peer != self.rank:
+                # inbox_q[0][r][offset : offset + count] = g_r[offset : offset + count]
+                runtime.memcpy_async(self._inbox(mailbox) + FLOAT32_BYTES * offset, gradients + FLOAT32_BYTES * offset,
+                                     FLOAT32_BYTES * count, runtime.MEMCPY_DEVICE_TO_DEVICE, side)
+        self._copied += count
+
+    def finish_copies(self, gradients: int, count: int) -> None:
+        """After the step's copies (all ``count`` floats now if none was queued): raise this rank's flag
+        at every peer on the side stream, which the step's stream then joins."""
+        self._blocks(count)
+        if self._copied == 0:
+            self.copy(gradients, 0, count)
+        elif self._copied != count:
+            raise ValueError(f"{self._copied} of {count} gradients were copied to the peers this step")
+        side = self.side_stream.handle
+        # flags_q[r] = s + 1 for every peer q
+        self.context.kernel("peer_signal").launch(1, side, self.table.ptr, self.rank, self.world_size, self.state.ptr)
+        self._joined.record(self.side_stream)
+        runtime.stream_wait_event(self.context.stream.handle, self._joined.handle)
+        self._copied = 0
+
+    def _inbox(self, mailbox: int) -> int:
+        """The address of this rank's inbox in ``mailbox`` (slot 0)."""
+        return mailbox + HEADER_BYTES + self.rank * self.stride * FLOAT32_BYTES
 
     def push(self, gradients: int, count: int) -> None:
         """Queue peer_push: this rank's gradients into every peer's mailbox, then its flag there."""
@@ -135,8 +207,8 @@ class PeerReduce:
         """Queue peer_average: once every peer's flag says its push is in, g = (1/R)·Σ_q g_q in place."""
         stream, blocks = self.context.stream.handle, self._blocks(count)
         # g_r = (1/R)·Σ_q g_q   once flags_r[q] = s + 1 for every peer q
-        self.context.kernel("peer_average").launch(blocks, stream, gradients, count, self.stride, self.mailbox.ptr,
-                                                   self.rank, self.world_size, 1.0 / self.world_size,
+        self.context.kernel("peer_average").launch(blocks, stream, gradients, count, self.stride, self.table.ptr,
+                                                   self.rank, self.world_size, self.slots, 1.0 / self.world_size,
                                                    self.state.ptr)
 
     def _blocks(self, count: int) -> int:
@@ -151,15 +223,18 @@ class PeerReduce:
             runtime.ipc_close_mem_handle(pointer)
         for buffer in (self.table, self.state, self.mailbox):
             buffer.free()
+        for handle in (self.side_stream, self._forked, self._joined):
+            if handle is not None:
+                handle.close()
 
 
-def connect(communicator, count: int, usable_here: bool = True) -> PeerReduce | None:
+def connect(communicator, count: int, usable_here: bool = True, mode: str = PUSH) -> PeerReduce | None:
     """Every rank's mailbox mapped by every other (collective: every rank calls it once, in step), or
     None on every rank (logged why) where one is unwilling (``CUDNNNET_PEER_REDUCE=0``, or not
     ``usable_here``), the ranks span hosts, or a mapping fails."""
     context, rank, world_size = communicator.backend.context, communicator.rank, communicator.world_size
-    mailbox = DeviceBuffer.allocate(mailbox_bytes(world_size, count))
-    runtime.memset_async(mailbox.ptr, 0, FLAG_BYTES, context.stream.handle)
+    mailbox = DeviceBuffer.allocate(mailbox_bytes(world_size, count, mode))
+    runtime.memset_async(mailbox.ptr, 0, HEADER_BYTES, context.stream.handle)
     context.stream.synchronize()
     record = encode_record(runtime.ipc_get_mem_handle(mailbox.ptr), host_digest(), willing() and usable_here)
     records = communicator.all_gather_bytes(record)
@@ -185,5 +260,6 @@ def connect(communicator, count: int, usable_here: bool = True) -> PeerReduce | 
             runtime.ipc_close_mem_handle(pointer)
         mailbox.free()
         return None
-    log.info("gradients averaged through the peers' mapped memory (%d floats, %d ranks)", count, world_size)
-    return PeerReduce(context, rank, world_size, count, mailbox, mailboxes, tuple(mapped))
+    log.info("gradients averaged through the peers' mapped memory (%d floats, %d ranks, %s)", count, world_size,
+             "copied during the backward pass" if mode == COPY else "pushed after the backward pass")
+    return PeerReduce(context, rank, world_size, count, mailbox, mailboxes, tuple(mapped), mode)

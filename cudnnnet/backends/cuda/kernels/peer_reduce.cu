@@ -1,24 +1,30 @@
 // The gradient average between the GPUs of one host, through memory the peers map into each other
-// (CUDA IPC over NVLink or PCIe), compiled with NVRTC. peer_reduce.py sets it up; each step queues
-// peer_push, then peer_average, on the step's own stream (so a captured step replays both).
+// (CUDA IPC over NVLink or PCIe), compiled with NVRTC. peer_reduce.py sets it up. Every rank r exports a
+// mailbox:  flags[32] (u64, written by the peers) | acks[32] (u64, likewise) | inbox[slots][R][stride]
+// floats, and keeps a PeerState. With s = state.step (the steps averaged so far, the same on every rank):
 //
-// Every rank r exports a mailbox:  flags[R] (u64, written by the peers) | inbox[2][R][stride] floats
-// and keeps a PeerState. With s = state.step (the steps averaged so far, the same on every rank) and
-// slot = s mod 2:
-//
+// Two slots (small gradients: the push, on the step's own stream), slot = s mod 2:
 //   peer_push:     inbox_q[slot][r] = g_r             for every peer q   (stores through the mapping,
 //                                                     a group of blocks for each peer)
 //                  flags_q[r] = s + 1                 once every block's stores are visible system-wide
+// One slot (large gradients: the copy engines, on a side stream while the backward pass goes on):
+//   peer_wait_acks: wait until acks_r[q] >= s         every peer q has averaged step s − 1 out of its
+//                                                     inbox for r, so r may write it again
+//   (cudaMemcpyAsync: inbox_q[0][r][range] = g_r[range] for every peer q, each range once it is computed)
+//   peer_signal:    flags_q[r] = s + 1                after this rank's copies
+// Both:
 //   peer_average:  wait until flags_r[q] >= s + 1     for every peer q
 //                  g_r = scale · Σ_{q=0..R-1} (q == r ? g_r : inbox_r[slot][q])    in rank order, so
 //                  every rank computes the same sum bit for bit
-//                  state.step = s + 1                 by the last block
+//                  state.step = s + 1                 by the last block, which with one slot also
+//                  acks_q[r] = s + 1                  tells every peer q its inbox here is free
 //
 // Two slots: a peer that has gone on to the next step writes the other slot; to reach this slot again
 // it must first pass its own peer_average of the next step, which waits for this rank's next push, which
-// this rank's stream queues after this peer_average. A peer that is slow (rank 0 evaluating) is waited
-// for as long as it takes, as NCCL would; one that is lost is the heartbeat's to notice: it ends the
-// process, and the waiting kernel with it.
+// this rank's stream queues after this peer_average. One slot: a copy's address is fixed in a captured
+// step, so the sender waits for the receiver's ack instead. A peer that is slow (rank 0 evaluating) is
+// waited for as long as it takes, as NCCL would; one that is lost is the heartbeat's to notice: it ends
+// the process, and the waiting kernel with it.
 
 struct PeerState {
     unsigned long long step;  // steps averaged so far
@@ -26,7 +32,8 @@ struct PeerState {
     unsigned int averaged;    // blocks of this step's peer_average that are done
 };
 
-#define FLAG_BYTES 256  // the flags' room at the start of a mailbox (32 ranks)
+#define FLAG_BYTES 256    // the flags' room at the start of a mailbox (32 ranks), then the acks'
+#define HEADER_BYTES 512  // flags and acks, before the inboxes
 
 // Message passing between GPUs: a release fence after the data, an acquire load of the flag before it.
 __device__ void fence_release_system() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
@@ -42,7 +49,7 @@ __device__ unsigned long long load_acquire_system(const unsigned long long* addr
 }
 
 __device__ float* inbox_of(unsigned long long mailbox, long long slot, int source, int world, long long stride) {
-    return reinterpret_cast<float*>(mailbox + FLAG_BYTES) + (slot * world + source) * stride;
+    return reinterpret_cast<float*>(mailbox + HEADER_BYTES) + (slot * world + source) * stride;
 }
 
 // Every block waits (its thread 0 polling) until flags_r[q] >= s + 1 for every peer q.
@@ -54,6 +61,34 @@ __device__ void wait_for_peers(unsigned long long mailbox, int rank, int world, 
         }
     }
     __syncthreads();
+}
+
+// words_q[r] = value for every peer q, after a release fence: flags (offset 0) or acks (FLAG_BYTES).
+__device__ void tell_peers(const unsigned long long* mailboxes, long long offset, int rank, int world,
+                           unsigned long long value) {
+    fence_release_system();
+    for (int other = 0; other < world; ++other) {
+        if (other == rank) continue;
+        store_release_system(reinterpret_cast<unsigned long long*>(mailboxes[other] + offset) + rank, value);
+    }
+}
+
+// Thread 0 of block 0: wait until acks_r[q] >= s for every peer q (q has averaged step s − 1 out of its inbox for r).
+extern "C" __global__ void peer_wait_acks(const unsigned long long* mailboxes, int rank, int world,
+                                          const PeerState* state) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const unsigned long long step = state->step;
+    const unsigned long long* acks = reinterpret_cast<const unsigned long long*>(mailboxes[rank] + FLAG_BYTES);
+    for (int peer = 0; peer < world; ++peer) {
+        while (peer != rank && load_acquire_system(acks + peer) < step) __nanosleep(64);
+    }
+}
+
+// Thread 0 of block 0, after this rank's copies of step s (stream-ordered, so complete): flags_q[r] = s + 1.
+extern "C" __global__ void peer_signal(const unsigned long long* mailboxes, int rank, int world,
+                                       const PeerState* state) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    tell_peers(mailboxes, 0, rank, world, state->step + 1);
 }
 
 // The grid (a multiple of world - 1 blocks) in world - 1 groups, block b in group b mod (world - 1),
@@ -76,22 +111,18 @@ extern "C" __global__ void peer_push(const float* __restrict__ gradients, long l
     __syncthreads();
     if (threadIdx.x != 0 || atomicAdd(&state->pushed, 1u) != gridDim.x - 1) return;
     state->pushed = 0;
-    fence_release_system();
-    for (int other = 0; other < world; ++other) {
-        if (other == rank) continue;
-        // flags_q[r] = s + 1
-        store_release_system(reinterpret_cast<unsigned long long*>(mailboxes[other]) + rank, step + 1);
-    }
+    // flags_q[r] = s + 1
+    tell_peers(mailboxes, 0, rank, world, step + 1);
 }
 
 // Once every peer's flag is up: g_r = scale · Σ_q g_q in rank order, float4s then the tail; the last
-// block to finish sets state.step = s + 1.
+// block to finish sets state.step = s + 1 and, with one slot, acks the inbox to every peer.
 extern "C" __global__ void peer_average(float* gradients, long long count, long long stride,
-                                        unsigned long long mailbox, int rank, int world, float scale,
-                                        PeerState* state) {
-    const unsigned long long step = state->step;
+                                        const unsigned long long* mailboxes, int rank, int world, int slots,
+                                        float scale, PeerState* state) {
+    const unsigned long long step = state->step, mailbox = mailboxes[rank];
     wait_for_peers(mailbox, rank, world, step);
-    const float* inbox = inbox_of(mailbox, (long long)(step & 1ull), 0, world, stride);
+    const float* inbox = inbox_of(mailbox, (long long)(step % (unsigned long long)slots), 0, world, stride);
     const long long vectors = count / 4, first = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x;
     const long long stride_grid = (long long)gridDim.x * BLOCK_SIZE;
     for (long long i = first; i < vectors; i += stride_grid) {
@@ -119,5 +150,7 @@ extern "C" __global__ void peer_average(float* gradients, long long count, long 
     if (atomicAdd(&state->averaged, 1u) == gridDim.x - 1) {
         state->averaged = 0;
         state->step = step + 1;
+        // acks_q[r] = s + 1   (every block has read its part of the inbox)
+        if (slots == 1) tell_peers(mailboxes, FLAG_BYTES, rank, world, step + 1);
     }
 }
