@@ -83,21 +83,36 @@ def _expected(values):
     return (total * np.float32(1.0 / len(values))).astype(np.float32)
 
 
+def _one_step(ranks, gradients, count, mode, parts):
+    """One step's exchange on every emulated rank: each pushes its gradients, or copies them in ``parts``
+    consecutive ranges (as a backward pass's buckets and blocks); then each averages what arrived."""
+    bounds = np.linspace(0, count, parts + 1).astype(int)
+    for rank, gradient in zip(ranks, gradients):
+        if mode == PUSH:
+            rank.push(gradient.data.ptr, count)
+            continue
+        for first, last in zip(bounds[:-1], bounds[1:]):
+            rank.copy(gradient.data.ptr, int(first), int(last - first))
+    for rank, gradient in zip(ranks, gradients):
+        if mode == PUSH:
+            rank.combine(gradient.data.ptr, count)
+        else:
+            rank.average(gradient.data.ptr, count)  # the flags after the copies, then the average
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("world, count", [(2, 4096), (3, 1001), (4, 7)])
-def test_every_rank_ends_with_the_rank_order_average_step_after_step(cuda, world, count):
+@pytest.mark.parametrize("mode, world, count, parts", [(PUSH, 2, 4096, 1), (PUSH, 3, 1001, 1), (PUSH, 4, 7, 1),
+                                                       (COPY, 2, 4096, 3), (COPY, 3, 1001, 1), (COPY, 4, 7, 2)])
+def test_every_rank_ends_with_the_rank_order_average_step_after_step(cuda, mode, world, count, parts):
     from cudnnnet.tensor import Tensor
 
-    ranks = _emulated_ranks(cuda, world, count)
+    ranks = _emulated_ranks(cuda, world, count, mode)
     generator = np.random.default_rng(world)
     try:
-        for _ in range(3):  # slots 0, 1, 0
+        for _ in range(3):  # the push's slots 0, 1, 0; the copies' one inbox, written again once acked
             values = [generator.standard_normal(count).astype(np.float32) for _ in range(world)]
             gradients = [Tensor.from_numpy(value, cuda) for value in values]
-            for rank, gradient in zip(ranks, gradients):
-                rank.push(gradient.data.ptr, count)
-            for rank, gradient in zip(ranks, gradients):
-                rank.combine(gradient.data.ptr, count)
+            _one_step(ranks, gradients, count, mode, parts)
             for gradient in gradients:
                 np.testing.assert_array_equal(gradient.numpy().reshape(-1), _expected(values))
     finally:
@@ -107,22 +122,20 @@ def test_every_rank_ends_with_the_rank_order_average_step_after_step(cuda, world
 
 
 @pytest.mark.gpu
-def test_a_captured_push_and_average_replay_with_the_step_counter_on_the_device(cuda):
+@pytest.mark.parametrize("mode, parts", [(PUSH, 1), (COPY, 2)])
+def test_a_captured_step_replays_with_the_step_counter_and_acks_on_the_device(cuda, mode, parts):
     from cudnnnet.backends.cuda.handles import CudaGraph
     from cudnnnet.tensor import Tensor
 
     world, count = 2, 2050
-    ranks = _emulated_ranks(cuda, world, count)
+    ranks = _emulated_ranks(cuda, world, count, mode)
     generator = np.random.default_rng(3)
     values = [generator.standard_normal(count).astype(np.float32) for _ in range(world)]
     gradients = [Tensor.from_numpy(value, cuda) for value in values]
     graph = CudaGraph(cuda.context.stream)
     try:
         graph.begin()
-        for rank, gradient in zip(ranks, gradients):
-            rank.push(gradient.data.ptr, count)
-        for rank, gradient in zip(ranks, gradients):
-            rank.combine(gradient.data.ptr, count)
+        _one_step(ranks, gradients, count, mode, parts)
         graph.end()
         for _ in range(3):  # the first replay averages the values; the next ones average equal values
             graph.launch()
@@ -131,37 +144,6 @@ def test_a_captured_push_and_average_replay_with_the_step_counter_on_the_device(
     finally:
         cuda.synchronize()
         graph.release()
-        for rank in ranks:
-            rank.close()
-
-
-def _copy_in_parts(ranks, gradients, count, parts):
-    """Every rank copies its gradients in ``parts`` consecutive ranges (as a backward pass's buckets and
-    blocks), then every rank averages (``average``: its flags, then the average of what arrived)."""
-    bounds = np.linspace(0, count, parts + 1).astype(int)
-    for rank, gradient in zip(ranks, gradients):
-        for first, last in zip(bounds[:-1], bounds[1:]):
-            rank.copy(gradient.data.ptr, int(first), int(last - first))
-    for rank, gradient in zip(ranks, gradients):
-        rank.average(gradient.data.ptr, count)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("world, count, parts", [(2, 4096, 3), (3, 1001, 1), (4, 7, 2)])
-def test_the_copies_give_every_rank_the_rank_order_average_step_after_step(cuda, world, count, parts):
-    from cudnnnet.tensor import Tensor
-
-    ranks = _emulated_ranks(cuda, world, count, COPY)
-    generator = np.random.default_rng(world)
-    try:
-        for _ in range(3):  # the one inbox, written again once its receiver has acked the step before
-            values = [generator.standard_normal(count).astype(np.float32) for _ in range(world)]
-            gradients = [Tensor.from_numpy(value, cuda) for value in values]
-            _copy_in_parts(ranks, gradients, count, parts)
-            for gradient in gradients:
-                np.testing.assert_array_equal(gradient.numpy().reshape(-1), _expected(values))
-    finally:
-        cuda.synchronize()
         for rank in ranks:
             rank.close()
 
@@ -187,31 +169,5 @@ def test_a_step_with_no_copy_queued_copies_everything_when_it_averages(cuda):
             ranks[0].average(gradients[0].data.ptr, count)
     finally:
         cuda.synchronize()
-        for rank in ranks:
-            rank.close()
-
-
-@pytest.mark.gpu
-def test_captured_copies_and_average_replay_with_the_step_counter_and_acks_on_the_device(cuda):
-    from cudnnnet.backends.cuda.handles import CudaGraph
-    from cudnnnet.tensor import Tensor
-
-    world, count = 2, 2050
-    ranks = _emulated_ranks(cuda, world, count, COPY)
-    generator = np.random.default_rng(5)
-    values = [generator.standard_normal(count).astype(np.float32) for _ in range(world)]
-    gradients = [Tensor.from_numpy(value, cuda) for value in values]
-    graph = CudaGraph(cuda.context.stream)
-    try:
-        graph.begin()
-        _copy_in_parts(ranks, gradients, count, 2)
-        graph.end()
-        for _ in range(3):  # the first replay averages the values; the next ones average equal values
-            graph.launch()
-        for gradient in gradients:
-            np.testing.assert_array_equal(gradient.numpy().reshape(-1), _expected(values))
-    finally:
-        cuda.synchronize()
-        graph.release()
         for rank in ranks:
             rank.close()
