@@ -123,9 +123,15 @@ def _header_dims(header: bytes) -> tuple[int, ...]:
 
 
 def _check_declared_size(dims: tuple[int, ...], source: str, limit: int = MAX_IDX_BYTES) -> None:
+    """Refuses dims whose bytes exceed ``limit``, and dims with a 0 whose other sizes do: NumPy refuses
+    such a shape even though it holds no element."""
     if math.prod(dims) > limit:
         raise DataError(f"{source}: IDX header dims {dims} describe {math.prod(dims)} bytes, more than the "
                         f"{limit} bytes an MNIST-like file may hold; not an MNIST file")
+    extent = math.prod(size for size in dims if size)
+    if extent > limit:
+        raise DataError(f"{source}: IDX header dims {dims} describe an empty array whose other dims multiply to "
+                        f"{extent}, more than the {limit} bytes an MNIST-like file may hold; not an MNIST file")
 
 
 def read_idx_bytes(path: Path, limit: int = MAX_IDX_BYTES) -> bytes:

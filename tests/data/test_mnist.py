@@ -394,6 +394,18 @@ def test_mutated_headers_parse_or_raise_data_error(ndim, dims, dtype, payload, s
     _parse_or_data_error(header + payload)
 
 
+@pytest.mark.parametrize("dims", [(0, 154, 242280253, 247201435), (65536, 65536, 65536, 0)])
+def test_an_empty_array_whose_other_dims_overflow_is_a_data_error(dims):
+    header = bytes([0, 0, 0x08, len(dims)]) + b"".join(size.to_bytes(4, "big") for size in dims)
+    with pytest.raises(DataError, match=r"describe an empty array whose other dims multiply to \d+, more than"):
+        parse_idx(header, "fuzz")
+
+
+def test_an_empty_array_of_mnist_dims_parses():
+    header = bytes([0, 0, 0x08, 3]) + b"".join(size.to_bytes(4, "big") for size in (0, 28, 28))
+    assert parse_idx(header, "empty").shape == (0, 28, 28)
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.integers(0, 200), flip=st.integers(0, 199))
 def test_damaged_gzip_files_load_or_raise_data_error(tmp_path, cut, flip):
