@@ -35,7 +35,7 @@ def _rank_weights(rank, port, mnist_dir, output, grad_reduce, peers, name="mnist
     trainer = Trainer(config, output, progress=False, image_limit=2 * BATCH * STEPS, group=group)
     peers_used = trainer.replicas.peers
     used = None if peers_used is None else (peers_used.mode, max(
-        getattr(layer, "grad_weight_blocks", 1) for layer in trainer.network.layers))
+        getattr(layer, "grad_weight_blocks", 1) for layer in trainer.network.layers), trainer.replicas.steps_in_average)
     trainer.run()
     return _weights(trainer), used
 
@@ -71,7 +71,7 @@ def test_the_peer_average_reaches_the_weights_of_nccl_s_all_reduce(mnist_dir, tm
         pytest.skip("needs 2 GPUs of one host")
     nccl, used_peers_nccl = _two_gpu_weights(mnist_dir, tmp_path / "nccl", "fp32", peers="0")
     peers, used_peers = _two_gpu_weights(mnist_dir, tmp_path / "peers", "fp32")
-    assert used_peers == (peer_reduce.PUSH, 1) and used_peers_nccl is None
+    assert used_peers == (peer_reduce.PUSH, 1, False) and used_peers_nccl is None
     for name, value in nccl.items():
         np.testing.assert_allclose(peers[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
@@ -79,11 +79,12 @@ def test_the_peer_average_reaches_the_weights_of_nccl_s_all_reduce(mnist_dir, tm
 def test_the_copies_during_the_backward_pass_reach_the_weights_of_nccl_s_all_reduce(mnist_dir, tmp_path):
     """mnist_mlp (fc1: 500 × 784 weights) with the copies' threshold at 0 bytes: each bucket, and each of
     the 8 blocks of fc1's weight gradient, copied to the peer as the backward pass writes it, inside the
-    captured step; the weights stay those of NCCL's all-reduce."""
+    captured step, each averaged as it arrives with the SGD step (momentum, weight decay) applied there;
+    the weights stay those of NCCL's all-reduce and the optimiser's own step."""
     if gpu_count() < 2:
         pytest.skip("needs 2 GPUs of one host")
     nccl, used_nccl = _two_gpu_weights(mnist_dir, tmp_path / "nccl", "fp32", "0", "mnist_mlp")
     copies, used_copies = _two_gpu_weights(mnist_dir, tmp_path / "copies", "fp32", "1", "mnist_mlp", 0)
-    assert used_nccl is None and used_copies == (peer_reduce.COPY, 8)
+    assert used_nccl is None and used_copies == (peer_reduce.COPY, 8, True)
     for name, value in nccl.items():
         np.testing.assert_allclose(copies[name], value, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -35,6 +35,19 @@ def test_momentum_and_weight_decay_follow_pytorchs_formulation(backend):
         assert np.allclose(value.numpy(), weights[name], rtol=1e-5, atol=1e-6), name
 
 
+def test_sgd_hands_its_packed_step_to_a_kernel_that_applies_it_unless_loss_scaling_may_skip_it(backend):
+    network = network_with_gradients(backend)
+    optimizer = SGD(network, lr=0.1, momentum=0.9, weight_decay=0.01)
+    values, velocity, lr, momentum, weight_decay = optimizer.packed_step()
+    assert values is optimizer.groups[0][0] and velocity is optimizer.groups[0][2] and lr is optimizer.lr
+    assert values.size == optimizer.flat_gradients().size and (momentum, weight_decay) == (0.9, 0.01)
+    assert SGD(network, lr=0.1).packed_step()[1] is None  # no momentum: no velocities
+    optimizer.count_step()
+    assert optimizer.step_count == 1
+    optimizer.loss_scale = Tensor.zeros((4,), backend)
+    assert optimizer.packed_step() is None
+
+
 def test_schedules():
     assert ScheduleConfig("constant").learning_rate(0.1, 500, 3) == 0.1
     assert ScheduleConfig("inverse", decay=0.01).learning_rate(0.1, 100, 0) == pytest.approx(0.05)

@@ -65,9 +65,9 @@ def micro_steps(engine: str, settings: dict, launch) -> dict:
     def step():
         network.forward_backward(x, target, loss, count,
                                  after_backward=None if replicas is None else replicas.layer_done)
-        if replicas is not None:
-            replicas.average_gradients()
-        optimizer.step()
+        stepped = replicas is not None and replicas.average_gradients()  # True: its average stepped
+        if not stepped:
+            optimizer.step()
 
     graph = None
     try:

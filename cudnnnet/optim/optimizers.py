@@ -151,6 +151,19 @@ class SGD:
                                                  **_scaling(self.loss_scale))
         self.step_count += 1
 
+    def packed_step(self) -> tuple | None:
+        """(values, velocities or None, lr, momentum, weight_decay): this step for a kernel that applies it
+        where it computes the gradients (the peers' average on several GPUs), every parameter packed as
+        ``flat_gradients()``; None under loss scaling (whose step may be skipped) or without parameters."""
+        if self.loss_scale is not None or not self.groups:
+            return None
+        values, _, velocity = self.groups[0]
+        return values, velocity, self.lr, self.momentum, self.weight_decay
+
+    def count_step(self) -> None:
+        """Count a step that another kernel applied (``packed_step``), as ``step`` counts its own."""
+        self.step_count += 1
+
     def to(self, backend) -> None:
         """Move the rate and velocities to ``backend``, after the network (``Network.to``)."""
         self.lr = self.lr.to(backend)

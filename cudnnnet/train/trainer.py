@@ -195,12 +195,12 @@ class Trainer:
         self.network.forward_backward(x, target, self.totals.loss_sum, self.totals.correct,
                                       loss_scale=None if scaler is None else scaler.scale,
                                       after_backward=None if self.replicas is None else self.replicas.layer_done)
-        if self.replicas is not None:
-            self.replicas.average_gradients()
+        stepped = self.replicas is not None and self.replicas.average_gradients()  # True: its average stepped
         self.watch.record(self.totals.loss_sum)
         if scaler is not None:
             scaler.check()
-        self.optimizer.step()
+        if not stepped:
+            self.optimizer.step()
 
     def train_batch(self, index: int) -> int:
         """Train on batch ``index`` of the current epoch; returns its size. With graphs enabled, the

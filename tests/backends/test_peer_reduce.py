@@ -149,6 +149,46 @@ def test_a_captured_step_replays_with_the_step_counter_and_acks_on_the_device(cu
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode, momentum, weight_decay", [(COPY, 0.9, 5e-4), (COPY, 0.0, 0.0), (PUSH, 0.9, 0.0)])
+def test_the_average_can_apply_the_sgd_step_instead_of_storing_it(cuda, mode, momentum, weight_decay):
+    """W and v step with the rank-order average (ranges of 343 and 344 floats: single floats around the
+    float4s), the same on every rank; each rank's gradients stay its own."""
+    from cudnnnet.tensor import Tensor
+
+    world, count, rate = 2, 1030, 0.05
+    ranks = _emulated_ranks(cuda, world, count, mode)
+    generator = np.random.default_rng(5)
+    expected_weights = generator.standard_normal(count).astype(np.float32)
+    expected_velocity = np.zeros(count, np.float32)
+    weights = [Tensor.from_numpy(expected_weights, cuda) for _ in range(world)]
+    velocities = [Tensor.zeros((count,), cuda) if momentum else None for _ in range(world)]
+    lr = Tensor.from_numpy(np.array([rate], np.float32), cuda)
+    for rank, weight, velocity in zip(ranks, weights, velocities):
+        rank.apply_sgd(weight.data.ptr, 0 if velocity is None else velocity.data.ptr, lr.data.ptr, momentum,
+                       weight_decay)
+    try:
+        for _ in range(2):
+            values = [generator.standard_normal(count).astype(np.float32) for _ in range(world)]
+            gradients = [Tensor.from_numpy(value, cuda) for value in values]
+            _one_step(ranks, gradients, count, mode, 3)
+            step = _expected(values) + np.float32(weight_decay) * expected_weights
+            if momentum:
+                expected_velocity = np.float32(momentum) * expected_velocity + step
+                step = expected_velocity
+            expected_weights = (expected_weights - np.float32(rate) * step).astype(np.float32)
+            for gradient, value in zip(gradients, values):
+                np.testing.assert_array_equal(gradient.numpy().reshape(-1), value)
+            np.testing.assert_array_equal(weights[1].numpy(), weights[0].numpy())
+            np.testing.assert_allclose(weights[0].numpy().reshape(-1), expected_weights, rtol=1e-6, atol=1e-7)
+            if momentum:
+                np.testing.assert_allclose(velocities[0].numpy().reshape(-1), expected_velocity, rtol=1e-6, atol=1e-7)
+    finally:
+        cuda.synchronize()
+        for rank in ranks:
+            rank.close()
+
+
+@pytest.mark.gpu
 def test_a_step_with_no_copy_queued_copies_everything_when_it_averages(cuda):
     from cudnnnet.tensor import Tensor
 

@@ -115,10 +115,10 @@ KERNELS = {
                                                  c_float, c_float, c_float, c_int, c_void_p)),
     # the gradient average between the GPUs of one host (peer_reduce.py)
     "peer_push": ("peer_reduce.cu", (c_void_p, c_longlong, c_longlong, c_void_p, c_int, c_int, c_void_p)),
-    "peer_average": ("peer_reduce.cu", (c_void_p, c_longlong, c_longlong, c_void_p, c_int, c_int, c_int, c_float,
-                                        c_void_p)),
+    "peer_average": ("peer_reduce.cu", (c_void_p, c_longlong, c_longlong, c_longlong, c_void_p, c_int, c_int, c_int,
+                                        c_float, c_void_p, c_ulonglong, c_ulonglong, c_int, c_void_p)),
     "peer_wait_acks": ("peer_reduce.cu", (c_void_p, c_int, c_int, c_void_p)),
-    "peer_signal": ("peer_reduce.cu", (c_void_p, c_int, c_int, c_void_p)),
+    "peer_signal": ("peer_reduce.cu", (c_void_p, c_int, c_int, c_void_p, c_ulonglong, c_ulonglong)),
     # math fp16 and its dynamic loss scaling
     "to_fp16": ("fp16.cu", (c_void_p, c_void_p, c_longlong)),
     "to_fp16_x4": ("fp16.cu", (c_void_p, c_void_p, c_longlong)),

@@ -15,15 +15,21 @@ gradients, in place, on the step's own stream (so a captured step replays it all
 - **copies** (``COPY``, large gradients on 2 GPUs): as soon as the backward pass has written a bucket
   of them (or a block of a large weight gradient, ``layers.dense``), ``cudaMemcpyAsync`` copies it
   into the peer's mailbox on a side stream: the copy engines move it while the SMs go on with the
-  backward pass, where NCCL's kernels would take SMs from its GEMMs. ``peer_signal`` raises the flag
-  after the last copy. A copy's address is fixed in a captured step, so the mailbox has one inbox per
-  peer and a rank's first copy of a step waits (``peer_wait_acks``) until the peer has averaged the
-  step before. Why: the micro step's first layer writes its 200 MB weight gradient last, so NCCL's
-  all-reduce of it cannot overlap the backward pass. On 2 H200s (fast engine, float32, 100 replays of
-  the captured step, median, one machine): two GPUs exchanging nothing 22.85 ms, NCCL's buckets
-  23.90 ms, the copies 23.59 ms (one GPU: 44.81 ms); a 183 MB copy beside that layer's GEMM cost
-  0.09 ms. On 4 H200s each GPU would copy its gradients to 3 peers: 15.4 ms against NCCL's 12.9 ms,
-  so 3 or more GPUs keep NCCL.
+  backward pass, where NCCL's kernels would take SMs from its GEMMs. After each copy ``peer_signal``
+  tells the peer how many floats have arrived this step. After the backward pass ``peer_average``
+  averages each copied range once the peer's count covers it, so the ranges copied early are averaged
+  while the last one is still crossing; where the optimiser is SGD in the fast engine (``apply_sgd``)
+  each average is its step, W and v updated where the average would be stored. A copy's address is
+  fixed in a captured step, so the mailbox has one inbox per peer and a rank's first copy of a step
+  waits (``peer_wait_acks``) until the peer has averaged the step before. Why: the micro step's first
+  layer writes its 200 MB weight gradient last, so NCCL's all-reduce of it cannot overlap the backward
+  pass. On 2 H200s (fast engine, float32, 100 replays of the captured step, median, one machine): two
+  GPUs exchanging nothing 22.85 ms, NCCL's buckets 23.90 ms, the copies 23.59 ms (one GPU: 44.81 ms);
+  a 183 MB copy beside that layer's GEMM cost 0.09 ms. After the last GEMM (PyTorch's profiler) the
+  last block's copy, the whole average and the SGD step took 0.15 + 0.16 + 0.19 ms (0.53 ms in all);
+  with the ranges averaged as they arrive and the step in the average, 0.32 ms (another pair), and
+  23.14 / 23.24 ms a step against 23.32 / 23.46 ms (alternate runs on that pair). On 4 H200s each GPU
+  would copy its gradients to 3 peers: 15.4 ms against NCCL's 12.9 ms, so 3 or more GPUs keep NCCL.
 
 Used (``wanted``) for float32 averaging (``train.grad_reduce: fp32``) where every rank is willing
 (``CUDNNNET_PEER_REDUCE`` is not ``0``) and on one host and maps every other's mailbox (``connect``):
@@ -121,6 +127,12 @@ def mailbox_bytes(world_size: int, count: int, mode: str = PUSH) -> int:
     return HEADER_BYTES + SLOTS[mode] * world_size * inbox_stride(count) * FLOAT32_BYTES
 
 
+class _SgdStep(ctypes.Structure):
+    """peer_reduce.cu's SgdStep: W, v (0: none) and the rate's device addresses, momentum, weight decay."""
+    _fields_ = [("values", ctypes.c_uint64), ("velocity", ctypes.c_uint64), ("lr", ctypes.c_uint64),
+                ("momentum", ctypes.c_float), ("weight_decay", ctypes.c_float)]
+
+
 class PeerReduce:
     """Rank ``rank`` of ``world_size``: ``mailboxes[q]`` is rank q's mailbox as mapped here (this rank's
     own at ``rank``), ``count`` floats averaged a step, filled by ``mode`` (``PUSH`` or ``COPY``).
@@ -132,8 +144,12 @@ class PeerReduce:
         self.stride, self.mode, self.slots = inbox_stride(count), mode, SLOTS[mode]
         self.mailbox, self.mailboxes, self.mapped = mailbox, list(mailboxes), list(mapped)
         self.side_stream = Stream() if mode == COPY else None  # the copies, beside the backward pass
-        self._forked, self._joined = (Event(timing=False), Event(timing=False)) if mode == COPY else (None, None)
+        self._forked = Event(timing=False) if mode == COPY else None
+        self._copy_events: list[Event] = []  # the k-th recorded after the step's k-th copy (reused each step)
+        self._ranges: list[tuple[int, int]] = []  # (offset, count) of each copy this step, in order
         self._copied = 0  # floats copied to the peers so far this step
+        self.period = count + 1  # a step's span of the copies' flags: s·period + floats copied
+        self.sgd: DeviceBuffer | None = None  # an SgdStep the average applies instead of storing it (apply_sgd)
         self.state = DeviceBuffer.allocate(STATE_BYTES)
         self.table = DeviceBuffer.allocate(8 * world_size)  # mailboxes[R] as u64, what peer_push reads
         table = (ctypes.c_uint64 * world_size)(*mailboxes)
@@ -143,6 +159,16 @@ class PeerReduce:
                              stream)
         context.stream.synchronize()
 
+    def apply_sgd(self, values: int, velocity: int, lr: int, momentum: float, weight_decay: float) -> None:
+        """From now on each average is the optimiser's SGD step, not stored: W = W − lr·(ā + wd·W) (through
+        v = m·v + … where ``velocity`` is not 0) for W and v packed as the gradients, ``lr`` a device
+        scalar; the gradients keep this rank's own values."""
+        step = _SgdStep(values, velocity, lr, momentum, weight_decay)
+        self.sgd = DeviceBuffer.allocate(ctypes.sizeof(step))
+        runtime.memcpy_async(self.sgd.ptr, ctypes.addressof(step), ctypes.sizeof(step), runtime.MEMCPY_HOST_TO_DEVICE,
+                             self.context.stream.handle)
+        self.context.stream.synchronize()
+
     @property
     def copies(self) -> bool:
         """Whether the gradients reach the peers by ``copy`` as the backward pass writes them."""
@@ -150,22 +176,23 @@ class PeerReduce:
 
     def average(self, gradients: int, count: int) -> None:
         """g = (1/R)·Σ_ranks g over ``count`` floats at ``gradients`` (16-byte aligned), in place,
-        queued on the context's stream: this rank's push (or, after its copies, its flags), then the
-        average once every peer's gradients are in."""
+        queued on the context's stream: this rank's push, then the average once every peer's gradients
+        are in; or, after the copies, each copied range averaged once it is in (``average_copies``)."""
         if self.copies:
-            self.finish_copies(gradients, count)
+            self.average_copies(gradients, count)
         else:
             self.push(gradients, count)
-        self.combine(gradients, count)
+            self.combine(gradients, count)
 
     def copy(self, gradients: int, offset: int, count: int) -> None:
         """Queue copies of floats [offset, offset + count) of this rank's gradients into every peer's
-        inbox, on the side stream once what the step's stream has queued so far is done; the step's
-        first copy first waits for every peer's ack of the step before."""
+        inbox, on the side stream once what the step's stream has queued so far is done, then this
+        rank's count of floats copied this step at every peer; the step's first copy first waits for
+        every peer's ack of the step before."""
         side = self.side_stream.handle
         self._forked.record(self.context.stream)
         runtime.stream_wait_event(side, self._forked.handle)
-        if self._copied == 0:
+        if not self._ranges:
             # wait until acks_r[q] >= s for every peer q
             self.context.kernel("peer_wait_acks").launch(1, side, self.table.ptr, self.rank, self.world_size,
                                                          self.state.ptr)
@@ -175,21 +202,35 @@ class PeerReduce:
                 runtime.memcpy_async(self._inbox(mailbox) + FLOAT32_BYTES * offset, gradients + FLOAT32_BYTES * offset,
                                      FLOAT32_BYTES * count, runtime.MEMCPY_DEVICE_TO_DEVICE, side)
         self._copied += count
+        # flags_q[r] = s·(n + 1) + floats copied so far, for every peer q
+        self.context.kernel("peer_signal").launch(1, side, self.table.ptr, self.rank, self.world_size, self.state.ptr,
+                                                  self.period, self._copied)
+        self._copy_event(len(self._ranges)).record(self.side_stream)
+        self._ranges.append((offset, count))
 
-    def finish_copies(self, gradients: int, count: int) -> None:
-        """After the step's copies (all ``count`` floats now if none was queued): raise this rank's flag
-        at every peer on the side stream, which the step's stream then joins."""
+    def average_copies(self, gradients: int, count: int) -> None:
+        """After the step's copies (all ``count`` floats now if none was queued): each copied range
+        averaged in place, in the order of the copies, on the step's stream once this rank's copy of it
+        is done (its event) and every peer has copied as many floats as end with it. The ranges copied
+        during the backward pass are averaged while the last one is still on its way; the last range's
+        average joins the side stream and ends the step."""
         self._blocks(count)
-        if self._copied == 0:
+        if not self._ranges:
             self.copy(gradients, 0, count)
         elif self._copied != count:
             raise ValueError(f"{self._copied} of {count} gradients were copied to the peers this step")
-        side = self.side_stream.handle
-        # flags_q[r] = s + 1 for every peer q
-        self.context.kernel("peer_signal").launch(1, side, self.table.ptr, self.rank, self.world_size, self.state.ptr)
-        self._joined.record(self.side_stream)
-        runtime.stream_wait_event(self.context.stream.handle, self._joined.handle)
-        self._copied = 0
+        ranges, self._ranges, self._copied = self._ranges, [], 0
+        copied = 0
+        for index, (offset, size) in enumerate(ranges):
+            copied += size
+            runtime.stream_wait_event(self.context.stream.handle, self._copy_events[index].handle)
+            # g_r[range] = (1/R)·Σ_q g_q[range]   once flags_r[q] >= s·(n + 1) + copied for every peer q
+            self._average_range(gradients, offset, size, copied, finish=index == len(ranges) - 1)
+
+    def _copy_event(self, index: int) -> Event:
+        while len(self._copy_events) <= index:
+            self._copy_events.append(Event(timing=False))
+        return self._copy_events[index]
 
     def _inbox(self, mailbox: int) -> int:
         """The address of this rank's inbox in ``mailbox`` (slot 0)."""
@@ -205,11 +246,21 @@ class PeerReduce:
 
     def combine(self, gradients: int, count: int) -> None:
         """Queue peer_average: once every peer's flag says its push is in, g = (1/R)·Σ_q g_q in place."""
-        stream, blocks = self.context.stream.handle, self._blocks(count)
-        # g_r = (1/R)·Σ_q g_q   once flags_r[q] = s + 1 for every peer q
-        self.context.kernel("peer_average").launch(blocks, stream, gradients, count, self.stride, self.table.ptr,
-                                                   self.rank, self.world_size, self.slots, 1.0 / self.world_size,
-                                                   self.state.ptr)
+        self._blocks(count)
+        # g_r = (1/R)·Σ_q g_q   once flags_r[q] >= s·1 + 1 for every peer q
+        self._average_range(gradients, 0, count, 1, finish=True, period=1)
+
+    def _average_range(self, gradients: int, offset: int, count: int, part: int, finish: bool,
+                       period: int | None = None) -> None:
+        """Queue peer_average of floats [offset, offset + count) once every peer's flag reaches
+        s·period + part (period: ``self.period``); ``finish``: the step's last, which counts the step
+        and acks the inbox."""
+        blocks = blocks_for(-(-count // 4))  # a float4 a thread
+        self.context.kernel("peer_average").launch(blocks, self.context.stream.handle, gradients, offset, count,
+                                                   self.stride, self.table.ptr, self.rank, self.world_size, self.slots,
+                                                   1.0 / self.world_size, self.state.ptr,
+                                                   self.period if period is None else period, part, int(finish),
+                                                   0 if self.sgd is None else self.sgd.ptr)
 
     def _blocks(self, count: int) -> int:
         if count != self.count:
@@ -221,9 +272,10 @@ class PeerReduce:
         mapped, self.mapped = self.mapped, []
         for pointer in mapped:
             runtime.ipc_close_mem_handle(pointer)
-        for buffer in (self.table, self.state, self.mailbox):
-            buffer.free()
-        for handle in (self.side_stream, self._forked, self._joined):
+        for buffer in (self.table, self.state, self.mailbox, self.sgd):
+            if buffer is not None:
+                buffer.free()
+        for handle in (self.side_stream, self._forked, *self._copy_events):
             if handle is not None:
                 handle.close()
 

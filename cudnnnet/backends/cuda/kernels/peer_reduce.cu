@@ -1,22 +1,29 @@
 // The gradient average between the GPUs of one host, through memory the peers map into each other
 // (CUDA IPC over NVLink or PCIe), compiled with NVRTC. peer_reduce.py sets it up. Every rank r exports a
 // mailbox:  flags[32] (u64, written by the peers) | acks[32] (u64, likewise) | inbox[slots][R][stride]
-// floats, and keeps a PeerState. With s = state.step (the steps averaged so far, the same on every rank):
+// floats, and keeps a PeerState. With s = state.step (the steps averaged so far, the same on every rank)
+// and n the floats averaged a step:
 //
 // Two slots (small gradients: the push, on the step's own stream), slot = s mod 2:
 //   peer_push:     inbox_q[slot][r] = g_r             for every peer q   (stores through the mapping,
 //                                                     a group of blocks for each peer)
 //                  flags_q[r] = s + 1                 once every block's stores are visible system-wide
+//   peer_average:  once flags_r[q] >= s + 1 for every peer q, over all n floats (below)
 // One slot (large gradients: the copy engines, on a side stream while the backward pass goes on):
 //   peer_wait_acks: wait until acks_r[q] >= s         every peer q has averaged step s − 1 out of its
 //                                                     inbox for r, so r may write it again
 //   (cudaMemcpyAsync: inbox_q[0][r][range] = g_r[range] for every peer q, each range once it is computed)
-//   peer_signal:    flags_q[r] = s + 1                after this rank's copies
+//   peer_signal:    flags_q[r] = s·(n + 1) + c        after each copy, c the floats copied so far this step
+//   peer_average:  one per range, in the order of the copies, once flags_r[q] >= s·(n + 1) + c_end for
+//                  every peer q (c_end: the floats copied up to the end of this range). The ranks copy
+//                  the same floats in the same order (their ranges may split it differently), so the
+//                  peer's count says which floats have arrived. The last range's average ends the step.
 // Both:
-//   peer_average:  wait until flags_r[q] >= s + 1     for every peer q
-//                  g_r = scale · Σ_{q=0..R-1} (q == r ? g_r : inbox_r[slot][q])    in rank order, so
-//                  every rank computes the same sum bit for bit
-//                  state.step = s + 1                 by the last block, which with one slot also
+//   peer_average:  g_r[range] = scale · Σ_{q=0..R-1} (q == r ? g_r : inbox_r[slot][q])[range]   in rank
+//                  order, so every rank computes the same sum bit for bit (or, given the optimiser's
+//                  SgdStep, its step applied to that average: W, v updated and g_r left as it was);
+//                  the step's last one sets
+//                  state.step = s + 1                 by its last block, which with one slot also
 //                  acks_q[r] = s + 1                  tells every peer q its inbox here is free
 //
 // Two slots: a peer that has gone on to the next step writes the other slot; to reach this slot again
@@ -30,6 +37,17 @@ struct PeerState {
     unsigned long long step;  // steps averaged so far
     unsigned int pushed;      // blocks of this step's peer_push that are done
     unsigned int averaged;    // blocks of this step's peer_average that are done
+};
+
+// SGD as sgd_update_many.cu takes it (PyTorch's formulation), applied by peer_average to the average ā
+// of each float it writes, W and v packed as the gradients (the same offsets):
+//   s = ā + weight_decay·W;   v = momentum·v + s; s = v  (velocity not null);   W = W − lr[0]·s
+struct SgdStep {
+    float* values;      // W
+    float* velocity;    // v, or nullptr without momentum
+    const float* lr;    // the rate, read from device memory at every replay
+    float momentum;
+    float weight_decay;
 };
 
 #define FLAG_BYTES 256    // the flags' room at the start of a mailbox (32 ranks), then the acks'
@@ -52,12 +70,12 @@ __device__ float* inbox_of(unsigned long long mailbox, long long slot, int sourc
     return reinterpret_cast<float*>(mailbox + HEADER_BYTES) + (slot * world + source) * stride;
 }
 
-// Every block waits (its thread 0 polling) until flags_r[q] >= s + 1 for every peer q.
-__device__ void wait_for_peers(unsigned long long mailbox, int rank, int world, unsigned long long step) {
+// Every block waits (its thread 0 polling) until flags_r[q] >= threshold for every peer q.
+__device__ void wait_for_peers(unsigned long long mailbox, int rank, int world, unsigned long long threshold) {
     if (threadIdx.x == 0) {
         const unsigned long long* flags = reinterpret_cast<const unsigned long long*>(mailbox);
         for (int peer = 0; peer < world; ++peer) {
-            while (peer != rank && load_acquire_system(flags + peer) < step + 1) __nanosleep(32);
+            while (peer != rank && load_acquire_system(flags + peer) < threshold) __nanosleep(32);
         }
     }
     __syncthreads();
@@ -84,11 +102,12 @@ extern "C" __global__ void peer_wait_acks(const unsigned long long* mailboxes, i
     }
 }
 
-// Thread 0 of block 0, after this rank's copies of step s (stream-ordered, so complete): flags_q[r] = s + 1.
+// Thread 0 of block 0, after a copy of step s (stream-ordered, so complete), ``copied`` floats copied so
+// far this step: flags_q[r] = s·period + copied (period = n + 1, so the flags only grow).
 extern "C" __global__ void peer_signal(const unsigned long long* mailboxes, int rank, int world,
-                                       const PeerState* state) {
+                                       const PeerState* state, unsigned long long period, unsigned long long copied) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    tell_peers(mailboxes, 0, rank, world, state->step + 1);
+    tell_peers(mailboxes, 0, rank, world, state->step * period + copied);
 }
 
 // The grid (a multiple of world - 1 blocks) in world - 1 groups, block b in group b mod (world - 1),
@@ -115,35 +134,91 @@ extern "C" __global__ void peer_push(const float* __restrict__ gradients, long l
     tell_peers(mailboxes, 0, rank, world, step + 1);
 }
 
-// Once every peer's flag is up: g_r = scale · Σ_q g_q in rank order, float4s then the tail; the last
-// block to finish sets state.step = s + 1 and, with one slot, acks the inbox to every peer.
-extern "C" __global__ void peer_average(float* gradients, long long count, long long stride,
+// g_r[i] = scale · Σ_q g_q[i] in rank order (inbox: this rank's inbox slot, sources ``stride`` apart).
+__device__ float rank_order_average(const float* gradients, const float* inbox, long long i, int rank, int world,
+                                    long long stride, float scale) {
+    float sum = 0.f;
+    for (int source = 0; source < world; ++source) {
+        sum = __fadd_rn(sum, source == rank ? gradients[i] : __ldcg(inbox + source * stride + i));
+    }
+    return __fmul_rn(scale, sum);
+}
+
+__device__ float4 rank_order_average4(const float* gradients, const float* inbox, long long i, int rank, int world,
+                                      long long stride, float scale) {
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int source = 0; source < world; ++source) {
+        const float4 v = source == rank ? *reinterpret_cast<const float4*>(gradients + i)
+                                        : __ldcg(reinterpret_cast<const float4*>(inbox + source * stride + i));
+        sum.x = __fadd_rn(sum.x, v.x), sum.y = __fadd_rn(sum.y, v.y);
+        sum.z = __fadd_rn(sum.z, v.z), sum.w = __fadd_rn(sum.w, v.w);
+    }
+    return make_float4(__fmul_rn(scale, sum.x), __fmul_rn(scale, sum.y), __fmul_rn(scale, sum.z),
+                       __fmul_rn(scale, sum.w));
+}
+
+// g_r[i] = average (sgd null), or the SGD step of W[i] (and v[i]) with it.
+__device__ void store_average(float* gradients, const SgdStep* sgd, float rate, long long i, float average) {
+    if (sgd == nullptr) {
+        gradients[i] = average;
+        return;
+    }
+    float step = average + sgd->weight_decay * sgd->values[i];  // s = ā + wd·W
+    if (sgd->velocity != nullptr) {
+        step = sgd->momentum * sgd->velocity[i] + step;  // v = m·v + s
+        sgd->velocity[i] = step;
+    }
+    sgd->values[i] -= rate * step;  // W = W − lr·s
+}
+
+__device__ void store_average4(float* gradients, const SgdStep* sgd, float rate, long long i, float4 average) {
+    if (sgd == nullptr) {
+        *reinterpret_cast<float4*>(gradients + i) = average;
+        return;
+    }
+    float4 w = *reinterpret_cast<const float4*>(sgd->values + i);
+    float4 step = make_float4(average.x + sgd->weight_decay * w.x, average.y + sgd->weight_decay * w.y,
+                              average.z + sgd->weight_decay * w.z, average.w + sgd->weight_decay * w.w);
+    if (sgd->velocity != nullptr) {
+        const float4 v = *reinterpret_cast<const float4*>(sgd->velocity + i);
+        const float m = sgd->momentum;
+        step = make_float4(m * v.x + step.x, m * v.y + step.y, m * v.z + step.z, m * v.w + step.w);
+        *reinterpret_cast<float4*>(sgd->velocity + i) = step;
+    }
+    w.x -= rate * step.x, w.y -= rate * step.y, w.z -= rate * step.z, w.w -= rate * step.w;
+    *reinterpret_cast<float4*>(sgd->values + i) = w;
+}
+
+// Once flags_r[q] >= s·period + part for every peer q: for i in [offset, offset + count) (float4s from the
+// first 16-byte boundary, single floats around them) ā = scale · Σ_q g_q[i] in rank order, stored in
+// g_r[i], or with ``sgd`` not null its step applied to W[i] (and v[i]); with ``finish``, the last block to
+// finish sets state.step = s + 1 and, with one slot, acks the inbox to every peer. The gradients, every
+// inbox, W and v start 16-byte aligned.
+extern "C" __global__ void peer_average(float* gradients, long long offset, long long count, long long stride,
                                         const unsigned long long* mailboxes, int rank, int world, int slots,
-                                        float scale, PeerState* state) {
+                                        float scale, PeerState* state, unsigned long long period,
+                                        unsigned long long part, int finish, const SgdStep* sgd) {
     const unsigned long long step = state->step, mailbox = mailboxes[rank];
-    wait_for_peers(mailbox, rank, world, step);
+    wait_for_peers(mailbox, rank, world, step * period + part);
     const float* inbox = inbox_of(mailbox, (long long)(step % (unsigned long long)slots), 0, world, stride);
-    const long long vectors = count / 4, first = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x;
+    const float rate = sgd != nullptr ? sgd->lr[0] : 0.f;
+    const long long to_boundary = (4 - (offset & 3)) & 3;  // single floats before a 16-byte boundary
+    const long long head = to_boundary < count ? to_boundary : count;
+    const long long first_vector = offset + head, vectors = (count - head) / 4, end = offset + count;
+    const long long first = (long long)blockIdx.x * BLOCK_SIZE + threadIdx.x;
     const long long stride_grid = (long long)gridDim.x * BLOCK_SIZE;
-    for (long long i = first; i < vectors; i += stride_grid) {
-        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int source = 0; source < world; ++source) {
-            const float4 v = source == rank ? reinterpret_cast<const float4*>(gradients)[i]
-                                            : __ldcg(reinterpret_cast<const float4*>(inbox + source * stride) + i);
-            sum.x = __fadd_rn(sum.x, v.x), sum.y = __fadd_rn(sum.y, v.y);
-            sum.z = __fadd_rn(sum.z, v.z), sum.w = __fadd_rn(sum.w, v.w);
-        }
-        // g_r = scale · Σ_q g_q
-        reinterpret_cast<float4*>(gradients)[i] = make_float4(__fmul_rn(scale, sum.x), __fmul_rn(scale, sum.y),
-                                                              __fmul_rn(scale, sum.z), __fmul_rn(scale, sum.w));
+    for (long long v = first; v < vectors; v += stride_grid) {
+        const long long i = first_vector + 4 * v;
+        // ā[i..i+3] = scale · Σ_q g_q[i..i+3]
+        store_average4(gradients, sgd, rate, i, rank_order_average4(gradients, inbox, i, rank, world, stride, scale));
     }
-    for (long long i = 4 * vectors + first; i < count; i += stride_grid) {
-        float sum = 0.f;
-        for (int source = 0; source < world; ++source) {
-            sum = __fadd_rn(sum, source == rank ? gradients[i] : __ldcg(inbox + source * stride + i));
-        }
-        gradients[i] = __fmul_rn(scale, sum);
+    for (long long i = offset + first; i < first_vector; i += stride_grid) {
+        store_average(gradients, sgd, rate, i, rank_order_average(gradients, inbox, i, rank, world, stride, scale));
     }
+    for (long long i = first_vector + 4 * vectors + first; i < end; i += stride_grid) {
+        store_average(gradients, sgd, rate, i, rank_order_average(gradients, inbox, i, rank, world, stride, scale));
+    }
+    if (!finish) return;
     __syncthreads();
     if (threadIdx.x != 0) return;
     __threadfence();
