@@ -1,9 +1,11 @@
-"""How several GPUs split the packed gradient buffer into buckets reduced during the backward pass."""
+"""How several GPUs split the packed gradient buffer into buckets reduced during the backward pass, and
+when the average of the copies applies the optimiser's step."""
 
 import pytest
 
-from cudnnnet.train.distributed.replicas import gradient_buckets, timed_weight_blocks, weight_blocks
-from cudnnnet.optim.optimizers import PACK_ALIGNMENT, packed_offsets
+from cudnnnet.train.distributed.replicas import gradient_buckets, step_for_average, timed_weight_blocks, weight_blocks
+from cudnnnet.optim.optimizers import PACK_ALIGNMENT, SGD, Adam, packed_offsets
+from cudnnnet.tensor import Tensor
 
 
 class Layer:
@@ -77,3 +79,23 @@ def test_a_weight_gradient_takes_the_most_blocks_no_slower_than_its_one_gemm(tol
     """Timed on the layer's shapes: any split fits an infinite tolerance (the most blocks), none fits 0."""
     network = _two_dense_network()
     assert timed_weight_blocks(network, network.layers[0], 16, max_blocks=5, tolerance=tolerance) == expected
+
+
+@pytest.mark.parametrize("momentum", [0.9, 0.0])
+def test_the_average_applies_sgd_s_packed_step_in_the_fast_engine(momentum):
+    network = _two_dense_network().set_engine("fast")
+    optimizer = SGD(network, lr=0.1, momentum=momentum, weight_decay=0.01)
+    values, velocity, lr, applied_momentum, weight_decay = step_for_average(network, optimizer, optimizer.groups[0][0])
+    assert values is optimizer.groups[0][0] and lr is optimizer.lr and (applied_momentum, weight_decay) == (momentum, 0.01)
+    assert (velocity is None) == (momentum == 0.0)
+
+
+def test_the_slides_engine_adam_loss_scaling_and_other_values_keep_the_optimiser_s_own_step():
+    network = _two_dense_network().set_engine("slides")
+    optimizer = SGD(network, lr=0.1, momentum=0.9)
+    assert step_for_average(network, optimizer, optimizer.groups[0][0]) is None  # the slides' cuBLAS update
+    network.set_engine("fast")
+    assert step_for_average(network, Adam(network, lr=0.01), optimizer.groups[0][0]) is None
+    assert step_for_average(network, optimizer, Tensor.zeros(optimizer.groups[0][0].shape, network.backend)) is None
+    optimizer.loss_scale = Tensor.zeros((4,), network.backend)  # its step may be skipped after the overflow check
+    assert step_for_average(network, optimizer, optimizer.groups[0][0]) is None
