@@ -31,7 +31,7 @@ from run_helpers import math_mode
 from test_engine import config_of, relative_error, step_and_evaluation
 
 UNIT = 2.0 ** -24  # FP32's unit roundoff
-BF16_STEP = 2.0 ** -8  # bfloat16's spacing relative to a value (7 stored mantissa bits)
+BF16_STEP = 2.0 ** -7  # bfloat16's largest spacing relative to a value (7 stored mantissa bits: 2^-7 at 1.0)
 
 
 def sum_error(k: int) -> float:
@@ -274,7 +274,7 @@ def test_a_pass_reads_the_weights_written_before_it(backend, rng):
 
 
 # ---- math "fp16": IEEE half operands (kernels/fp16.cu; the host's round_to_fp16) -----------------
-FP16_STEP = 2.0 ** -11  # half's spacing relative to a value (10 stored mantissa bits)
+FP16_STEP = 2.0 ** -10  # half's largest spacing relative to a value (10 stored mantissa bits: 2^-10 at 1.0)
 
 
 def test_round_to_fp16_is_round_to_nearest_even_with_subnormals(rng):
