@@ -77,6 +77,8 @@ class Engine:
 
     name: str
     fuse_bias_activation: bool  # Dense/Conv2D: bias + a following activation in one kernel (bias_activation_forward)
+    gemm_epilogue: bool  # Dense with a 16-bit y and a following ReLU or none: y = f(Wᵀx + b) in one cuBLASLt call
+    #                      (sgemm_bias_activation, the bias and ReLU in the GEMM's epilogue)
     fuse_loss: bool  # Softmax: softmax, loss, accuracy and gradient in one kernel
     gemm_plans: bool  # CudaBackend.sgemm: timed cuBLASLt / cublasSgemm plans (matmul.py); else cublasSgemm
     convolution_search: str  # "find": cudnnFind*; "exhaustive": our timer over cuDNN and the GEMM engine;
@@ -109,12 +111,12 @@ class Engine:
         return self.kernels is None or name in self.kernels
 
 
-SLIDES = Engine("slides", fuse_bias_activation=False, fuse_loss=False, gemm_plans=False, convolution_search="find",
-                gemm_convolution=False, deterministic_convolution=False, activation_kernel=False,
+SLIDES = Engine("slides", fuse_bias_activation=False, gemm_epilogue=False, fuse_loss=False, gemm_plans=False,
+                convolution_search="find", gemm_convolution=False, deterministic_convolution=False, activation_kernel=False,
                 activation_sums_bias=False, max_pooling_kernel=False, channel_sum=False, sgd_kernel=False,
                 sgd_in_weight_gradient=False, batch_norm_kernel=False, kernels=SLIDES_KERNELS)
-FAST = Engine("fast", fuse_bias_activation=True, fuse_loss=True, gemm_plans=True, convolution_search="exhaustive",
-              gemm_convolution=True, deterministic_convolution=True, activation_kernel=True,
+FAST = Engine("fast", fuse_bias_activation=True, gemm_epilogue=True, fuse_loss=True, gemm_plans=True,
+              convolution_search="exhaustive", gemm_convolution=True, deterministic_convolution=True, activation_kernel=True,
               activation_sums_bias=True, max_pooling_kernel=True, channel_sum=True, sgd_kernel=True,
               sgd_in_weight_gradient=True, batch_norm_kernel=True, kernels=None)
 ENGINES = {engine.name: engine for engine in (SLIDES, FAST)}

@@ -14,7 +14,7 @@ from cudnnnet.backends.base import OP_N, OP_T
 from cudnnnet.backends.descriptors import ACTIVATION_MODES, ActivationDescriptor, ActivationMode
 from cudnnnet.backends.rounding import round_to
 from cudnnnet.engine import get_engine
-from cudnnnet.errors import DTypeError
+from cudnnnet.errors import DTypeError, ShapeError, UsageError
 from cudnnnet.layers import MSE, Activation, Dense, Softmax
 from cudnnnet.precision import BFLOAT16, FLOAT16, FLOAT32, get_precision
 
@@ -203,6 +203,110 @@ def test_the_fused_16_bit_bias_activation_and_bias_gradient_are_the_float32_ones
     np.testing.assert_array_equal(y.numpy(), round_to(dtype, y32.numpy()))
     np.testing.assert_array_equal(dx.numpy(), round_to(dtype, dx32.numpy()))
     np.testing.assert_array_equal(db.numpy(), db32.numpy())
+
+
+# ---- the fast engine's GEMM epilogue: y = f(Wᵀx + b) in one cuBLASLt call --------------------------------------
+def epilogue_operands(backend, dtype, rng, m: int = 40, n: int = 24, k: int = 72):
+    """A Dense forward's operands: W float32 (k × m, column-major), x of ``dtype`` (k × n), a float32 bias of m
+    values most of which ``dtype`` does not hold, and a zeroed 16-bit C (m × n); with their NumPy values."""
+    w = rng.standard_normal(m * k).astype(np.float32) / np.sqrt(k)
+    x = round_to(dtype, rng.standard_normal(n * k).astype(np.float32))
+    b = (rng.standard_normal(m) + 1 / 3).astype(np.float32)
+    tensors = (Tensor.from_numpy(w, backend), Tensor.from_numpy(x, backend, dtype=dtype),
+               Tensor.from_numpy(b, backend), Tensor.zeros((n, m, 1, 1), backend, dtype=dtype))
+    return tensors, (w, x, b)
+
+
+def epilogue_expected(dtype, w, x, b, relu: bool, m: int = 40, n: int = 24, k: int = 72, bias_rounded: bool = True):
+    """h(f(acc + h(b))) as an (n, m) array: acc the float32 product of the 16-bit operands."""
+    acc = round_to(dtype, w).reshape(m, k) @ x.reshape(n, k).T  # op(A) = Wᵀ (m × k), B = x (k × n)
+    values = acc + (round_to(dtype, b) if bias_rounded else b).reshape(m, 1)
+    return round_to(dtype, np.maximum(values, np.float32(0)) if relu else values).T
+
+
+def steps_apart(a: np.ndarray, b: np.ndarray, dtype) -> np.ndarray:
+    """How many representable 16-bit values lie between a and b (both of ``dtype``), elementwise."""
+    if dtype is FLOAT16:
+        ordered = [v.astype(np.float16).view(np.int16).astype(np.int64) for v in (a, b)]
+        ordered = [np.where(v < 0, -(v & 0x7FFF), v) for v in ordered]
+        return np.abs(ordered[0] - ordered[1])
+    return bf16_steps_apart(a, b)
+
+
+@pytest.mark.parametrize("relu", [True, False], ids=["relu", "none"])
+@pytest.mark.parametrize("math", list(HALF_MATHS))
+def test_sgemm_bias_activation_adds_the_bias_in_cs_16_bits_and_rounds_once(backend, math, relu):
+    """C = h(f(acc + h(b))), what cuBLASLt's epilogue computes with a bias of C's type: exactly on the host;
+    on the GPU at most one step from it (a sum near a rounding boundary)."""
+    dtype, rng = HALF_MATHS[math], np.random.default_rng(12)
+    (W, X, B, C), (w, x, b) = epilogue_operands(backend, dtype, rng)
+    desc = ActivationDescriptor(ActivationMode.RELU, 0.0) if relu else None
+    with backend.using(engine="fast", math=math):
+        backend.sgemm_bias_activation(OP_T, OP_N, 40, 24, 72, W, 72, X, 72, C, 40, B, desc)
+    got, expected = C.numpy().reshape(24, 40), epilogue_expected(dtype, w, x, b, relu)
+    assert not np.array_equal(expected, epilogue_expected(dtype, w, x, b, relu, bias_rounded=False))
+    apart = steps_apart(got, expected, dtype)
+    assert apart.max() <= (0 if backend.name == "host" else 1)
+    assert np.mean(apart == 0) > 0.95
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("math", list(HALF_MATHS))
+def test_where_cublaslt_has_no_algorithm_for_the_epilogue_the_gpu_computes_the_same(cuda, math, monkeypatch):
+    """Where cuBLASLt offers no algorithm for the epilogue, the GEMM into float32 and our
+    bias_activation_to_half kernel give the epilogue's arithmetic, h(f(acc + h(b)))."""
+    from cudnnnet.backends.cuda import kernel
+
+    dtype, rng = HALF_MATHS[math], np.random.default_rng(13)
+    (W, X, B, C), (w, x, b) = epilogue_operands(cuda, dtype, rng)
+    gemm = cuda._gemm
+    monkeypatch.setattr(gemm, "run", lambda problem, *args: False if problem.epilogue else
+                        type(gemm).run(gemm, problem, *args))
+    kernel.reset_launches()
+    with cuda.using(engine="fast", math=math):
+        cuda.sgemm_bias_activation(OP_T, OP_N, 40, 24, 72, W, 72, X, 72, C, 40, B, ActivationDescriptor(
+            ActivationMode.RELU, 0.0))
+    cuda.synchronize()
+    assert kernel.launches["bias_activation_to_half"] == 1
+    apart = steps_apart(C.numpy().reshape(24, 40), epilogue_expected(dtype, w, x, b, True), dtype)
+    assert apart.max() <= 1 and np.mean(apart == 0) > 0.95
+
+
+def test_sgemm_bias_activation_refuses_a_float32_c_another_activation_and_a_short_bias(backend):
+    rng = np.random.default_rng(14)
+    (W, X, B, C), _ = epilogue_operands(backend, BFLOAT16, rng)
+    tanh = ActivationDescriptor(ActivationMode.TANH, 0.0)
+    C32 = Tensor.zeros(C.shape, backend)
+    with backend.using(engine="fast", math="bf16"):
+        with pytest.raises(DTypeError, match="^sgemm_bias_activation writes a 16-bit C .*got a float32 C; use sgemm"):
+            backend.sgemm_bias_activation(OP_T, OP_N, 40, 24, 72, W, 72, X, 72, C32, 40, B, None)
+        with pytest.raises(UsageError, match="^sgemm_bias_activation applies a ReLU or no activation .*got tanh"):
+            backend.sgemm_bias_activation(OP_T, OP_N, 40, 24, 72, W, 72, X, 72, C, 40, B, tanh)
+        with pytest.raises(ShapeError, match=r"^sgemm_bias_activation: the bias must hold one value per row of C "
+                                             r"\(40\), got shape \(39, 1, 1, 1\)"):
+            backend.sgemm_bias_activation(OP_T, OP_N, 40, 24, 72, W, 72, X, 72, C, 40, B.view((39,)), None)
+    assert not C.numpy().any() and not C32.numpy().any()
+
+
+@pytest.mark.parametrize("engine_name, math, epilogues", [("fast", "bf16", 2), ("fast", "fp16", 2),
+                                                          ("fast", "fp32", 0), ("slides", "bf16", 0)])
+def test_the_fast_engines_16_bit_dense_takes_the_epilogue_where_relu_or_nothing_follows(host, monkeypatch,
+                                                                                        engine_name, math, epilogues):
+    """fc1 → ReLU and fc3 → Softmax run in the GEMM's epilogue; fc2 → tanh keeps the GEMM and our bias kernel."""
+    calls = {}
+    for verb in ("sgemm", "sgemm_bias_activation", "bias_activation_forward"):
+        def counted(*args, _verb=verb, _call=getattr(host, verb)):
+            calls[_verb] = calls.get(_verb, 0) + 1
+            return _call(*args)
+        monkeypatch.setattr(host, verb, counted)
+    network = Network([Dense("fc1", 24), Activation("relu1", "relu"), Dense("fc2", 16), Activation("tanh2", "tanh"),
+                       Dense("fc3", 10), Softmax("loss")], backend=host, engine=engine_name, math=math)
+    x, _ = batch(host)
+    network.forward(Tensor.from_numpy(x, host))
+    fused = engine_name == "fast"
+    assert calls.get("sgemm_bias_activation", 0) == epilogues
+    assert calls.get("bias_activation_forward", 0) == (3 - epilogues if fused else 0)
+    assert calls.get("sgemm", 0) == (3 - epilogues if fused else 6)  # the slides engine: product and rank-1 bias
 
 
 # ---- the refusals that remain ---------------------------------------------------------------------------------

@@ -276,6 +276,8 @@ def float32_verbs(backend, half):
     state, scale = t(6).fill_(1.0), t(1)
     return {
         "sgemm": lambda: backend.sgemm(0, 0, 3, 4, 1, 1.0, half(3, 1), 3, t(1, 4), 1, 0.0, t(3, 4), 3),
+        "sgemm_bias_activation": lambda: backend.sgemm_bias_activation(0, 0, 3, 4, 1, half(3, 1), 3, t(1, 4), 1,
+                                                                       t(3, 4), 3, t(3), None),
         "sgemv": lambda: backend.sgemv(0, 3, 4, 1.0, t(12), 3, t(4), 1, 0.0, half(3), 1),
         "saxpy": lambda: backend.saxpy(12, half(1), x, 1, y, 1),
         "sscal": lambda: backend.sscal(12, 2.0, h, 1),
@@ -333,7 +335,7 @@ def reserve_of(backend):
 
 
 VERBS = [
-    "sgemm", "sgemv", "saxpy", "sscal", "scopy", "activation_forward", "activation_backward", "softmax_forward",
+    "sgemm", "sgemm_bias_activation", "sgemv", "saxpy", "sscal", "scopy", "activation_forward", "activation_backward", "softmax_forward",
     "add_tensor", "convolution_forward", "convolution_backward_data", "convolution_backward_filter",
     "convolution_backward_bias", "pooling_forward", "pooling_backward", "cross_entropy_loss", "squared_error_loss",
     "accuracy_count", "record_nonfinite", "gather_batch", "gather_augmented_batch", "sgd_update",

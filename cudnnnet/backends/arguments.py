@@ -15,7 +15,7 @@ import numbers
 
 from ..errors import DTypeError, InvalidArgumentError, ShapeError, UsageError
 from ..precision import FLOAT32, DType, Precision
-from .descriptors import BatchNormMode
+from .descriptors import BatchNormMode, in_gemm_epilogue
 
 OP_N = 0  # CUBLAS_OP_N
 OP_T = 1  # CUBLAS_OP_T
@@ -224,14 +224,31 @@ def check_gather(images, labels, order, cursor, x, target) -> None:
         raise ShapeError(f"gather_batch: cursor must hold one value, got shape {cursor.shape}")
 
 
-def check_sgemm(precision: Precision, transa, transb, m: int, n: int, k: int, A, lda: int, B, ldb: int, C, ldc: int
-                ) -> None:
+def check_sgemm(precision: Precision, transa, transb, m: int, n: int, k: int, A, lda: int, B, ldb: int, C, ldc: int,
+                call: str = "sgemm") -> None:
     """sgemm's flags and matrices, float32 or the 16 bits of ``precision``: op(A) m×k, op(B) k×n, C m×n
     inside their storage."""
-    activations("sgemm", precision, A, B, C)
-    check_matrix("sgemm", "A", A, *stored_shape(transa, m, k, "A"), lda)
-    check_matrix("sgemm", "B", B, *stored_shape(transb, k, n, "B"), ldb)
-    check_matrix("sgemm", "C", C, m, n, ldc)
+    activations(call, precision, A, B, C)
+    check_matrix(call, "A", A, *stored_shape(transa, m, k, "A"), lda)
+    check_matrix(call, "B", B, *stored_shape(transb, k, n, "B"), ldb)
+    check_matrix(call, "C", C, m, n, ldc)
+
+
+def check_sgemm_bias_activation(precision: Precision, transa, transb, m: int, n: int, k: int, A, lda: int, B,
+                                ldb: int, C, ldc: int, bias, desc) -> None:
+    """sgemm's matrices with a 16-bit C (so a 16-bit math), a float32 bias of m values, and an activation
+    that cuBLASLt's epilogue applies (none or ReLU)."""
+    call = "sgemm_bias_activation"
+    check_sgemm(precision, transa, transb, m, n, k, A, lda, B, ldb, C, ldc, call)
+    if not C.dtype.half:
+        raise DTypeError(f"{call} writes a 16-bit C (bfloat16 under math bf16, float16 under fp16), got a "
+                         f"{C.dtype} C; use sgemm and bias_activation_forward for a float32 one")
+    float32_only(call, bias)
+    if bias.size != m:
+        raise ShapeError(f"{call}: the bias must hold one value per row of C ({m}), got shape {bias.shape}")
+    if not in_gemm_epilogue(desc):
+        raise UsageError(f"{call} applies a ReLU or no activation (cuBLASLt's epilogues), got {desc.mode.name.lower()}; "
+                         f"use sgemm and bias_activation_forward for it")
 
 
 def check_sgemv(precision: Precision, trans, m: int, n: int, A, lda: int, x, incx: int, y, incy: int) -> None:

@@ -428,6 +428,24 @@ class Backend(ABC):
         """``sgd_update`` on the arguments it has checked."""
 
     # ---- fused calls (one launch each on CUDA; checked against the unfused calls above) ---------
+    def sgemm_bias_activation(self, transa, transb, m, n, k, A, lda, B, ldb, C, ldc, bias,
+                              desc: ActivationDescriptor | None) -> None:
+        """C(m×n) = f(op(A)(m×k)·op(B)(k×n) + b·1ᵀ) in one call with a 16-bit C, f a ReLU (``desc``) or
+        none (None): on CUDA one cublasLtMatmul with the bias (+ ReLU) epilogue, which reads a bias of
+        C's type, so
+
+            C₁₆ = h(f(acc + h(b)))     acc the FP32 sum of the products, h the rounding to C's 16 bits
+
+        A and B as ``sgemm`` reads them (16-bit copies of float32 ones); the bias float32, m values."""
+        arguments.check_sgemm_bias_activation(self.precision, transa, transb, m, n, k, A, lda, B, ldb, C, ldc, bias,
+                                              desc)
+        self._sgemm_bias_activation(transa, transb, m, n, k, A, lda, B, ldb, C, ldc, bias, desc)
+
+    @abstractmethod
+    def _sgemm_bias_activation(self, transa, transb, m, n, k, A, lda, B, ldb, C, ldc, bias,
+                               desc: ActivationDescriptor | None) -> None:
+        """``sgemm_bias_activation`` on the arguments it has checked."""
+
     def bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
         """y = f(y + b) in place: ``bias`` (C values) broadcast over N, H, W of y (N, C, H, W), then
         the activation ``desc`` (None: no activation). The same as ``add_tensor(1, bias, 1, y)``

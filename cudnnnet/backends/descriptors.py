@@ -26,6 +26,11 @@ ACTIVATION_MODES = {
 }
 
 
+def in_gemm_epilogue(desc: "ActivationDescriptor | None") -> bool:
+    """Whether cuBLASLt's epilogue can apply the activation ``desc`` after a GEMM's bias: none, or a ReLU."""
+    return desc is None or desc.mode == ActivationMode.RELU
+
+
 class PoolingMode(enum.IntEnum):
     """cudnnPoolingMode_t values. ``AVERAGE`` counts padding, as cuDNN's and PyTorch's default."""
 

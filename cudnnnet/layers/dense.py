@@ -8,6 +8,9 @@ matrices with one sample per column: x (in_size × N), y (out_size × N).
     forward   y  = Wᵀ·x        cublasSgemm                      timed GEMM plan (cuBLASLt or cublasSgemm)
               y  = y + b·1ᵀ    rank-1 cublasSgemm               y = f(y + b·1ᵀ): our bias_activation kernel,
                                                                 f of the Activation that follows (if any)
+                                                                16-bit y, f a ReLU or none: y = f(Wᵀ·x + b·1ᵀ)
+                                                                in one cublasLtMatmul, bias and f in its
+                                                                epilogue (sgemm_bias_activation)
     backward  db = dy·1        cublasSgemv                      summed by the Activation after it, in its
                                                                 backward kernel, where f runs in the bias
                                                                 kernel; else cublasSgemv
@@ -20,7 +23,8 @@ matrices with one sample per column: x (in_size × N), y (out_size × N).
                                                                 C = W, after dx has read the W of the forward
 
 Under math bf16 or fp16 in a network that stores 16 bits (layers.base.activation_dtype), x, y, dy and dx
-are 16-bit tensors: y and dx are the GEMMs' float32 sums rounded once, W, b, dW and db stay float32.
+are 16-bit tensors: y and dx are the GEMMs' float32 sums rounded once, W, b, dW and db stay float32. The
+epilogue reads the bias in y's 16 bits: y = h(f(Wᵀ·x + h(b)·1ᵀ)), h the rounding, the sum in float32.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 from math import prod
 
 from ..backends.base import OP_N, OP_T
+from ..backends.descriptors import in_gemm_epilogue
 from ..tensor import Tensor
 from .base import WeightBiasLayer, he_uniform, positive_int
 
@@ -68,10 +73,16 @@ class Dense(WeightBiasLayer):
     def forward(self, input: Tensor) -> Tensor:
         self.prepare(input)
         b, n = self.backend, input.n
+        fused = b.engine.fuse_bias_activation  # f of the Activation after it runs here
+        if fused and b.engine.gemm_epilogue and self.output.dtype.half and in_gemm_epilogue(self.activation):
+            # y = f(Wᵀ·x + b·1ᵀ)  (out_size × N): one cuBLASLt GEMM, the bias and a ReLU in its epilogue
+            b.sgemm_bias_activation(OP_T, OP_N, self.out_size, n, self.in_size, self.weight, self.in_size, input,
+                                    self.in_size, self.output, self.out_size, self.bias, self.activation)
+            return self.output
         # y = Wᵀ·x            (out_size × N) = (in_size × out_size)ᵀ · (in_size × N)
         b.sgemm(OP_T, OP_N, self.out_size, n, self.in_size,
                 1.0, self.weight, self.in_size, input, self.in_size, 0.0, self.output, self.out_size)
-        if b.engine.fuse_bias_activation:
+        if fused:
             # y = f(y + b·1ᵀ)  (out_size × N), b broadcast over the batch; f of the next layer or the identity
             b.bias_activation_forward(self.activation, self.bias, self.output)
         else:

@@ -89,6 +89,7 @@ PROBLEM_CHANGES = {
     "precision": TF32,
     "alignment": (4, 256, 256),
     "c_half": True,  # a 16-bit MLP's activation as C
+    "epilogue": cublaslt.EPILOGUE_RELU_BIAS,  # a 16-bit Dense's bias and ReLU in the GEMM
 }
 
 
@@ -254,10 +255,13 @@ class FakeGpu:
         self.times = {"sgemm": 6.3, ("lt", 1): 4.0, ("lt", 2): 2.9, "transposed": 5.0}
         self.heuristics = self.timed = self.timers = 0
         self.ran: list = []
+        self.biases: list = []  # the bias addresses set on a descriptor, in order
         self.out_of_memory = False
-        for name in ("matmul_desc_set_int32", "matrix_layout_set_batch", "matrix_layout_destroy",
-                     "matmul_desc_destroy", "preference_set_uint32", "preference_destroy"):
+        for name in ("matmul_desc_set_int32", "matmul_desc_set_uint32", "matrix_layout_set_batch",
+                     "matrix_layout_destroy", "matmul_desc_destroy", "preference_set_uint32", "preference_destroy"):
             monkeypatch.setattr(cublaslt, name, lambda *args: None)
+        monkeypatch.setattr(cublaslt, "matmul_desc_set_pointer", lambda desc, attribute, pointer:
+                            self.biases.append(pointer))
         for name in ("matmul_desc_create", "matrix_layout_create", "preference_create"):
             monkeypatch.setattr(cublaslt, name, lambda *args: 0x100)
         monkeypatch.setattr(cublaslt, "algo_get_heuristic", self.algo_get_heuristic)
@@ -293,9 +297,13 @@ class FakeGpu:
         return SimpleNamespace(microseconds=self.time)
 
     def time(self, call) -> float | None:
+        """As GemmTimer.microseconds: None for a candidate that fails."""
         self.timed += 1
         self.ran.clear()
-        call()
+        try:
+            call()
+        except CublasError:
+            return None
         return self.times.get("transposed" if "sgeam" in self.ran else self.ran[-1])
 
 
@@ -397,6 +405,57 @@ def test_a_plan_cublaslt_offers_nothing_for_is_not_stored(gpu, cache_dir):
     _, plan = planned()
     assert what_runs(plan) == (False, None, None) and gpu.timed == 0
     assert not cache_dir.exists()
+
+
+EPILOGUE = dataclasses.replace(PROBLEM, precision=BF16, c_half=True, epilogue=cublaslt.EPILOGUE_RELU_BIAS)
+BIAS = 0x4000
+
+
+def planned_epilogue(search: str = "exhaustive", capturing: bool = False):
+    """A new engine after one call of EPILOGUE with its bias at BIAS: the engine, what run returned, the plan."""
+    engine = GemmEngine(fake_context(capturing), lambda value: value)
+    ran = engine.run(EPILOGUE, search, 1.0, 0x1000, 0x2000, 0.0, 0x3000, BIAS)
+    return engine, ran, engine.plans[EPILOGUE, search]
+
+
+def test_an_epilogue_is_timed_among_cublaslts_algorithms_alone_and_stored(gpu, cache_dir):
+    _, ran, plan = planned_epilogue()
+    assert ran and gpu.heuristics == 1 and gpu.timed == 2  # the two algorithms; cublasSgemm has no epilogue
+    assert "sgemm" not in gpu.ran and gpu.ran[-1] == ("lt", 2) and plan.microseconds == 2.9
+    assert gpu.biases == [BIAS]  # set before the heuristic, which reads its alignment
+    assert matmul.read_gemm_plan(dataclasses.replace(KEY, problem=EPILOGUE)) == GemmChoice("lt", 2.9, bytes(plan.algorithm))
+    gpu.ran.clear()
+    engine, ran, cached = planned_epilogue()
+    assert ran and gpu.heuristics == 1 and gpu.ran == [("lt", 2)]  # from disk
+    engine.run(EPILOGUE, "exhaustive", 1.0, 0x1000, 0x2000, 0.0, 0x3000, BIAS + 512)
+    assert gpu.biases[-1] == BIAS + 512 and gpu.ran[-1] == ("lt", 2)  # each call's own bias
+
+
+@pytest.mark.parametrize("case", ["heuristic search", "capture"])
+def test_an_untimed_epilogue_takes_the_heuristics_first_algorithm(gpu, case):
+    _, ran, plan = planned_epilogue("heuristic" if case == "heuristic search" else "exhaustive", case == "capture")
+    assert ran and gpu.heuristics == 1 and gpu.timed == 0
+    assert plan.algorithm.data[0] == 1 and gpu.ran == [("lt", 1)] and gpu.biases == [BIAS]
+
+
+@pytest.mark.parametrize("case", ["offered", "refused"])
+def test_an_epilogue_without_an_algorithm_runs_nothing_and_says_so(gpu, cache_dir, case):
+    if case == "offered":
+        gpu.offered = []
+    else:
+        gpu.refused.update({1, 2})
+    engine, ran, plan = planned_epilogue()
+    assert not ran and plan.algorithm is None and gpu.ran == []
+    assert not cache_dir.exists()
+    assert not engine.run(EPILOGUE, "exhaustive", 1.0, 0x1000, 0x2000, 0.0, 0x3000, BIAS) and gpu.ran == []
+
+
+def test_a_stored_choice_other_than_cublaslt_is_searched_again_for_an_epilogue(gpu):
+    key = dataclasses.replace(KEY, problem=EPILOGUE)
+    matmul.write_gemm_plan(key, CHOICES["sgemm"])
+    _, ran, plan = planned_epilogue()
+    assert ran and gpu.heuristics == 1 and plan.algorithm.data[0] == 2
+    assert matmul.read_gemm_plan(key).candidate == "lt"
 
 
 def test_the_no_cache_variable_searches_every_time(gpu, cache_dir, monkeypatch):

@@ -41,7 +41,7 @@ from ..descriptors import ActivationDescriptor, ConvolutionDescriptor, PoolingDe
 from ..rounding import from_storage, to_storage
 from .dropout import DropoutReserve, DropoutState
 from .array_protocols import ArrayProtocols
-from .bindings import cublas, cudnn, runtime
+from .bindings import cublas, cublaslt, cudnn, runtime
 from .buffer import FLOAT32_BYTES, DeviceBuffer
 from .backward_bias import backward_bias
 from .batch_norm import BatchNormKernels
@@ -482,6 +482,32 @@ class CudaBackend(ArrayProtocols, Backend):
                                                         float(min_scale), float(max_scale))
 
     # ---- fused calls: one launch each ---------------------------------------------------------
+    def _sgemm_bias_activation(self, transa, transb, m, n, k, A, lda, B, ldb, C, ldc, bias, desc) -> None:
+        """One cublasLtMatmul, the bias (of C's 16 bits: the pass's copy) and a ReLU in its epilogue; where
+        cuBLASLt offers no algorithm for it, the GEMM into float32 scratch, then bias_activation_to_half."""
+        self.context.finish_warm_up()
+        fmt = half_format(self.precision)
+        a_values = extent(*stored_shape(transa, m, k, "A"), lda)
+        b_values = extent(*stored_shape(transb, k, n, "B"), ldb)
+        a16, b16, bias16 = self.context.half.operands((A, a_values), (B, b_values), (bias, m), fmt=fmt)
+        c = C.data.ptr
+        epilogue = cublaslt.EPILOGUE_BIAS if desc is None else cublaslt.EPILOGUE_RELU_BIAS
+        # C₁₆ = f(op(A₁₆)·op(B₁₆) + b₁₆·1ᵀ)    FP32 sums, C rounded once
+        if self._gemm.run(GemmProblem(transa, transb, m, n, k, lda, ldb, ldc, precision=self.precision, c_half=True,
+                                      alignment=alignment(a16, b16, c), epilogue=epilogue), "exhaustive",
+                          1.0, a16, b16, 0.0, c, bias16):
+            return
+        if m * n >= INDEX_LIMIT:
+            raise ShapeError(f"sgemm_bias_activation: C ({m}x{n}) holds {m * n} values; the kernel indexes fewer than 2^31")
+        a16, b16, acc = self.context.half.operands((A, a_values), (B, b_values), output=2 * m * n, fmt=fmt)
+        # acc = op(A₁₆)·op(B₁₆)   (m × n) float32
+        self.gemm(GemmProblem(transa, transb, m, n, k, lda, ldb, m, precision=self.precision,
+                              alignment=alignment(a16, b16, acc)), 1.0, a16, b16, 0.0, acc)
+        # C₁₆ = h(f(acc + h(b)))
+        mode, coef = (-1, 0.0) if desc is None else (int(desc.mode), float(desc.coef))
+        self.context.kernel("bias_activation_to_half").launch(blocks_for(m * n), self._stream, c, acc, bias.data.ptr,
+                                                              m, m * n, ldc, mode, coef, fmt.kernel_code)
+
     def _bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
         """kernels/bias_activation.cu: one launch, y read and written once; under math "bf16", where
         y is a GEMM or convolution operand of the pass (low_precision.Bf16Copies), its bfloat16 copy

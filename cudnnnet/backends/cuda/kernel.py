@@ -87,6 +87,7 @@ KERNELS = {
                                                                   c_float, c_int)),
     "activation_bias_backward16_x8": ("activation.cu", (c_void_p,) * 3 + (c_int, c_float, c_int, c_int, c_int,
                                                                           c_void_p, c_int)),
+    "bias_activation_to_half": ("bias_activation.cu", (c_void_p,) * 3 + (c_int,) * 4 + (c_float, c_int)),
     "softmax_cross_entropy_backward16": ("cross_entropy_backward.cu", (c_void_p,) * 6 + (c_longlong, c_int, c_float,
                                                                                          c_float, c_int)),
     # a 16-bit convolutional network's activations (issue 29)

@@ -29,6 +29,12 @@ GEMM convolution's; CUDA_R_16BF operands, CUBLAS_COMPUTE_32F), the cuBLASLt layo
 CUDA_R_16BF, and there is no transposing candidate (cublasSgeam copies float32 only). Math "fp16"
 is the same with CUDA_R_16F operands.
 
+A problem with an epilogue (``sgemm_bias_activation``: a 16-bit Dense's y = f(Wᵀx + b), f a ReLU or
+none) runs on cuBLASLt alone, CUBLASLT_EPILOGUE_BIAS or RELU_BIAS with a bias of C's type set on the
+descriptor before each call: its candidates are the heuristic's algorithms (cublasGemmEx has no
+epilogue), untimed it takes the first, and where the heuristic offers none ``run`` says so and runs
+nothing, for the caller to compute the same otherwise.
+
 Timed plans are kept on disk (below, in ``cache.plan_dir()``: one file per problem, keyed by the GPU,
 the cuBLAS and cuBLASLt versions, the problem, the cuBLAS workspace and the rules above), so that a new process
 neither asks the heuristic nor times anything for a problem met before. A stored cuBLASLt
@@ -86,6 +92,8 @@ class GemmProblem:
     precision: Precision = FP32
     alignment: tuple = (MAX_ALIGNMENT,) * 3  # bytes that A, B and C's addresses are multiples of (≤ 256)
     c_half: bool = False  # C holds the operands' 16-bit type (a 16-bit activation), not float32
+    epilogue: int = 0  # cuBLASLt's epilogue on C (cublaslt.EPILOGUE_BIAS, EPILOGUE_RELU_BIAS), its bias a vector
+    #                    of m values of C's type given with each call; 0: none. cuBLASLt alone runs it
 
     @property
     def c_type(self) -> int:
@@ -133,6 +141,8 @@ def problem_json(problem: GemmProblem) -> dict:
     del values["precision"]
     if not problem.c_half:  # a float32 C: the key plans stored before 16-bit Cs had
         del values["c_half"]
+    if not problem.epilogue:  # no epilogue: the key plans stored before epilogues had
+        del values["epilogue"]
     return {**values, "math": problem.precision.name, "alignment": list(problem.alignment)}
 
 
@@ -146,14 +156,19 @@ def alignment(*pointers: int) -> tuple:
 
 
 class LtMatmul:
-    """The cuBLASLt descriptors of one problem: the operation and the layouts of A, B and C (= D)."""
+    """The cuBLASLt descriptors of one problem: the operation (with its epilogue, if any) and the layouts
+    of A, B and C (= D)."""
 
     def __init__(self, problem: GemmProblem):
         self.desc = cublaslt.matmul_desc_create(compute_type(problem.precision))
         self.layouts = []
+        self.bias = None  # the bias address the descriptor holds (an epilogue's)
         try:
             cublaslt.matmul_desc_set_int32(self.desc, cublaslt.DESC_TRANSA, problem.transa)
             cublaslt.matmul_desc_set_int32(self.desc, cublaslt.DESC_TRANSB, problem.transb)
+            if problem.epilogue:
+                cublaslt.matmul_desc_set_uint32(self.desc, cublaslt.DESC_EPILOGUE, problem.epilogue)
+                cublaslt.matmul_desc_set_int32(self.desc, cublaslt.DESC_BIAS_DATA_TYPE, problem.c_type)
             operand_type = operand_type_of(problem.precision)
             for (rows, cols), ld, stride, data_type in (
                     (problem.stored_a, problem.lda, problem.stride_a, operand_type),
@@ -165,6 +180,12 @@ class LtMatmul:
         except Exception:
             self.close()
             raise
+
+    def set_bias(self, pointer: int) -> None:
+        """The epilogue's bias vector for the calls from here on (the heuristic reads its alignment too)."""
+        if pointer != self.bias:
+            cublaslt.matmul_desc_set_pointer(self.desc, cublaslt.DESC_BIAS_POINTER, pointer)
+            self.bias = pointer
 
     def algorithms(self, handle: int, workspace_bytes: int, problem: GemmProblem) -> list:
         """The heuristic's algorithms that fit the workspace and the operands' alignment."""
@@ -225,19 +246,26 @@ class GemmEngine:
         self._scratch: DeviceBuffer | None = None  # transposed operands; grow-only
         self._outgrown: list[DeviceBuffer] = []  # a captured graph may still read them
 
-    def run(self, problem: GemmProblem, search: str, alpha: float, a: int, b: int, beta: float, c: int) -> None:
+    def run(self, problem: GemmProblem, search: str, alpha: float, a: int, b: int, beta: float, c: int,
+            bias: int = 0) -> bool:
         """C = alpha·op(A)·op(B) + beta·C with ``problem``'s plan, made first if there is none:
-        ``search`` "exhaustive" times the candidates, "heuristic" takes cublasSgemm."""
+        ``search`` "exhaustive" times the candidates, "heuristic" takes cublasSgemm (cuBLASLt's first
+        algorithm for an epilogue, whose bias is at ``bias``). False, having run nothing, where the
+        problem has an epilogue and cuBLASLt offers no algorithm for it."""
         plan = self.plans.get((problem, search))
         alpha_pointer, beta_pointer = self.scalar(alpha), self.scalar(beta)
         if plan is None:
             self.context.finish_warm_up()
             plan = self.plans[problem, search] = self._plan(problem, search, alpha_pointer, a, b, beta_pointer, c,
-                                                            beta == 0.0)
+                                                            beta == 0.0, bias)
         if plan.unproven:
-            plan = self.plans[problem, search] = self._prove(plan, alpha_pointer, a, b, beta_pointer, c, beta == 0.0)
-            return
-        self._execute(plan, alpha_pointer, a, b, beta_pointer, c)
+            plan = self.plans[problem, search] = self._prove(plan, alpha_pointer, a, b, beta_pointer, c, beta == 0.0,
+                                                             bias)
+            return _runnable(plan)
+        if not _runnable(plan):
+            return False
+        self._execute(plan, alpha_pointer, a, b, beta_pointer, c, bias)
+        return True
 
     def close(self) -> None:
         for plan in self.plans.values():
@@ -251,7 +279,7 @@ class GemmEngine:
         self._outgrown.clear()
 
     # ---- running a plan ----------------------------------------------------------------------
-    def _execute(self, plan: GemmPlan, alpha, a: int, b: int, beta, c: int) -> None:
+    def _execute(self, plan: GemmPlan, alpha, a: int, b: int, beta, c: int, bias: int = 0) -> None:
         p = plan.problem
         if plan.transposed:
             self._transposed(p, alpha, a, b, beta, c, self._scratch.ptr)
@@ -261,6 +289,8 @@ class GemmEngine:
             return
         workspace, workspace_bytes = self.context.cublas_workspace
         layout_a, layout_b, layout_c = plan.lt.layouts
+        if p.epilogue:
+            plan.lt.set_bias(bias)
         cublaslt.matmul(self.context.cublas_lt.handle, plan.lt.desc, alpha, a, layout_a, b, layout_b, beta, c, layout_c,
                         c, layout_c, plan.algorithm, workspace, workspace_bytes, self.context.stream.address)
 
@@ -314,50 +344,72 @@ class GemmEngine:
 
     # ---- planning ----------------------------------------------------------------------------
     def _plan(self, problem: GemmProblem, search: str, alpha, a: int, b: int, beta, c: int,
-              beta_is_zero: bool) -> GemmPlan:
+              beta_is_zero: bool, bias: int = 0) -> GemmPlan:
         """The stored plan of an exhaustive search where the disk cache holds one that still applies,
-        else the fastest candidate, stored; cublasSgemm untimed for the heuristic search, degenerate
-        sizes and a capture."""
+        else the fastest candidate, stored; untimed for the heuristic search, degenerate sizes and a
+        capture: cublasSgemm, or for an epilogue cuBLASLt's first algorithm."""
         if search != "exhaustive" or min(problem.m, problem.n, problem.k) <= 0 or self.context.is_capturing():
-            return GemmPlan(problem)
+            return self._first_epilogue_algorithm(problem, bias) if problem.epilogue else GemmPlan(problem)
         plan = self._stored_plan(problem, read_gemm_plan(GemmKey.of(self.context, problem, search)))
-        return plan if plan is not None else self._search_and_store(problem, alpha, a, b, beta, c, beta_is_zero)
+        return plan if plan is not None else self._search_and_store(problem, alpha, a, b, beta, c, beta_is_zero, bias)
 
     def _search_and_store(self, problem: GemmProblem, alpha, a: int, b: int, beta, c: int,
-                          beta_is_zero: bool) -> GemmPlan:
-        plan = self._search(problem, alpha, a, b, beta, c if beta_is_zero else None)
+                          beta_is_zero: bool, bias: int = 0) -> GemmPlan:
+        plan = self._search(problem, alpha, a, b, beta, c if beta_is_zero else None, bias)
         if plan.microseconds is not None:
             write_gemm_plan(GemmKey.of(self.context, problem, "exhaustive"), GemmChoice.of(plan))
         return plan
 
-    def _prove(self, plan: GemmPlan, alpha, a: int, b: int, beta, c: int, beta_is_zero: bool) -> GemmPlan:
+    def _prove(self, plan: GemmPlan, alpha, a: int, b: int, beta, c: int, beta_is_zero: bool,
+               bias: int = 0) -> GemmPlan:
         """Run a stored cuBLASLt plan for the first time, on the call's operands; where cuBLASLt refuses
-        the algorithm (a status error: it checks before it launches), search again, store and run that."""
+        the algorithm (a status error: it checks before it launches), search again, store and run that
+        (nothing runs where an epilogue is left without an algorithm)."""
         try:
-            self._execute(plan, alpha, a, b, beta, c)
+            self._execute(plan, alpha, a, b, beta, c, bias)
         except CublasError as error:
             log.debug("the cached GEMM plan for %s fails here (%s): searching again", plan.problem, error)
             plan.close()
-            plan = self._search_and_store(plan.problem, alpha, a, b, beta, c, beta_is_zero)
-            self._execute(plan, alpha, a, b, beta, c)
+            plan = self._search_and_store(plan.problem, alpha, a, b, beta, c, beta_is_zero, bias)
+            if _runnable(plan):
+                self._execute(plan, alpha, a, b, beta, c, bias)
             return plan
         plan.unproven = False
         return plan
 
-    def _search(self, problem: GemmProblem, alpha, a: int, b: int, beta, c: int | None) -> GemmPlan:
-        """The fastest candidate (``_fastest``); cublasSgemm untimed where cuBLASLt offers no algorithm."""
-        lt = LtMatmul(problem)
+    def _search(self, problem: GemmProblem, alpha, a: int, b: int, beta, c: int | None, bias: int = 0) -> GemmPlan:
+        """The fastest candidate (``_fastest``); cublasSgemm untimed where cuBLASLt offers no algorithm
+        (for an epilogue, a plan without one)."""
+        lt = self._lt_matmul(problem, bias)
         algorithms = lt.algorithms(self.context.cublas_lt.handle, self.context.cublas_workspace[1], problem)
         if not algorithms:
             lt.close()
             return GemmPlan(problem)
         if self._timer is None:
             self._timer = GemmTimer(self.context)
-        return self._fastest(problem, lt, algorithms, alpha, a, b, beta, c)
+        return self._fastest(problem, lt, algorithms, alpha, a, b, beta, c, bias)
+
+    def _lt_matmul(self, problem: GemmProblem, bias: int) -> LtMatmul:
+        """The problem's cuBLASLt descriptors, an epilogue's bias set (the heuristic reads its alignment)."""
+        lt = LtMatmul(problem)
+        if problem.epilogue:
+            lt.set_bias(bias)
+        return lt
+
+    def _first_epilogue_algorithm(self, problem: GemmProblem, bias: int) -> GemmPlan:
+        """The heuristic's first algorithm for an epilogue, untimed; a plan without one where it offers none."""
+        lt = self._lt_matmul(problem, bias)
+        algorithms = lt.algorithms(self.context.cublas_lt.handle, self.context.cublas_workspace[1], problem)
+        if not algorithms:
+            lt.close()
+            return GemmPlan(problem)
+        return GemmPlan(problem, lt, cublaslt.MatmulAlgo.from_buffer_copy(algorithms[0].algo))
 
     def _stored_plan(self, problem: GemmProblem, choice: GemmChoice | None) -> GemmPlan | None:
         """The plan of a choice read from the disk cache, or None where there is none or it no longer applies."""
         if choice is None:
+            return None
+        if problem.epilogue and choice.candidate != "lt":
             return None
         if choice.candidate == "sgemm":
             plan = GemmPlan(problem)
@@ -388,18 +440,21 @@ class GemmEngine:
         """The cuBLASLt plan of ``algorithm``, to be proven by its first run (``_prove``)."""
         return GemmPlan(problem, LtMatmul(problem), algorithm, unproven=True)
 
-    def _fastest(self, problem: GemmProblem, lt: LtMatmul, algorithms: list, alpha, a, b, beta, c) -> GemmPlan:
-        """Time cublasSgemm and each algorithm on the call's operands and keep the fastest. ``c``
-        None (beta non-zero: timing runs must not accumulate into C) times into a scratch C."""
+    def _fastest(self, problem: GemmProblem, lt: LtMatmul, algorithms: list, alpha, a, b, beta, c,
+                 bias: int = 0) -> GemmPlan:
+        """Time cublasSgemm and each algorithm on the call's operands and keep the fastest (for an
+        epilogue, the fastest algorithm: cublasSgemm has none). ``c`` None (beta non-zero: timing runs
+        must not accumulate into C) times into a scratch C."""
         scratch = None if c is not None else DeviceBuffer.allocate(FLOAT32_BYTES * problem.c_values)
         target = c if scratch is None else scratch.ptr
         try:
-            sgemm = GemmPlan(problem)
-            best, best_us = sgemm, self._timer.microseconds(lambda: self._execute(sgemm, alpha, a, b, beta, target))
+            best, best_us = GemmPlan(problem), math.inf
+            if not problem.epilogue:
+                best_us = self._timer.microseconds(lambda: self._execute(best, alpha, a, b, beta, target))
             sgemm_us = best_us
             for algorithm in algorithms:
                 plan = GemmPlan(problem, lt, cublaslt.MatmulAlgo.from_buffer_copy(algorithm.algo))
-                us = self._timer.microseconds(lambda: self._execute(plan, alpha, a, b, beta, target))
+                us = self._timer.microseconds(lambda: self._execute(plan, alpha, a, b, beta, target, bias))
                 if us is not None and us < MARGIN * sgemm_us and us < best_us:
                     best, best_us = plan, us
             us = self._time_transposed(problem, alpha, a, b, beta, target)
@@ -411,7 +466,7 @@ class GemmEngine:
                 scratch.free()
         if best.lt is None:
             lt.close()
-        best.microseconds = best_us
+        best.microseconds = best_us if math.isfinite(best_us) else None  # None: an epilogue none of whose algorithms ran
         log.debug("%r (cublasSgemm %.2f us, %d cuBLASLt algorithms timed)", best, sgemm_us, len(algorithms))
         return best
 
@@ -430,6 +485,11 @@ class GemmEngine:
             return self._timer.microseconds(lambda: self._transposed(problem, alpha, a, b, beta, c, scratch.ptr))
         finally:
             scratch.free()
+
+
+def _runnable(plan: GemmPlan) -> bool:
+    """Whether ``plan`` runs its problem: every plan does, but one of an epilogue left without an algorithm."""
+    return not plan.problem.epilogue or plan.algorithm is not None
 
 
 def _transposable(problem: GemmProblem) -> bool:

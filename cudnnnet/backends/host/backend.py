@@ -482,6 +482,18 @@ class HostBackend(Backend):
 
     # ---- fused calls: on the host, the unfused formulas in one call -------------------------------
     @widened
+    def _sgemm_bias_activation(self, transa, transb, m, n, k, A, lda, B, ldb, C, ldc, bias,
+                               desc: ActivationDescriptor | None) -> None:
+        """C = f(op(A)·op(B) + h(b)·1ᵀ): the float32 product plus the bias rounded to C's 16 bits, f, and C
+        rounded once (``widened``), as cuBLASLt's epilogue computes it."""
+        op_a = self._operand(_op_matrix(A.data, transa, m, k, lda))
+        op_b = self._operand(_op_matrix(B.data, transb, k, n, ldb))
+        values = op_a @ op_b + self._operand(_vector(bias.data, m, 1)).reshape(m, 1)
+        if desc is not None:
+            values = _lookup(_ACTIVATIONS, desc.mode, "activation")(values, desc.coef)
+        _matrix(C.data, m, n, ldc)[...] = values
+
+    @widened
     def _bias_activation_forward(self, desc: ActivationDescriptor | None, bias, y) -> None:
         values = _nd(y)
         values += _nd(bias).reshape(1, y.c, 1, 1)

@@ -21,6 +21,12 @@ COMPUTE_32F_FAST_TF32 = 77  # FP32 in and out, TF32 tensor cores inside
 # cublasLtMatmulDescAttributes_t
 DESC_TRANSA = 3
 DESC_TRANSB = 4
+DESC_EPILOGUE = 7  # cublasLtEpilogue_t (uint32)
+DESC_BIAS_POINTER = 8  # the epilogue's bias vector, one value per row of D (a device pointer)
+DESC_BIAS_DATA_TYPE = 26  # cudaDataType_t of the bias (int32); a 16-bit D takes a bias of its own type only
+# cublasLtEpilogue_t
+EPILOGUE_BIAS = 4  # D = alpha·op(A)·op(B) + beta·C + bias·1ᵀ
+EPILOGUE_RELU_BIAS = 6  # D = max(0, alpha·op(A)·op(B) + beta·C + bias·1ᵀ)
 # cublasLtMatrixLayoutAttribute_t
 LAYOUT_BATCH_COUNT = 5
 LAYOUT_STRIDED_BATCH_OFFSET = 6
@@ -118,6 +124,17 @@ def matmul_desc_destroy(desc: int) -> None:
 
 def matmul_desc_set_int32(desc: int, attribute: int, value: int) -> None:
     buffer = c_int32(value)
+    _call("cublasLtMatmulDescSetAttribute", desc, attribute, ctypes.byref(buffer), ctypes.sizeof(buffer))
+
+
+def matmul_desc_set_uint32(desc: int, attribute: int, value: int) -> None:
+    buffer = c_uint32(value)
+    _call("cublasLtMatmulDescSetAttribute", desc, attribute, ctypes.byref(buffer), ctypes.sizeof(buffer))
+
+
+def matmul_desc_set_pointer(desc: int, attribute: int, pointer: int) -> None:
+    """A device-pointer attribute (the bias vector's address)."""
+    buffer = c_void_p(pointer)
     _call("cublasLtMatmulDescSetAttribute", desc, attribute, ctypes.byref(buffer), ctypes.sizeof(buffer))
 
 

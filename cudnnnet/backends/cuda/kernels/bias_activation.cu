@@ -132,3 +132,17 @@ extern "C" __global__ void bias_activation_forward16_spatial8(uint4* y, const fl
                           bias_activation_pair(packed.w, bias, bias, mode, coef, format));
     }
 }
+
+// bias_activation_to_half: sgemm_bias_activation where cuBLASLt offers no algorithm for the epilogue.
+// From the GEMM's float32 result acc (rows × count/rows, column-major, leading dimension rows), the
+// epilogue's arithmetic: C₁₆ = h(f(acc + h(b))), the bias read rounded to C's 16 bits (format 1
+// bfloat16, 2 IEEE half), the sum and f in float32, rounded once; C has leading dimension ldc.
+extern "C" __global__ void bias_activation_to_half(unsigned short* c, const float* __restrict__ acc,
+                                                   const float* __restrict__ b, int rows, int count, int ldc,
+                                                   int mode, float coef, int format) {
+    for (int i = blockIdx.x * BLOCK_SIZE + threadIdx.x; i < count; i += gridDim.x * BLOCK_SIZE) {
+        const int row = i % rows, column = i / rows;
+        const float bias = half_value(half_bits(b[row], format), format);
+        c[(long long)column * ldc + row] = half_bits(activation(acc[i] + bias, mode, coef), format);
+    }
+}
